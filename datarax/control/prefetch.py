@@ -1,0 +1,110 @@
+"""A background thread that runs an iterator ahead of its consumer, through a bounded queue.
+
+`close()` never deadlocks: the producer only ever blocks on `put` with a timeout and checks the
+stop flag between tries, and the consumer side drains the queue while waiting for the thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+_DONE = object()
+_POLL_S = 0.05
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class Prefetcher(Iterator[T], Generic[T]):
+    """Iterates `source` on a daemon thread, at most `buffer_size` items ahead.
+
+    Example:
+        >>> with Prefetcher(iter(range(3)), buffer_size=2) as p:
+        ...     list(p)
+        [0, 1, 2]
+    """
+
+    def __init__(self, source: Iterator[T], buffer_size: int = 2, name: str = "datarax-prefetch"):
+        if not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
+        self._source = source
+        self._queue: queue.Queue = queue.Queue(maxsize=buffer_size)
+        self._stop = threading.Event()
+        self._finished = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for item in self._source:
+                if not self._put(item):
+                    return
+            self._put(_DONE)
+        except BaseException as exc:  # re-raised in the consumer's thread
+            self._put(_Failure(exc))
+
+    def __next__(self) -> T:
+        if self._finished:
+            raise StopIteration
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    self._finished = True
+                    raise StopIteration from None
+        if item is _DONE:
+            self._finished = True
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self._finished = True
+            raise item.exc
+        return item
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stops the producer and waits for its thread; safe to call more than once."""
+        self._stop.set()
+        self._finished = True
+        while self._thread.is_alive():
+            try:
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(_POLL_S)
+            timeout -= _POLL_S
+            if timeout <= 0:
+                break
+        close = getattr(self._source, "close", None)
+        if close is not None and not self._thread.is_alive():
+            close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def __enter__(self) -> Prefetcher[T]:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self._stop.set()

@@ -1,0 +1,155 @@
+"""Operator base classes: the contract every pipeline stage follows.
+
+A stage maps a batched `Element` to a batched `Element` inside one jitted program. Per-record
+stages (`PerRecordOperator`) describe the maths for one record and are vmapped over the batch;
+their randomness comes from the record's identity, never from the batch it happens to sit in:
+
+    key(record) = fold_in(fold_in(stage_key, epoch), record_id)
+
+so a record gets the same augmentation in a given epoch whatever the batch size, shuffle order,
+host count or resume point, and a fresh one in the next epoch.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from datarax.core.element import Element
+
+DEFAULT_STREAM = "augment"
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BatchContext:
+    """What a stage knows about the batch besides its data.
+
+    Attributes:
+        record_ids: int32[B], the source index of each record in the batch.
+        epoch: int32 scalar, the epoch the batch belongs to.
+        mask: bool[B], False for padding rows of a final short batch.
+    """
+
+    record_ids: jax.Array
+    epoch: jax.Array
+    mask: jax.Array
+
+    @classmethod
+    def for_batch(cls, batch_size: int, *, epoch: int = 0, record_ids=None) -> BatchContext:
+        """A context for calling stages by hand on a batch of `batch_size` records."""
+        ids = jnp.arange(batch_size, dtype=jnp.int32) if record_ids is None else jnp.asarray(record_ids, jnp.int32)
+        return cls(ids, jnp.asarray(epoch, jnp.int32), jnp.ones((batch_size,), bool))
+
+
+class StageKey(nnx.Variable):
+    """The fixed base key of a stochastic stage (raw uint32 key data, Orbax-friendly)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorConfig:
+    """Configuration shared by operators.
+
+    Attributes:
+        stochastic: whether the operator draws randomness per record.
+        stream_name: the `nnx.Rngs` stream its base key comes from (`"augment"` when None);
+            an `Rngs` without that stream falls back to its `default` stream, as in NNX.
+    """
+
+    stochastic: bool = False
+    stream_name: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.stochastic, bool):
+            raise TypeError(f"stochastic must be True or False, got {self.stochastic!r}")
+        if self.stream_name is not None and (not isinstance(self.stream_name, str) or not self.stream_name):
+            raise ValueError(
+                f"stream_name must be a non-empty string or None, got {self.stream_name!r}"
+            )
+
+
+class OperatorModule(nnx.Module, abc.ABC):
+    """Abstract base of every pipeline stage.
+
+    Subclasses implement `apply_batch`. `structure()` describes the stage for the iterator
+    fingerprint (class and configuration, never parameter values).
+    """
+
+    config: OperatorConfig
+
+    @abc.abstractmethod
+    def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
+        """Transforms a batched Element (leading batch axis on every leaf)."""
+
+    def __call__(self, elements: Element, ctx: BatchContext) -> Element:
+        return self.apply_batch(elements, ctx)
+
+    def structure(self) -> str:
+        return f"{type(self).__qualname__}({self.config!r})"
+
+
+def stage_key_from_rngs(owner: str, config: OperatorConfig, rngs: nnx.Rngs | None) -> StageKey | None:
+    """Draws a stochastic stage's base key from `rngs`, with a clear error when it cannot."""
+    if not config.stochastic:
+        return None
+    stream = config.stream_name or DEFAULT_STREAM
+    if rngs is None:
+        raise ValueError(
+            f"{owner} is stochastic but got rngs=None; pass rngs=nnx.Rngs({stream}=0) "
+            "(or nnx.Rngs(0) for the default stream)"
+        )
+    if not isinstance(rngs, nnx.Rngs):
+        raise TypeError(f"{owner}: rngs must be an nnx.Rngs, got {type(rngs).__name__}")
+    try:
+        key = getattr(rngs, stream)()
+    except AttributeError:
+        raise ValueError(
+            f"{owner} draws from the rngs stream {stream!r}, but the rngs given has neither that "
+            f"stream nor a 'default' stream; pass nnx.Rngs({stream}=0) or nnx.Rngs(0)"
+        ) from None
+    return StageKey(jax.random.key_data(key))
+
+
+def record_keys(stage_key: StageKey, ctx: BatchContext) -> jax.Array:
+    """Per-record typed keys: fold_in(fold_in(stage_key, epoch), record_id)."""
+    base = jax.random.fold_in(jax.random.wrap_key_data(stage_key[...]), ctx.epoch)
+    return jax.vmap(lambda r: jax.random.fold_in(base, r))(ctx.record_ids)
+
+
+class PerRecordOperator(OperatorModule):
+    """Abstract base of stages whose maths is written for one record and vmapped over a batch.
+
+    Subclasses implement `apply_element(element, key)`, where `key` is the record's key (None
+    for deterministic operators). The constructor of a subclass calls `self._init_rng(...)`.
+    """
+
+    key: StageKey | None
+
+    def _init_rng(self, config: OperatorConfig, rngs: nnx.Rngs | None) -> None:
+        self.config = config
+        self.key = stage_key_from_rngs(type(self).__name__, config, rngs)
+
+    @abc.abstractmethod
+    def apply_element(self, element: Element, key: jax.Array | None) -> Element:
+        """Transforms one record (no batch axis)."""
+
+    def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
+        if self.key is None:
+            return jax.vmap(lambda el: self.apply_element(el, None))(elements)
+        keys = record_keys(self.key, ctx)
+        return jax.vmap(self.apply_element)(elements, keys)
+
+
+def describe(value: Any) -> str:
+    """A short description of a value for error messages."""
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None:
+        return f"{type(value).__name__}(shape={tuple(shape)}, dtype={dtype})"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,71 @@
+"""ElementOperator: a user function on one record, vmapped over the batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+
+import jax
+from flax import nnx
+
+from datarax.core.element import Element
+from datarax.core.operator import OperatorConfig, PerRecordOperator, describe
+
+
+@dataclasses.dataclass(frozen=True)
+class ElementOperatorConfig(OperatorConfig):
+    """Configuration of an `ElementOperator` (see `OperatorConfig`)."""
+
+
+def accepts_key(fn: Callable, owner: str) -> bool:
+    """Whether `fn` takes a second positional argument (the record key)."""
+    if not callable(fn):
+        raise TypeError(f"{owner} fn must be callable, got {describe(fn)}")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def fn_name(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+class ElementOperator(PerRecordOperator):
+    """Applies `fn(element, key) -> element` to every record of a batch.
+
+    `key` is the record's own key (see `datarax.core.operator`) for a stochastic operator, and
+    None for a deterministic one; a deterministic `fn` may also take the element alone.
+
+    Example:
+        >>> def scale(element, key=None):
+        ...     return element.update_data({"x": element.data["x"] * 2})
+        >>> op = ElementOperator(ElementOperatorConfig(), fn=scale)
+    """
+
+    def __init__(self, config: ElementOperatorConfig | None = None, *, fn: Callable[..., Element],
+                 rngs: nnx.Rngs | None = None):
+        config = ElementOperatorConfig() if config is None else config
+        if not isinstance(config, OperatorConfig):
+            raise TypeError(f"config must be an ElementOperatorConfig, got {type(config).__name__}")
+        self._takes_key = accepts_key(fn, "ElementOperator")
+        if config.stochastic and not self._takes_key:
+            raise TypeError(f"ElementOperator is stochastic but fn {fn_name(fn)} takes no key argument; "
+                            "define it as fn(element, key)")
+        self.fn = fn
+        self._init_rng(config, rngs)
+
+    def apply_element(self, element: Element, key: jax.Array | None) -> Element:
+        out = self.fn(element, key) if self._takes_key else self.fn(element)
+        if not isinstance(out, Element):
+            raise TypeError(
+                f"ElementOperator fn {fn_name(self.fn)} must return an Element, got {describe(out)}; "
+                "return element.update_data({...})"
+            )
+        return out
+
+    def structure(self) -> str:
+        return f"ElementOperator({self.config!r}, fn={fn_name(self.fn)})"

@@ -1,0 +1,91 @@
+"""MapOperator: a function applied to every array leaf of a record, or of a chosen subtree."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+from flax import nnx
+
+from datarax.core.element import Element
+from datarax.core.operator import OperatorConfig, PerRecordOperator
+from datarax.operators.element import accepts_key, fn_name
+
+
+@dataclasses.dataclass(frozen=True)
+class MapOperatorConfig(OperatorConfig):
+    """Configuration of a `MapOperator`.
+
+    Attributes:
+        subtree: which fields to transform: None for all of them, a tuple of field names, or a
+            nested dict mirroring `element.data` whose present keys mark the fields (values are
+            ignored unless they are dicts, which select inside that field).
+    """
+
+    subtree: tuple[str, ...] | Mapping[str, Any] | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.subtree, list):
+            object.__setattr__(self, "subtree", tuple(self.subtree))
+        if self.subtree is not None and not isinstance(self.subtree, (tuple, Mapping)):
+            raise TypeError(f"MapOperatorConfig.subtree must be None, a tuple of field names or a dict, "
+                            f"got {self.subtree!r}")
+        if isinstance(self.subtree, tuple) and not all(isinstance(n, str) for n in self.subtree):
+            raise TypeError(f"MapOperatorConfig.subtree names must be strings, got {self.subtree!r}")
+
+    def __hash__(self):
+        return hash((self.stochastic, self.stream_name, repr(self.subtree)))
+
+
+def _select(data: Any, mask: Any, path: str, fn: Callable[[Any, str], Any]) -> Any:
+    if mask is None:
+        return jax.tree_util.tree_map_with_path(lambda p, x: fn(x, path + jax.tree_util.keystr(p)), data)
+    if not isinstance(data, Mapping):
+        raise ValueError(f"MapOperator subtree selects inside {path or 'data'}, which is not a dict")
+    out = dict(data)
+    for name, sub in mask.items():
+        if name not in data:
+            raise KeyError(f"MapOperator subtree names field {path}[{name!r}], but the record has "
+                           f"fields {sorted(data)}; fix MapOperatorConfig.subtree")
+        out[name] = _select(data[name], sub if isinstance(sub, Mapping) else None, f"{path}[{name!r}]", fn)
+    return out
+
+
+class MapOperator(PerRecordOperator):
+    """Applies `fn(leaf, key) -> leaf` to each selected array leaf of every record.
+
+    A stochastic MapOperator gives each leaf its own key (the record key folded with the leaf's
+    position in the tree), so fields are augmented independently but reproducibly.
+
+    Example:
+        >>> op = MapOperator(MapOperatorConfig(subtree=("image",)), fn=lambda x, key=None: x / 255.0)
+    """
+
+    def __init__(self, config: MapOperatorConfig | None = None, *, fn: Callable[..., Any],
+                 rngs: nnx.Rngs | None = None):
+        config = MapOperatorConfig() if config is None else config
+        if not isinstance(config, MapOperatorConfig):
+            raise TypeError(f"config must be a MapOperatorConfig, got {type(config).__name__}")
+        self._takes_key = accepts_key(fn, "MapOperator")
+        if config.stochastic and not self._takes_key:
+            raise TypeError(f"MapOperator is stochastic but fn {fn_name(fn)} takes no key; define fn(x, key)")
+        self.fn = fn
+        subtree = config.subtree
+        self._mask = dict.fromkeys(subtree) if isinstance(subtree, tuple) else subtree
+        self._init_rng(config, rngs)
+
+    def apply_element(self, element: Element, key: jax.Array | None) -> Element:
+        counter = iter(range(1 << 30))
+
+        def leaf(x, _path):
+            if not self._takes_key:
+                return self.fn(x)
+            return self.fn(x, None if key is None else jax.random.fold_in(key, next(counter)))
+
+        return element.replace(data=_select(element.data, self._mask, "", leaf))
+
+    def structure(self) -> str:
+        return f"MapOperator({self.config!r}, fn={fn_name(self.fn)})"

@@ -1,0 +1,123 @@
+"""The pipeline iterator: yields batches, and saves/restores its position exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from datarax.control.prefetch import Prefetcher
+from datarax.pipeline.state import check_state, make_state
+
+if TYPE_CHECKING:
+    from datarax.pipeline.pipeline import Pipeline
+
+
+class PipelineIterator(Iterator[dict]):
+    """Iterates a pipeline over one or more epochs.
+
+    Its state, `{"version", "epoch", "position", "fingerprint", "num_records", "batch_size"}`, is
+    the position after the last batch it returned; `set_state` on an iterator of an identically
+    built pipeline continues with bitwise-identical batches.
+    """
+
+    def __init__(self, pipeline: Pipeline, start_epoch: int, num_epochs: int | None, one_epoch: bool):
+        self._pipeline = pipeline
+        self._epoch = start_epoch
+        self._position = 0
+        self._num_epochs = num_epochs
+        self._end = None if num_epochs is None else start_epoch + num_epochs
+        self._one_epoch = one_epoch
+        self._host: Prefetcher | None = None
+
+    def _steps(self, epoch: int, position: int) -> Iterator[tuple[int, int, np.ndarray, int]]:
+        """(epoch, position, indices, num_valid) for every batch from (epoch, position) on."""
+        p = self._pipeline
+        length, batch = len(p.sampler), p.batch_size
+        while self._end is None or epoch < self._end:
+            remaining = length - position
+            if remaining <= 0 or (p.drop_remainder and remaining < batch):
+                epoch, position = epoch + 1, 0
+                continue
+            num_valid = min(batch, remaining)
+            positions = np.minimum(np.arange(position, position + batch, dtype=np.int64), length - 1)
+            yield epoch, position, p.sampler.indices(positions, epoch), num_valid
+            position += num_valid
+
+    def _host_batches(self, epoch: int, position: int) -> Iterator[tuple]:
+        p = self._pipeline
+        ring = [None] * (p.prefetch + 3)
+        for i, (e, pos, idx, n) in enumerate(self._steps(epoch, position)):
+            slot = i % len(ring)
+            if ring[slot] is None:
+                ring[slot] = p.source.get_batch(idx)
+            else:
+                p.source.get_batch(idx, out=ring[slot])
+            # The copy must finish before this buffer is refilled len(ring) batches later.
+            batch = jax.block_until_ready(jax.device_put(ring[slot]))
+            yield e, pos, idx, n, batch
+
+    def _start_host(self) -> None:
+        self._stop_host()
+        if self._pipeline.source.device_arrays() is None:
+            self._host = Prefetcher(self._host_batches(self._epoch, self._position), self._pipeline.prefetch)
+
+    def _stop_host(self) -> None:
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+
+    def __next__(self) -> dict:
+        p = self._pipeline
+        arrays = p.source.device_arrays()
+        if arrays is None:
+            if self._host is None:
+                self._start_host()
+            item = next(self._host)
+            epoch, position, idx, num_valid, batch = item
+            out = p.compiled.transform(batch, idx.astype(np.int32), epoch, num_valid)
+        else:
+            try:
+                epoch, position, idx, num_valid = next(self._steps(self._epoch, self._position))
+            except StopIteration:
+                raise StopIteration from None
+            out = p.compiled.gather_transform(arrays, idx.astype(np.int32), epoch, num_valid)
+        self._epoch, self._position = epoch, position + num_valid
+        if num_valid < p.batch_size:
+            out = jax.tree.map(lambda x: x[:num_valid], out)
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        """The position after the last returned batch, as a small JSON-able dict."""
+        p = self._pipeline
+        return make_state(epoch=self._epoch, position=self._position, fingerprint=p.fingerprint,
+                          num_records=len(p.source), batch_size=p.batch_size)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continues from `state` (from `get_state` of an identically built pipeline)."""
+        p = self._pipeline
+        epoch, position = check_state(state, fingerprint=p.fingerprint, num_records=len(p.source),
+                                      batch_size=p.batch_size, epoch_length=len(p.sampler))
+        self._stop_host()
+        self._epoch, self._position = epoch, position
+        if self._one_epoch:
+            self._end = epoch + 1
+        p._next_epoch = epoch + 1
+        self._start_host()
+
+    def close(self) -> None:
+        """Stops background prefetching (idempotent)."""
+        self._stop_host()
+
+    def __enter__(self) -> PipelineIterator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        host = getattr(self, "_host", None)
+        if host is not None:
+            host._stop.set()

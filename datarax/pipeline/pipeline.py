@@ -1,0 +1,122 @@
+"""Pipeline: a source, a sampler and a stage program, compiled into one program per batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from datarax.core.operator import BatchContext, OperatorModule, describe
+from datarax.core.source import DataSourceModule
+from datarax.pipeline.chain import Chain
+from datarax.pipeline.compiled import CompiledProgram, run_program
+from datarax.pipeline.iterator import PipelineIterator
+from datarax.pipeline.state import fingerprint
+from datarax.samplers.base import Sampler, check_batch_size, num_batches
+
+
+class Pipeline(nnx.Module):
+    """A data pipeline whose stages are NNX modules, fused into one jitted program per batch.
+
+    Iterating the pipeline yields one epoch; iterating again yields the next epoch (new order,
+    new augmentation). `pipeline.epochs(n)` streams n epochs (None: endlessly) as one iterator.
+    The final short batch is kept unless `drop_remainder=True`; it runs padded to the full batch
+    shape (no recompilation) and is sliced to its real size.
+
+    Args:
+        source: a random-access source (e.g. `MemorySource`).
+        stages: operators applied in order (ignored when `program` is given).
+        batch_size: records per batch.
+        rngs: accepted for symmetry with the stages; the pipeline itself draws no randomness
+            (shuffling is keyed by the source's seed, augmentation by each stage's key).
+        sampler: which records make up each epoch; defaults to the source's (shuffled when the
+            source is configured with `shuffle=True`).
+        drop_remainder: drop the final short batch of each epoch.
+        prefetch: batches a host-resident source prepares ahead on a background thread.
+        program: a stage program (e.g. a DAG) to use instead of a linear chain of `stages`.
+
+    Example:
+        >>> pipeline = Pipeline(source=source, stages=[normalize], batch_size=32)
+        >>> for batch in pipeline:
+        ...     train_step(batch)
+    """
+
+    def __init__(self, source: DataSourceModule, stages: Sequence[OperatorModule] = (), batch_size: int = 32,
+                 rngs: nnx.Rngs | None = None, *, sampler: Sampler | None = None, drop_remainder: bool = False,
+                 prefetch: int = 2, program: nnx.Module | None = None):
+        if not isinstance(source, DataSourceModule):
+            raise TypeError(f"source must be a DataSourceModule such as MemorySource, got {describe(source)}")
+        self.batch_size = check_batch_size(batch_size)
+        if not isinstance(drop_remainder, bool):
+            raise TypeError(f"drop_remainder must be True or False, got {drop_remainder!r}")
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
+            raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        if sampler is not None and not isinstance(sampler, Sampler):
+            raise TypeError(f"sampler must be a datarax Sampler, got {describe(sampler)}")
+        self.source = source
+        self.sampler = source.default_sampler() if sampler is None else sampler
+        self.program = Chain(stages) if program is None else program
+        self.drop_remainder = drop_remainder
+        self.prefetch = prefetch
+        self._next_epoch = 0
+        self.compiled = CompiledProgram(self.program)
+        self.fingerprint = fingerprint({
+            "source": source.structure(), "sampler": self.sampler.structure(), "num_records": len(source),
+            "batch_size": self.batch_size, "drop_remainder": drop_remainder, "stages": self.program.structure(),
+        })
+        self._output_spec = self._trace_output_spec()
+
+    @classmethod
+    def from_dag(cls, *, source: DataSourceModule, nodes: dict, edges: dict, sink: str, batch_size: int,
+                 rngs: nnx.Rngs | None = None, **kwargs: Any) -> Pipeline:
+        """A pipeline whose stages form a DAG; see `datarax.pipeline.dag.DagProgram`."""
+        from datarax.pipeline.dag import DagProgram
+
+        return cls(source, batch_size=batch_size, rngs=rngs, program=DagProgram(nodes, edges, sink), **kwargs)
+
+    @property
+    def stages(self) -> Sequence[nnx.Module]:
+        return self.program.stages if isinstance(self.program, Chain) else ()
+
+    def _trace_output_spec(self) -> dict:
+        spec = self.source.element_spec()
+        idx_shape = self.sampler.indices(np.zeros((self.batch_size,), np.int64), 0).shape
+        batch = {k: jax.ShapeDtypeStruct(idx_shape + tuple(v.shape), v.dtype) for k, v in spec.items()}
+        idx = jax.ShapeDtypeStruct(idx_shape, jnp.int32)
+        return jax.eval_shape(self.compiled._transform, self.compiled.values(), batch, idx, 0, self.batch_size)
+
+    def output_spec(self) -> dict:
+        """Shapes and dtypes of a full batch (a dict of `jax.ShapeDtypeStruct`)."""
+        return self._output_spec
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return num_batches(len(self.sampler), self.batch_size, self.drop_remainder)
+
+    def __iter__(self) -> PipelineIterator:
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        return PipelineIterator(self, epoch, 1, one_epoch=True)
+
+    def epochs(self, num_epochs: int | None = None) -> PipelineIterator:
+        """One iterator over `num_epochs` epochs from the next one (None: endless)."""
+        if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1):
+            raise ValueError(f"num_epochs must be a positive int or None (endless), got {num_epochs!r}")
+        epoch = self._next_epoch
+        self._next_epoch = epoch + num_epochs if num_epochs is not None else epoch
+        return PipelineIterator(self, epoch, num_epochs, one_epoch=False)
+
+    def transform(self, batch: dict, *, record_ids: Any = None, epoch: Any = 0) -> dict:
+        """Runs the stages (everything after the gather) on an already loaded batch.
+
+        Uses the modules directly, so it can be called inside a user's `nnx.jit`/`nnx.grad` step
+        and gradients reach the stages' parameters. `record_ids` default to 0..B-1.
+        """
+        size = jax.tree.leaves(batch)[0].shape[0]
+        ids = jnp.arange(size, dtype=jnp.int32) if record_ids is None else jnp.asarray(record_ids, jnp.int32)
+        ctx = BatchContext(ids, jnp.asarray(epoch, jnp.int32), jnp.ones((size,), bool))
+        return run_program(self.program, batch, ctx)

@@ -1,0 +1,85 @@
+"""Sequential, shuffled and range samplers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from datarax.samplers.base import Sampler
+from datarax.samplers.feistel import FeistelPermutation, validate_seed
+
+
+def _check_num_records(num_records: object) -> int:
+    if isinstance(num_records, bool) or not isinstance(num_records, (int, np.integer)) or num_records <= 0:
+        raise ValueError(f"num_records must be a positive int, got {num_records!r}")
+    return int(num_records)
+
+
+class SequentialSampler(Sampler):
+    """Records in storage order: position i is record i."""
+
+    def __init__(self, num_records: int):
+        self.num_records = _check_num_records(num_records)
+
+    def __len__(self) -> int:
+        return self.num_records
+
+    def indices(self, positions: np.ndarray, epoch: int) -> np.ndarray:
+        return np.asarray(positions, dtype=np.int64)
+
+
+class ShuffleSampler(Sampler):
+    """A fresh pseudo-random order every epoch, keyed by (seed, epoch), in O(1) memory.
+
+    Example:
+        >>> s = ShuffleSampler(5, seed=1)
+        >>> sorted(s.indices(np.arange(5), epoch=0).tolist())
+        [0, 1, 2, 3, 4]
+    """
+
+    def __init__(self, num_records: int, seed: int = 0):
+        self.num_records = _check_num_records(num_records)
+        self.seed = validate_seed(seed)
+        self._perm_epoch = -1
+        self._perm: FeistelPermutation | None = None
+
+    def __len__(self) -> int:
+        return self.num_records
+
+    def permutation(self, epoch: int) -> FeistelPermutation:
+        if epoch != self._perm_epoch:
+            self._perm = FeistelPermutation(self.num_records, self.seed, epoch)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def indices(self, positions: np.ndarray, epoch: int) -> np.ndarray:
+        return self.permutation(epoch)(positions)
+
+    def structure(self) -> str:
+        return f"ShuffleSampler(seed={self.seed})"
+
+
+class RangeSampler(Sampler):
+    """The records of Python's `range(start, stop, step)`, negative steps included."""
+
+    def __init__(self, start: int, stop: int | None = None, step: int = 1):
+        if stop is None:
+            start, stop = 0, start
+        for name, v in (("start", start), ("stop", stop), ("step", step)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"RangeSampler {name} must be an int, got {v!r}")
+        if step == 0:
+            raise ValueError("RangeSampler step must not be zero, got 0")
+        self._range = range(int(start), int(stop), int(step))
+        if self._range and min(self._range[0], self._range[-1]) < 0:
+            raise ValueError(f"RangeSampler yields record indices, which must be >= 0; got {self._range}")
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def indices(self, positions: np.ndarray, epoch: int) -> np.ndarray:
+        r = self._range
+        return r.start + np.asarray(positions, dtype=np.int64) * r.step
+
+    def structure(self) -> str:
+        r = self._range
+        return f"RangeSampler({r.start}, {r.stop}, {r.step})"

@@ -1,0 +1,110 @@
+"""Samplers that look beyond one epoch or one record: epoch-spanning streams and sliding windows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from datarax.samplers.base import STATE_VERSION, Sampler, check_batch_size
+from datarax.samplers.feistel import FeistelPermutation, validate_seed
+from datarax.samplers.simple import _check_num_records
+
+
+class EpochAwareSampler(Sampler):
+    """One continuous stream over `num_epochs` epochs (None: endless), reshuffled per epoch.
+
+    Unlike per-epoch iteration, batches straddle epoch edges (as `repeat().batch()` in tf.data),
+    so there is never a short batch until the very end. `epoch_of(positions)` tells which epoch
+    each stream position belongs to.
+    """
+
+    def __init__(self, num_records: int, *, seed: int = 0, shuffle: bool = True, num_epochs: int | None = None):
+        self.num_records = _check_num_records(num_records)
+        self.seed = validate_seed(seed)
+        self.shuffle = bool(shuffle)
+        if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs <= 0):
+            raise ValueError(f"num_epochs must be a positive int or None, got {num_epochs!r}")
+        self.num_epochs = num_epochs
+
+    def __len__(self) -> int:
+        if self.num_epochs is None:
+            raise TypeError("an endless EpochAwareSampler (num_epochs=None) has no length; iterate it instead")
+        return self.num_records * self.num_epochs
+
+    def epoch_of(self, positions: np.ndarray) -> np.ndarray:
+        return np.asarray(positions, dtype=np.int64) // self.num_records
+
+    def indices(self, positions: np.ndarray, epoch: int = 0) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        epochs, offsets = np.divmod(positions, self.num_records)
+        if not self.shuffle:
+            return offsets
+        out = np.empty_like(offsets)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = FeistelPermutation(self.num_records, self.seed, int(e))(offsets[sel])
+        return out
+
+    def structure(self) -> str:
+        return f"EpochAwareSampler(seed={self.seed}, shuffle={self.shuffle}, num_epochs={self.num_epochs})"
+
+    def stream(self, batch_size: int) -> Iterator[np.ndarray]:
+        """An iterator of index batches over the whole stream, with get_state/set_state."""
+        return _StreamIterator(self, check_batch_size(batch_size))
+
+
+class _StreamIterator(Iterator[np.ndarray]):
+    def __init__(self, sampler: EpochAwareSampler, batch_size: int):
+        self._sampler, self._batch_size, self._position = sampler, batch_size, 0
+
+    def __next__(self) -> np.ndarray:
+        total = None if self._sampler.num_epochs is None else len(self._sampler)
+        stop = self._position + self._batch_size if total is None else min(self._position + self._batch_size, total)
+        if stop <= self._position:
+            raise StopIteration
+        ids = self._sampler.indices(np.arange(self._position, stop))
+        self._position = stop
+        return ids
+
+    def get_state(self) -> dict:
+        return {"version": STATE_VERSION, "position": self._position}
+
+    def set_state(self, state: dict) -> None:
+        pos = state.get("position") if isinstance(state, dict) else None
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION or not isinstance(pos, int) or pos < 0:
+            raise ValueError(f"EpochAwareSampler stream state must be {{'version': {STATE_VERSION}, "
+                             f"'position': int >= 0}}, got {state!r}")
+        self._position = pos
+
+
+class SlidingWindowSampler(Sampler):
+    """Windows of `window` consecutive records, starting every `stride` records.
+
+    Item i of an epoch is the index array [i*stride, i*stride + window); a batch is therefore
+    int64[B, window] and gathers elements with a window axis after the batch axis.
+    """
+
+    def __init__(self, num_records: int, window: int, stride: int = 1, *, shuffle: bool = False, seed: int = 0):
+        self.num_records = _check_num_records(num_records)
+        for name, v in (("window", window), ("stride", stride)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"SlidingWindowSampler {name} must be a positive int, got {v!r}")
+        if window > self.num_records:
+            raise ValueError(f"window ({window}) is longer than the data ({self.num_records} records); "
+                             "use a smaller window")
+        self.window, self.stride = window, stride
+        self.shuffle, self.seed = bool(shuffle), validate_seed(seed)
+
+    def __len__(self) -> int:
+        return (self.num_records - self.window) // self.stride + 1
+
+    def indices(self, positions: np.ndarray, epoch: int) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.shuffle:
+            positions = FeistelPermutation(len(self), self.seed, epoch)(positions)
+        return positions[..., None] * self.stride + np.arange(self.window, dtype=np.int64)
+
+    def structure(self) -> str:
+        return (f"SlidingWindowSampler(window={self.window}, stride={self.stride}, "
+                f"shuffle={self.shuffle}, seed={self.seed})")

@@ -1,0 +1,52 @@
+"""The README Quick Start, verbatim."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from datarax import Pipeline
+from datarax.operators import ElementOperator, ElementOperatorConfig
+from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.typing import Element
+
+
+def normalize(element: Element, key: jax.Array | None = None) -> Element:
+    return element.update_data({"image": element.data["image"] / 255.0})
+
+
+def augment(element: Element, key: jax.Array) -> Element:
+    key1, _ = jax.random.split(key)
+    flip = jax.random.bernoulli(key1, 0.5)
+    new_image = jax.lax.cond(
+        flip, lambda img: jnp.flip(img, axis=1), lambda img: img,
+        element.data["image"],
+    )
+    return element.update_data({"image": new_image})
+
+
+# Create in-memory data source
+data = {
+    "image": np.random.randint(0, 255, (1000, 28, 28, 1)).astype(np.float32),
+    "label": np.random.randint(0, 10, (1000,)).astype(np.int32),
+}
+source = MemorySource(MemorySourceConfig(), data=data, rngs=nnx.Rngs(0))
+
+# Build pipeline with DAG-based API
+normalizer = ElementOperator(
+    ElementOperatorConfig(stochastic=False), fn=normalize, rngs=nnx.Rngs(0),
+)
+augmenter = ElementOperator(
+    ElementOperatorConfig(stochastic=True, stream_name="augmentations"),
+    fn=augment, rngs=nnx.Rngs(42),
+)
+
+pipeline = (
+    Pipeline(source=source, stages=[normalizer, augmenter], batch_size=32, rngs=nnx.Rngs(0))
+)
+
+# Process batches
+for i, batch in enumerate(pipeline):
+    if i >= 3:
+        break
+    print(f"Batch {i}: images {batch['image'].shape}, labels {batch['label'].shape}")
