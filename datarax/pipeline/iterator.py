@@ -121,3 +121,15 @@ class PipelineIterator(Iterator[dict]):
         host = getattr(self, "_host", None)
         if host is not None:
             host._stop.set()
+
+    async def save(self, directory):
+        """Orbax v1 `StatefulCheckpointable` protocol (see `datarax.checkpoint`)."""
+        from datarax.checkpoint.orbax import iterator_save
+
+        return await iterator_save(self, directory)
+
+    async def load(self, directory):
+        """Orbax v1 `StatefulCheckpointable` protocol (see `datarax.checkpoint`)."""
+        from datarax.checkpoint.orbax import iterator_load
+
+        return await iterator_load(self, directory)
