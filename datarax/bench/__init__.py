@@ -1,1 +1,1 @@
-"""datarax.bench."""
+"""The benchmark suite: `python -m datarax.bench [scenario ...]` (see docs/benchmarks.md)."""

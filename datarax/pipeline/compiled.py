@@ -47,31 +47,44 @@ def make_context(record_ids: jax.Array, epoch: jax.Array, num_valid: jax.Array) 
 
 
 class CompiledProgram:
-    """The jitted batch functions of one stage program (built once per pipeline)."""
+    """The jitted batch functions of one pipeline (built once).
 
-    def __init__(self, program: nnx.Module):
+    Each takes `meta = int32[3] = (start, epoch, num_valid)`, one small array rather than three
+    Python scalars, to keep per-call dispatch cheap.
+    """
+
+    def __init__(self, program: nnx.Module, sampler=None, epoch_length: int = 0, batch_size: int = 0):
         self._graphdef, state = nnx.split(program)
         self._paths = [p for p, _ in state.flat_state()]
         by_path = {p: v for p, v in nnx.iter_graph(program) if isinstance(v, nnx.Variable)}
         self._variables = [by_path[p] for p in self._paths]
 
-        def transform(values, data, indices, epoch, num_valid):
+        def transform(values, data, indices, meta):
             module = nnx.merge(self._graphdef, nnx.State.from_flat_path(list(zip(self._paths, values))))
-            return run_program(module, data, make_context(indices, epoch, num_valid))
+            return run_program(module, data, make_context(indices, meta[1], meta[2]))
 
-        def gather_transform(values, arrays, indices, epoch, num_valid):
-            return transform(values, gather_device(arrays, indices), indices, epoch, num_valid)
+        def gather_transform(values, arrays, indices, meta):
+            return transform(values, gather_device(arrays, indices), indices, meta)
+
+        def sample_gather_transform(values, arrays, params, meta):
+            positions = jnp.minimum(meta[0] + jnp.arange(batch_size, dtype=jnp.int32), epoch_length - 1)
+            return gather_transform(values, arrays, sampler.device_indices(positions, params), meta)
 
         self._transform = jax.jit(transform)
         self._gather_transform = jax.jit(gather_transform)
+        self._sample_gather_transform = jax.jit(sample_gather_transform)
 
     def values(self) -> list:
         return [v.get_value() for v in self._variables]
 
-    def transform(self, data, indices, epoch, num_valid):
+    def transform(self, data, indices, meta):
         """Stages only, on a batch already on the device."""
-        return self._transform(self.values(), data, indices, epoch, num_valid)
+        return self._transform(self.values(), data, indices, meta)
 
-    def gather_transform(self, arrays, indices, epoch, num_valid):
-        """Device gather + stages, one program."""
-        return self._gather_transform(self.values(), arrays, indices, epoch, num_valid)
+    def gather_transform(self, arrays, indices, meta):
+        """Device gather + stages, one program (indices computed on the host)."""
+        return self._gather_transform(self.values(), arrays, indices, meta)
+
+    def sample_gather_transform(self, arrays, params, meta):
+        """Sampling + device gather + stages, one program."""
+        return self._sample_gather_transform(self.values(), arrays, params, meta)

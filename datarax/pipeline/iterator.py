@@ -31,6 +31,19 @@ class PipelineIterator(Iterator[dict]):
         self._end = None if num_epochs is None else start_epoch + num_epochs
         self._one_epoch = one_epoch
         self._host: Prefetcher | None = None
+        self._params, self._params_epoch = None, None
+
+    def _next_step(self) -> tuple[int, int, int]:
+        """(epoch, position, num_valid) of the next batch; StopIteration at the end."""
+        p = self._pipeline
+        length, batch = len(p.sampler), p.batch_size
+        epoch, position = self._epoch, self._position
+        while self._end is None or epoch < self._end:
+            remaining = length - position
+            if remaining > 0 and not (p.drop_remainder and remaining < batch):
+                return epoch, position, min(batch, remaining)
+            epoch, position = epoch + 1, 0
+        raise StopIteration
 
     def _steps(self, epoch: int, position: int) -> Iterator[tuple[int, int, np.ndarray, int]]:
         """(epoch, position, indices, num_valid) for every batch from (epoch, position) on."""
@@ -69,21 +82,30 @@ class PipelineIterator(Iterator[dict]):
             self._host.close()
             self._host = None
 
+    def _device_params(self, epoch: int):
+        if self._params_epoch != epoch:
+            self._params, self._params_epoch = self._pipeline.sampler.device_params(epoch), epoch
+        return self._params
+
     def __next__(self) -> dict:
         p = self._pipeline
         arrays = p.source.device_arrays()
         if arrays is None:
             if self._host is None:
                 self._start_host()
-            item = next(self._host)
-            epoch, position, idx, num_valid, batch = item
-            out = p.compiled.transform(batch, idx.astype(np.int32), epoch, num_valid)
+            epoch, position, idx, num_valid, batch = next(self._host)
+            meta = np.array([position, epoch, num_valid], np.int32)
+            out = p.compiled.transform(batch, idx.astype(np.int32), meta)
         else:
-            try:
-                epoch, position, idx, num_valid = next(self._steps(self._epoch, self._position))
-            except StopIteration:
-                raise StopIteration from None
-            out = p.compiled.gather_transform(arrays, idx.astype(np.int32), epoch, num_valid)
+            epoch, position, num_valid = self._next_step()
+            meta = np.array([position, epoch, num_valid], np.int32)
+            params = self._device_params(epoch)
+            if params is None:
+                positions = np.minimum(np.arange(position, position + p.batch_size), len(p.sampler) - 1)
+                idx = p.sampler.indices(positions, epoch).astype(np.int32)
+                out = p.compiled.gather_transform(arrays, idx, meta)
+            else:
+                out = p.compiled.sample_gather_transform(arrays, params, meta)
         self._epoch, self._position = epoch, position + num_valid
         if num_valid < p.batch_size:
             out = jax.tree.map(lambda x: x[:num_valid], out)

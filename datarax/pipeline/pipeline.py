@@ -63,7 +63,7 @@ class Pipeline(nnx.Module):
         self.drop_remainder = drop_remainder
         self.prefetch = prefetch
         self._next_epoch = 0
-        self.compiled = CompiledProgram(self.program)
+        self.compiled = CompiledProgram(self.program, self.sampler, len(self.sampler), self.batch_size)
         self.fingerprint = fingerprint({
             "source": source.structure(), "sampler": self.sampler.structure(), "num_records": len(source),
             "batch_size": self.batch_size, "drop_remainder": drop_remainder, "stages": self.program.structure(),
@@ -87,7 +87,8 @@ class Pipeline(nnx.Module):
         idx_shape = self.sampler.indices(np.zeros((self.batch_size,), np.int64), 0).shape
         batch = {k: jax.ShapeDtypeStruct(idx_shape + tuple(v.shape), v.dtype) for k, v in spec.items()}
         idx = jax.ShapeDtypeStruct(idx_shape, jnp.int32)
-        return jax.eval_shape(self.compiled._transform, self.compiled.values(), batch, idx, 0, self.batch_size)
+        meta = jax.ShapeDtypeStruct((3,), jnp.int32)
+        return jax.eval_shape(self.compiled._transform, self.compiled.values(), batch, idx, meta)
 
     def output_spec(self) -> dict:
         """Shapes and dtypes of a full batch (a dict of `jax.ShapeDtypeStruct`)."""

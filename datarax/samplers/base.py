@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
+from typing import Any
+
+import jax
 
 import numpy as np
 from flax import nnx
@@ -39,6 +42,18 @@ class Sampler(nnx.Module, abc.ABC):
     def structure(self) -> str:
         """Identifies the sampler for iterator fingerprints (class and its settings)."""
         return type(self).__qualname__
+
+    def device_params(self, epoch: int) -> Any | None:
+        """Small arrays that let `device_indices` run inside the compiled step for `epoch`.
+
+        None (the default) means the sampler runs on the host only; the pipeline then computes
+        indices with `indices` and passes them to the step.
+        """
+        return None
+
+    def device_indices(self, positions: jax.Array, params: Any) -> jax.Array:
+        """`indices` in jax.numpy (int32), given `device_params(epoch)`; equal to the host result."""
+        raise TypeError(f"{type(self).__name__} computes indices on the host only (device_params is None)")
 
     def iter_batches(self, batch_size: int, *, drop_remainder: bool = False, num_epochs: int | None = 1,
                      start_epoch: int = 0) -> SamplerIterator:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import FeistelPermutation, validate_seed
+from datarax.samplers.feistel import WORD32_LIMIT, FeistelPermutation, feistel_device, round_keys, validate_seed
+
+INT32_LIMIT = 2**31 - 1
 
 
 def _check_num_records(num_records: object) -> int:
@@ -25,6 +28,12 @@ class SequentialSampler(Sampler):
 
     def indices(self, positions: np.ndarray, epoch: int) -> np.ndarray:
         return np.asarray(positions, dtype=np.int64)
+
+    def device_params(self, epoch: int):
+        return () if self.num_records <= INT32_LIMIT else None
+
+    def device_indices(self, positions, params):
+        return positions.astype(jnp.int32)
 
 
 class ShuffleSampler(Sampler):
@@ -54,6 +63,12 @@ class ShuffleSampler(Sampler):
     def indices(self, positions: np.ndarray, epoch: int) -> np.ndarray:
         return self.permutation(epoch)(positions)
 
+    def device_params(self, epoch: int):
+        return jnp.asarray(round_keys(self.seed, epoch)) if self.num_records <= INT32_LIMIT else None
+
+    def device_indices(self, positions, params):
+        return feistel_device(positions, params, self.num_records)
+
     def structure(self) -> str:
         return f"ShuffleSampler(seed={self.seed})"
 
@@ -79,6 +94,14 @@ class RangeSampler(Sampler):
     def indices(self, positions: np.ndarray, epoch: int) -> np.ndarray:
         r = self._range
         return r.start + np.asarray(positions, dtype=np.int64) * r.step
+
+    def device_params(self, epoch: int):
+        r = self._range
+        return () if max(r.start, r.stop, abs(r.step) * len(r)) <= INT32_LIMIT else None
+
+    def device_indices(self, positions, params):
+        r = self._range
+        return r.start + positions.astype(jnp.int32) * r.step
 
     def structure(self) -> str:
         r = self._range

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import jax.numpy as jnp
 import numpy as np
 
 from datarax.samplers.base import STATE_VERSION, Sampler, check_batch_size
-from datarax.samplers.feistel import FeistelPermutation, validate_seed
-from datarax.samplers.simple import _check_num_records
+from datarax.samplers.feistel import FeistelPermutation, round_keys, feistel_device, validate_seed
+from datarax.samplers.simple import INT32_LIMIT, _check_num_records
 
 
 class EpochAwareSampler(Sampler):
@@ -104,6 +105,17 @@ class SlidingWindowSampler(Sampler):
         if self.shuffle:
             positions = FeistelPermutation(len(self), self.seed, epoch)(positions)
         return positions[..., None] * self.stride + np.arange(self.window, dtype=np.int64)
+
+    def device_params(self, epoch: int):
+        if self.num_records > INT32_LIMIT:
+            return None
+        return jnp.asarray(round_keys(self.seed, epoch)) if self.shuffle else ()
+
+    def device_indices(self, positions, params):
+        positions = positions.astype(jnp.int32)
+        if self.shuffle:
+            positions = feistel_device(positions, params, len(self))
+        return positions[..., None] * self.stride + jnp.arange(self.window, dtype=jnp.int32)
 
     def structure(self) -> str:
         return (f"SlidingWindowSampler(window={self.window}, stride={self.stride}, "
