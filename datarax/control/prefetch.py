@@ -67,7 +67,7 @@ class Prefetcher(Iterator[T], Generic[T]):
                 item = self._queue.get(timeout=_POLL_S)
                 break
             except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
+                if self._stop.is_set() or (not self._thread.is_alive() and self._queue.empty()):
                     self._finished = True
                     raise StopIteration from None
         if item is _DONE:
@@ -107,4 +107,6 @@ class Prefetcher(Iterator[T], Generic[T]):
         self.close()
 
     def __del__(self):
-        self._stop.set()
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()

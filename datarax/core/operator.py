@@ -152,4 +152,5 @@ def describe(value: Any) -> str:
     if shape is not None:
         return f"{type(value).__name__}(shape={tuple(shape)}, dtype={dtype})"
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return f"{type(value).__name__} {text}"

@@ -55,12 +55,12 @@ class CompiledProgram:
 
     def __init__(self, program: nnx.Module, sampler=None, epoch_length: int = 0, batch_size: int = 0):
         self._graphdef, state = nnx.split(program)
-        self._paths = [p for p, _ in state.flat_state()]
+        self._paths = [p for p, _ in nnx.to_flat_state(state)]
         by_path = {p: v for p, v in nnx.iter_graph(program) if isinstance(v, nnx.Variable)}
         self._variables = [by_path[p] for p in self._paths]
 
         def transform(values, data, indices, meta):
-            module = nnx.merge(self._graphdef, nnx.State.from_flat_path(list(zip(self._paths, values))))
+            module = nnx.merge(self._graphdef, nnx.from_flat_state(list(zip(self._paths, values))))
             return run_program(module, data, make_context(indices, meta[1], meta[2]))
 
         def gather_transform(values, arrays, indices, meta):

@@ -42,7 +42,7 @@ class MemorySourceConfig:
             raise TypeError(f"MemorySourceConfig.shuffle must be True or False, got {self.shuffle!r}")
         if self.seed is not None:
             validate_seed(self.seed, "MemorySourceConfig.seed")
-        if self.device_resident not in (None, True, False):
+        if self.device_resident is not None and not isinstance(self.device_resident, bool):
             raise TypeError(f"MemorySourceConfig.device_resident must be None, True or False, "
                             f"got {self.device_resident!r}")
         if not isinstance(self.max_device_bytes, int) or self.max_device_bytes < 0:

@@ -1,0 +1,81 @@
+import threading
+import time
+
+import pytest
+
+from datarax.control import Prefetcher
+
+
+def test_yields_everything_in_order():
+    with Prefetcher(iter(range(100)), buffer_size=3) as p:
+        assert list(p) == list(range(100))
+
+
+def test_producer_errors_reach_the_consumer():
+    def gen():
+        yield 1
+        raise RuntimeError("decode failed on record 7")
+
+    p = Prefetcher(gen(), buffer_size=2)
+    assert next(p) == 1
+    with pytest.raises(RuntimeError, match="decode failed on record 7"):
+        next(p)
+    p.close()
+
+
+def test_close_while_producer_is_blocked_on_a_full_queue_does_not_deadlock():
+    produced = []
+
+    def endless():
+        i = 0
+        while True:
+            produced.append(i)
+            yield i
+            i += 1
+
+    p = Prefetcher(endless(), buffer_size=2)
+    deadline = time.time() + 5
+    while len(produced) < 3 and time.time() < deadline:  # queue full, producer blocked in put
+        time.sleep(0.01)
+    assert p.alive
+    start = time.perf_counter()
+    p.close()
+    assert time.perf_counter() - start < 2
+    assert not p.alive
+    with pytest.raises(StopIteration):
+        next(p)
+    p.close()  # idempotent
+
+
+def test_stays_at_most_buffer_size_ahead():
+    produced = []
+
+    def gen():
+        for i in range(50):
+            produced.append(i)
+            yield i
+
+    p = Prefetcher(gen(), buffer_size=4)
+    time.sleep(0.3)
+    # buffer_size in the queue + at most one item in hand waiting to be put
+    assert len(produced) <= 4 + 1
+    p.close()
+
+
+def test_bad_buffer_size():
+    with pytest.raises(ValueError, match="buffer_size must be an int >= 1, got 0"):
+        Prefetcher(iter([]), buffer_size=0)
+
+
+def test_close_from_another_thread_while_consumer_waits():
+    def slow():
+        while True:
+            time.sleep(10)
+            yield 0
+
+    p = Prefetcher(slow(), buffer_size=1)
+    t = threading.Timer(0.2, p.close, kwargs={"timeout": 0.5})
+    t.start()
+    with pytest.raises(StopIteration):
+        next(p)
+    t.join()
