@@ -1,0 +1,64 @@
+"""SpecAugment masking (Park et al. 2019) with a differentiable mask width.
+
+A mask covers the continuous interval `[start, start + width)` of an axis. Bin `i` spans
+`[i, i + 1)`, and its mask weight is the fraction of the bin the interval covers:
+
+    m[i] = clip(min(start + width, i + 1) - max(start, i), 0, 1)
+
+and the masked value is `x * (1 - m) + mask_value * m`. For integer `start` and `width` this is
+exactly SpecAugment's hard mask `x[start:start + width] = mask_value`; for real ones only the two
+edge bins are partly masked, so the output is a continuous, piecewise-linear function of `start`
+and `width` and a learnable maximum width receives a gradient.
+
+Random masks are reparameterised: `width = u1 * max_width` and `start = u2 * (n - width)` with
+`u1, u2 ~ U[0, 1)` drawn from the record key, so the mask always lies inside the axis.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def coverage(length: int, start: jax.Array | float, width: jax.Array | float, dtype=jnp.float32) -> jax.Array:
+    """The fraction of each of `length` unit bins covered by `[start, start + width)`."""
+    i = jnp.arange(length, dtype=dtype)
+    return jnp.clip(jnp.minimum(start + width, i + 1.0) - jnp.maximum(start, i), 0.0, 1.0)
+
+
+def mask_along_axis(x: jax.Array, start: jax.Array | float, width: jax.Array | float, axis: int,
+                    mask_value: float = 0.0) -> jax.Array:
+    """Masks `[start, start + width)` of `axis` of `x` (see the module docstring)."""
+    axis = axis % x.ndim
+    m = coverage(x.shape[axis], start, width, x.dtype)
+    m = jnp.reshape(m, (-1,) + (1,) * (x.ndim - 1 - axis))
+    return x * (1.0 - m) + mask_value * m
+
+
+def random_masks(x: jax.Array, key: jax.Array, max_width: jax.Array | float, axis: int, num_masks: int = 1,
+                 mask_value: float = 0.0) -> jax.Array:
+    """Applies `num_masks` masks of random width in `[0, max_width)` at random positions of `axis`.
+
+    Masks are combined multiplicatively on the kept fraction, `keep = prod(1 - m_k)`, so
+    overlapping masks stay a valid mask (weights in [0, 1]).
+    """
+    axis = axis % x.ndim
+    length = x.shape[axis]
+    u = jax.random.uniform(key, (num_masks, 2), dtype=x.dtype)
+    width = jnp.minimum(u[:, 0] * max_width, float(length))
+    start = u[:, 1] * (length - width)
+    keep = jnp.prod(1.0 - jax.vmap(lambda a, w: coverage(length, a, w, x.dtype))(start, width), axis=0)
+    keep = jnp.reshape(keep, (-1,) + (1,) * (x.ndim - 1 - axis))
+    return x * keep + mask_value * (1.0 - keep)
+
+
+def time_mask(spectrogram: jax.Array, key: jax.Array, max_width: jax.Array | float, num_masks: int = 1,
+              mask_value: float = 0.0) -> jax.Array:
+    """SpecAugment time masking of a `(..., freq, time)` spectrogram (masks the last axis)."""
+    return random_masks(spectrogram, key, max_width, -1, num_masks, mask_value)
+
+
+def frequency_mask(spectrogram: jax.Array, key: jax.Array, max_width: jax.Array | float, num_masks: int = 1,
+                   mask_value: float = 0.0) -> jax.Array:
+    """SpecAugment frequency masking of a `(..., freq, time)` spectrogram (masks axis -2)."""
+    return random_masks(spectrogram, key, max_width, -2, num_masks, mask_value)
