@@ -7,8 +7,11 @@ full NNX graph traversal per batch.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from datarax.core.element import Element
@@ -40,9 +43,11 @@ def run_program(program: nnx.Module, data: dict, ctx: BatchContext) -> dict:
     return out.data
 
 
-def make_context(record_ids: jax.Array, epoch: jax.Array, num_valid: jax.Array) -> BatchContext:
+def make_context(record_ids: jax.Array, epoch: jax.Array, num_valid: jax.Array,
+                 rows: jax.Array | None = None) -> BatchContext:
+    """`rows`: the rows of the global batch these records are (default: all of them, in order)."""
     ids = record_ids if record_ids.ndim == 1 else record_ids[:, 0]
-    mask = jnp.arange(ids.shape[0]) < num_valid
+    mask = (jnp.arange(ids.shape[0]) if rows is None else jnp.asarray(rows)) < num_valid
     return BatchContext(ids.astype(jnp.int32), jnp.asarray(epoch, jnp.int32), mask)
 
 
@@ -51,28 +56,45 @@ class CompiledProgram:
 
     Each takes `meta = int32[3] = (start, epoch, num_valid)`, one small array rather than three
     Python scalars, to keep per-call dispatch cheap.
+
+    A sharded pipeline passes `placement` (a `datarax.sharding.BatchPlacement`): the functions
+    then compute only this process's `rows` of each global batch, with outputs laid out over
+    the process's devices, and add the validity field `placement.mask_key` when it is set.
     """
 
-    def __init__(self, program: nnx.Module, sampler=None, epoch_length: int = 0, batch_size: int = 0):
+    def __init__(self, program: nnx.Module, sampler=None, epoch_length: int = 0, batch_size: int = 0,
+                 placement=None):
         self._graphdef, state = nnx.split(program)
         self._paths = [p for p, _ in nnx.to_flat_state(state)]
         by_path = {p: v for p, v in nnx.iter_graph(program) if isinstance(v, nnx.Variable)}
         self._variables = [by_path[p] for p in self._paths]
+        self.rows = np.arange(batch_size, dtype=np.int64) if placement is None else placement.rows
+        rows = None if placement is None else self.rows.astype(np.int32)  # numpy: a literal in the program
+        mask_key = None if placement is None else placement.mask_key
 
         def transform(values, data, indices, meta):
             module = nnx.merge(self._graphdef, nnx.from_flat_state(list(zip(self._paths, values))))
-            return run_program(module, data, make_context(indices, meta[1], meta[2]))
+            ctx = make_context(indices, meta[1], meta[2], rows)
+            out = run_program(module, data, ctx)
+            if mask_key is not None:
+                if mask_key in out:
+                    raise ValueError(f"the pipeline's output already has a field {mask_key!r}, the name DataSharding "
+                                     "gives its padding mask; pass DataSharding(mask_key='<another name>')")
+                out = {**out, mask_key: ctx.mask}
+            return out
 
         def gather_transform(values, arrays, indices, meta):
             return transform(values, gather_device(arrays, indices), indices, meta)
 
         def sample_gather_transform(values, arrays, params, meta):
-            positions = jnp.minimum(meta[0] + jnp.arange(batch_size, dtype=jnp.int32), epoch_length - 1)
+            offsets = jnp.arange(len(self.rows), dtype=jnp.int32) if rows is None else rows
+            positions = jnp.minimum(meta[0] + offsets, epoch_length - 1)
             return gather_transform(values, arrays, sampler.device_indices(positions, params), meta)
 
-        self._transform = jax.jit(transform)
-        self._gather_transform = jax.jit(gather_transform)
-        self._sample_gather_transform = jax.jit(sample_gather_transform)
+        jit = jax.jit if placement is None else functools.partial(jax.jit, out_shardings=placement.local_sharding)
+        self._transform = jit(transform)
+        self._gather_transform = jit(gather_transform)
+        self._sample_gather_transform = jit(sample_gather_transform)
 
     def values(self) -> list:
         return [v.get_value() for v in self._variables]

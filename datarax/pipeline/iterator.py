@@ -20,7 +20,8 @@ class PipelineIterator(Iterator[dict]):
 
     Its state, `{"version", "epoch", "position", "fingerprint", "num_records", "batch_size"}`, is
     the position after the last batch it returned; `set_state` on an iterator of an identically
-    built pipeline continues with bitwise-identical batches.
+    built pipeline continues with bitwise-identical batches. It is global: the same on every
+    process of a sharded pipeline, so N processes' checkpoint resumes on M processes.
     """
 
     def __init__(self, pipeline: Pipeline, start_epoch: int, num_epochs: int | None, one_epoch: bool):
@@ -55,7 +56,7 @@ class PipelineIterator(Iterator[dict]):
                 epoch, position = epoch + 1, 0
                 continue
             num_valid = min(batch, remaining)
-            positions = np.minimum(np.arange(position, position + batch, dtype=np.int64), length - 1)
+            positions = np.minimum(position + p.compiled.rows, length - 1)
             yield epoch, position, p.sampler.indices(positions, epoch), num_valid
             position += num_valid
 
@@ -69,7 +70,8 @@ class PipelineIterator(Iterator[dict]):
             else:
                 p.source.get_batch(idx, out=ring[slot])
             # The copy must finish before this buffer is refilled len(ring) batches later.
-            batch = jax.block_until_ready(jax.device_put(ring[slot]))
+            placed = jax.device_put(ring[slot]) if p.placement is None else p.placement.put(ring[slot])
+            batch = jax.block_until_ready(placed)
             yield e, pos, idx, n, batch
 
     def _start_host(self) -> None:
@@ -97,16 +99,20 @@ class PipelineIterator(Iterator[dict]):
             meta = np.array([position, epoch, num_valid], np.int32)
             out = p.compiled.transform(batch, idx.astype(np.int32), meta)
         else:
+            if p.placement is not None:
+                arrays = p.placement.device_arrays(arrays)
             epoch, position, num_valid = self._next_step()
             meta = np.array([position, epoch, num_valid], np.int32)
             params = self._device_params(epoch)
             if params is None:
-                positions = np.minimum(np.arange(position, position + p.batch_size), len(p.sampler) - 1)
+                positions = np.minimum(position + p.compiled.rows, len(p.sampler) - 1)
                 idx = p.sampler.indices(positions, epoch).astype(np.int32)
                 out = p.compiled.gather_transform(arrays, idx, meta)
             else:
                 out = p.compiled.sample_gather_transform(arrays, params, meta)
         self._epoch, self._position = epoch, position + num_valid
+        if p.placement is not None:  # full global shape; padding rows are marked by the mask field
+            return p.placement.assemble(out)
         if num_valid < p.batch_size:
             out = jax.tree.map(lambda x: x[:num_valid], out)
         return out

@@ -17,6 +17,8 @@ from datarax.pipeline.compiled import CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
 from datarax.pipeline.state import fingerprint
 from datarax.samplers.base import Sampler, check_batch_size, num_batches
+from datarax.sharding.mesh import DataSharding
+from datarax.sharding.placement import BatchPlacement
 
 
 class Pipeline(nnx.Module):
@@ -38,6 +40,10 @@ class Pipeline(nnx.Module):
         drop_remainder: drop the final short batch of each epoch.
         prefetch: batches a host-resident source prepares ahead on a background thread.
         program: a stage program (e.g. a DAG) to use instead of a linear chain of `stages`.
+        sharding: lay each batch out over a device mesh as global `jax.Array`s (see
+            `datarax.sharding.DataSharding`); `batch_size` is then the global batch size, each
+            process computes only its devices' rows, and final short batches keep the full
+            shape with a validity mask field.
 
     Example:
         >>> pipeline = Pipeline(source=source, stages=[normalize], batch_size=32)
@@ -47,7 +53,7 @@ class Pipeline(nnx.Module):
 
     def __init__(self, source: DataSourceModule, stages: Sequence[OperatorModule] = (), batch_size: int = 32,
                  rngs: nnx.Rngs | None = None, *, sampler: Sampler | None = None, drop_remainder: bool = False,
-                 prefetch: int = 2, program: nnx.Module | None = None):
+                 prefetch: int = 2, program: nnx.Module | None = None, sharding: DataSharding | None = None):
         if not isinstance(source, DataSourceModule):
             raise TypeError(f"source must be a DataSourceModule such as MemorySource, got {describe(source)}")
         self.batch_size = check_batch_size(batch_size)
@@ -63,7 +69,10 @@ class Pipeline(nnx.Module):
         self.drop_remainder = drop_remainder
         self.prefetch = prefetch
         self._next_epoch = 0
-        self.compiled = CompiledProgram(self.program, self.sampler, len(self.sampler), self.batch_size)
+        # The fingerprint leaves the sharding out on purpose: the stream is the same on any layout.
+        self.placement = None if sharding is None else BatchPlacement(sharding, self.batch_size, drop_remainder)
+        self.compiled = CompiledProgram(self.program, self.sampler, len(self.sampler), self.batch_size,
+                                        self.placement)
         self.fingerprint = fingerprint({
             "source": source.structure(), "sampler": self.sampler.structure(), "num_records": len(source),
             "batch_size": self.batch_size, "drop_remainder": drop_remainder, "stages": self.program.structure(),
@@ -84,11 +93,12 @@ class Pipeline(nnx.Module):
 
     def _trace_output_spec(self) -> dict:
         spec = self.source.element_spec()
-        idx_shape = self.sampler.indices(np.zeros((self.batch_size,), np.int64), 0).shape
+        idx_shape = self.sampler.indices(np.zeros(self.compiled.rows.shape, np.int64), 0).shape
         batch = {k: jax.ShapeDtypeStruct(idx_shape + tuple(v.shape), v.dtype) for k, v in spec.items()}
         idx = jax.ShapeDtypeStruct(idx_shape, jnp.int32)
         meta = jax.ShapeDtypeStruct((3,), jnp.int32)
-        return jax.eval_shape(self.compiled._transform, self.compiled.values(), batch, idx, meta)
+        out = jax.eval_shape(self.compiled._transform, self.compiled.values(), batch, idx, meta)
+        return out if self.placement is None else self.placement.global_spec(out)
 
     def output_spec(self) -> dict:
         """Shapes and dtypes of a full batch (a dict of `jax.ShapeDtypeStruct`)."""

@@ -26,28 +26,28 @@ def coverage(length: int, start: jax.Array | float, width: jax.Array | float, dt
     return jnp.clip(jnp.minimum(start + width, i + 1.0) - jnp.maximum(start, i), 0.0, 1.0)
 
 
-def mask_along_axis(x: jax.Array, start: jax.Array | float, width: jax.Array | float, axis: int,
-                    mask_value: float = 0.0) -> jax.Array:
-    """Masks `[start, start + width)` of `axis` of `x` (see the module docstring)."""
-    axis = axis % x.ndim
-    m = coverage(x.shape[axis], start, width, x.dtype)
-    m = jnp.reshape(m, (-1,) + (1,) * (x.ndim - 1 - axis))
-    return x * (1.0 - m) + mask_value * m
+def draw_masks(key: jax.Array, length: int, max_width: jax.Array | float, num_masks: int = 1,
+               dtype=None) -> tuple[jax.Array, jax.Array]:
+    """Reparameterised random masks on an axis of `length` bins: `(start, width)`, each `(num_masks,)`."""
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    u = jax.random.uniform(key, (num_masks, 2), dtype=dtype)
+    width = jnp.minimum(u[:, 0] * max_width, float(length))
+    return u[:, 1] * (length - width), width
 
 
-def random_masks(x: jax.Array, key: jax.Array, max_width: jax.Array | float, axis: int, num_masks: int = 1,
-                 mask_value: float = 0.0) -> jax.Array:
-    """Applies `num_masks` masks of random width in `[0, max_width)` at random positions of `axis`.
+def apply_masks(x: jax.Array, start: jax.Array | float, width: jax.Array | float, axis: int,
+                mask_value: jax.Array | float = 0.0) -> jax.Array:
+    """Masks `[start[k], start[k] + width[k])` of `axis` for each k (see the module docstring).
 
-    Masks are combined multiplicatively on the kept fraction, `keep = prod(1 - m_k)`, so
-    overlapping masks stay a valid mask (weights in [0, 1]).
+    Masks are combined multiplicatively on the kept fraction, `keep = prod_k(1 - m_k)`, so
+    overlapping masks stay a valid mask (weights in [0, 1]) and integer hard masks give their union.
     """
     axis = axis % x.ndim
     length = x.shape[axis]
-    u = jax.random.uniform(key, (num_masks, 2), dtype=x.dtype)
-    width = jnp.minimum(u[:, 0] * max_width, float(length))
-    start = u[:, 1] * (length - width)
-    keep = jnp.prod(1.0 - jax.vmap(lambda a, w: coverage(length, a, w, x.dtype))(start, width), axis=0)
+    start, width = jnp.atleast_1d(start), jnp.atleast_1d(width)
+    keep = jnp.ones((length,), x.dtype)
+    for k in range(start.shape[0]):
+        keep = keep * (1.0 - coverage(length, start[k], width[k], x.dtype))
     keep = jnp.reshape(keep, (-1,) + (1,) * (x.ndim - 1 - axis))
     return x * keep + mask_value * (1.0 - keep)
 
@@ -55,10 +55,12 @@ def random_masks(x: jax.Array, key: jax.Array, max_width: jax.Array | float, axi
 def time_mask(spectrogram: jax.Array, key: jax.Array, max_width: jax.Array | float, num_masks: int = 1,
               mask_value: float = 0.0) -> jax.Array:
     """SpecAugment time masking of a `(..., freq, time)` spectrogram (masks the last axis)."""
-    return random_masks(spectrogram, key, max_width, -1, num_masks, mask_value)
+    start, width = draw_masks(key, spectrogram.shape[-1], max_width, num_masks, spectrogram.dtype)
+    return apply_masks(spectrogram, start, width, -1, mask_value)
 
 
 def frequency_mask(spectrogram: jax.Array, key: jax.Array, max_width: jax.Array | float, num_masks: int = 1,
                    mask_value: float = 0.0) -> jax.Array:
     """SpecAugment frequency masking of a `(..., freq, time)` spectrogram (masks axis -2)."""
-    return random_masks(spectrogram, key, max_width, -2, num_masks, mask_value)
+    start, width = draw_masks(key, spectrogram.shape[-2], max_width, num_masks, spectrogram.dtype)
+    return apply_masks(spectrogram, start, width, -2, mask_value)

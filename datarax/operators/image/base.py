@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from datarax.core.element import Element
-from datarax.core.operator import OperatorConfig, PerRecordOperator, describe
-from datarax.operators.learnable import Learnable, check_learnable_field, magnitudes
+from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, describe, record_keys
+from datarax.operators.learnable import Learnable, check_learnable_field, magnitudes, signed_uniform
 
 PAD_MODES = ("constant", "edge", "reflect", "symmetric")
 
@@ -126,6 +126,15 @@ class ImageOperator(PerRecordOperator):
     def transform(self, image: jax.Array, params: dict[str, Any]) -> jax.Array:
         """Applies the operator to one image with drawn `params`."""
 
+    def draw_batch(self, ctx: BatchContext, shape: tuple[int, ...]) -> dict[str, Any]:
+        """The parameters a stochastic operator draws for every record of a batch (leading axis B).
+
+        For inspecting what an operator does; `apply_batch` draws exactly these.
+        """
+        if self.key is None:
+            raise ValueError(f"{type(self).__name__} is not stochastic: call draw(None, shape) for its fixed parameters")
+        return jax.vmap(lambda key: self.draw(key, tuple(shape)))(record_keys(self.key, ctx))
+
     def read_image(self, element: Element) -> jax.Array:
         """The element's image field, checked to be a float HWC image."""
         name = type(self).__name__
@@ -155,6 +164,11 @@ class ImageOperator(PerRecordOperator):
 def split(key: jax.Array | None, num: int) -> tuple[jax.Array | None, ...]:
     """Splits a record key into `num` keys (all None for a deterministic operator)."""
     return (None,) * num if key is None else tuple(jax.random.split(key, num))
+
+
+def signed_or_fixed(key: jax.Array | None, magnitude: jax.Array | float) -> jax.Array | float:
+    """A draw in `[-magnitude, magnitude)` from `key`; the magnitude itself when `key` is None."""
+    return magnitude if key is None else signed_uniform(key, magnitude)
 
 
 def coin(key: jax.Array | None, p: float) -> jax.Array:

@@ -1,0 +1,211 @@
+"""Names for the built-in classes a configuration can use, discovered from the packages that hold them.
+
+Every concrete operator in `datarax.operators` (and its subpackages: image, audio, strategies,
+nodes), every source in `datarax.sources` and every sampler in `datarax.samplers` gets a
+snake_case name from its class name, with the kind's suffix dropped:
+
+    BrightnessOperator -> "brightness"      RandomResizedCropOperator -> "random_resized_crop"
+    MemorySource       -> "memory"          ArrayRecordSource         -> "array_record"
+    RebatchNode        -> "rebatch"         ShuffleSampler            -> "shuffle"
+
+A class's config dataclass is its `config_class` attribute, else `<Name>Config`,
+`<Stem>Config` or `<Stem>OperatorConfig` in its module, else the dataclass named in the type
+hint of its constructor's `config` parameter. New classes appear without editing this file.
+
+Anything else is named by import path, `package.module:attribute`. Importing the module is
+the only code a configuration runs on its own; nothing is evaluated or unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from flax import nnx
+
+from datarax.config.schema import type_hints
+
+_SNAKE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+IMPORT_PATH_HELP = "write it as 'package.module:function' (a module importable from the config's directory or sys.path)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """A configurable class: its registered name, the class and its config dataclass (or None)."""
+
+    name: str
+    cls: type
+    config_cls: type | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One family of configurable classes and where to find them."""
+
+    name: str
+    packages: tuple[str, ...]
+    base: str
+    suffixes: tuple[str, ...]
+
+
+KINDS = {
+    "operator": Kind("operator", ("datarax.operators",), "datarax.core.operator:OperatorModule", ("Operator", "Node")),
+    "source": Kind("source", ("datarax.sources",), "datarax.core.source:DataSourceModule", ("Source",)),
+    "sampler": Kind("sampler", ("datarax.samplers",), "datarax.samplers.base:Sampler", ("Sampler",)),
+    # Only looked up when a [trainer] section lists callbacks; datarax itself never imports trainers.
+    "callback": Kind("callback", ("trainers.callbacks",), "trainers.callbacks.base:Callback", ("Callback",)),
+}
+
+
+def snake_name(class_name: str, suffixes: Sequence[str] = ()) -> str:
+    """`RandomResizedCropOperator` -> `random_resized_crop` (dropping the first matching suffix)."""
+    for suffix in suffixes:
+        if class_name.endswith(suffix) and class_name != suffix:
+            class_name = class_name[: -len(suffix)]
+            break
+    return _SNAKE.sub("_", class_name).lower()
+
+
+def config_class_of(cls: type) -> type | None:
+    """The config dataclass of a configurable class (see the module docstring), or None."""
+    declared = getattr(cls, "config_class", None)
+    if isinstance(declared, type) and dataclasses.is_dataclass(declared):
+        return declared
+    module = sys.modules.get(cls.__module__)
+    stem = cls.__name__
+    for suffix in ("Operator", "Source", "Sampler", "Node"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    for candidate in (f"{cls.__name__}Config", f"{stem}Config", f"{stem}OperatorConfig"):
+        found = getattr(module, candidate, None)
+        if isinstance(found, type) and dataclasses.is_dataclass(found):
+            return found
+    hint = type_hints(cls.__init__).get("config")
+    for arm in (hint, *getattr(hint, "__args__", ())):
+        if isinstance(arm, type) and dataclasses.is_dataclass(arm):
+            return arm
+    return None
+
+
+def _import_base(spec: str) -> type:
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _modules(package: str) -> tuple[list[Any], list[tuple[str, str]]]:
+    """Every module under `package` (imported), and (module, error) for those that failed to import."""
+    root = importlib.import_module(package)
+    modules, failed = [root], []
+    for info in pkgutil.walk_packages(root.__path__, package + "."):
+        try:
+            modules.append(importlib.import_module(info.name))
+        except Exception as exc:  # an optional dependency missing: report it, keep the rest usable
+            failed.append((info.name, f"{type(exc).__name__}: {exc}"))
+    return modules, failed
+
+
+def _wanted(obj: Any, module_name: str, base: type, suffixes: Sequence[str]) -> bool:
+    if not isinstance(obj, type) or obj.__module__ != module_name or obj.__name__.startswith("_"):
+        return False
+    if inspect.isabstract(obj):
+        return False
+    if issubclass(obj, base):
+        return True
+    # Batch-level DAG nodes are plain NNX modules named `...Node`.
+    return "Node" in suffixes and obj.__name__.endswith("Node") and issubclass(obj, nnx.Module)
+
+
+@functools.lru_cache(maxsize=None)
+def discover(kind: str) -> tuple[dict[str, Entry], dict[str, list[str]], tuple[tuple[str, str], ...]]:
+    """(name -> Entry, ambiguous name -> qualified class names, modules that failed to import)."""
+    spec = KINDS[kind]
+    try:
+        base = _import_base(spec.base)
+    except ImportError as exc:
+        return {}, {}, ((spec.base, f"{type(exc).__name__}: {exc}"),)
+    found: dict[str, list[Entry]] = {}
+    failed: list[tuple[str, str]] = []
+    for package in spec.packages:
+        modules, errors = _modules(package)
+        failed.extend(errors)
+        for module in modules:
+            for obj in vars(module).values():
+                if _wanted(obj, module.__name__, base, spec.suffixes):
+                    entry = Entry(snake_name(obj.__name__, spec.suffixes), obj, config_class_of(obj))
+                    found.setdefault(entry.name, []).append(entry)
+    entries = {name: e[0] for name, e in found.items() if len(e) == 1}
+    ambiguous = {name: [f"{x.cls.__module__}:{x.cls.__name__}" for x in e] for name, e in found.items() if len(e) > 1}
+    return entries, ambiguous, tuple(failed)
+
+
+def names(kind: str) -> list[str]:
+    """The registered names of a kind, sorted."""
+    return sorted(discover(kind)[0])
+
+
+def is_import_path(text: str) -> bool:
+    return ":" in text
+
+
+def import_object(spec: str, search_dirs: Sequence[str] = ()) -> Any:
+    """The object at `package.module:attribute` (attribute may be dotted).
+
+    The module is imported from `sys.path`, then from each of `search_dirs` (the config file's
+    directory, the working directory), so a config can name code that sits next to it.
+
+    Raises:
+        ImportError: the module cannot be imported (its message says which and why).
+        AttributeError: the module has no such attribute.
+        ValueError: `spec` is not of the form `package.module:attribute`.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"import path {spec!r} is not of the form 'package.module:attribute'; {IMPORT_PATH_HELP}")
+    module = _import_module(module_name, search_dirs)
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            public = sorted(n for n in dir(module) if not n.startswith("_"))
+            from datarax.config.schema import suggestion
+
+            raise AttributeError(f"module {module_name!r} has no attribute {attr!r}{suggestion(part, public)}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_module(name: str, search_dirs: Sequence[str]):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if not _missing_is(name, exc):
+            raise
+        first_error = exc
+    for directory in search_dirs:
+        directory = os.path.abspath(directory)
+        if directory in sys.path:
+            continue
+        # Kept on sys.path once it worked, so the module's own later imports of siblings work too.
+        sys.path.insert(0, directory)
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            sys.path.remove(directory)
+            if not _missing_is(name, exc):
+                raise
+    raise ModuleNotFoundError(f"no module named {name!r} (searched sys.path and {list(search_dirs)}): "
+                              f"{first_error}") from None
+
+
+def _missing_is(name: str, exc: ModuleNotFoundError) -> bool:
+    """Whether the module not found is `name` itself (or a parent), not something it imports."""
+    missing = exc.name or ""
+    return name == missing or name.startswith(missing + ".")

@@ -1,0 +1,327 @@
+"""Checking configuration values against Python type hints, with every problem reported by TOML path.
+
+A configuration is validated in one pass that collects *all* problems before raising, so a user
+fixes a file once rather than once per error. A problem names where it is, in TOML syntax
+(`stages[2].brightness.max_delta`), what was expected and what was found:
+
+    stages[2].brightness.max_delta must be a number, got 'high'
+
+The expected types come from the type hints of the classes a configuration instantiates (the
+fields of an operator's config dataclass, the keyword parameters of its constructor), so a new
+operator is checked without any schema written for it.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+Path = tuple[str | int, ...]
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class ConfigError(ValueError):
+    """A configuration with one or more problems; `problems` lists them, one line each."""
+
+    def __init__(self, problems: Sequence[str], source: str | None = None):
+        self.problems = list(problems)
+        self.source = source
+        where = f"{source}: " if source else ""
+        if len(self.problems) == 1:
+            text = f"{where}{self.problems[0]}"
+        else:
+            text = f"{where}{len(self.problems)} problems:\n" + "\n".join(f"  {p}" for p in self.problems)
+        super().__init__(text)
+
+
+def format_path(path: Path) -> str:
+    """`("stages", 2, "brightness", "max_delta")` -> `stages[2].brightness.max_delta`."""
+    text = ""
+    for part in path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            key = part if _BARE_KEY.match(part) else '"' + part.replace('"', '\\"') + '"'
+            text += f".{key}" if text else key
+    return text or "(top level)"
+
+
+class FieldError(ValueError):
+    """Raised by a schema dataclass's `__post_init__` to report a problem at one of its fields."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+class Problems:
+    """Collects problems during validation; `raise_if_any` raises them together."""
+
+    def __init__(self, source: str | None = None):
+        self.items: list[str] = []
+        self.source = source
+
+    def add(self, path: Path, message: str) -> None:
+        self.items.append(f"{format_path(path)} {message}")
+
+    def add_line(self, message: str) -> None:
+        """A problem that belongs to no key (a missing file, say)."""
+        self.items.append(message)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise ConfigError(self.items, self.source)
+
+
+def suggestion(name: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'x'?` for the closest choice, or '' when none is close."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_keys(table: Mapping[str, Any], known: Iterable[str], path: Path, problems: Problems,
+               what: str = "key") -> None:
+    """Reports every key of `table` outside `known`, with a 'did you mean' suggestion."""
+    known = list(known)
+    for key in table:
+        if key not in known:
+            problems.add((*path, key), f"is not a known {what}{suggestion(key, known)} "
+                                       f"(known: {', '.join(sorted(known)) or 'none'})")
+
+
+def is_table(value: Any) -> bool:
+    return isinstance(value, Mapping)
+
+
+def type_name(value: Any) -> str:
+    """The TOML name of a value's type, for messages."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return type(value).__name__
+
+
+def _args(hint: Any) -> tuple:
+    return typing.get_args(hint)
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def is_callable_hint(hint: Any) -> bool:
+    return hint is Callable or typing.get_origin(hint) is collections.abc.Callable or hint is collections.abc.Callable
+
+
+def describe_hint(hint: Any) -> str:
+    """Human words for what a type hint accepts in TOML ('a number', 'a list of strings', ...)."""
+    if hint is Any or hint is object:
+        return "any value"
+    if _is_union(hint):
+        arms = [a for a in _args(hint) if a is not type(None)]
+        return " or ".join(dict.fromkeys(describe_hint(a) for a in arms))
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in _args(hint))
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is str:
+        return "a string"
+    if is_callable_hint(hint):
+        return "an import path 'package.module:function'"
+    if origin is tuple:
+        args = _args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_plural(args[0])}"
+        return f"a list of {len(args)} items ({', '.join(describe_hint(a) for a in args)})"
+    if origin in (list, collections.abc.Sequence) or hint in (list, tuple):
+        args = _args(hint)
+        return f"a list of {_plural(args[0])}" if args else "a list"
+    if origin in (dict, collections.abc.Mapping) or hint in (dict, Mapping):
+        return "a table"
+    if dataclasses.is_dataclass(hint):
+        return f"a table of {hint.__name__} fields"
+    return f"a {getattr(hint, '__name__', hint)}"
+
+
+def _plural(hint: Any) -> str:
+    words = describe_hint(hint)
+    for article in ("an ", "a "):
+        if words.startswith(article):
+            noun = words[len(article):]
+            return noun if noun.endswith("s") or " " in noun else noun + "s"
+    return words
+
+
+class Unconvertible(Exception):
+    """Internal: a value does not fit a hint (the caller words the problem)."""
+
+
+def convert(value: Any, hint: Any, path: Path, problems: Problems, *,
+            resolve_callable: Callable[[Any, Path, Problems], Any] | None = None) -> Any:
+    """`value` checked against `hint` and converted (lists to tuples, ints to floats).
+
+    Adds a problem at `path` and returns None when it does not fit. Hints this module cannot
+    express in TOML (arrays, modules) accept nothing; `resolve_callable` turns import-path strings
+    into callables for `Callable` hints.
+    """
+    scratch = Problems()
+    try:
+        return _convert(value, hint, path, scratch, resolve_callable)
+    except Unconvertible:
+        problems.add(path, f"must be {describe_hint(hint)}, got {value!r}")
+        return None
+    finally:
+        problems.items.extend(scratch.items)
+
+
+def _convert(value, hint, path, problems, resolve_callable):
+    if hint is Any or hint is object or isinstance(hint, (str, typing.ForwardRef, typing.TypeVar)):
+        return value
+    if _is_union(hint):
+        for arm in _args(hint):
+            if arm is type(None):
+                continue
+            attempt = Problems()
+            try:
+                out = _convert(value, arm, path, attempt, resolve_callable)
+            except Unconvertible:
+                continue
+            if not attempt.items:
+                return out
+        raise Unconvertible
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        if value in _args(hint) and not isinstance(value, bool):
+            return value
+        raise Unconvertible
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise Unconvertible
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise Unconvertible
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise Unconvertible
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise Unconvertible
+    if is_callable_hint(hint):
+        if resolve_callable is None or not isinstance(value, str):
+            raise Unconvertible
+        return resolve_callable(value, path, problems)
+    if origin is tuple or hint is tuple:
+        return _convert_tuple(value, hint, path, problems, resolve_callable)
+    if origin in (list, collections.abc.Sequence) or hint in (list, Sequence):
+        if not isinstance(value, (list, tuple)):
+            raise Unconvertible
+        args = _args(hint)
+        items = [convert(v, args[0], (*path, i), problems, resolve_callable=resolve_callable) if args else v
+                 for i, v in enumerate(value)]
+        return items if origin is list or hint is list else tuple(items)
+    if origin in (dict, collections.abc.Mapping) or hint in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise Unconvertible
+        args = _args(hint)
+        if not args:
+            return dict(value)
+        return {k: convert(v, args[1], (*path, k), problems, resolve_callable=resolve_callable)
+                for k, v in value.items()}
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if not isinstance(value, Mapping):
+            raise Unconvertible
+        return build_dataclass(hint, value, path, problems, resolve_callable=resolve_callable)
+    if isinstance(hint, type) and isinstance(value, hint):
+        return value
+    raise Unconvertible
+
+
+def _convert_tuple(value, hint, path, problems, resolve_callable):
+    if not isinstance(value, (list, tuple)):
+        raise Unconvertible
+    args = _args(hint)
+    if not args:
+        return tuple(value)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(convert(v, args[0], (*path, i), problems, resolve_callable=resolve_callable)
+                     for i, v in enumerate(value))
+    if len(args) != len(value):
+        raise Unconvertible
+    return tuple(convert(v, a, (*path, i), problems, resolve_callable=resolve_callable)
+                 for i, (v, a) in enumerate(zip(value, args)))
+
+
+def type_hints(obj: Any) -> dict[str, Any]:
+    """`typing.get_type_hints`, falling back to the raw annotations (unresolvable ones accept anything)."""
+    try:
+        return typing.get_type_hints(obj)
+    except Exception:  # a forward reference only importable under TYPE_CHECKING, for example
+        return dict(getattr(obj, "__annotations__", {}))
+
+
+def dataclass_fields(cls: type) -> dict[str, Any]:
+    """The init fields of a dataclass with their resolved type hints."""
+    hints = type_hints(cls)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}
+
+
+def required_fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)
+            if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
+def build_dataclass(cls: type, table: Mapping[str, Any], path: Path, problems: Problems, *,
+                    resolve_callable=None, extra_keys: Iterable[str] = ()) -> Any:
+    """An instance of dataclass `cls` from a TOML table, every problem reported at its path.
+
+    Keys in `extra_keys` are allowed in `table` but not passed to `cls` (the caller uses them).
+    Errors raised by the dataclass's own `__post_init__` checks are reported at `path`.
+    """
+    fields = dataclass_fields(cls)
+    extra = set(extra_keys)
+    check_keys(table, [*fields, *extra], path, problems)
+    before = len(problems)
+    values = {name: convert(v, fields[name], (*path, name), problems, resolve_callable=resolve_callable)
+              for name, v in table.items() if name in fields}
+    for name in required_fields(cls):
+        if name not in table:
+            problems.add((*path, name), f"is required ({describe_hint(fields[name])}) but missing")
+    if len(problems) > before:
+        return None
+    try:
+        return cls(**values)
+    except FieldError as exc:
+        problems.add((*path, exc.field), str(exc))
+    except (TypeError, ValueError, KeyError) as exc:
+        # Config classes word their errors as "<Class>.<field> must ..."; point at that field.
+        named = re.search(rf"\b{re.escape(cls.__name__)}\.(\w+)", str(exc))
+        where = (*path, named.group(1)) if named and named.group(1) in fields else path
+        problems.add(where, f"is rejected by {cls.__name__}: {exc}")
+    return None

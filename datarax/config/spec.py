@@ -1,0 +1,293 @@
+"""The schema of a run configuration, and its validation into a `RunSpec`.
+
+A complete run (see docs/config.md for every key):
+
+    batch_size = 32
+    seed = 0
+
+    [source.memory]
+    data = "mypkg.data:load"
+    shuffle = true
+
+    [[stages]]
+    element = { fn = "mypkg.transforms:normalize" }
+
+    [[stages]]
+    brightness = { max_delta = 0.2 }
+
+or, instead of `stages`, a DAG:
+
+    [dag]
+    sink = "merge"
+    [dag.nodes.augment]
+    inputs = []
+    element = { fn = "mypkg.transforms:augment", stochastic = true }
+    [dag.nodes.merge]
+    inputs = ["augment"]
+    "mypkg.nodes:Merge" = {}
+
+plus optional `[sampler.<name>]`, `[sharding]` and `[trainer]` tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import graphlib
+from collections.abc import Callable
+from typing import Any
+
+from datarax.config.components import ComponentSpec, Context, component
+from datarax.config.schema import FieldError, Path, build_dataclass, check_keys, convert, is_table, suggestion
+
+
+def _positive(name: str, value: Any, minimum: int = 1) -> None:
+    if value is not None and value < minimum:
+        raise FieldError(name, f"must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSection:
+    """The top-level keys (tables are checked by their own schemas)."""
+
+    source: Any
+    batch_size: int = 32
+    seed: int = 0
+    drop_remainder: bool = False
+    prefetch: int = 2
+    epochs: int = 1
+    sampler: Any = None
+    stages: Any = ()
+    dag: Any = None
+    sharding: Any = None
+    trainer: Any = None
+
+    def __post_init__(self):
+        _positive("batch_size", self.batch_size)
+        _positive("seed", self.seed, 0)
+        _positive("prefetch", self.prefetch)
+        _positive("epochs", self.epochs)
+
+
+TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(RunSection))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingSection:
+    """`[sharding]`: lay batches out over a device mesh (`datarax.sharding.DataSharding`).
+
+    Attributes:
+        mesh_shape: devices per mesh axis; default one axis over every device.
+        axis_names: the mesh axes' names.
+        batch_axes: the axis (or axes) the batch is split over; default the first.
+        mask_key: the validity-mask field of padded final batches; false for none (then
+            `drop_remainder = true` is required).
+    """
+
+    mesh_shape: tuple[int, ...] | None = None
+    axis_names: tuple[str, ...] = ("data",)
+    batch_axes: str | tuple[str, ...] | None = None
+    mask_key: str | bool = "mask"
+
+    def __post_init__(self):
+        if self.mesh_shape is not None:
+            if any(n < 1 for n in self.mesh_shape):
+                raise FieldError("mesh_shape", f"must hold positive integers, got {list(self.mesh_shape)}")
+            if len(self.mesh_shape) != len(self.axis_names):
+                raise FieldError("axis_names", f"must name every mesh axis: mesh_shape {list(self.mesh_shape)} has "
+                                               f"{len(self.mesh_shape)} axes, axis_names {list(self.axis_names)}")
+        if self.mask_key is True:
+            raise FieldError("mask_key", "must be a field name or false, got true")
+        axes = (self.batch_axes,) if isinstance(self.batch_axes, str) else self.batch_axes or ()
+        for axis in axes:
+            if axis not in self.axis_names:
+                raise FieldError("batch_axes", f"names axis {axis!r}{suggestion(axis, self.axis_names)}; the mesh axes "
+                                               f"are {list(self.axis_names)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSection:
+    """`[trainer]`: a `trainers.Trainer` run (see docs/config.md).
+
+    Attributes:
+        model: import path of a function or class returning the `nnx.Module` to train; it gets
+            `model_args` and, if it takes one, `rngs=nnx.Rngs(seed)`.
+        loss: import path of `loss_fn(model, batch) -> loss` or `(loss, aux)`.
+        optimizer: `{adam = {learning_rate = 1e-3}}` (any optax function by name), an array of
+            such tables (chained with `optax.chain`), or an import path of a function returning
+            an optax transformation.
+        steps / epochs: train to this many total steps or epochs (exactly one).
+        checkpoint_dir: checkpoint here and resume from the newest checkpoint on restart.
+        checkpoint_every: save every N steps (a final save always happens).
+        callbacks: component tables of `trainers.callbacks` classes (by name, e.g.
+            `{ goodput = {} }`) or import paths.
+        trainer_class: import path of the trainer class.
+    """
+
+    model: Callable
+    loss: Callable
+    optimizer: Any
+    steps: int | None = None
+    epochs: int | None = None
+    model_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, Callable] = dataclasses.field(default_factory=dict)
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    max_to_keep: int = 3
+    train_pipeline_params: bool = False
+    callbacks: list[Any] = dataclasses.field(default_factory=list)
+    trainer_class: Callable | None = None
+
+    def __post_init__(self):
+        if (self.steps is None) == (self.epochs is None):
+            raise FieldError("steps", f"give exactly one of steps or epochs, got steps={self.steps!r}, "
+                                      f"epochs={self.epochs!r}")
+        _positive("steps", self.steps, 0)
+        _positive("epochs", self.epochs, 0)
+        _positive("checkpoint_every", self.checkpoint_every)
+        _positive("max_to_keep", self.max_to_keep)
+
+
+@dataclasses.dataclass
+class DagSpec:
+    nodes: dict[str, ComponentSpec]
+    edges: dict[str, list[str]]
+    sink: str
+
+
+@dataclasses.dataclass
+class TrainerSpec:
+    section: TrainerSection
+    optimizer: list[tuple[str, Callable, dict[str, Any]]] | Callable
+    callbacks: list[ComponentSpec]
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """A validated configuration: everything resolved and checked, nothing constructed yet."""
+
+    run: RunSection
+    source: ComponentSpec
+    sampler: ComponentSpec | None
+    stages: list[ComponentSpec]
+    dag: DagSpec | None
+    sharding: ShardingSection | None
+    trainer: TrainerSpec | None
+    path: str
+    overrides: list[str]
+
+
+def _stages(value: Any, ctx: Context) -> list[ComponentSpec]:
+    if not isinstance(value, (list, tuple)):
+        ctx.problems.add(("stages",), f"must be an array of operator tables ([[stages]] blocks), got {value!r}")
+        return []
+    return [component(stage, "operator", ("stages", i), ctx) for i, stage in enumerate(value)]
+
+
+def _dag(value: Any, ctx: Context) -> DagSpec | None:
+    problems, path = ctx.problems, ("dag",)
+    if not is_table(value):
+        problems.add(path, f"must be a table with sink and nodes, got {value!r}")
+        return None
+    check_keys(value, ("sink", "nodes"), path, problems)
+    nodes_table = value.get("nodes")
+    if not is_table(nodes_table) or not nodes_table:
+        problems.add((*path, "nodes"), "must be a table of named nodes ([dag.nodes.<name>] blocks), got "
+                                       f"{nodes_table!r}")
+        return None
+    names = list(nodes_table)
+    nodes, edges = {}, {}
+    for name, node in nodes_table.items():
+        here = (*path, "nodes", name)
+        inputs = node.get("inputs", []) if is_table(node) else []
+        inputs = convert(inputs, list[str], (*here, "inputs"), problems) or []
+        for i, pred in enumerate(inputs):
+            if pred not in names:
+                problems.add((*here, "inputs", i), f"names unknown node {pred!r}{suggestion(pred, names)} (nodes: "
+                                                   f"{', '.join(names)}; inputs = [] reads the source batch)")
+        edges[name] = inputs
+        nodes[name] = component(node, "operator", here, ctx, extra_keys=("inputs",))
+    sink = value.get("sink")
+    if not isinstance(sink, str):
+        problems.add((*path, "sink"), f"must name the node whose output is the batch, got {sink!r}")
+    elif sink not in names:
+        problems.add((*path, "sink"), f"names unknown node {sink!r}{suggestion(sink, names)} (nodes: {', '.join(names)})")
+    try:
+        graphlib.TopologicalSorter({n: [p for p in e if p in names] for n, e in edges.items()}).prepare()
+    except graphlib.CycleError as exc:
+        cycle = " -> ".join(reversed(exc.args[1]))
+        problems.add((*path, "nodes"), f"form a cycle ({cycle}); a node cannot consume its own output")
+    return DagSpec(nodes, edges, sink) if isinstance(sink, str) else None
+
+
+def _optimizer(value: Any, path: Path, ctx: Context):
+    import optax  # a core dependency, only needed when a trainer is configured
+
+    if isinstance(value, str):
+        return ctx.resolve_callable(value, path, ctx.problems)
+    tables = value if isinstance(value, list) else [value]
+    chain = []
+    public = [n for n in dir(optax) if not n.startswith("_") and callable(getattr(optax, n))]
+    for i, table in enumerate(tables):
+        here = (*path, i) if isinstance(value, list) else path
+        if not is_table(table) or len(table) != 1:
+            ctx.problems.add(here, "must be a table naming one optax function, e.g. { adam = { learning_rate = "
+                                   f"1e-3 }} }}, or an import path 'package.module:function'; got {table!r}")
+            continue
+        (name, kwargs), = table.items()
+        if name not in public:
+            ctx.problems.add((*here, name), f"is not an optax function{suggestion(name, public)}")
+            continue
+        if not is_table(kwargs):
+            ctx.problems.add((*here, name), f"must be a table of keyword arguments, got {kwargs!r}")
+            continue
+        import inspect
+
+        params = inspect.signature(getattr(optax, name)).parameters
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            check_keys(kwargs, list(params), (*here, name), ctx.problems, what=f"argument of optax.{name}")
+        chain.append((name, getattr(optax, name), dict(kwargs)))
+    return chain
+
+
+def _trainer(value: Any, ctx: Context) -> TrainerSpec | None:
+    path = ("trainer",)
+    if not is_table(value):
+        ctx.problems.add(path, f"must be a table, got {value!r}")
+        return None
+    section = build_dataclass(TrainerSection, value, path, ctx.problems, resolve_callable=ctx.resolve_callable)
+    optimizer = _optimizer(value["optimizer"], (*path, "optimizer"), ctx) if "optimizer" in value else None
+    callbacks = []
+    raw = value.get("callbacks", [])
+    if isinstance(raw, list):
+        callbacks = [component(c, "callback", (*path, "callbacks", i), ctx) for i, c in enumerate(raw)]
+    if section is None or optimizer is None:
+        return None
+    return TrainerSpec(section, optimizer, callbacks)
+
+
+def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>", overrides: list[str] | None = None) -> RunSpec:
+    """Checks a loaded configuration; every problem goes to `ctx.problems` (the caller raises)."""
+    problems = ctx.problems
+    tables = {k: raw[k] for k in ("source", "sampler", "stages", "dag", "sharding", "trainer") if k in raw}
+    scalars = {k: v for k, v in raw.items() if k not in tables}
+    if "source" not in raw:
+        problems.add(("source",), "is required but missing: add a [source.<name>] table, e.g. [source.memory] "
+                                  "with data = \"package.module:function\"")
+    run = build_dataclass(RunSection, {"source": raw.get("source"), **scalars}, (), problems)
+    if run is not None:
+        ctx.seed = run.seed
+    source = component(raw["source"], "source", ("source",), ctx) if "source" in raw else None
+    sampler = component(raw["sampler"], "sampler", ("sampler",), ctx, filled=("num_records",)) \
+        if "sampler" in raw else None
+    stages = _stages(raw["stages"], ctx) if "stages" in raw else []
+    dag = _dag(raw["dag"], ctx) if "dag" in raw else None
+    if "stages" in raw and "dag" in raw:
+        problems.add(("dag",), "cannot be combined with stages; describe the pipeline with one of them")
+    sharding = None
+    if "sharding" in raw:
+        if is_table(raw["sharding"]):
+            sharding = build_dataclass(ShardingSection, raw["sharding"], ("sharding",), problems)
+        else:
+            problems.add(("sharding",), f"must be a table, got {raw['sharding']!r}")
+    trainer = _trainer(raw["trainer"], ctx) if "trainer" in raw else None
+    return RunSpec(run, source, sampler, stages, dag, sharding, trainer, path, overrides or [])

@@ -1,0 +1,318 @@
+"""Geometry operators: flips, crops, resizing, rotation, translation and general affine warps.
+
+Warps sample bilinearly, so they are differentiable in their angle, scale, shear and shift;
+with `stochastic=False` a warp applies its magnitudes as fixed values (for example
+`RotationConfig(degrees=10, stochastic=False)` always turns by 10 degrees).
+
+Example:
+    >>> crop = RandomCropOperator(RandomCropConfig(size=32, padding=4, pad_mode="reflect"), rngs=nnx.Rngs(0))
+    >>> flip = HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(1))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from datarax.operators.image import geometry
+from datarax.operators.image.base import (PAD_MODES, ImageOperator, ImageOperatorConfig, check_number, check_range,
+                                          check_size, coin, require_stochastic, signed_or_fixed, split)
+from datarax.operators.learnable import uniform
+
+
+@dataclasses.dataclass(frozen=True)
+class FlipConfig(ImageOperatorConfig):
+    """Shared by the flips.
+
+    Attributes:
+        p: probability of flipping a record when stochastic (always when not).
+    """
+
+    stochastic: bool = True
+    p: float = 0.5
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_number(self, "p", 0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class HorizontalFlipConfig(FlipConfig):
+    """Configuration of `HorizontalFlipOperator` (see `FlipConfig`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VerticalFlipConfig(FlipConfig):
+    """Configuration of `VerticalFlipOperator` (see `FlipConfig`)."""
+
+
+class HorizontalFlipOperator(ImageOperator):
+    """Mirrors left-right with probability `p`."""
+
+    config_class = HorizontalFlipConfig
+
+    def draw(self, key, shape):
+        return {"apply": coin(key, self.config.p)}
+
+    def transform(self, image, params):
+        return jnp.where(params["apply"], geometry.hflip(image), image)
+
+
+class VerticalFlipOperator(ImageOperator):
+    """Mirrors top-bottom with probability `p`."""
+
+    config_class = VerticalFlipConfig
+
+    def draw(self, key, shape):
+        return {"apply": coin(key, self.config.p)}
+
+    def transform(self, image, params):
+        return jnp.where(params["apply"], geometry.vflip(image), image)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomCropConfig(ImageOperatorConfig):
+    """Configuration of `RandomCropOperator`.
+
+    Attributes:
+        size: output (height, width), or one int for a square.
+        padding: pixels added on every side before cropping.
+        pad_mode: "constant" (with `fill`), "edge", "reflect" or "symmetric", as in `numpy.pad`.
+        fill: the constant padding value.
+    """
+
+    stochastic: bool = True
+    size: int | tuple[int, int] = 32
+    padding: int = 0
+    pad_mode: str = "constant"
+    fill: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_size(self, "size")
+        if isinstance(self.padding, bool) or not isinstance(self.padding, int) or self.padding < 0:
+            raise ValueError(f"RandomCropConfig.padding must be an int >= 0, got {self.padding!r}")
+        if self.pad_mode not in PAD_MODES:
+            raise ValueError(f"RandomCropConfig.pad_mode must be one of {PAD_MODES}, got {self.pad_mode!r}")
+        check_number(self, "fill", -1e6, 1e6)
+
+
+class RandomCropOperator(ImageOperator):
+    """Pads, then crops a window at a random offset (the centred window when not stochastic)."""
+
+    config_class = RandomCropConfig
+
+    def draw(self, key, shape):
+        height, width = self.config.size
+        pad = self.config.padding
+        room_y, room_x = shape[0] + 2 * pad - height, shape[1] + 2 * pad - width
+        if room_y < 0 or room_x < 0:
+            raise ValueError(f"RandomCropConfig.size {self.config.size} is larger than the padded image "
+                             f"({shape[0] + 2 * pad}, {shape[1] + 2 * pad}); lower size or raise padding")
+        if key is None:
+            return {"top": room_y // 2, "left": room_x // 2}
+        k_top, k_left = jax.random.split(key)
+        return {"top": jax.random.randint(k_top, (), 0, room_y + 1),
+                "left": jax.random.randint(k_left, (), 0, room_x + 1)}
+
+    def transform(self, image, params):
+        padded = geometry.pad(image, self.config.padding, self.config.pad_mode, self.config.fill)
+        return geometry.crop(padded, params["top"], params["left"], *self.config.size)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomResizedCropConfig(ImageOperatorConfig):
+    """Configuration of `RandomResizedCropOperator`.
+
+    Attributes:
+        size: output (height, width), or one int for a square.
+        scale: range of the box area as a fraction of the image area; `scale[0]` is the
+            learnable magnitude `min_scale`.
+        ratio: range of the box aspect ratio (width / height), drawn log-uniformly.
+        antialias: smooth when shrinking (as PIL does).
+    """
+
+    stochastic: bool = True
+    size: int | tuple[int, int] = 32
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    antialias: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_stochastic(self)
+        check_size(self, "size")
+        check_range(self, "scale", 0.0, 1.0)
+        check_range(self, "ratio", 0.0, float("inf"))
+
+    @property
+    def min_scale(self) -> float:
+        return self.scale[0]
+
+
+class RandomResizedCropOperator(ImageOperator):
+    """Crops a random box (area and aspect ratio drawn from ranges) and resizes it bilinearly.
+
+    The box is continuous (not rounded to pixels) and resampled with PIL's bilinear filter, so
+    the output is differentiable in the box and hence in `min_scale`. A box wider or taller
+    than the image is clamped to it.
+    """
+
+    config_class = RandomResizedCropConfig
+    bounds = {"min_scale": (0.0, 1.0)}
+
+    def draw(self, key, shape):
+        k_area, k_ratio, k_top, k_left = jax.random.split(key, 4)
+        area = uniform(k_area, self.magnitude("min_scale"), self.config.scale[1]) * shape[0] * shape[1]
+        log_ratio = uniform(k_ratio, *jnp.log(jnp.asarray(self.config.ratio)))
+        box_h = jnp.minimum(jnp.sqrt(area / jnp.exp(log_ratio)), shape[0])
+        box_w = jnp.minimum(jnp.sqrt(area * jnp.exp(log_ratio)), shape[1])
+        top = uniform(k_top, 0.0, 1.0) * (shape[0] - box_h)
+        left = uniform(k_left, 0.0, 1.0) * (shape[1] - box_w)
+        return {"box": jnp.stack([top, left, box_h, box_w])}
+
+    def transform(self, image, params):
+        return geometry.resized_crop(image, params["box"], *self.config.size, antialias=self.config.antialias)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResizeConfig(ImageOperatorConfig):
+    """Configuration of `ResizeOperator`.
+
+    Attributes:
+        size: output (height, width), or one int for a square.
+        antialias: smooth when shrinking (as PIL does).
+    """
+
+    size: int | tuple[int, int] = 32
+    antialias: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_size(self, "size")
+
+
+class ResizeOperator(ImageOperator):
+    """Bilinear resize to a fixed size (PIL `resize(..., BILINEAR)`)."""
+
+    config_class = ResizeConfig
+
+    def draw(self, key, shape):
+        return {}
+
+    def transform(self, image, params):
+        return geometry.resize(image, *self.config.size, antialias=self.config.antialias)
+
+
+@dataclasses.dataclass(frozen=True)
+class AffineConfig(ImageOperatorConfig):
+    """Configuration of `AffineOperator`; each magnitude is the half-width of a uniform draw.
+
+    Attributes:
+        degrees: rotation angle range in degrees, in [0, 180].
+        translate: shift range as a fraction of width (x) and height (y), in [0, 1].
+        scale: zoom range: the factor is `1 + U(-scale, scale)`, scale in [0, 0.9].
+        shear: x-shear angle range in degrees, in [0, 60].
+        fill: value read outside the source image.
+    """
+
+    stochastic: bool = True
+    degrees: float = 0.0
+    translate: float = 0.0
+    scale: float = 0.0
+    shear: float = 0.0
+    fill: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name, (low, high) in AffineOperator.bounds.items():
+            check_number(self, name, low, high)
+        check_number(self, "fill", -1e6, 1e6)
+
+
+class AffineOperator(ImageOperator):
+    """A random rotation, shift, zoom and shear about the centre, sampled bilinearly."""
+
+    config_class = AffineConfig
+    bounds = {"degrees": (0.0, 180.0), "translate": (0.0, 1.0), "scale": (0.0, 0.9), "shear": (0.0, 60.0)}
+
+    def draw(self, key, shape):
+        k_angle, k_dx, k_dy, k_scale, k_shear = split(key, 5)
+        shift = self.magnitude("translate")
+        return {"angle": signed_or_fixed(k_angle, self.magnitude("degrees")),
+                "dx": signed_or_fixed(k_dx, shift) * shape[1], "dy": signed_or_fixed(k_dy, shift) * shape[0],
+                "scale": 1.0 + signed_or_fixed(k_scale, self.magnitude("scale")),
+                "shear": signed_or_fixed(k_shear, self.magnitude("shear"))}
+
+    def transform(self, image, params):
+        inverse = geometry.affine_matrix(params["angle"], geometry.image_center(image), scale=params["scale"],
+                                         shear=params["shear"], translate=(params["dx"], params["dy"]))
+        return geometry.warp_affine(image, inverse, self.config.fill)
+
+
+@dataclasses.dataclass(frozen=True)
+class RotationConfig(ImageOperatorConfig):
+    """Configuration of `RotationOperator`.
+
+    Attributes:
+        degrees: the angle is `U(-degrees, degrees)`, counter-clockwise; in [0, 180].
+        fill: value read outside the source image.
+    """
+
+    stochastic: bool = True
+    degrees: float = 15.0
+    fill: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_number(self, "degrees", 0.0, 180.0)
+        check_number(self, "fill", -1e6, 1e6)
+
+
+class RotationOperator(ImageOperator):
+    """Rotates about the centre by a random angle (scikit-image `rotate(order=1)`)."""
+
+    config_class = RotationConfig
+    bounds = {"degrees": (0.0, 180.0)}
+
+    def draw(self, key, shape):
+        return {"angle": signed_or_fixed(key, self.magnitude("degrees"))}
+
+    def transform(self, image, params):
+        return geometry.rotate(image, params["angle"], self.config.fill)
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslateConfig(ImageOperatorConfig):
+    """Configuration of `TranslateOperator`.
+
+    Attributes:
+        translate: shift range as a fraction of width (x) and height (y), in [0, 1].
+        fill: value read outside the source image.
+    """
+
+    stochastic: bool = True
+    translate: float = 0.1
+    fill: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_number(self, "translate", 0.0, 1.0)
+        check_number(self, "fill", -1e6, 1e6)
+
+
+class TranslateOperator(ImageOperator):
+    """Shifts content by a random (sub-pixel) offset, sampled bilinearly."""
+
+    config_class = TranslateConfig
+    bounds = {"translate": (0.0, 1.0)}
+
+    def draw(self, key, shape):
+        k_dx, k_dy = split(key, 2)
+        shift = self.magnitude("translate")
+        return {"dx": signed_or_fixed(k_dx, shift) * shape[1], "dy": signed_or_fixed(k_dy, shift) * shape[0]}
+
+    def transform(self, image, params):
+        return geometry.translate(image, params["dx"], params["dy"], self.config.fill)

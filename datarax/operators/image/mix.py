@@ -1,0 +1,195 @@
+"""Batch-level mixing: MixUp and CutMix, with labels mixed in the same proportions.
+
+Each record is mixed with a partner from the same batch. The pairing comes from per-record keys
+(`fold_in(fold_in(stage_key, epoch), record_id)`): every record draws a score, records are
+ordered by score and each is paired with the next one in that order (cyclically), so nobody is
+paired with itself and the pairing depends only on *which* records share the batch and the
+epoch, not on their order in it. Padding rows of a final short batch (`ctx.mask` False) are left
+out and left unchanged. Unlike per-record operators, the output of a record does depend on its
+batch-mates (that is what mixing is).
+
+The mixing weight is `lam ~ Beta(alpha, alpha)`, drawn as `sigmoid(log g1 - log g2)` with
+`g1, g2 ~ Gamma(alpha)`; JAX differentiates gamma draws implicitly (the draw's CDF value held
+fixed), so the output is differentiable in a learnable `alpha`.
+
+Example:
+    >>> mixup = MixUpOperator(MixUpConfig(alpha=0.2, num_classes=10), rngs=nnx.Rngs(0))
+    >>> out = mixup(Element({"image": images, "label": labels}), BatchContext.for_batch(len(images)))
+    >>> out.data["label"].shape  # one-hot, mixed
+    (32, 10)
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from datarax.core.element import Element
+from datarax.core.operator import BatchContext, OperatorModule, describe, record_keys, stage_key_from_rngs
+from datarax.operators.image import filters
+from datarax.operators.image.base import ImageOperatorConfig, check_number, require_stochastic
+from datarax.operators.learnable import magnitudes, uniform
+
+ALPHA_BOUND = 4.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MixConfig(ImageOperatorConfig):
+    """Shared by MixUp and CutMix.
+
+    Attributes:
+        alpha: the Beta(alpha, alpha) concentration of the mixing weight, in (0, 4].
+        label_field: the data field holding labels: int class ids (B,) or one-hot/soft labels
+            (B, num_classes). The output holds mixed soft labels (B, num_classes).
+        num_classes: number of classes (> 1).
+    """
+
+    stochastic: bool = True
+    alpha: float = 1.0
+    label_field: str = "label"
+    num_classes: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_stochastic(self)
+        check_number(self, "alpha", 0.0, ALPHA_BOUND, open_low=True)
+        if not isinstance(self.label_field, str) or not self.label_field:
+            raise ValueError(f"{type(self).__name__}.label_field must be a non-empty field name, "
+                             f"got {self.label_field!r}")
+        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 2:
+            raise ValueError(f"{type(self).__name__}.num_classes must be an int >= 2 (labels are mixed as one-hot "
+                             f"vectors), got {self.num_classes!r}; e.g. num_classes=10")
+
+
+@dataclasses.dataclass(frozen=True)
+class MixUpConfig(MixConfig):
+    """Configuration of `MixUpOperator` (see `MixConfig`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CutMixConfig(MixConfig):
+    """Configuration of `CutMixOperator` (see `MixConfig`)."""
+
+
+def partners(scores: jax.Array, mask: jax.Array) -> jax.Array:
+    """Pairs each valid row with the next valid row in increasing `scores` order (cyclically).
+
+    Invalid rows (mask False) are paired with themselves.
+    """
+    size = scores.shape[0]
+    index = jnp.arange(size)
+    order = jnp.argsort(jnp.where(mask, scores, 2.0 + index))
+    valid = jnp.sum(mask)
+    following = jnp.where(index < valid, (index + 1) % jnp.maximum(valid, 1), index)
+    return jnp.zeros((size,), jnp.int32).at[order].set(order[following].astype(jnp.int32))
+
+
+def log_gammas(key: jax.Array, alpha: jax.Array | float) -> jax.Array:
+    """Two log Gamma(alpha) draws; `sigmoid(d[0] - d[1])` is then Beta(alpha, alpha)."""
+    return jax.random.loggamma(key, alpha, (2,), dtype=jnp.result_type(float))
+
+
+def beta_weight(log_g: jax.Array) -> jax.Array:
+    """`g1 / (g1 + g2)` from log gamma draws, without overflow or 0/0 for small alpha."""
+    return jax.nn.sigmoid(log_g[0] - log_g[1])
+
+
+def mixup(image: jax.Array, other: jax.Array, lam: jax.Array) -> jax.Array:
+    """`lam * image + (1 - lam) * other`."""
+    return lam * image + (1 - lam) * other
+
+
+def cutmix(image: jax.Array, other: jax.Array, center: jax.Array, lam: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Pastes the box of `other` centred at `center = (cy, cx)` with area fraction `1 - lam` (before
+    clipping at the border); returns the image and the share of it still from `image`."""
+    # The floor keeps the gradient finite when lam rounds to 1 (sqrt'(0) is infinite).
+    side = jnp.sqrt(jnp.maximum(1 - lam, 1e-12))
+    size = side * jnp.asarray(image.shape[:2], side.dtype)
+    mask = filters.box_mask(image.shape[:2], center, size)[..., None].astype(image.dtype)
+    return image * (1 - mask) + other * mask, 1 - jnp.mean(mask)
+
+
+def draw_parameters(op: MixOperator, ctx: BatchContext) -> dict[str, Any]:
+    """The partner indices and per-record draw keys `op` uses for a batch (for tests and inspection)."""
+    keys = record_keys(op.key, ctx)
+    scores = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 0)))(keys)
+    return {"partner": partners(scores, ctx.mask), "keys": jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)}
+
+
+class MixOperator(OperatorModule):
+    """Abstract base of the batch-mixing operators (see the module docstring)."""
+
+    config_class: ClassVar[type[MixConfig]]
+
+    def __init__(self, config: MixConfig, *, rngs: nnx.Rngs | None = None):
+        if type(config) is not self.config_class:
+            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, got {describe(config)}")
+        self.config = config
+        self.key = stage_key_from_rngs(type(self).__name__, config, rngs)
+        self.magnitudes = magnitudes(config, {"alpha": (0.0, ALPHA_BOUND)}, owner=self.config_class.__name__)
+
+    @abc.abstractmethod
+    def mix(self, image: jax.Array, other: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Mixes one image with its partner; returns the image and the share of its own label."""
+
+    def read(self, elements: Element) -> tuple[jax.Array, jax.Array]:
+        """The batch's images and labels (as (B, num_classes) floats in the image dtype)."""
+        name, config = type(self).__name__, self.config
+        for field in (config.field, config.label_field):
+            if field not in elements.data:
+                raise KeyError(f"{name} reads field {field!r}, but the batch has fields {sorted(elements.data)}; "
+                               f"set {self.config_class.__name__}(field=..., label_field=...)")
+        images, labels = elements.data[config.field], elements.data[config.label_field]
+        if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
+            raise ValueError(f"{name} expects a batch of float HWC images in field {config.field!r}, "
+                             f"got {describe(images)}")
+        if jnp.issubdtype(labels.dtype, jnp.integer) and labels.ndim == 1:
+            return images, jax.nn.one_hot(labels, config.num_classes, dtype=images.dtype)
+        if labels.ndim == 2 and labels.shape[1] == config.num_classes:
+            return images, labels.astype(images.dtype)
+        raise ValueError(f"{name} expects labels in field {config.label_field!r} as int class ids (B,) or "
+                         f"one-hot rows (B, {config.num_classes}), got {describe(labels)}")
+
+    def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
+        images, labels = self.read(elements)
+        drawn = draw_parameters(self, ctx)
+        partner = drawn["partner"]
+        mixed, own = jax.vmap(self.mix)(images, images[partner], drawn["keys"])
+        own = own.astype(images.dtype)[:, None]
+        return elements.update_data({self.config.field: mixed.astype(images.dtype),
+                                     self.config.label_field: own * labels + (1 - own) * labels[partner]})
+
+    def weight(self, key: jax.Array) -> jax.Array:
+        """The record's mixing weight lam ~ Beta(alpha, alpha) from its draw key."""
+        return beta_weight(log_gammas(key, self.magnitudes["alpha"]()))
+
+
+class MixUpOperator(MixOperator):
+    """MixUp (Zhang et al. 2018): a convex combination of two images and of their labels."""
+
+    config_class = MixUpConfig
+
+    def mix(self, image, other, key):
+        lam = self.weight(key)
+        return mixup(image, other, lam.astype(image.dtype)), lam
+
+
+class CutMixOperator(MixOperator):
+    """CutMix (Yun et al. 2019): a box of the partner pasted in; labels weighted by area.
+
+    The box edges are continuous and border pixels are mixed by the area they cover, so the
+    output is differentiable in `alpha`.
+    """
+
+    config_class = CutMixConfig
+
+    def mix(self, image, other, key):
+        k_lam, k_center = jax.random.split(key)
+        center = uniform(k_center, 0.0, 1.0, (2,)) * jnp.asarray(image.shape[:2], jnp.result_type(float))
+        return cutmix(image, other, center, self.weight(k_lam))
+

@@ -1,0 +1,116 @@
+"""`BatchPlacement`: where this process's share of each global batch is computed and how it is
+assembled into global `jax.Array`s.
+
+A process computes the rows of the global batch its devices hold (see `process_rows`) in one
+jitted step whose outputs are sharded over the process's part of the mesh (its local mesh), so
+every local device transforms only its own rows. With one process that already is the global
+array. With several, each leaf is assembled without a copy from the per-device pieces by
+`jax.make_array_from_single_device_arrays`: the pieces are laid out exactly as
+`jax.make_array_from_process_local_data` would lay out the process's rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from datarax.sharding.mesh import DataSharding
+from datarax.sharding.process import process_rows
+
+NEEDS_MASK = (
+    "a sharded pipeline keeps every global batch at its full shape, so the final short batch of an epoch is "
+    "padded; with drop_remainder=False give DataSharding a mask_key (e.g. mask_key='mask', the default) to "
+    "mark the padding rows, or pass drop_remainder=True to drop the short batch"
+)
+
+
+def local_mesh(mesh: Mesh) -> Mesh:
+    """The block of `mesh` holding this process's devices, with a clear error when there is none."""
+    mine = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    if not mine:
+        raise ValueError(
+            f"the mesh {dict(mesh.shape)} holds no device of process {jax.process_index()}; build the mesh "
+            "from jax.devices() so that it spans every process"
+        )
+    try:
+        return mesh.local_mesh
+    except ValueError as exc:
+        raise ValueError(
+            f"the devices of process {jax.process_index()} do not form a block of the mesh {dict(mesh.shape)} ({exc}); "
+            "order the mesh's devices by process, e.g. np.array(jax.devices()).reshape(...) or jax.make_mesh(...)"
+        ) from None
+
+
+class BatchPlacement:
+    """This process's share of the global batches of one sharded pipeline.
+
+    Attributes:
+        rows: the rows of each global batch this process computes (int64, ascending).
+        local_sharding: how those rows are laid out over the process's devices.
+        global_sharding: the sharding of the global batch (`DataSharding.batch_sharding`).
+        mask_key: the validity field added to every batch, or None when no batch is padded.
+    """
+
+    def __init__(self, sharding: DataSharding, batch_size: int, drop_remainder: bool):
+        if not isinstance(sharding, DataSharding):
+            raise TypeError(f"sharding must be a datarax.sharding.DataSharding, got {type(sharding).__name__}; "
+                            "wrap your mesh: DataSharding(mesh, batch_axes='data')")
+        if not drop_remainder and sharding.mask_key is None:
+            raise ValueError(f"DataSharding(mask_key=None) with drop_remainder=False: {NEEDS_MASK}")
+        self.sharding = sharding
+        self.batch_size = sharding.check_batch_size(batch_size)
+        self.mask_key = None if drop_remainder else sharding.mask_key
+        self.global_sharding = sharding.batch_sharding
+        mesh = local_mesh(sharding.mesh)
+        self.local_sharding = NamedSharding(mesh, sharding.spec)
+        self._replicated = NamedSharding(mesh, PartitionSpec())
+        self.rows = process_rows(self.global_sharding, batch_size)
+        self.is_global = mesh.devices.size != sharding.mesh.devices.size
+        if self.is_global:
+            self._check_layout()
+        self._source_arrays: Any = None
+        self._placed: Any = None
+
+    def _check_layout(self) -> None:
+        # The zero-copy assembly needs each local device to hold, in the local array, exactly the
+        # rows it holds in the global one. A block of the mesh guarantees it; checked once here.
+        local = self.local_sharding.devices_indices_map((len(self.rows),))
+        for device, index in self.global_sharding.addressable_devices_indices_map((self.batch_size,)).items():
+            want = np.arange(self.batch_size)[index[0]] if index else np.arange(self.batch_size)
+            got = self.rows[local[device][0]] if local[device] else self.rows
+            if not np.array_equal(want, got):
+                raise ValueError(
+                    f"device {device} holds rows {want.tolist()} of the global batch but would get rows "
+                    f"{got.tolist()} from this process's share; order the mesh's devices by process "
+                    "(np.array(jax.devices()).reshape(...)) so each process holds a block of the mesh"
+                )
+
+    def device_arrays(self, arrays: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """A device-resident source's arrays replicated on this process's devices (once per source)."""
+        if arrays is not self._source_arrays:
+            self._placed = jax.device_put(arrays, self._replicated)
+            self._source_arrays = arrays
+        return self._placed
+
+    def put(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """This process's rows, loaded on the host, split over its devices."""
+        return jax.device_put(host_batch, self.local_sharding)
+
+    def assemble(self, local: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """The global batch from this process's share (already global with one process)."""
+        if not self.is_global:
+            return local
+        return jax.tree.map(self._assemble_leaf, local)
+
+    def _assemble_leaf(self, leaf: jax.Array) -> jax.Array:
+        shape = (self.batch_size,) + tuple(leaf.shape[1:])
+        return jax.make_array_from_single_device_arrays(shape, self.global_sharding,
+                                                        [s.data for s in leaf.addressable_shards])
+
+    def global_spec(self, local_spec: dict) -> dict:
+        """Turns the output spec of this process's share into the global batch's spec."""
+        return jax.tree.map(lambda s: jax.ShapeDtypeStruct((self.batch_size,) + tuple(s.shape[1:]), s.dtype,
+                                                           sharding=self.global_sharding), local_spec)

@@ -1,0 +1,190 @@
+"""Random-access batch reads from ArrayRecord files.
+
+Records are either datarax fixed-layout records (`write_array_records`; decoded a whole batch at a
+time, see `datarax.sources._records`) or any bytes with a user `decode` function (one Python call
+per record; wrap the source in `datarax.control.workers.ThreadedSource` when decoding releases the
+GIL). Shuffling is the pipeline's Feistel permutation over the global record index, so any epoch
+and position is reached by arithmetic and resume is exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from datarax.core.source import DataSourceModule
+from datarax.samplers.base import Sampler
+from datarax.samplers.feistel import validate_seed
+from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.sources._columns import Handles, flatten, read_batch, require, spec_of, spec_text, stack_into
+from datarax.sources._records import decode_batch_into, encode_record, parse_layout
+from datarax.sources.memory import seed_from_rngs, validate_arrays
+
+RANDOM_ACCESS_OPTIONS = "readahead_buffer_size:0"
+Decoder = Callable[[bytes], Mapping[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayRecordSourceConfig:
+    """Configuration of an `ArrayRecordSource`.
+
+    Attributes:
+        shuffle: a fresh record order every epoch (Feistel permutation keyed by (seed, epoch)).
+        seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
+        reader_options: ArrayRecord reader options; the default turns read-ahead off, which is
+            what random access wants.
+    """
+
+    shuffle: bool = False
+    seed: int | None = None
+    reader_options: str = RANDOM_ACCESS_OPTIONS
+
+    def __post_init__(self):
+        if not isinstance(self.shuffle, bool):
+            raise TypeError(f"ArrayRecordSourceConfig.shuffle must be True or False, got {self.shuffle!r}")
+        if self.seed is not None:
+            validate_seed(self.seed, "ArrayRecordSourceConfig.seed")
+        if not isinstance(self.reader_options, str):
+            raise TypeError(f"ArrayRecordSourceConfig.reader_options must be a string such as "
+                            f"{RANDOM_ACCESS_OPTIONS!r}, got {self.reader_options!r}")
+
+
+def expand_paths(paths: Any, owner: str) -> list[str]:
+    """Paths (or glob patterns) to existing files, in the order given (globs sorted)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not isinstance(paths, Sequence) or not paths:
+        raise TypeError(f"{owner} paths must be a path, a glob pattern or a non-empty list of them, got {paths!r}")
+    files: list[str] = []
+    for p in map(os.fspath, paths):
+        matches = sorted(glob.glob(p)) if glob.has_magic(p) else [p]
+        if not matches or not all(os.path.isfile(m) for m in matches):
+            raise FileNotFoundError(f"{owner} paths: {p!r} does not exist (or matches no file); check the path, "
+                                    "or write the files first (e.g. with write_array_records)")
+        files.extend(matches)
+    return files
+
+
+class ArrayRecordSource(DataSourceModule):
+    """Serves records from one or more ArrayRecord files as one random-access dataset.
+
+    Args:
+        config: shuffling and reader options.
+        paths: a file, a glob pattern, or a list of them; record i of the dataset is record i of
+            the files concatenated in order.
+        decode: optional function from one record's bytes to a dict of fixed-shape numeric arrays;
+            None reads datarax fixed-layout records.
+        rngs: draws the shuffle seed when `config.seed` is None.
+
+    Example:
+        >>> files = write_array_records("/tmp/data/train", {"x": np.arange(100)}, num_shards=2)
+        >>> src = ArrayRecordSource(ArrayRecordSourceConfig(shuffle=True, seed=0), paths=files)
+        >>> src.get_batch(np.array([5, 60]))["x"]
+        array([ 5, 60])
+    """
+
+    def __init__(self, config: ArrayRecordSourceConfig | None = None, *, paths: Any, decode: Decoder | None = None,
+                 rngs: nnx.Rngs | None = None):
+        ar = require("array_record.python.array_record_module", "ArrayRecordSource", "array_record")
+        config = ArrayRecordSourceConfig() if config is None else config
+        if not isinstance(config, ArrayRecordSourceConfig):
+            raise TypeError(f"config must be an ArrayRecordSourceConfig, got {type(config).__name__}")
+        if decode is not None and not callable(decode):
+            raise TypeError(f"ArrayRecordSource decode must be a function bytes -> dict of arrays, got {decode!r}")
+        self.config = config
+        files = expand_paths(paths, "ArrayRecordSource")
+        readers = [ar.ArrayRecordReader(f, config.reader_options) for f in files]
+        counts = np.array([r.num_records() for r in readers], np.int64)
+        if counts.sum() == 0:
+            raise ValueError(f"ArrayRecordSource files {files} hold no records; write at least one record")
+        self._ends = tuple(int(e) for e in np.cumsum(counts))
+        self._names = tuple((os.path.basename(f), int(c)) for f, c in zip(files, counts))
+        self._decode_name = None if decode is None else getattr(decode, "__qualname__", type(decode).__name__)
+        first = readers[int(np.argmax(counts > 0))].read([0])[0]
+        if decode is None:
+            layout = parse_layout(first, f"the first record of {files[0]!r}")
+            spec = layout.spec()
+        else:
+            layout = None
+            spec = spec_of(flatten(decode(first)), "ArrayRecordSource decode output", batched=False)
+        self._io = Handles(readers=readers, layout=layout, decode=decode, spec=spec,
+                           starts=np.concatenate([[0], np.cumsum(counts)[:-1]]))
+        self.seed = seed_from_rngs(config.seed, rngs)
+
+    def __len__(self) -> int:
+        return self._ends[-1]
+
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return dict(self._io.spec)
+
+    def _records(self, flat: np.ndarray) -> list[bytes]:
+        readers = self._io.readers
+        if len(readers) == 1:
+            return readers[0].read(flat.tolist())
+        file_idx = np.searchsorted(np.asarray(self._ends), flat, side="right")
+        local = flat - self._io.starts[file_idx]
+        records: list[Any] = [None] * flat.size
+        for f in np.unique(file_idx):
+            rows = np.nonzero(file_idx == f)[0]
+            for row, rec in zip(rows.tolist(), readers[f].read(local[rows].tolist())):
+                records[row] = rec
+        return records
+
+    def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        records = self._records(flat)
+        if self._io.layout is not None:
+            decode_batch_into(records, self._io.layout, out)
+        else:
+            decode = self._io.decode
+            stack_into([flatten(decode(r)) for r in records], out, "ArrayRecordSource decode output")
+
+    def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        return read_batch(indices, out, self._io.spec, len(self), self._read_flat)
+
+    def default_sampler(self) -> Sampler:
+        if self.config.shuffle:
+            return ShuffleSampler(len(self), seed=self.seed)
+        return SequentialSampler(len(self))
+
+    def structure(self) -> str:
+        return (f"ArrayRecordSource(len={len(self)}, spec={spec_text(self._io.spec)}, files={list(self._names)}, "
+                f"decode={self._decode_name})")
+
+    def close(self) -> None:
+        """Closes the file readers; the source cannot read afterwards."""
+        for reader in self._io.readers:
+            reader.close()
+
+
+def write_array_records(prefix: str | os.PathLike, data: Mapping[str, Any], *, num_shards: int = 1,
+                        options: str = "group_size:1") -> list[str]:
+    """Writes a dict of equal-length arrays as fixed-layout records into `num_shards` files.
+
+    Files are named `{prefix}-{i:05d}-of-{num_shards:05d}.array_record`, records split into
+    contiguous ranges. `group_size:1` (the default) makes every record its own chunk, which is
+    what random access wants. Returns the file paths in order.
+    """
+    ar = require("array_record.python.array_record_module", "write_array_records", "array_record")
+    arrays = validate_arrays(data, "write_array_records")
+    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+        raise ValueError(f"write_array_records num_shards must be an int >= 1, got {num_shards!r}")
+    n = len(next(iter(arrays.values())))
+    prefix = os.fspath(prefix)
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    bounds = np.linspace(0, n, num_shards + 1).astype(np.int64)
+    paths = []
+    for shard in range(num_shards):
+        path = f"{prefix}-{shard:05d}-of-{num_shards:05d}.array_record"
+        writer = ar.ArrayRecordWriter(path, options)
+        for i in range(bounds[shard], bounds[shard + 1]):
+            writer.write(encode_record({k: v[i] for k, v in arrays.items()}))
+        writer.close()
+        paths.append(path)
+    return paths

@@ -1,0 +1,135 @@
+"""Out-of-core arrays: one `.npy` file per field, memory-mapped, read a whole batch per call.
+
+Nothing is loaded up front; a batch read is one `np.take(..., out=buffer)` per field over the
+memory map, so the operating system pages in only the records asked for (and caches hot ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from datarax.core.source import ArrayStore, DataSourceModule
+from datarax.samplers.base import Sampler
+from datarax.samplers.feistel import validate_seed
+from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.sources._columns import batchable, spec_text
+from datarax.sources.memory import seed_from_rngs, validate_arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamingDiskSourceConfig:
+    """Configuration of a `StreamingDiskSource`.
+
+    Attributes:
+        shuffle: a fresh record order every epoch (Feistel permutation keyed by (seed, epoch)).
+        seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
+    """
+
+    shuffle: bool = False
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.shuffle, bool):
+            raise TypeError(f"StreamingDiskSourceConfig.shuffle must be True or False, got {self.shuffle!r}")
+        if self.seed is not None:
+            validate_seed(self.seed, "StreamingDiskSourceConfig.seed")
+
+
+def _field_files(paths: Any) -> dict[str, str]:
+    if isinstance(paths, (str, os.PathLike)):
+        directory = os.fspath(paths)
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"StreamingDiskSource paths: directory {directory!r} does not exist; pass a "
+                                    "directory of .npy files (one per field) or a dict {field: path.npy}")
+        files = {name[:-4]: os.path.join(directory, name) for name in sorted(os.listdir(directory))
+                 if name.endswith(".npy")}
+        if not files:
+            raise FileNotFoundError(f"StreamingDiskSource paths: directory {directory!r} holds no .npy files; "
+                                    "save one array per field with np.save (or save_npy_dataset)")
+        return files
+    if not isinstance(paths, Mapping) or not paths:
+        raise TypeError(f"StreamingDiskSource paths must be a directory or a dict {{field: path.npy}}, got {paths!r}")
+    files = {str(k): os.fspath(v) for k, v in paths.items()}
+    for name, path in files.items():
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"StreamingDiskSource paths[{name!r}]: {path!r} does not exist; check the path")
+    return files
+
+
+class StreamingDiskSource(DataSourceModule):
+    """Serves `.npy` arrays from disk through memory maps (host-resident, out of core).
+
+    Args:
+        config: shuffling options.
+        paths: a directory holding one `<field>.npy` per field, or a dict `{field: path}`.
+        rngs: draws the shuffle seed when `config.seed` is None.
+
+    Example:
+        >>> save_npy_dataset("/tmp/ds", {"x": np.arange(10), "y": np.ones((10, 3))})
+        >>> src = StreamingDiskSource(StreamingDiskSourceConfig(shuffle=True, seed=1), paths="/tmp/ds")
+        >>> src.get_batch(np.array([2, 7]))["x"]
+        array([2, 7])
+    """
+
+    def __init__(self, config: StreamingDiskSourceConfig | None = None, *, paths: Any,
+                 rngs: nnx.Rngs | None = None):
+        config = StreamingDiskSourceConfig() if config is None else config
+        if not isinstance(config, StreamingDiskSourceConfig):
+            raise TypeError(f"config must be a StreamingDiskSourceConfig, got {type(config).__name__}")
+        self.config = config
+        files = _field_files(paths)
+        maps = {}
+        for name, path in files.items():
+            try:
+                arr = np.load(path, mmap_mode="r", allow_pickle=False)
+            except ValueError as exc:
+                raise TypeError(f"StreamingDiskSource field {name!r} ({path!r}) cannot be memory-mapped ({exc}); "
+                                "save numeric arrays with np.save, not object arrays") from None
+            if not batchable(arr.dtype):
+                raise TypeError(f"StreamingDiskSource field {name!r} ({path!r}) has dtype {arr.dtype}; only numeric "
+                                "and bool arrays can be batched")
+            maps[name] = arr
+        validate_arrays(maps, "StreamingDiskSource")
+        self._maps = ArrayStore(maps)
+        self._files = tuple((name, os.path.basename(p)) for name, p in files.items())
+        self._length = len(next(iter(maps.values())))
+        self.seed = seed_from_rngs(config.seed, rngs)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in self._maps.arrays.items()}
+
+    def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        if out is None:
+            return {k: np.take(v, indices, axis=0, mode="clip") for k, v in self._maps.arrays.items()}
+        for k, v in self._maps.arrays.items():
+            np.take(v, indices, axis=0, out=out[k], mode="clip")
+        return out
+
+    def default_sampler(self) -> Sampler:
+        if self.config.shuffle:
+            return ShuffleSampler(len(self), seed=self.seed)
+        return SequentialSampler(len(self))
+
+    def structure(self) -> str:
+        return f"StreamingDiskSource(len={len(self)}, spec={spec_text(self.element_spec())}, files={list(self._files)})"
+
+
+def save_npy_dataset(directory: str | os.PathLike, data: Mapping[str, Any]) -> dict[str, str]:
+    """Writes a dict of equal-length arrays as `<directory>/<field>.npy`; returns `{field: path}`."""
+    arrays = validate_arrays(data, "save_npy_dataset")
+    os.makedirs(directory, exist_ok=True)
+    paths = {}
+    for name, arr in arrays.items():
+        paths[name] = os.path.join(os.fspath(directory), f"{name}.npy")
+        np.save(paths[name], arr, allow_pickle=False)
+    return paths

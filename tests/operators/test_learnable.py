@@ -1,0 +1,106 @@
+"""Bounded magnitudes: starting value, bounds, gradients, config resolution and errors."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from datarax.operators.learnable import (Magnitude, bounded, check_learnable_field, inverse_bounded,
+                                         learnable_names, magnitudes, signed_uniform, uniform)
+
+RANGES = [(0.2, 0.0, 1.0), (15.0, 0.0, 180.0), (-0.3, -1.0, 1.0), (1e-3, 0.0, 4.0)]
+
+
+@pytest.mark.parametrize("value,low,high", RANGES)
+def test_learnable_magnitude_starts_at_configured_value(value, low, high):
+    m = Magnitude(value, low=low, high=high, learnable=True)
+    np.testing.assert_allclose(float(m()), value, rtol=1e-5, atol=1e-7)
+    assert isinstance(m.raw, nnx.Param)
+    # The logit is the closed-form inverse of the sigmoid map.
+    fraction = (value - low) / (high - low)
+    np.testing.assert_allclose(float(m.raw[...]), math.log(fraction / (1 - fraction)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("value,low,high", RANGES)
+def test_fixed_magnitude_is_a_plain_float_without_params(value, low, high):
+    m = Magnitude(value, low=low, high=high)
+    assert m() == value and isinstance(m(), float)
+    assert not jax.tree.leaves(nnx.state(m, nnx.Param))
+
+
+def test_bounded_stays_inside_range_for_any_logit():
+    raw = jnp.asarray([-1e4, -30.0, 0.0, 30.0, 1e4])
+    values = np.asarray(bounded(raw, 0.5, 2.0))
+    assert np.all(values >= 0.5) and np.all(values <= 2.0)
+    np.testing.assert_allclose(values[2], 1.25)
+
+
+def test_gradient_matches_sigmoid_derivative():
+    m = Magnitude(0.3, high=2.0, learnable=True)
+    grad = nnx.grad(lambda mod: mod())(m)
+    s = 0.3 / 2.0
+    np.testing.assert_allclose(float(grad["raw"][...]), 2.0 * s * (1 - s), rtol=1e-5)
+
+
+def test_x64_magnitude_is_float64():
+    with jax.enable_x64(True):
+        m = Magnitude(0.25, high=1.0, learnable=True)
+        assert m.raw[...].dtype == jnp.float64
+        np.testing.assert_allclose(float(m()), 0.25, rtol=1e-14)
+
+
+def test_reparameterised_draws_scale_with_magnitude():
+    key = jax.random.key(3)
+    unit = signed_uniform(key, 1.0, (1000,))
+    np.testing.assert_allclose(signed_uniform(key, 0.25, (1000,)), 0.25 * unit, rtol=1e-6)
+    assert float(jnp.min(unit)) >= -1.0 and float(jnp.max(unit)) < 1.0
+    grad = jax.grad(lambda m: jnp.sum(signed_uniform(key, m, (1000,))))(0.5)
+    np.testing.assert_allclose(float(grad), float(jnp.sum(unit)), rtol=1e-5)
+    lo_hi = uniform(key, 2.0, 3.0, (1000,))
+    assert float(jnp.min(lo_hi)) >= 2.0 and float(jnp.max(lo_hi)) < 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    degrees: float = 10.0
+    translate: float = 0.0
+    learnable: object = False
+
+
+def test_magnitudes_builds_learnable_subset():
+    bounds = {"degrees": (0.0, 180.0), "translate": (0.0, 1.0)}
+    mags = magnitudes(_Config(learnable=("degrees",)), bounds, owner="AffineConfig")
+    assert mags["degrees"].learnable and not mags["translate"].learnable
+    np.testing.assert_allclose(float(mags["degrees"]()), 10.0, rtol=1e-5)
+    assert mags["translate"]() == 0.0
+    assert learnable_names(True, list(bounds), owner="X") == frozenset(bounds)
+    assert learnable_names(False, list(bounds), owner="X") == frozenset()
+    assert check_learnable_field(["degrees"], "X") == ("degrees",)
+
+
+ERRORS = [
+    (lambda: Magnitude(0.0, high=1.0, learnable=True, name="max_delta"),
+     ValueError, r"learnable max_delta must lie strictly inside \(0.0, 1.0\), got 0.0"),
+    (lambda: inverse_bounded(1.0, 0.0, 1.0, name="p"), ValueError, r"strictly inside \(0.0, 1.0\), got 1.0"),
+    (lambda: Magnitude(2.0, high=1.0, name="sigma"), ValueError, r"sigma must lie in \[0.0, 1.0\], got 2.0"),
+    (lambda: Magnitude(float("nan"), high=1.0, name="sigma"), TypeError, r"sigma must be a finite number, got nan"),
+    (lambda: learnable_names(("shear",), ["degrees"], owner="RotationConfig"),
+     ValueError, r"RotationConfig.learnable names \['shear'\].*choose from \['degrees'\]"),
+    (lambda: learnable_names("degrees", ["degrees"], owner="RotationConfig"),
+     TypeError, r"RotationConfig.learnable must be True, False or a tuple of field names, got 'degrees'"),
+    (lambda: check_learnable_field(1, "BrightnessConfig"),
+     TypeError, r"BrightnessConfig.learnable must be True, False or a tuple of field names, got 1"),
+    (lambda: magnitudes(_Config(translate=0.0, learnable=True), {"degrees": (0.0, 180.0), "translate": (0.0, 1.0)},
+                        owner="AffineConfig"),
+     ValueError, r"learnable AffineConfig.translate must lie strictly inside"),
+]
+
+
+@pytest.mark.parametrize("make,error,match", ERRORS)
+def test_errors(make, error, match):
+    with pytest.raises(error, match=match):
+        make()

@@ -1,0 +1,177 @@
+"""The jitted train and eval steps, over a flat list of variable values.
+
+The step takes the values of every `nnx.Variable` of (model, optimizer[, pipeline]) as one
+flat list, donates it, and returns the new list, which is written straight back into the same
+`Variable` objects. That keeps the user's modules current after every step (callbacks, eval and
+checkpoints see live state) without an NNX graph traversal per step, and lets XLA update the
+parameters and optimizer state in place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from datarax.core.element import Element
+from datarax.core.operator import BatchContext, OperatorModule
+
+RECORD_IDS = "_trainers_record_ids"
+EPOCH = "_trainers_epoch"
+
+LossFn = Callable[[nnx.Module, dict], Any]
+MetricFn = Callable[[dict, Any], jax.Array]
+
+
+class VariableBinding:
+    """The `Variable`s of a module tree in a fixed order, read and written without traversal."""
+
+    def __init__(self, root: nnx.Module):
+        self.graphdef, state = nnx.split(root)
+        self.paths = [path for path, _ in state.flat_state()]
+        by_path = {path: v for path, v in nnx.iter_graph(root) if isinstance(v, nnx.Variable)}
+        self.variables = [by_path[path] for path in self.paths]
+
+    def values(self) -> list:
+        return [v.get_value() for v in self.variables]
+
+    def assign(self, values: list) -> None:
+        for variable, value in zip(self.variables, values):
+            variable.set_value(value)
+
+    def merge(self, values: list) -> nnx.Module:
+        """A copy of the root module holding `values` (used inside the traced step)."""
+        return nnx.merge(self.graphdef, nnx.State.from_flat_path(list(zip(self.paths, values))))
+
+    def values_of(self, root: nnx.Module) -> list:
+        """The values of a merged copy, in this binding's order."""
+        flat = nnx.state(root).flat_state()
+        paths = [path for path, _ in flat]
+        if paths != self.paths:
+            raise RuntimeError(f"the training state changed structure inside the step: {len(paths)} variables "
+                               f"after, {len(self.paths)} before; a loss_fn must not add or remove Variables")
+        return [v.get_value() if isinstance(v, nnx.Variable) else v for _, v in flat]
+
+
+class JointModule(nnx.Module):
+    """The model and the pipeline, optimised together (the optimizer is built over this)."""
+
+    def __init__(self, model: nnx.Module, pipeline: nnx.Module):
+        self.model = model
+        self.pipeline = pipeline
+
+
+class TrainState(nnx.Module):
+    """What one train step reads and updates: the trainable module(s) and the optimizer."""
+
+    def __init__(self, trainable: nnx.Module, optimizer: nnx.Optimizer):
+        self.trainable = trainable
+        self.optimizer = optimizer
+
+
+class ContextStage(OperatorModule):
+    """A batch-level stage that copies the batch's record ids and epoch into the data.
+
+    The joint mode's loader pipeline is the user's source and sampler with only this stage, so
+    the train step receives the untransformed batch plus the exact `BatchContext` the user's
+    pipeline would have used, and runs the user's stages inside the gradient.
+    """
+
+    def __init__(self):
+        self.config = None
+
+    def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
+        size = ctx.record_ids.shape[0]
+        return elements.update_data({RECORD_IDS: ctx.record_ids,
+                                     EPOCH: jnp.broadcast_to(ctx.epoch, (size,)).astype(jnp.int32)})
+
+    def structure(self) -> str:
+        return "trainers.ContextStage()"
+
+
+def split_loss(out: Any) -> tuple[jax.Array, Any]:
+    """A loss function's result as (loss, aux)."""
+    if isinstance(out, tuple):
+        if len(out) != 2:
+            raise ValueError(f"loss_fn must return a scalar loss or (loss, aux), got a tuple of {len(out)}")
+        return out
+    return out, None
+
+
+def check_loss(loss: Any) -> jax.Array:
+    if getattr(loss, "shape", None) != ():
+        raise ValueError(f"loss_fn must return a scalar loss (shape ()), got shape {getattr(loss, 'shape', None)}; "
+                         "reduce it with .mean() or .sum()")
+    return loss
+
+
+def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn],
+                    joint: bool) -> Callable:
+    """step(values, batch) -> (new values, {"loss": ..., metric: ...}) for `binding`'s TrainState."""
+
+    def step(values, batch):
+        state = binding.merge(values)
+        batch = dict(batch)
+        if joint:
+            ids, epoch = batch.pop(RECORD_IDS), batch.pop(EPOCH)
+
+        def objective(trainable):
+            if joint:
+                model = trainable.model
+                data = trainable.pipeline.transform(batch, record_ids=ids, epoch=epoch[0])
+            else:
+                model, data = trainable, batch
+            loss, aux = split_loss(loss_fn(model, data))
+            return check_loss(loss), (aux, data)
+
+        (loss, (aux, data)), grads = nnx.value_and_grad(objective, has_aux=True)(state.trainable)
+        state.optimizer.update(state.trainable, grads)
+        metrics = {"loss": loss}
+        metrics.update({name: jnp.asarray(fn(data, aux), jnp.float32) for name, fn in metric_fns.items()})
+        return binding.values_of(state), metrics
+
+    return step
+
+
+def make_eval_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn]) -> Callable:
+    """step(values, batch) -> {"loss": ..., metric: ...} for `binding`'s model, in eval mode."""
+
+    def step(values, batch):
+        model = binding.merge(values)
+        model.eval()
+        loss, aux = split_loss(loss_fn(model, batch))
+        metrics = {"loss": check_loss(loss)}
+        metrics.update({name: jnp.asarray(fn(batch, aux), jnp.float32) for name, fn in metric_fns.items()})
+        return metrics
+
+    return step
+
+
+def batch_signature(batch: Any) -> tuple:
+    leaves, treedef = jax.tree.flatten(batch)
+    return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+
+class TimedJit:
+    """`jax.jit` that reports how long each call spent tracing and compiling a new batch shape.
+
+    A call with a batch signature not seen before blocks for tracing and compilation (the
+    execution itself is still dispatched asynchronously), so its host time is the compile time.
+    """
+
+    def __init__(self, fn: Callable, donate_values: bool):
+        self._jit = jax.jit(fn, donate_argnums=(0,) if donate_values else ())
+        self._seen: set = set()
+
+    def __call__(self, values: list, batch: Any) -> tuple[Any, float]:
+        sig = batch_signature(batch)
+        if sig in self._seen:
+            return self._jit(values, batch), 0.0
+        start = time.perf_counter()
+        out = self._jit(values, batch)
+        self._seen.add(sig)
+        return out, time.perf_counter() - start
