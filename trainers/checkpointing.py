@@ -43,6 +43,10 @@ class CheckpointRestoreError(RuntimeError):
     """No checkpoint in the directory could be restored."""
 
 
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint write failed (raised from the next save, `wait` or `close` when asynchronous)."""
+
+
 class CorruptCheckpointWarning(UserWarning):
     """The latest checkpoint could not be read; an earlier one is used instead."""
 
@@ -136,6 +140,7 @@ class Checkpointer:
                 preservation_policy=policy, enable_async_checkpointing=asynchronous,
                 cleanup_tmp_directories=True, create=True),
         )
+        self._in_flight: int | None = None
 
     def steps(self) -> list[int]:
         """Complete checkpoints on disk, oldest first."""
@@ -160,7 +165,13 @@ class Checkpointer:
         }
         if pipeline is not None:
             items["pipeline"] = ocp.args.StandardSave(savable(pipeline))
-        return bool(self._manager.save(step, args=ocp.args.Composite(**items), force=True))
+        try:
+            saved = bool(self._manager.save(step, args=ocp.args.Composite(**items), force=True))
+        except Exception as exc:
+            raise CheckpointSaveError(f"saving checkpoint step {step} to {self.directory} failed: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+        self._in_flight = step if saved else None
+        return saved
 
     @staticmethod
     def _layouts(model, optimizer, pipeline) -> dict:
@@ -170,9 +181,16 @@ class Checkpointer:
         return out
 
     def wait(self) -> None:
-        """Blocks until background writes finish; raises their error if one failed."""
-        self._manager.wait_until_finished()
-        self._manager.check_for_errors()
+        """Blocks until background writes finish; raises `CheckpointSaveError` if one failed."""
+        step, self._in_flight = self._in_flight, None
+        try:
+            self._manager.wait_until_finished()
+            self._manager.check_for_errors()
+        except Exception as exc:
+            raise CheckpointSaveError(
+                f"the background write of checkpoint step {step} to {self.directory} failed: "
+                f"{type(exc).__name__}: {exc}; the checkpoint was not committed (the previous one is intact)"
+            ) from exc
 
     def close(self) -> None:
         """Waits for background writes (raising their error) and releases the manager."""

@@ -135,6 +135,8 @@ class Trainer:
         self._train_step = TimedJit(make_train_step(self._binding, loss_fn, metrics, self.joint), donate_values=True)
         self._eval_step = TimedJit(make_eval_step(self._model_binding, loss_fn, metrics), donate_values=False)
         self.step = 0
+        self.target_step = 0
+        self.fit_began_at: float | None = None
         self.stop_reason: str | None = None
         self.last_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
@@ -187,6 +189,8 @@ class Trainer:
         save, and `fit` returns normally with `stop_reason` set.
         """
         target = self._target(num_steps, num_epochs)
+        self.target_step = target
+        self.fit_began_at = time.perf_counter()
         self.stop_reason = None
         iterator = self.iterator
         try:

@@ -140,16 +140,27 @@ def _build_value(value: Any) -> Any:
     return value
 
 
-def module_hint(hint: Any) -> str | None:
-    """'one' for an nnx.Module parameter, 'many' for a sequence of them, else None."""
+def _kind_of(cls: Any) -> str | None:
+    """The component kind a parameter of class `cls` takes (None: not a module)."""
+    if not isinstance(cls, type) or not issubclass(cls, nnx.Module):
+        return None
+    from datarax.core.source import DataSourceModule
+    from datarax.samplers.base import Sampler
+
+    if issubclass(cls, DataSourceModule):
+        return "source"
+    return "sampler" if issubclass(cls, Sampler) else "operator"
+
+
+def module_hint(hint: Any) -> tuple[str, str] | None:
+    """("one" | "many", kind) for a parameter holding module(s), else None."""
     arms = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     for arm in arms:
-        if isinstance(arm, type) and issubclass(arm, nnx.Module):
-            return "one"
+        if _kind_of(arm):
+            return "one", _kind_of(arm)
         args = typing.get_args(arm)
-        if (typing.get_origin(arm) in (list, tuple, collections.abc.Sequence) and args
-                and isinstance(args[0], type) and issubclass(args[0], nnx.Module)):
-            return "many"
+        if typing.get_origin(arm) in (list, tuple, collections.abc.Sequence) and args and _kind_of(args[0]):
+            return "many", _kind_of(args[0])
     return None
 
 
@@ -244,13 +255,13 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
 
 def _parameter(value: Any, name: str, hint: Any, kind: str, path: Path, ctx: Context) -> Any:
     nested = module_hint(hint)
-    if nested == "one":
-        return component(value, "operator", path, ctx)
-    if nested == "many":
+    if nested is not None and nested[0] == "one":
+        return component(value, nested[1], path, ctx)
+    if nested is not None:
         if not isinstance(value, list):
-            ctx.problems.add(path, f"must be an array of operator tables, got {value!r}")
+            ctx.problems.add(path, f"must be an array of {nested[1]} tables, got {value!r}")
             return None
-        return [component(v, "operator", (*path, i), ctx) for i, v in enumerate(value)]
+        return [component(v, nested[1], (*path, i), ctx) for i, v in enumerate(value)]
     if kind == "source" and name == "data":
         return data_spec(value, path, ctx)
     return convert(value, hint, path, ctx.problems, resolve_callable=ctx.resolve_callable)

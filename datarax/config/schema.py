@@ -307,21 +307,31 @@ def build_dataclass(cls: type, table: Mapping[str, Any], path: Path, problems: P
     fields = dataclass_fields(cls)
     extra = set(extra_keys)
     check_keys(table, [*fields, *extra], path, problems)
-    before = len(problems)
-    values = {name: convert(v, fields[name], (*path, name), problems, resolve_callable=resolve_callable)
-              for name, v in table.items() if name in fields}
-    for name in required_fields(cls):
+    required = required_fields(cls)
+    values, failed = {}, set()
+    for name, value in table.items():
+        if name in fields:
+            before = len(problems)
+            values[name] = convert(value, fields[name], (*path, name), problems, resolve_callable=resolve_callable)
+            if len(problems) > before:
+                failed.add(name)
+    for name in required:
         if name not in table:
             problems.add((*path, name), f"is required ({describe_hint(fields[name])}) but missing")
-    if len(problems) > before:
+            failed.add(name)
+    if failed & set(required):
         return None
+    # Fields that failed fall back to their defaults, so the class's own range checks still run
+    # on the rest and their problems are reported in the same pass.
     try:
-        return cls(**values)
+        instance = cls(**{k: v for k, v in values.items() if k not in failed})
     except FieldError as exc:
         problems.add((*path, exc.field), str(exc))
+        return None
     except (TypeError, ValueError, KeyError) as exc:
         # Config classes word their errors as "<Class>.<field> must ..."; point at that field.
         named = re.search(rf"\b{re.escape(cls.__name__)}\.(\w+)", str(exc))
         where = (*path, named.group(1)) if named and named.group(1) in fields else path
         problems.add(where, f"is rejected by {cls.__name__}: {exc}")
-    return None
+        return None
+    return None if failed else instance

@@ -120,10 +120,13 @@ class MixSampler(Sampler):
             raise ValueError(f"MixSampler weights {weights} give sources {starved} no slot in a block of "
                              f"{self.block_size}; raise block_size (to at least {math.ceil(sum(weights) / min(w for w in weights if w > 0))}) "
                              "or raise their weights")
-        self._cum = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
-        blocks = -(-self.epoch_length // self.block_size)
-        self._draws = np.asarray(self.counts, np.int64) * blocks
+        # A final partial block gets its own apportionment, so the draws per epoch are exact.
+        self._full, rest = divmod(self.epoch_length, self.block_size)
+        rest_counts = apportion(rest, weights) if rest else np.zeros(len(weights), np.int64)
+        self._counts = np.stack([np.asarray(self.counts, np.int64), rest_counts])
+        self._cums = np.concatenate([np.zeros((2, 1), np.int64), np.cumsum(self._counts, axis=1)], axis=1)
+        self._draws = self._counts[0] * self._full + self._counts[1]
         self._perms: dict[tuple, FeistelPermutation] = {}
 
     def __len__(self) -> int:
@@ -140,12 +143,17 @@ class MixSampler(Sampler):
         positions = np.asarray(positions, np.int64)
         flat = positions.reshape(-1)
         block, offset = np.divmod(flat, self.block_size)
+        partial = (block >= self._full).astype(np.int64)
         slot = np.empty_like(flat)
-        for b in np.unique(block):
+        comp = np.empty_like(flat)
+        for b in np.unique(block).tolist():
             sel = block == b
-            slot[sel] = self._perm(self.block_size, 0, epoch, int(b))(offset[sel])
-        comp = np.searchsorted(self._cum[1:], slot, side="right")
-        draw = epoch * self._draws[comp] + block * np.asarray(self.counts)[comp] + (slot - self._cum[comp])
+            kind = int(b >= self._full)
+            size = self.block_size if kind == 0 else int(self._counts[1].sum())
+            slot[sel] = self._perm(size, 0, epoch, b)(offset[sel])
+            comp[sel] = np.searchsorted(self._cums[kind, 1:], slot[sel], side="right")
+        within = slot - self._cums[partial, comp]
+        draw = epoch * self._draws[comp] + block * self._counts[0, comp] + within
         lengths = np.asarray(self.lengths, np.int64)[comp]
         comp_epoch, local = np.divmod(draw, lengths)
         if self.shuffle:

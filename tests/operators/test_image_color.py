@@ -33,11 +33,15 @@ def uint8_images(seed=0, channels=3):
     return np.random.default_rng(seed).integers(0, 256, (BATCH, SIZE, SIZE, channels), dtype=np.uint8)
 
 
-def run(op, images):
-    """The operator's output on a float batch, and the parameters it drew per record."""
-    ctx = BatchContext.for_batch(len(images))
-    out = op(Element({"image": jnp.asarray(images)}), ctx).data["image"]
-    params = op.draw_batch(ctx, images.shape[1:]) if op.key is not None else None
+@nnx.jit(static_argnums=3)
+def _apply(op, x, ctx, draw):
+    out = op(Element({"image": x}), ctx).data["image"]
+    return out, (op.draw_batch(ctx, x.shape[1:]) if draw else None)
+
+
+def run(op, x):
+    """The operator's output on a float batch, and the parameters it drew per record (one compile)."""
+    out, params = _apply(op, jnp.asarray(x), BatchContext.for_batch(len(x)), op.key is not None)
     return np.asarray(out), params
 
 

@@ -111,6 +111,7 @@ def test_weighted_parallel_learnable_weight_gradient_matches_finite_differences(
                                       operators=[Gain(0.9), affine(-1.5, 0.25)])
         np.testing.assert_allclose(op.weights(), [0.25, 0.75], rtol=1e-12)
 
+        @nnx.jit
         def loss(module):
             return jnp.sum(module.apply_batch(x, CTX).data["x"] ** 3)
 
@@ -165,6 +166,7 @@ def test_gradient_of_param_inside_branch_matches_finite_differences():
         x = Element({"x": jnp.asarray(X, jnp.float64) / 5, "label": jnp.asarray(LABEL)})
         op = BranchOperator(router=lambda el: el.data["label"] % 2, branches=[affine(3.0), Gain(1.3)])
 
+        @nnx.jit
         def loss(module):
             return jnp.sum(module.apply_batch(x, CTX).data["x"] ** 2)
 
@@ -213,7 +215,7 @@ def test_selector_chooses_one_operator_per_record(learnable):
 def test_selector_learnable_logits_get_the_soft_mixture_gradient():
     op = SelectorOperator(SelectorOperatorConfig(learnable=True), operators=[affine(1.0), affine(-2.0)],
                           rngs=nnx.Rngs(5))
-    grad = nnx.grad(lambda m: jnp.sum(m.apply_batch(batch(), CTX).data["x"]))(op).logits[...]
+    grad = nnx.jit(nnx.grad(lambda m: jnp.sum(m.apply_batch(batch(), CTX).data["x"])))(op).logits[...]
 
     def soft(logits):
         w = jax.nn.softmax(logits)

@@ -84,7 +84,8 @@ class Callback:
     """Base class of callbacks: override the events you need (see the module docstring).
 
     `order` sorts callbacks (stable, ascending) so that producers of values run before the
-    loggers that write them: value producers use < 0, loggers > 0. `get_state`/`set_state`
+    loggers that write them: value producers use < 0, loggers > 0, and the goodput monitor
+    last, so its train end comes after the final checkpoint save. `get_state`/`set_state`
     let a callback's own state (e.g. early-stopping patience) travel in the checkpoint.
     """
 

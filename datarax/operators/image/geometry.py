@@ -4,9 +4,9 @@ Coordinates are pixel indices: pixel (row i, column j) has its centre at x = j, 
 warps take the *inverse* map (output pixel -> source position) as a 2x3 matrix and sample the
 source bilinearly, with out-of-image neighbours reading `fill`, as scikit-image's
 `warp(order=1, mode="constant")` does. The sampling weights are linear in the source position,
-so warps are differentiable in the matrix (angle, scale, shear, shift). Resizing uses JAX's
-`scale_and_translate` (triangle kernel, antialiased when shrinking), which matches PIL's bilinear
-resize, box included, and is differentiable in the box.
+so warps are differentiable in the matrix (angle, scale, shear, shift). Resizing multiplies by
+separable triangle-kernel weight matrices (antialiased when shrinking), which matches PIL's
+bilinear resize, box included, and is differentiable in the box.
 """
 
 from __future__ import annotations
@@ -38,9 +38,20 @@ def crop(image: jax.Array, top: jax.Array | int, left: jax.Array | int, height: 
     return jax.lax.dynamic_slice(image, (top, left, 0), (height, width, image.shape[-1]))
 
 
-def resize(image: jax.Array, height: int, width: int, antialias: bool = True) -> jax.Array:
-    """Bilinear resize to `height` x `width` (PIL's `Image.resize(..., BILINEAR)`)."""
-    return jax.image.resize(image, (height, width, image.shape[-1]), "linear", antialias=antialias)
+def resample_weights(out_size: int, in_size: int, scale: jax.Array, start: jax.Array,
+                     antialias: bool = True) -> jax.Array:
+    """(out_size, in_size) bilinear weights mapping `[start, start + out_size / scale]` onto the output.
+
+    Output pixel i samples the input at `start + (i + 0.5) / scale - 0.5` with a triangle kernel,
+    widened by `1 / scale` when shrinking with `antialias` (PIL's filter); each row is normalised
+    over the taps inside the input, which is how PIL and JAX treat the borders.
+    """
+    centers = start + (jnp.arange(out_size, dtype=scale.dtype) + 0.5) / scale - 0.5
+    width = jnp.maximum(1.0 / scale, 1.0) if antialias else jnp.ones_like(scale)
+    taps = jnp.arange(in_size, dtype=scale.dtype)
+    weights = jnp.maximum(0.0, 1.0 - jnp.abs(taps[None, :] - centers[:, None]) / width)
+    total = jnp.sum(weights, axis=1, keepdims=True)
+    return weights / jnp.where(total > 0, total, 1.0)
 
 
 def resized_crop(image: jax.Array, box: jax.Array, height: int, width: int, antialias: bool = True) -> jax.Array:
@@ -49,12 +60,16 @@ def resized_crop(image: jax.Array, box: jax.Array, height: int, width: int, anti
     Equals PIL's `resize((width, height), BILINEAR, box=(left, top, left + w, top + h))`, and is
     differentiable in `box`.
     """
-    top, left, box_h, box_w = box[0], box[1], box[2], box[3]
-    scale = jnp.stack([height / box_h, width / box_w])
-    translation = jnp.stack([-top * scale[0], -left * scale[1]])
-    return jax.image.scale_and_translate(image, (height, width, image.shape[-1]), (0, 1),
-                                         scale.astype(image.dtype), translation.astype(image.dtype),
-                                         "linear", antialias=antialias)
+    box = jnp.asarray(box, jnp.result_type(image.dtype, float))
+    rows = resample_weights(height, image.shape[0], height / box[2], box[0], antialias).astype(image.dtype)
+    cols = resample_weights(width, image.shape[1], width / box[3], box[1], antialias).astype(image.dtype)
+    return jnp.einsum("ah,hwc,bw->abc", rows, image, cols)
+
+
+def resize(image: jax.Array, height: int, width: int, antialias: bool = True) -> jax.Array:
+    """Bilinear resize to `height` x `width` (PIL's `Image.resize(..., BILINEAR)`)."""
+    box = jnp.asarray([0.0, 0.0, image.shape[0], image.shape[1]], jnp.result_type(image.dtype, float))
+    return resized_crop(image, box, height, width, antialias)
 
 
 def affine_matrix(angle: jax.Array | float, center: tuple[float, float], *, scale: jax.Array | float = 1.0,

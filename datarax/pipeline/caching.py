@@ -1,0 +1,198 @@
+"""CachingIterator: memoise an expensive deterministic prefix of a pipeline's stages.
+
+The first `num_cached_stages` stages of a linear pipeline are run once over every record (in
+storage order, a batch at a time, as one compiled program) and their outputs are kept, one row
+per record. Iteration then gathers from that cache and runs only the remaining stages, so
+decoding, resizing or feature extraction is paid once instead of every epoch.
+
+Why the batches are the uncached pipeline's (the same records and keys; values may differ in
+the last bit, since the prefix and the rest are compiled as separate programs and XLA may fuse
+and round them differently): a deterministic per-record stage's output
+for a record depends on that record alone, so row `i` of the cache is what the prefix would
+produce for record `i` in any batch; the remaining stages see the same record ids and epoch (same
+sampler, same batch size), hence the same per-record keys. For the same reason the iterator's
+state is exactly the uncached pipeline's: a state saved here restores into a plain iterator of the same
+pipeline and vice versa.
+
+The cache lives in host memory (`num_records x` the prefix's output size per record) and is
+placed on the device when it fits, like a `MemorySource`. It is not refreshed when the prefix's
+parameters change: call `refresh()` after changing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from datarax.core.operator import StageKey, describe
+from datarax.pipeline.chain import Chain
+from datarax.pipeline.compiled import CompiledProgram
+from datarax.pipeline.state import check_state, make_state
+from datarax.sources.memory import MemorySource, MemorySourceConfig
+
+if TYPE_CHECKING:
+    from datarax.pipeline.iterator import PipelineIterator
+    from datarax.pipeline.pipeline import Pipeline
+
+
+def _check_prefix(pipeline: Pipeline, num_cached_stages: object) -> int:
+    from datarax.pipeline.pipeline import Pipeline
+
+    if not isinstance(pipeline, Pipeline):
+        raise TypeError(f"CachingIterator needs a datarax Pipeline, got {describe(pipeline)}")
+    if not isinstance(pipeline.program, Chain):
+        raise TypeError(f"CachingIterator caches a prefix of a linear pipeline's stages, but this pipeline's program "
+                        f"is a {type(pipeline.program).__name__}; build it with Pipeline(stages=[...])")
+    stages = pipeline.program.stages
+    k = num_cached_stages
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(stages):
+        raise ValueError(f"num_cached_stages must be an int in [1, {len(stages)}] (the pipeline has {len(stages)} "
+                         f"stages), got {k!r}")
+    for i, stage in enumerate(stages[:k]):
+        if nnx.state(stage, StageKey):
+            raise ValueError(
+                f"stage {i} ({stage.structure()}) is stochastic, so its output cannot be cached: it changes every "
+                f"epoch. Cache only the deterministic stages before it (num_cached_stages={i})"
+            )
+    if np.ndim(pipeline.sampler.indices(np.zeros((1,), np.int64), 0)) != 1:
+        raise ValueError(f"CachingIterator caches one output per record, but the sampler "
+                         f"{pipeline.sampler.structure()} yields several records per batch row (windows); "
+                         "use it without a cache")
+    return k
+
+
+def build_cache(pipeline: Pipeline, program: nnx.Module) -> dict[str, np.ndarray]:
+    """`program`'s output for every record, in storage order (one compiled call per batch)."""
+    source, batch = pipeline.source, pipeline.batch_size
+    compiled = CompiledProgram(program)
+    arrays = source.device_arrays()
+    n = len(source)
+    parts: list[dict] = []
+    for start in range(0, n, batch):
+        ids = np.minimum(np.arange(start, start + batch), n - 1).astype(np.int32)
+        meta = np.array([start, 0, min(batch, n - start)], np.int32)
+        if arrays is None:
+            out = compiled.transform(jax.device_put(source.get_batch(ids)), ids, meta)
+        else:
+            out = compiled.gather_transform(arrays, ids, meta)
+        parts.append(out)
+    host = jax.device_get(parts)
+    return {k: np.concatenate([p[k] for p in host])[:n] for k in host[0]}
+
+
+class CachingIterator(Iterator[dict]):
+    """Iterates `pipeline` for `num_epochs` epochs (None: endlessly) with its first stages cached.
+
+    Like `pipeline.epochs(num_epochs)`, it starts at the pipeline's next epoch. The cache is
+    built once, on the first `next()` (or `set_state`), by running the first `num_cached_stages`
+    stages, which must be deterministic, once over all records.
+
+    Example:
+        >>> it = CachingIterator(pipeline, num_cached_stages=1, num_epochs=10)  # stage 0 is decode
+        >>> for batch in it:
+        ...     train_step(batch)
+    """
+
+    def __init__(self, pipeline: Pipeline, *, num_cached_stages: int, num_epochs: int | None = None):
+        k = _check_prefix(pipeline, num_cached_stages)
+        if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1):
+            raise ValueError(f"num_epochs must be a positive int or None (endless), got {num_epochs!r}")
+        self._pipeline = pipeline
+        self._prefix = Chain(list(pipeline.program.stages[:k]))
+        self._suffix = list(pipeline.program.stages[k:])
+        self._num_epochs = num_epochs
+        self._start = pipeline._next_epoch
+        pipeline._next_epoch = self._start + (num_epochs or 0)
+        self._cached: Pipeline | None = None
+        self._inner: PipelineIterator | None = None
+
+    def _ensure(self) -> PipelineIterator:
+        if self._inner is None:
+            self._open(self._start, 0)
+        return self._inner
+
+    def _build(self) -> None:
+        from datarax.pipeline.pipeline import Pipeline
+
+        p = self._pipeline
+        source = MemorySource(MemorySourceConfig(), data=build_cache(p, self._prefix))
+        self._cached = Pipeline(source, stages=self._suffix, batch_size=p.batch_size, sampler=p.sampler,
+                                drop_remainder=p.drop_remainder, prefetch=p.prefetch)
+
+    def _open(self, epoch: int, position: int) -> None:
+        """A fresh iterator over the cached pipeline, at (epoch, position)."""
+        if self._cached is None:
+            self._build()
+        remaining = None
+        if self._num_epochs is not None:
+            remaining = self._start + self._num_epochs - epoch
+            if remaining < 1:
+                raise ValueError(f"iterator state epoch {epoch} is past this iterator's last epoch "
+                                 f"{self._start + self._num_epochs - 1}; make a CachingIterator with more num_epochs")
+        self._cached._next_epoch = epoch
+        self._inner = self._cached.epochs(remaining)
+        if position:
+            cached = self._cached
+            self._inner.set_state(make_state(epoch=epoch, position=position, fingerprint=cached.fingerprint,
+                                             num_records=len(cached.source), batch_size=cached.batch_size))
+
+    @property
+    def cache(self) -> dict[str, np.ndarray] | None:
+        """The cached prefix outputs (record i in row i), or None before the first batch."""
+        return None if self._cached is None else self._cached.source._host.arrays
+
+    def __next__(self) -> dict:
+        return next(self._ensure())
+
+    def get_state(self) -> dict[str, Any]:
+        """The uncached pipeline's iterator state at this point (interchangeable with it)."""
+        p = self._pipeline
+        if self._inner is None:
+            epoch, position = self._start, 0
+        else:
+            state = self._inner.get_state()
+            epoch, position = state["epoch"], state["position"]
+        return make_state(epoch=epoch, position=position, fingerprint=p.fingerprint, num_records=len(p.source),
+                          batch_size=p.batch_size)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continues from `state` (from this iterator or a plain iterator of the same pipeline)."""
+        p = self._pipeline
+        epoch, position = check_state(state, fingerprint=p.fingerprint, num_records=len(p.source),
+                                      batch_size=p.batch_size, epoch_length=len(p.sampler))
+        self.close()
+        self._open(epoch, position)
+
+    def refresh(self) -> None:
+        """Rebuilds the cache (after the cached stages' parameters changed), keeping the position."""
+        state = self.get_state()
+        self.close()
+        self._cached = None
+        self._open(state["epoch"], state["position"])
+
+    def close(self) -> None:
+        """Stops background prefetching (idempotent); the cache is kept."""
+        if self._inner is not None:
+            self._inner.close()
+
+    def __enter__(self) -> CachingIterator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    async def save(self, directory):
+        """Orbax v1 `StatefulCheckpointable` protocol (see `datarax.checkpoint`)."""
+        from datarax.checkpoint.orbax import iterator_save
+
+        return await iterator_save(self, directory)
+
+    async def load(self, directory):
+        """Orbax v1 `StatefulCheckpointable` protocol (see `datarax.checkpoint`)."""
+        from datarax.checkpoint.orbax import iterator_load
+
+        return await iterator_load(self, directory)

@@ -1,0 +1,236 @@
+"""Whole-epoch scan: many training steps, data pipeline included, in one compiled call.
+
+For a device-resident source, `ScanRunner` compiles K steps of
+
+    gather -> pipeline stages -> train_step(*modules, batch)
+
+into one `jax.lax.scan`, so a training epoch costs a handful of dispatches instead of one (or
+two) per step. The modules (model, optimizer, ...) and the pipeline's stage program are carried
+through the scan, so parameter updates made by the step are seen by the next step exactly as in
+a Python loop, and gradients can reach the pipeline's own parameters (see `raw`).
+
+The result equals the per-step loop
+
+    for batch in iterator:
+        outputs.append(train_step(*modules, batch))
+
+step for step (the same records, keys and update order), and afterwards the iterator's state is
+the one the loop would leave. Values can differ from the loop in the last bit, because XLA
+compiles the fused step as one program. A final short batch (`drop_remainder=False`) runs as a
+separate, unpadded step, as in the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from datarax.core.operator import BatchContext, describe
+from datarax.core.source import gather_device
+from datarax.pipeline.compiled import make_context, run_program
+
+if TYPE_CHECKING:
+    from datarax.pipeline.iterator import PipelineIterator
+    from datarax.pipeline.pipeline import Pipeline
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ScanBatch:
+    """What a `raw=True` train step receives: the gathered batch, before any stage ran.
+
+    Attributes:
+        data: the source fields of the batch (field -> batched array).
+        ctx: the batch's record ids, epoch and mask.
+    """
+
+    data: dict[str, jax.Array]
+    ctx: BatchContext
+
+    def transform(self, program: nnx.Module) -> dict[str, jax.Array]:
+        """Runs a stage program (pass `pipeline.program` as one of the runner's modules) on the batch."""
+        return run_program(program, self.data, self.ctx)
+
+
+def _plan(it: PipelineIterator, limit: int | None) -> list[tuple[int, int, int]]:
+    """(epoch, position, num_valid) of the iterator's next batches, without consuming them."""
+    saved = it._epoch, it._position
+    steps: list[tuple[int, int, int]] = []
+    try:
+        while limit is None or len(steps) < limit:
+            epoch, position, num_valid = it._next_step()
+            steps.append((epoch, position, num_valid))
+            it._epoch, it._position = epoch, position + num_valid
+    except StopIteration:
+        pass
+    finally:
+        it._epoch, it._position = saved
+    return steps
+
+
+def _advance(it: PipelineIterator, epoch: int, position: int) -> None:
+    it._epoch, it._position = epoch, position
+
+
+def _chunks(steps: list[tuple[int, int, int]], batch_size: int, k: int) -> list[list[tuple[int, int, int]]]:
+    """Runs of up to k full batches; a short batch is a chunk of its own."""
+    chunks: list[list] = []
+    for step in steps:
+        if step[2] < batch_size:
+            chunks.append([step])
+        elif chunks and len(chunks[-1]) < k and chunks[-1][-1][2] == batch_size:
+            chunks[-1].append(step)
+        else:
+            chunks.append([step])
+    return chunks
+
+
+class ScanRunner:
+    """Runs `train_step` over a pipeline iterator, `steps_per_call` steps per compiled call.
+
+    Args:
+        train_step: `train_step(*modules, batch) -> outputs` written as for an `nnx.jit` loop:
+            it may update the modules in place (e.g. `optimizer.update(model, grads)`) and
+            returns a pytree of arrays (metrics). `batch` is the pipeline's output dict, or a
+            `ScanBatch` when `raw=True`.
+        steps_per_call: K, the steps compiled into one scan (e.g. `len(pipeline)` for a whole
+            epoch). Larger K means fewer dispatches and a longer compile.
+        raw: give the step the gathered batch (`ScanBatch`) instead of the pipeline's output,
+            so it can run the stages itself, inside its own `nnx.grad`, and train them jointly
+            with the model: pass `pipeline.program` as one of the modules and call
+            `batch.transform(program)` in the loss.
+
+    Example:
+        >>> def train_step(model, optimizer, batch):
+        ...     loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+        ...     optimizer.update(model, grads)
+        ...     return loss
+        >>> runner = ScanRunner(train_step, steps_per_call=len(pipeline))
+        >>> losses = runner.run(iter(pipeline), model, optimizer)  # one epoch, one call
+    """
+
+    def __init__(self, train_step: Callable[..., Any], *, steps_per_call: int, raw: bool = False):
+        if not callable(train_step):
+            raise TypeError(f"train_step must be callable, got {describe(train_step)}")
+        if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
+            raise ValueError(f"steps_per_call must be an int >= 1, got {steps_per_call!r}")
+        if not isinstance(raw, bool):
+            raise TypeError(f"raw must be True or False, got {raw!r}")
+        self.train_step = train_step
+        self.steps_per_call = steps_per_call
+        self.raw = raw
+        self._compiled: list[tuple[Any, Callable, Callable]] = []
+
+    def _functions(self, graphdef) -> tuple[Callable, Callable]:
+        """The jitted scan and short-step functions for this module structure (built once)."""
+        for known, scan_fn, short_fn in self._compiled:
+            if known == graphdef:
+                return scan_fn, short_fn
+
+        def step(state, arrays, idx, meta, num_valid=None):
+            program, *modules = nnx.merge(graphdef, state)
+            data = gather_device(arrays, idx)
+            ctx = make_context(idx, meta[1], meta[2])
+            if self.raw:
+                if num_valid is not None:
+                    data = jax.tree.map(lambda x: x[:num_valid], data)
+                    ctx = BatchContext(ctx.record_ids[:num_valid], ctx.epoch, ctx.mask[:num_valid])
+                batch = ScanBatch(data, ctx)
+            else:
+                batch = run_program(program, data, ctx)
+                if num_valid is not None:
+                    batch = jax.tree.map(lambda x: x[:num_valid], batch)
+            out = self.train_step(*modules, batch)
+            return nnx.split((program, *modules))[1], out
+
+        def scan_fn(state, arrays, idx, meta):
+            return jax.lax.scan(lambda s, x: step(s, arrays, *x), state, (idx, meta))
+
+        scan_fn = jax.jit(scan_fn)
+        short_fn = jax.jit(step, static_argnames="num_valid")
+        self._compiled.append((graphdef, scan_fn, short_fn))
+        return scan_fn, short_fn
+
+    def run(self, iterator: PipelineIterator, *modules: nnx.Module, num_steps: int | None = None) -> Any:
+        """Runs the step over the iterator's next batches and returns its outputs, stacked per step.
+
+        Args:
+            iterator: a pipeline iterator (e.g. `iter(pipeline)` for one epoch) over a
+                device-resident source; it is advanced as a Python loop would advance it.
+            *modules: the NNX modules the step takes before the batch, updated in place.
+            num_steps: how many steps to run; None runs until the iterator ends.
+
+        Returns:
+            The step's outputs with a leading axis of one entry per step run (None when no
+            step ran).
+        """
+        from datarax.pipeline.iterator import PipelineIterator
+
+        if not isinstance(iterator, PipelineIterator):
+            raise TypeError(f"iterator must be a PipelineIterator (iter(pipeline) or pipeline.epochs(n)), "
+                            f"got {describe(iterator)}")
+        p: Pipeline = iterator._pipeline
+        arrays = p.source.device_arrays()
+        if arrays is None:
+            raise ValueError("ScanRunner needs a device-resident source (the whole epoch's data is gathered inside "
+                             "the compiled scan), but this pipeline's source is host-resident; use "
+                             "MemorySourceConfig(device_resident=True), or the per-step loop")
+        if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0):
+            raise ValueError(f"num_steps must be an int >= 0 or None (until the iterator ends), got {num_steps!r}")
+        if num_steps is None and iterator._end is None:
+            raise ValueError("this iterator is endless (pipeline.epochs(None)), so run() needs num_steps=...; or "
+                             "iterate one epoch with iter(pipeline)")
+        for i, m in enumerate(modules):
+            if not isinstance(m, nnx.Module):
+                raise TypeError(f"modules[{i}] must be an nnx.Module (the step's model, optimizer, ...), got "
+                                f"{describe(m)}; pass the batch-independent arguments as modules")
+        carried = (p.program, *modules)
+        graphdef, state = nnx.split(carried)
+        scan_fn, short_fn = self._functions(graphdef)
+        outputs = []
+        for chunk in _chunks(_plan(iterator, num_steps), p.batch_size, self.steps_per_call):
+            idx = np.stack([p.sampler.indices(np.minimum(np.arange(pos, pos + p.batch_size), len(p.sampler) - 1), e)
+                            for e, pos, _ in chunk]).astype(np.int32)
+            meta = np.array([(pos, e, n) for e, pos, n in chunk], np.int32)  # the pipeline's meta layout
+            num_valid = chunk[0][2]
+            if num_valid < p.batch_size:
+                state, out = short_fn(state, arrays, idx[0], meta[0], num_valid=num_valid)
+                out = jax.tree.map(lambda x: x[None], out)
+            else:
+                state, out = scan_fn(state, arrays, idx, meta)
+            nnx.update(carried, state)
+            epoch, position, n = chunk[-1]
+            _advance(iterator, epoch, position + n)
+            outputs.append(out)
+        if not outputs:
+            return None
+        return _stack(outputs)
+
+
+def _stack(outputs: list) -> Any:
+    """Per-chunk outputs joined along the step axis."""
+    shapes = {tuple((x.shape[1:], str(x.dtype)) for x in jax.tree.leaves(o)) for o in outputs}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"train_step outputs change shape between steps ({sorted(shapes)}), so they cannot be stacked per step: "
+            "the final short batch has fewer records. Return per-batch reductions (e.g. the mean loss), or build "
+            "the pipeline with drop_remainder=True"
+        )
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outputs) if len(outputs) > 1 else outputs[0]
+
+
+def scan_epoch(pipeline: Pipeline, train_step: Callable[..., Any], *modules: nnx.Module,
+               steps_per_call: int | None = None, raw: bool = False) -> Any:
+    """Runs `train_step` over the pipeline's next epoch in scanned chunks; returns per-step outputs.
+
+    `steps_per_call=None` scans the whole epoch in one call. Builds a fresh `ScanRunner` (and so
+    compiles) on every call: keep a `ScanRunner` to reuse the compiled scan across epochs.
+    """
+    runner = ScanRunner(train_step, steps_per_call=steps_per_call or max(len(pipeline), 1), raw=raw)
+    return runner.run(iter(pipeline), *modules)

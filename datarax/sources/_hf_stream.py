@@ -1,0 +1,109 @@
+"""The reader behind `HFStreamSource`: block-shuffled, resumable reading of an IterableDataset.
+
+An epoch visits "parts" in order: the dataset's shards in a seeded per-epoch order when
+shuffling (each opened with `dataset.shard(num_shards, index)`), or the whole dataset as one
+part. A part is read in Arrow blocks of `block_size` rows through HF's own `iter(batch_size)`,
+whose `state_dict()` after a block is where the next block starts. Records of a block are
+emitted in a permutation keyed by (seed, epoch, shard, block).
+
+State: `{"part", "block", "offset", "hf"}`: the current block's part and index, how many of its
+records were emitted, and HF's state at the block's start (None: the part's start). Restoring
+re-reads that one block and skips `offset` records: no shuffle buffer is lost, nothing before
+the block is replayed beyond what HF itself skips inside a shard.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from datarax.sources.stream import RecordReader, check_stream_state
+
+if TYPE_CHECKING:
+    from datarax.sources.hf import HFStreamSource
+
+_KEYS = ("part", "block", "offset")
+
+
+class HFBlockReader(RecordReader):
+    """Reads one epoch of an `HFStreamSource` from a state (see the module docstring)."""
+
+    def __init__(self, source: HFStreamSource, epoch: int, state: dict[str, Any] | None):
+        self._source, self._epoch = source, int(epoch)
+        config = source.config
+        self._shuffle, self._block_size = config.shuffle, config.block_size
+        shards = source._shards
+        if self._shuffle and shards > 1:
+            self._order = np.random.default_rng([source.seed, self._epoch, 0x5EED]).permutation(shards).tolist()
+        else:
+            self._order = None
+        self._parts = len(self._order) if self._order is not None else 1
+        if state is None:
+            state = {"part": 0, "block": 0, "offset": 0, "hf": None}
+        check_stream_state(state, _KEYS, "HFStreamSource")
+        if state["part"] >= self._parts or not (state.get("hf") is None or isinstance(state.get("hf"), dict)):
+            raise ValueError(f"HFStreamSource stream state {state!r:.200} does not fit this dataset "
+                             f"({self._parts} parts); it is corrupt or from another dataset")
+        self._part, self._block, self._offset = state["part"], state["block"], 0
+        self._arrays: dict[str, np.ndarray] | None = None
+        self._perm: np.ndarray | None = None
+        self._open_part(state["hf"])
+        if self._next_block(first_index=state["block"]) and self._part == state["part"]:
+            self._offset = min(state["offset"], len(self._perm))
+
+    def _open_part(self, hf_state: dict | None) -> None:
+        dataset = self._source._io.dataset
+        if self._order is not None:
+            dataset = dataset.shard(num_shards=len(self._order), index=self._order[self._part], contiguous=True)
+        self._formatted = dataset.with_format("arrow")
+        if hf_state is not None:
+            self._formatted.load_state_dict(hf_state)
+        self._block_start = hf_state
+        self._blocks = iter(self._formatted.iter(batch_size=self._block_size))
+
+    def _next_block(self, first_index: int | None = None) -> bool:
+        """Loads the next block (moving on to later parts as they run out); False at the end."""
+        start = self._block_start if first_index is not None else self._formatted.state_dict()
+        index = first_index if first_index is not None else self._block + 1
+        while True:
+            table = next(self._blocks, None)
+            if table is not None and len(table):
+                break
+            if table is None:
+                if self._part + 1 >= self._parts:
+                    self._arrays, self._perm = None, None
+                    return False
+                self._part += 1
+                self._open_part(None)
+                start, index = None, 0
+        self._block_start, self._block, self._offset = start, index, 0
+        self._arrays = self._source._io.converter.arrays(table)
+        n = len(table)
+        if self._shuffle:
+            shard = self._order[self._part] if self._order is not None else 0
+            self._perm = np.random.default_rng([self._source.seed, self._epoch, shard, index]).permutation(n)
+        else:
+            self._perm = np.arange(n)
+        return True
+
+    def read(self, out: dict[str, np.ndarray], start: int, count: int) -> int:
+        done = 0
+        while done < count:
+            if self._perm is None or self._offset == len(self._perm):
+                if self._perm is None or not self._next_block():
+                    break
+            take = min(count - done, len(self._perm) - self._offset)
+            rows = self._perm[self._offset:self._offset + take]
+            for name, values in self._arrays.items():
+                np.take(values, rows, axis=0, out=out[name][start + done:start + done + take])
+            self._offset += take
+            done += take
+        return done
+
+    def get_state(self) -> dict[str, Any]:
+        return {"part": self._part, "block": self._block, "offset": self._offset, "hf": self._block_start}
+
+    def close(self) -> None:
+        self._blocks = iter(())
+        self._arrays = None

@@ -1,0 +1,301 @@
+"""HuggingFace `datasets` as datarax sources: map-style `HFSource`, streaming `HFStreamSource`.
+
+Both read the dataset's Arrow data directly and turn columns into fixed-shape numpy arrays
+without a Python object per row (`datarax.sources._arrow`). Shuffling is ours, never HF's:
+
+* `HFSource` (a `datasets.Dataset`) is random access: the pipeline's Feistel permutation picks
+  the rows, read either from arrays materialised once (`mode="eager"`, optionally on the
+  device) or from the Arrow table batch by batch (`mode="lazy"`).
+* `HFStreamSource` (a `datasets.IterableDataset`) is read in order. With `shuffle=True` it
+  visits the shards in a seeded order per epoch and permutes each block of `block_size`
+  records, so its state is (shard, block, HF state at the block's start, offset in block)
+  and a restore re-reads one block instead of losing a shuffle buffer.
+
+Columns that are not fixed-shape numeric (strings, ragged lists, images stored as bytes) must be
+left out with `columns=` or turned into arrays by `convert(batch) -> dict of arrays`, which
+receives the selected columns (numeric ones as arrays, the others as Python lists) and whose
+fields replace or add to the numeric ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from datarax.core.source import DataSourceModule
+from datarax.samplers.base import Sampler
+from datarax.samplers.feistel import validate_seed
+from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.sources._arrow import column_into, column_layout
+from datarax.sources._columns import (Handles, UnsupportedColumnError, allocate, check_column_config, check_columns,
+                                      check_convert_output, read_batch, require, spec_text, unsupported_message)
+from datarax.sources.memory import MemorySource, MemorySourceConfig, seed_from_rngs
+from datarax.sources.stream import StreamSourceModule
+
+Convert = Callable[[dict[str, Any]], Mapping[str, Any]]
+_MODES = ("auto", "eager", "lazy")
+_FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HFSourceConfig:
+    """Configuration of `HFSource` and `HFStreamSource`.
+
+    Attributes:
+        columns: the columns to read; None reads all (each must then be numeric or handled by
+            `convert`).
+        shuffle: a fresh order every epoch (see the module docstring for streams).
+        seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
+        mode: map-style only: "eager" converts the whole dataset to arrays once, "lazy" reads
+            rows from the Arrow table per batch, "auto" is eager up to `eager_max_bytes`.
+        eager_max_bytes: the Arrow size up to which "auto" is eager.
+        device_resident: eager only: keep the arrays on the device (None decides by size).
+        block_size: streams only: records read (and shuffled together) per block.
+    """
+
+    columns: tuple[str, ...] | None = None
+    shuffle: bool = False
+    seed: int | None = None
+    mode: str = "auto"
+    eager_max_bytes: int = 2**30
+    device_resident: bool | None = None
+    block_size: int = 1024
+
+    def __post_init__(self):
+        check_column_config(self.columns, "HFSourceConfig")
+        if not isinstance(self.shuffle, bool):
+            raise TypeError(f"HFSourceConfig.shuffle must be True or False, got {self.shuffle!r}")
+        if self.seed is not None:
+            validate_seed(self.seed, "HFSourceConfig.seed")
+        if self.mode not in _MODES:
+            raise ValueError(f"HFSourceConfig.mode must be one of {_MODES}, got {self.mode!r}")
+        for name in ("eager_max_bytes", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"HFSourceConfig.{name} must be a positive int, got {value!r}")
+        if self.device_resident not in (None, True, False):
+            raise TypeError(f"HFSourceConfig.device_resident must be None, True or False, got {self.device_resident!r}")
+
+
+def load_files(paths: str | os.PathLike | Sequence[str | os.PathLike], *, streaming: bool = False,
+               file_format: str | None = None, cache_dir: str | None = None) -> Any:
+    """Loads local parquet/csv/json/arrow files as one `datasets` split (works offline).
+
+    Returns a `datasets.Dataset`, or a `datasets.IterableDataset` (one shard per file) when
+    `streaming`. The format comes from the file extension unless `file_format` is given.
+    """
+    datasets = require("datasets", "load_files")
+    files = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+    if not files:
+        raise ValueError("load_files needs at least one file path, got none")
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise FileNotFoundError(f"load_files paths: {missing} do not exist; check the paths (files are read "
+                                "locally, nothing is downloaded)")
+    if file_format is None:
+        kinds = {_FORMATS.get(os.path.splitext(f)[1].lower()) for f in files}
+        if None in kinds or len(kinds) != 1:
+            raise ValueError(f"load_files cannot tell the format of {files} from their extensions; pass "
+                             f"file_format= one of {sorted(set(_FORMATS.values()))}")
+        file_format = kinds.pop()
+    return datasets.load_dataset(file_format, data_files=files, split="train", streaming=streaming,
+                                 cache_dir=cache_dir)
+
+
+class TableConverter:
+    """Turns Arrow tables (batches of rows) of the selected columns into the source's arrays."""
+
+    def __init__(self, sample: Any, names: tuple[str, ...], convert: Convert | None, owner: str):
+        self.owner, self.names, self.convert = owner, names, convert
+        layouts, bad = {}, {}
+        for name in names:
+            layout = column_layout(sample.column(name))
+            (bad if isinstance(layout, str) else layouts)[name] = layout
+        if bad and convert is None:
+            raise UnsupportedColumnError(unsupported_message(owner, bad))
+        self.numeric = {k: jax.ShapeDtypeStruct(*v) for k, v in layouts.items()}
+        self.spec = dict(self.numeric)
+        if convert is not None:
+            out = self._converted(sample.slice(0, min(2, len(sample))))
+            self.spec.update({k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in out.items()})
+        self.passthrough = tuple(k for k in self.numeric if convert is None or k not in self._converted_names)
+
+    def _converted(self, table: Any) -> dict[str, np.ndarray]:
+        raw = {}
+        for name in self.names:
+            if name in self.numeric:
+                raw[name] = np.empty((len(table),) + tuple(self.numeric[name].shape), self.numeric[name].dtype)
+                column_into(table.column(name), raw[name], name, self.owner)
+            else:
+                raw[name] = table.column(name).to_pylist()
+        out = check_convert_output(self.convert(raw), len(table), f"{self.owner} convert")
+        self._converted_names = tuple(out)
+        return out
+
+    def into(self, table: Any, out: Mapping[str, np.ndarray]) -> None:
+        for name in self.passthrough:
+            column_into(table.column(name), out[name], name, self.owner)
+        if self.convert is not None:
+            for name, value in self._converted(table).items():
+                if name not in out or value.shape[1:] != out[name].shape[1:]:
+                    raise UnsupportedColumnError(
+                        f"{self.owner} convert returned {name!r} with rows of shape {value.shape[1:]}, but the first "
+                        f"batch set its spec to {self.spec.get(name)}; convert must return the same fields and shapes "
+                        "for every batch (pad to a fixed length)")
+                out[name][...] = value
+
+    def arrays(self, table: Any) -> dict[str, np.ndarray]:
+        out = allocate(self.spec, (len(table),))
+        self.into(table, out)
+        return out
+
+
+def _check_dataset(dataset: Any, datasets: Any, owner: str, want: str) -> None:
+    if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        raise TypeError(f"{owner} dataset is a dict of splits {list(dataset)}; pass one split, e.g. dataset['train']")
+    if not isinstance(dataset, getattr(datasets, want)):
+        other = "HFStreamSource" if want == "Dataset" else "HFSource"
+        raise TypeError(f"{owner} dataset must be a datasets.{want}, got {type(dataset).__name__}; use {other} for it")
+
+
+class HFSource(DataSourceModule):
+    """A map-style `datasets.Dataset` as a random-access source.
+
+    Args:
+        config: columns, shuffling and eager/lazy reading.
+        dataset: one split of a map-style dataset (e.g. from `load_files` or `load_dataset`).
+        convert: optional function turning a batch of non-numeric columns into arrays.
+        rngs: draws the shuffle seed when `config.seed` is None.
+
+    Example:
+        >>> ds = load_files(["train.parquet"])
+        >>> source = HFSource(HFSourceConfig(columns=("image", "label"), shuffle=True, seed=0), dataset=ds)
+    """
+
+    def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
+                 rngs: nnx.Rngs | None = None):
+        datasets = require("datasets", "HFSource")
+        config = HFSourceConfig() if config is None else config
+        if not isinstance(config, HFSourceConfig):
+            raise TypeError(f"config must be an HFSourceConfig, got {type(config).__name__}")
+        _check_dataset(dataset, datasets, "HFSource", "Dataset")
+        if convert is not None and not callable(convert):
+            raise TypeError(f"HFSource convert must be a function batch -> dict of arrays, got {convert!r}")
+        self.config = config
+        names = check_columns(config.columns, dataset.column_names, "HFSource")
+        if len(dataset) == 0:
+            raise ValueError("HFSource dataset has 0 rows; give it at least one")
+        table = dataset.data.table.select(list(names))
+        # A dataset after select/shuffle/filter reads its table through an index mapping.
+        rows = None if dataset._indices is None else dataset._indices.column(0).to_numpy()
+        self._length = len(dataset)
+        sample = table.take(self._rows(rows, np.arange(min(self._length, 1024))))
+        converter = TableConverter(sample, names, convert, "HFSource")
+        self._io = Handles(table=table, rows=rows, converter=converter)
+        self.seed = seed_from_rngs(config.seed, rngs)
+        self._names = names
+        self._identity = (getattr(dataset.info, "dataset_name", None), str(dataset.split),
+                          sorted(os.path.basename(f["filename"]) for f in dataset.cache_files))
+        eager = config.mode == "eager" or (config.mode == "auto" and table.nbytes <= config.eager_max_bytes)
+        self.memory = self._materialise(config) if eager else None
+
+    def _materialise(self, config: HFSourceConfig) -> MemorySource:
+        arrays = allocate(self._io.converter.spec, (self._length,))
+        for start in range(0, self._length, 8192):
+            stop = min(start + 8192, self._length)
+            self._read_flat(np.arange(start, stop), {k: v[start:stop] for k, v in arrays.items()})
+        return MemorySource(MemorySourceConfig(device_resident=config.device_resident), data=arrays)
+
+    @staticmethod
+    def _rows(rows: np.ndarray | None, flat: np.ndarray) -> np.ndarray:
+        return flat if rows is None else rows[flat]
+
+    def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        self._io.converter.into(self._io.table.take(self._rows(self._io.rows, flat)), out)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return dict(self._io.converter.spec)
+
+    def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        if self.memory is not None:
+            return self.memory.get_batch(indices, out)
+        return read_batch(indices, out, self._io.converter.spec, self._length, self._read_flat)
+
+    def device_arrays(self) -> dict[str, jax.Array] | None:
+        return None if self.memory is None else self.memory.device_arrays()
+
+    def default_sampler(self) -> Sampler:
+        if self.config.shuffle:
+            return ShuffleSampler(len(self), seed=self.seed)
+        return SequentialSampler(len(self))
+
+    def structure(self) -> str:
+        name, split, files = self._identity
+        convert = self._io.converter.convert
+        return (f"HFSource(len={len(self)}, spec={spec_text(self.element_spec())}, dataset={name}, split={split}, "
+                f"files={files}, columns={list(self._names)}, "
+                f"convert={None if convert is None else getattr(convert, '__qualname__', repr(convert))})")
+
+
+class HFStreamSource(StreamSourceModule):
+    """A streaming `datasets.IterableDataset` as a stream source with exact resume.
+
+    Args:
+        config: columns, shuffling and the block size (the shuffle window).
+        dataset: one split of a streaming dataset (e.g. `load_files(..., streaming=True)`). Do not
+            apply HF's `.shuffle()` to it: its buffer is lost on restore; use `config.shuffle`.
+        convert: optional function turning a batch of non-numeric columns into arrays.
+        rngs: draws the shuffle seed when `config.seed` is None.
+    """
+
+    def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
+                 rngs: nnx.Rngs | None = None):
+        datasets = require("datasets", "HFStreamSource")
+        config = HFSourceConfig() if config is None else config
+        if not isinstance(config, HFSourceConfig):
+            raise TypeError(f"config must be an HFSourceConfig, got {type(config).__name__}")
+        _check_dataset(dataset, datasets, "HFStreamSource", "IterableDataset")
+        if convert is not None and not callable(convert):
+            raise TypeError(f"HFStreamSource convert must be a function batch -> dict of arrays, got {convert!r}")
+        self.config = config
+        probe = dataset.with_format("arrow")
+        sample = next(iter(probe.iter(batch_size=min(config.block_size, 256))), None)
+        if sample is None:
+            raise ValueError("HFStreamSource dataset yields no rows; give it at least one")
+        names = check_columns(config.columns, sample.column_names, "HFStreamSource")
+        if list(names) != sample.column_names:
+            dataset = dataset.select_columns(list(names))
+        converter = TableConverter(sample.select(list(names)), names, convert, "HFStreamSource")
+        self._io = Handles(dataset=dataset, converter=converter)
+        self.seed = seed_from_rngs(config.seed, rngs)
+        self._names, self._shards = names, int(dataset.num_shards)
+        splits = getattr(dataset.info, "splits", None) or {}
+        split = splits.get(str(dataset.split)) if dataset.split is not None else None
+        self._num_records = None if split is None or not split.num_examples else int(split.num_examples)
+        self._identity = (getattr(dataset.info, "dataset_name", None), str(dataset.split))
+
+    def num_records(self) -> int | None:
+        return self._num_records
+
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return dict(self._io.converter.spec)
+
+    def open(self, epoch: int, state: dict[str, Any] | None):
+        from datarax.sources._hf_stream import HFBlockReader
+
+        return HFBlockReader(self, epoch, state)
+
+    def structure(self) -> str:
+        name, split = self._identity
+        return (f"HFStreamSource(records={self._num_records}, spec={spec_text(self.element_spec())}, dataset={name}, "
+                f"split={split}, shards={self._shards}, columns={list(self._names)}, shuffle={self.config.shuffle}, "
+                f"seed={self.seed}, block_size={self.config.block_size})")

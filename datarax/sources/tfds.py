@@ -1,0 +1,205 @@
+"""TensorFlow Datasets as a datarax source.
+
+The default path is `tfds.data_source`: random access over a dataset prepared in ArrayRecord
+format, decoded by TFDS in numpy, with no TensorFlow needed. `read="load"` uses `tfds.load`
+instead (any prepared format) and needs TensorFlow: it materialises the split once as arrays.
+Either way the pipeline's Feistel permutation shuffles and resume is exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from datarax.core.source import DataSourceModule
+from datarax.samplers.base import Sampler
+from datarax.samplers.feistel import validate_seed
+from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.sources._columns import (Handles, UnsupportedColumnError, batchable, check_column_config, check_columns,
+                                      check_convert_output, flatten, read_batch, require, spec_text, stack_into,
+                                      unsupported_message)
+from datarax.sources.memory import MemorySource, MemorySourceConfig, seed_from_rngs
+
+Convert = Callable[[dict[str, Any]], Mapping[str, Any]]
+_READS = ("data_source", "load")
+NEEDS_TF = ("TFDSSource(read='load') needs TensorFlow: pip install tensorflow; the default "
+            "read='data_source' reads ArrayRecord-prepared datasets without it")
+
+
+@dataclasses.dataclass(frozen=True)
+class TFDSSourceConfig:
+    """Configuration of a `TFDSSource`.
+
+    Attributes:
+        name: the TFDS dataset name (e.g. "mnist" or "mnist:3.0.1").
+        split: the split (TFDS slicing such as "train[:10%]" works).
+        data_dir: where the prepared dataset lives (None: the TFDS default).
+        columns: the features to read (nested ones as "a/b"); None reads all.
+        shuffle: a fresh record order every epoch (Feistel permutation keyed by (seed, epoch)).
+        seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
+        read: "data_source" (random access, no TensorFlow) or "load" (needs TensorFlow).
+        download: let TFDS download and prepare the dataset if it is missing.
+    """
+
+    name: str
+    split: str = "train"
+    data_dir: str | None = None
+    columns: tuple[str, ...] | None = None
+    shuffle: bool = False
+    seed: int | None = None
+    read: str = "data_source"
+    download: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"TFDSSourceConfig.name must be a dataset name such as 'mnist', got {self.name!r}")
+        if not isinstance(self.split, str) or not self.split:
+            raise TypeError(f"TFDSSourceConfig.split must be a split name such as 'train', got {self.split!r}")
+        check_column_config(self.columns, "TFDSSourceConfig")
+        if not isinstance(self.shuffle, bool) or not isinstance(self.download, bool):
+            raise TypeError(f"TFDSSourceConfig.shuffle and .download must be True or False, got "
+                            f"{self.shuffle!r} and {self.download!r}")
+        if self.seed is not None:
+            validate_seed(self.seed, "TFDSSourceConfig.seed")
+        if self.read not in _READS:
+            raise ValueError(f"TFDSSourceConfig.read must be one of {_READS}, got {self.read!r}")
+
+
+def _open(tfds: Any, config: TFDSSourceConfig) -> Any:
+    try:
+        return tfds.data_source(config.name, split=config.split, data_dir=config.data_dir, download=config.download)
+    except (FileNotFoundError, AssertionError, tfds.core.registered.DatasetNotFoundError) as exc:
+        first = str(exc).splitlines()[0]
+        raise FileNotFoundError(
+            f"TFDSSource cannot open {config.name!r} split {config.split!r} in data_dir={config.data_dir!r}: {first}. "
+            "Prepare it first (builder.download_and_prepare(file_format='array_record')), point data_dir at it, or "
+            "set download=True"
+        ) from None
+
+
+def _features(info: Any) -> dict[str, tuple[tuple, np.dtype] | str]:
+    """Each flattened feature's (shape, dtype), or why it cannot be batched."""
+    out: dict[str, tuple[tuple, np.dtype] | str] = {}
+    for name, t in flatten(info.features.get_tensor_info()).items():
+        dtype = np.dtype(t.np_dtype)
+        if not batchable(dtype):
+            out[name] = f"dtype {dtype}"
+        elif any(d is None or d < 0 for d in t.shape):
+            out[name] = f"variable shape {t.shape}"
+        else:
+            out[name] = (tuple(t.shape), dtype)
+    return out
+
+
+class TFDSSource(DataSourceModule):
+    """A TFDS split as a random-access source.
+
+    Args:
+        config: dataset, split, columns, shuffling and the read path.
+        convert: optional function turning a batch of non-numeric or variable-shape features
+            (as lists) into fixed-shape arrays; its fields add to or replace the numeric ones.
+        rngs: draws the shuffle seed when `config.seed` is None.
+
+    Example:
+        >>> source = TFDSSource(TFDSSourceConfig(name="mnist", split="train", shuffle=True, seed=0))
+    """
+
+    def __init__(self, config: TFDSSourceConfig, *, convert: Convert | None = None, rngs: nnx.Rngs | None = None):
+        if not isinstance(config, TFDSSourceConfig):
+            raise TypeError(f"config must be a TFDSSourceConfig, got {type(config).__name__}")
+        if convert is not None and not callable(convert):
+            raise TypeError(f"TFDSSource convert must be a function batch -> dict of arrays, got {convert!r}")
+        tfds = require("tensorflow_datasets", "TFDSSource", "tensorflow-datasets")
+        self.config = config
+        self.seed = seed_from_rngs(config.seed, rngs)
+        if config.read == "load":
+            try:
+                require("tensorflow", "TFDSSource(read='load')")
+            except ImportError:
+                raise ImportError(NEEDS_TF) from None
+            self.memory = self._load(tfds, config, convert)
+            self._io = Handles(source=None, spec=self.memory.element_spec(), convert=convert, numeric=(), other=())
+            self._length = len(self.memory)
+            self._identity = (config.name, config.split)
+            return
+        self.memory = None
+        source = _open(tfds, config)
+        features = _features(source.dataset_info)
+        names = check_columns(config.columns, list(features), "TFDSSource")
+        bad = {n: features[n] for n in names if isinstance(features[n], str)}
+        if bad and convert is None:
+            raise UnsupportedColumnError(unsupported_message("TFDSSource", bad))
+        numeric = tuple(n for n in names if n not in bad)
+        self._length = len(source)
+        if self._length == 0:
+            raise ValueError(f"TFDSSource split {config.split!r} of {config.name!r} has no records")
+        spec = {n: jax.ShapeDtypeStruct(*features[n]) for n in numeric}
+        self._io = Handles(source=source, spec=spec, convert=convert, numeric=numeric, other=tuple(bad), batched=True)
+        if convert is not None:
+            added = self._converted(self._records(np.arange(min(2, self._length))))
+            spec.update({k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in added.items()})
+        info = source.dataset_info
+        self._identity = (info.full_name, config.split)
+
+    def _records(self, flat: np.ndarray) -> list[dict[str, Any]]:
+        source, keys = self._io.source, flat.tolist()
+        if self._io.batched:
+            try:
+                return [flatten(r) for r in source.__getitems__(keys)]
+            except TypeError:
+                # tfds.testing.mock_data (4.9.x) installs an unbound __getitems__; read one by one.
+                self._io.batched = False
+        return [flatten(source[k]) for k in keys]
+
+    def _converted(self, records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+        batch = {n: [r[n] for r in records] for n in self._io.other}
+        batch.update({n: np.stack([r[n] for r in records]) for n in self._io.numeric})
+        return check_convert_output(self._io.convert(batch), len(records), "TFDSSource convert")
+
+    def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        records = self._records(flat)
+        added = self._converted(records) if self._io.convert is not None else {}
+        stack_into(records, {k: out[k] for k in self._io.numeric if k not in added}, "TFDSSource")
+        for name, value in added.items():
+            out[name][...] = value
+
+    @staticmethod
+    def _load(tfds: Any, config: TFDSSourceConfig, convert: Convert | None) -> MemorySource:
+        data = tfds.as_numpy(tfds.load(config.name, split=config.split, data_dir=config.data_dir,
+                                       download=config.download, batch_size=-1))
+        arrays = flatten(data)
+        names = check_columns(config.columns, list(arrays), "TFDSSource")
+        arrays = {n: np.asarray(arrays[n]) for n in names}
+        bad = {n: f"dtype {a.dtype}" for n, a in arrays.items() if not batchable(a.dtype)}
+        if bad and convert is None:
+            raise UnsupportedColumnError(unsupported_message("TFDSSource", bad))
+        if convert is not None:
+            size = len(next(iter(arrays.values())))
+            arrays.update(check_convert_output(convert(dict(arrays)), size, "TFDSSource convert"))
+            arrays = {n: a for n, a in arrays.items() if n not in bad}
+        return MemorySource(MemorySourceConfig(device_resident=False), data=arrays)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return dict(self._io.spec)
+
+    def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        if self.memory is not None:
+            return self.memory.get_batch(indices, out)
+        return read_batch(indices, out, self._io.spec, self._length, self._read_flat)
+
+    def default_sampler(self) -> Sampler:
+        if self.config.shuffle:
+            return ShuffleSampler(len(self), seed=self.seed)
+        return SequentialSampler(len(self))
+
+    def structure(self) -> str:
+        name, split = self._identity
+        return f"TFDSSource(len={len(self)}, spec={spec_text(self.element_spec())}, dataset={name}, split={split})"

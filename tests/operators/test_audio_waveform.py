@@ -1,0 +1,176 @@
+"""Waveform functions and operators against numpy/scipy computations.
+
+Tolerances: gain, integer shifts and crop/pad agree with numpy to float32 rounding (1e-6),
+fractional shifts to 3e-5 (the float32 position `n - shift` is rounded); the measured
+SNR after `add_noise` equals the target to 1e-3 dB; resampling agrees with
+`scipy.signal.resample_poly` (same Kaiser-sinc filter) to 1e-5 of the peak in float32 and 1e-12
+in float64.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.signal
+from flax import nnx
+
+from datarax.core.element import Element
+from datarax.core.operator import BatchContext
+from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, CropPadConfig, CropPadOperator, GainConfig,
+                                     GainOperator, ResampleConfig, ResampleOperator, TimeShiftConfig,
+                                     TimeShiftOperator, resample, waveform)
+
+
+def wave(n=2000, seed=0, batch=None):
+    shape = (n,) if batch is None else (batch, n)
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("gain_db", [-12.0, 0.0, 6.0])
+def test_gain_scales_by_db(gain_db):
+    x = wave()
+    np.testing.assert_allclose(waveform.apply_gain(jnp.asarray(x), gain_db), x * 10 ** (gain_db / 20), rtol=1e-6)
+
+
+@pytest.mark.parametrize("snr_db", [-5.0, 10.0, 30.0])
+def test_noise_hits_the_target_snr(snr_db):
+    x, noise = wave(seed=0), wave(seed=1)
+    y = np.asarray(waveform.add_noise(jnp.asarray(x), jnp.asarray(noise), snr_db), np.float64)
+    added = y - x
+    np.testing.assert_allclose(10 * np.log10(np.mean(x.astype(np.float64) ** 2) / np.mean(added ** 2)), snr_db,
+                               atol=1e-3)
+    assert np.corrcoef(added, noise)[0, 1] > 0.999999
+
+
+def test_noise_on_silence_stays_silent_with_finite_gradient():
+    grad = jax.grad(lambda s: waveform.add_noise(jnp.zeros(16), jnp.ones(16), s).sum())(10.0)
+    np.testing.assert_array_equal(waveform.add_noise(jnp.zeros(16), jnp.ones(16), 10.0), np.zeros(16))
+    assert np.isfinite(grad)
+
+
+SHIFT_CASES = [(3, "wrap"), (-5, "wrap"), (0, "zero"), (7, "zero"), (-4, "zero")]
+
+
+@pytest.mark.parametrize("shift,mode", SHIFT_CASES)
+def test_integer_shift_is_exact(shift, mode):
+    x = wave(50)
+    expected = np.roll(x, shift)
+    if mode == "zero" and shift > 0:
+        expected[:shift] = 0
+    elif mode == "zero" and shift < 0:
+        expected[shift:] = 0
+    np.testing.assert_allclose(waveform.time_shift(jnp.asarray(x), float(shift), mode), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("shift", [2.25, -3.6])
+def test_fractional_shift_is_linear_interpolation(shift):
+    x = wave(50)
+    n = np.arange(50)
+    # The signal is zero outside [0, 50), so interpolate on the zero-extended signal.
+    expected = np.interp(n - shift, np.arange(-1, 51), np.pad(x, 1), left=0.0, right=0.0)
+    # float32 positions n - shift carry ~4e-6 rounding at n ~ 50, hence the looser tolerance.
+    np.testing.assert_allclose(waveform.time_shift(jnp.asarray(x), shift, "zero"), expected, atol=3e-5)
+
+
+CROP_CASES = [(100, 60, 0), (100, 60, 40), (100, 60, 17), (60, 100, 0), (60, 100, 40), (60, 100, 13), (50, 50, 0)]
+
+
+@pytest.mark.parametrize("total,length,offset", CROP_CASES)
+def test_crop_or_pad_matches_slicing(total, length, offset):
+    x = wave(total)
+    if total >= length:
+        expected = x[offset:offset + length]
+    else:
+        expected = np.zeros(length, np.float32)
+        expected[offset:offset + total] = x
+    np.testing.assert_array_equal(waveform.crop_or_pad(jnp.asarray(x), length, offset), expected)
+
+
+RESAMPLE_CASES = [(16000, 8000), (8000, 16000), (16000, 22050), (48000, 16000), (16000, 12000), (8000, 8000)]
+_resample = jax.jit(resample.resample, static_argnums=(1, 2))
+
+
+@pytest.mark.parametrize("orig,target", RESAMPLE_CASES)
+def test_resample_matches_scipy_resample_poly(orig, target):
+    x = wave(999 if orig != 48000 else 3001)
+    up, down = resample.rational_factors(orig, target)
+    expected = scipy.signal.resample_poly(x.astype(np.float64), up, down)
+    got = np.asarray(_resample(jnp.asarray(x), orig, target))
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, atol=1e-5 * np.abs(expected).max(), rtol=0)
+
+
+def test_resample_float64_and_batched_match_scipy():
+    with jax.enable_x64(True):
+        x = np.random.default_rng(0).standard_normal((3, 800))
+        got = np.asarray(jax.vmap(lambda w: resample.resample(w, 16000, 22050))(jnp.asarray(x)))
+    np.testing.assert_allclose(got, scipy.signal.resample_poly(x, 441, 320, axis=-1), atol=1e-12)
+
+
+def test_operators_on_a_batch():
+    x = jnp.asarray(wave(2000, batch=4))
+    element, ctx = Element({"audio": x}), BatchContext.for_batch(4)
+    gain = GainOperator(GainConfig(gain_db=-6.0, stochastic=False))
+    np.testing.assert_allclose(gain(element, ctx).data["audio"], np.asarray(x) * 10 ** (-6 / 20), rtol=1e-6)
+
+    random_gain = GainOperator(GainConfig(gain_db=-6.0, max_delta_db=3.0), rngs=nnx.Rngs(0))
+    ratio_db = 20 * np.log10(np.asarray(random_gain(element, ctx).data["audio"])[:, 0] / np.asarray(x)[:, 0])
+    assert np.all(np.abs(ratio_db + 6.0) <= 3.0 + 1e-4) and np.ptp(ratio_db) > 0
+
+    noisy = AddNoiseOperator(AddNoiseConfig(snr_db=20.0, max_delta_db=0.0), rngs=nnx.Rngs(1))(element, ctx)
+    added = np.asarray(noisy.data["audio"], np.float64) - np.asarray(x)
+    snr = 10 * np.log10(np.mean(np.asarray(x, np.float64) ** 2, -1) / np.mean(added ** 2, -1))
+    np.testing.assert_allclose(snr, 20.0, atol=1e-2)
+
+    shifted = TimeShiftOperator(TimeShiftConfig(shift=0.01, stochastic=False, mode="wrap"))(element, ctx)
+    np.testing.assert_allclose(shifted.data["audio"], np.roll(np.asarray(x), 20, axis=-1), atol=1e-5)
+
+    cropped = CropPadOperator(CropPadConfig(length=1500), rngs=nnx.Rngs(2))(element, ctx).data["audio"]
+    for row, out in zip(np.asarray(x), np.asarray(cropped)):
+        starts = [s for s in range(501) if np.array_equal(row[s:s + 1500], out)]
+        assert len(starts) == 1
+    centred = CropPadOperator(CropPadConfig(length=2100, stochastic=False))(element, ctx).data["audio"]
+    np.testing.assert_array_equal(centred[:, 50:2050], x)
+
+    resampled = ResampleOperator(ResampleConfig(orig_rate=16000, target_rate=8000, out_field="audio_8k"))(element, ctx)
+    np.testing.assert_allclose(resampled.data["audio_8k"], scipy.signal.resample_poly(np.asarray(x), 1, 2, axis=-1),
+                               atol=1e-5 * float(jnp.abs(x).max()))
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: GainConfig(gain_db=70.0), ValueError, r"GainConfig.gain_db must be in \[-60.0, 60.0\], got 70.0"),
+    (lambda: GainConfig(max_delta_db="3"), TypeError, r"GainConfig.max_delta_db must be a number .*got '3'"),
+    (lambda: AddNoiseConfig(stochastic=False), ValueError, r"AddNoiseConfig\(stochastic=False\) has nothing to do"),
+    (lambda: TimeShiftConfig(mode="reflect"), ValueError, r"TimeShiftConfig.mode must be one of .*'reflect'"),
+    (lambda: CropPadConfig(length=0), ValueError, r"CropPadConfig.length must be an int >= 1, got 0"),
+    (lambda: CropPadConfig(length=10, align="end"), ValueError, r"CropPadConfig.align must be one of .*'end'"),
+    (lambda: ResampleConfig(orig_rate=16000, target_rate=0), ValueError, r"target_rate must be a positive int \(Hz\), got 0"),
+    (lambda: ResampleConfig(orig_rate=16000, target_rate=8000, stochastic=True), ValueError,
+     r"ResampleConfig\(stochastic=True\): resampling draws nothing"),
+    (lambda: GainConfig(field=""), ValueError, r"GainConfig.field must be a non-empty field name, got ''"),
+    (lambda: GainConfig(out_field=""), ValueError, r"GainConfig.out_field must be a non-empty field name or None"),
+    (lambda: GainOperator(GainConfig(stochastic=False, learnable=("max_delta_db",))), ValueError,
+     r"GainConfig.learnable names \['max_delta_db'\], which are not learnable magnitudes"),
+    (lambda: GainOperator(GainConfig(stochastic=True)), ValueError, r"GainOperator is stochastic but got rngs=None"),
+    (lambda: GainOperator(AddNoiseConfig()), TypeError, r"GainOperator takes a GainConfig, got AddNoiseConfig"),
+    (lambda: GainOperator(GainConfig(max_delta_db=0.0, learnable=True), rngs=nnx.Rngs(0)), ValueError,
+     r"learnable GainConfig.max_delta_db must lie strictly inside \(0.0, 60.0\), got 0.0"),
+    (lambda: waveform.time_shift(jnp.zeros(4), 1.0, "edge"), ValueError, r"mode must be one of .*'edge'"),
+    (lambda: waveform.crop_or_pad(jnp.zeros(4), 0, 0), ValueError, r"length must be a positive int \(samples\), got 0"),
+    (lambda: waveform.add_noise(jnp.zeros(4), jnp.zeros(5), 0.0), ValueError, r"noise must have the signal's shape \(4,\), got \(5,\)"),
+    (lambda: waveform.aligned_offset(10, 5, "middle"), ValueError, r"align must be one of .*'middle'"),
+])
+def test_errors_name_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_operator_rejects_missing_field_and_integer_audio():
+    gain = GainOperator(GainConfig(stochastic=False))
+    ctx = BatchContext.for_batch(2)
+    with pytest.raises(KeyError, match=r"GainOperator reads field 'audio', but the record has fields \['wav'\]"):
+        gain(Element({"wav": jnp.zeros((2, 8))}), ctx)
+    with pytest.raises(TypeError, match=r"expects a float array in field 'audio', got dtype int16; convert first"):
+        gain(Element({"audio": jnp.zeros((2, 8), jnp.int16)}), ctx)
+    with pytest.raises(ValueError, match=r"expects field 'audio' to hold one waveform \(..., time\) per record"):
+        gain(Element({"audio": jnp.zeros((2,))}), ctx)

@@ -1,0 +1,163 @@
+"""Real multi-process runs through `jax.distributed` on this machine (CPU devices, gloo collectives).
+
+Each test starts N worker processes (`multihost_worker.py`) and checks them against a
+single-process run of the same pipeline in this test process:
+
+* union: the rows the processes hold in step s, put together, are the single-process batch s
+  (records, augmented values and order), with every process running the same number of steps;
+* a jitted reduction over each global batch sees every process's rows;
+* elastic resume: a checkpoint written by 1 process continues the same stream on N processes,
+  and one written by N processes continues it on 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+import multihost_worker as worker
+from datarax.checkpoint import IteratorRestore, IteratorSave
+from datarax.sharding import DataSharding
+
+WORKER = Path(worker.__file__)
+LAUNCH_TIMEOUT_S = 150
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(tmp_path: Path, num_processes: int, devices_per_process: int, extra: list[str]) -> list[dict]:
+    """Runs the worker on `num_processes` processes and returns each one's results."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
+    port, out = free_port(), tmp_path / "result"
+    procs, logs = [], []
+    try:
+        for i in range(num_processes):
+            log = open(tmp_path / f"worker{i}.log", "w")
+            logs.append(log)
+            cmd = [sys.executable, str(WORKER), "--port", str(port), "--num-processes", str(num_processes),
+                   "--process-id", str(i), "--out", str(out), *extra]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True, cwd=WORKER.parent))
+        for p in procs:
+            p.wait(timeout=LAUNCH_TIMEOUT_S)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+        for log in logs:
+            log.close()
+    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        tail = (tmp_path / f"worker{failed[0]}.log").read_text()[-3000:]
+        pytest.fail(f"worker processes {failed} exited with {[procs[i].returncode for i in failed]}:\n{tail}")
+    return [json.loads(Path(f"{out}.{i}.json").read_text()) for i in range(num_processes)]
+
+
+def reference() -> list[dict]:
+    """The single-process, unsharded stream: short final batches, no mask."""
+    batches = list(worker.build().epochs(worker.EPOCHS))
+    return [{"id": np.asarray(b["id"]), "x": np.asarray(b["x"])} for b in batches]
+
+
+def assemble(results: list[dict], phase: str, step: int) -> dict:
+    """The global batch of `step` put together from every process's rows."""
+    rows: dict[int, dict] = {}
+    for result in results:
+        part = result[phase][step]
+        for i, r in enumerate(part["rows"]):
+            rows.setdefault(r, {k: part[k][i] for k in ("id", "x", "mask")})
+    assert sorted(rows) == list(range(worker.BATCH)), f"step {step}: the processes hold rows {sorted(rows)}"
+    return {k: np.array([rows[r][k] for r in range(worker.BATCH)]) for k in ("id", "x", "mask")}
+
+
+def check_stream(results: list[dict], phase: str, want: list[dict]) -> None:
+    lengths = {len(r[phase]) for r in results}
+    assert lengths == {len(want)}, f"{phase}: processes ran {lengths} steps, the single-process stream has {len(want)}"
+    for step, ref in enumerate(want):
+        got = assemble(results, phase, step)
+        mask = got["mask"].astype(bool)
+        np.testing.assert_array_equal(got["id"][mask], ref["id"])
+        np.testing.assert_array_equal(got["x"][mask].astype(np.float32), ref["x"])
+        assert not mask[len(ref["id"]):].any() and mask[:len(ref["id"])].all()
+        totals = {r[phase][step]["total"] for r in results}
+        assert totals == {int(ref["id"].sum())}, f"{phase} step {step}: global reductions {totals}"
+
+
+def single_process_save(directory: Path, steps: int) -> dict:
+    """Runs `steps` steps in this (single) process over its 8 devices and saves the iterator."""
+    it = worker.build(DataSharding.data_parallel()).epochs(worker.EPOCHS)
+    for _ in range(steps):
+        next(it)
+    with ocp.CheckpointManager(directory) as mngr:
+        mngr.save(steps, args=ocp.args.Composite(iterator=IteratorSave(it)), force=True)
+    state = it.get_state()
+    it.close()
+    return state
+
+
+def single_process_resume(directory: Path) -> list[dict]:
+    it = worker.build(DataSharding.data_parallel()).epochs(worker.EPOCHS)
+    with ocp.CheckpointManager(directory) as mngr:
+        mngr.restore(mngr.latest_step(), args=ocp.args.Composite(iterator=IteratorRestore(it)))
+    rest = []
+    for batch in it:
+        mask = np.asarray(batch["mask"])
+        rest.append({"id": np.asarray(batch["id"])[mask], "x": np.asarray(batch["x"])[mask]})
+    return rest
+
+
+CASES = [
+    # (processes, devices per process, mesh, extra worker flags)
+    pytest.param(2, 2, "data", [], id="2proc-device-resident-1d-mesh"),
+    pytest.param(4, 2, "data,model", ["--host-resident"], id="4proc-host-resident-2d-mesh"),
+]
+
+
+@pytest.mark.parametrize("num_processes,devices,mesh,extra", CASES)
+def test_multihost_union_augmentation_and_elastic_resume(tmp_path, num_processes, devices, mesh, extra):
+    want = reference()
+    save_one, save_many = 2, 5
+    one_state = single_process_save(tmp_path / "by_one", save_one)
+    results = launch(tmp_path, num_processes, devices, [
+        "--mesh", mesh, *extra, "--save-at", str(save_many), "--save-dir", str(tmp_path / "by_many"),
+        "--restore-dir", str(tmp_path / "by_one")])
+
+    assert [r["process_index"] for r in results] == list(range(num_processes))
+    assert {r["process_count"] for r in results} == {num_processes}
+    assert {r["steps_per_epoch"] for r in results} == {len(worker.build())}
+    # The state is global: the fingerprint does not depend on the process count or layout.
+    assert {r["fingerprint"] for r in results} == {worker.build().fingerprint}
+    check_stream(results, "fresh", want)
+
+    # 1 -> N: the processes continue the single process's stream.
+    assert {r["restored_step"] for r in results} == {save_one}
+    check_stream(results, "resumed", want[save_one:])
+
+    # N -> 1: every process saved the same state, and one process continues from it.
+    states = [r["saved_state"] for r in results]
+    assert all(s == states[0] for s in states)
+    assert states[0]["fingerprint"] == one_state["fingerprint"]
+    files = sorted(p.name for p in (tmp_path / "by_many").rglob("process_*-of-*.json"))
+    assert files == [f"process_{i}-of-{num_processes}.json" for i in range(num_processes)]
+    rest = single_process_resume(tmp_path / "by_many")
+    assert len(rest) == len(want) - save_many
+    for got, ref in zip(rest, want[save_many:]):
+        np.testing.assert_array_equal(got["id"], ref["id"])
+        np.testing.assert_array_equal(got["x"], ref["x"])
+

@@ -1,0 +1,139 @@
+import sys
+
+import numpy as np
+import pytest
+from source_checks import check_exact_resume, check_shuffled_coverage
+
+from datarax import Pipeline
+from datarax.sources._columns import UnsupportedColumnError
+from datarax.sources._records import RecordFormatError, decode_record, encode_record
+from datarax.sources.array_record import ArrayRecordSource, ArrayRecordSourceConfig, write_array_records
+
+ar = pytest.importorskip("array_record.python.array_record_module")
+
+N = 300
+FIELDS = [  # (name, shape, dtype): a table of layouts the record format must round-trip
+    ("u8_image", (4, 5, 3), np.uint8),
+    ("i64_scalar", (), np.int64),
+    ("f32_vector", (7,), np.float32),
+    ("bool_flag", (), np.bool_),
+    ("i16_matrix", (2, 3), np.int16),
+]
+
+
+def make_data(n: int = N) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    data = {"id": np.arange(n, dtype=np.int64)}
+    for name, shape, dtype in FIELDS:
+        data[name] = (rng.random((n,) + shape) * 100).astype(dtype)
+    return data
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return write_array_records(tmp_path_factory.mktemp("ar") / "train", make_data(), num_shards=3)
+
+
+@pytest.mark.parametrize("name,shape,dtype", FIELDS)
+def test_record_roundtrip_per_record(name, shape, dtype):
+    value = (np.arange(int(np.prod(shape))).reshape(shape) % 7).astype(dtype)
+    back = decode_record(encode_record({name: value, "k": np.int32(3)}))
+    np.testing.assert_array_equal(back[name], value)
+    assert back[name].dtype == dtype and back[name].shape == shape and back["k"].shape == ()
+
+
+def test_batch_reads_match_numpy_gather_across_files(files):
+    data = make_data()
+    src = ArrayRecordSource(paths=files)
+    assert len(src) == N
+    idx = np.array([[0, 299, 100], [101, 5, 200]])  # spans all three files, 2-D
+    got = src.get_batch(idx)
+    for k, v in data.items():
+        np.testing.assert_array_equal(got[k], v[idx])
+    # reused buffers: a second read into the same `out` overwrites them in place
+    out = src.get_batch(np.arange(8))
+    again = src.get_batch(np.arange(8, 16), out=out)
+    assert again is out
+    np.testing.assert_array_equal(out["f32_vector"], data["f32_vector"][8:16])
+
+
+def test_glob_pattern_and_spec(files):
+    src = ArrayRecordSource(paths=str(files[0]).replace("00000-of", "*-of"))
+    spec = src.element_spec()
+    assert len(src) == N and spec["u8_image"].shape == (4, 5, 3) and spec["bool_flag"].dtype == np.bool_
+
+
+def test_pipeline_full_epoch_coverage_under_shuffle(files):
+    make = lambda: Pipeline(ArrayRecordSource(ArrayRecordSourceConfig(shuffle=True, seed=3), paths=files),
+                            batch_size=64)
+    check_shuffled_coverage(make, "id", np.arange(N))
+
+
+def test_pipeline_exact_resume_mid_epoch(files):
+    make = lambda: Pipeline(ArrayRecordSource(ArrayRecordSourceConfig(shuffle=True, seed=5), paths=files),
+                            batch_size=32)
+    check_exact_resume(make, "u8_image", seed=11)
+
+
+def test_user_decode_for_foreign_records(tmp_path):
+    path = str(tmp_path / "raw.array_record")
+    writer = ar.ArrayRecordWriter(path, "group_size:1")
+    for i in range(40):
+        writer.write(f"{i},{i * i}".encode())
+    writer.close()
+
+    def parse(record: bytes) -> dict:
+        a, b = record.decode().split(",")
+        return {"a": np.int32(a), "b": np.array([int(b)], np.int64)}
+
+    src = ArrayRecordSource(paths=path, decode=parse)
+    batch = src.get_batch(np.array([3, 39]))
+    np.testing.assert_array_equal(batch["a"], [3, 39])
+    np.testing.assert_array_equal(batch["b"], [[9], [1521]])
+    with pytest.raises(RecordFormatError, match="is not a datarax fixed-layout record.*pass decode=fn"):
+        ArrayRecordSource(paths=path)
+
+
+def test_records_with_different_layouts_are_rejected(tmp_path):
+    path = str(tmp_path / "mixed.array_record")
+    records = [encode_record({"x": np.zeros(3, np.float32)}), encode_record({"x": np.zeros(4, np.float32)}),
+               encode_record({"x": np.ones(3, np.int32)})]
+    writer = ar.ArrayRecordWriter(path, "group_size:1")
+    for record in records:
+        writer.write(record)
+    writer.close()
+    src = ArrayRecordSource(paths=path)
+    with pytest.raises(RecordFormatError, match=f"record 1 of the batch is {len(records[1])} bytes, the dataset's "
+                                                f"records are {len(records[0])}.*same fields, dtypes and shapes"):
+        src.get_batch(np.array([0, 1]))
+    with pytest.raises(RecordFormatError, match="record 1 of the batch has a different layout"):
+        src.get_batch(np.array([0, 2]))
+
+
+def test_missing_file_error(tmp_path):
+    missing = str(tmp_path / "nope.array_record")
+    with pytest.raises(FileNotFoundError, match=r"ArrayRecordSource paths: '.*nope.array_record' does not exist"):
+        ArrayRecordSource(paths=missing)
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        ArrayRecordSource(paths=str(tmp_path / "*.array_record"))
+
+
+def test_missing_package_error_names_the_extra(monkeypatch, files):
+    monkeypatch.setitem(sys.modules, "array_record.python.array_record_module", None)
+    with pytest.raises(ImportError, match=r"ArrayRecordSource needs the `array_record` package: "
+                                          r"pip install 'datarax\[data\]'"):
+        ArrayRecordSource(paths=files)
+
+
+def test_unsupported_field_error():
+    with pytest.raises(UnsupportedColumnError, match="fields {'name': '<U3'} are not numeric"):
+        encode_record({"name": np.array("abc"), "x": np.int32(1)})
+
+
+def test_bad_config_and_args(files):
+    with pytest.raises(TypeError, match="ArrayRecordSourceConfig.shuffle must be True or False, got 1"):
+        ArrayRecordSourceConfig(shuffle=1)
+    with pytest.raises(ValueError, match="write_array_records num_shards must be an int >= 1, got 0"):
+        write_array_records("/tmp/unused", {"x": np.arange(3)}, num_shards=0)
+    with pytest.raises(TypeError, match="decode must be a function"):
+        ArrayRecordSource(paths=files, decode="json")

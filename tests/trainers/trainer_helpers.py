@@ -1,0 +1,78 @@
+"""Small shared set-ups (imported by the tests in this folder) for the trainer tests: a linear classifier on 4-d points, or the demo CNN."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from datarax import Pipeline
+from datarax.core.element import Element
+from datarax.core.operator import OperatorConfig, PerRecordOperator
+from datarax.sources import MemorySource, MemorySourceConfig
+
+
+class Jitter(PerRecordOperator):
+    """Adds noise of learnable strength sigmoid(p) to x: stochastic and differentiable."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.p = nnx.Param(jnp.asarray(0.0))
+        self._init_rng(OperatorConfig(stochastic=True), rngs)
+
+    def apply_element(self, element: Element, key: jax.Array) -> Element:
+        x = element.data["x"]
+        return element.update_data({"x": x + jax.nn.sigmoid(self.p[...]) * jax.random.normal(key, x.shape)})
+
+
+def points(num: int = 64, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, num).astype(np.int32)
+    x = (rng.normal(size=(num, 4)) + np.eye(3, 4)[y] * 2).astype(np.float32)
+    return {"x": x, "y": y}
+
+
+def loss_fn(model, batch):
+    logits = model(batch["x"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), logits
+
+
+METRICS = {"accuracy": lambda batch, logits: (logits.argmax(-1) == batch["y"]).mean()}
+
+
+@dataclasses.dataclass
+class Setup:
+    model: nnx.Module
+    pipeline: Pipeline
+    eval_pipeline: Pipeline
+
+
+def make_setup(*, batch_size: int = 8, num_records: int = 64, seed: int = 0, source=None,
+               drop_remainder: bool = True) -> Setup:
+    source = source if source is not None else MemorySource(MemorySourceConfig(shuffle=True, seed=seed + 5),
+                                                            data=points(num_records, seed))
+    pipeline = Pipeline(source, [Jitter(rngs=nnx.Rngs(seed + 1))], batch_size=batch_size,
+                        drop_remainder=drop_remainder)
+    eval_pipeline = Pipeline(MemorySource(data=points(20, seed + 9)), batch_size=8)
+    return Setup(nnx.Linear(4, 3, rngs=nnx.Rngs(seed)), pipeline, eval_pipeline)
+
+
+def _host(x) -> np.ndarray:
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    return np.asarray(x)
+
+
+def leaves(module) -> list[np.ndarray]:
+    return [_host(x) for x in jax.tree.leaves(nnx.to_pure_dict(nnx.state(module)))]
+
+
+def assert_bitwise_equal(a, b) -> None:
+    la, lb = leaves(a), leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)

@@ -1,0 +1,71 @@
+"""LearningRateLogger: adds the learning rate to each step's logged metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from trainers.callbacks.base import Callback, StepLogs
+
+if TYPE_CHECKING:
+    from trainers.trainer import Trainer
+
+
+def find_learning_rate(optimizer: nnx.Optimizer) -> nnx.Variable | None:
+    """The `learning_rate` hyperparameter Variable of an `optax.inject_hyperparams` optimizer."""
+    for path, value in nnx.iter_graph(optimizer):
+        if isinstance(value, nnx.Variable) and path and path[-1] == "learning_rate" and "hyperparams" in path:
+            return value
+    return None
+
+
+class LearningRateLogger(Callback):
+    """Puts `learning_rate` into `logs.metrics`, so `MetricLogger` writes it as `train/learning_rate`.
+
+    With `schedule` (the optax schedule given to the optimizer) the rate of step s is
+    `schedule(s - 1)`, computed on the host. Without it the optimizer must be built with
+    `optax.inject_hyperparams`; the value is then copied on the device every step and read one
+    step late, like every metric, so it never forces a sync.
+    """
+
+    order = -10  # before MetricLogger writes the logs
+
+    def __init__(self, schedule: Callable[[Any], Any] | None = None):
+        if schedule is not None and not callable(schedule):
+            raise TypeError(f"schedule must be an optax schedule (callable on the step count), got {schedule!r:.80}")
+        self.schedule = schedule
+        self._variable = None
+        self._pending = None
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self._pending = None
+        if self.schedule is None:
+            self._variable = find_learning_rate(trainer.optimizer)
+            if self._variable is None:
+                raise ValueError("LearningRateLogger found no learning_rate in the optimizer state; pass "
+                                 "schedule=<the optax schedule>, or build the optimizer with "
+                                 "optax.inject_hyperparams(optax.adam)(learning_rate=...)")
+
+    def _value(self, step: int) -> float | None:
+        if self.schedule is not None:
+            return float(self.schedule(step - 1))
+        pending, self._pending = self._pending, None
+        return None if pending is None else float(pending)
+
+    def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
+        if logs.metrics:
+            value = self._value(logs.metrics_step)
+            if value is not None:
+                logs.metrics["learning_rate"] = value
+        if self.schedule is None:
+            # A copy: the next step donates (deletes) the optimizer's own array.
+            self._pending = jnp.copy(self._variable.get_value())
+
+    def on_train_end(self, trainer: Trainer, logs: StepLogs) -> None:
+        if logs.metrics and logs.metrics_step is not None:
+            value = self._value(logs.metrics_step)
+            if value is not None:
+                logs.metrics["learning_rate"] = value

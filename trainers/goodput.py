@@ -1,0 +1,190 @@
+"""Goodput accounting: where the wall time of a training run went, measured honestly.
+
+Under asynchronous dispatch the host blocks in next() even while the device is busy, so time in
+next() is not a stall. The stall is *exposed device idle*: for each step i, the gap between
+step i-1's result being ready (seen by a watcher thread) and step i being dispatched. Every idle
+stretch of the run is attributed to what the host was doing meanwhile: waiting in next() (a
+data stall), compiling, checkpointing, evaluating, fetching the first batch, or anything else.
+
+    wall = goodput (device busy with steps) + data_stall + first_batch + compile
+           + checkpoint_save + checkpoint_restore + eval + other
+
+`steady` figures cover the steps after the first (from step 1's result to the last result),
+so start-up costs do not drown the per-step picture; `window` covers the last N steps.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+import numpy as np
+
+BUCKETS = ("goodput", "data_stall", "first_batch", "compile", "checkpoint_save", "checkpoint_restore",
+           "eval", "other")
+INPUT_BOUND_PCT = 10.0
+_FIELDS = ("step", "batch_size", "next_begin", "next_end", "dispatched", "ready", "compile")
+
+
+def _overlap(starts: np.ndarray, ends: np.ndarray, begin: float, end: float) -> float:
+    """Total overlap of [begin, end] with sorted disjoint segments [starts, ends]."""
+    lo = np.searchsorted(ends, begin, side="right")
+    hi = np.searchsorted(starts, end, side="left")
+    if hi <= lo:
+        return 0.0
+    s, e = starts[lo:hi], ends[lo:hi]
+    return float(np.clip(np.minimum(e, end) - np.maximum(s, begin), 0.0, None).sum())
+
+
+def _pct(part: float, whole: float) -> float:
+    return 100.0 * part / whole if whole > 0 else 0.0
+
+
+class GoodputLedger:
+    """Per-step timings and host intervals of one run (all times from `time.perf_counter()`).
+
+    Compact (a few floats per step in `array`s), filled by `GoodputMonitor`, summarised by
+    `summary()`.
+    """
+
+    def __init__(self, window: int = 100):
+        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+            raise ValueError(f"window must be an int >= 2 (steps in the rolling window), got {window!r}")
+        self.window = window
+        self.begin: float | None = None
+        self.end: float | None = None
+        self.steps = {name: array("d") for name in _FIELDS}
+        self.intervals: list[tuple[str, float, float]] = []
+
+    def __len__(self) -> int:
+        return len(self.steps["step"])
+
+    def start(self, now: float) -> None:
+        self.begin = now
+
+    def finish(self, now: float) -> None:
+        self.end = now
+
+    def add_step(self, step: int, batch_size: int, next_begin: float, next_end: float, dispatched: float,
+                 compile_seconds: float) -> int:
+        """Records a dispatched step; returns its index for `set_ready`."""
+        for name, value in zip(_FIELDS, (step, batch_size, next_begin, next_end, dispatched, math.nan,
+                                         compile_seconds)):
+            self.steps[name].append(value)
+        if compile_seconds > 0:
+            self.intervals.append(("compile", dispatched - compile_seconds, dispatched))
+        return len(self) - 1
+
+    def set_ready(self, index: int, now: float) -> None:
+        self.steps["ready"][index] = now
+
+    def add_interval(self, kind: str, begin: float, end: float) -> None:
+        if kind not in BUCKETS:
+            raise ValueError(f"interval kind must be one of {BUCKETS}, got {kind!r}")
+        self.intervals.append((kind, begin, end))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The per-step fields as numpy arrays, cut to the steps whose result time is known."""
+        out = {name: np.frombuffer(values, dtype=np.float64).copy() for name, values in self.steps.items()}
+        known = ~np.isnan(out["ready"])
+        count = int(np.argmin(known)) if not known.all() else len(known)
+        return {name: values[:count] for name, values in out.items()}
+
+    def summary(self) -> dict:
+        """Totals, badput buckets, steady-state and rolling-window figures, rates and a diagnosis."""
+        a = self.arrays()
+        n = len(a["step"])
+        begin = self.begin if self.begin is not None else (a["next_begin"][0] if n else 0.0)
+        end = self.end if self.end is not None else (a["ready"][-1] if n else begin)
+        if n == 0:
+            wall = max(end - begin, 0.0)
+            buckets = {k: 0.0 for k in BUCKETS}
+            buckets["other"] = wall
+            return {"steps": 0, "wall_s": wall, "buckets_s": buckets,
+                    "buckets_pct": {k: _pct(v, wall) for k, v in buckets.items()},
+                    "steady": {}, "window": {}, "diagnosis": "no steps completed", "per_step": {}}
+        ready, dispatched = a["ready"], a["dispatched"]
+        prev_ready = np.concatenate([[-np.inf], ready[:-1]])
+        busy = ready - np.maximum(dispatched, prev_ready)
+        gap = np.clip(dispatched - prev_ready, 0.0, None)
+        gap[0] = 0.0
+        stall = np.clip(np.minimum(dispatched, a["next_end"]) - np.maximum(prev_ready, a["next_begin"]), 0.0, None)
+        stall[0] = 0.0
+        # Idle segments in time order: start-up, the gaps between steps, the tail.
+        starts = np.concatenate([[begin], prev_ready[1:], [ready[-1]]])
+        ends = np.concatenate([[dispatched[0]], dispatched[1:], [max(end, ready[-1])]])
+        keep = ends > starts
+        starts, ends = starts[keep], ends[keep]
+        buckets = {k: 0.0 for k in BUCKETS}
+        buckets["goodput"] = float(busy.sum())
+        buckets["data_stall"] = float(stall.sum())
+        buckets["first_batch"] = _overlap(starts, ends, a["next_begin"][0], a["next_end"][0])
+        for kind, b, e in self.intervals:
+            buckets[kind] += _overlap(starts, ends, b, e)
+        wall = max(end - begin, float(ready[-1] - begin))
+        buckets["other"] = max(wall - sum(v for k, v in buckets.items() if k != "other"), 0.0)
+        per_step = {"step": a["step"].astype(int), "batch_size": a["batch_size"].astype(int),
+                    "host_next_s": a["next_end"] - a["next_begin"], "exposed_idle_s": gap, "data_stall_s": stall,
+                    "step_time_s": busy, "compile_s": a["compile"]}
+        steady = self._span_stats(per_step, 1, n)
+        window = self._span_stats(per_step, max(1, n - self.window), n)
+        return {
+            "steps": n, "wall_s": wall,
+            "buckets_s": buckets, "buckets_pct": {k: _pct(v, wall) for k, v in buckets.items()},
+            "first_batch_s": float(a["next_end"][0] - a["next_begin"][0]),
+            "compile_s": float(a["compile"].sum()),
+            "checkpoint_save_s": sum(e - b for k, b, e in self.intervals if k == "checkpoint_save"),
+            "checkpoint_restore_s": sum(e - b for k, b, e in self.intervals if k == "checkpoint_restore"),
+            "host_next_s": float(per_step["host_next_s"].sum()),
+            "steady": steady, "window": window,
+            "diagnosis": diagnose(steady, buckets, wall),
+            "per_step": per_step,
+        }
+
+    @staticmethod
+    def _span_stats(per_step: dict, lo: int, hi: int) -> dict:
+        """Figures over steps [lo, hi), each measured from the previous step's result."""
+        if hi - lo < 1:
+            return {}
+        busy = float(per_step["step_time_s"][lo:hi].sum())
+        idle = float(per_step["exposed_idle_s"][lo:hi].sum())
+        stall = float(per_step["data_stall_s"][lo:hi].sum())
+        host = float(per_step["host_next_s"][lo:hi].sum())
+        elements = float(per_step["batch_size"][lo:hi].sum())
+        span = busy + idle
+        return {
+            "steps": hi - lo, "span_s": span, "elements": elements,
+            "goodput_pct": _pct(busy, span), "exposed_idle_pct": _pct(idle, span),
+            "data_stall_pct": _pct(stall, span), "host_next_pct": _pct(host, span),
+            "step_time_s": busy / (hi - lo), "exposed_idle_s": idle / (hi - lo),
+            "data_stall_s": stall / (hi - lo), "host_next_s": host / (hi - lo),
+            "step_consumes_el_s": elements / busy if busy > 0 else math.inf,
+            "pipeline_delivers_el_s": elements / (busy + stall) if busy + stall > 0 else math.inf,
+            "achieved_el_s": elements / span if span > 0 else math.inf,
+        }
+
+
+def _rate(x: float) -> str:
+    return "inf" if not math.isfinite(x) else f"{x:,.0f}"
+
+
+def diagnose(steady: dict, buckets: dict, wall: float) -> str:
+    """One plain-language line: input-bound or compute-bound, with the numbers behind it."""
+    if not steady:
+        return "too few steps to tell (need at least 2)"
+    stall = steady["data_stall_pct"]
+    if stall >= INPUT_BOUND_PCT:
+        text = (f"input-bound: the device was idle {stall:.0f}% of wall time waiting for data; the pipeline "
+                f"delivers {_rate(steady['pipeline_delivers_el_s'])} el/s, the step consumes "
+                f"{_rate(steady['step_consumes_el_s'])} el/s")
+    else:
+        text = (f"compute-bound: exposed data stall {stall:.1f}%; the step consumes "
+                f"{_rate(steady['step_consumes_el_s'])} el/s and the pipeline keeps up")
+        if steady["host_next_pct"] >= stall + 10:
+            text += (f" (the host waited in next() {steady['host_next_pct']:.0f}% of the time, overlapped with "
+                     "device work, so it is not a stall)")
+    other = {k: v for k, v in buckets.items() if k not in ("goodput", "data_stall")}
+    worst = max(other, key=other.get)
+    if wall > 0 and other[worst] / wall >= 0.10:
+        text += f"; largest other badput: {worst} {100 * other[worst] / wall:.0f}% of the run's wall time"
+    return text
