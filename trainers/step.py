@@ -32,7 +32,7 @@ class VariableBinding:
 
     def __init__(self, root: nnx.Module):
         self.graphdef, state = nnx.split(root)
-        self.paths = [path for path, _ in state.flat_state()]
+        self.paths = [path for path, _ in nnx.to_flat_state(state)]
         by_path = {path: v for path, v in nnx.iter_graph(root) if isinstance(v, nnx.Variable)}
         self.variables = [by_path[path] for path in self.paths]
 
@@ -45,11 +45,11 @@ class VariableBinding:
 
     def merge(self, values: list) -> nnx.Module:
         """A copy of the root module holding `values` (used inside the traced step)."""
-        return nnx.merge(self.graphdef, nnx.State.from_flat_path(list(zip(self.paths, values))))
+        return nnx.merge(self.graphdef, nnx.from_flat_state(list(zip(self.paths, values))))
 
     def values_of(self, root: nnx.Module) -> list:
         """The values of a merged copy, in this binding's order."""
-        flat = nnx.state(root).flat_state()
+        flat = nnx.to_flat_state(nnx.state(root))
         paths = [path for path, _ in flat]
         if paths != self.paths:
             raise RuntimeError(f"the training state changed structure inside the step: {len(paths)} variables "

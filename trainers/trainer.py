@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -185,7 +186,8 @@ class Trainer:
         """Trains until `num_steps` total steps (or `num_epochs` total epochs) are done.
 
         Totals count from the start of training, so a resumed run stops where an uninterrupted
-        one would. SIGTERM/SIGINT stop the loop after the current step; checkpoint callbacks then
+        one would. The step donates the training state's buffers: arrays taken from the model or
+        optimizer *during* training are invalidated by the next step (copy what you keep). SIGTERM/SIGINT stop the loop after the current step; checkpoint callbacks then
         save, and `fit` returns normally with `stop_reason` set.
         """
         target = self._target(num_steps, num_epochs)
@@ -193,6 +195,9 @@ class Trainer:
         self.fit_began_at = time.perf_counter()
         self.stop_reason = None
         iterator = self.iterator
+        # The step donates its inputs; train on copies so arrays the caller still holds (e.g. the
+        # initial parameters) stay valid. Arrays read from the modules during training do not.
+        self._binding.assign([jnp.copy(v) for v in self._binding.values()])
         try:
             with _StopOnSignals(self):
                 self.callbacks("on_train_begin", self)

@@ -23,6 +23,7 @@ separate, unpadded step, as in the loop.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +92,11 @@ def _chunks(steps: list[tuple[int, int, int]], batch_size: int, k: int) -> list[
     return chunks
 
 
+def _indices(p: Pipeline, epoch: int, position: int) -> np.ndarray:
+    positions = np.minimum(np.arange(position, position + p.batch_size), len(p.sampler) - 1)
+    return p.sampler.indices(positions, epoch).astype(np.int32)
+
+
 class ScanRunner:
     """Runs `train_step` over a pipeline iterator, `steps_per_call` steps per compiled call.
 
@@ -127,11 +133,11 @@ class ScanRunner:
         self.raw = raw
         self._compiled: list[tuple[Any, Callable, Callable]] = []
 
-    def _functions(self, graphdef) -> tuple[Callable, Callable]:
-        """The jitted scan and short-step functions for this module structure (built once)."""
-        for known, scan_fn, short_fn in self._compiled:
+    def _functions(self, graphdef) -> tuple[Callable, Callable, Callable]:
+        """The step, and the jitted scan and short-step functions, for this module structure (built once)."""
+        for known, *functions in self._compiled:
             if known == graphdef:
-                return scan_fn, short_fn
+                return tuple(functions)
 
         def step(state, arrays, idx, meta, num_valid=None):
             program, *modules = nnx.merge(graphdef, state)
@@ -149,21 +155,37 @@ class ScanRunner:
             out = self.train_step(*modules, batch)
             return nnx.split((program, *modules))[1], out
 
-        def scan_fn(state, arrays, idx, meta):
-            return jax.lax.scan(lambda s, x: step(s, arrays, *x), state, (idx, meta))
+        def scan_fn(state, arrays, idx, meta, valid):
+            # Every call scans exactly K steps, so an epoch's remainder chunk reuses the same
+            # compiled program; padding steps are skipped by the cond and return zeros.
+            def body(carry, x):
+                i, m, v = x
+                run = lambda c: step(c, arrays, i, m)  # noqa: E731
+                out_spec = jax.eval_shape(run, carry)[1]
+                skip = lambda c: (c, jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), out_spec))  # noqa: E731
+                return jax.lax.cond(v, run, skip, carry)
 
-        scan_fn = jax.jit(scan_fn)
-        short_fn = jax.jit(step, static_argnames="num_valid")
-        self._compiled.append((graphdef, scan_fn, short_fn))
-        return scan_fn, short_fn
+            return jax.lax.scan(body, state, (idx, meta, valid))
 
-    def run(self, iterator: PipelineIterator, *modules: nnx.Module, num_steps: int | None = None) -> Any:
+        functions = (step, jax.jit(scan_fn), jax.jit(step, static_argnames="num_valid"))
+        self._compiled.append((graphdef, *functions))
+        return functions
+
+    def _arrays(self, p: Pipeline, chunk: list[tuple[int, int, int]]) -> tuple[np.ndarray, ...]:
+        """Indices int32[K, B], meta int32[K, 3] and valid bool[K] of a chunk, padded to K steps."""
+        steps = chunk + [chunk[-1]] * (self.steps_per_call - len(chunk) if chunk[0][2] == p.batch_size else 0)
+        idx = np.stack([_indices(p, e, pos) for e, pos, _ in steps])
+        meta = np.array([(pos, e, n) for e, pos, n in steps], np.int32)  # the pipeline's meta layout
+        return idx, meta, np.arange(len(steps)) < len(chunk)
+
+    def run(self, iterator: PipelineIterator, *modules: nnx.Pytree, num_steps: int | None = None) -> Any:
         """Runs the step over the iterator's next batches and returns its outputs, stacked per step.
 
         Args:
             iterator: a pipeline iterator (e.g. `iter(pipeline)` for one epoch) over a
                 device-resident source; it is advanced as a Python loop would advance it.
-            *modules: the NNX modules the step takes before the batch, updated in place.
+            *modules: the NNX objects (modules, optimizers) the step takes before the batch,
+                updated in place.
             num_steps: how many steps to run; None runs until the iterator ends.
 
         Returns:
@@ -187,23 +209,27 @@ class ScanRunner:
             raise ValueError("this iterator is endless (pipeline.epochs(None)), so run() needs num_steps=...; or "
                              "iterate one epoch with iter(pipeline)")
         for i, m in enumerate(modules):
-            if not isinstance(m, nnx.Module):
-                raise TypeError(f"modules[{i}] must be an nnx.Module (the step's model, optimizer, ...), got "
+            if not isinstance(m, nnx.Pytree):
+                raise TypeError(f"modules[{i}] must be an NNX object (an nnx.Module or nnx.Optimizer), got "
                                 f"{describe(m)}; pass the batch-independent arguments as modules")
         carried = (p.program, *modules)
         graphdef, state = nnx.split(carried)
-        scan_fn, short_fn = self._functions(graphdef)
+        step, scan_fn, short_fn = self._functions(graphdef)
+        chunks = _chunks(_plan(iterator, num_steps), p.batch_size, self.steps_per_call)
+        full = next((c for c in chunks if c[0][2] == p.batch_size), None)
+        short = next((c for c in chunks if c[0][2] < p.batch_size), None)
+        if full and short:
+            _check_output_shapes(step, state, arrays, self._arrays(p, full), self._arrays(p, short))
         outputs = []
-        for chunk in _chunks(_plan(iterator, num_steps), p.batch_size, self.steps_per_call):
-            idx = np.stack([p.sampler.indices(np.minimum(np.arange(pos, pos + p.batch_size), len(p.sampler) - 1), e)
-                            for e, pos, _ in chunk]).astype(np.int32)
-            meta = np.array([(pos, e, n) for e, pos, n in chunk], np.int32)  # the pipeline's meta layout
+        for chunk in chunks:
+            idx, meta, valid = self._arrays(p, chunk)
             num_valid = chunk[0][2]
             if num_valid < p.batch_size:
                 state, out = short_fn(state, arrays, idx[0], meta[0], num_valid=num_valid)
                 out = jax.tree.map(lambda x: x[None], out)
             else:
-                state, out = scan_fn(state, arrays, idx, meta)
+                state, out = scan_fn(state, arrays, idx, meta, valid)
+                out = jax.tree.map(lambda x: x[:len(chunk)], out)
             nnx.update(carried, state)
             epoch, position, n = chunk[-1]
             _advance(iterator, epoch, position + n)
@@ -215,17 +241,24 @@ class ScanRunner:
 
 def _stack(outputs: list) -> Any:
     """Per-chunk outputs joined along the step axis."""
-    shapes = {tuple((x.shape[1:], str(x.dtype)) for x in jax.tree.leaves(o)) for o in outputs}
-    if len(shapes) > 1:
-        raise ValueError(
-            f"train_step outputs change shape between steps ({sorted(shapes)}), so they cannot be stacked per step: "
-            "the final short batch has fewer records. Return per-batch reductions (e.g. the mean loss), or build "
-            "the pipeline with drop_remainder=True"
-        )
     return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outputs) if len(outputs) > 1 else outputs[0]
 
 
-def scan_epoch(pipeline: Pipeline, train_step: Callable[..., Any], *modules: nnx.Module,
+def _check_output_shapes(step: Callable, state, arrays, full: tuple, short: tuple) -> None:
+    """Fails before running anything when the short batch would change the step's output shapes."""
+    spec = lambda out: [(x.shape, str(x.dtype)) for x in jax.tree.leaves(out[1])]  # noqa: E731
+    num_valid = int(short[1][0][2])
+    full_spec = spec(jax.eval_shape(step, state, arrays, full[0][0], full[1][0]))
+    short_spec = spec(jax.eval_shape(functools.partial(step, num_valid=num_valid), state, arrays, short[0][0], short[1][0]))
+    if full_spec != short_spec:
+        raise ValueError(
+            f"train_step outputs change shape between steps ({full_spec} for a full batch, {short_spec} for the "
+            f"final short batch of {num_valid} records), so they cannot be stacked per step. Return per-batch "
+            "reductions (e.g. the mean loss), or build the pipeline with drop_remainder=True"
+        )
+
+
+def scan_epoch(pipeline: Pipeline, train_step: Callable[..., Any], *modules: nnx.Pytree,
                steps_per_call: int | None = None, raw: bool = False) -> Any:
     """Runs `train_step` over the pipeline's next epoch in scanned chunks; returns per-step outputs.
 

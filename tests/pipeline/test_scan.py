@@ -49,9 +49,16 @@ class MLP(nnx.Module):
         return self.out(jax.nn.relu(self.hidden(x)))
 
 
+TEMPLATE = None
+
+
 def model_and_optimizer():
-    model = MLP(nnx.Rngs(0))
-    return model, nnx.Optimizer(model, optax.adam(0.05), wrt=nnx.Param)
+    """A fresh copy of one initial model and optimizer (initialising eagerly once keeps tests fast)."""
+    global TEMPLATE
+    if TEMPLATE is None:
+        model = MLP(nnx.Rngs(0))
+        TEMPLATE = (model, nnx.Optimizer(model, optax.sgd(0.2, momentum=0.9), wrt=nnx.Param))
+    return nnx.clone(TEMPLATE[0]), nnx.clone(TEMPLATE[1])
 
 
 def loss_of(model, batch):
@@ -70,53 +77,65 @@ def params(model):
 
 
 def assert_params_close(a, b):
-    for x, y in zip(params(a), params(b), strict=True):
+    for x, y in zip(params(a), b, strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
 
 
-def loop(iterator, model, optimizer, step=train_step):
-    jitted = nnx.jit(step)
-    return np.array([jitted(model, optimizer, batch) for batch in iterator])
+@pytest.fixture(scope="module")
+def reference():
+    """The per-step Python loop over two epochs: losses, batches, states after each step, final params."""
+    model, optimizer = model_and_optimizer()
+    step = nnx.jit(train_step)
+    it = make_pipeline().epochs(2)
+    out = {"loss": [], "batches": [], "states": []}
+    for batch in it:
+        out["loss"].append(float(step(model, optimizer, batch)))
+        out["batches"].append(jax.device_get(batch))
+        out["states"].append(it.get_state())
+    out["params"] = [np.asarray(x) for x in params(model)]
+    return out
+
+
+RUNNERS = {k: ScanRunner(train_step, steps_per_call=k) for k in (2, 5)}  # shared: one compile per K
 
 
 @pytest.mark.parametrize("steps_per_call", [2, 5])
-def test_scanned_epochs_match_the_per_step_loop(steps_per_call):
+def test_scanned_epochs_match_the_per_step_loop(reference, steps_per_call):
     # 37 records, batch 8: four full batches and a short one per epoch; two epochs in one iterator.
-    ref_model, ref_opt = model_and_optimizer()
-    want = loop(make_pipeline().epochs(2), ref_model, ref_opt)
     model, opt = model_and_optimizer()
     it = make_pipeline().epochs(2)
-    got = ScanRunner(train_step, steps_per_call=steps_per_call).run(it, model, opt)
-    assert got.shape == (10,)
-    np.testing.assert_allclose(got, want, rtol=1e-5)
-    assert_params_close(model, ref_model)
-    assert it.get_state() == dict(it.get_state(), epoch=1, position=37)
+    runner = RUNNERS[steps_per_call]
+    first = runner.run(it, model, opt, num_steps=7)  # stops mid-epoch 1, then picks up there
+    assert it.get_state() == reference["states"][6]
+    rest = runner.run(it, model, opt)
+    assert first.shape == (7,) and rest.shape == (3,)
+    np.testing.assert_allclose(np.concatenate([first, rest]), reference["loss"], rtol=1e-5)
+    assert_params_close(model, reference["params"])
+    assert it.get_state() == reference["states"][-1]
+    assert len(runner._compiled) == 1  # the compiled scan is reused across calls and pipelines
     with pytest.raises(StopIteration):
         next(it)
 
 
-def test_scan_sees_exactly_the_batches_of_the_loop():
+def test_scan_sees_exactly_the_batches_of_the_loop(reference):
     def capture(model, optimizer, batch):
         train_step(model, optimizer, batch)
         return batch
 
-    want = list(make_pipeline(drop_remainder=True))
     got = scan_epoch(make_pipeline(drop_remainder=True), capture, *model_and_optimizer())
     assert got["x"].shape == (4, 8, 4)
-    for i, batch in enumerate(want):
+    for i, batch in enumerate(reference["batches"][:4]):  # epoch 0's full batches
         np.testing.assert_array_equal(got["id"][i], batch["id"])
         np.testing.assert_array_equal(got["y"][i], batch["y"])
         np.testing.assert_allclose(got["x"][i], batch["x"], rtol=1e-6, atol=1e-7)
 
 
-def test_iterator_state_after_a_chunk_equals_the_loop_and_iteration_continues():
-    scanned, stepped = make_pipeline().epochs(1), make_pipeline().epochs(1)
-    ScanRunner(train_step, steps_per_call=2).run(scanned, *model_and_optimizer(), num_steps=3)
-    for _ in range(3):
-        next(stepped)
-    assert scanned.get_state() == stepped.get_state()
-    for a, b in zip(scanned, stepped, strict=True):
-        np.testing.assert_array_equal(a["id"], b["id"])
+def test_iteration_continues_per_step_after_a_scan_chunk(reference):
+    it = make_pipeline().epochs(2)
+    RUNNERS[2].run(it, *model_and_optimizer(), num_steps=3)
+    assert it.get_state() == reference["states"][2]
+    for want in reference["batches"][3:6]:
+        np.testing.assert_array_equal(next(it)["id"], want["id"])
 
 
 def joint_setup(learnable=True):
@@ -154,16 +173,7 @@ def test_gradients_reach_model_and_pipeline_parameters_in_the_scan():
     gain = pipeline.program.stages[1].gain[...]
     assert not np.allclose(gain, 1.0)  # the pipeline's parameter was trained
     np.testing.assert_allclose(gain, ref_pipeline.program.stages[1].gain[...], rtol=1e-5, atol=1e-6)
-    assert_params_close(joint["model"], ref_joint["model"])
-
-
-def test_runner_reuses_its_compiled_scan_across_epochs():
-    pipeline = make_pipeline(n=32)
-    runner = ScanRunner(train_step, steps_per_call=4)
-    model, opt = model_and_optimizer()
-    runner.run(iter(pipeline), model, opt)
-    runner.run(iter(pipeline), model, opt)
-    assert len(runner._compiled) == 1
+    assert_params_close(joint["model"], params(ref_joint["model"]))
 
 
 ERRORS = [
@@ -179,7 +189,7 @@ ERRORS = [
     (lambda: ScanRunner(train_step, steps_per_call=2).run([1, 2], *model_and_optimizer()),
      TypeError, r"iterator must be a PipelineIterator"),
     (lambda: ScanRunner(train_step, steps_per_call=2).run(iter(make_pipeline()), MLP(nnx.Rngs(0)), 0.1),
-     TypeError, r"modules\[1\] must be an nnx.Module"),
+     TypeError, r"modules\[1\] must be an NNX object \(an nnx.Module or nnx.Optimizer\), got float"),
 ]
 
 

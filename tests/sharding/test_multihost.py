@@ -39,34 +39,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(tmp_path: Path, num_processes: int, devices_per_process: int, extra: list[str]) -> list[dict]:
-    """Runs the worker on `num_processes` processes and returns each one's results."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
-    port, out = free_port(), tmp_path / "result"
-    procs, logs = [], []
-    try:
-        for i in range(num_processes):
-            log = open(tmp_path / f"worker{i}.log", "w")
-            logs.append(log)
-            cmd = [sys.executable, str(WORKER), "--port", str(port), "--num-processes", str(num_processes),
-                   "--process-id", str(i), "--out", str(out), *extra]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, cwd=WORKER.parent))
-        for p in procs:
+class Cluster:
+    """`num_processes` worker processes started in their own sessions; all are killed on exit."""
+
+    def __init__(self, tmp_path: Path, num_processes: int, devices_per_process: int, extra: list[str]):
+        env = {**os.environ, "JAX_PLATFORMS": "cpu",
+               "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
+        port, self.out, self.logs = free_port(), tmp_path / "result", []
+        self.procs: list[subprocess.Popen] = []
+        try:
+            for i in range(num_processes):
+                self.logs.append(tmp_path / f"worker{i}.log")
+                cmd = [sys.executable, str(WORKER), "--port", str(port), "--num-processes", str(num_processes),
+                       "--process-id", str(i), "--out", str(self.out), *extra]
+                with open(self.logs[-1], "w") as log:
+                    self.procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                       start_new_session=True, cwd=WORKER.parent))
+        except BaseException:
+            self.kill()
+            raise
+
+    def results(self) -> list[dict]:
+        """Waits (bounded) for every worker and returns each one's results."""
+        for p in self.procs:
             p.wait(timeout=LAUNCH_TIMEOUT_S)
-    finally:
-        for p in procs:
+        failed = [i for i, p in enumerate(self.procs) if p.returncode != 0]
+        if failed:
+            tail = self.logs[failed[0]].read_text()[-3000:]
+            pytest.fail(f"worker processes {failed} exited with {[self.procs[i].returncode for i in failed]}:\n{tail}")
+        return [json.loads(Path(f"{self.out}.{i}.json").read_text()) for i in range(len(self.procs))]
+
+    def kill(self) -> None:
+        for p in self.procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=10)
-        for log in logs:
-            log.close()
-    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
-    if failed:
-        tail = (tmp_path / f"worker{failed[0]}.log").read_text()[-3000:]
-        pytest.fail(f"worker processes {failed} exited with {[procs[i].returncode for i in failed]}:\n{tail}")
-    return [json.loads(Path(f"{out}.{i}.json").read_text()) for i in range(num_processes)]
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()
 
 
 def reference() -> list[dict]:
@@ -131,12 +144,13 @@ CASES = [
 
 @pytest.mark.parametrize("num_processes,devices,mesh,extra", CASES)
 def test_multihost_union_augmentation_and_elastic_resume(tmp_path, num_processes, devices, mesh, extra):
-    want = reference()
     save_one, save_many = 2, 5
     one_state = single_process_save(tmp_path / "by_one", save_one)
-    results = launch(tmp_path, num_processes, devices, [
-        "--mesh", mesh, *extra, "--save-at", str(save_many), "--save-dir", str(tmp_path / "by_many"),
-        "--restore-dir", str(tmp_path / "by_one")])
+    flags = ["--mesh", mesh, *extra, "--save-at", str(save_many), "--save-dir", str(tmp_path / "by_many"),
+             "--restore-dir", str(tmp_path / "by_one")]
+    with Cluster(tmp_path, num_processes, devices, flags) as cluster:
+        want = reference()  # while the workers start
+        results = cluster.results()
 
     assert [r["process_index"] for r in results] == list(range(num_processes))
     assert {r["process_count"] for r in results} == {num_processes}

@@ -26,10 +26,12 @@ def check_shuffled_coverage(make_pipeline: Callable[[], Pipeline], field: str, e
     assert not np.array_equal(first, second), "epochs 0 and 1 came in the same order"
 
 
-def check_exact_resume(make_pipeline: Callable[[], Pipeline], field: str, seed: int, epochs: int = 2) -> None:
+def check_exact_resume(make_pipeline: Callable[[], Pipeline], field: str | None, seed: int, epochs: int = 2) -> None:
     """Stopping at a random step, saving the state (through JSON) and restoring it into a freshly
-    built pipeline continues with exactly the batches of an uninterrupted run."""
-    reference = [np.asarray(b[field]) for b in make_pipeline().epochs(epochs)]
+    built pipeline continues with exactly the batches of an uninterrupted run (`field`, or every
+    field when None)."""
+    pick = (lambda b: {k: np.asarray(v) for k, v in b.items()}) if field is None else (lambda b: np.asarray(b[field]))
+    reference = [pick(b) for b in make_pipeline().epochs(epochs)]
     stop = int(np.random.default_rng(seed).integers(1, len(reference) - 1))
     with make_pipeline().epochs(epochs) as interrupted:
         for _ in range(stop):
@@ -37,7 +39,35 @@ def check_exact_resume(make_pipeline: Callable[[], Pipeline], field: str, seed: 
         state = json.loads(json.dumps(interrupted.get_state()))
     with make_pipeline().epochs(epochs) as resumed:
         resumed.set_state(state)
-        rest = [np.asarray(b[field]) for b in resumed]
+        rest = [pick(b) for b in resumed]
     assert len(rest) == len(reference) - stop
     for got, want in zip(rest, reference[stop:]):
-        np.testing.assert_array_equal(got, want)
+        if field is None:
+            assert got.keys() == want.keys()
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k])
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
+def stream_batches(source, field: str, *, batch_size: int, epoch: int = 0, position: int = 0, state=None,
+                   end_epoch: int = 1, drop_remainder: bool = False) -> list[tuple[np.ndarray, int, int, dict]]:
+    """(valid values of `field`, epoch, position after, JSON round-tripped state after) per batch,
+    read the way the pipeline iterator reads a stream source."""
+    from datarax.sources.stream import stream_host_batches
+
+    out = []
+    for ep, pos, _, valid, batch, after in stream_host_batches(
+            source, batch_size=batch_size, drop_remainder=drop_remainder, ring_size=3, epoch=epoch,
+            position=position, state=state, end_epoch=end_epoch):
+        out.append((np.asarray(batch[field])[:valid], ep, pos + valid, json.loads(json.dumps(after))))
+    return out
+
+
+def pipeline_reads_streams() -> bool:
+    """Whether the pipeline iterator consumes stream sources (the lead's iterator patch)."""
+    import inspect
+
+    from datarax.pipeline import iterator
+
+    return "stream_host_batches" in inspect.getsource(iterator)

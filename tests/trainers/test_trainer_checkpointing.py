@@ -36,11 +36,14 @@ def build(seed: int = 0, *, batch_size: int = 8, num_records: int = 64):
     return model, optimizer, setup.pipeline.epochs(None)
 
 
+@nnx.jit
+def _update(model, optimizer, x):
+    optimizer.update(model, nnx.grad(lambda m: (m(x) ** 2).mean())(model))
+
+
 def advance(model, optimizer, iterator, steps: int = 3):
     for _ in range(steps):
-        batch = next(iterator)
-        grads = nnx.grad(lambda m: (m(batch["x"]) ** 2).mean())(model)
-        optimizer.update(model, grads)
+        _update(model, optimizer, next(iterator)["x"])
 
 
 def save(checkpointer, step, model, optimizer, iterator, **meta):

@@ -32,7 +32,7 @@ def points(num: int = 64, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 3, num).astype(np.int32)
     x = (rng.normal(size=(num, 4)) + np.eye(3, 4)[y] * 2).astype(np.float32)
-    return {"x": x, "y": y}
+    return {"x": x, "y": y, "rid": np.arange(num, dtype=np.int32)}
 
 
 def loss_fn(model, batch):
@@ -41,6 +41,12 @@ def loss_fn(model, batch):
 
 
 METRICS = {"accuracy": lambda batch, logits: (logits.argmax(-1) == batch["y"]).mean()}
+# Which records (and which augmentation of them) a step trained on, as exact scalars.
+RECORD_METRICS = {
+    "rid_sum": lambda batch, _: batch["rid"].sum().astype(np.float32),
+    "rid_sq": lambda batch, _: (batch["rid"] * batch["rid"]).sum().astype(np.float32),
+    "x_sum": lambda batch, _: batch["x"].sum(),
+}
 
 
 @dataclasses.dataclass

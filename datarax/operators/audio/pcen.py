@@ -26,8 +26,8 @@ from jax import lax
 def smoothing_coefficient(time_constant: float, sample_rate: float, hop_length: int) -> float:
     """librosa's smoother coefficient `s` for a time constant in seconds.
 
-    It solves `s**2 + (1 - s) / t - 2 = 0` with `t = time_constant * sample_rate / hop_length`
-    frames, so the smoother's squared frequency response is half its peak at `1 / t`.
+    It is the positive root of `t**2 * s**2 + s - 1 = 0`, with `t = time_constant * sample_rate
+    / hop_length` the time constant in frames (`s ~ 1 / t` for long time constants).
     """
     for name, value in (("time_constant", time_constant), ("sample_rate", sample_rate), ("hop_length", hop_length)):
         if not value > 0:

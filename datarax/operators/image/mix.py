@@ -100,8 +100,8 @@ def beta_weight(log_g: jax.Array) -> jax.Array:
 
 
 def mixup(image: jax.Array, other: jax.Array, lam: jax.Array) -> jax.Array:
-    """`lam * image + (1 - lam) * other`."""
-    return lam * image + (1 - lam) * other
+    """`lam * image + (1 - lam) * other`, written so mixing a record with itself is exact."""
+    return other + lam * (image - other)
 
 
 def cutmix(image: jax.Array, other: jax.Array, center: jax.Array, lam: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -111,14 +111,16 @@ def cutmix(image: jax.Array, other: jax.Array, center: jax.Array, lam: jax.Array
     side = jnp.sqrt(jnp.maximum(1 - lam, 1e-12))
     size = side * jnp.asarray(image.shape[:2], side.dtype)
     mask = filters.box_mask(image.shape[:2], center, size)[..., None].astype(image.dtype)
-    return image * (1 - mask) + other * mask, 1 - jnp.mean(mask)
+    return image + mask * (other - image), 1 - jnp.mean(mask)
 
 
-def draw_parameters(op: MixOperator, ctx: BatchContext) -> dict[str, Any]:
-    """The partner indices and per-record draw keys `op` uses for a batch (for tests and inspection)."""
+def draw_parameters(op: MixOperator, ctx: BatchContext, shape: tuple[int, ...]) -> dict[str, Any]:
+    """What `op` draws for a batch of images of per-record `shape`: the partner index of every
+    record and its mixing parameters (leading axis B). `apply_batch` uses exactly these."""
     keys = record_keys(op.key, ctx)
     scores = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 0)))(keys)
-    return {"partner": partners(scores, ctx.mask), "keys": jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)}
+    params = jax.vmap(lambda k: op.draw(jax.random.fold_in(k, 1), tuple(shape)))(keys)
+    return {"partner": partners(scores, ctx.mask), **params}
 
 
 class MixOperator(OperatorModule):
@@ -134,8 +136,17 @@ class MixOperator(OperatorModule):
         self.magnitudes = magnitudes(config, {"alpha": (0.0, ALPHA_BOUND)}, owner=self.config_class.__name__)
 
     @abc.abstractmethod
-    def mix(self, image: jax.Array, other: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def draw(self, key: jax.Array, shape: tuple[int, ...]) -> dict[str, jax.Array]:
+        """One record's mixing parameters (at least `lam`, its Beta(alpha, alpha) weight)."""
+
+    @abc.abstractmethod
+    def mix(self, image: jax.Array, other: jax.Array, params: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """Mixes one image with its partner; returns the image and the share of its own label."""
+
+    def weight(self, key: jax.Array) -> dict[str, jax.Array]:
+        """A mixing weight `lam ~ Beta(alpha, alpha)` from `key`, with the two log gamma draws behind it."""
+        log_g = log_gammas(key, self.magnitudes["alpha"]())
+        return {"lam": beta_weight(log_g), "log_gammas": log_g}
 
     def read(self, elements: Element) -> tuple[jax.Array, jax.Array]:
         """The batch's images and labels (as (B, num_classes) floats in the image dtype)."""
@@ -156,17 +167,17 @@ class MixOperator(OperatorModule):
                          f"one-hot rows (B, {config.num_classes}), got {describe(labels)}")
 
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
+        return self.apply_drawn(elements, draw_parameters(self, ctx, self.read(elements)[0].shape[1:]))
+
+    def apply_drawn(self, elements: Element, drawn: dict[str, jax.Array]) -> Element:
+        """Mixes a batch with parameters from `draw_parameters` (what `apply_batch` does)."""
         images, labels = self.read(elements)
-        drawn = draw_parameters(self, ctx)
-        partner = drawn["partner"]
-        mixed, own = jax.vmap(self.mix)(images, images[partner], drawn["keys"])
+        params = dict(drawn)
+        partner = params.pop("partner")
+        mixed, own = jax.vmap(self.mix)(images, images[partner], params)
         own = own.astype(images.dtype)[:, None]
         return elements.update_data({self.config.field: mixed.astype(images.dtype),
-                                     self.config.label_field: own * labels + (1 - own) * labels[partner]})
-
-    def weight(self, key: jax.Array) -> jax.Array:
-        """The record's mixing weight lam ~ Beta(alpha, alpha) from its draw key."""
-        return beta_weight(log_gammas(key, self.magnitudes["alpha"]()))
+                                     self.config.label_field: mixup(labels, labels[partner], own)})
 
 
 class MixUpOperator(MixOperator):
@@ -174,8 +185,11 @@ class MixUpOperator(MixOperator):
 
     config_class = MixUpConfig
 
-    def mix(self, image, other, key):
-        lam = self.weight(key)
+    def draw(self, key, shape):
+        return self.weight(key)
+
+    def mix(self, image, other, params):
+        lam = params["lam"]
         return mixup(image, other, lam.astype(image.dtype)), lam
 
 
@@ -188,8 +202,10 @@ class CutMixOperator(MixOperator):
 
     config_class = CutMixConfig
 
-    def mix(self, image, other, key):
+    def draw(self, key, shape):
         k_lam, k_center = jax.random.split(key)
-        center = uniform(k_center, 0.0, 1.0, (2,)) * jnp.asarray(image.shape[:2], jnp.result_type(float))
-        return cutmix(image, other, center, self.weight(k_lam))
+        unit = uniform(k_center, 0.0, 1.0, (2,))
+        return {**self.weight(k_lam), "center": unit * jnp.asarray(shape[:2], unit.dtype)}
 
+    def mix(self, image, other, params):
+        return cutmix(image, other, params["center"], params["lam"])

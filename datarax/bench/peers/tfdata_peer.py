@@ -1,0 +1,71 @@
+"""tf.data, the way the TensorFlow performance guide builds an input pipeline.
+
+`Dataset.from_tensor_slices(arrays)`, a full-size `shuffle` reshuffled every iteration,
+per-record `map` with `tf.image` ops and `num_parallel_calls=AUTOTUNE` (non-deterministic order
+allowed, as the guide recommends for throughput), `batch`, `prefetch(AUTOTUNE)`, read through
+`as_numpy_iterator()`. TensorFlow is imported only when this peer runs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from datarax.bench.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, PeerOptions, require, time_epochs
+
+NAME = "tfdata"
+INSTALL = "pip install tensorflow-cpu"
+
+
+def _tf() -> Any:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    tf = require("tensorflow", NAME, INSTALL)
+    tf.config.set_visible_devices([], "GPU")  # JAX owns any accelerator; tf.data runs on the host
+    return tf
+
+
+def _epochs(dataset: Any):
+    return lambda: dataset.as_numpy_iterator()
+
+
+def _shuffled(tf: Any, data: dict[str, np.ndarray], options: PeerOptions) -> Any:
+    n = len(next(iter(data.values())))
+    dataset = tf.data.Dataset.from_tensor_slices(data)
+    return dataset.shuffle(n, seed=options.seed, reshuffle_each_iteration=True)
+
+
+def run_cifar(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
+    tf = _tf()
+    tf.random.set_seed(options.seed)
+    mean, std = tf.constant(CIFAR_MEAN), tf.constant(CIFAR_STD)
+    height, width, channels = data["image"].shape[1:]
+
+    def augment(element):
+        image = tf.cast(element["image"], tf.float32) / 255.0
+        image = tf.pad(image, [[CIFAR_PAD, CIFAR_PAD], [CIFAR_PAD, CIFAR_PAD], [0, 0]], mode="REFLECT")
+        image = tf.image.random_crop(image, [height, width, channels])
+        image = tf.image.random_flip_left_right(image)
+        return {"image": (image - mean) / std, "label": element["label"]}
+
+    parallel = tf.data.AUTOTUNE if options.workers is None else options.workers
+    dataset = (_shuffled(tf, data, options)
+               .map(augment, num_parallel_calls=parallel, deterministic=False)
+               .batch(options.batch_size)
+               .prefetch(tf.data.AUTOTUNE))
+    result = time_epochs(_epochs(dataset), options.repeats)
+    result["settings"] = (f"from_tensor_slices.shuffle(N).map(tf.image ops, num_parallel_calls="
+                          f"{'AUTOTUNE' if options.workers is None else parallel}).batch.prefetch(AUTOTUNE)")
+    return result
+
+
+def run_tokens(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
+    tf = _tf()
+    dataset = _shuffled(tf, data, options).batch(options.batch_size).prefetch(tf.data.AUTOTUNE)
+    result = time_epochs(_epochs(dataset), options.repeats)
+    result["settings"] = "from_tensor_slices.shuffle(N).batch.prefetch(AUTOTUNE)"
+    return result
+
+
+WORKLOADS = {"cifar": run_cifar, "tokens": run_tokens}

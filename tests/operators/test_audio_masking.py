@@ -1,0 +1,83 @@
+"""SpecAugment masks against numpy slice assignment; fractional edges against exact coverage.
+
+There is no library reference for SpecAugment's random draws, so the maths is checked where it
+is exact: with integer starts and widths the masks equal numpy's `x[..., a:a + w] = value`
+(exactly), and the fractional weights equal the covered length of each bin computed in Python.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from datarax.core.element import Element
+from datarax.core.operator import BatchContext, record_keys
+from datarax.operators.audio import FrequencyMaskConfig, FrequencyMaskOperator, TimeMaskConfig, TimeMaskOperator, masking
+
+_apply = jax.jit(masking.apply_masks, static_argnums=(3,))
+_run = nnx.jit(lambda op, element, ctx: op(element, ctx))
+
+
+def spectrogram(shape=(12, 20), seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("starts,widths,axis,value", [
+    ([3], [4], -1, 0.0), ([0, 10], [2, 5], -1, -1.5), ([5, 7], [4, 4], -1, 0.0),
+    ([2], [3], -2, 0.0), ([0], [12], -2, 2.0), ([11], [1], 0, 0.0),
+])
+def test_integer_masks_equal_slice_assignment(starts, widths, axis, value):
+    x = spectrogram()
+    expected = x.copy()
+    for a, w in zip(starts, widths):
+        np.moveaxis(expected, axis, 0)[a:a + w] = value
+    got = _apply(jnp.asarray(x), jnp.asarray(starts, jnp.float32), jnp.asarray(widths, jnp.float32), axis, value)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("start,width", [(2.3, 3.4), (0.0, 0.5), (7.75, 10.0), (4.5, 0.25)])
+def test_fractional_mask_weights_are_covered_fractions(start, width):
+    expected = [max(0.0, min(start + width, i + 1) - max(start, i)) for i in range(12)]
+    np.testing.assert_allclose(masking.coverage(12, start, width), np.clip(expected, 0, 1), atol=1e-6)
+
+
+def test_time_and_frequency_masks_stay_inside_and_vary_by_record():
+    x = jnp.asarray(np.stack([spectrogram(seed=i) + 10.0 for i in range(6)]))
+    ctx = BatchContext.for_batch(6)
+    time_op = TimeMaskOperator(TimeMaskConfig(field="spec", max_width=6.0, num_masks=2), rngs=nnx.Rngs(0))
+    freq_op = FrequencyMaskOperator(FrequencyMaskConfig(field="spec", max_width=4.0), rngs=nnx.Rngs(1))
+    timed = np.asarray(_run(time_op, Element({"spec": x}), ctx).data["spec"])
+    freqd = np.asarray(_run(freq_op, Element({"spec": x}), ctx).data["spec"])
+    # A time mask scales whole columns, a frequency mask whole rows, by a keep weight in [0, 1].
+    time_keep = timed / np.asarray(x)
+    freq_keep = freqd / np.asarray(x)
+    np.testing.assert_allclose(time_keep, np.broadcast_to(time_keep[:, :1, :], time_keep.shape), atol=1e-5)
+    np.testing.assert_allclose(freq_keep, np.broadcast_to(freq_keep[:, :, :1], freq_keep.shape), atol=1e-5)
+    assert time_keep.min() >= -1e-6 and time_keep.max() <= 1 + 1e-6
+    assert np.all((1 - time_keep[:, 0, :]).sum(-1) <= 2 * 6.0 + 1e-4)
+    assert np.all((1 - freq_keep[:, :, 0]).sum(-1) <= 4.0 + 1e-4)
+    assert len({tuple(np.round(k[0], 4)) for k in time_keep}) == 6
+
+
+def test_operator_is_its_record_draw_then_mask_with_the_mean_value():
+    x = jnp.asarray(spectrogram()[None])
+    ctx = BatchContext.for_batch(1, record_ids=[7])
+    op = TimeMaskOperator(TimeMaskConfig(field="spec", max_width=20.0, mask_value="mean"), rngs=nnx.Rngs(3))
+    params = op.draw(record_keys(op.key, ctx)[0], (12, 20))
+    expected = _apply(x[0], params["start"], params["width"], -1, float(x.mean()))
+    np.testing.assert_allclose(_run(op, Element({"spec": x}), ctx).data["spec"][0], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: TimeMaskConfig(stochastic=False), ValueError, r"TimeMaskConfig\(stochastic=False\) has nothing to do"),
+    (lambda: TimeMaskConfig(max_width=150.0), ValueError, r"TimeMaskConfig.max_width must be in \[0.0, 100.0\], got 150.0"),
+    (lambda: FrequencyMaskConfig(num_masks=0), ValueError, r"FrequencyMaskConfig.num_masks must be an int >= 1, got 0"),
+    (lambda: FrequencyMaskConfig(mask_value="min"), TypeError, r"FrequencyMaskConfig.mask_value must be a number"),
+    (lambda: TimeMaskOperator(TimeMaskConfig(), rngs=nnx.Rngs(0))(Element({"log_mel": jnp.ones((2, 7))}),
+                                                                  BatchContext.for_batch(2)),
+     ValueError, r"expects field 'log_mel' to hold one spectrogram \(..., freq, time\) per record"),
+])
+def test_errors_name_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

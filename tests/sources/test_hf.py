@@ -1,0 +1,157 @@
+import sys
+
+import numpy as np
+import pytest
+from source_checks import check_exact_resume, check_shuffled_coverage
+
+from datarax import Pipeline
+from datarax.sources._columns import UnsupportedColumnError
+from datarax.sources.hf import HFSource, HFSourceConfig, load_files
+
+datasets = pytest.importorskip("datasets")
+
+N = 300
+
+
+def make_table(n: int = N) -> dict:
+    rng = np.random.default_rng(0)
+    ids = np.arange(n, dtype=np.int64)
+    return {
+        "id": ids,
+        "image": rng.integers(0, 256, (n, 4, 4, 3), dtype=np.uint8),
+        "score": rng.random(n).astype(np.float32),
+        "text": [f"record {i}" for i in ids],
+        "tokens": [list(range(i % 5 + 1)) for i in ids],  # ragged
+    }
+
+
+@pytest.fixture(scope="module")
+def table():
+    return make_table()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, table):
+    """The same rows as three parquet files, one csv and one arrow file."""
+    root = tmp_path_factory.mktemp("hf")
+    ds = datasets.Dataset.from_dict(table)
+    parquet = []
+    for i, (a, b) in enumerate([(0, 100), (100, 200), (200, N)]):
+        parquet.append(str(root / f"part-{i}.parquet"))
+        ds.select(range(a, b)).to_parquet(parquet[-1])
+    csv = str(root / "table.csv")
+    ds.select_columns(["id", "score", "text"]).to_csv(csv, index=False)
+    ds.save_to_disk(str(root / "saved"))
+    arrow = sorted((root / "saved").glob("*.arrow"))[0]
+    return {"parquet": parquet, "csv": [csv], "arrow": [str(arrow)], "cache": str(root / "cache")}
+
+
+@pytest.fixture(scope="module")
+def parquet_ds(files):
+    return load_files(files["parquet"], cache_dir=files["cache"])
+
+
+NUMERIC = ("id", "image", "score")
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_rows_match_the_written_table(parquet_ds, table, mode):
+    src = HFSource(HFSourceConfig(columns=NUMERIC, mode=mode), dataset=parquet_ds)
+    assert len(src) == N and (src.memory is not None) == (mode == "eager")
+    assert src.element_spec()["image"].shape == (4, 4, 3)
+    idx = np.array([[299, 0, 150], [42, 100, 199]])
+    got = src.get_batch(idx)
+    for k in NUMERIC:
+        np.testing.assert_array_equal(got[k], np.asarray(table[k])[idx])
+
+
+@pytest.mark.parametrize("kind,columns", [("csv", ("id", "score")), ("arrow", NUMERIC)])
+def test_csv_and_arrow_files(files, table, kind, columns):
+    src = HFSource(HFSourceConfig(columns=columns, mode="lazy"),
+                   dataset=load_files(files[kind], cache_dir=files["cache"]))
+    got = src.get_batch(np.array([7, 250]))
+    for k in columns:
+        np.testing.assert_allclose(got[k], np.asarray(table[k])[[7, 250]], rtol=1e-6)
+
+
+def test_index_mapping_of_a_selected_and_shuffled_dataset(parquet_ds, table):
+    view = parquet_ds.shuffle(seed=4).select(range(50))
+    expected = np.asarray(view["id"])
+    for mode in ("eager", "lazy"):
+        src = HFSource(HFSourceConfig(columns=("id",), mode=mode), dataset=view)
+        np.testing.assert_array_equal(src.get_batch(np.arange(50))["id"], expected)
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_pipeline_full_epoch_coverage_under_shuffle(parquet_ds, mode):
+    make = lambda: Pipeline(HFSource(HFSourceConfig(columns=NUMERIC, shuffle=True, seed=2, mode=mode),
+                                     dataset=parquet_ds), batch_size=64)
+    check_shuffled_coverage(make, "id", np.arange(N))
+
+
+def test_eager_is_device_resident_and_lazy_is_host(parquet_ds):
+    eager = HFSource(HFSourceConfig(columns=NUMERIC, mode="eager"), dataset=parquet_ds)
+    lazy = HFSource(HFSourceConfig(columns=NUMERIC, mode="lazy"), dataset=parquet_ds)
+    assert eager.device_arrays() is not None and lazy.device_arrays() is None
+    np.testing.assert_array_equal(eager.get_batch(np.arange(10))["image"], lazy.get_batch(np.arange(10))["image"])
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_pipeline_exact_resume_mid_epoch(parquet_ds, mode):
+    make = lambda: Pipeline(HFSource(HFSourceConfig(columns=NUMERIC, shuffle=True, seed=9, mode=mode),
+                                     dataset=parquet_ds), batch_size=32)
+    check_exact_resume(make, "image", seed=3)
+
+
+def test_convert_turns_strings_and_ragged_lists_into_arrays(parquet_ds, table):
+    def convert(batch):
+        assert isinstance(batch["text"], list) and isinstance(batch["id"], np.ndarray)
+        padded = np.zeros((len(batch["tokens"]), 5), np.int32)
+        for i, t in enumerate(batch["tokens"]):
+            padded[i, :len(t)] = t
+        return {"text_len": np.array([len(t) for t in batch["text"]], np.int32), "tokens": padded}
+
+    src = HFSource(HFSourceConfig(mode="lazy"), dataset=parquet_ds, convert=convert)
+    assert set(src.element_spec()) == {"id", "image", "score", "text_len", "tokens"}
+    got = src.get_batch(np.array([3, 9, 298]))
+    np.testing.assert_array_equal(got["text_len"], [len(table["text"][i]) for i in (3, 9, 298)])
+    np.testing.assert_array_equal(got["tokens"][2, :table["tokens"][298].__len__()], table["tokens"][298])
+    np.testing.assert_array_equal(got["id"], [3, 9, 298])
+
+
+def test_unsupported_columns_error_names_them_and_both_fixes(parquet_ds):
+    with pytest.raises(UnsupportedColumnError, match=r"cannot batch column\(s\) 'text' \(arrow type string\); "
+                                                     r"'tokens' \(ragged lists \(lengths 1 to 5\)\).*columns=.*convert="):
+        HFSource(dataset=parquet_ds)
+
+
+def test_ragged_rows_found_at_read_time_in_lazy_mode(tmp_path):
+    rows = {"x": [[1, 2]] * 1500 + [[1, 2, 3]] * 10}  # uniform in the first 1024 rows sampled for the spec
+    ds = datasets.Dataset.from_dict(rows)
+    src = HFSource(HFSourceConfig(mode="lazy"), dataset=ds)
+    with pytest.raises(UnsupportedColumnError, match="column 'x' has ragged lists.*where its spec is \\(2,\\)"):
+        src.get_batch(np.array([0, 1505]))
+
+
+def test_missing_file_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"load_files paths: \['.*missing.parquet'\] do not exist"):
+        load_files([str(tmp_path / "missing.parquet")])
+
+
+def test_errors_for_wrong_inputs(parquet_ds, files):
+    with pytest.raises(KeyError, match=r"HFSource columns \['nope'\] are not in the data"):
+        HFSource(HFSourceConfig(columns=("nope",)), dataset=parquet_ds)
+    with pytest.raises(TypeError, match="dataset is a dict of splits \\['train'\\]; pass one split"):
+        HFSource(dataset=datasets.DatasetDict({"train": parquet_ds}))
+    with pytest.raises(ValueError, match="HFSourceConfig.mode must be one of .*got 'fast'"):
+        HFSourceConfig(mode="fast")
+    with pytest.raises(TypeError, match="HFSourceConfig.columns must be None .*got 'id'"):
+        HFSourceConfig(columns="id")
+    with pytest.raises(ValueError, match="cannot tell the format of"):
+        load_files([files["parquet"][0], files["csv"][0]])
+
+
+def test_missing_package_error_names_the_extra(monkeypatch, parquet_ds):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ImportError, match=r"HFSource needs the `datasets` package: pip install 'datarax\[data\]'"):
+        HFSource(dataset=parquet_ds)
