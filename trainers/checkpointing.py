@@ -24,7 +24,6 @@ import warnings
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
@@ -87,7 +86,8 @@ def savable(module: nnx.Module) -> dict:
     the arrays the next step will overwrite.
     """
     pure = nnx.to_pure_dict(nnx.state(module))
-    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else jnp.copy(x), pure)
+    pure = jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, pure)
+    return jax.device_put(pure, may_alias=False)
 
 
 def abstract_target(module: nnx.Module) -> dict:

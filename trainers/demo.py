@@ -136,6 +136,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--joint", action="store_true", help="train the pipeline's noise strength with the model")
     parser.add_argument("--sync-checkpoints", action="store_true", help="block on every checkpoint write")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events")
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="do not keep compiled programs in <workdir>/jax_cache (it makes restarts fast)")
     args = parser.parse_args(argv)
     for name in ("steps", "batch_size", "num_records", "checkpoint_every", "keep", "log_every"):
         if getattr(args, name) < (0 if name == "steps" else 1):
@@ -150,12 +153,19 @@ def main(argv=None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     result_path = workdir / "result.json"
     result_path.unlink(missing_ok=True)
+    if not args.no_compile_cache:
+        # A restarted run loads its compiled step instead of compiling again: restarts stay cheap.
+        jax.config.update("jax_compilation_cache_dir", str(workdir / "jax_cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     train, evaluation = build_pipelines(args)
     model = SmallCNN(rngs=nnx.Rngs(args.seed))
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.learning_rate, min(10, max(args.steps, 1)),
                                                   max(args.steps, 1))
     writers = [ConsoleWriter(), JsonlWriter(workdir / "metrics.jsonl")]
-    if tensorboard_available():
+    if args.tensorboard:
+        if not tensorboard_available():
+            raise SystemExit("--tensorboard needs tensorboardX (pip install tensorboardX) or torch")
         writers.append(TensorBoardWriter(workdir / "tensorboard"))
     checkpoints = CheckpointCallback(workdir / "checkpoints", every_steps=args.checkpoint_every,
                                      max_to_keep=args.keep, asynchronous=not args.sync_checkpoints)

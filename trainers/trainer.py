@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -197,7 +196,7 @@ class Trainer:
         iterator = self.iterator
         # The step donates its inputs; train on copies so arrays the caller still holds (e.g. the
         # initial parameters) stay valid. Arrays read from the modules during training do not.
-        self._binding.assign([jnp.copy(v) for v in self._binding.values()])
+        self._binding.assign(jax.device_put(self._binding.values(), may_alias=False))
         try:
             with _StopOnSignals(self):
                 self.callbacks("on_train_begin", self)

@@ -6,6 +6,7 @@ the interface of `clu.metric_writers.MetricWriter`, so a CLU writer can be passe
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
@@ -90,11 +91,11 @@ def _summary_writer_class():
 
 
 def tensorboard_available() -> bool:
-    try:
-        _summary_writer_class()
-    except ImportError:
-        return False
-    return True
+    """Whether an event writer package is installed (checked without importing it: torch is slow to import)."""
+    def found(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+
+    return found("tensorboardX") or (found("torch") and found("tensorboard"))
 
 
 class TensorBoardWriter:

@@ -71,15 +71,21 @@ class TFDSSourceConfig:
 
 
 def _open(tfds: Any, config: TFDSSourceConfig) -> Any:
+    where = f"TFDSSource cannot open {config.name!r} split {config.split!r} in data_dir={config.data_dir!r}"
+    missing = (f"{where}: it is not prepared there. Prepare it first (builder.download_and_prepare("
+               "file_format='array_record')), point data_dir at it, or set download=True")
     try:
         return tfds.data_source(config.name, split=config.split, data_dir=config.data_dir, download=config.download)
-    except (FileNotFoundError, AssertionError, tfds.core.registered.DatasetNotFoundError) as exc:
-        first = str(exc).splitlines()[0]
-        raise FileNotFoundError(
-            f"TFDSSource cannot open {config.name!r} split {config.split!r} in data_dir={config.data_dir!r}: {first}. "
-            "Prepare it first (builder.download_and_prepare(file_format='array_record')), point data_dir at it, or "
-            "set download=True"
-        ) from None
+    except tfds.core.registered.DatasetNotFoundError as exc:
+        raise FileNotFoundError(f"{where}: {str(exc).splitlines()[0]} (no such TFDS dataset); check the name") from None
+    except (FileNotFoundError, AssertionError):
+        raise FileNotFoundError(missing) from None
+    except NotImplementedError:
+        # TFDS says this both for TFRecord-prepared data and for data that is not there at all.
+        if not tfds.builder(config.name, data_dir=config.data_dir).is_prepared():
+            raise FileNotFoundError(missing) from None
+        raise ValueError(f"{where}: it is prepared as TFRecord, which has no random access. Prepare it with "
+                         "file_format='array_record', or use read='load' (needs TensorFlow)") from None
 
 
 def _features(info: Any) -> dict[str, tuple[tuple, np.dtype] | str]:

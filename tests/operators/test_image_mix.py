@@ -1,14 +1,16 @@
 """MixUp and CutMix: pairing, numpy mixing references, Beta statistics, gradient in alpha.
 
-The finite-difference reference for the gradient follows the reparameterisation JAX uses for
-gamma draws: each draw keeps its CDF value u = P(alpha, g) fixed while alpha moves, so the
-perturbed draws are g(alpha') = P^-1(alpha', u), computed with SciPy's regularised incomplete
-gamma functions in float64.
+The finite-difference reference for the gradient follows the documented reparameterisation of
+the weight's gamma draws (`datarax.operators.image.beta`): each Gamma(alpha + 1) draw keeps its
+CDF value q = P(alpha + 1, g) fixed and the boost uniform u is fixed, so the perturbed draws are
+log g(alpha') = log P^-1(alpha' + 1, q) + log(u) / alpha', computed with SciPy's regularised
+incomplete gamma functions in float64.
 """
 
 import numpy as np
 import pytest
 import scipy.special
+import scipy.stats
 from flax import nnx
 
 import jax
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, record_keys
 from datarax.operators.image import CutMixConfig, CutMixOperator, MixUpConfig, MixUpOperator
+from datarax.operators.image.beta import symmetric_beta
 from datarax.operators.image.mix import draw_parameters, partners
 from datarax.operators.learnable import bounded
 
@@ -82,6 +85,15 @@ def test_mixup_matches_numpy_keeps_padding_and_draws_beta_weights():
     assert abs(lam.var() - 1 / (4 * (2 * 0.4 + 1))) < 0.02
 
 
+def test_symmetric_beta_matches_scipy_distribution():
+    with jax.enable_x64(True):
+        draw = jax.jit(jax.vmap(lambda k, a: symmetric_beta(k, a)["lam"], in_axes=(0, None)))
+        keys = jax.random.split(jax.random.key(7), 20000)
+        for alpha in (0.2, 1.0, 3.0):
+            keys = jax.vmap(lambda k: jax.random.fold_in(k, int(alpha * 10)))(keys)
+            assert scipy.stats.kstest(np.asarray(draw(keys, alpha)), scipy.stats.beta(alpha, alpha).cdf).pvalue > 1e-3
+
+
 def coverage(shape, center, size):
     """Per-pixel area of a box, by explicit interval overlaps."""
     rows = [max(0.0, min(i + 1, center[0] + size[0] / 2) - max(i, center[0] - size[0] / 2)) for i in range(shape[0])]
@@ -144,12 +156,13 @@ def test_alpha_gradient_matches_finite_differences_of_the_reparameterised_draws(
         # The CDF values of the gamma draws at the starting alpha: the reparameterisation holds them fixed.
         drawn = {k: np.asarray(v) for k, v in drawn.items()}
         alpha0 = float(op.magnitudes["alpha"]())
-        cdf = scipy.special.gammainc(alpha0, np.exp(drawn["log_gammas"]))
+        cdf = scipy.special.gammainc(alpha0 + 1, drawn["gamma_plus_one"])
         partner, onehot = drawn["partner"].astype(int), np.eye(2)[labels]
 
         def loss_reference(raw_value):
-            g = scipy.special.gammaincinv(float(bounded(raw_value, 0.0, 4.0)), cdf)
-            lam = g[:, 0] / g.sum(axis=1)
+            alpha = float(bounded(raw_value, 0.0, 4.0))
+            log_g = np.log(scipy.special.gammaincinv(alpha + 1, cdf)) + drawn["log_boost"] / alpha
+            lam = 1 / (1 + np.exp(log_g[:, 1] - log_g[:, 0]))
             if op_class is MixUpOperator:
                 lam_image = lam[:, None, None, None]
                 out = lam_image * images + (1 - lam_image) * images[partner]

@@ -175,3 +175,14 @@ def test_multihost_union_augmentation_and_elastic_resume(tmp_path, num_processes
         np.testing.assert_array_equal(got["id"], ref["id"])
         np.testing.assert_array_equal(got["x"], ref["x"])
 
+
+
+def test_a_failing_test_kills_every_worker_process_group(tmp_path):
+    with pytest.raises(RuntimeError, match="test failed mid-run"):
+        with Cluster(tmp_path, 2, 1, ["--save-at", "1", "--save-dir", str(tmp_path / "ckpt")]) as cluster:
+            procs = cluster.procs
+            raise RuntimeError("test failed mid-run")
+    for p in procs:
+        assert p.returncode == -signal.SIGKILL
+        with pytest.raises(ProcessLookupError):
+            os.killpg(p.pid, 0)  # nothing of the group is left

@@ -53,14 +53,15 @@ def check_exact_resume(make_pipeline: Callable[[], Pipeline], field: str | None,
 def stream_batches(source, field: str, *, batch_size: int, epoch: int = 0, position: int = 0, state=None,
                    end_epoch: int = 1, drop_remainder: bool = False) -> list[tuple[np.ndarray, int, int, dict]]:
     """(valid values of `field`, epoch, position after, JSON round-tripped state after) per batch,
-    read the way the pipeline iterator reads a stream source."""
+    read the way the pipeline iterator reads a stream source. Values are copied: on CPU a
+    `device_put` of an aligned host buffer may alias it, and the reader reuses its buffers."""
     from datarax.sources.stream import stream_host_batches
 
     out = []
     for ep, pos, _, valid, batch, after in stream_host_batches(
             source, batch_size=batch_size, drop_remainder=drop_remainder, ring_size=3, epoch=epoch,
             position=position, state=state, end_epoch=end_epoch):
-        out.append((np.asarray(batch[field])[:valid], ep, pos + valid, json.loads(json.dumps(after))))
+        out.append((np.array(batch[field])[:valid].copy(), ep, pos + valid, json.loads(json.dumps(after))))
     return out
 
 

@@ -1,3 +1,4 @@
+import os
 import sys
 
 import numpy as np
@@ -121,3 +122,21 @@ def test_bad_config():
         TFDSSourceConfig(name="mnist", read="tfdata")
     with pytest.raises(TypeError, match="TFDSSourceConfig.name must be a dataset name such as 'mnist', got ''"):
         TFDSSourceConfig(name="")
+
+
+
+@pytest.mark.skipif(not os.environ.get("DATARAX_SLOW_TESTS"), reason="imports TensorFlow (tens of seconds); "
+                    "set DATARAX_SLOW_TESTS=1 to run")
+def test_load_path_with_tensorflow_matches_the_data_source(data_dir, tmp_path):
+    pytest.importorskip("tensorflow")
+    tfrecord_dir = str(tmp_path / "tfrecord")
+    DataraxTinyTest(data_dir=tfrecord_dir, file_format="tfrecord").download_and_prepare()
+    with pytest.raises(ValueError, match="it is prepared as TFRecord, which has no random access.*read='load'"):
+        TFDSSource(config(tfrecord_dir))
+    loaded = TFDSSource(config(tfrecord_dir, read="load"))
+    direct = TFDSSource(config(data_dir))
+    assert len(loaded) == len(direct) == N and loaded.element_spec() == direct.element_spec()
+    a, b = loaded.get_batch(np.arange(N)), direct.get_batch(np.arange(N))
+    order_a, order_b = np.argsort(a["id"]), np.argsort(b["id"])
+    for k in NUMERIC:
+        np.testing.assert_array_equal(a[k][order_a], b[k][order_b])

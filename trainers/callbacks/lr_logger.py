@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import jax.numpy as jnp
+import jax
 from flax import nnx
 
 from trainers.callbacks.base import Callback, StepLogs
@@ -62,7 +62,7 @@ class LearningRateLogger(Callback):
                 logs.metrics["learning_rate"] = value
         if self.schedule is None:
             # A copy: the next step donates (deletes) the optimizer's own array.
-            self._pending = jnp.copy(self._variable.get_value())
+            self._pending = jax.device_put(self._variable.get_value(), may_alias=False)
 
     def on_train_end(self, trainer: Trainer, logs: StepLogs) -> None:
         if logs.metrics and logs.metrics_step is not None:

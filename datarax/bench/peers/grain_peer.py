@@ -2,13 +2,13 @@
 
 `MapDataset.source(...).shuffle(seed).repeat()` (a fresh permutation every epoch), per-record
 `RandomMap` transforms in numpy with the `np.random.Generator` Grain hands each record,
-`.batch(B)`, then `to_iter_dataset` and, for transforms worth parallelising, `mp_prefetch` with
-worker processes. One iterator runs for the whole measurement, as in a training loop; an
+`.batch(B)`, then `to_iter_dataset()`. One iterator runs for the whole measurement, as in a training loop; an
 "epoch" is `ceil(N / B)` consecutive batches.
 
-Settings chosen on this 2-core machine (measured, see docs/benchmarks_peers.md): cifar with 2
-worker processes (`mp_prefetch`) beats threads, whose numpy work contends for the GIL;
-tokens, with no per-record work, is fastest in-process with a thread prefetch buffer.
+Settings chosen on this 2-core machine (measured, see docs/benchmarks_peers.md): Grain's default
+`ReadOptions` (a pool of 16 reader threads) in-process beat `mp_prefetch` with 1 or 2 worker
+processes for both scenarios: the per-record work is short, and worker processes add pickling of
+every batch plus a copy of the dataset per worker. `PeerOptions.workers` switches to `mp_prefetch`.
 """
 
 from __future__ import annotations
@@ -55,33 +55,31 @@ def _absl_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
-def _run(data: dict[str, np.ndarray], options: PeerOptions, transform: Any, workers: int) -> dict:
+def _run(data: dict[str, np.ndarray], options: PeerOptions, transform: Any) -> dict:
     grain = require("grain", NAME, INSTALL)
     n, batch = len(next(iter(data.values()))), options.batch_size
     dataset = grain.MapDataset.source(ArraySource(data)).shuffle(seed=options.seed).repeat()
     if transform is not None:
         dataset = dataset.random_map(transform, seed=options.seed)
-    dataset = dataset.batch(batch)
+    iterable = dataset.batch(batch).to_iter_dataset()
+    workers = options.workers or 0
     if workers > 0:
         _absl_flags_parsed()
-        iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-        iterable = iterable.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=4))
-    else:
-        iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
+        iterable = iterable.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
     iterator = iter(iterable)
     steps = math.ceil(n / batch)
     result = time_epochs(lambda: itertools.islice(iterator, steps), options.repeats)
-    result["settings"] = (f"MapDataset.shuffle.repeat{'.random_map' if transform else ''}.batch, "
-                          + (f"mp_prefetch(num_workers={workers})" if workers else "to_iter_dataset(threads=1)"))
+    result["settings"] = (f"MapDataset.shuffle.repeat{'.random_map' if transform else ''}.batch.to_iter_dataset()"
+                          + (f".mp_prefetch(num_workers={workers})" if workers else " (ReadOptions default threads)"))
     return result
 
 
 def run_cifar(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
-    return _run(data, options, cifar_random_map, 2 if options.workers is None else options.workers)
+    return _run(data, options, cifar_random_map)
 
 
 def run_tokens(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
-    return _run(data, options, None, 0 if options.workers is None else options.workers)
+    return _run(data, options, None)
 
 
 WORKLOADS = {"cifar": run_cifar, "tokens": run_tokens}
