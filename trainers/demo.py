@@ -137,8 +137,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sync-checkpoints", action="store_true", help="block on every checkpoint write")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events")
-    parser.add_argument("--no-compile-cache", action="store_true",
-                        help="do not keep compiled programs in <workdir>/jax_cache (it makes restarts fast)")
+    parser.add_argument("--compile-cache", default=None,
+                        help="directory of JAX's persistent compilation cache (default <workdir>/jax_cache); "
+                             "a restarted run loads its compiled programs from it instead of compiling again")
+    parser.add_argument("--no-compile-cache", action="store_true", help="do not use a compilation cache")
     args = parser.parse_args(argv)
     for name in ("steps", "batch_size", "num_records", "checkpoint_every", "keep", "log_every"):
         if getattr(args, name) < (0 if name == "steps" else 1):
@@ -155,7 +157,8 @@ def main(argv=None) -> int:
     result_path.unlink(missing_ok=True)
     if not args.no_compile_cache:
         # A restarted run loads its compiled step instead of compiling again: restarts stay cheap.
-        jax.config.update("jax_compilation_cache_dir", str(workdir / "jax_cache"))
+        cache = args.compile_cache if args.compile_cache is not None else workdir / "jax_cache"
+        jax.config.update("jax_compilation_cache_dir", str(cache))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     train, evaluation = build_pipelines(args)

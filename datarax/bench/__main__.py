@@ -1,4 +1,7 @@
-"""`python -m datarax.bench [scenario ...]`: datarax beside its floor, one JSON line per result."""
+"""`python -m datarax.bench [scenario ...] [--vs grain,tfdata,torch]`: datarax beside its floor and its peers.
+
+One JSON line per result: each scenario's own rows, then one row per peer named in `--vs`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import argparse
 import json
 import sys
 
+from datarax.bench.peers.runner import check_peers, peer_rows
 from datarax.bench.registry import SCENARIO_MODULES, BenchOptions, load
 
 
@@ -22,10 +26,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown scenario(s) {unknown}; choose from {sorted(SCENARIO_MODULES)}")
     if args.repeats < 1 or args.scale <= 0:
         parser.error(f"--repeats must be >= 1 and --scale > 0, got {args.repeats} and {args.scale}")
-    options = BenchOptions(repeats=args.repeats, scale=args.scale,
-                           peers=tuple(p for p in args.vs.split(",") if p))
+    try:
+        peers = check_peers([p.strip() for p in args.vs.split(",") if p.strip()])
+    except ValueError as exc:
+        parser.error(str(exc))
+    options = BenchOptions(repeats=args.repeats, scale=args.scale, peers=peers)
     for name in names:
-        for result in load(name)(options):
+        results = load(name)(options)
+        for result in results:
+            print(json.dumps(result), flush=True)
+        for result in peer_rows(name, results, options):
             print(json.dumps(result), flush=True)
     return 0
 

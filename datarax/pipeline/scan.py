@@ -80,25 +80,30 @@ def _advance(it: PipelineIterator, epoch: int, position: int) -> None:
 
 
 def _chunks(steps: list[tuple[int, int, int]], batch_size: int, k: int) -> list[list[tuple[int, int, int]]]:
-    """Runs of up to k full batches; a short batch is a chunk of its own."""
+    """Runs of up to k full batches of one epoch; a short batch is a chunk of its own."""
     chunks: list[list] = []
     for step in steps:
-        if step[2] < batch_size:
-            chunks.append([step])
-        elif chunks and len(chunks[-1]) < k and chunks[-1][-1][2] == batch_size:
-            chunks[-1].append(step)
+        last = chunks[-1] if chunks else None
+        if (step[2] == batch_size and last and len(last) < k and last[-1][2] == batch_size
+                and last[-1][0] == step[0]):
+            last.append(step)
         else:
             chunks.append([step])
     return chunks
 
 
-def _indices(p: Pipeline, epoch: int, position: int) -> np.ndarray:
-    positions = np.minimum(np.arange(position, position + p.batch_size), len(p.sampler) - 1)
-    return p.sampler.indices(positions, epoch).astype(np.int32)
+def _indices(p: Pipeline, epoch: int, starts: np.ndarray) -> np.ndarray:
+    """int32[len(starts), B] record indices of batches starting at `starts`, in one sampler call."""
+    positions = np.minimum(starts[:, None] + np.arange(p.batch_size), len(p.sampler) - 1)
+    return p.sampler.indices(positions.reshape(-1), epoch).reshape(len(starts), p.batch_size).astype(np.int32)
 
 
 class ScanRunner:
     """Runs `train_step` over a pipeline iterator, `steps_per_call` steps per compiled call.
+
+    A call never crosses an epoch boundary, so `steps_per_call=len(pipeline)` runs one epoch
+    per call. Record indices are computed inside the scan when the sampler supports it
+    (`Sampler.device_params`), else on the host, one vectorised call per chunk.
 
     Args:
         train_step: `train_step(*modules, batch) -> outputs` written as for an `nnx.jit` loop:
@@ -131,52 +136,17 @@ class ScanRunner:
         self.train_step = train_step
         self.steps_per_call = steps_per_call
         self.raw = raw
-        self._compiled: list[tuple[Any, Callable, Callable]] = []
+        self._compiled: list[tuple[Any, _Functions]] = []
 
-    def _functions(self, graphdef) -> tuple[Callable, Callable, Callable]:
-        """The step, and the jitted scan and short-step functions, for this module structure (built once)."""
-        for known, *functions in self._compiled:
-            if known == graphdef:
-                return tuple(functions)
-
-        def step(state, arrays, idx, meta, num_valid=None):
-            program, *modules = nnx.merge(graphdef, state)
-            data = gather_device(arrays, idx)
-            ctx = make_context(idx, meta[1], meta[2])
-            if self.raw:
-                if num_valid is not None:
-                    data = jax.tree.map(lambda x: x[:num_valid], data)
-                    ctx = BatchContext(ctx.record_ids[:num_valid], ctx.epoch, ctx.mask[:num_valid])
-                batch = ScanBatch(data, ctx)
-            else:
-                batch = run_program(program, data, ctx)
-                if num_valid is not None:
-                    batch = jax.tree.map(lambda x: x[:num_valid], batch)
-            out = self.train_step(*modules, batch)
-            return nnx.split((program, *modules))[1], out
-
-        def scan_fn(state, arrays, idx, meta, valid):
-            # Every call scans exactly K steps, so an epoch's remainder chunk reuses the same
-            # compiled program; padding steps are skipped by the cond and return zeros.
-            def body(carry, x):
-                i, m, v = x
-                run = lambda c: step(c, arrays, i, m)  # noqa: E731
-                out_spec = jax.eval_shape(run, carry)[1]
-                skip = lambda c: (c, jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), out_spec))  # noqa: E731
-                return jax.lax.cond(v, run, skip, carry)
-
-            return jax.lax.scan(body, state, (idx, meta, valid))
-
-        functions = (step, jax.jit(scan_fn), jax.jit(step, static_argnames="num_valid"))
-        self._compiled.append((graphdef, *functions))
+    def _functions(self, graphdef, p: Pipeline) -> _Functions:
+        """The compiled functions for this module structure and sampler (built once)."""
+        key = (graphdef, p.sampler.structure(), len(p.sampler), p.batch_size)
+        for known, functions in self._compiled:
+            if known == key:
+                return functions
+        functions = _Functions(graphdef, p.sampler, p.batch_size, self.train_step, self.raw)
+        self._compiled.append((key, functions))
         return functions
-
-    def _arrays(self, p: Pipeline, chunk: list[tuple[int, int, int]]) -> tuple[np.ndarray, ...]:
-        """Indices int32[K, B], meta int32[K, 3] and valid bool[K] of a chunk, padded to K steps."""
-        steps = chunk + [chunk[-1]] * (self.steps_per_call - len(chunk) if chunk[0][2] == p.batch_size else 0)
-        idx = np.stack([_indices(p, e, pos) for e, pos, _ in steps])
-        meta = np.array([(pos, e, n) for e, pos, n in steps], np.int32)  # the pipeline's meta layout
-        return idx, meta, np.arange(len(steps)) < len(chunk)
 
     def run(self, iterator: PipelineIterator, *modules: nnx.Pytree, num_steps: int | None = None) -> Any:
         """Runs the step over the iterator's next batches and returns its outputs, stacked per step.
@@ -192,70 +162,139 @@ class ScanRunner:
             The step's outputs with a leading axis of one entry per step run (None when no
             step ran).
         """
-        from datarax.pipeline.iterator import PipelineIterator
-
-        if not isinstance(iterator, PipelineIterator):
-            raise TypeError(f"iterator must be a PipelineIterator (iter(pipeline) or pipeline.epochs(n)), "
-                            f"got {describe(iterator)}")
-        p: Pipeline = iterator._pipeline
+        p = _check_run(iterator, modules, num_steps)
         arrays = p.source.device_arrays()
-        if arrays is None:
-            raise ValueError("ScanRunner needs a device-resident source (the whole epoch's data is gathered inside "
-                             "the compiled scan), but this pipeline's source is host-resident; use "
-                             "MemorySourceConfig(device_resident=True), or the per-step loop")
-        if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0):
-            raise ValueError(f"num_steps must be an int >= 0 or None (until the iterator ends), got {num_steps!r}")
-        if num_steps is None and iterator._end is None:
-            raise ValueError("this iterator is endless (pipeline.epochs(None)), so run() needs num_steps=...; or "
-                             "iterate one epoch with iter(pipeline)")
-        for i, m in enumerate(modules):
-            if not isinstance(m, nnx.Pytree):
-                raise TypeError(f"modules[{i}] must be an NNX object (an nnx.Module or nnx.Optimizer), got "
-                                f"{describe(m)}; pass the batch-independent arguments as modules")
         carried = (p.program, *modules)
         graphdef, state = nnx.split(carried)
-        step, scan_fn, short_fn = self._functions(graphdef)
+        fns = self._functions(graphdef, p)
         chunks = _chunks(_plan(iterator, num_steps), p.batch_size, self.steps_per_call)
         full = next((c for c in chunks if c[0][2] == p.batch_size), None)
         short = next((c for c in chunks if c[0][2] < p.batch_size), None)
         if full and short:
-            _check_output_shapes(step, state, arrays, self._arrays(p, full), self._arrays(p, short))
+            fns.check_output_shapes(state, arrays, self._host_inputs(p, full[:1]), self._host_inputs(p, short))
         outputs = []
         for chunk in chunks:
-            idx, meta, valid = self._arrays(p, chunk)
-            num_valid = chunk[0][2]
+            epoch, position, num_valid = chunk[-1]
             if num_valid < p.batch_size:
-                state, out = short_fn(state, arrays, idx[0], meta[0], num_valid=num_valid)
+                idx, meta = self._host_inputs(p, chunk)
+                state, out = fns.short(state, arrays, idx[0], meta[0], num_valid=num_valid)
                 out = jax.tree.map(lambda x: x[None], out)
             else:
-                state, out = scan_fn(state, arrays, idx, meta, valid)
-                out = jax.tree.map(lambda x: x[:len(chunk)], out)
+                state, out = self._scan_chunk(fns, p, state, arrays, chunk)
             nnx.update(carried, state)
-            epoch, position, n = chunk[-1]
-            _advance(iterator, epoch, position + n)
+            _advance(iterator, epoch, position + num_valid)
             outputs.append(out)
-        if not outputs:
-            return None
-        return _stack(outputs)
+        return _stack(outputs) if outputs else None
+
+    def _host_inputs(self, p: Pipeline, chunk: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        meta = np.array([(pos, e, n) for e, pos, n in chunk], np.int32)  # the pipeline's meta layout
+        return _indices(p, chunk[0][0], meta[:, 0]), meta
+
+    def _scan_chunk(self, fns: _Functions, p: Pipeline, state, arrays, chunk: list[tuple[int, int, int]]):
+        # Every call scans exactly K steps, so an epoch's remainder chunk reuses the compiled
+        # program; the padding steps repeat the last one and are skipped.
+        k = self.steps_per_call
+        padded = chunk + [chunk[-1]] * (k - len(chunk))
+        valid = np.arange(k) < len(chunk)
+        epoch = chunk[0][0]
+        params = p.sampler.device_params(epoch)
+        if params is not None:
+            meta = np.array([(pos, e, n) for e, pos, n in padded], np.int32)
+            state, out = fns.scan_device(state, arrays, params, meta, valid)
+        else:
+            idx, meta = self._host_inputs(p, padded)
+            state, out = fns.scan_host(state, arrays, idx, meta, valid)
+        return state, jax.tree.map(lambda x: x[:len(chunk)], out)
+
+
+class _Functions:
+    """The traced step and its jitted forms for one module structure and sampler."""
+
+    def __init__(self, graphdef, sampler, batch_size: int, train_step: Callable, raw: bool):
+        length = len(sampler)
+
+        def step(state, arrays, idx, meta, num_valid=None):
+            program, *modules = nnx.merge(graphdef, state)
+            data = gather_device(arrays, idx)
+            ctx = make_context(idx, meta[1], meta[2])
+            if raw:
+                if num_valid is not None:
+                    data = jax.tree.map(lambda x: x[:num_valid], data)
+                    ctx = BatchContext(ctx.record_ids[:num_valid], ctx.epoch, ctx.mask[:num_valid])
+                batch = ScanBatch(data, ctx)
+            else:
+                batch = run_program(program, data, ctx)
+                if num_valid is not None:
+                    batch = jax.tree.map(lambda x: x[:num_valid], batch)
+            out = train_step(*modules, batch)
+            return nnx.split((program, *modules))[1], out
+
+        def scan(state, arrays, xs, indices_of):
+            def body(carry, x):
+                meta, valid = x[0], x[1]
+                run = lambda c: step(c, arrays, indices_of(x), meta)  # noqa: E731
+                out_spec = jax.eval_shape(run, carry)[1]
+                skip = lambda c: (c, jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), out_spec))  # noqa: E731
+                return jax.lax.cond(valid, run, skip, carry)
+
+            return jax.lax.scan(body, state, xs)
+
+        def scan_device(state, arrays, params, meta, valid):
+            def indices_of(x):
+                positions = jnp.minimum(x[0][0] + jnp.arange(batch_size, dtype=jnp.int32), length - 1)
+                return sampler.device_indices(positions, params)
+
+            return scan(state, arrays, (meta, valid), indices_of)
+
+        def scan_host(state, arrays, idx, meta, valid):
+            return scan(state, arrays, (meta, valid, idx), lambda x: x[2])
+
+        self.step = step
+        self.scan_device = jax.jit(scan_device)
+        self.scan_host = jax.jit(scan_host)
+        self.short = jax.jit(step, static_argnames="num_valid")
+
+    def check_output_shapes(self, state, arrays, full: tuple, short: tuple) -> None:
+        """Fails before running anything when the short batch would change the step's output shapes."""
+        spec = lambda out: [(x.shape, str(x.dtype)) for x in jax.tree.leaves(out[1])]  # noqa: E731
+        num_valid = int(short[1][0][2])
+        full_spec = spec(jax.eval_shape(self.step, state, arrays, full[0][0], full[1][0]))
+        short_spec = spec(jax.eval_shape(functools.partial(self.step, num_valid=num_valid), state, arrays,
+                                         short[0][0], short[1][0]))
+        if full_spec != short_spec:
+            raise ValueError(
+                f"train_step outputs change shape between steps ({full_spec} for a full batch, {short_spec} for the "
+                f"final short batch of {num_valid} records), so they cannot be stacked per step. Return per-batch "
+                "reductions (e.g. the mean loss), or build the pipeline with drop_remainder=True"
+            )
+
+
+def _check_run(iterator, modules, num_steps) -> Pipeline:
+    from datarax.pipeline.iterator import PipelineIterator
+
+    if not isinstance(iterator, PipelineIterator):
+        raise TypeError(f"iterator must be a PipelineIterator (iter(pipeline) or pipeline.epochs(n)), "
+                        f"got {describe(iterator)}")
+    p = iterator._pipeline
+    if p.source.device_arrays() is None:
+        raise ValueError("ScanRunner needs a device-resident source (the whole epoch's data is gathered inside "
+                         "the compiled scan), but this pipeline's source is host-resident; use "
+                         "MemorySourceConfig(device_resident=True), or the per-step loop")
+    if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0):
+        raise ValueError(f"num_steps must be an int >= 0 or None (until the iterator ends), got {num_steps!r}")
+    if num_steps is None and iterator._end is None:
+        raise ValueError("this iterator is endless (pipeline.epochs(None)), so run() needs num_steps=...; or "
+                         "iterate one epoch with iter(pipeline)")
+    for i, m in enumerate(modules):
+        if not isinstance(m, nnx.Pytree):
+            raise TypeError(f"modules[{i}] must be an NNX object (an nnx.Module or nnx.Optimizer), got "
+                            f"{describe(m)}; pass the batch-independent arguments as modules")
+    return p
 
 
 def _stack(outputs: list) -> Any:
     """Per-chunk outputs joined along the step axis."""
     return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outputs) if len(outputs) > 1 else outputs[0]
-
-
-def _check_output_shapes(step: Callable, state, arrays, full: tuple, short: tuple) -> None:
-    """Fails before running anything when the short batch would change the step's output shapes."""
-    spec = lambda out: [(x.shape, str(x.dtype)) for x in jax.tree.leaves(out[1])]  # noqa: E731
-    num_valid = int(short[1][0][2])
-    full_spec = spec(jax.eval_shape(step, state, arrays, full[0][0], full[1][0]))
-    short_spec = spec(jax.eval_shape(functools.partial(step, num_valid=num_valid), state, arrays, short[0][0], short[1][0]))
-    if full_spec != short_spec:
-        raise ValueError(
-            f"train_step outputs change shape between steps ({full_spec} for a full batch, {short_spec} for the "
-            f"final short batch of {num_valid} records), so they cannot be stacked per step. Return per-batch "
-            "reductions (e.g. the mean loss), or build the pipeline with drop_remainder=True"
-        )
 
 
 def scan_epoch(pipeline: Pipeline, train_step: Callable[..., Any], *modules: nnx.Pytree,

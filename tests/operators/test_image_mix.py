@@ -16,9 +16,9 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 from datarax.core.element import Element
-from datarax.core.operator import BatchContext, record_keys
+from datarax.core.operator import BatchContext
 from datarax.operators.image import CutMixConfig, CutMixOperator, MixUpConfig, MixUpOperator
-from datarax.operators.image.beta import symmetric_beta
+from datarax.operators.image.beta import UNIFORMS_PER_BETA, symmetric_beta
 from datarax.operators.image.mix import draw_parameters, partners
 from datarax.operators.learnable import bounded
 
@@ -54,8 +54,7 @@ def test_pairing_depends_on_the_records_not_their_order():
     op = MixUpOperator(MixUpConfig(num_classes=NUM_CLASSES), rngs=nnx.Rngs(0))
     ids = np.array([11, 4, 7, 30, 2, 9], np.int32)
     order = np.array([3, 0, 5, 1, 4, 2])
-    pairing = jax.jit(lambda ctx: partners(
-        jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 0)))(record_keys(op.key, ctx)), ctx.mask))
+    pairing = jax.jit(lambda ctx: draw_parameters(op, ctx, (2, 2, 1))["partner"])
     first = np.asarray(pairing(BatchContext.for_batch(6, epoch=1, record_ids=ids)))
     second = np.asarray(pairing(BatchContext.for_batch(6, epoch=1, record_ids=ids[order])))
     assert {int(ids[i]): int(ids[p]) for i, p in enumerate(first)} == \
@@ -87,11 +86,10 @@ def test_mixup_matches_numpy_keeps_padding_and_draws_beta_weights():
 
 def test_symmetric_beta_matches_scipy_distribution():
     with jax.enable_x64(True):
-        draw = jax.jit(jax.vmap(lambda k, a: symmetric_beta(k, a)["lam"], in_axes=(0, None)))
-        keys = jax.random.split(jax.random.key(7), 20000)
-        for alpha in (0.2, 1.0, 3.0):
-            keys = jax.vmap(lambda k: jax.random.fold_in(k, int(alpha * 10)))(keys)
-            assert scipy.stats.kstest(np.asarray(draw(keys, alpha)), scipy.stats.beta(alpha, alpha).cdf).pvalue > 1e-3
+        draw = jax.jit(jax.vmap(lambda u, a: symmetric_beta(u, a)["lam"], in_axes=(0, None)))
+        for seed, alpha in enumerate((0.2, 1.0, 3.0)):
+            unit = jax.random.uniform(jax.random.key(seed), (20000, UNIFORMS_PER_BETA), jnp.float64)
+            assert scipy.stats.kstest(np.asarray(draw(unit, alpha)), scipy.stats.beta(alpha, alpha).cdf).pvalue > 1e-3
 
 
 def coverage(shape, center, size):

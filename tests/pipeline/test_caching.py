@@ -113,7 +113,7 @@ ERRORS = [
     (lambda: CachingIterator(build(), num_cached_stages=1, num_epochs=0), ValueError,
      r"num_epochs must be a positive int or None"),
     (lambda: CachingIterator("pipeline", num_cached_stages=1), TypeError, r"CachingIterator needs a datarax Pipeline"),
-    (lambda: CachingIterator(Pipeline(MemorySource(data={"x": np.zeros((4, 1))}), batch_size=2,
+    (lambda: CachingIterator(Pipeline(MemorySource(data={"x": np.zeros((4, 1), np.float32)}), batch_size=2,
                                       program=DagProgram({"a": ElementOperator(fn=lambda e: e)}, {"a": []}, "a")),
                              num_cached_stages=1),
      TypeError, r"caches a prefix of a linear pipeline's stages, but this pipeline's program is a DagProgram"),

@@ -12,7 +12,7 @@ from flax import nnx
 from datarax import Pipeline
 from datarax.core.operator import BatchContext
 from datarax.operators import ElementOperator, ElementOperatorConfig
-from datarax.pipeline.dag import DagError, DagProgram
+from datarax.pipeline.dag import DagProgram
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.typing import Element
 

@@ -11,6 +11,7 @@ from datarax import Pipeline
 from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.pipeline.scan import ScanBatch, ScanRunner, scan_epoch
+from datarax.samplers.base import Sampler
 from datarax.sources import MemorySource, MemorySourceConfig
 
 
@@ -205,3 +206,23 @@ def test_outputs_with_batch_shaped_values_and_a_short_batch_are_a_clear_error():
 
     with pytest.raises(ValueError, match=r"train_step outputs change shape between steps .* drop_remainder=True"):
         scan_epoch(make_pipeline(n=12), capture, *model_and_optimizer())
+
+
+class ReverseSampler(Sampler):
+    """A host-only sampler (no device_params): records in reverse order."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def indices(self, positions, epoch):
+        return self.n - 1 - np.asarray(positions, np.int64)
+
+
+def test_host_only_samplers_are_scanned_with_host_indices():
+    source = MemorySource(data={"id": np.arange(24, dtype=np.int32)})
+    pipeline = Pipeline(source, batch_size=8, sampler=ReverseSampler(24))
+    ids = ScanRunner(lambda batch: batch["id"], steps_per_call=2).run(iter(pipeline))
+    np.testing.assert_array_equal(ids, np.arange(24)[::-1].reshape(3, 8))

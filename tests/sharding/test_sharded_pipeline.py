@@ -106,7 +106,7 @@ def test_state_is_layout_free_and_resumes_across_device_counts():
     eight = build(sharding=DataSharding.data_parallel())
     two = build(sharding=DataSharding(mesh((2,), ("data",)), "data"))
     assert one_device.fingerprint == eight.fingerprint == two.fingerprint
-    full = [np.asarray(b["id"]) for b in build().epochs(2)]
+    full = [np.asarray(b["id"]) for b in one_device.epochs(2)]
 
     it = eight.epochs(2)
     for _ in range(6):  # into the second epoch

@@ -66,6 +66,7 @@ def test_close_while_the_producer_is_blocked_inside_a_read():
     next(it)
     source.inside.clear()
     source.gate.clear()  # the next read blocks
+    next(it)  # frees a queue slot, so the producer moves on to that read
     assert wait_for(source.inside.is_set)
     host = it._host
     threading.Timer(0.3, source.gate.set).start()  # a slow read that eventually returns

@@ -17,11 +17,17 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS, EVERY, DELAY_MS = 100, 10, 20
 ARGS = ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--batch-size", "16", "--num-records", "320",
         "--input-delay-ms", str(DELAY_MS), "--log-every", "1000", "--no-progress"]
-TIMEOUT = 120
+TIMEOUT = 300
 
 
-def demo_command(workdir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "trainers.demo", "--workdir", str(workdir), *ARGS, *extra]
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """One compilation cache for every run: only the first run compiles."""
+    return tmp_path_factory.mktemp("jax_cache")
+
+
+def demo_command(workdir: Path, cache: Path) -> list[str]:
+    return [sys.executable, "-m", "trainers.demo", "--workdir", str(workdir), *ARGS, "--compile-cache", str(cache)]
 
 
 def environment() -> dict:
@@ -30,9 +36,9 @@ def environment() -> dict:
     return env
 
 
-def run_to_end(workdir: Path, log: Path) -> dict:
+def run_to_end(workdir: Path, log: Path, cache: Path) -> dict:
     with open(log, "a") as out:
-        subprocess.run(demo_command(workdir), cwd=REPO, env=environment(), stdout=out, stderr=subprocess.STDOUT,
+        subprocess.run(demo_command(workdir, cache), cwd=REPO, env=environment(), stdout=out, stderr=subprocess.STDOUT,
                        timeout=TIMEOUT, check=True)
     return json.loads((workdir / "result.json").read_text())
 
@@ -42,11 +48,11 @@ def checkpoint_steps(workdir: Path) -> set[int]:
     return {int(p.name) for p in directory.iterdir() if p.name.isdigit()} if directory.exists() else set()
 
 
-def start_and_wait_for_a_new_checkpoint(workdir: Path, log: Path) -> tuple[subprocess.Popen, int]:
+def start_and_wait_for_a_new_checkpoint(workdir: Path, log: Path, cache: Path) -> tuple[subprocess.Popen, int]:
     """Starts the demo and returns once it has written a checkpoint of its own (or exited)."""
     before = checkpoint_steps(workdir)
     out = open(log, "a")
-    proc = subprocess.Popen(demo_command(workdir), cwd=REPO, env=environment(), stdout=out,
+    proc = subprocess.Popen(demo_command(workdir, cache), cwd=REPO, env=environment(), stdout=out,
                             stderr=subprocess.STDOUT, start_new_session=True)
     out.close()
     deadline = time.monotonic() + TIMEOUT
@@ -59,25 +65,25 @@ def start_and_wait_for_a_new_checkpoint(workdir: Path, log: Path) -> tuple[subpr
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
+def reference(tmp_path_factory, cache) -> dict:
     workdir = tmp_path_factory.mktemp("uninterrupted")
-    return run_to_end(workdir, workdir / "log.txt")
+    return run_to_end(workdir, workdir / "log.txt", cache)
 
 
-def test_sigkill_at_three_random_points_then_rerun_is_bitwise_exact(tmp_path, reference):
+def test_sigkill_at_three_random_points_then_rerun_is_bitwise_exact(tmp_path, reference, cache):
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     log = tmp_path / "log.txt"
     workdir = tmp_path / "run"
     kills = []
     for _ in range(3):
-        proc, step = start_and_wait_for_a_new_checkpoint(workdir, log)
+        proc, step = start_and_wait_for_a_new_checkpoint(workdir, log, cache)
         remaining_s = (STEPS - step) * DELAY_MS / 1000
         time.sleep(rng.uniform(0.0, 0.8 * remaining_s))
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             kills.append(step)
         proc.wait(timeout=TIMEOUT)
-    result = run_to_end(workdir, log)
+    result = run_to_end(workdir, log, cache)
     assert len(kills) >= 2, f"the demo finished before most kills ({kills}); see {log}"
     assert result["step"] == STEPS
     assert result["resumed_from"] is not None
@@ -85,9 +91,9 @@ def test_sigkill_at_three_random_points_then_rerun_is_bitwise_exact(tmp_path, re
     assert result["eval_metrics"] == reference["eval_metrics"]
 
 
-def test_sigterm_saves_and_exits_zero(tmp_path, reference):
+def test_sigterm_saves_and_exits_zero(tmp_path, reference, cache):
     log = tmp_path / "log.txt"
-    proc, _ = start_and_wait_for_a_new_checkpoint(tmp_path, log)
+    proc, _ = start_and_wait_for_a_new_checkpoint(tmp_path, log, cache)
     assert proc.poll() is None, log.read_text()[-3000:]
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=TIMEOUT) == 0, log.read_text()[-3000:]
@@ -96,4 +102,4 @@ def test_sigterm_saves_and_exits_zero(tmp_path, reference):
     stopped_at = int(text.split("stopped by SIGTERM at step ")[1].split(";")[0])
     assert max(checkpoint_steps(tmp_path)) == stopped_at  # the forced save, whatever the schedule
     assert not (tmp_path / "result.json").exists()
-    assert run_to_end(tmp_path, log)["params_sha256"] == reference["params_sha256"]
+    assert run_to_end(tmp_path, log, cache)["params_sha256"] == reference["params_sha256"]

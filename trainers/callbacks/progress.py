@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 from trainers.callbacks.base import Callback, StepLogs
@@ -36,25 +35,22 @@ class ProgressBar(Callback):
         self.metric = metric
         self.tqdm_kwargs = {"file": sys.stderr, "dynamic_ncols": True, "mininterval": 0.5, **tqdm_kwargs}
         self.bar = None
-        self._times: collections.deque = collections.deque(maxlen=window + 1)
-        self._sizes: collections.deque = collections.deque(maxlen=window)
+        self._recent: collections.deque = collections.deque(maxlen=window + 1)
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self.close()
         self.bar = self._tqdm(total=trainer.target_step, initial=trainer.step, unit="step", **self.tqdm_kwargs)
-        self._times.clear()
-        self._sizes.clear()
-        self._times.append(time.perf_counter())
+        self._recent.clear()
 
     def throughput(self) -> float:
-        """Elements per second over the window (0 before two steps)."""
-        if len(self._times) < 2:
+        """Elements per second over the window: the batches after the first, over the time since it."""
+        if len(self._recent) < 2:
             return 0.0
-        return sum(self._sizes) / max(self._times[-1] - self._times[0], 1e-9)
+        elapsed = self._recent[-1][0] - self._recent[0][0]
+        return sum(size for _, size in list(self._recent)[1:]) / max(elapsed, 1e-9)
 
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
-        self._times.append(logs.dispatched_at)
-        self._sizes.append(logs.batch_size)
+        self._recent.append((logs.dispatched_at, logs.batch_size))
         if self.bar is None:
             return
         postfix = {"el/s": f"{self.throughput():,.0f}"}

@@ -23,6 +23,7 @@ from datarax.bench.peers.common import CIFAR_PAD, PeerOptions, cifar_augment_num
 
 NAME = "grain"
 INSTALL = "pip install grain"
+MODULE = "grain"
 
 
 class ArraySource:
@@ -56,7 +57,7 @@ def _absl_flags_parsed() -> None:
 
 
 def _run(data: dict[str, np.ndarray], options: PeerOptions, transform: Any) -> dict:
-    grain = require("grain", NAME, INSTALL)
+    grain = require(MODULE, NAME, INSTALL)
     n, batch = len(next(iter(data.values()))), options.batch_size
     dataset = grain.MapDataset.source(ArraySource(data)).shuffle(seed=options.seed).repeat()
     if transform is not None:

@@ -17,11 +17,12 @@ from datarax.bench.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, PeerOpt
 
 NAME = "tfdata"
 INSTALL = "pip install tensorflow-cpu"
+MODULE = "tensorflow"
 
 
 def _tf() -> Any:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    tf = require("tensorflow", NAME, INSTALL)
+    tf = require(MODULE, NAME, INSTALL)
     tf.config.set_visible_devices([], "GPU")  # JAX owns any accelerator; tf.data runs on the host
     return tf
 

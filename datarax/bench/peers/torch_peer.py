@@ -21,6 +21,7 @@ from datarax.bench.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, PeerOpt
 
 NAME = "torch"
 INSTALL = "pip install torch"
+MODULE = "torch"
 
 
 def _cifar_dataset(torch: Any, data: dict[str, np.ndarray]) -> Any:
@@ -67,7 +68,7 @@ def _numpy_epochs(loader: Any):
 
 
 def run_cifar(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
-    torch = require("torch", NAME, INSTALL)
+    torch = require(MODULE, NAME, INSTALL)
     workers = 2 if options.workers is None else options.workers
     result = time_epochs(_numpy_epochs(_loader(torch, _cifar_dataset(torch, data), options, workers)), options.repeats)
     result["settings"] = f"Dataset.__getitem__ torch ops, DataLoader(shuffle=True, num_workers={workers}" + (
@@ -76,7 +77,7 @@ def run_cifar(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
 
 
 def run_tokens(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
-    torch = require("torch", NAME, INSTALL)
+    torch = require(MODULE, NAME, INSTALL)
     workers = 0 if options.workers is None else options.workers
 
     class TokenDataset(torch.utils.data.Dataset):

@@ -67,18 +67,20 @@ def time_shift(x: jax.Array, shift: jax.Array | float, mode: str = "zero") -> ja
     if mode not in SHIFT_MODES:
         raise ValueError(f"mode must be one of {SHIFT_MODES}, got {mode!r}")
     length = x.shape[-1]
-    position = jnp.arange(length, dtype=x.dtype) - jnp.asarray(shift, x.dtype)
-    left = jnp.floor(position)
-    frac = position - left
-    left = left.astype(jnp.int32)
+    shift = jnp.asarray(shift, x.dtype)
+    # Split the shift into integer and fractional parts before touching sample positions:
+    # n - shift in floating point would lose the fraction's precision on long signals.
+    whole = jnp.floor(shift)
+    frac = shift - whole
+    index = jnp.arange(length, dtype=jnp.int32) - whole.astype(jnp.int32)
 
-    def sample(index):
+    def sample(i):
         if mode == "wrap":
-            return jnp.take(x, index % length, axis=-1)
-        inside = (index >= 0) & (index < length)
-        return jnp.where(inside, jnp.take(x, jnp.clip(index, 0, length - 1), axis=-1), 0.0)
+            return jnp.take(x, i % length, axis=-1)
+        inside = (i >= 0) & (i < length)
+        return jnp.where(inside, jnp.take(x, jnp.clip(i, 0, length - 1), axis=-1), 0.0)
 
-    return (1.0 - frac) * sample(left) + frac * sample(left + 1)
+    return (1.0 - frac) * sample(index) + frac * sample(index - 1)
 
 
 def crop_or_pad(x: jax.Array, length: int, offset: jax.Array | int) -> jax.Array:

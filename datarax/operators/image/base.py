@@ -161,9 +161,18 @@ class ImageOperator(PerRecordOperator):
         return element.update_data({self.config.field: out.astype(image.dtype)})
 
 
-def split(key: jax.Array | None, num: int) -> tuple[jax.Array | None, ...]:
-    """Splits a record key into `num` keys (all None for a deterministic operator)."""
-    return (None,) * num if key is None else tuple(jax.random.split(key, num))
+def uniforms(key: jax.Array | None, num: int) -> jax.Array | None:
+    """`num` uniforms in [0, 1) from a record key (None for a deterministic operator).
+
+    Operators draw all their randomness in one call: each random-number call site adds to the
+    compile time of the pipeline's program.
+    """
+    return None if key is None else jax.random.uniform(key, (num,), dtype=jnp.result_type(float))
+
+
+def signed(unit: jax.Array | None, magnitude: jax.Array | float) -> jax.Array | float:
+    """Maps a uniform in [0, 1) to `[-magnitude, magnitude)`; the magnitude itself when `unit` is None."""
+    return magnitude if unit is None else magnitude * (2.0 * unit - 1.0)
 
 
 def signed_or_fixed(key: jax.Array | None, magnitude: jax.Array | float) -> jax.Array | float:

@@ -46,30 +46,38 @@ def _gamma_from_proposals_jvp(primals, tangents):
     return draw, grad * shape_dot
 
 
-def log_gamma(key: jax.Array, alpha: jax.Array | float, shape: tuple[int, ...] = ()) -> dict[str, jax.Array]:
-    """Draws `log g` with `g ~ Gamma(alpha)`, and the parts it is made of.
+UNIFORMS_PER_GAMMA = 2 * PROPOSALS + 1
+
+
+def log_gamma(unit: jax.Array, alpha: jax.Array | float) -> dict[str, jax.Array]:
+    """Draws `log g` with `g ~ Gamma(alpha)` from uniforms `unit` of shape (..., UNIFORMS_PER_GAMMA).
 
     Returns a dict with `log_gamma` (the draw), `gamma_plus_one` (the Gamma(alpha + 1) draw) and
-    `log_boost` (`log u`), all of `shape`. All randomness comes from one uniform block (normals
-    by Box-Muller): each random-number call site costs compile time.
+    `log_boost` (`log u`), each of shape `unit.shape[:-1]`. The caller draws the uniforms in one
+    block (normals come from them by Box-Muller) because every random-number call site costs
+    compile time.
     """
-    dtype = jnp.result_type(float)
-    tiny = jnp.finfo(dtype).tiny
-    unit = jax.random.uniform(key, (*shape, 2 * PROPOSALS + 1), dtype, minval=tiny)
+    tiny = jnp.finfo(unit.dtype).tiny
+    unit = jnp.maximum(unit, tiny)
     radius = jnp.sqrt(-2.0 * jnp.log(unit[..., :PROPOSALS // 2]))
     angle = 2.0 * jnp.pi * unit[..., PROPOSALS // 2:PROPOSALS]
     normals = jnp.concatenate([radius * jnp.cos(angle), radius * jnp.sin(angle)], axis=-1)
-    alpha = jnp.asarray(alpha, dtype)
-    draw = gamma_from_proposals(jnp.broadcast_to(alpha + 1.0, shape), normals, unit[..., PROPOSALS:2 * PROPOSALS])
+    alpha = jnp.asarray(alpha, unit.dtype)
+    draw = gamma_from_proposals(jnp.broadcast_to(alpha + 1.0, unit.shape[:-1]), normals,
+                                unit[..., PROPOSALS:2 * PROPOSALS])
     log_boost = jnp.log(unit[..., -1])
     return {"log_gamma": jnp.log(draw) + log_boost / alpha, "gamma_plus_one": draw, "log_boost": log_boost}
 
 
-def symmetric_beta(key: jax.Array, alpha: jax.Array | float) -> dict[str, jax.Array]:
+UNIFORMS_PER_BETA = 2 * UNIFORMS_PER_GAMMA
+
+
+def symmetric_beta(unit: jax.Array, alpha: jax.Array | float) -> dict[str, jax.Array]:
     """`lam ~ Beta(alpha, alpha)` as `g1 / (g1 + g2)` of two Gamma(alpha) draws, in log space.
 
-    Returns a dict with `lam` and the gamma parts behind it (each of shape (2,), see `log_gamma`).
+    `unit` holds `UNIFORMS_PER_BETA` uniforms in [0, 1). Returns a dict with `lam` and the gamma
+    parts behind it (each of shape (2,), see `log_gamma`).
     """
-    parts = log_gamma(key, alpha, (2,))
+    parts = log_gamma(unit.reshape(2, UNIFORMS_PER_GAMMA), alpha)
     lam = jax.nn.sigmoid(parts["log_gamma"][0] - parts["log_gamma"][1])
     return {"lam": lam, "gamma_plus_one": parts["gamma_plus_one"], "log_boost": parts["log_boost"]}

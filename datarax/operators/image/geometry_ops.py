@@ -12,14 +12,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
 from datarax.operators.image import geometry
 from datarax.operators.image.base import (PAD_MODES, ImageOperator, ImageOperatorConfig, check_number, check_range,
-                                          check_size, coin, require_stochastic, signed_or_fixed, split)
-from datarax.operators.learnable import uniform
+                                          check_size, coin, require_stochastic, signed, signed_or_fixed,
+                                          uniforms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +114,8 @@ class RandomCropOperator(ImageOperator):
                              f"({shape[0] + 2 * pad}, {shape[1] + 2 * pad}); lower size or raise padding")
         if key is None:
             return {"top": room_y // 2, "left": room_x // 2}
-        k_top, k_left = jax.random.split(key)
-        return {"top": jax.random.randint(k_top, (), 0, room_y + 1),
-                "left": jax.random.randint(k_left, (), 0, room_x + 1)}
+        offsets = jax.random.randint(key, (2,), 0, jnp.asarray([room_y + 1, room_x + 1]))
+        return {"top": offsets[0], "left": offsets[1]}
 
     def transform(self, image, params):
         padded = geometry.pad(image, self.config.padding, self.config.pad_mode, self.config.fill)
@@ -164,13 +164,15 @@ class RandomResizedCropOperator(ImageOperator):
     bounds = {"min_scale": (0.0, 1.0)}
 
     def draw(self, key, shape):
-        k_area, k_ratio, k_top, k_left = jax.random.split(key, 4)
-        area = uniform(k_area, self.magnitude("min_scale"), self.config.scale[1]) * shape[0] * shape[1]
-        log_ratio = uniform(k_ratio, *jnp.log(jnp.asarray(self.config.ratio)))
-        box_h = jnp.minimum(jnp.sqrt(area / jnp.exp(log_ratio)), shape[0])
-        box_w = jnp.minimum(jnp.sqrt(area * jnp.exp(log_ratio)), shape[1])
-        top = uniform(k_top, 0.0, 1.0) * (shape[0] - box_h)
-        left = uniform(k_left, 0.0, 1.0) * (shape[1] - box_w)
+        unit = uniforms(key, 4)
+        min_scale, max_scale = self.magnitude("min_scale"), self.config.scale[1]
+        area = (min_scale + (max_scale - min_scale) * unit[0]) * shape[0] * shape[1]
+        low, high = math.log(self.config.ratio[0]), math.log(self.config.ratio[1])
+        ratio = jnp.exp(low + (high - low) * unit[1])
+        box_h = jnp.minimum(jnp.sqrt(area / ratio), shape[0])
+        box_w = jnp.minimum(jnp.sqrt(area * ratio), shape[1])
+        top = unit[2] * (shape[0] - box_h)
+        left = unit[3] * (shape[1] - box_w)
         return {"box": jnp.stack([top, left, box_h, box_w])}
 
     def transform(self, image, params):
@@ -239,12 +241,13 @@ class AffineOperator(ImageOperator):
     bounds = {"degrees": (0.0, 180.0), "translate": (0.0, 1.0), "scale": (0.0, 0.9), "shear": (0.0, 60.0)}
 
     def draw(self, key, shape):
-        k_angle, k_dx, k_dy, k_scale, k_shear = split(key, 5)
+        unit = uniforms(key, 5)
+        angle, dx, dy, scale, shear = (None,) * 5 if unit is None else unit
         shift = self.magnitude("translate")
-        return {"angle": signed_or_fixed(k_angle, self.magnitude("degrees")),
-                "dx": signed_or_fixed(k_dx, shift) * shape[1], "dy": signed_or_fixed(k_dy, shift) * shape[0],
-                "scale": 1.0 + signed_or_fixed(k_scale, self.magnitude("scale")),
-                "shear": signed_or_fixed(k_shear, self.magnitude("shear"))}
+        return {"angle": signed(angle, self.magnitude("degrees")),
+                "dx": signed(dx, shift) * shape[1], "dy": signed(dy, shift) * shape[0],
+                "scale": 1.0 + signed(scale, self.magnitude("scale")),
+                "shear": signed(shear, self.magnitude("shear"))}
 
     def transform(self, image, params):
         inverse = geometry.affine_matrix(params["angle"], geometry.image_center(image), scale=params["scale"],
@@ -310,9 +313,10 @@ class TranslateOperator(ImageOperator):
     bounds = {"translate": (0.0, 1.0)}
 
     def draw(self, key, shape):
-        k_dx, k_dy = split(key, 2)
+        unit = uniforms(key, 2)
+        dx, dy = (None, None) if unit is None else unit
         shift = self.magnitude("translate")
-        return {"dx": signed_or_fixed(k_dx, shift) * shape[1], "dy": signed_or_fixed(k_dy, shift) * shape[0]}
+        return {"dx": signed(dx, shift) * shape[1], "dy": signed(dy, shift) * shape[0]}
 
     def transform(self, image, params):
         return geometry.translate(image, params["dx"], params["dy"], self.config.fill)

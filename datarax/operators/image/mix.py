@@ -34,7 +34,7 @@ from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule, describe, record_keys, stage_key_from_rngs
 from datarax.operators.image import beta, filters
 from datarax.operators.image.base import ImageOperatorConfig, check_number, require_stochastic
-from datarax.operators.learnable import magnitudes, uniform
+from datarax.operators.learnable import magnitudes
 
 ALPHA_BOUND = 4.0
 
@@ -107,17 +107,22 @@ def cutmix(image: jax.Array, other: jax.Array, center: jax.Array, lam: jax.Array
 
 def draw_parameters(op: MixOperator, ctx: BatchContext, shape: tuple[int, ...]) -> dict[str, Any]:
     """What `op` draws for a batch of images of per-record `shape`: the partner index of every
-    record and its mixing parameters (leading axis B). `apply_batch` uses exactly these."""
-    keys = record_keys(op.key, ctx)
-    scores = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 0)))(keys)
-    params = jax.vmap(lambda k: op.draw(jax.random.fold_in(k, 1), tuple(shape)))(keys)
-    return {"partner": partners(scores, ctx.mask), **params}
+    record and its mixing parameters (leading axis B). `apply_batch` uses exactly these.
+
+    Each record draws one block of uniforms from its key: the first orders the records for
+    pairing, the rest feed `op.draw`.
+    """
+    dtype = jnp.result_type(float)
+    units = jax.vmap(lambda k: jax.random.uniform(k, (1 + op.num_uniforms,), dtype))(record_keys(op.key, ctx))
+    params = jax.vmap(lambda u: op.draw(u, tuple(shape)))(units[:, 1:])
+    return {"partner": partners(units[:, 0], ctx.mask), **params}
 
 
 class MixOperator(OperatorModule):
     """Abstract base of the batch-mixing operators (see the module docstring)."""
 
     config_class: ClassVar[type[MixConfig]]
+    num_uniforms: ClassVar[int]
 
     def __init__(self, config: MixConfig, *, rngs: nnx.Rngs | None = None):
         if type(config) is not self.config_class:
@@ -127,17 +132,18 @@ class MixOperator(OperatorModule):
         self.magnitudes = magnitudes(config, {"alpha": (0.0, ALPHA_BOUND)}, owner=self.config_class.__name__)
 
     @abc.abstractmethod
-    def draw(self, key: jax.Array, shape: tuple[int, ...]) -> dict[str, jax.Array]:
-        """One record's mixing parameters (at least `lam`, its Beta(alpha, alpha) weight)."""
+    def draw(self, unit: jax.Array, shape: tuple[int, ...]) -> dict[str, jax.Array]:
+        """One record's mixing parameters (at least `lam`, its Beta(alpha, alpha) weight) from
+        `num_uniforms` uniforms in [0, 1)."""
 
     @abc.abstractmethod
     def mix(self, image: jax.Array, other: jax.Array, params: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """Mixes one image with its partner; returns the image and the share of its own label."""
 
-    def weight(self, key: jax.Array) -> dict[str, jax.Array]:
-        """A mixing weight `lam ~ Beta(alpha, alpha)` from `key`, with the gamma draws behind it
-        (see `datarax.operators.image.beta.symmetric_beta`)."""
-        return beta.symmetric_beta(key, self.magnitudes["alpha"]())
+    def weight(self, unit: jax.Array) -> dict[str, jax.Array]:
+        """A mixing weight `lam ~ Beta(alpha, alpha)` from `beta.UNIFORMS_PER_BETA` uniforms, with the
+        gamma draws behind it (see `datarax.operators.image.beta.symmetric_beta`)."""
+        return beta.symmetric_beta(unit, self.magnitudes["alpha"]())
 
     def read(self, elements: Element) -> tuple[jax.Array, jax.Array]:
         """The batch's images and labels (as (B, num_classes) floats in the image dtype)."""
@@ -175,9 +181,10 @@ class MixUpOperator(MixOperator):
     """MixUp (Zhang et al. 2018): a convex combination of two images and of their labels."""
 
     config_class = MixUpConfig
+    num_uniforms = beta.UNIFORMS_PER_BETA
 
-    def draw(self, key, shape):
-        return self.weight(key)
+    def draw(self, unit, shape):
+        return self.weight(unit)
 
     def mix(self, image, other, params):
         lam = params["lam"]
@@ -192,11 +199,11 @@ class CutMixOperator(MixOperator):
     """
 
     config_class = CutMixConfig
+    num_uniforms = beta.UNIFORMS_PER_BETA + 2
 
-    def draw(self, key, shape):
-        k_lam, k_center = jax.random.split(key)
-        unit = uniform(k_center, 0.0, 1.0, (2,))
-        return {**self.weight(k_lam), "center": unit * jnp.asarray(shape[:2], unit.dtype)}
+    def draw(self, unit, shape):
+        center = unit[-2:] * jnp.asarray(shape[:2], unit.dtype)
+        return {**self.weight(unit[:-2]), "center": center}
 
     def mix(self, image, other, params):
         return cutmix(image, other, params["center"], params["lam"])

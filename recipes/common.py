@@ -1,0 +1,270 @@
+"""What every recipe shares: the command line, the trainer set-up, result.json and plots.
+
+A recipe is `python -m recipes.<name> [--workdir DIR] [--quick] [--seed N]`. It trains one or
+more models with `trainers.Trainer` (an Orbax checkpoint callback and a goodput monitor on every
+run), writes `DIR/result.json` with its metrics and a PNG plot, and prints a summary. Running it
+again with the same `--workdir` resumes every run from its latest checkpoint (a finished run is
+restored and only re-evaluated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+from datarax import Pipeline
+from trainers import ConsoleWriter, JsonlWriter, Trainer
+from trainers.callbacks import CheckpointCallback, GoodputMonitor, MetricLogger
+
+DEFAULT_ROOT = Path("runs")
+
+
+def parse_args(name: str, description: str, argv: list[str] | None = None,
+               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The recipe command line: --workdir, --quick, --seed, --steps and --no-compile-cache.
+
+    `extra(parser)` may add recipe-specific options.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m recipes.{name}", description=description)
+    parser.add_argument("--workdir", default=None,
+                        help=f"checkpoints, logs, result.json and plots go here (default runs/{name}, or "
+                             f"runs/{name}-quick with --quick); rerun with the same DIR to resume")
+    parser.add_argument("--quick", action="store_true", help="a small configuration that finishes in under a minute")
+    parser.add_argument("--seed", type=int, default=0, help="base random seed")
+    parser.add_argument("--steps", type=int, default=None, help="override the number of training steps per run")
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="do not keep compiled programs in DIR/jax_cache (the cache makes reruns start fast)")
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
+    if args.workdir is None:
+        args.workdir = str(DEFAULT_ROOT / (f"{name}-quick" if args.quick else name))
+    return args
+
+
+def prepare_workdir(args: argparse.Namespace) -> Path:
+    """Creates the work directory, removes a stale result.json and turns on the compile cache."""
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "result.json").unlink(missing_ok=True)
+    if not args.no_compile_cache:
+        # Every run of a recipe (and every rerun) with the same program loads it instead of compiling.
+        jax.config.update("jax_compilation_cache_dir", str(workdir / "jax_cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return workdir
+
+
+@dataclasses.dataclass
+class RunOutcome:
+    """What `train_run` returns besides the trainer.
+
+    Attributes:
+        step: the step the run reached.
+        resumed_from: the checkpoint step it resumed from, or None for a fresh start.
+        train_metrics: the final step's metrics.
+        eval_metrics: the evaluation after training ({} without an eval pipeline).
+        goodput: the compact goodput summary of this invocation (see `goodput_digest`).
+        seconds: wall time of this invocation of the run.
+    """
+
+    step: int
+    resumed_from: int | None
+    train_metrics: dict[str, float]
+    eval_metrics: dict[str, float]
+    goodput: dict[str, Any]
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def goodput_digest(report: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The few goodput figures a recipe prints and records: diagnosis, buckets, throughput."""
+    if not report or not report.get("steps"):
+        return {"steps": 0, "diagnosis": (report or {}).get("diagnosis", "no steps ran (restored a finished run)")}
+    steady = report.get("steady") or {}
+    return {
+        "steps": report["steps"],
+        "wall_s": report["wall_s"],
+        "diagnosis": report["diagnosis"],
+        "buckets_pct": report["buckets_pct"],
+        "compile_s": report["compile_s"],
+        "first_batch_s": report["first_batch_s"],
+        "checkpoint_save_s": report["checkpoint_save_s"],
+        "steady_el_per_s": steady.get("achieved_el_s"),
+        "step_consumes_el_per_s": steady.get("step_consumes_el_s"),
+        "steady_step_ms": 1000 * steady["step_time_s"] if "step_time_s" in steady else None,
+    }
+
+
+def describe_goodput(digest: Mapping[str, Any]) -> str:
+    """One or two printable lines for a goodput digest."""
+    if not digest.get("steps"):
+        return f"goodput: {digest['diagnosis']}"
+    pct = digest["buckets_pct"]
+    parts = ", ".join(f"{k} {v:.1f}%" for k, v in pct.items() if v >= 0.05)
+    rate = digest.get("steady_el_per_s")
+    rate_text = f"{rate:,.0f} el/s" if rate is not None and math.isfinite(rate) else "n/a"
+    return (f"goodput: {parts} of {digest['wall_s']:.1f} s wall; steady throughput {rate_text}\n"
+            f"         {digest['diagnosis']}")
+
+
+def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransformation, pipeline: Pipeline,
+              loss_fn: Callable, *, steps: int, eval_pipeline: Pipeline | None = None,
+              metrics: Mapping[str, Callable] | None = None, joint: bool = False, checkpoint_every: int | None = None,
+              log_every: int | None = None, label: str = "") -> tuple[Trainer, RunOutcome]:
+    """Trains one model with checkpoints (resuming from `run_dir/checkpoints`) and a goodput monitor.
+
+    Args:
+        run_dir: this run's directory (checkpoints, metrics.jsonl, goodput.json/png).
+        model, optimizer, pipeline, loss_fn, eval_pipeline, metrics, joint: as for `trainers.Trainer`
+            (`joint` is `train_pipeline_params`).
+        steps: total steps to reach (a resumed run stops where an uninterrupted one would).
+        checkpoint_every: steps between checkpoints (default: four per run).
+        log_every: steps between metric lines (default: ten per run).
+        label: a prefix for printed lines.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoints = CheckpointCallback(run_dir / "checkpoints", every_steps=checkpoint_every or max(1, steps // 4),
+                                     max_to_keep=2)
+    goodput = GoodputMonitor(run_dir, plot=plotting_available(), verbose=False)
+    logger = MetricLogger([_PrefixedConsole(label), JsonlWriter(run_dir / "metrics.jsonl")],
+                          every_steps=log_every or max(1, steps // 10))
+    trainer = Trainer(model, optimizer, pipeline, loss_fn, eval_pipeline=eval_pipeline, metrics=metrics,
+                      callbacks=[checkpoints, goodput, logger], train_pipeline_params=joint)
+    began = time.perf_counter()
+    result = trainer.fit(num_steps=steps)
+    if result.stop_reason is not None:
+        print(f"{label}stopped by {result.stop_reason} at step {result.step}; the checkpoint is saved, run the "
+              "same command again to resume", flush=True)
+        raise SystemExit(0)
+    eval_metrics = trainer.evaluate() if eval_pipeline is not None else {}
+    resumed = checkpoints.restored.step if checkpoints.restored is not None else None
+    outcome = RunOutcome(result.step, resumed, dict(result.metrics), eval_metrics, goodput_digest(goodput.report),
+                         time.perf_counter() - began)
+    if resumed is not None:
+        print(f"{label}resumed from checkpoint step {resumed}", flush=True)
+    return trainer, outcome
+
+
+class _PrefixedConsole(ConsoleWriter):
+    """A console writer whose lines start with the run's label."""
+
+    def __init__(self, label: str):
+        super().__init__()
+        self.label = label
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        parts = " | ".join(f"{k} {v:.4g}" for k, v in sorted(scalars.items()))
+        print(f"{self.label}step {step} | {parts}", flush=True)
+
+
+def _finite(value: Any, where: str) -> Any:
+    """Checks that every float in `value` is finite (metrics that are NaN must fail loudly)."""
+    if isinstance(value, Mapping):
+        return {k: _finite(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, (np.floating, np.integer)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"result {where} is {value}: the recipe diverged or measured nothing; see the log above")
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    """Like `_finite` but turns non-finite floats into None (for diagnostics such as rates)."""
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_result(workdir: Path, name: str, metrics: Mapping[str, Any], details: Mapping[str, Any],
+                 args: argparse.Namespace) -> Path:
+    """Writes `workdir/result.json` atomically.
+
+    `metrics` are the headline numbers and must be finite; `details` (per-run records, goodput,
+    configuration) may hold None for figures that do not exist.
+    """
+    record = {"recipe": name, "quick": bool(args.quick), "seed": args.seed,
+              "command": " ".join(["python -m", f"recipes.{name}"] + sys.argv[1:]),
+              "metrics": _finite(dict(metrics), "metrics"), **_jsonable(dict(details))}
+    path = workdir / "result.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1, allow_nan=False))
+    os.replace(tmp, path)
+    return path
+
+
+def plotting_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pyplot():
+    """matplotlib.pyplot with the file-only Agg backend, or None when matplotlib is missing."""
+    if not plotting_available():
+        print("matplotlib is not installed: no plot written (pip install matplotlib)", flush=True)
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return str(path)
+
+
+def read_curve(run_dir: Path, key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of `key` from a run's metrics.jsonl; later lines win (resumed runs repeat steps)."""
+    path = run_dir / "metrics.jsonl"
+    values: dict[int, float] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if key in row:
+                values[int(row["step"])] = float(row[key])
+    steps = sorted(values)
+    return steps, [values[s] for s in steps]
+
+
+def mean_std(values: list[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (0 for one value), min and max."""
+    x = np.asarray(values, np.float64)
+    return {"mean": float(x.mean()), "std": float(x.std(ddof=1)) if len(x) > 1 else 0.0,
+            "min": float(x.min()), "max": float(x.max()), "n": len(values)}

@@ -1,0 +1,83 @@
+"""Real data the recipes use, all shipped inside installed packages (nothing is downloaded).
+
+* `load_digits`: scikit-learn's 1,797 handwritten digits (8x8, values 0..16, UCI ML hand-written
+  digits test set), read from the CSV that scikit-learn ships.
+* `load_sample_images`: scikit-image's bundled colour photographs (astronaut, cat, coffee, ...).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+NEEDS_SKLEARN = ("the digits data ships with scikit-learn: pip install scikit-learn "
+                 "(or pip install 'datarax[data]')")
+NEEDS_SKIMAGE = ("the sample images ship with scikit-image: pip install scikit-image "
+                 "(or pip install 'datarax[data]')")
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as (images uint8 [1797, 8, 8, 1] with values 0..16, labels int32 [1797]).
+
+    Reads scikit-learn's bundled `digits.csv.gz` directly (importing scikit-learn costs seconds);
+    falls back to `sklearn.datasets.load_digits` if the file is not where it usually is.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise ImportError(NEEDS_SKLEARN)
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+    if path.is_file():
+        with gzip.open(path, "rt") as f:
+            table = np.loadtxt(f, delimiter=",", dtype=np.float64)
+        pixels, labels = table[:, :64], table[:, 64]
+    else:
+        from sklearn.datasets import load_digits as sklearn_digits
+
+        bunch = sklearn_digits()
+        pixels, labels = bunch.data, bunch.target
+    images = pixels.reshape(-1, 8, 8, 1).astype(np.uint8)
+    return images, labels.astype(np.int32)
+
+
+def per_class_split(labels: np.ndarray, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of `per_class` random records of every class, and of all the others (both sorted)."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        if len(members) < per_class:
+            raise ValueError(f"per_class={per_class} but class {c} has only {len(members)} records; lower per_class")
+        chosen.append(rng.choice(members, per_class, replace=False))
+    picked = np.sort(np.concatenate(chosen))
+    rest = np.setdiff1d(np.arange(len(labels)), picked)
+    return picked, rest
+
+
+def fraction_split(num: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded random (train, test) split of `range(num)`, both sorted."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    order = np.random.default_rng(seed).permutation(num)
+    cut = int(round(num * test_fraction))
+    return np.sort(order[cut:]), np.sort(order[:cut])
+
+
+SAMPLE_IMAGES = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "hubble_deep_field")
+
+
+def load_sample_images(names: tuple[str, ...] = SAMPLE_IMAGES) -> list[np.ndarray]:
+    """scikit-image's bundled colour photographs as float32 HWC arrays in [0, 1]."""
+    if importlib.util.find_spec("skimage") is None:
+        raise ImportError(NEEDS_SKIMAGE)
+    from skimage import data
+
+    images = []
+    for name in names:
+        image = getattr(data, name)()
+        if image.ndim != 3 or image.shape[-1] != 3:
+            raise ValueError(f"skimage.data.{name}() is not an RGB image (shape {image.shape}); pick colour images")
+        images.append(image.astype(np.float32) / 255.0)
+    return images
