@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from flax import nnx
 
 from datarax import Pipeline
 from trainers import ConsoleWriter, JsonlWriter, Trainer
-from trainers.callbacks import CheckpointCallback, GoodputMonitor, MetricLogger
+from trainers.callbacks import Callback, CheckpointCallback, GoodputMonitor, MetricLogger
 
 DEFAULT_ROOT = Path("runs")
 
@@ -130,7 +130,8 @@ def describe_goodput(digest: Mapping[str, Any]) -> str:
 def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransformation, pipeline: Pipeline,
               loss_fn: Callable, *, steps: int, eval_pipeline: Pipeline | None = None,
               metrics: Mapping[str, Callable] | None = None, joint: bool = False, checkpoint_every: int | None = None,
-              log_every: int | None = None, label: str = "") -> tuple[Trainer, RunOutcome]:
+              log_every: int | None = None, label: str = "", callbacks: Sequence[Callback] = ()
+              ) -> tuple[Trainer, RunOutcome]:
     """Trains one model with checkpoints (resuming from `run_dir/checkpoints`) and a goodput monitor.
 
     Args:
@@ -141,6 +142,7 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
         checkpoint_every: steps between checkpoints (default: four per run).
         log_every: steps between metric lines (default: ten per run).
         label: a prefix for printed lines.
+        callbacks: more callbacks for the trainer.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = CheckpointCallback(run_dir / "checkpoints", every_steps=checkpoint_every or max(1, steps // 4),
@@ -149,7 +151,7 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     logger = MetricLogger([_PrefixedConsole(label), JsonlWriter(run_dir / "metrics.jsonl")],
                           every_steps=log_every or max(1, steps // 10))
     trainer = Trainer(model, optimizer, pipeline, loss_fn, eval_pipeline=eval_pipeline, metrics=metrics,
-                      callbacks=[checkpoints, goodput, logger], train_pipeline_params=joint)
+                      callbacks=[checkpoints, goodput, logger, *callbacks], train_pipeline_params=joint)
     began = time.perf_counter()
     result = trainer.fit(num_steps=steps)
     if result.stop_reason is not None:

@@ -54,7 +54,7 @@ class Context:
 
     @property
     def search_dirs(self) -> list[str]:
-        return [self.base_dir, os.getcwd()]
+        return list(dict.fromkeys([os.path.abspath(self.base_dir), os.getcwd()]))
 
     def resolve_callable(self, value: str, path: Path, problems: Problems) -> Any:
         obj = resolve_import(value, path, problems, self.search_dirs)

@@ -201,8 +201,8 @@ def _import_module(name: str, search_dirs: Sequence[str]):
             sys.path.remove(directory)
             if not _missing_is(name, exc):
                 raise
-    raise ModuleNotFoundError(f"no module named {name!r} (searched sys.path and {list(search_dirs)}): "
-                              f"{first_error}") from None
+    raise ModuleNotFoundError(f"{first_error} (looked on sys.path and in {', '.join(search_dirs) or 'no other folder'})",
+                              name=first_error.name) from None
 
 
 def _missing_is(name: str, exc: ModuleNotFoundError) -> bool:

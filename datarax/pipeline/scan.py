@@ -60,18 +60,23 @@ class ScanBatch:
 
 
 def _plan(it: PipelineIterator, limit: int | None) -> list[tuple[int, int, int]]:
-    """(epoch, position, num_valid) of the iterator's next batches, without consuming them."""
-    saved = it._epoch, it._position
+    """(epoch, position, num_valid) of the iterator's next batches, without consuming them.
+
+    The arithmetic of `PipelineIterator._next_step`, an epoch at a time.
+    """
+    p = it._pipeline
+    length, batch, drop = len(p.sampler), p.batch_size, p.drop_remainder
+    epoch, position, end = it._epoch, it._position, it._end
     steps: list[tuple[int, int, int]] = []
-    try:
-        while limit is None or len(steps) < limit:
-            epoch, position, num_valid = it._next_step()
-            steps.append((epoch, position, num_valid))
-            it._epoch, it._position = epoch, position + num_valid
-    except StopIteration:
-        pass
-    finally:
-        it._epoch, it._position = saved
+    while (limit is None or len(steps) < limit) and (end is None or epoch < end):
+        stop = position + (length - position) // batch * batch if drop else length
+        starts = range(position, max(stop, position), batch)
+        if not starts and position == 0:
+            break  # an epoch without a single batch (drop_remainder, fewer records than a batch)
+        if limit is not None:
+            starts = starts[:limit - len(steps)]
+        steps.extend((epoch, s, min(batch, length - s)) for s in starts)
+        epoch, position = epoch + 1, 0
     return steps
 
 
@@ -102,8 +107,9 @@ class ScanRunner:
     """Runs `train_step` over a pipeline iterator, `steps_per_call` steps per compiled call.
 
     A call never crosses an epoch boundary, so `steps_per_call=len(pipeline)` runs one epoch
-    per call. Record indices are computed inside the scan when the sampler supports it
-    (`Sampler.device_params`), else on the host, one vectorised call per chunk.
+    per call. The chunk's record indices are computed on the host in one vectorised sampler
+    call and passed in (sampling inside the scan was slower on GPU: the Feistel cycle-walk is a
+    while loop per step).
 
     Args:
         train_step: `train_step(*modules, batch) -> outputs` written as for an `nnx.jit` loop:
@@ -138,14 +144,13 @@ class ScanRunner:
         self.raw = raw
         self._compiled: list[tuple[Any, _Functions]] = []
 
-    def _functions(self, graphdef, p: Pipeline) -> _Functions:
-        """The compiled functions for this module structure and sampler (built once)."""
-        key = (graphdef, p.sampler.structure(), len(p.sampler), p.batch_size)
+    def _functions(self, graphdef) -> _Functions:
+        """The compiled functions for this module structure (built once)."""
         for known, functions in self._compiled:
-            if known == key:
+            if known == graphdef:
                 return functions
-        functions = _Functions(graphdef, p.sampler, p.batch_size, self.train_step, self.raw)
-        self._compiled.append((key, functions))
+        functions = _Functions(graphdef, self.train_step, self.raw)
+        self._compiled.append((graphdef, functions))
         return functions
 
     def run(self, iterator: PipelineIterator, *modules: nnx.Pytree, num_steps: int | None = None) -> Any:
@@ -166,7 +171,7 @@ class ScanRunner:
         arrays = p.source.device_arrays()
         carried = (p.program, *modules)
         graphdef, state = nnx.split(carried)
-        fns = self._functions(graphdef, p)
+        fns = self._functions(graphdef)
         chunks = _chunks(_plan(iterator, num_steps), p.batch_size, self.steps_per_call)
         full = next((c for c in chunks if c[0][2] == p.batch_size), None)
         short = next((c for c in chunks if c[0][2] < p.batch_size), None)
@@ -191,28 +196,20 @@ class ScanRunner:
         return _indices(p, chunk[0][0], meta[:, 0]), meta
 
     def _scan_chunk(self, fns: _Functions, p: Pipeline, state, arrays, chunk: list[tuple[int, int, int]]):
-        # Every call scans exactly K steps, so an epoch's remainder chunk reuses the compiled
-        # program; the padding steps repeat the last one and are skipped.
+        # Every call scans exactly K steps, so a remainder chunk of any length reuses one compiled
+        # program (the one taking `valid`); its padding steps repeat the last step and are skipped.
         k = self.steps_per_call
         padded = chunk + [chunk[-1]] * (k - len(chunk))
-        valid = np.arange(k) < len(chunk)
-        epoch = chunk[0][0]
-        params = p.sampler.device_params(epoch)
-        if params is not None:
-            meta = np.array([(pos, e, n) for e, pos, n in padded], np.int32)
-            state, out = fns.scan_device(state, arrays, params, meta, valid)
-        else:
-            idx, meta = self._host_inputs(p, padded)
-            state, out = fns.scan_host(state, arrays, idx, meta, valid)
-        return state, jax.tree.map(lambda x: x[:len(chunk)], out)
+        valid = None if len(chunk) == k else np.arange(k) < len(chunk)
+        idx, meta = self._host_inputs(p, padded)
+        state, out = fns.scan(state, arrays, idx, meta, valid)
+        return state, (out if len(chunk) == k else jax.tree.map(lambda x: x[:len(chunk)], out))
 
 
 class _Functions:
-    """The traced step and its jitted forms for one module structure and sampler."""
+    """The traced step and its jitted forms for one module structure."""
 
-    def __init__(self, graphdef, sampler, batch_size: int, train_step: Callable, raw: bool):
-        length = len(sampler)
-
+    def __init__(self, graphdef, train_step: Callable, raw: bool):
         def step(state, arrays, idx, meta, num_valid=None):
             program, *modules = nnx.merge(graphdef, state)
             data = gather_device(arrays, idx)
@@ -229,29 +226,21 @@ class _Functions:
             out = train_step(*modules, batch)
             return nnx.split((program, *modules))[1], out
 
-        def scan(state, arrays, xs, indices_of):
+        def scan(state, arrays, idx, meta, valid):
             def body(carry, x):
-                meta, valid = x[0], x[1]
-                run = lambda c: step(c, arrays, indices_of(x), meta)  # noqa: E731
+                return step(carry, arrays, x[2], x[0])
+
+            def padded_body(carry, x):
+                run = lambda c: body(c, x)  # noqa: E731
                 out_spec = jax.eval_shape(run, carry)[1]
                 skip = lambda c: (c, jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), out_spec))  # noqa: E731
-                return jax.lax.cond(valid, run, skip, carry)
+                return jax.lax.cond(x[1], run, skip, carry)
 
-            return jax.lax.scan(body, state, xs)
-
-        def scan_device(state, arrays, params, meta, valid):
-            def indices_of(x):
-                positions = jnp.minimum(x[0][0] + jnp.arange(batch_size, dtype=jnp.int32), length - 1)
-                return sampler.device_indices(positions, params)
-
-            return scan(state, arrays, (meta, valid), indices_of)
-
-        def scan_host(state, arrays, idx, meta, valid):
-            return scan(state, arrays, (meta, valid, idx), lambda x: x[2])
+            # A full chunk runs without the per-step cond, so the step stays one straight-line body.
+            return jax.lax.scan(body if valid is None else padded_body, state, (meta, valid, idx))
 
         self.step = step
-        self.scan_device = jax.jit(scan_device)
-        self.scan_host = jax.jit(scan_host)
+        self.scan = jax.jit(scan)
         self.short = jax.jit(step, static_argnames="num_valid")
 
     def check_output_shapes(self, state, arrays, full: tuple, short: tuple) -> None:

@@ -209,7 +209,7 @@ def test_outputs_with_batch_shaped_values_and_a_short_batch_are_a_clear_error():
 
 
 class ReverseSampler(Sampler):
-    """A host-only sampler (no device_params): records in reverse order."""
+    """A user sampler with host indices only: records in reverse order."""
 
     def __init__(self, n):
         self.n = n
@@ -221,7 +221,7 @@ class ReverseSampler(Sampler):
         return self.n - 1 - np.asarray(positions, np.int64)
 
 
-def test_host_only_samplers_are_scanned_with_host_indices():
+def test_any_sampler_can_be_scanned():
     source = MemorySource(data={"id": np.arange(24, dtype=np.int32)})
     pipeline = Pipeline(source, batch_size=8, sampler=ReverseSampler(24))
     ids = ScanRunner(lambda batch: batch["id"], steps_per_call=2).run(iter(pipeline))

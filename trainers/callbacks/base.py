@@ -83,13 +83,17 @@ class CheckpointInfo:
 class Callback:
     """Base class of callbacks: override the events you need (see the module docstring).
 
-    `order` sorts callbacks (stable, ascending) so that producers of values run before the
-    loggers that write them: value producers use < 0, loggers > 0, and the goodput monitor
-    last, so its train end comes after the final checkpoint save. `get_state`/`set_state`
+    `order` sorts callbacks per event (stable, ascending) so that producers of values run before
+    the loggers that write them: value producers use < 0, loggers > 0. `event_order` can give
+    one event another rank (the goodput monitor sees each step first, and train end last). `get_state`/`set_state`
     let a callback's own state (e.g. early-stopping patience) travel in the checkpoint.
     """
 
     order: int = 0
+
+    def event_order(self, event: str) -> int:
+        """This callback's rank for `event` (default: `order`)."""
+        return self.order
 
     def on_train_begin(self, trainer: Trainer) -> None: ...
 
@@ -133,7 +137,7 @@ class CallbackList:
                                 f"{cb!r:.80}; subclass trainers.callbacks.Callback")
         self.callbacks = sorted(callbacks, key=lambda cb: cb.order)
         self._handlers = {
-            event: [getattr(cb, event) for cb in self.callbacks
+            event: [getattr(cb, event) for cb in sorted(self.callbacks, key=lambda cb: cb.event_order(event))
                     if getattr(type(cb), event) is not getattr(Callback, event)]
             for event in EVENTS
         }

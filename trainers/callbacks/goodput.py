@@ -86,7 +86,11 @@ class GoodputMonitor(Callback):
         'compute-bound: exposed data stall 0.4%; ...'
     """
 
-    order = 1000  # last, so the run's end comes after the final checkpoint save
+    order = -1000  # first to see each step, so the watcher waits on it before any save starts
+
+    def event_order(self, event: str) -> int:
+        # ...and last to see the end, so the run's end comes after the final checkpoint save.
+        return 1000 if event == "on_train_end" else self.order
 
     def __init__(self, directory: Any = None, *, window: int = 100, plot: bool = True, verbose: bool = True):
         GoodputLedger(window)  # validates window

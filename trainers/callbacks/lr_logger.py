@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
+import numpy as np
 from flax import nnx
 
 from trainers.callbacks.base import Callback, StepLogs
@@ -26,12 +27,14 @@ class LearningRateLogger(Callback):
     """Puts `learning_rate` into `logs.metrics`, so `MetricLogger` writes it as `train/learning_rate`.
 
     With `schedule` (the optax schedule given to the optimizer) the rate of step s is
-    `schedule(s - 1)`, computed on the host. Without it the optimizer must be built with
-    `optax.inject_hyperparams`; the value is then copied on the device every step and read one
-    step late, like every metric, so it never forces a sync.
+    `schedule(s - 1)`, evaluated for `chunk` steps at a time, so the device is asked once per
+    chunk rather than once per step (a per-step evaluation would queue behind the running step
+    and stall the host). Without it the optimizer must be built with `optax.inject_hyperparams`;
+    the value is then copied on the device every step and read one step late, like every metric.
     """
 
     order = -10  # before MetricLogger writes the logs
+    chunk = 4096
 
     def __init__(self, schedule: Callable[[Any], Any] | None = None):
         if schedule is not None and not callable(schedule):
@@ -39,19 +42,31 @@ class LearningRateLogger(Callback):
         self.schedule = schedule
         self._variable = None
         self._pending = None
+        self._table_start, self._table = 0, np.zeros((0,))
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self._pending = None
-        if self.schedule is None:
+        if self.schedule is not None:
+            self._scheduled(trainer.step)  # evaluate the first chunk before any step is in flight
+        else:
             self._variable = find_learning_rate(trainer.optimizer)
             if self._variable is None:
                 raise ValueError("LearningRateLogger found no learning_rate in the optimizer state; pass "
                                  "schedule=<the optax schedule>, or build the optimizer with "
                                  "optax.inject_hyperparams(optax.adam)(learning_rate=...)")
 
+    def _scheduled(self, count: int) -> float:
+        offset = count - self._table_start
+        if not 0 <= offset < len(self._table):
+            counts = np.arange(count, count + self.chunk)
+            values = np.asarray(jax.device_get(self.schedule(counts)), np.float64)
+            self._table_start, self._table = count, np.broadcast_to(values, counts.shape)
+            offset = 0
+        return float(self._table[offset])
+
     def _value(self, step: int) -> float | None:
         if self.schedule is not None:
-            return float(self.schedule(step - 1))
+            return self._scheduled(step - 1)
         pending, self._pending = self._pending, None
         return None if pending is None else float(pending)
 

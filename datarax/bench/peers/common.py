@@ -45,6 +45,19 @@ class PeerOptions:
     workers: int | None = None
 
 
+@dataclasses.dataclass
+class Loader:
+    """A peer's loader for one scenario: `epoch()` yields one epoch of numpy batches.
+
+    Attributes:
+        epoch: returns an iterable over the next epoch's batches (dicts of numpy arrays).
+        settings: a one-line description of the loader configuration, for the report.
+    """
+
+    epoch: Callable[[], Iterable[dict[str, np.ndarray]]]
+    settings: str
+
+
 class MissingPeerError(ImportError):
     """The framework a peer needs is not installed."""
 
@@ -94,6 +107,11 @@ def to_device(batch: dict[str, Any]) -> dict[str, Any]:
     import jax
 
     return jax.device_put(batch)
+
+
+def time_loader(loader: Loader, repeats: int, *, warmup: int = 1) -> dict:
+    """`time_epochs` of a Loader, with its settings in the result."""
+    return {**time_epochs(loader.epoch, repeats, warmup=warmup), "settings": loader.settings}
 
 
 def time_epochs(run_epoch: Callable[[], Iterable[dict]], repeats: int, *, warmup: int = 1) -> dict:

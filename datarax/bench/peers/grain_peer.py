@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from datarax.bench.peers.common import CIFAR_PAD, PeerOptions, cifar_augment_numpy, require, time_epochs
+from datarax.bench.peers.common import CIFAR_PAD, Loader, PeerOptions, cifar_augment_numpy, require
 
 NAME = "grain"
 INSTALL = "pip install grain"
@@ -56,7 +56,7 @@ def _absl_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
-def _run(data: dict[str, np.ndarray], options: PeerOptions, transform: Any) -> dict:
+def _loader(data: dict[str, np.ndarray], options: PeerOptions, transform: Any) -> Loader:
     grain = require(MODULE, NAME, INSTALL)
     n, batch = len(next(iter(data.values()))), options.batch_size
     dataset = grain.MapDataset.source(ArraySource(data)).shuffle(seed=options.seed).repeat()
@@ -69,18 +69,17 @@ def _run(data: dict[str, np.ndarray], options: PeerOptions, transform: Any) -> d
         iterable = iterable.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
     iterator = iter(iterable)
     steps = math.ceil(n / batch)
-    result = time_epochs(lambda: itertools.islice(iterator, steps), options.repeats)
-    result["settings"] = (f"MapDataset.shuffle.repeat{'.random_map' if transform else ''}.batch.to_iter_dataset()"
-                          + (f".mp_prefetch(num_workers={workers})" if workers else " (ReadOptions default threads)"))
-    return result
+    settings = (f"MapDataset.shuffle.repeat{'.random_map' if transform else ''}.batch.to_iter_dataset()"
+                + (f".mp_prefetch(num_workers={workers})" if workers else " (default ReadOptions: 16 threads)"))
+    return Loader(lambda: itertools.islice(iterator, steps), settings)
 
 
-def run_cifar(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
-    return _run(data, options, cifar_random_map)
+def cifar(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    return _loader(data, options, cifar_random_map)
 
 
-def run_tokens(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
-    return _run(data, options, None)
+def tokens(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    return _loader(data, options, None)
 
 
-WORKLOADS = {"cifar": run_cifar, "tokens": run_tokens}
+WORKLOADS = {"cifar": cifar, "tokens": tokens}

@@ -15,7 +15,8 @@ How a scenario opts in (docs/benchmarks_peers.md has the full recipe):
 1. its module exposes `NUM_RECORDS`, `BATCH` and a deterministic `make_data(n) -> dict of
    arrays` (or a `peer_recipe(options) -> Recipe` when its data is made differently), and
 2. each peer module maps the scenario name to a function in its `WORKLOADS` dict:
-   `fn(data, PeerOptions) -> {"el_s": float, "el_s_runs": [...], "settings": str}`.
+   `fn(data, PeerOptions) -> Loader`, a loader whose `epoch()` yields one epoch of numpy
+   batches doing the scenario's work in that framework's idiom (the runner times it).
 
 A peer without a workload for a scenario yields a row with `skipped` saying so.
 """
@@ -75,16 +76,18 @@ def workload(peer: str, scenario: str) -> Callable | None:
 
 
 def run_peer(peer: str, scenario: str, data: dict, options: Any) -> dict:
-    """Runs a peer's workload for `scenario` in this process: `{"el_s", "el_s_runs", "settings"}`.
+    """Times a peer's loader for `scenario` in this process: `{"el_s", "el_s_runs", "settings"}`.
 
     Raises:
         KeyError: the peer has no workload for the scenario.
     """
+    from datarax.bench.peers.common import time_loader
+
     fn = workload(peer, scenario)
     if fn is None:
         raise KeyError(f"the {peer} peer has no workload for scenario {scenario!r}; it has "
                        f"{sorted(peer_module(peer).WORKLOADS)}")
-    return fn(data, options)
+    return time_loader(fn(data, options), options.repeats)
 
 
 def installed(peer: str) -> bool:
@@ -132,8 +135,12 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 
 def peer_rows(scenario: str, rows: Sequence[dict], options: Any,
-              run: Callable[..., dict] = run_isolated) -> list[dict]:
-    """One row per peer in `options.peers` for a scenario that has produced `rows`."""
+              run: Callable[..., dict] | None = None) -> list[dict]:
+    """One row per peer in `options.peers` for a scenario that has produced `rows`.
+
+    `run(peer, recipe, repeats=...)` times one peer (default `run_isolated`).
+    """
+    run = run_isolated if run is None else run
     if not options.peers:
         return []
     base = next((r for r in rows if r.get("scenario") == scenario), rows[0] if rows else {})

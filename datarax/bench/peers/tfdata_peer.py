@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from datarax.bench.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, PeerOptions, require, time_epochs
+from datarax.bench.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, Loader, PeerOptions, require
 
 NAME = "tfdata"
 INSTALL = "pip install tensorflow-cpu"
@@ -27,17 +27,13 @@ def _tf() -> Any:
     return tf
 
 
-def _epochs(dataset: Any):
-    return lambda: dataset.as_numpy_iterator()
-
-
 def _shuffled(tf: Any, data: dict[str, np.ndarray], options: PeerOptions) -> Any:
     n = len(next(iter(data.values())))
     dataset = tf.data.Dataset.from_tensor_slices(data)
     return dataset.shuffle(n, seed=options.seed, reshuffle_each_iteration=True)
 
 
-def run_cifar(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
+def cifar(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     tf = _tf()
     tf.random.set_seed(options.seed)
     mean, std = tf.constant(CIFAR_MEAN), tf.constant(CIFAR_STD)
@@ -55,18 +51,15 @@ def run_cifar(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
                .map(augment, num_parallel_calls=parallel, deterministic=False)
                .batch(options.batch_size)
                .prefetch(tf.data.AUTOTUNE))
-    result = time_epochs(_epochs(dataset), options.repeats)
-    result["settings"] = (f"from_tensor_slices.shuffle(N).map(tf.image ops, num_parallel_calls="
-                          f"{'AUTOTUNE' if options.workers is None else parallel}).batch.prefetch(AUTOTUNE)")
-    return result
+    settings = (f"from_tensor_slices.shuffle(N).map(tf.image ops, num_parallel_calls="
+                f"{'AUTOTUNE' if options.workers is None else parallel}).batch.prefetch(AUTOTUNE)")
+    return Loader(dataset.as_numpy_iterator, settings)
 
 
-def run_tokens(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
+def tokens(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     tf = _tf()
     dataset = _shuffled(tf, data, options).batch(options.batch_size).prefetch(tf.data.AUTOTUNE)
-    result = time_epochs(_epochs(dataset), options.repeats)
-    result["settings"] = "from_tensor_slices.shuffle(N).batch.prefetch(AUTOTUNE)"
-    return result
+    return Loader(dataset.as_numpy_iterator, "from_tensor_slices.shuffle(N).batch.prefetch(AUTOTUNE)")
 
 
-WORKLOADS = {"cifar": run_cifar, "tokens": run_tokens}
+WORKLOADS = {"cifar": cifar, "tokens": tokens}

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from datarax.bench.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, PeerOptions, require, time_epochs
+from datarax.bench.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, Loader, PeerOptions, require
 
 NAME = "torch"
 INSTALL = "pip install torch"
@@ -67,16 +67,16 @@ def _numpy_epochs(loader: Any):
     return epoch
 
 
-def run_cifar(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
+def cifar(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     torch = require(MODULE, NAME, INSTALL)
     workers = 2 if options.workers is None else options.workers
-    result = time_epochs(_numpy_epochs(_loader(torch, _cifar_dataset(torch, data), options, workers)), options.repeats)
-    result["settings"] = f"Dataset.__getitem__ torch ops, DataLoader(shuffle=True, num_workers={workers}" + (
+    loader = _loader(torch, _cifar_dataset(torch, data), options, workers)
+    settings = f"Dataset.__getitem__ torch ops, DataLoader(shuffle=True, num_workers={workers}" + (
         ", persistent_workers=True, prefetch_factor=4)" if workers else ")")
-    return result
+    return Loader(_numpy_epochs(loader), settings)
 
 
-def run_tokens(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
+def tokens(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     torch = require(MODULE, NAME, INSTALL)
     workers = 0 if options.workers is None else options.workers
 
@@ -90,9 +90,8 @@ def run_tokens(data: dict[str, np.ndarray], options: PeerOptions) -> dict:
         def __getitem__(self, index: int) -> dict:
             return {"tokens": self.tokens[index]}
 
-    result = time_epochs(_numpy_epochs(_loader(torch, TokenDataset(), options, workers)), options.repeats)
-    result["settings"] = f"Dataset.__getitem__, DataLoader(shuffle=True, num_workers={workers})"
-    return result
+    loader = _loader(torch, TokenDataset(), options, workers)
+    return Loader(_numpy_epochs(loader), f"Dataset.__getitem__, DataLoader(shuffle=True, num_workers={workers})")
 
 
-WORKLOADS = {"cifar": run_cifar, "tokens": run_tokens}
+WORKLOADS = {"cifar": cifar, "tokens": tokens}

@@ -1,0 +1,183 @@
+"""The `datarax` command line.
+
+    datarax run CONFIG        iterate the configured pipeline; throughput, goodput, a sample batch
+    datarax train CONFIG      run the configured trainer (resumes from its checkpoints)
+    datarax validate CONFIG   check a configuration; every problem, by TOML path
+    datarax inspect CONFIG    element spec, per-stage shapes and dtypes, the graph, the fingerprint
+    datarax bench [SCENARIO ...] [--vs grain,tfdata,torch] [--json] [--plot FILE]
+    datarax version
+
+Configuration commands take `--set key.path=value` (repeatable) to override a value; environment
+variables `DATARAX_<KEY>` do the same (see docs/config.md). Bad input exits with status 1 and
+one line per problem on stderr; usage errors exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+PROG = "datarax"
+
+
+def _config_parser(sub, name: str, help_text: str) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    parser.add_argument("config", help="a TOML configuration file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a value, e.g. --set batch_size=64 --set 'stages[1].brightness.max_delta=0.3'")
+    return parser
+
+
+def _progress(args) -> bool | None:
+    return False if getattr(args, "no_progress", False) else None
+
+
+def cmd_validate(args) -> int:
+    from datarax.config import load_spec
+
+    spec = load_spec(args.config, overrides=args.overrides)
+    shape = (f"DAG of {len(spec.dag.nodes)} nodes" if spec.dag is not None else f"{len(spec.stages)} stage(s)")
+    extras = [name for name, present in (("sampler", spec.sampler), ("sharding", spec.sharding),
+                                         ("trainer", spec.trainer)) if present is not None]
+    print(f"{args.config}: OK ({spec.source.name} source, {shape}, batch_size {spec.run.batch_size}"
+          + (f", with {', '.join(extras)}" if extras else "") + ")")
+    for line in spec.overrides:
+        print(f"  override: {line}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from datarax.cli.describe import describe
+    from datarax.config import build_pipeline, load_spec
+
+    spec = load_spec(args.config, overrides=args.overrides)
+    pipeline = build_pipeline(spec)
+    labels = None if spec.dag is not None else [f"stages[{i}] {s.name}" for i, s in enumerate(spec.stages)]
+    print(describe(pipeline, config_path=args.config, stage_labels=labels))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from datarax.cli.run import format_report, run_pipeline
+    from datarax.config import build_pipeline, load_spec
+
+    spec = load_spec(args.config, overrides=args.overrides)
+    epochs = args.epochs if args.epochs is not None else spec.run.epochs
+    report = run_pipeline(lambda: build_pipeline(spec), epochs=epochs, max_batches=args.batches,
+                          progress=_progress(args))
+    if args.json:
+        print(json.dumps({"config": args.config, **report.as_dict()}))
+    else:
+        print(format_report(report, args.config))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from datarax.cli.train import train
+    from datarax.config import load_spec
+
+    spec = load_spec(args.config, overrides=args.overrides)
+    status, text = train(spec, progress=_progress(args))
+    print(text)
+    return status
+
+
+def cmd_bench(args) -> int:
+    from datarax.bench.peers.runner import check_peers
+    from datarax.bench.registry import SCENARIO_MODULES, BenchOptions
+    from datarax.cli.bench import emit_json, format_table, machine, plot, run_bench
+
+    names = args.scenarios or list(SCENARIO_MODULES)
+    unknown = [n for n in names if n not in SCENARIO_MODULES]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(sorted(SCENARIO_MODULES))}")
+    if args.repeats < 1 or args.scale <= 0:
+        raise ValueError(f"--repeats must be >= 1 and --scale > 0, got {args.repeats} and {args.scale}")
+    peers = check_peers([p.strip() for p in args.vs.split(",") if p.strip()])
+    options = BenchOptions(repeats=args.repeats, scale=args.scale, peers=peers)
+    if not args.json:
+        info = machine()
+        print(f"machine: {info['cpus']} CPUs ({info['processor']}), {info['platform']}, python {info['python']}, "
+              f"jax {info['jax']} on {info['backend']} x{info['devices']}", flush=True)
+    rows = run_bench(names, options, progress=_progress(args), emit=emit_json if args.json else None)
+    if not args.json:
+        print(format_table(rows))
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def cmd_version(args) -> int:
+    import platform
+
+    import flax
+    import jax
+
+    import datarax
+
+    print(f"datarax {datarax.__version__} (jax {jax.__version__}, flax {flax.__version__}, "
+          f"python {platform.python_version()}, backend {jax.default_backend()})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Compiled, resumable JAX data pipelines.",
+                                     epilog="See docs/cli.md and docs/config.md.")
+    parser.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run = _config_parser(sub, "run", "iterate the pipeline; report throughput, goodput and a sample batch")
+    run.add_argument("--epochs", type=int, default=None, help="epochs to run (default: the config's epochs)")
+    run.add_argument("--batches", type=int, default=None, help="stop after this many batches")
+    run.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.set_defaults(handler=cmd_run)
+    train = _config_parser(sub, "train", "run the configured trainer (resumes from checkpoint_dir)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.set_defaults(handler=cmd_train)
+    _config_parser(sub, "validate", "check a configuration file").set_defaults(handler=cmd_validate)
+    _config_parser(sub, "inspect", "show element spec, per-stage shapes, the graph and the fingerprint"
+                   ).set_defaults(handler=cmd_inspect)
+    bench = sub.add_parser("bench", help="run the benchmark suite, optionally against peer frameworks",
+                           description="run the benchmark suite, optionally against peer frameworks")
+    bench.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenarios to run (default: all)")
+    bench.add_argument("--vs", default="", help="peers to run too, comma-separated: grain,tfdata,torch")
+    bench.add_argument("--json", action="store_true", help="one JSON line per framework per scenario")
+    bench.add_argument("--plot", metavar="FILE", default=None, help="write a bar chart (needs matplotlib)")
+    bench.add_argument("--repeats", type=int, default=5, help="timed epochs per framework (median reported)")
+    bench.add_argument("--scale", type=float, default=1.0, help="multiply record counts (e.g. 0.1 for a smoke run)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.set_defaults(handler=cmd_bench)
+    sub.add_parser("version", help="print versions").set_defaults(handler=cmd_version)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the CLI; returns the exit status (the console script exits with it)."""
+    from datarax.config.schema import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        if args.traceback:
+            raise
+        where = exc.source or getattr(args, "config", None)
+        for problem in exc.problems:
+            print(f"{PROG}: error: {where + ': ' if where else ''}{problem}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, KeyError, OSError, ImportError, RuntimeError) as exc:
+        if args.traceback:
+            raise
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
