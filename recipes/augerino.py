@@ -11,7 +11,7 @@ to cost more training loss than the reward pays.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import jax
@@ -35,12 +35,19 @@ class AugmentationPolicy(OperatorModule):
 
     Args:
         operators: image operators (and selectors) to apply; their learnable magnitudes count
-            towards the width, each as `(value - low) / (high - low)`.
+            towards the width.
+        scales: the unit each magnitude's width is measured in, keyed like `magnitudes()`
+            (e.g. `{"Affine.degrees": 15.0}`); a magnitude not listed uses its allowed range.
     """
 
-    def __init__(self, operators: Sequence[OperatorModule]):
+    def __init__(self, operators: Sequence[OperatorModule], scales: Mapping[str, float] | None = None):
         self.config = OperatorConfig()
         self.operators = nnx.List(list(operators))
+        self.scales = dict(scales or {})
+        unknown = sorted(set(self.scales) - set(self.magnitudes()))
+        if unknown:
+            raise ValueError(f"scales names {unknown}, which are not learnable magnitudes of the policy; "
+                             f"choose from {sorted(self.magnitudes())}")
 
     def magnitudes(self) -> dict[str, jax.Array]:
         """Current values of the learnable magnitudes, keyed `Operator.name`."""
@@ -52,8 +59,8 @@ class AugmentationPolicy(OperatorModule):
         return out
 
     def widths(self) -> dict[str, jax.Array]:
-        """Each learnable magnitude as the fraction of its allowed range, in (0, 1)."""
-        return {k: (m() - m.low) / (m.high - m.low) for k, m in self.magnitudes().items()}
+        """Each learnable magnitude in units of its scale (`(value - low) / scale`)."""
+        return {k: (m() - m.low) / self.scales.get(k, m.high - m.low) for k, m in self.magnitudes().items()}
 
     def selection_probabilities(self) -> dict[str, list[float]]:
         """softmax(logits) of every learnable selector (`selection`, `selection1`, ...)."""
@@ -68,7 +75,8 @@ class AugmentationPolicy(OperatorModule):
         return elements.update_data({WIDTH_FIELD: jnp.broadcast_to(width, ctx.record_ids.shape)})
 
     def structure(self) -> str:
-        return "AugmentationPolicy[" + ", ".join(op.structure() for op in self.operators) + "]"
+        return (f"AugmentationPolicy(scales={sorted(self.scales.items())})["
+                + ", ".join(op.structure() for op in self.operators) + "]")
 
 
 def width_rewarded_loss(reward: float):

@@ -79,7 +79,9 @@ def policy_stages(policy: str, seed: int) -> list:
                GaussianBlurOperator(GaussianBlurConfig(sigma=0.6, stochastic=False, kernel_size=3)),
                HorizontalFlipOperator(HorizontalFlipConfig(stochastic=False))]
     selector = SelectorOperator(SelectorOperatorConfig(learnable=True), operators=choices, rngs=rngs)
-    return [AugmentationPolicy([*ops, selector])]
+    scales = {"Affine.degrees": FIXED["degrees"], "Affine.translate": FIXED["translate"], "Affine.scale": FIXED["scale"],
+              "Brightness.max_delta": FIXED["brightness"], "Contrast.max_delta": FIXED["contrast"]}
+    return [AugmentationPolicy([*ops, selector], scales=scales)]
 
 
 def build(policy: str, seed: int, cfg: dict) -> tuple[Pipeline, Pipeline]:

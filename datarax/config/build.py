@@ -35,7 +35,7 @@ def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = No
     loaded = loader.load(path, top_level=TOP_LEVEL_KEYS, environ=environ, overrides=overrides, problems=problems)
     if problems.items and not loaded.files:
         problems.raise_if_any()  # nothing could be read at all
-    ctx = Context(problems, loaded.base_dir)
+    ctx = Context(problems, loaded.base_dir, top_level=TOP_LEVEL_KEYS)
     spec = validate(loaded.raw, ctx, path=os.fspath(path), overrides=loaded.overrides)
     problems.raise_if_any()
     return spec

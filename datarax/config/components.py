@@ -51,6 +51,7 @@ class Context:
     problems: Problems
     base_dir: str
     seed: int = 0
+    top_level: tuple[str, ...] = ()
 
     @property
     def search_dirs(self) -> list[str]:
@@ -233,7 +234,13 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
             if n not in ("config", RNGS_KEY, *filled) and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     config_fields = [f.name for f in dataclasses.fields(config_cls) if f.init] if config_cls else []
     known = [*config_fields, *ctor, *([RNGS_KEY] if takes_rngs else [])]
-    check_keys(params, known, here, problems, what=f"parameter of {name!r}")
+    # A top-level key written after a [table] header lands in that table: the commonest TOML slip.
+    misplaced = [k for k in params if k not in known and k in ctx.top_level]
+    for key in misplaced:
+        problems.add((*here, key), f"is a top-level key, but it sits in the [{format_path(here)}] table; move it "
+                                   "above the first [table] header of the file")
+    check_keys({k: v for k, v in params.items() if k not in misplaced}, known, here, problems,
+               what=f"parameter of {name!r}")
     kwargs: dict[str, Any] = {}
     for pname, param in ctor.items():
         if pname in config_fields:

@@ -89,7 +89,8 @@ def _load_with_includes(path: str, problems: Problems, chain: tuple[str, ...], w
         return {}
     files.append(path)
     includes = data.pop("include", [])
-    if isinstance(includes, str):
+    single = isinstance(includes, str)
+    if single:
         includes = [includes]
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
         problems.add(("include",), f"in {os.path.basename(path)} must be a path or a list of paths, got {includes!r}")
@@ -97,7 +98,7 @@ def _load_with_includes(path: str, problems: Problems, chain: tuple[str, ...], w
     merged: dict[str, Any] = {}
     for i, name in enumerate(includes):
         target = os.path.join(os.path.dirname(path), os.path.expanduser(name))
-        label = ("include",) if len(includes) == 1 and where == () else ("include", i)
+        label = ("include",) if single else ("include", i)
         merged = merge(merged, _load_with_includes(target, problems, (*chain, path), label, files))
     return merge(merged, data)
 

@@ -216,6 +216,18 @@ def _dag(value: Any, ctx: Context) -> DagSpec | None:
     except graphlib.CycleError as exc:
         cycle = " -> ".join(reversed(exc.args[1]))
         problems.add((*path, "nodes"), f"form a cycle ({cycle}); a node cannot consume its own output")
+    else:
+        if isinstance(sink, str) and sink in names:
+            feeding, todo = {sink}, [sink]
+            while todo:
+                for pred in edges[todo.pop()]:
+                    if pred in names and pred not in feeding:
+                        feeding.add(pred)
+                        todo.append(pred)
+            for name in names:
+                if name not in feeding:
+                    problems.add((*path, "nodes", name), f"does not lead to the sink {sink!r}, so its output would be "
+                                                         "discarded; list it in a downstream node's inputs or remove it")
     return DagSpec(nodes, edges, sink) if isinstance(sink, str) else None
 
 

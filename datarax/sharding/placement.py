@@ -5,8 +5,11 @@ A process computes the rows of the global batch its devices hold (see `process_r
 jitted step whose outputs are sharded over the process's part of the mesh (its local mesh), so
 every local device transforms only its own rows. With one process that already is the global
 array. With several, each leaf is assembled without a copy from the per-device pieces by
-`jax.make_array_from_single_device_arrays`: the pieces are laid out exactly as
-`jax.make_array_from_process_local_data` would lay out the process's rows.
+`jax.make_array_from_single_device_arrays`. This needs every local device to hold, in the local
+array, the rows it holds in the global one: it does when the process's devices form a block of
+the mesh (`local_mesh` checks that), because within a block the order of the devices along the
+batch axes is the order of their rows in the global batch. It is the layout
+`jax.make_array_from_process_local_data` gives a process's rows.
 """
 
 from __future__ import annotations
@@ -27,21 +30,26 @@ NEEDS_MASK = (
 )
 
 
-def local_mesh(mesh: Mesh) -> Mesh:
-    """The block of `mesh` holding this process's devices, with a clear error when there is none."""
-    mine = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-    if not mine:
+def local_mesh(mesh: Mesh, process_index: int | None = None) -> Mesh:
+    """The block of `mesh` holding a process's devices (default: this process's).
+
+    Raises a clear error when the process has no device in the mesh, or when its devices do not
+    form a block (then no local array can be laid out like the process's share of the global one).
+    """
+    index = jax.process_index() if process_index is None else process_index
+    mine = np.vectorize(lambda d: d.process_index == index, otypes=[bool])(mesh.devices)
+    if not mine.any():
         raise ValueError(
-            f"the mesh {dict(mesh.shape)} holds no device of process {jax.process_index()}; build the mesh "
-            "from jax.devices() so that it spans every process"
+            f"the mesh {dict(mesh.shape)} holds no device of process {index}; build the mesh from "
+            "jax.devices() so that it spans every process"
         )
-    try:
-        return mesh.local_mesh
-    except ValueError as exc:
+    block = tuple(slice(int(c.min()), int(c.max()) + 1) for c in np.nonzero(mine))
+    if not mine[block].all():
         raise ValueError(
-            f"the devices of process {jax.process_index()} do not form a block of the mesh {dict(mesh.shape)} ({exc}); "
-            "order the mesh's devices by process, e.g. np.array(jax.devices()).reshape(...) or jax.make_mesh(...)"
-        ) from None
+            f"the devices of process {index} do not form a block of the mesh {dict(mesh.shape)}; order the "
+            "mesh's devices by process, e.g. np.array(jax.devices()).reshape(...) or jax.make_mesh(...)"
+        )
+    return Mesh(mesh.devices[block], mesh.axis_names)
 
 
 class BatchPlacement:
@@ -69,24 +77,8 @@ class BatchPlacement:
         self._replicated = NamedSharding(mesh, PartitionSpec())
         self.rows = process_rows(self.global_sharding, batch_size)
         self.is_global = mesh.devices.size != sharding.mesh.devices.size
-        if self.is_global:
-            self._check_layout()
         self._source_arrays: Any = None
         self._placed: Any = None
-
-    def _check_layout(self) -> None:
-        # The zero-copy assembly needs each local device to hold, in the local array, exactly the
-        # rows it holds in the global one. A block of the mesh guarantees it; checked once here.
-        local = self.local_sharding.devices_indices_map((len(self.rows),))
-        for device, index in self.global_sharding.addressable_devices_indices_map((self.batch_size,)).items():
-            want = np.arange(self.batch_size)[index[0]] if index else np.arange(self.batch_size)
-            got = self.rows[local[device][0]] if local[device] else self.rows
-            if not np.array_equal(want, got):
-                raise ValueError(
-                    f"device {device} holds rows {want.tolist()} of the global batch but would get rows "
-                    f"{got.tolist()} from this process's share; order the mesh's devices by process "
-                    "(np.array(jax.devices()).reshape(...)) so each process holds a block of the mesh"
-                )
 
     def device_arrays(self, arrays: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """A device-resident source's arrays replicated on this process's devices (once per source)."""

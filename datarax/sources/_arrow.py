@@ -64,22 +64,25 @@ def column_layout(column: Any) -> tuple[tuple[int, ...], np.dtype] | str:
     return layout if layout is not None else f"no rows to infer the shape of {column.type} from"
 
 
+def chunk_view(chunk: Any, row: tuple[int, ...], name: str, owner: str) -> np.ndarray:
+    """An arrow array as a `(len, *row)` numpy array: zero-copy for numeric lists without nulls."""
+    flat = flatten_chunk(chunk)
+    if isinstance(flat, str) or flat[1] != tuple(row):
+        found = flat if isinstance(flat, str) else f"rows of shape {flat[1]}"
+        raise UnsupportedColumnError(
+            f"{owner} column {name!r} has {found} in this part of the data where its spec is {tuple(row)}: every row "
+            "must have the same shape. Pad the data, leave the column out (columns=...), or pass convert=fn"
+        )
+    return flat[0].reshape((len(chunk),) + tuple(row))
+
+
 def column_into(column: Any, out: np.ndarray, name: str, owner: str) -> None:
-    """Copies an arrow column whose rows have `out`'s row shape into `out` (rows first)."""
-    row = out.shape[1:]
+    """Copies an arrow (chunked) column whose rows have `out`'s row shape into `out` (rows first)."""
     start = 0
     for chunk in _chunks(column):
         n = len(chunk)
-        if n == 0:
-            continue
-        flat = flatten_chunk(chunk)
-        if isinstance(flat, str) or flat[1] != row:
-            found = flat if isinstance(flat, str) else f"rows of shape {flat[1]}"
-            raise UnsupportedColumnError(
-                f"{owner} column {name!r} has {found} in this batch where its spec is {row}: every row must have "
-                "the same shape. Pad the data, leave the column out (columns=...), or pass convert=fn"
-            )
-        out[start:start + n] = flat[0].reshape((n,) + row)
-        start += n
+        if n:
+            out[start:start + n] = chunk_view(chunk, out.shape[1:], name, owner)
+            start += n
     if start != len(out):
         raise ValueError(f"{owner} column {name!r} has {start} rows, expected {len(out)}")

@@ -32,7 +32,7 @@ from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
 from datarax.samplers.simple import SequentialSampler, ShuffleSampler
-from datarax.sources._arrow import column_into, column_layout
+from datarax.sources._arrow import chunk_view, column_into, column_layout
 from datarax.sources._columns import (Handles, UnsupportedColumnError, allocate, check_column_config, check_columns,
                                       check_convert_output, read_batch, require, spec_text, unsupported_message)
 from datarax.sources.memory import MemorySource, MemorySourceConfig, seed_from_rngs
@@ -109,7 +109,7 @@ def load_files(paths: str | os.PathLike | Sequence[str | os.PathLike], *, stream
 
 
 class TableConverter:
-    """Turns Arrow tables (batches of rows) of the selected columns into the source's arrays."""
+    """Turns rows of the selected Arrow columns into the source's arrays (`convert` included)."""
 
     def __init__(self, sample: Any, names: tuple[str, ...], convert: Convert | None, owner: str):
         self.owner, self.names, self.convert = owner, names, convert
@@ -120,39 +120,46 @@ class TableConverter:
         if bad and convert is None:
             raise UnsupportedColumnError(unsupported_message(owner, bad))
         self.numeric = {k: jax.ShapeDtypeStruct(*v) for k, v in layouts.items()}
+        self.passthrough = tuple(self.numeric)
         self.spec = dict(self.numeric)
         if convert is not None:
-            out = self._converted(sample.slice(0, min(2, len(sample))))
+            head = sample.slice(0, min(2, len(sample)))
+            out = self._run_convert(self.numeric_arrays(head), lambda n: head.column(n).to_pylist(), len(head))
+            self.passthrough = tuple(k for k in self.numeric if k not in out)
             self.spec.update({k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in out.items()})
-        self.passthrough = tuple(k for k in self.numeric if convert is None or k not in self._converted_names)
 
-    def _converted(self, table: Any) -> dict[str, np.ndarray]:
-        raw = {}
-        for name in self.names:
-            if name in self.numeric:
-                raw[name] = np.empty((len(table),) + tuple(self.numeric[name].shape), self.numeric[name].dtype)
-                column_into(table.column(name), raw[name], name, self.owner)
-            else:
-                raw[name] = table.column(name).to_pylist()
-        out = check_convert_output(self.convert(raw), len(table), f"{self.owner} convert")
-        self._converted_names = tuple(out)
+    def numeric_arrays(self, table: Any) -> dict[str, np.ndarray]:
+        """The numeric columns of an Arrow table as new arrays."""
+        out = {}
+        for name, s in self.numeric.items():
+            out[name] = np.empty((len(table),) + tuple(s.shape), s.dtype)
+            column_into(table.column(name), out[name], name, self.owner)
         return out
 
-    def into(self, table: Any, out: Mapping[str, np.ndarray]) -> None:
-        for name in self.passthrough:
-            column_into(table.column(name), out[name], name, self.owner)
-        if self.convert is not None:
-            for name, value in self._converted(table).items():
-                if name not in out or value.shape[1:] != out[name].shape[1:]:
-                    raise UnsupportedColumnError(
-                        f"{self.owner} convert returned {name!r} with rows of shape {value.shape[1:]}, but the first "
-                        f"batch set its spec to {self.spec.get(name)}; convert must return the same fields and shapes "
-                        "for every batch (pad to a fixed length)")
-                out[name][...] = value
+    def _run_convert(self, numeric: Mapping[str, np.ndarray], others: Callable[[str], list], size: int) -> dict:
+        raw = {n: numeric[n] if n in self.numeric else others(n) for n in self.names}
+        return check_convert_output(self.convert(raw), size, f"{self.owner} convert")
+
+    def write_converted(self, numeric: Mapping[str, np.ndarray], others: Callable[[str], list], size: int,
+                        out: Mapping[str, np.ndarray]) -> None:
+        """Runs `convert` on one batch (numeric columns as arrays, `others(name)` as lists) into `out`."""
+        for name, value in self._run_convert(numeric, others, size).items():
+            if name not in out or value.shape[1:] != out[name].shape[1:]:
+                raise UnsupportedColumnError(
+                    f"{self.owner} convert returned {name!r} with rows of shape {value.shape[1:]}, but the first "
+                    f"batch set its spec to {self.spec.get(name)}; convert must return the same fields and shapes "
+                    "for every batch (pad to a fixed length)")
+            out[name][...] = value
 
     def arrays(self, table: Any) -> dict[str, np.ndarray]:
+        """All of the source's fields for the rows of an Arrow table."""
+        numeric = self.numeric_arrays(table)
+        if self.convert is None:
+            return numeric
         out = allocate(self.spec, (len(table),))
-        self.into(table, out)
+        for name in self.passthrough:
+            out[name] = numeric[name]
+        self.write_converted(numeric, lambda n: table.column(n).to_pylist(), len(table), out)
         return out
 
 
@@ -197,7 +204,12 @@ class HFSource(DataSourceModule):
         self._length = len(dataset)
         sample = table.take(self._rows(rows, np.arange(min(self._length, 1024))))
         converter = TableConverter(sample, names, convert, "HFSource")
-        self._io = Handles(table=table, rows=rows, converter=converter)
+        # Rows are gathered with numpy from zero-copy views of each record batch's numeric columns:
+        # Arrow's own take on nested lists rebuilds every offset level (~100x slower per row).
+        chunks = table.to_batches()
+        ends = np.cumsum([len(c) for c in chunks])
+        self._io = Handles(table=table, rows=rows, converter=converter, chunks=chunks, ends=ends,
+                           starts=np.concatenate([[0], ends[:-1]]), views={})
         self.seed = seed_from_rngs(config.seed, rngs)
         self._names = names
         self._identity = (getattr(dataset.info, "dataset_name", None), str(dataset.split),
@@ -216,8 +228,39 @@ class HFSource(DataSourceModule):
     def _rows(rows: np.ndarray | None, flat: np.ndarray) -> np.ndarray:
         return flat if rows is None else rows[flat]
 
+    def _view(self, c: int) -> dict[str, np.ndarray]:
+        """The numeric columns of record batch `c` as numpy arrays over the Arrow buffers (no copy)."""
+        views = self._io.views.get(c)
+        if views is None:
+            chunk, owner = self._io.chunks[c], "HFSource"
+            views = {n: chunk_view(chunk.column(n), tuple(s.shape), n, owner)
+                     for n, s in self._io.converter.numeric.items()}
+            self._io.views[c] = views
+        return views
+
     def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
-        self._io.converter.into(self._io.table.take(self._rows(self._io.rows, flat)), out)
+        io, converter = self._io, self._io.converter
+        rows = self._rows(io.rows, flat)
+        chunk = np.searchsorted(io.ends, rows, side="right")
+        if chunk.min() == chunk.max():
+            groups = [(int(chunk[0]), None)]
+        else:
+            order = np.argsort(chunk, kind="stable")
+            groups = [(int(chunk[g[0]]), g) for g in np.split(order, np.flatnonzero(np.diff(chunk[order])) + 1)]
+        for c, where in groups:
+            local = rows if where is None else rows[where]
+            local = local - io.starts[c]
+            views = self._view(c)
+            target = out if where is None else allocate(converter.spec, (local.size,))
+            for name in converter.passthrough:
+                np.take(views[name], local, axis=0, out=target[name])
+            if converter.convert is not None:
+                columns = io.chunks[c]
+                converter.write_converted({n: np.take(v, local, axis=0) for n, v in views.items()},
+                                          lambda n: columns.column(n).take(local).to_pylist(), local.size, target)
+            if where is not None:
+                for name, values in target.items():
+                    out[name][where] = values
 
     def __len__(self) -> int:
         return self._length

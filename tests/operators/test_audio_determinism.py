@@ -53,9 +53,9 @@ def baseline():
     return run(batch_size=4, shuffle=True, resident=True)
 
 
-@pytest.mark.parametrize("batch_size,shuffle,resident", [(5, False, True), (3, True, False)])
-def test_same_record_and_epoch_give_the_same_audio(baseline, batch_size, shuffle, resident):
-    other = run(batch_size, shuffle, resident)
+def test_same_record_and_epoch_give_the_same_audio(baseline):
+    # Another batch size, sequential instead of shuffled order, host- instead of device-resident.
+    other = run(batch_size=5, shuffle=False, resident=False)
     for epoch in range(2):
         np.testing.assert_allclose(other[epoch]["audio"], baseline[epoch]["audio"], atol=1e-5, rtol=0)
         power, expected = 10 ** (other[epoch]["log_mel"] / 10), 10 ** (baseline[epoch]["log_mel"] / 10)

@@ -56,8 +56,8 @@ def test_per_channel_parameters_match_librosa_row_by_row():
     energy = energies(channels=4)
     params = dict(alpha=np.array([0.9, 0.95, 0.98, 0.6]), delta=np.array([1.0, 2.0, 5.0, 0.5]),
                   r=np.array([0.5, 0.3, 0.7, 0.25]), s=np.array([0.02, 0.05, 0.1, 0.3]))
-    got = np.asarray(pcen.pcen(jnp.asarray(energy), **{k: jnp.asarray(v, jnp.float32) for k, v in params.items()},
-                               initial=1.0))
+    got = np.asarray(_pcen(jnp.asarray(energy), **{k: jnp.asarray(v, jnp.float32) for k, v in params.items()},
+                           initial=1.0))
     for c in range(4):
         expected = librosa.pcen(energy[c:c + 1], gain=params["alpha"][c], bias=params["delta"][c],
                                 power=params["r"][c], b=params["s"][c])

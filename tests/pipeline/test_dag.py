@@ -177,7 +177,7 @@ def test_gradient_of_param_inside_a_dag_branch_matches_finite_differences():
         def loss(p):
             return jnp.sum(p.transform({"x": x})["x"] ** 2)
 
-        grad = nnx.grad(loss)(pipeline).program.nodes["s"].w[...]
+        grad = nnx.jit(nnx.grad(loss))(pipeline).program.nodes["s"].w[...]  # inside a user's jit + grad
         param = pipeline.program.nodes["s"].w
         eps = 1e-6
         param[...] = 0.7 + eps

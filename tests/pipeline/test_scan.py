@@ -226,3 +226,12 @@ def test_any_sampler_can_be_scanned():
     pipeline = Pipeline(source, batch_size=8, sampler=ReverseSampler(24))
     ids = ScanRunner(lambda batch: batch["id"], steps_per_call=2).run(iter(pipeline))
     np.testing.assert_array_equal(ids, np.arange(24)[::-1].reshape(3, 8))
+
+
+def test_nothing_to_run_returns_none_and_leaves_the_iterator():
+    short = Pipeline(MemorySource(data={"id": np.arange(5, dtype=np.int32)}), batch_size=8, drop_remainder=True)
+    it = short.epochs(None)
+    assert ScanRunner(lambda batch: batch["id"], steps_per_call=2).run(it, num_steps=3) is None
+    assert it.get_state()["position"] == 0
+    assert ScanRunner(train_step, steps_per_call=2).run(iter(make_pipeline()), *model_and_optimizer(),
+                                                        num_steps=0) is None

@@ -113,7 +113,11 @@ def test_state_is_layout_free_and_resumes_across_device_counts():
         next(it)
     state = json.loads(json.dumps(it.get_state()))
     it.close()
-    for resumed in (build().epochs(2), two.epochs(2)):  # 8 devices -> 1, and 8 -> 2
+    plain = build().epochs(2)
+    for _ in range(6):
+        next(plain)
+    assert plain.get_state() == state  # so an unsharded pipeline's state resumes on a mesh as well
+    for resumed in (plain, two.epochs(2)):  # 8 devices -> 1, and 8 -> 2
         resumed.set_state(state)
         rest = []
         for batch in resumed:

@@ -1,0 +1,171 @@
+"""`augment_chain`: a 6-operator image chain on 32x32 and 128x128 float images, shuffled.
+
+Chain: random crop (reflect-pad size/8) -> horizontal flip -> brightness (0.2) -> contrast (0.2)
+-> rotation (15 degrees, bilinear) -> Gaussian noise (0.05), built from the
+`datarax.operators.image` operator classes.
+
+Floor: one hand-written jitted function doing the device-resident gather and the same maths
+(the pure functions of `datarax.operators.image`, one key split per record instead of one key
+per stage), fed a precomputed permutation per epoch, last batch padded.
+
+Peer (when torch is importable, and `--vs` is empty or names torch): a torch `DataLoader` whose
+dataset applies the same six transforms per element with torch tensor ops (`grid_sample` for the
+rotation), as a torchvision pipeline would; torchvision itself is not used because no build of it
+matches the pinned torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from datarax import Pipeline
+from datarax.bench.registry import BenchOptions
+from datarax.bench.timing import block, epoch_rate, first_batch_seconds, row
+from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
+                                     GaussianNoiseConfig, GaussianNoiseOperator, HorizontalFlipConfig,
+                                     HorizontalFlipOperator, RandomCropConfig, RandomCropOperator, RotationConfig,
+                                     RotationOperator, color, filters, geometry)
+from datarax.sources import MemorySource, MemorySourceConfig
+
+# (image side, records, batch size): ~12 MB and ~200 MB of float32 images.
+SIZES = ((32, 8192, 256), (128, 1024, 64))
+MAX_DELTA, DEGREES, SIGMA = 0.2, 15.0, 0.05
+TORCH_WORKERS = 2
+
+
+def make_data(n: int, side: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"image": rng.random((n, side, side, 3), dtype=np.float32),
+            "label": rng.integers(0, 10, (n,), dtype=np.int32)}
+
+
+def build_pipeline(data: dict, side: int, batch: int, seed: int = 0) -> Pipeline:
+    stages = [RandomCropOperator(RandomCropConfig(size=side, padding=side // 8, pad_mode="reflect"),
+                                 rngs=nnx.Rngs(seed)),
+              HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(seed + 1)),
+              BrightnessOperator(BrightnessConfig(max_delta=MAX_DELTA), rngs=nnx.Rngs(seed + 2)),
+              ContrastOperator(ContrastConfig(max_delta=MAX_DELTA), rngs=nnx.Rngs(seed + 3)),
+              RotationOperator(RotationConfig(degrees=DEGREES), rngs=nnx.Rngs(seed + 4)),
+              GaussianNoiseOperator(GaussianNoiseConfig(sigma=SIGMA), rngs=nnx.Rngs(seed + 5))]
+    source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed), data=data)
+    return Pipeline(source=source, stages=stages, batch_size=batch)
+
+
+def fused_chain(image: jax.Array, key: jax.Array) -> jax.Array:
+    """The whole chain for one image, written as one function."""
+    side, pad = image.shape[0], image.shape[0] // 8
+    k_crop, k_noise, k_rest = jax.random.split(key, 3)
+    offsets = jax.random.randint(k_crop, (2,), 0, 2 * pad + 1)
+    unit = jax.random.uniform(k_rest, (4,))
+    image = geometry.crop(geometry.pad(image, pad, "reflect"), offsets[0], offsets[1], side, side)
+    image = jnp.where(unit[0] < 0.5, geometry.hflip(image), image)
+    image = color.adjust_brightness(image, 1.0 + MAX_DELTA * (2 * unit[1] - 1))
+    image = color.adjust_contrast(image, 1.0 + MAX_DELTA * (2 * unit[2] - 1))
+    image = geometry.rotate(image, DEGREES * (2 * unit[3] - 1))
+    return filters.gaussian_noise(image, jax.random.normal(k_noise, image.shape), SIGMA)
+
+
+def build_floor(n: int, batch: int, seed: int = 0):
+    key = jax.random.key(seed)
+
+    @jax.jit
+    def step(images, labels, idx, epoch):
+        base = jax.random.fold_in(key, epoch)
+        keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(idx)
+        return {"image": jax.vmap(fused_chain)(jnp.take(images, idx, axis=0), keys),
+                "label": jnp.take(labels, idx, axis=0)}
+
+    def epoch_iter(arrays, epoch):
+        perm = np.random.default_rng((seed, epoch)).permutation(n).astype(np.int32)
+        for start in range(0, n, batch):
+            idx = perm[start:start + batch]
+            valid = len(idx)
+            if valid < batch:
+                idx = np.pad(idx, (0, batch - valid), mode="edge")
+            out = step(arrays["image"], arrays["label"], idx, epoch)
+            yield out if valid == batch else jax.tree.map(lambda x: x[:valid], out)
+
+    return epoch_iter
+
+
+class TorchChain:
+    """A map-style dataset applying the chain per element with torch tensor ops (CHW floats)."""
+
+    def __init__(self, data: dict):
+        self.images, self.labels = data["image"], data["label"]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        import torch
+        import torch.nn.functional as F
+
+        image = torch.from_numpy(self.images[index]).permute(2, 0, 1)
+        side, pad = image.shape[-1], image.shape[-1] // 8
+        padded = F.pad(image[None], (pad, pad, pad, pad), mode="reflect")[0]
+        top, left = torch.randint(0, 2 * pad + 1, (2,)).tolist()
+        image = padded[:, top:top + side, left:left + side]
+        unit = torch.rand(4)
+        if unit[0] < 0.5:
+            image = torch.flip(image, dims=(2,))
+        image = (image * (1 + MAX_DELTA * (2 * unit[1] - 1))).clamp(0, 1)
+        gray = (image * torch.tensor([0.299, 0.587, 0.114])[:, None, None]).sum(0).mean()
+        image = (gray + (1 + MAX_DELTA * (2 * unit[2] - 1)) * (image - gray)).clamp(0, 1)
+        theta = torch.deg2rad(DEGREES * (2 * unit[3] - 1))
+        cos, sin = torch.cos(theta), torch.sin(theta)
+        matrix = torch.stack([torch.stack([cos, -sin, torch.zeros(())]), torch.stack([sin, cos, torch.zeros(())])])
+        grid = F.affine_grid(matrix[None], [1, 3, side, side], align_corners=False)
+        image = F.grid_sample(image[None], grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
+        image = (image + SIGMA * torch.randn_like(image)).clamp(0, 1)
+        return image, int(self.labels[index])
+
+
+def torch_rate(data: dict, batch: int, repeats: int) -> float:
+    """Median el/s of a shuffled torch DataLoader over `TorchChain` (after one warm-up epoch)."""
+    import torch
+
+    torch.set_num_threads(1)
+    loader = torch.utils.data.DataLoader(TorchChain(data), batch_size=batch, shuffle=True,
+                                         num_workers=TORCH_WORKERS, persistent_workers=TORCH_WORKERS > 0)
+    for _ in loader:
+        pass
+    return epoch_rate(lambda: loader, len(data["label"]), repeats)["el_s"]
+
+
+def wants_torch(options: BenchOptions) -> bool:
+    return (not options.peers or "torch" in options.peers) and importlib.util.find_spec("torch") is not None
+
+
+def run(options: BenchOptions) -> list[dict]:
+    rows = []
+    for side, records, batch in SIZES:
+        n = options.records(records)
+        data = make_data(n, side)
+
+        start = time.perf_counter()
+        pipeline = build_pipeline(data, side, batch)
+        build_s = time.perf_counter() - start
+        first = first_batch_seconds(lambda: pipeline)
+        for _ in pipeline:
+            pass
+        ours = epoch_rate(lambda: pipeline, n, options.repeats)
+
+        arrays = {k: jax.device_put(v) for k, v in data.items()}
+        epoch_iter = build_floor(n, batch)
+        floor_first = first_batch_seconds(lambda: epoch_iter(arrays, 0))
+        block(list(epoch_iter(arrays, 0)))
+        counter = iter(range(1, 10**6))
+        floor = epoch_rate(lambda: epoch_iter(arrays, next(counter)), n, options.repeats)
+
+        peer = round(torch_rate(data, batch, options.repeats), 1) if wants_torch(options) else "absent"
+        rows.append(row(f"augment_chain_{side}", ours, floor, records=n, batch_size=batch,
+                        first_batch_s=round(build_s + first, 3), floor_first_batch_s=round(floor_first, 3),
+                        torch_el_s=peer, torch_workers=TORCH_WORKERS))
+    return rows

@@ -1,0 +1,230 @@
+"""The `datarax` command line, called in-process through `main(argv)`."""
+
+import json
+import math
+import textwrap
+
+import numpy as np
+import pytest
+
+from datarax.cli.main import main
+from datarax.config import load_pipeline
+
+HELPERS = '''
+import numpy as np
+import jax.numpy as jnp
+from flax import nnx
+
+def make_data():
+    rng = np.random.default_rng(3)
+    return {"image": rng.random((40, 8, 8, 3)).astype(np.float32), "label": np.arange(40, dtype=np.int32)}
+
+def double(element, key=None):
+    return element.update_data({"image": element.data["image"] * 2})
+
+class Pair(nnx.Module):
+    def __call__(self, big, small):
+        return {"small": small["image"], "big": big["image"], "label": big["label"]}
+
+def make_regression():
+    rng = np.random.default_rng(0)
+    x = rng.random((40, 4)).astype(np.float32)
+    return {"x": x, "y": x @ np.array([1.0, -2.0, 3.0, 0.5], np.float32)}
+
+def make_model(rngs):
+    return nnx.Linear(4, 1, rngs=rngs)
+
+def mse(model, batch):
+    return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
+'''
+
+PIPELINE = """
+    batch_size = 16
+    [source.memory]
+    data = "cli_helpers:make_data"
+    [[stages]]
+    resize = { size = [4, 6] }
+    [[stages]]
+    element = { fn = "cli_helpers:double" }
+"""
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "cli_helpers.py").write_text(HELPERS)
+    return tmp_path
+
+
+def write(folder, text, name="run.toml"):
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_version(capsys):
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.startswith("datarax 0.1.0 (jax ")
+
+
+def test_validate_accepts_a_good_file(folder, capsys):
+    path = write(folder, PIPELINE)
+    assert main(["validate", path]) == 0
+    assert capsys.readouterr().out.strip() == f"{path}: OK (memory source, 2 stage(s), batch_size 16)"
+
+
+def test_validate_exits_non_zero_with_one_line_per_problem(folder, capsys):
+    text = PIPELINE.replace("size = [4, 6]", 'size = "big"').replace('"cli_helpers:double"', '"cli_helpers:double", scale = 2')
+    path = write(folder, text)
+    assert main(["validate", path]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == ""
+    assert lines[0].startswith(f"datarax: error: {path}: stages[0].resize.size must be")
+    assert lines[1] == (f"datarax: error: {path}: stages[1].element.scale is not a known parameter of 'element' "
+                        "(known: fn, rngs, stochastic, stream_name)")
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["validate", "/nonexistent/run.toml"], "config file '/nonexistent/run.toml' does not exist"),
+    (["bench", "no_such_scenario"], "unknown scenario(s) ['no_such_scenario']"),
+    (["bench", "tokens", "--vs", "tf"], "unknown peer(s) ['tf'] in --vs; choose from grain, tfdata, torch"),
+])
+def test_bad_input_is_a_one_line_error(argv, words, capsys):
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and words in err
+
+
+def test_usage_errors_exit_with_status_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+
+
+def test_set_overrides_reach_the_validated_config(folder, capsys):
+    path = write(folder, PIPELINE)
+    assert main(["validate", path, "--set", "batch_size=8"]) == 0
+    out = capsys.readouterr().out
+    assert "batch_size 8" in out and "override: batch_size = 8 (--set)" in out
+
+
+def test_inspect_prints_per_stage_shapes_the_graph_and_the_fingerprint(folder, capsys):
+    path = write(folder, PIPELINE)
+    assert main(["inspect", path]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # Expected shapes written from the config: batch 16, resize 8x8 -> 4x6, the element op keeps shapes.
+    after_resize = out.index("  stages[0] resize (ResizeOperator)")
+    assert out[after_resize + 1:after_resize + 3] == ["    image  float32 (16, 4, 6, 3)", "    label  int32 (16,)"]
+    after_double = out.index("  stages[1] element (ElementOperator)")
+    assert out[after_double + 1] == "    image  float32 (16, 4, 6, 3)"
+    assert "  image  float32 (8, 8, 3)" in out  # the element spec, one record
+    assert "     └─ stages[1] element (ElementOperator)  => output" in out
+    assert out[-1] == f"fingerprint  {load_pipeline(path).fingerprint}"
+
+
+def test_inspect_draws_a_dag(folder, capsys):
+    path = write(folder, """
+        batch_size = 8
+        [source.memory]
+        data = "cli_helpers:make_data"
+        [dag]
+        sink = "both"
+        [dag.nodes.twice]
+        element = { fn = "cli_helpers:double" }
+        [dag.nodes.small]
+        inputs = ["twice"]
+        resize = { size = 4 }
+        [dag.nodes.both]
+        inputs = ["twice", "small"]
+        "cli_helpers:Pair" = {}
+    """)
+    assert main(["inspect", path]) == 0
+    out = capsys.readouterr().out.splitlines()
+    graph = out[out.index("graph") + 1:-1]
+    assert graph == ["  [source] MemorySource",
+                     "  └─ twice (ElementOperator) <- source",
+                     "     └─ small (ResizeOperator) <- twice",
+                     "        └─ both (Pair) <- twice, small  => output"]
+    assert out[out.index("  small (ResizeOperator)") + 1] == "    image  float32 (8, 4, 4, 3)"
+    both = out.index("  both (Pair)")
+    assert out[both + 1:both + 3] == ["    small  float32 (8, 4, 4, 3)", "    big    float32 (8, 8, 8, 3)"]
+
+
+def test_run_reports_throughput_goodput_and_the_first_batch(folder, capsys):
+    path = write(folder, PIPELINE.replace("batch_size = 16", "batch_size = 16\n    epochs = 2"))
+    assert main(["run", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["batches"] == 2 * math.ceil(40 / 16) and report["records"] == 80
+    assert report["el_s"] > 0 and 0 < report["goodput"] < 1
+    # The first batch of an unshuffled source is records 0..15, resized then doubled: label stats are exact.
+    assert report["sample"]["label"] == {"dtype": "int32", "shape": [16], "min": 0.0, "max": 15.0, "mean": 7.5}
+    assert report["sample"]["image"]["shape"] == [16, 4, 6, 3]
+    assert main(["run", path, "--batches", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "ran          1 batches, 16 records" in text and "goodput" in text
+
+
+def test_train_then_resume_from_the_checkpoint(folder, capsys):
+    path = write(folder, """
+        batch_size = 8
+        [source.memory]
+        data = "cli_helpers:make_regression"
+        shuffle = true
+        [trainer]
+        model = "cli_helpers:make_model"
+        loss = "cli_helpers:mse"
+        optimizer = { adam = { learning_rate = 0.01 } }
+        steps = 2
+        checkpoint_dir = "ckpt"
+    """)
+    assert main(["train", path]) == 0
+    first = capsys.readouterr().out
+    assert "trained      to step 2 (target 2 steps)" in first and "resumed" not in first
+    assert main(["train", path, "--set", "trainer.steps=3"]) == 0
+    second = capsys.readouterr().out
+    assert "resumed      from the checkpoint at step 2" in second
+    assert "trained      to step 3 (target 3 steps)" in second
+    assert sorted(p.name for p in (folder / "ckpt").iterdir() if p.name.isdigit()) == ["2", "3"]
+
+
+def test_train_without_a_trainer_section_says_what_to_add(folder, capsys):
+    assert main(["train", write(folder, PIPELINE)]) == 1
+    assert "trainer is missing: add a [trainer] table" in capsys.readouterr().err
+
+
+def fake_peer(peer, recipe, *, repeats):
+    return {"el_s": 1000.0, "el_s_runs": [1000.0] * repeats, "settings": f"fake {peer}"}
+
+
+def test_bench_prints_one_row_per_framework_per_scenario(monkeypatch, capsys, tmp_path):
+    from datarax.bench.peers import runner
+
+    monkeypatch.setattr(runner, "run_isolated", fake_peer)
+    monkeypatch.setattr(runner, "installed", lambda peer: True)
+    argv = ["bench", "cifar", "tokens", "--vs", "grain,tfdata,torch", "--json", "--scale", "0.002", "--repeats", "1"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    frameworks = ["datarax", "floor", "grain", "tfdata", "torch"]
+    assert [(r["scenario"], r["framework"]) for r in rows] == [(s, f) for s in ("cifar", "tokens") for f in frameworks]
+    for scenario in ("cifar", "tokens"):
+        by = {r["framework"]: r for r in rows if r["scenario"] == scenario}
+        assert by["torch"]["ratio_to_datarax"] == pytest.approx(1000.0 / by["datarax"]["el_s"], rel=1e-3)
+        assert by["torch"]["ratio_to_floor"] == pytest.approx(1000.0 / by["floor"]["el_s"], rel=1e-3)
+        assert by["datarax"]["ratio_to_floor"] == pytest.approx(by["datarax"]["el_s"] / by["floor"]["el_s"], rel=1e-3)
+
+
+def test_bench_table_and_plot(monkeypatch, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    from datarax.bench.peers import runner
+
+    monkeypatch.setattr(runner, "run_isolated", fake_peer)
+    monkeypatch.setattr(runner, "installed", lambda peer: peer != "tfdata")
+    plot = tmp_path / "bench.png"
+    assert main(["bench", "tokens", "--vs", "torch,tfdata", "--scale", "0.001", "--repeats", "1",
+                 "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("machine: ")
+    assert out[1].split() == ["scenario", "framework", "el/s", "vs", "datarax", "vs", "floor", "notes"]
+    assert out[4].split()[:3] == ["tokens", "torch", "1,000"]
+    assert "tfdata is not installed" in out[5]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,245 @@
+"""Configurations build the same pipelines as Python code does; every schema error names its path."""
+
+import itertools
+import os
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from datarax import Pipeline
+from datarax.config import ConfigError, load_pipeline, load_spec
+from datarax.operators.image import BrightnessConfig, BrightnessOperator, HorizontalFlipConfig, HorizontalFlipOperator
+from datarax.operators.strategies import ParallelOperator, ParallelOperatorConfig
+from datarax.samplers.simple import ShuffleSampler
+from datarax.sources import MemorySource, MemorySourceConfig
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+
+HELPERS = '''
+import numpy as np
+
+def make_data():
+    rng = np.random.default_rng(7)
+    return {"image": rng.random((40, 8, 8, 3)).astype(np.float32),
+            "label": np.arange(40, dtype=np.int32)}
+
+def double(element, key=None):
+    return element.update_data({"image": element.data["image"] * 2})
+
+NOT_CALLABLE = 3
+'''
+
+
+@pytest.fixture
+def helpers(tmp_path):
+    """A user module `cfg_helpers` beside the config files, importable by path from them."""
+    (tmp_path / "cfg_helpers.py").write_text(HELPERS)
+    yield tmp_path
+
+
+def write(folder, text, name="run.toml"):
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def same_stream(reference: Pipeline, built: Pipeline, max_batches: int | None = None) -> int:
+    """Asserts `built` yields the batches `reference` yields next (same fingerprint); returns the count."""
+    assert built.fingerprint == reference.fingerprint
+    ref = iter(reference)
+    it = built.epochs(None)
+    it.set_state(ref.get_state())
+    count = 0
+    for a in itertools.islice(ref, max_batches):
+        b = next(it)
+        assert sorted(a) == sorted(b)
+        for k in a:
+            np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
+        count += 1
+    return count
+
+
+QUICKSTART_TOML = """
+    batch_size = 32
+
+    [source.memory]
+    data = "quickstart:data"
+    rngs = 0
+
+    [[stages]]
+    element = { fn = "quickstart:normalize", stochastic = false, rngs = 0 }
+
+    [[stages]]
+    element = { fn = "quickstart:augment", stochastic = true, stream_name = "augmentations", rngs = 42 }
+"""
+
+
+def test_a_toml_equivalent_to_the_quickstart_yields_its_batches(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(EXAMPLES)
+    import quickstart  # runs examples/quickstart.py, the README Quick Start, verbatim
+
+    built = load_pipeline(write(tmp_path, QUICKSTART_TOML))
+    # The final short batch (1000 = 31 * 32 + 8) is padded inside the program: compare it too.
+    assert same_stream(quickstart.pipeline, built) == len(quickstart.pipeline) == 32
+
+
+def test_a_toml_dag_equivalent_to_the_dag_example_yields_its_batches(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(EXAMPLES)
+    import dag  # runs examples/dag.py
+
+    built = load_pipeline(write(tmp_path, """
+        batch_size = 32
+        [source.memory]
+        data = "dag:data"
+        rngs = 0
+        [dag]
+        sink = "merge"
+        [dag.nodes.augment]
+        element = { fn = "dag:augment", stochastic = true, stream_name = "augmentations", rngs = 42 }
+        [dag.nodes.normalize]
+        element = { fn = "dag:normalize", rngs = 0 }
+        [dag.nodes.merge]
+        inputs = ["augment", "normalize"]
+        "dag:Merge" = {}
+    """))
+    assert same_stream(dag.complex_pipeline, built, max_batches=4) == 4
+
+
+def test_built_in_operators_nested_operators_and_a_sampler(helpers):
+    built = load_pipeline(write(helpers, """
+        batch_size = 16
+        drop_remainder = true
+        [source.memory]
+        data = "cfg_helpers:make_data"
+        [sampler.shuffle]
+        seed = 3
+        [[stages]]
+        element = { fn = "cfg_helpers:double" }
+        [[stages]]
+        [stages.parallel]
+        merge = "mean"
+        fields = ["image"]
+        operators = [ { brightness = { max_delta = 0.3, rngs = 5 } },
+                      { horizontal_flip = { stochastic = false } } ]
+    """))
+    import cfg_helpers
+
+    from datarax.operators import ElementOperator
+
+    data = cfg_helpers.make_data()
+    branches = [BrightnessOperator(BrightnessConfig(max_delta=0.3), rngs=nnx.Rngs(5)),
+                HorizontalFlipOperator(HorizontalFlipConfig(stochastic=False))]
+    reference = Pipeline(MemorySource(MemorySourceConfig(), data=data),
+                         [ElementOperator(fn=cfg_helpers.double),
+                          ParallelOperator(ParallelOperatorConfig(merge="mean", fields=("image",)), operators=branches)],
+                         16, sampler=ShuffleSampler(40, seed=3), drop_remainder=True)
+    assert isinstance(built.sampler, ShuffleSampler) and len(built.sampler) == 40
+    assert same_stream(reference, built) == 2
+
+
+def test_source_data_from_npz_and_npy_files(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.random((10, 3)).astype(np.float32), np.arange(10, dtype=np.int32)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    for data in ('"d.npz"', '{ x = "x.npy", y = "y.npy" }'):
+        pipeline = load_pipeline(write(tmp_path, f"batch_size = 10\n[source.memory]\ndata = {data}\n"))
+        batch = next(iter(pipeline))
+        np.testing.assert_array_equal(batch["x"], x)
+        np.testing.assert_array_equal(batch["y"], y)
+
+
+def test_sharding_lays_batches_over_the_mesh(helpers):
+    pipeline = load_pipeline(write(helpers, """
+        batch_size = 16
+        drop_remainder = true
+        [source.memory]
+        data = "cfg_helpers:make_data"
+        [sharding]
+        mesh_shape = [4, 2]
+        axis_names = ["data", "model"]
+        batch_axes = "data"
+    """))
+    batch = next(iter(pipeline))
+    assert batch["image"].sharding.spec[0] == "data"
+    assert len(batch["image"].sharding.device_set) == len(jax.devices()) == 8
+
+
+def test_environment_and_set_overrides_change_the_built_pipeline(helpers):
+    path = write(helpers, 'batch_size = 16\n[source.memory]\ndata = "cfg_helpers:make_data"\n')
+    assert load_pipeline(path, environ={"DATARAX_BATCH_SIZE": "8"}).batch_size == 8
+    assert load_pipeline(path, environ={"DATARAX_BATCH_SIZE": "8"}, overrides=["batch_size=4"]).batch_size == 4
+
+
+SOURCE = '[source.memory]\ndata = "cfg_helpers:make_data"\n'
+
+# (toml, a regex the error must match: the TOML path first, then what is wrong)
+ERRORS = [
+    ('[source.memory]\ndata = "cfg_helpers:make_data"\n[[stages]]\nbrightness = { max_delta = "high" }\n',
+     r"stages\[0\]\.brightness\.max_delta must be a number, got 'high'"),
+    (SOURCE + "[[stages]]\nbrightness = { max_detla = 0.3 }\n",
+     r"stages\[0\]\.brightness\.max_detla is not a known parameter of 'brightness'; did you mean 'max_delta'\?"),
+    ("batchsize = 3\n" + SOURCE, r"batchsize is not a known key; did you mean 'batch_size'\?"),
+    (SOURCE + "batch_size = 3\n",
+     r"source\.memory\.batch_size is a top-level key, but it sits in the \[source\.memory\] table"),
+    (SOURCE + "[[stages]]\nbrightnes = {}\n", r"stages\[0\]\.brightnes is not a known operator; did you mean 'brightness'\?"),
+    ('[source.memroy]\ndata = "cfg_helpers:make_data"\n', r"source\.memroy is not a known source; did you mean 'memory'\?"),
+    (SOURCE + "[[stages]]\nelement = {}\n", r"stages\[0\]\.element\.fn is required by 'element' but missing"),
+    (SOURCE + "[[stages]]\nbrightness = {}\ncontrast = {}\n",
+     r"stages\[0\] must name exactly one operator .*got keys \['brightness', 'contrast'\]"),
+    (SOURCE + "[[stages]]\nbrightness = 3\n", r"stages\[0\]\.brightness must be a table of parameters"),
+    (SOURCE + "[[stages]]\nbrightness = { max_delta = 3.0 }\n",
+     r"stages\[0\]\.brightness\.max_delta is rejected by BrightnessConfig: BrightnessConfig\.max_delta must be in"),
+    (SOURCE + '[[stages]]\nelement = { fn = "cfg_helpers:dobule" }\n',
+     r"stages\[0\]\.element\.fn names 'cfg_helpers:dobule', which cannot be imported: .*did you mean 'double'\?"),
+    (SOURCE + '[[stages]]\nelement = { fn = "cfg_helpers:NOT_CALLABLE" }\n',
+     r"stages\[0\]\.element\.fn names 'cfg_helpers:NOT_CALLABLE', which is an integer \(int\), not a callable"),
+    (SOURCE + '[[stages]]\nelement = { fn = "cfg_helpers.double" }\n',
+     r"stages\[0\]\.element\.fn names 'cfg_helpers\.double', which cannot be imported: import path "
+     r"'cfg_helpers\.double' is not of the form 'package\.module:attribute'"),
+    ("batch_size = 0\n" + SOURCE, r"batch_size must be an integer >= 1, got 0"),
+    ("batch_size = 4\n", r"source is required but missing"),
+    ('[source.memory]\ndata = "missing.npz"\n', r"source\.memory\.data names 'missing\.npz', which does not exist"),
+    ('[source.memory]\ndata = "x.npy"\n', r"source\.memory\.data names one array file 'x\.npy'"),
+    (SOURCE + "[[stages]]\nbrightness = {}\n[dag]\nsink = \"a\"\n[dag.nodes.a]\nbrightness = {}\n",
+     r"dag cannot be combined with stages"),
+    (SOURCE + '[dag]\nsink = "b"\n[dag.nodes.a]\ninputs = ["c"]\nbrightness = {}\n',
+     r"dag\.nodes\.a\.inputs\[0\] names unknown node 'c'"),
+    (SOURCE + '[dag]\nsink = "b"\n[dag.nodes.a]\nbrightness = {}\n', r"dag\.sink names unknown node 'b'"),
+    (SOURCE + '[dag]\nsink = "a"\n[dag.nodes.a]\ninputs = ["b"]\nbrightness = {}\n'
+              '[dag.nodes.b]\ninputs = ["a"]\nbrightness = {}\n', r"dag\.nodes form a cycle \(a -> b -> a\)"),
+    (SOURCE + '[dag]\nsink = "a"\n[dag.nodes.a]\nbrightness = {}\n[dag.nodes.b]\nbrightness = {}\n',
+     r"dag\.nodes\.b does not lead to the sink 'a'"),
+    (SOURCE + '[sampler.shufle]\n', r"sampler\.shufle is not a known sampler; did you mean 'shuffle'\?"),
+    (SOURCE + '[sharding]\nbatch_axes = "model"\n', r"sharding\.batch_axes names axis 'model'"),
+    (SOURCE + '[trainer]\nmodel = "cfg_helpers:double"\nloss = "cfg_helpers:double"\n'
+              'optimizer = { adamm = { learning_rate = 0.1 } }\nsteps = 3\n',
+     r"trainer\.optimizer\.adamm is not an optax function; did you mean 'adam'\?"),
+    (SOURCE + '[trainer]\nmodel = "cfg_helpers:double"\nloss = "cfg_helpers:double"\n'
+              'optimizer = { adam = { learning_rate = 0.1 } }\n',
+     r"trainer\.steps give exactly one of steps or epochs"),
+]
+
+
+@pytest.mark.parametrize("toml,pattern", ERRORS)
+def test_every_schema_error_names_its_toml_path(helpers, toml, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_spec(write(helpers, toml))
+
+
+def test_all_problems_are_reported_together(helpers):
+    path = write(helpers, 'batchsize = 3\nseed = "x"\n' + SOURCE + '[[stages]]\nbrightness = { max_delta = "high" }\n')
+    with pytest.raises(ConfigError) as info:
+        load_spec(path)
+    assert [p.split(" ")[0] for p in info.value.problems] == ["batchsize", "seed", "stages[0].brightness.max_delta"]
+    assert str(info.value).startswith(f"{path}: 3 problems:")
+
+
+def test_a_constructor_error_at_build_names_the_component(helpers):
+    path = write(helpers, SOURCE + "[[stages]]\nnormalize = { mean = [0.5, 0.5], std = [1.0] }\n")
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.normalize"):
+        load_pipeline(path)
