@@ -49,6 +49,7 @@ QUICK = {"steps": 60, "seeds": 1, "per_class": 10, "batch_size": 50, "learning_r
 FIXED = {"degrees": 15.0, "translate": 0.1, "scale": 0.15, "brightness": 0.3, "contrast": 0.3}
 LEARNED_START = {"degrees": 3.0, "translate": 0.02, "scale": 0.03, "brightness": 0.05, "contrast": 0.05}
 CHOICES = ("identity", "blur", "hflip")
+CHOICE_START = (0.8, 0.1, 0.1)
 
 
 def to_float(element):
@@ -78,7 +79,7 @@ def policy_stages(policy: str, seed: int) -> list:
     choices = [ElementOperator(ElementOperatorConfig(), fn=identity),
                GaussianBlurOperator(GaussianBlurConfig(sigma=0.6, stochastic=False, kernel_size=3)),
                HorizontalFlipOperator(HorizontalFlipConfig(stochastic=False))]
-    selector = SelectorOperator(SelectorOperatorConfig(learnable=True), operators=choices, rngs=rngs)
+    selector = SelectorOperator(SelectorOperatorConfig(probabilities=CHOICE_START, learnable=True), operators=choices, rngs=rngs)
     scales = {"Affine.degrees": FIXED["degrees"], "Affine.translate": FIXED["translate"], "Affine.scale": FIXED["scale"],
               "Brightness.max_delta": FIXED["brightness"], "Contrast.max_delta": FIXED["contrast"]}
     return [AugmentationPolicy([*ops, selector], scales=scales)]

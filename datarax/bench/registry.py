@@ -9,6 +9,8 @@ from collections.abc import Callable
 SCENARIO_MODULES = {
     "cifar": "datarax.bench.scenarios.cifar",
     "tokens": "datarax.bench.scenarios.tokens",
+    "dag": "datarax.bench.scenarios.dag",
+    "scan": "datarax.bench.scenarios.scan",
 }
 
 

@@ -67,6 +67,12 @@ class Pipeline(nnx.Module):
         self.sampler = source.default_sampler() if sampler is None else sampler
         self.program = Chain(stages) if program is None else program
         self.drop_remainder = drop_remainder
+        if drop_remainder and len(self.sampler) < self.batch_size:
+            raise ValueError(
+                f"drop_remainder=True with batch_size={self.batch_size} but an epoch has only "
+                f"{len(self.sampler)} records, so every batch would be dropped; use a batch_size <= "
+                f"{len(self.sampler)} or drop_remainder=False"
+            )
         self.prefetch = prefetch
         self._next_epoch = 0
         # The fingerprint leaves the sharding out on purpose: the stream is the same on any layout.

@@ -147,7 +147,8 @@ def test_inspect_draws_a_dag(folder, capsys):
                      "        └─ both (Pair) <- twice, small  => output"]
     assert out[out.index("  small (ResizeOperator)") + 1] == "    image  float32 (8, 4, 4, 3)"
     both = out.index("  both (Pair)")
-    assert out[both + 1:both + 3] == ["    small  float32 (8, 4, 4, 3)", "    big    float32 (8, 8, 8, 3)"]
+    assert out[both + 1:both + 4] == ["    big    float32 (8, 8, 8, 3)", "    label  int32 (8,)",
+                                      "    small  float32 (8, 4, 4, 3)"]
 
 
 def test_run_reports_throughput_goodput_and_the_first_batch(folder, capsys):

@@ -189,8 +189,6 @@ RUN_ERRORS = [
 def test_run_errors(op, data, error, match):
     with pytest.raises(error, match=match):
         op(Element({k: jnp.asarray(v) for k, v in data.items()}), BatchContext.for_batch(1))
-    if error is ValueError and "not stochastic" in match:
-        op.draw_batch(BatchContext.for_batch(1), (4, 4, 3))
 
 
 def test_draw_batch_on_deterministic_operator_names_the_fix():

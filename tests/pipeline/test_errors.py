@@ -152,3 +152,8 @@ def test_failed_restore_loses_nothing():
     reference = list(Pipeline(source=source(shuffle=True, seed=1), batch_size=4))
     np.testing.assert_array_equal(np.asarray(next(it)["y"]), np.asarray(reference[1]["y"]))
     np.testing.assert_array_equal(np.asarray(first["y"]), np.asarray(reference[0]["y"]))
+
+
+def test_drop_remainder_with_fewer_records_than_a_batch_is_rejected():
+    with pytest.raises(ValueError, match=r"drop_remainder=True with batch_size=16 but an epoch has only 10 records"):
+        Pipeline(source=source(), batch_size=16, drop_remainder=True)
