@@ -126,8 +126,9 @@ class GoodputLedger:
         per_step = {"step": a["step"].astype(int), "batch_size": a["batch_size"].astype(int),
                     "host_next_s": a["next_end"] - a["next_begin"], "exposed_idle_s": gap, "data_stall_s": stall,
                     "step_time_s": busy, "compile_s": a["compile"]}
-        steady = self._span_stats(per_step, 1, n)
-        window = self._span_stats(per_step, max(1, n - self.window), n)
+        gaps = (prev_ready, dispatched)
+        steady = self._span_stats(per_step, gaps, 1, n)
+        window = self._span_stats(per_step, gaps, max(1, n - self.window), n)
         return {
             "steps": n, "wall_s": wall,
             "buckets_s": buckets, "buckets_pct": {k: _pct(v, wall) for k, v in buckets.items()},
@@ -141,8 +142,7 @@ class GoodputLedger:
             "per_step": per_step,
         }
 
-    @staticmethod
-    def _span_stats(per_step: dict, lo: int, hi: int) -> dict:
+    def _span_stats(self, per_step: dict, gaps: tuple, lo: int, hi: int) -> dict:
         """Figures over steps [lo, hi), each measured from the previous step's result."""
         if hi - lo < 1:
             return {}
@@ -152,10 +152,20 @@ class GoodputLedger:
         host = float(per_step["host_next_s"][lo:hi].sum())
         elements = float(per_step["batch_size"][lo:hi].sum())
         span = busy + idle
+        starts, ends = gaps[0][lo:hi], gaps[1][lo:hi]
+        keep = ends > starts
+        starts, ends = starts[keep], ends[keep]
+        idle_by = {k: 0.0 for k in ("checkpoint_save", "eval", "compile")}
+        for kind, b, e in self.intervals:
+            if kind in idle_by:
+                idle_by[kind] += _overlap(starts, ends, b, e)
+        loop = max(idle - stall - sum(idle_by.values()), 0.0)
         return {
             "steps": hi - lo, "span_s": span, "elements": elements,
             "goodput_pct": _pct(busy, span), "exposed_idle_pct": _pct(idle, span),
             "data_stall_pct": _pct(stall, span), "host_next_pct": _pct(host, span),
+            "checkpoint_idle_pct": _pct(idle_by["checkpoint_save"], span), "eval_idle_pct": _pct(idle_by["eval"], span),
+            "compile_idle_pct": _pct(idle_by["compile"], span), "loop_idle_pct": _pct(loop, span),
             "step_time_s": busy / (hi - lo), "exposed_idle_s": idle / (hi - lo),
             "data_stall_s": stall / (hi - lo), "host_next_s": host / (hi - lo),
             "step_consumes_el_s": elements / busy if busy > 0 else math.inf,
@@ -169,14 +179,30 @@ def _rate(x: float) -> str:
 
 
 def diagnose(steady: dict, buckets: dict, wall: float) -> str:
-    """One plain-language line: input-bound or compute-bound, with the numbers behind it."""
+    """One plain-language line: input-, host- or compute-bound, with the numbers behind it.
+
+    In steady state the device is either busy, idle while the host waits in next() (a data
+    stall), or idle while the host does anything else between steps (checkpoint saves,
+    evaluation, callbacks and loop overhead). The larger idle share decides, if it reaches
+    `INPUT_BOUND_PCT`; otherwise the run is compute-bound.
+    """
     if not steady:
         return "too few steps to tell (need at least 2)"
     stall = steady["data_stall_pct"]
-    if stall >= INPUT_BOUND_PCT:
+    host = max(steady["exposed_idle_pct"] - stall, 0.0)
+    if stall >= INPUT_BOUND_PCT and stall >= host:
         text = (f"input-bound: the device was idle {stall:.0f}% of wall time waiting for data; the pipeline "
                 f"delivers {_rate(steady['pipeline_delivers_el_s'])} el/s, the step consumes "
                 f"{_rate(steady['step_consumes_el_s'])} el/s")
+    elif host >= INPUT_BOUND_PCT:
+        parts = {"checkpoint saves": steady.get("checkpoint_idle_pct", 0.0),
+                 "evaluation": steady.get("eval_idle_pct", 0.0), "recompiles": steady.get("compile_idle_pct", 0.0),
+                 "loop overhead (callbacks, logging, dispatch)": steady.get("loop_idle_pct", host)}
+        detail = ", ".join(f"{name} {pct:.0f}%" for name, pct in sorted(parts.items(), key=lambda kv: -kv[1])
+                           if pct >= 0.5)
+        text = (f"host-bound: the device was idle {host:.0f}% of wall time between steps while the host did "
+                f"other work ({detail}), {stall:.0f}% waiting for data; the step takes "
+                f"{1e3 * steady['step_time_s']:.2f} ms")
     else:
         text = (f"compute-bound: exposed data stall {stall:.1f}%; the step consumes "
                 f"{_rate(steady['step_consumes_el_s'])} el/s and the pipeline keeps up")

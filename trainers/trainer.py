@@ -127,9 +127,7 @@ class Trainer:
         self._eval_schedule = Schedule(every_steps=eval_every_steps)
         # The joint mode reads untransformed batches plus their BatchContext from a loader over the
         # same source and sampler; its iterator state is what the checkpoint holds.
-        self._loader = (Pipeline(train_pipeline.source, [ContextStage()], train_pipeline.batch_size,
-                                 sampler=train_pipeline.sampler, drop_remainder=train_pipeline.drop_remainder,
-                                 prefetch=train_pipeline.prefetch) if self.joint else train_pipeline)
+        self._loader = self._joint_loader(train_pipeline) if self.joint else train_pipeline
         self._binding = VariableBinding(TrainState(self.trainable, self.optimizer))
         self._model_binding = VariableBinding(model)
         self._train_step = TimedJit(make_train_step(self._binding, loss_fn, metrics, self.joint), donate_values=True)
@@ -142,6 +140,15 @@ class Trainer:
         self.last_eval_metrics: dict[str, float] = {}
         self._iterator = None
         self._pending: tuple[int, Any] | None = None
+
+    @staticmethod
+    def _joint_loader(pipeline: Pipeline) -> Pipeline:
+        """The user's source, sampler and batching with only `ContextStage`: untransformed batches."""
+        kwargs = {"sampler": pipeline.sampler, "drop_remainder": pipeline.drop_remainder,
+                  "prefetch": pipeline.prefetch}
+        if getattr(pipeline, "sharding", None) is not None:
+            kwargs["sharding"] = pipeline.sharding
+        return Pipeline(pipeline.source, [ContextStage()], pipeline.batch_size, **kwargs)
 
     def _build_optimizer(self, optimizer: Any) -> nnx.Optimizer:
         if isinstance(optimizer, nnx.Optimizer):

@@ -14,6 +14,7 @@ import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from datarax.bench.peers.runner import ratio
 from datarax.cli.progress import bar
 
 _DETAIL_KEYS = ("records", "batch_size", "first_batch_s", "backend")
@@ -32,10 +33,10 @@ def framework_rows(name: str, rows: Sequence[dict]) -> list[dict]:
                                                            "ratio", "datarax_runs", "floor_runs",
                                                            "floor_first_batch_s")}
         out.append({"scenario": row["scenario"], "framework": "datarax", "el_s": ours, "ratio_to_datarax": 1.0,
-                    "ratio_to_floor": round(ours / floor, 4) if floor else None,
+                    "ratio_to_floor": ratio(ours, floor),
                     "el_s_runs": row.get("datarax_runs"), **details, **extra})
         out.append({"scenario": row["scenario"], "framework": "floor", "el_s": floor,
-                    "ratio_to_datarax": round(floor / ours, 4) if ours else None, "ratio_to_floor": 1.0,
+                    "ratio_to_datarax": ratio(floor, ours), "ratio_to_floor": 1.0,
                     "el_s_runs": row.get("floor_runs"), "first_batch_s": row.get("floor_first_batch_s")})
     return out
 

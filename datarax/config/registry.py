@@ -114,7 +114,7 @@ def _modules(package: str) -> tuple[list[Any], list[tuple[str, str]]]:
 
 
 def _wanted(obj: Any, module_name: str, base: type, suffixes: Sequence[str]) -> bool:
-    if not isinstance(obj, type) or obj.__module__ != module_name or obj.__name__.startswith("_"):
+    if not isinstance(obj, type) or obj is base or obj.__module__ != module_name or obj.__name__.startswith("_"):
         return False
     if inspect.isabstract(obj):
         return False

@@ -65,7 +65,8 @@ class ThreadedSource(DataSourceModule):
         if parts == 1:
             self.source.get_batch(flat, out=flat_out)
             return out
-        futures = [self._pool.executor.submit(self.source.get_batch, flat[a:b], {k: v[a:b] for k, v in flat_out.items()})
+        pool = self._pool.executor
+        futures = [pool.submit(self.source.get_batch, flat[a:b], {k: v[a:b] for k, v in flat_out.items()})
                    for a, b in zip(bounds[:-1], bounds[1:])]
         wait(futures)
         for f in futures:

@@ -76,6 +76,7 @@ class Pipeline(nnx.Module):
         self.prefetch = prefetch
         self._next_epoch = 0
         # The fingerprint leaves the sharding out on purpose: the stream is the same on any layout.
+        self.sharding = sharding
         self.placement = None if sharding is None else BatchPlacement(sharding, self.batch_size, drop_remainder)
         self.compiled = CompiledProgram(self.program, self.sampler, len(self.sampler), self.batch_size,
                                         self.placement)

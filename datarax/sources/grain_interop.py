@@ -135,7 +135,8 @@ class GrainStreamSourceConfig:
             raise TypeError(f"GrainStreamSourceConfig.batched must be True or False, got {self.batched!r}")
         if self.num_records is not None and (isinstance(self.num_records, bool) or not isinstance(self.num_records, int)
                                              or self.num_records < 1):
-            raise ValueError(f"GrainStreamSourceConfig.num_records must be a positive int or None, got {self.num_records!r}")
+            raise ValueError(f"GrainStreamSourceConfig.num_records must be a positive int or None, "
+                             f"got {self.num_records!r}")
 
 
 class GrainStreamSource(StreamSourceModule):
@@ -223,7 +224,8 @@ class _GrainReader(RecordReader):
             take = min(count - done, self._size - self._offset)
             for name, buf in out.items():
                 value = self._current[name]
-                buf[start + done:start + done + take] = value[self._offset:self._offset + take] if self._batched else value
+                rows = value[self._offset:self._offset + take] if self._batched else value
+                buf[start + done:start + done + take] = rows
             self._offset += take
             done += take
         return done

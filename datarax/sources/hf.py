@@ -35,6 +35,7 @@ from datarax.samplers.simple import SequentialSampler, ShuffleSampler
 from datarax.sources._arrow import chunk_view, column_into, column_layout
 from datarax.sources._columns import (Handles, UnsupportedColumnError, allocate, check_column_config, check_columns,
                                       check_convert_output, read_batch, require, spec_text, unsupported_message)
+from datarax.sources._hf_stream import HFBlockReader
 from datarax.sources.memory import MemorySource, MemorySourceConfig, seed_from_rngs
 from datarax.sources.stream import StreamSourceModule
 
@@ -200,16 +201,16 @@ class HFSource(DataSourceModule):
             raise ValueError("HFSource dataset has 0 rows; give it at least one")
         table = dataset.data.table.select(list(names))
         # A dataset after select/shuffle/filter reads its table through an index mapping.
-        rows = None if dataset._indices is None else dataset._indices.column(0).to_numpy()
+        rows = None if dataset._indices is None else dataset._indices.column(0).to_numpy().astype(np.int64)
         self._length = len(dataset)
         sample = table.take(self._rows(rows, np.arange(min(self._length, 1024))))
         converter = TableConverter(sample, names, convert, "HFSource")
         # Rows are gathered with numpy from zero-copy views of each record batch's numeric columns:
         # Arrow's own take on nested lists rebuilds every offset level (~100x slower per row).
         chunks = table.to_batches()
-        ends = np.cumsum([len(c) for c in chunks])
+        ends = np.cumsum([len(c) for c in chunks], dtype=np.int64)
         self._io = Handles(table=table, rows=rows, converter=converter, chunks=chunks, ends=ends,
-                           starts=np.concatenate([[0], ends[:-1]]), views={})
+                           starts=np.concatenate([np.zeros(1, np.int64), ends[:-1]]), views={})
         self.seed = seed_from_rngs(config.seed, rngs)
         self._names = names
         self._identity = (getattr(dataset.info, "dataset_name", None), str(dataset.split),
@@ -332,9 +333,7 @@ class HFStreamSource(StreamSourceModule):
     def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
         return dict(self._io.converter.spec)
 
-    def open(self, epoch: int, state: dict[str, Any] | None):
-        from datarax.sources._hf_stream import HFBlockReader
-
+    def open(self, epoch: int, state: dict[str, Any] | None) -> HFBlockReader:
         return HFBlockReader(self, epoch, state)
 
     def structure(self) -> str:

@@ -97,7 +97,8 @@ class MixDataSourcesConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"MixDataSourcesConfig.{name} must be a positive int, got {value!r}")
         if self.source_field is not None and not isinstance(self.source_field, str):
-            raise TypeError(f"MixDataSourcesConfig.source_field must be a field name or None, got {self.source_field!r}")
+            raise TypeError(f"MixDataSourcesConfig.source_field must be a field name or None, "
+                            f"got {self.source_field!r}")
 
 
 class MixSampler(Sampler):
@@ -117,9 +118,9 @@ class MixSampler(Sampler):
         self.counts = tuple(int(c) for c in apportion(self.block_size, weights))
         starved = [i for i, (w, c) in enumerate(zip(weights, self.counts)) if w > 0 and c == 0]
         if starved:
+            needed = math.ceil(sum(weights) / min(w for w in weights if w > 0))
             raise ValueError(f"MixSampler weights {weights} give sources {starved} no slot in a block of "
-                             f"{self.block_size}; raise block_size (to at least {math.ceil(sum(weights) / min(w for w in weights if w > 0))}) "
-                             "or raise their weights")
+                             f"{self.block_size}; raise block_size (to at least {needed}) or raise their weights")
         self._offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         # A final partial block gets its own apportionment, so the draws per epoch are exact.
         self._full, rest = divmod(self.epoch_length, self.block_size)

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -103,6 +104,18 @@ def check_stream_state(state: Any, keys: tuple[str, ...], owner: str) -> dict[st
     return state
 
 
+def to_device(buffers: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """Copies reused host buffers to the default device and waits for the copy.
+
+    On CPU, `jax.device_put` may alias a 64-byte-aligned numpy buffer instead of copying it
+    (seen with jax 0.10, also with `may_alias=False`); a ring buffer refilled later would then
+    change a batch already handed out, so the copy is forced there.
+    """
+    if jax.default_backend() == "cpu":
+        return jax.block_until_ready({k: jnp.array(v, copy=True) for k, v in buffers.items()})
+    return jax.block_until_ready(jax.device_put(buffers))
+
+
 def _pad(buffers: dict[str, np.ndarray], valid: int) -> None:
     # The padded tail repeats the last record, as the random-access path clips its indices.
     for buf in buffers.values():
@@ -136,7 +149,7 @@ def stream_host_batches(source: StreamSourceModule, *, batch_size: int, drop_rem
                 if valid < batch_size:
                     _pad(buffers, valid)
                 ids = np.minimum(np.arange(position, position + batch_size, dtype=np.int64), position + valid - 1)
-                batch = jax.block_until_ready(jax.device_put(buffers))
+                batch = to_device(buffers)
                 yield epoch, position, ids, valid, batch, reader.get_state()
                 step += 1
                 position += valid

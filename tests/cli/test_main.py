@@ -202,16 +202,18 @@ def test_bench_prints_one_row_per_framework_per_scenario(monkeypatch, capsys, tm
 
     monkeypatch.setattr(runner, "run_isolated", fake_peer)
     monkeypatch.setattr(runner, "installed", lambda peer: True)
-    argv = ["bench", "cifar", "tokens", "--vs", "grain,tfdata,torch", "--json", "--scale", "0.002", "--repeats", "1"]
+    argv = ["bench", "tokens", "--vs", "grain,tfdata,torch", "--json", "--scale", "0.001", "--repeats", "1"]
     assert main(argv) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     frameworks = ["datarax", "floor", "grain", "tfdata", "torch"]
-    assert [(r["scenario"], r["framework"]) for r in rows] == [(s, f) for s in ("cifar", "tokens") for f in frameworks]
-    for scenario in ("cifar", "tokens"):
-        by = {r["framework"]: r for r in rows if r["scenario"] == scenario}
-        assert by["torch"]["ratio_to_datarax"] == pytest.approx(1000.0 / by["datarax"]["el_s"], rel=1e-3)
-        assert by["torch"]["ratio_to_floor"] == pytest.approx(1000.0 / by["floor"]["el_s"], rel=1e-3)
-        assert by["datarax"]["ratio_to_floor"] == pytest.approx(by["datarax"]["el_s"] / by["floor"]["el_s"], rel=1e-3)
+    assert [(r["scenario"], r["framework"]) for r in rows] == [("tokens", f) for f in frameworks]
+    by = {r["framework"]: r for r in rows}
+    for peer in ("grain", "tfdata", "torch"):
+        assert by[peer]["el_s"] == 1000.0 and by[peer]["settings"] == f"fake {peer}"
+        assert by[peer]["ratio_to_datarax"] == pytest.approx(1000.0 / by["datarax"]["el_s"], rel=1e-3)
+        assert by[peer]["ratio_to_floor"] == pytest.approx(1000.0 / by["floor"]["el_s"], rel=1e-3)
+    assert by["datarax"]["ratio_to_floor"] == pytest.approx(by["datarax"]["el_s"] / by["floor"]["el_s"], rel=1e-3)
+    assert by["datarax"]["records"] == 200
 
 
 def test_bench_table_and_plot(monkeypatch, capsys, tmp_path):

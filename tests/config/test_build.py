@@ -30,6 +30,13 @@ def double(element, key=None):
     return element.update_data({"image": element.data["image"] * 2})
 
 NOT_CALLABLE = 3
+
+def make_model(rngs):
+    from flax import nnx
+    return nnx.Linear(3, 1, rngs=rngs)
+
+def mse(model, batch):
+    return ((model(batch["image"][:, 0, 0, :])[:, 0] - batch["label"]) ** 2).mean()
 '''
 
 
@@ -243,3 +250,25 @@ def test_a_constructor_error_at_build_names_the_component(helpers):
     path = write(helpers, SOURCE + "[[stages]]\nnormalize = { mean = [0.5, 0.5], std = [1.0] }\n")
     with pytest.raises(ConfigError, match=r"stages\[0\]\.normalize"):
         load_pipeline(path)
+
+
+def test_a_trainer_section_builds_the_trainer_with_its_callbacks(helpers):
+    from datarax.config import build_trainer
+
+    spec = load_spec(write(helpers, SOURCE + """
+        [trainer]
+        model = "cfg_helpers:make_model"
+        loss = "cfg_helpers:mse"
+        optimizer = [{ clip_by_global_norm = { max_norm = 1.0 } }, { sgd = { learning_rate = 0.1 } }]
+        epochs = 2
+        checkpoint_dir = "ckpt"
+        checkpoint_every = 5
+        callbacks = [{ early_stopping = { monitor = "train/loss", patience = 7 } }]
+    """.replace("\n        ", "\n")))
+    run = build_trainer(spec)
+    kinds = {type(cb).__name__: cb for cb in run.trainer.callbacks}
+    assert kinds["EarlyStopping"].patience == 7
+    assert kinds["CheckpointCallback"].directory == str(helpers / "ckpt")
+    assert kinds["CheckpointCallback"].schedule.every_steps == 5
+    assert (run.num_steps, run.num_epochs) == (None, 2)
+    assert run.trainer.model.in_features == 3

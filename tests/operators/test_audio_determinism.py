@@ -1,6 +1,6 @@
 """Audio augmentation depends only on (record id, epoch): not on batch size, order or residency.
 
-A stochastic audio chain (crop/pad, gain, noise, shift, log-mel, time and frequency masks) runs
+A stochastic audio chain (random crop, learnable random gain, noise, log-mel, time masks) runs
 through real pipelines that differ in batch size, shuffling and device residency; each record's
 output, matched by its id, must be the same in the same epoch and different in the next one.
 Tolerance: the same maths batched differently may round differently in the last bit, so
@@ -13,9 +13,8 @@ import pytest
 from flax import nnx
 
 from datarax import Pipeline
-from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, CropPadConfig, CropPadOperator,
-                                     FrequencyMaskConfig, FrequencyMaskOperator, GainConfig, GainOperator, LogMelConfig,
-                                     LogMelOperator, TimeMaskConfig, TimeMaskOperator, TimeShiftConfig, TimeShiftOperator)
+from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, CropPadConfig, CropPadOperator, GainConfig,
+                                     GainOperator, LogMelConfig, LogMelOperator, TimeMaskConfig, TimeMaskOperator)
 from datarax.sources import MemorySource, MemorySourceConfig
 
 N, SAMPLES = 11, 1200
@@ -26,10 +25,8 @@ def stages():
         CropPadOperator(CropPadConfig(length=1000), rngs=nnx.Rngs(0)),
         GainOperator(GainConfig(max_delta_db=6.0, learnable=True), rngs=nnx.Rngs(1)),
         AddNoiseOperator(AddNoiseConfig(snr_db=15.0), rngs=nnx.Rngs(2)),
-        TimeShiftOperator(TimeShiftConfig(max_delta=0.05), rngs=nnx.Rngs(3)),
         LogMelOperator(LogMelConfig(sample_rate=8000, n_fft=256, hop_length=64, n_mels=20)),
         TimeMaskOperator(TimeMaskConfig(max_width=4.0), rngs=nnx.Rngs(4)),
-        FrequencyMaskOperator(FrequencyMaskConfig(max_width=3.0), rngs=nnx.Rngs(5)),
     ]
 
 

@@ -31,10 +31,9 @@ def signal(n=4000, dtype=np.float32, seed=0):
 
 STFT_CASES = [
     dict(n_fft=512, hop_length=128),
-    dict(n_fft=256, hop_length=64, win_length=200),
+    dict(n_fft=256, hop_length=64, win_length=200, window="hamming"),
     dict(n_fft=512, hop_length=160, center=False),
     dict(n_fft=256, hop_length=100, pad_mode="reflect"),
-    dict(n_fft=256, hop_length=64, window="hamming"),
 ]
 
 

@@ -83,7 +83,8 @@ class ProcessesOf:
 def reference_rows(batch_size: int, num_shards: int, shard_of_device, devices) -> np.ndarray:
     """Rows from first principles: shard k holds [k*B/S, (k+1)*B/S)."""
     per = batch_size // num_shards
-    return np.array(sorted({r for d in devices for r in range(shard_of_device(d) * per, (shard_of_device(d) + 1) * per)}))
+    return np.array(sorted({r for d in devices for r in range(shard_of_device(d) * per,
+                                                               (shard_of_device(d) + 1) * per)}))
 
 
 @pytest.mark.parametrize("shape,names,batch_axes,per_process,batch_size", [

@@ -35,13 +35,14 @@ def test_local_mesh_is_the_process_block(owners, process, block):
     mesh = fake_mesh(owners, ("data", "model")[:owners.ndim])
     local = local_mesh(mesh, process)
     assert local.axis_names == mesh.axis_names
-    np.testing.assert_array_equal(np.vectorize(lambda d: d.id)(local.devices), np.arange(owners.size).reshape(owners.shape)[block])
+    ids = np.vectorize(lambda d: d.id)(local.devices)
+    np.testing.assert_array_equal(ids, np.arange(owners.size).reshape(owners.shape)[block])
 
 
 def test_local_mesh_errors_name_the_process_and_the_fix():
     with pytest.raises(ValueError, match=r"holds no device of process 5; build the mesh from jax.devices\(\)"):
         local_mesh(fake_mesh(np.array([0, 1]), ("data",)), 5)
-    with pytest.raises(ValueError, match=r"devices of process 0 do not form a block .* order the mesh's devices by process"):
+    with pytest.raises(ValueError, match=r"process 0 do not form a block .* order the mesh's devices by process"):
         local_mesh(fake_mesh(np.array([0, 1, 0, 1]), ("data",)), 0)
 
 
@@ -52,7 +53,8 @@ class ProcessesByOwner:
         self.sharding, self.owner_of = sharding, owner_of
 
     def devices_indices_map(self, shape):
-        return {FakeDevice(d.id, self.owner_of[d.id]): index for d, index in self.sharding.devices_indices_map(shape).items()}
+        return {FakeDevice(d.id, self.owner_of[d.id]): index
+                for d, index in self.sharding.devices_indices_map(shape).items()}
 
 
 LAYOUTS = [

@@ -120,8 +120,8 @@ def test_convert_turns_strings_and_ragged_lists_into_arrays(parquet_ds, table):
 
 
 def test_unsupported_columns_error_names_them_and_both_fixes(parquet_ds):
-    with pytest.raises(UnsupportedColumnError, match=r"cannot batch column\(s\) 'text' \(arrow type string\); "
-                                                     r"'tokens' \(ragged lists \(lengths 1 to 5\)\).*columns=.*convert="):
+    with pytest.raises(UnsupportedColumnError, match=r"cannot batch column\(s\) 'text' \(arrow type string\); 'tokens' "
+                                                     r"\(ragged lists \(lengths 1 to 5\)\).*columns=.*convert="):
         HFSource(dataset=parquet_ds)
 
 

@@ -27,7 +27,8 @@ class RangeStream(StreamSourceModule):
         return {"x": jax.ShapeDtypeStruct((2,), np.int64)}
 
     def open(self, epoch, state):
-        return RangeReader(self.n, epoch, 0 if state is None else check_stream_state(state, ("read",), "RangeStream")["read"])
+        start = 0 if state is None else check_stream_state(state, ("read",), "RangeStream")["read"]
+        return RangeReader(self.n, epoch, start)
 
 
 class RangeReader(RecordReader):
@@ -76,7 +77,7 @@ def test_padding_repeats_the_last_record_like_clipped_indices():
 def test_empty_stream_is_an_error_not_an_endless_loop():
     with pytest.raises(ValueError, match="RangeStream yielded no batch in epoch 0; the stream is empty"):
         stream_batches(RangeStream(0), "x", batch_size=4, end_epoch=None)
-    with pytest.raises(ValueError, match="yielded no full batch in epoch 0.*shorter than batch_size=4 with drop_remainder"):
+    with pytest.raises(ValueError, match="no full batch in epoch 0.*shorter than batch_size=4 with drop_remainder"):
         stream_batches(RangeStream(3), "x", batch_size=4, end_epoch=None, drop_remainder=True)
 
 

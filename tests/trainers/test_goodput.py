@@ -36,12 +36,13 @@ def test_ledger_arithmetic_matches_a_hand_computation():
     ledger.set_ready(ledger.add_step(2, 8, 1.7, 2.5, 2.6, 0.0), 3.0)
     # step 3: dispatched at 2.85 while step 2 still runs -> no idle; busy 3.0-3.5
     ledger.set_ready(ledger.add_step(3, 4, 2.7, 2.8, 2.85, 0.0), 3.5)
+    ledger.add_interval("checkpoint_save", 2.52, 2.58)  # inside step 2's idle, after next() returned
     ledger.add_interval("checkpoint_save", 3.6, 4.0)
     ledger.finish(4.2)
     s = ledger.summary()
     expected = {"goodput": 0.4 + 0.4 + 0.5, "data_stall": 0.5, "first_batch": 1.0, "compile": 0.5,
-                "checkpoint_save": 0.4, "checkpoint_restore": 0.0, "eval": 0.0,
-                "other": 0.1 + 0.1 + 0.3}  # start-up, step 2's idle outside next(), tail
+                "checkpoint_save": 0.06 + 0.4, "checkpoint_restore": 0.0, "eval": 0.0,
+                "other": 0.1 + 0.04 + 0.3}  # start-up, step 2's idle outside next() and the save, tail
     assert s["wall_s"] == pytest.approx(4.2)
     for name, value in expected.items():
         assert s["buckets_s"][name] == pytest.approx(value, abs=1e-9), name
@@ -54,6 +55,8 @@ def test_ledger_arithmetic_matches_a_hand_computation():
     assert steady["data_stall_pct"] == pytest.approx(100 * 0.5 / 1.5)
     assert steady["exposed_idle_pct"] == pytest.approx(100 * 0.6 / 1.5)
     assert steady["host_next_pct"] == pytest.approx(100 * 0.9 / 1.5)
+    assert steady["checkpoint_idle_pct"] == pytest.approx(100 * 0.06 / 1.5)  # the tail save is not steady
+    assert steady["loop_idle_pct"] == pytest.approx(100 * 0.04 / 1.5)
     assert steady["step_consumes_el_s"] == pytest.approx(12 / 0.9)
     assert steady["pipeline_delivers_el_s"] == pytest.approx(12 / 1.4)
     assert s["window"]["steps"] == 2
@@ -70,11 +73,29 @@ def test_steps_still_in_flight_are_left_out():
     assert ledger.summary()["steps"] == 1
 
 
-def test_compute_bound_diagnosis_mentions_host_waits():
-    steady = {"data_stall_pct": 0.4, "host_next_pct": 60.0, "step_consumes_el_s": 3400.0}
-    text = diagnose(steady, {"goodput": 9.0, "data_stall": 0.0, "other": 1.0}, 10.0)
-    assert text.startswith("compute-bound: exposed data stall 0.4%; the step consumes 3,400 el/s")
-    assert "waited in next() 60% of the time" in text
+DIAGNOSIS_CASES = [
+    # (data stall %, exposed idle %, host in next() %, expected start)
+    (37.0, 40.0, 50.0, "input-bound: the device was idle 37% of wall time waiting for data; the pipeline "
+                       "delivers 2,100 el/s, the step consumes 3,400 el/s"),
+    (12.0, 60.0, 15.0, "host-bound: the device was idle 48% of wall time between steps while the host did other "
+                       "work (checkpoint saves 30%, loop overhead (callbacks, logging, dispatch) 18%), 12% waiting "
+                       "for data; the step takes 2.50 ms"),
+    (0.4, 3.0, 60.0, "compute-bound: exposed data stall 0.4%; the step consumes 3,400 el/s and the pipeline keeps "
+                     "up (the host waited in next() 60% of the time, overlapped with device work"),
+    (4.0, 9.0, 5.0, "compute-bound: exposed data stall 4.0%; the step consumes 3,400 el/s and the pipeline keeps up"),
+]
+
+
+@pytest.mark.parametrize("stall, idle, host, expected", DIAGNOSIS_CASES)
+def test_diagnosis_table(stall, idle, host, expected):
+    steady = {"data_stall_pct": stall, "exposed_idle_pct": idle, "host_next_pct": host, "step_time_s": 0.0025,
+              "step_consumes_el_s": 3400.0, "pipeline_delivers_el_s": 2100.0, "checkpoint_idle_pct": 30.0,
+              "eval_idle_pct": 0.0, "compile_idle_pct": 0.0, "loop_idle_pct": idle - stall - 30.0}
+    text = diagnose(steady, {"goodput": 9.0, "data_stall": 0.0, "compile": 0.5, "other": 0.5}, 10.0)
+    assert text.startswith(expected)
+    assert "largest other badput" not in text
+    assert diagnose(steady, {"goodput": 5.0, "compile": 3.0}, 10.0).endswith(
+        "largest other badput: compile 30% of the run's wall time")
 
 
 def test_ledger_arguments_are_validated():

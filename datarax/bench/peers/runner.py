@@ -130,8 +130,9 @@ def run_isolated(peer: str, recipe: Recipe, *, repeats: int, seed: int = 0, work
     return json.loads(lines[-1])
 
 
-def _ratio(value: float | None, base: float | None) -> float | None:
-    return None if not value or not base else round(value / base, 4)
+def ratio(value: float | None, base: float | None) -> float | None:
+    """`value / base` to 4 significant digits (None when either is missing)."""
+    return None if not value or not base else float(f"{value / base:.4g}")
 
 
 def peer_rows(scenario: str, rows: Sequence[dict], options: Any,
@@ -160,8 +161,8 @@ def peer_rows(scenario: str, rows: Sequence[dict], options: Any,
             if "error" in result:
                 row["error"] = result["error"]
             else:
-                row.update(el_s=round(result["el_s"], 1), ratio_to_datarax=_ratio(result["el_s"], datarax_el_s),
-                           ratio_to_floor=_ratio(result["el_s"], floor_el_s), el_s_runs=result.get("el_s_runs"),
+                row.update(el_s=round(result["el_s"], 1), ratio_to_datarax=ratio(result["el_s"], datarax_el_s),
+                           ratio_to_floor=ratio(result["el_s"], floor_el_s), el_s_runs=result.get("el_s_runs"),
                            settings=result.get("settings"), records=recipe.num_records,
                            batch_size=recipe.batch_size)
         out.append(row)

@@ -46,9 +46,11 @@ def cifar(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
         image = tf.image.random_flip_left_right(image)
         return {"image": (image - mean) / std, "label": element["label"]}
 
-    parallel = tf.data.AUTOTUNE if options.workers is None else options.workers
+    # workers: None lets tf.data tune the parallelism, 0 maps sequentially, n uses n parallel calls.
+    parallel = tf.data.AUTOTUNE if options.workers is None else (options.workers or None)
+    order = {"deterministic": False} if parallel is not None else {}
     dataset = (_shuffled(tf, data, options)
-               .map(augment, num_parallel_calls=parallel, deterministic=False)
+               .map(augment, num_parallel_calls=parallel, **order)
                .batch(options.batch_size)
                .prefetch(tf.data.AUTOTUNE))
     settings = (f"from_tensor_slices.shuffle(N).map(tf.image ops, num_parallel_calls="

@@ -76,7 +76,8 @@ def run_child(devices: int, options: BenchOptions) -> dict:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
     if proc.returncode != 0:
-        raise RuntimeError(f"the sharded benchmark on {devices} devices failed (exit {proc.returncode}):\n{err[-2000:]}")
+        raise RuntimeError(f"the sharded benchmark on {devices} devices failed (exit {proc.returncode}):\n"
+                           f"{err[-2000:]}")
     return json.loads(out.strip().splitlines()[-1])
 
 
