@@ -119,7 +119,7 @@ def optimizer(cfg: dict, learned: bool) -> optax.GradientTransformation:
 
 def run_policy(workdir, policy: str, seed: int, cfg: dict) -> dict:
     train_pipeline, eval_pipeline = build(policy, seed, cfg)
-    model = ConvNet(1, NUM_CLASSES, rngs=nnx.Rngs(seed))
+    model = ConvNet(1, NUM_CLASSES, seed=seed)
     learned = policy == "learned"
     policy_stage = train_pipeline.stages[-1] if learned else None
     tracker = [PolicyTracker(policy_stage, every=max(1, cfg["steps"] // 25))] if learned else []

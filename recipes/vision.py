@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dict(QUICK if args.quick else DEFAULT)
     cfg["steps"] = args.steps or cfg["steps"]
     train_pipeline, eval_pipeline, sizes = build_pipelines(args.seed, cfg["batch_size"])
-    model = ConvNet(1, NUM_CLASSES, rngs=nnx.Rngs(args.seed))
+    model = ConvNet(1, NUM_CLASSES, seed=args.seed)
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
     print(f"digits: {sizes['train_records']} train / {sizes['test_records']} test images; ConvNet with "
           f"{count_params(model):,} parameters; {cfg['steps']} steps of batch {cfg['batch_size']}", flush=True)

@@ -166,17 +166,26 @@ def batch_signature(batch: Any) -> tuple:
 
 
 class TimedJit:
-    """`jax.jit` that reports how long each call spent tracing and compiling a new batch shape.
+    """`jax.jit` that reports how long each call spent tracing and compiling.
 
-    A call with a batch signature not seen before blocks for tracing and compilation (the
-    execution itself is still dispatched asynchronously), so its host time is the compile time.
+    A call that compiles (a new batch shape, or anything else that misses the jit cache) blocks
+    for tracing and compilation; the execution itself is still dispatched asynchronously, so the
+    call's host time is the compile time. Misses are detected from the jit cache size where JAX
+    exposes it, else from batch shapes not seen before.
     """
 
     def __init__(self, fn: Callable, donate_values: bool):
         self._jit = jax.jit(fn, donate_argnums=(0,) if donate_values else ())
+        self._cache_size = getattr(self._jit, "_cache_size", None)
         self._seen: set = set()
 
     def __call__(self, values: list, batch: Any) -> tuple[Any, float]:
+        if self._cache_size is not None:
+            before = self._cache_size()
+            start = time.perf_counter()
+            out = self._jit(values, batch)
+            elapsed = time.perf_counter() - start
+            return out, (elapsed if self._cache_size() != before else 0.0)
         sig = batch_signature(batch)
         if sig in self._seen:
             return self._jit(values, batch), 0.0

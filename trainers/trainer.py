@@ -203,7 +203,10 @@ class Trainer:
         iterator = self.iterator
         # The step donates its inputs; train on copies so arrays the caller still holds (e.g. the
         # initial parameters) stay valid. Arrays read from the modules during training do not.
-        self._binding.assign(jax.device_put(self._binding.values(), may_alias=False))
+        # Weakly typed values (a Param made from a Python float) come back strongly typed from the
+        # step, which would recompile it once more: make them strong now.
+        values = jax.device_put(self._binding.values(), may_alias=False)
+        self._binding.assign([v.astype(v.dtype) if getattr(v, "weak_type", False) else v for v in values])
         try:
             with _StopOnSignals(self):
                 self.callbacks("on_train_begin", self)

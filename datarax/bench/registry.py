@@ -11,6 +11,10 @@ SCENARIO_MODULES = {
     "tokens": "datarax.bench.scenarios.tokens",
     "dag": "datarax.bench.scenarios.dag",
     "scan": "datarax.bench.scenarios.scan",
+    "augment_chain": "datarax.bench.scenarios.augment_chain",
+    "arrayrecord": "datarax.bench.scenarios.arrayrecord",
+    "hf_parquet": "datarax.bench.scenarios.hf_parquet",
+    "sharded": "datarax.bench.scenarios.sharded",
 }
 
 

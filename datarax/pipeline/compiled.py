@@ -86,10 +86,17 @@ class CompiledProgram:
         def gather_transform(values, arrays, indices, meta):
             return transform(values, gather_device(arrays, indices), indices, meta)
 
+        def replicate(x):
+            # Every device samples all of the process's rows (a few integer ops) rather than its own:
+            # a sharded cycle-walk loop would all-reduce its exit test on every iteration, and
+            # collectives in a data step that runs ahead of the train step can deadlock XLA:CPU's
+            # thread pool (seen on 2 cores with 2 fake devices).
+            return x if placement is None else jax.lax.with_sharding_constraint(x, placement.replicated)
+
         def sample_gather_transform(values, arrays, params, meta):
             offsets = jnp.arange(len(self.rows), dtype=jnp.int32) if rows is None else rows
-            positions = jnp.minimum(meta[0] + offsets, epoch_length - 1)
-            return gather_transform(values, arrays, sampler.device_indices(positions, params), meta)
+            positions = replicate(jnp.minimum(meta[0] + offsets, epoch_length - 1))
+            return gather_transform(values, arrays, replicate(sampler.device_indices(positions, params)), meta)
 
         jit = jax.jit if placement is None else functools.partial(jax.jit, out_shardings=placement.local_sharding)
         self._transform = jit(transform)

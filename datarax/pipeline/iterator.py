@@ -91,6 +91,7 @@ class PipelineIterator(Iterator[dict]):
 
     def __next__(self) -> dict:
         p = self._pipeline
+        placement = p.placement
         arrays = p.source.device_arrays()
         if arrays is None:
             if self._host is None:
@@ -99,8 +100,8 @@ class PipelineIterator(Iterator[dict]):
             meta = np.array([position, epoch, num_valid], np.int32)
             out = p.compiled.transform(batch, idx.astype(np.int32), meta)
         else:
-            if p.placement is not None:
-                arrays = p.placement.device_arrays(arrays)
+            if placement is not None:
+                arrays = placement.device_arrays(arrays)
             epoch, position, num_valid = self._next_step()
             meta = np.array([position, epoch, num_valid], np.int32)
             params = self._device_params(epoch)
@@ -111,8 +112,8 @@ class PipelineIterator(Iterator[dict]):
             else:
                 out = p.compiled.sample_gather_transform(arrays, params, meta)
         self._epoch, self._position = epoch, position + num_valid
-        if p.placement is not None:  # full global shape; padding rows are marked by the mask field
-            return p.placement.assemble(out)
+        if placement is not None:  # full global shape; padding rows are marked by the mask field
+            return placement.assemble(out)
         if num_valid < p.batch_size:
             out = jax.tree.map(lambda x: x[:num_valid], out)
         return out

@@ -58,6 +58,7 @@ class BatchPlacement:
     Attributes:
         rows: the rows of each global batch this process computes (int64, ascending).
         local_sharding: how those rows are laid out over the process's devices.
+        replicated: the process's devices, each holding a full copy.
         global_sharding: the sharding of the global batch (`DataSharding.batch_sharding`).
         mask_key: the validity field added to every batch, or None when no batch is padded.
     """
@@ -74,7 +75,7 @@ class BatchPlacement:
         self.global_sharding = sharding.batch_sharding
         mesh = local_mesh(sharding.mesh)
         self.local_sharding = NamedSharding(mesh, sharding.spec)
-        self._replicated = NamedSharding(mesh, PartitionSpec())
+        self.replicated = NamedSharding(mesh, PartitionSpec())
         self.rows = process_rows(self.global_sharding, batch_size)
         self.is_global = mesh.devices.size != sharding.mesh.devices.size
         self._source_arrays: Any = None
@@ -83,7 +84,7 @@ class BatchPlacement:
     def device_arrays(self, arrays: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """A device-resident source's arrays replicated on this process's devices (once per source)."""
         if arrays is not self._source_arrays:
-            self._placed = jax.device_put(arrays, self._replicated)
+            self._placed = jax.device_put(arrays, self.replicated)
             self._source_arrays = arrays
         return self._placed
 

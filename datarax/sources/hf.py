@@ -203,7 +203,7 @@ class HFSource(DataSourceModule):
         # A dataset after select/shuffle/filter reads its table through an index mapping.
         rows = None if dataset._indices is None else dataset._indices.column(0).to_numpy().astype(np.int64)
         self._length = len(dataset)
-        sample = table.take(self._rows(rows, np.arange(min(self._length, 1024))))
+        sample = table.slice(0, 1024) if rows is None else table.take(rows[:1024])
         converter = TableConverter(sample, names, convert, "HFSource")
         # Rows are gathered with numpy from zero-copy views of each record batch's numeric columns:
         # Arrow's own take on nested lists rebuilds every offset level (~100x slower per row).

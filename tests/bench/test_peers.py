@@ -118,3 +118,38 @@ def test_run_isolated_turns_a_failed_peer_process_into_an_error_row(monkeypatch)
     monkeypatch.setattr(runner.subprocess, "run", lambda *a, **k: Done())
     broken = runner.run_isolated("grain", runner.Recipe("tokens", "x:f", 8, 4), repeats=1)
     assert broken == {"error": "grain failed on tokens (exit 1): ModuleNotFoundError: No module named 'x'"}
+
+
+def test_augment_chain_numpy_matches_its_definition_without_rotation():
+    from datarax.bench.peers.common import augment_chain_numpy, augment_chain_settings
+
+    max_delta, _, _ = augment_chain_settings()
+    image = np.random.default_rng(2).random((16, 16, 3), dtype=np.float32)
+    u = np.array([0.3, 0.8, 0.2, 0.9, 0.1, 0.5])  # crop (1, 4), flipped, brighter, less contrast, no rotation
+    out = augment_chain_numpy(image, u, np.zeros_like(image))
+    crop = np.pad(image, ((2, 2), (2, 2), (0, 0)), mode="reflect")[1:17, 4:20][:, ::-1]
+    crop = np.clip(crop * (1 + max_delta * 0.8), 0, 1)
+    gray = (crop @ np.array([0.299, 0.587, 0.114], np.float32)).mean()
+    expected = np.clip(gray + (1 - max_delta * 0.8) * (crop - gray), 0, 1)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("peer", PEERS)
+def test_peer_augment_chain_loader_keeps_shapes_and_range(peer):
+    rng = np.random.default_rng(4)
+    data = {"image": rng.random((16, 16, 16, 3), dtype=np.float32), "label": np.arange(16, dtype=np.int32)}
+    loader = runner.workload(peer, "augment_chain")(data, PeerOptions(batch_size=8, workers=0))
+    batches = epoch_batches(loader)
+    assert sorted(np.concatenate([b["label"] for b in batches])) == list(range(16))
+    images = np.concatenate([b["image"] for b in batches])
+    assert images.shape == (16, 16, 16, 3) and images.dtype == np.float32
+    assert images.min() >= 0.0 and images.max() <= 1.0
+
+
+def test_augment_chain_has_one_recipe_per_reported_size(monkeypatch):
+    from datarax.bench.scenarios import augment_chain
+
+    monkeypatch.setitem(SCENARIO_MODULES, "augment_chain", "datarax.bench.scenarios.augment_chain")
+    recipes = runner.recipe_for("augment_chain", BenchOptions(scale=0.5))
+    assert [(r.row_name, r.num_records, r.batch_size, r.data_args) for r in recipes] == [
+        (f"augment_chain_{side}", int(records * 0.5), batch, (side,)) for side, records, batch in augment_chain.SIZES]

@@ -4,7 +4,6 @@ import json
 import math
 import textwrap
 
-import numpy as np
 import pytest
 
 from datarax.cli.main import main

@@ -43,8 +43,6 @@ def energies(rng):
 CASES = {
     "gain": (lambda: GainOperator(GainConfig(gain_db=-3.0, max_delta_db=6.0, learnable=True), rngs=nnx.Rngs(0)),
              waveform, "audio", ["gain_db", "max_delta_db"]),
-    "fixed_gain": (lambda: GainOperator(GainConfig(gain_db=4.0, stochastic=False, learnable=True)),
-                   waveform, "audio", ["gain_db"]),
     "noise": (lambda: AddNoiseOperator(AddNoiseConfig(snr_db=10.0, max_delta_db=5.0, learnable=True), rngs=nnx.Rngs(1)),
               waveform, "audio", ["snr_db", "max_delta_db"]),
     "shift_zero": (lambda: TimeShiftOperator(TimeShiftConfig(shift=0.05, max_delta=0.1, learnable=True),
@@ -55,10 +53,8 @@ CASES = {
                                            rngs=nnx.Rngs(4)), spectrogram, "audio", ["max_width"]),
     "frequency_mask": (lambda: FrequencyMaskOperator(FrequencyMaskConfig(field="audio", max_width=3.0, learnable=True),
                                                      rngs=nnx.Rngs(5)), spectrogram, "audio", ["max_width"]),
-    "pcen": (lambda: PCENOperator(PCENConfig(n_channels=3, field="audio", learnable=True, initial=1.0)),
+    "pcen": (lambda: PCENOperator(PCENConfig(n_channels=3, field="audio", learnable=True)),
              energies, "pcen", ["alpha", "delta", "r", "s"]),
-    "pcen_first_frame": (lambda: PCENOperator(PCENConfig(n_channels=3, field="audio", learnable=("alpha", "s"))),
-                         energies, "pcen", ["alpha", "s"]),
 }
 
 

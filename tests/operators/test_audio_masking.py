@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from datarax.core.element import Element
-from datarax.core.operator import BatchContext, record_keys
+from datarax.core.operator import BatchContext
 from datarax.operators.audio import FrequencyMaskConfig, FrequencyMaskOperator, TimeMaskConfig, TimeMaskOperator, masking
 
 _apply = jax.jit(masking.apply_masks, static_argnums=(3,))
@@ -42,37 +42,27 @@ def test_fractional_mask_weights_are_covered_fractions(start, width):
 
 
 def test_time_and_frequency_masks_stay_inside_and_vary_by_record():
-    x = jnp.asarray(np.stack([spectrogram(seed=i) + 10.0 for i in range(6)]))
+    x = np.stack([spectrogram(seed=i) + 10.0 for i in range(6)])
     ctx = BatchContext.for_batch(6)
     time_op = TimeMaskOperator(TimeMaskConfig(field="spec", max_width=6.0, num_masks=2), rngs=nnx.Rngs(0))
-    freq_op = FrequencyMaskOperator(FrequencyMaskConfig(field="spec", max_width=4.0), rngs=nnx.Rngs(1))
+    freq_op = FrequencyMaskOperator(FrequencyMaskConfig(field="spec", max_width=4.0, mask_value="mean"),
+                                    rngs=nnx.Rngs(1))
     timed, freqd = jax.jit(lambda s: (time_op(Element({"spec": s}), ctx).data["spec"],
-                                      freq_op(Element({"spec": s}), ctx).data["spec"]))(x)
-    # A time mask scales whole columns, a frequency mask whole rows, by a keep weight in [0, 1].
-    time_keep = np.asarray(timed) / np.asarray(x)
-    freq_keep = np.asarray(freqd) / np.asarray(x)
-    np.testing.assert_allclose(time_keep, np.broadcast_to(time_keep[:, :1, :], time_keep.shape), atol=1e-5)
-    np.testing.assert_allclose(freq_keep, np.broadcast_to(freq_keep[:, :, :1], freq_keep.shape), atol=1e-5)
-    assert time_keep.min() >= -1e-6 and time_keep.max() <= 1 + 1e-6
-    assert np.all((1 - time_keep[:, 0, :]).sum(-1) <= 2 * 6.0 + 1e-4)
-    assert np.all((1 - freq_keep[:, :, 0]).sum(-1) <= 4.0 + 1e-4)
-    assert len({tuple(np.round(k[0], 4)) for k in time_keep}) == 6
-
-
-def test_operator_is_its_record_draw_then_mask_with_the_mean_value():
-    x = jnp.asarray(spectrogram()[None])
-    ctx = BatchContext.for_batch(1, record_ids=[7])
-    op = TimeMaskOperator(TimeMaskConfig(field="spec", max_width=20.0, mask_value="mean"), rngs=nnx.Rngs(3))
-
-    @jax.jit
-    def both(s):
-        params = op.draw(record_keys(op.key, ctx)[0], (12, 20))
-        expected = masking.apply_masks(s[0], params["start"], params["width"], -1, jnp.mean(s))
-        return op(Element({"spec": s}), ctx).data["spec"][0], expected
-
-    got, expected = both(x)
-    np.testing.assert_allclose(got, expected, atol=1e-6)
-    assert float(jnp.abs(got - x[0]).max()) > 0
+                                      freq_op(Element({"spec": s}), ctx).data["spec"]))(jnp.asarray(x))
+    # Masked output is x * keep + value * (1 - keep), with keep in [0, 1] constant along the other
+    # axis: whole columns for time masks (value 0), whole rows for frequency masks (the mean).
+    mean = x.mean(axis=(1, 2), keepdims=True)
+    time_keep = np.asarray(timed)[:, :1, :] / x[:, :1, :]
+    centred = x - mean
+    freq_keep = ((np.asarray(freqd) - mean) * centred).sum(-1, keepdims=True) / (centred ** 2).sum(-1, keepdims=True)
+    np.testing.assert_allclose(timed, x * time_keep, atol=1e-5)
+    np.testing.assert_allclose(freqd, x * freq_keep + mean * (1 - freq_keep), atol=1e-5)
+    for keep in (time_keep, freq_keep):
+        assert keep.min() >= -1e-5 and keep.max() <= 1 + 1e-5
+    assert np.all((1 - time_keep).sum(axis=(1, 2)) <= 2 * 6.0 + 1e-4)
+    assert np.all((1 - freq_keep).sum(axis=(1, 2)) <= 4.0 + 1e-4)
+    assert len({tuple(np.round(k[0], 3)) for k in time_keep}) == 6
+    assert (1 - freq_keep).sum(axis=(1, 2)).max() > 0
 
 
 @pytest.mark.parametrize("call,error,match", [

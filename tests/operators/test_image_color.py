@@ -150,7 +150,8 @@ def test_normalize_and_standardize_match_numpy():
 
 
 ERRORS = [
-    (lambda: BrightnessConfig(max_delta=1.5), ValueError, r"BrightnessConfig.max_delta must be in \[0.0, 1.0\], got 1.5"),
+    (lambda: BrightnessConfig(max_delta=1.5), ValueError,
+     r"BrightnessConfig.max_delta must be in \[0.0, 1.0\], got 1.5"),
     (lambda: ContrastConfig(max_delta="big"), TypeError, r"ContrastConfig.max_delta must be a number in \[0.0, 1.0\]"),
     (lambda: HueConfig(max_delta=0.6), ValueError, r"HueConfig.max_delta must be in \[0.0, 0.5\], got 0.6"),
     (lambda: GammaConfig(gain=0.0), ValueError, r"GammaConfig.gain must be in \(0.0, 10.0\], got 0.0"),

@@ -177,10 +177,12 @@ def test_alpha_gradient_matches_finite_differences_of_the_reparameterised_draws(
 
 ERRORS = [
     (lambda: MixUpConfig(), ValueError, r"MixUpConfig.num_classes must be an int >= 2 .*got 0; e.g. num_classes=10"),
-    (lambda: CutMixConfig(num_classes=3, alpha=0.0), ValueError, r"CutMixConfig.alpha must be in \(0.0, 4.0\], got 0.0"),
+    (lambda: CutMixConfig(num_classes=3, alpha=0.0), ValueError,
+     r"CutMixConfig.alpha must be in \(0.0, 4.0\], got 0.0"),
     (lambda: MixUpConfig(num_classes=3, label_field=""), ValueError, r"MixUpConfig.label_field must be a non-empty"),
     (lambda: MixUpConfig(num_classes=3, stochastic=False), ValueError, r"stochastic=False\) has nothing to do"),
-    (lambda: MixUpOperator(CutMixConfig(num_classes=3), rngs=nnx.Rngs(0)), TypeError, r"MixUpOperator takes a MixUpConfig"),
+    (lambda: MixUpOperator(CutMixConfig(num_classes=3), rngs=nnx.Rngs(0)), TypeError,
+     r"MixUpOperator takes a MixUpConfig"),
 ]
 
 
@@ -191,7 +193,8 @@ def test_config_errors(make, error, match):
 
 
 @pytest.mark.parametrize("data,error,match", [
-    ({"image": np.zeros((2, 4, 4, 1), np.float32)}, KeyError, r"reads field 'label', but the batch has fields \['image'\]"),
+    ({"image": np.zeros((2, 4, 4, 1), np.float32)}, KeyError,
+     r"reads field 'label', but the batch has fields \['image'\]"),
     ({"image": np.zeros((2, 4, 4, 1), np.float32), "label": np.zeros((2, 3), np.float32)}, ValueError,
      r"labels in field 'label' as int class ids \(B,\) or one-hot rows \(B, 5\)"),
     ({"image": np.zeros((2, 4, 4, 1), np.uint8), "label": np.zeros((2,), np.int32)}, ValueError,

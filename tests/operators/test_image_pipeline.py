@@ -9,8 +9,7 @@ import jax.numpy as jnp
 from datarax import Pipeline
 from datarax.operators.image import (BrightnessConfig, BrightnessOperator, CutoutConfig, CutoutOperator,
                                      GaussianNoiseConfig, GaussianNoiseOperator, HorizontalFlipConfig,
-                                     HorizontalFlipOperator, RandomCropConfig, RandomCropOperator, RotationConfig,
-                                     RotationOperator)
+                                     HorizontalFlipOperator, RandomCropConfig, RandomCropOperator)
 from datarax.sources import MemorySource, MemorySourceConfig
 
 NUM_RECORDS = 23
@@ -61,7 +60,6 @@ class Classifier(nnx.Module):
 
 def test_gradients_reach_the_model_and_every_learnable_magnitude_in_one_step():
     learned = [BrightnessOperator(BrightnessConfig(max_delta=0.3, learnable=True), rngs=nnx.Rngs(1)),
-               RotationOperator(RotationConfig(degrees=15.0, learnable=True), rngs=nnx.Rngs(2)),
                CutoutOperator(CutoutConfig(size=0.3, fill=0.5, learnable=True), rngs=nnx.Rngs(4)),
                RandomCropOperator(RandomCropConfig(size=6), rngs=nnx.Rngs(5))]
     raw = data()
@@ -80,6 +78,6 @@ def test_gradients_reach_the_model_and_every_learnable_magnitude_in_one_step():
     model_grads, pipeline_grads = step(model, pipeline, {k: jnp.asarray(v[:8]) for k, v in raw.items()})
     assert all(np.all(np.isfinite(g)) and np.any(g != 0) for g in jax.tree.leaves(model_grads))
     magnitudes = jax.tree.leaves(pipeline_grads)
-    assert len(magnitudes) == 3
+    assert len(magnitudes) == 2
     for grad in magnitudes:
         assert np.isfinite(float(grad)) and float(grad) != 0

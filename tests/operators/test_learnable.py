@@ -55,12 +55,17 @@ def test_x64_magnitude_is_float64():
 
 def test_reparameterised_draws_scale_with_magnitude():
     key = jax.random.key(3)
-    unit = signed_uniform(key, 1.0, (1000,))
-    np.testing.assert_allclose(signed_uniform(key, 0.25, (1000,)), 0.25 * unit, rtol=1e-6)
+
+    @jax.jit
+    def draws(magnitude):
+        return (signed_uniform(key, 1.0, (1000,)), signed_uniform(key, magnitude, (1000,)),
+                jax.grad(lambda m: jnp.sum(signed_uniform(key, m, (1000,))))(magnitude),
+                uniform(key, 2.0, 3.0, (1000,)))
+
+    unit, scaled, grad, lo_hi = draws(0.25)
+    np.testing.assert_allclose(scaled, 0.25 * unit, rtol=1e-6)
     assert float(jnp.min(unit)) >= -1.0 and float(jnp.max(unit)) < 1.0
-    grad = jax.grad(lambda m: jnp.sum(signed_uniform(key, m, (1000,))))(0.5)
     np.testing.assert_allclose(float(grad), float(jnp.sum(unit)), rtol=1e-5)
-    lo_hi = uniform(key, 2.0, 3.0, (1000,))
     assert float(jnp.min(lo_hi)) >= 2.0 and float(jnp.max(lo_hi)) < 3.0
 
 

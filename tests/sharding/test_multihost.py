@@ -31,7 +31,7 @@ from datarax.sharding import DataSharding
 WORKER = Path(worker.__file__)
 LAUNCH_TIMEOUT_S = 150
 # The per-record maths is the same whatever the layout, but XLA may vectorise a batch of 2 rows
-# differently from one of 8: bitwise equal on some CPUs, 1 ulp apart on others (seen with AVX-512).
+# differently from one of 8: bitwise equal on some machines, 1 ulp apart on others (seen on a 16-core x86 box).
 AUGMENT_TOL = dict(rtol=1e-6, atol=1e-6)
 
 

@@ -13,8 +13,9 @@ from datarax.bench.peers.runner import PEER_MODULES, run_peer
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m datarax.bench.peers", description=__doc__)
     parser.add_argument("peer", choices=sorted(PEER_MODULES))
-    parser.add_argument("scenario")
-    parser.add_argument("--data", required=True, help="import path module:function of make_data(n)")
+    parser.add_argument("workload", help="the workload (scenario) name")
+    parser.add_argument("--data", required=True, help="import path module:function of make_data(n, *data_args)")
+    parser.add_argument("--data-args", default="[]", help="JSON list of extra make_data arguments")
     parser.add_argument("--records", type=int, required=True)
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--repeats", type=int, default=3)
@@ -23,9 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from datarax.config.registry import import_object
 
-    data = import_object(args.data)(args.records)
+    data = import_object(args.data)(args.records, *json.loads(args.data_args))
     options = PeerOptions(batch_size=args.batch, repeats=args.repeats, seed=args.seed, workers=args.workers)
-    print(json.dumps(run_peer(args.peer, args.scenario, data, options)), flush=True)
+    print(json.dumps(run_peer(args.peer, args.workload, data, options)), flush=True)
     return 0
 
 

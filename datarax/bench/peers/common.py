@@ -6,7 +6,8 @@ The work per scenario is defined once here, so each framework does exactly the s
   horizontal flip (p = 0.5), per-channel normalisation; label passed through; a fresh shuffle
   every epoch; batch 256.
 * `tokens`: int32 token rows, a fresh shuffle every epoch, batch 1024, no transform.
-* `augment_chain`: see `augment_chain_numpy`.
+* `augment_chain`: crop, flip, brightness, contrast, rotation, noise on float images (see
+  `augment_chain_numpy` and `datarax.bench.scenarios.augment_chain`); two image sizes.
 
 Every batch ends as `jax.Array`s on the default device (what a JAX training step consumes), so
 each peer also pays the host-to-device copy that datarax's own numbers include.
@@ -100,6 +101,39 @@ def cifar_augment_numpy(image: np.ndarray, dy: int, dx: int, flip: bool) -> np.n
     out *= scale
     out -= offset
     return out
+
+
+LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+
+
+def augment_chain_settings() -> tuple[float, float, float]:
+    """(max_delta, degrees, sigma) of the `augment_chain` scenario, read from its module."""
+    from datarax.bench.scenarios import augment_chain
+
+    return augment_chain.MAX_DELTA, augment_chain.DEGREES, augment_chain.SIGMA
+
+
+def augment_chain_numpy(image: np.ndarray, u: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """The `augment_chain` work on one float HWC image in numpy/scipy.
+
+    Random crop after reflect-padding by side/8, horizontal flip, brightness and contrast
+    factors `1 + max_delta * U(-1, 1)` (contrast blends with the mean luma), a bilinear rotation by
+    `degrees * U(-1, 1)` with zero fill, additive Gaussian noise; clipped to [0, 1] after each
+    colour step, as the datarax operators do. `u` holds six uniforms, `noise` standard normals.
+    """
+    from scipy import ndimage
+
+    max_delta, degrees, sigma = augment_chain_settings()
+    side, pad = image.shape[0], image.shape[0] // 8
+    span = 2 * pad + 1
+    rows = reflect_index(side, pad)[int(u[0] * span):][:side]
+    cols = reflect_index(image.shape[1], pad)[int(u[1] * span):][:image.shape[1]]
+    out = image.take(rows, axis=0).take(cols[::-1] if u[2] < 0.5 else cols, axis=1)
+    out = np.clip(out * (1.0 + max_delta * (2 * u[3] - 1)), 0.0, 1.0)
+    gray = float((out @ LUMA).mean())
+    out = np.clip(gray + (1.0 + max_delta * (2 * u[4] - 1)) * (out - gray), 0.0, 1.0)
+    out = ndimage.rotate(out, degrees * (2 * u[5] - 1), axes=(1, 0), reshape=False, order=1, mode="constant")
+    return np.clip(out + sigma * noise, 0.0, 1.0).astype(np.float32)
 
 
 def to_device(batch: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from datarax.bench.peers.common import CIFAR_PAD, Loader, PeerOptions, cifar_augment_numpy, require
+from datarax.bench.peers.common import (CIFAR_PAD, Loader, PeerOptions, augment_chain_numpy, cifar_augment_numpy,
+                                        require)
 
 NAME = "grain"
 INSTALL = "pip install grain"
@@ -46,6 +47,13 @@ def cifar_random_map(element: dict, rng: np.random.Generator) -> dict:
     span = 2 * CIFAR_PAD + 1
     image = cifar_augment_numpy(element["image"], int(u[0] * span), int(u[1] * span), bool(u[2] < 0.5))
     return {"image": image, "label": element["label"]}
+
+
+def augment_chain_random_map(element: dict, rng: np.random.Generator) -> dict:
+    """The augment_chain work on one record (numpy and scipy.ndimage), randomness from Grain."""
+    image = element["image"]
+    noise = rng.standard_normal(image.shape, dtype=np.float32)
+    return {"image": augment_chain_numpy(image, rng.random(6), noise), "label": element["label"]}
 
 
 def _absl_flags_parsed() -> None:
@@ -82,4 +90,8 @@ def tokens(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     return _loader(data, options, None)
 
 
-WORKLOADS = {"cifar": cifar, "tokens": tokens}
+def augment_chain(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    return _loader(data, options, augment_chain_random_map)
+
+
+WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain}

@@ -13,7 +13,8 @@ into the datarax process), and returns one row per peer:
 How a scenario opts in (docs/benchmarks_peers.md has the full recipe):
 
 1. its module exposes `NUM_RECORDS`, `BATCH` and a deterministic `make_data(n) -> dict of
-   arrays` (or a `peer_recipe(options) -> Recipe` when its data is made differently), and
+   arrays`, or a `peer_recipe(options) -> Recipe | list[Recipe]` when its data is made
+   differently or it reports several rows (one recipe per row), and
 2. each peer module maps the scenario name to a function in its `WORKLOADS` dict:
    `fn(data, PeerOptions) -> Loader`, a loader whose `epoch()` yields one epoch of numpy
    batches doing the scenario's work in that framework's idiom (the runner times it).
@@ -42,19 +43,28 @@ PEER_TIMEOUT_S = 3600
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """What a peer needs to redo a scenario's work: how to make its data, how much, what batch.
+    """What a peer needs to redo a scenario's work: which workload, how to make its data, what batch.
 
     Attributes:
-        scenario: the scenario's name.
-        make_data: import path `module:function` of a deterministic `make_data(n)`.
+        workload: the key of the peers' `WORKLOADS` dicts (usually the scenario's name).
+        make_data: import path `module:function` of a deterministic `make_data(n, *data_args)`.
         num_records: records per epoch (after `--scale`).
         batch_size: records per batch.
+        row: the scenario result row the peer's row sits beside (default: `workload`), for
+            scenarios that report several rows (e.g. one per image size).
+        data_args: extra positional arguments of `make_data` after `n` (JSON-able).
     """
 
-    scenario: str
+    workload: str
     make_data: str
     num_records: int
     batch_size: int
+    row: str | None = None
+    data_args: tuple = ()
+
+    @property
+    def row_name(self) -> str:
+        return self.row or self.workload
 
 
 def check_peers(peers: Sequence[str]) -> tuple[str, ...]:
@@ -94,17 +104,29 @@ def installed(peer: str) -> bool:
     return importlib.util.find_spec(peer_module(peer).MODULE) is not None
 
 
-def recipe_for(scenario: str, options: Any) -> Recipe | None:
-    """The peer recipe of a scenario (see the module docstring), or None if it has none."""
+def _augment_chain_recipes(module: Any, options: Any) -> list[Recipe]:
+    return [Recipe("augment_chain", f"{module.__name__}:make_data", options.records(records), batch,
+                   row=f"augment_chain_{side}", data_args=(side,)) for side, records, batch in module.SIZES]
+
+
+# Recipes for scenarios whose modules do not (yet) declare `peer_recipe` themselves.
+KNOWN_RECIPES: dict[str, Callable[[Any, Any], list[Recipe]]] = {"augment_chain": _augment_chain_recipes}
+
+
+def recipe_for(scenario: str, options: Any) -> list[Recipe]:
+    """The peer recipes of a scenario (see the module docstring); empty if it has none."""
     from datarax.bench.registry import SCENARIO_MODULES
 
     module = importlib.import_module(SCENARIO_MODULES[scenario])
     custom = getattr(module, "peer_recipe", None)
     if custom is not None:
-        return custom(options)
+        recipes = custom(options)
+        return [recipes] if isinstance(recipes, Recipe) else list(recipes)
+    if scenario in KNOWN_RECIPES:
+        return KNOWN_RECIPES[scenario](module, options)
     if all(hasattr(module, name) for name in ("NUM_RECORDS", "BATCH", "make_data")):
-        return Recipe(scenario, f"{module.__name__}:make_data", options.records(module.NUM_RECORDS), module.BATCH)
-    return None
+        return [Recipe(scenario, f"{module.__name__}:make_data", options.records(module.NUM_RECORDS), module.BATCH)]
+    return []
 
 
 def run_isolated(peer: str, recipe: Recipe, *, repeats: int, seed: int = 0, workers: int | None = None,
@@ -114,19 +136,19 @@ def run_isolated(peer: str, recipe: Recipe, *, repeats: int, seed: int = 0, work
     Failures come back as `{"error": "..."}` rather than exceptions, so one broken framework
     does not stop the rest of a benchmark run.
     """
-    command = [sys.executable, "-m", "datarax.bench.peers", peer, recipe.scenario, "--data", recipe.make_data,
-               "--records", str(recipe.num_records), "--batch", str(recipe.batch_size), "--repeats", str(repeats),
-               "--seed", str(seed)]
+    command = [sys.executable, "-m", "datarax.bench.peers", peer, recipe.workload, "--data", recipe.make_data,
+               "--data-args", json.dumps(list(recipe.data_args)), "--records", str(recipe.num_records),
+               "--batch", str(recipe.batch_size), "--repeats", str(repeats), "--seed", str(seed)]
     if workers is not None:
         command += ["--workers", str(workers)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"{peer} did not finish {recipe.scenario} within {timeout:.0f} s"}
+        return {"error": f"{peer} did not finish {recipe.row_name} within {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-        return {"error": f"{peer} failed on {recipe.scenario} (exit {done.returncode}): {tail[0]}"}
+        return {"error": f"{peer} failed on {recipe.row_name} (exit {done.returncode}): {tail[0]}"}
     return json.loads(lines[-1])
 
 
@@ -137,33 +159,35 @@ def ratio(value: float | None, base: float | None) -> float | None:
 
 def peer_rows(scenario: str, rows: Sequence[dict], options: Any,
               run: Callable[..., dict] | None = None) -> list[dict]:
-    """One row per peer in `options.peers` for a scenario that has produced `rows`.
+    """One row per peer in `options.peers` per peer recipe of a scenario that has produced `rows`.
 
     `run(peer, recipe, repeats=...)` times one peer (default `run_isolated`).
     """
     run = run_isolated if run is None else run
     if not options.peers:
         return []
-    base = next((r for r in rows if r.get("scenario") == scenario), rows[0] if rows else {})
-    datarax_el_s, floor_el_s = base.get("datarax_el_s"), base.get("floor_el_s")
-    recipe = recipe_for(scenario, options)
+    recipes = recipe_for(scenario, options)
     out = []
-    for peer in check_peers(options.peers):
-        row: dict[str, Any] = {"scenario": scenario, "framework": peer, "el_s": None, "ratio_to_datarax": None,
-                               "ratio_to_floor": None}
-        if recipe is None or workload(peer, scenario) is None:
-            row["skipped"] = (f"no {peer} workload for scenario {scenario!r} yet (see datarax/bench/peers/runner.py "
-                              "for how a scenario opts in)")
-        elif not installed(peer):
-            row["error"] = f"{peer} is not installed: {peer_module(peer).INSTALL} (or pip install 'datarax[bench]')"
-        else:
-            result = run(peer, recipe, repeats=options.repeats)
-            if "error" in result:
-                row["error"] = result["error"]
+    for recipe in recipes or [None]:
+        name = recipe.row_name if recipe is not None else scenario
+        base = next((r for r in rows if r.get("scenario") == name), {})
+        for peer in check_peers(options.peers):
+            row: dict[str, Any] = {"scenario": name, "framework": peer, "el_s": None, "ratio_to_datarax": None,
+                                   "ratio_to_floor": None}
+            if recipe is None or workload(peer, recipe.workload) is None:
+                row["skipped"] = (f"no {peer} workload for scenario {scenario!r} yet (see "
+                                  "datarax/bench/peers/runner.py for how a scenario opts in)")
+            elif not installed(peer):
+                row["error"] = f"{peer} is not installed: {peer_module(peer).INSTALL} (or pip install 'datarax[bench]')"
             else:
-                row.update(el_s=round(result["el_s"], 1), ratio_to_datarax=ratio(result["el_s"], datarax_el_s),
-                           ratio_to_floor=ratio(result["el_s"], floor_el_s), el_s_runs=result.get("el_s_runs"),
-                           settings=result.get("settings"), records=recipe.num_records,
-                           batch_size=recipe.batch_size)
-        out.append(row)
+                result = run(peer, recipe, repeats=options.repeats)
+                if "error" in result:
+                    row["error"] = result["error"]
+                else:
+                    row.update(el_s=round(result["el_s"], 1),
+                               ratio_to_datarax=ratio(result["el_s"], base.get("datarax_el_s")),
+                               ratio_to_floor=ratio(result["el_s"], base.get("floor_el_s")),
+                               el_s_runs=result.get("el_s_runs"), settings=result.get("settings"),
+                               records=recipe.num_records, batch_size=recipe.batch_size)
+            out.append(row)
     return out

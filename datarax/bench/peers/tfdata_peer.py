@@ -13,7 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from datarax.bench.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, Loader, PeerOptions, require
+import math
+
+from datarax.bench.peers.common import (CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, Loader, PeerOptions, augment_chain_settings,
+                                        require)
 
 NAME = "tfdata"
 INSTALL = "pip install tensorflow-cpu"
@@ -64,4 +67,43 @@ def tokens(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     return Loader(dataset.as_numpy_iterator, "from_tensor_slices.shuffle(N).batch.prefetch(AUTOTUNE)")
 
 
-WORKLOADS = {"cifar": cifar, "tokens": tokens}
+def _rotate(tf: Any, image: Any, degrees: float) -> Any:
+    """A bilinear rotation about the centre with zero fill (the op Keras' RandomRotation uses)."""
+    side_h, side_w = image.shape[0], image.shape[1]
+    angle = tf.random.uniform([], -degrees, degrees) * (math.pi / 180.0)
+    cos, sin = tf.cos(angle), tf.sin(angle)
+    cx, cy = (side_w - 1) / 2.0, (side_h - 1) / 2.0
+    transform = tf.stack([cos, -sin, cx - (cos * cx - sin * cy), sin, cos, cy - (sin * cx + cos * cy), 0.0, 0.0])
+    return tf.raw_ops.ImageProjectiveTransformV3(
+        images=image[None], transforms=transform[None], output_shape=[side_h, side_w], fill_value=0.0,
+        interpolation="BILINEAR", fill_mode="CONSTANT")[0]
+
+
+def augment_chain(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    tf = _tf()
+    tf.random.set_seed(options.seed)
+    max_delta, degrees, sigma = augment_chain_settings()
+    height, width, channels = data["image"].shape[1:]
+    pad = height // 8
+
+    def augment(element):
+        image = tf.pad(element["image"], [[pad, pad], [pad, pad], [0, 0]], mode="REFLECT")
+        image = tf.image.random_crop(image, [height, width, channels])
+        image = tf.image.random_flip_left_right(image)
+        image = tf.clip_by_value(image * tf.random.uniform([], 1 - max_delta, 1 + max_delta), 0.0, 1.0)
+        image = tf.clip_by_value(tf.image.random_contrast(image, 1 - max_delta, 1 + max_delta), 0.0, 1.0)
+        image = _rotate(tf, image, degrees)
+        image = tf.clip_by_value(image + tf.random.normal(tf.shape(image), stddev=sigma), 0.0, 1.0)
+        return {"image": image, "label": element["label"]}
+
+    parallel = tf.data.AUTOTUNE if options.workers is None else (options.workers or None)
+    order = {"deterministic": False} if parallel is not None else {}
+    dataset = (_shuffled(tf, data, options)
+               .map(augment, num_parallel_calls=parallel, **order)
+               .batch(options.batch_size)
+               .prefetch(tf.data.AUTOTUNE))
+    return Loader(dataset.as_numpy_iterator, "from_tensor_slices.shuffle(N).map(tf.image ops + projective "
+                  "rotation, num_parallel_calls=AUTOTUNE).batch.prefetch(AUTOTUNE)")
+
+
+WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain}

@@ -94,4 +94,29 @@ def tokens(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     return Loader(_numpy_epochs(loader), f"Dataset.__getitem__, DataLoader(shuffle=True, num_workers={workers})")
 
 
-WORKLOADS = {"cifar": cifar, "tokens": tokens}
+class _DictRecords:
+    """A map-style dataset returning `{"image": HWC, "label": ...}` from a (CHW image, label) dataset."""
+
+    def __init__(self, records: Any):
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict:
+        image, label = self.records[index]
+        return {"image": image.permute(1, 2, 0), "label": label}
+
+
+def augment_chain(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    """The scenario's own torch dataset (`TorchChain`: the six transforms in torch tensor ops)."""
+    torch = require(MODULE, NAME, INSTALL)
+    from datarax.bench.scenarios.augment_chain import TorchChain
+
+    workers = 2 if options.workers is None else options.workers
+    loader = _loader(torch, _DictRecords(TorchChain(data)), options, workers)
+    return Loader(_numpy_epochs(loader), f"augment_chain.TorchChain (torch ops, grid_sample rotation), "
+                                         f"DataLoader(shuffle=True, num_workers={workers})")
+
+
+WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain}

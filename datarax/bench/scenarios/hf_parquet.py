@@ -72,6 +72,7 @@ def datarax_rate(ds, n: int, repeats: int, mode: str) -> tuple[dict, float]:
 
 
 def run(options: BenchOptions) -> list[dict]:
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only
     n = options.records(NUM_RECORDS)
     with tempfile.TemporaryDirectory(prefix="datarax-hf-parquet-") as root:
         ds = load_files(write_parquet(root, n), cache_dir=os.path.join(root, "cache"))

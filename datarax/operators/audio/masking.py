@@ -50,17 +50,3 @@ def apply_masks(x: jax.Array, start: jax.Array | float, width: jax.Array | float
         keep = keep * (1.0 - coverage(length, start[k], width[k], x.dtype))
     keep = jnp.reshape(keep, (-1,) + (1,) * (x.ndim - 1 - axis))
     return x * keep + mask_value * (1.0 - keep)
-
-
-def time_mask(spectrogram: jax.Array, key: jax.Array, max_width: jax.Array | float, num_masks: int = 1,
-              mask_value: float = 0.0) -> jax.Array:
-    """SpecAugment time masking of a `(..., freq, time)` spectrogram (masks the last axis)."""
-    start, width = draw_masks(key, spectrogram.shape[-1], max_width, num_masks, spectrogram.dtype)
-    return apply_masks(spectrogram, start, width, -1, mask_value)
-
-
-def frequency_mask(spectrogram: jax.Array, key: jax.Array, max_width: jax.Array | float, num_masks: int = 1,
-                   mask_value: float = 0.0) -> jax.Array:
-    """SpecAugment frequency masking of a `(..., freq, time)` spectrogram (masks axis -2)."""
-    start, width = draw_masks(key, spectrogram.shape[-2], max_width, num_masks, spectrogram.dtype)
-    return apply_masks(spectrogram, start, width, -2, mask_value)

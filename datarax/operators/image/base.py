@@ -132,7 +132,8 @@ class ImageOperator(PerRecordOperator):
         For inspecting what an operator does; `apply_batch` draws exactly these.
         """
         if self.key is None:
-            raise ValueError(f"{type(self).__name__} is not stochastic: call draw(None, shape) for its fixed parameters")
+            raise ValueError(f"{type(self).__name__} is not stochastic: call draw(None, shape) for its fixed "
+                             "parameters")
         return jax.vmap(lambda key: self.draw(key, tuple(shape)))(record_keys(self.key, ctx))
 
     def read_image(self, element: Element) -> jax.Array:
