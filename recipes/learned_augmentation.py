@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sys
 
-import jax
 import numpy as np
 import optax
 from flax import nnx
@@ -99,22 +98,10 @@ def build(policy: str, seed: int, cfg: dict) -> tuple[Pipeline, Pipeline]:
 
 
 def optimizer(cfg: dict, learned: bool) -> optax.GradientTransformation:
-    """AdamW with warm-up and cosine decay for the classifier; plain Adam at a higher rate for the policy.
-
-    The policy's logits start near the bottom of their sigmoid ranges and must travel several
-    units, so they get their own, larger step. In joint mode the trainer optimises one module
-    with attributes `model` and `pipeline`; the labels split the parameters on that first key.
-    """
+    """AdamW with warm-up and cosine decay for the classifier; Adam at a larger, constant rate for the policy."""
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
     classifier = optax.adamw(schedule, weight_decay=1e-4)
-    if not learned:
-        return classifier
-
-    def labels(params):
-        return jax.tree_util.tree_map_with_path(
-            lambda path, _: "policy" if getattr(path[0], "key", None) == "pipeline" else "model", params)
-
-    return optax.multi_transform({"model": classifier, "policy": optax.adam(cfg["policy_learning_rate"])}, labels)
+    return common.joint_optimizer(classifier, optax.adam(cfg["policy_learning_rate"])) if learned else classifier
 
 
 def run_policy(workdir, policy: str, seed: int, cfg: dict) -> dict:

@@ -52,14 +52,20 @@ class ConvNet(nnx.Module):
         widths: channels of each convolution; every second one has stride 2.
         image_size: (height, width) of the input, to size the flattened features.
         hidden: width of the hidden dense layer before the head (0: none).
+        pool: "flatten" keeps every position; "width" averages over the width axis first (time,
+            for spectrograms laid out (frequency, time, channel)), so the features do not depend
+            on where in time a sound is.
         seed: parameter initialisation (LeCun normal, drawn on the host; see `host_lecun_normal`).
 
     `backbone(x)` returns the features before the head, so a recipe can swap heads.
     """
 
     def __init__(self, in_channels: int, num_classes: int, *, widths: Sequence[int] = (32, 64, 64),
-                 image_size: tuple[int, int] = (8, 8), hidden: int = 128, seed: int = 0):
+                 image_size: tuple[int, int] = (8, 8), hidden: int = 128, pool: str = "flatten", seed: int = 0):
+        if pool not in ("flatten", "width"):
+            raise ValueError(f"pool must be 'flatten' or 'width', got {pool!r}")
         rngs, init = nnx.Rngs(seed), host_init(seed)
+        self.pool = pool
         convs, channels = [], in_channels
         height, width = image_size
         for i, out in enumerate(widths):
@@ -68,13 +74,15 @@ class ConvNet(nnx.Module):
             channels = out
             height, width = -(-height // stride), -(-width // stride)
         self.convs = nnx.List(convs)
-        features = height * width * channels
+        features = height * channels * (1 if pool == "width" else width)
         self.hidden = nnx.Linear(features, hidden, rngs=rngs, **init) if hidden else None
         self.head = nnx.Linear(hidden or features, num_classes, rngs=rngs, **init)
 
     def backbone(self, x: jax.Array) -> jax.Array:
         for conv in self.convs:
             x = nnx.relu(conv(x))
+        if self.pool == "width":
+            x = x.mean(axis=2)
         x = x.reshape(x.shape[0], -1)
         return nnx.relu(self.hidden(x)) if self.hidden is not None else x
 

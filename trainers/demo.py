@@ -11,6 +11,7 @@ step, final metrics and `params_sha256`, which equals that of an uninterrupted r
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -137,6 +138,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sync-checkpoints", action="store_true", help="block on every checkpoint write")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events")
+    parser.add_argument("--no-plot", action="store_true", help="skip goodput.png (matplotlib is slow to import)")
     parser.add_argument("--compile-cache", default=None,
                         help="directory of JAX's persistent compilation cache (default <workdir>/jax_cache); "
                              "a restarted run loads its compiled programs from it instead of compiling again")
@@ -172,12 +174,7 @@ def main(argv=None) -> int:
         writers.append(TensorBoardWriter(workdir / "tensorboard"))
     checkpoints = CheckpointCallback(workdir / "checkpoints", every_steps=args.checkpoint_every,
                                      max_to_keep=args.keep, asynchronous=not args.sync_checkpoints)
-    try:
-        import matplotlib  # noqa: F401
-
-        plot = True
-    except ImportError:
-        plot = False
+    plot = not args.no_plot and importlib.util.find_spec("matplotlib") is not None
     goodput = GoodputMonitor(workdir, plot=plot)
     callbacks = [checkpoints, goodput, LearningRateLogger(schedule), MetricLogger(writers, every_steps=args.log_every),
                  ProgressBar(disable=args.no_progress or not sys.stderr.isatty())]

@@ -270,9 +270,6 @@ class Trainer:
         for batch in pipeline:
             outs.append(self._eval_step(values, batch)[0])
             sizes.append(jax.tree.leaves(batch)[0].shape[0])
-        if not outs:
-            raise ValueError("the eval pipeline produced no batches (drop_remainder with fewer records than "
-                             "batch_size?); give it at least one batch")
         host = jax.device_get(outs)
         weights = np.asarray(sizes, np.float64) / sum(sizes)
         metrics = {k: float(sum(w * float(o[k]) for w, o in zip(weights, host))) for k in host[0]}

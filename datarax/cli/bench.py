@@ -41,11 +41,23 @@ def framework_rows(name: str, rows: Sequence[dict]) -> list[dict]:
     return out
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict[str, Any]:
     """The machine a benchmark ran on, for the report."""
     import jax
 
-    return {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpus": os.cpu_count(), "processor": _cpu_model(), "load_avg_1min": load,
             "python": platform.python_version(), "jax": jax.__version__, "backend": jax.default_backend(),
             "devices": len(jax.devices()), "platform": platform.platform()}
 

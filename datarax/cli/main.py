@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -97,10 +98,12 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--repeats must be >= 1 and --scale > 0, got {args.repeats} and {args.scale}")
     peers = check_peers([p.strip() for p in args.vs.split(",") if p.strip()])
     options = BenchOptions(repeats=args.repeats, scale=args.scale, peers=peers)
-    if not args.json:
-        info = machine()
-        print(f"machine: {info['cpus']} CPUs ({info['processor']}), {info['platform']}, python {info['python']}, "
-              f"jax {info['jax']} on {info['backend']} x{info['devices']}", flush=True)
+    info = machine()
+    load = "n/a" if info["load_avg_1min"] is None else f"{info['load_avg_1min']:.1f}"
+    # With --json, stdout holds only result rows; the machine line goes to stderr.
+    print(f"machine: {info['cpus']} CPUs ({info['processor']}), {info['platform']}, python {info['python']}, "
+          f"jax {info['jax']} on {info['backend']} x{info['devices']}, load average {load}",
+          file=sys.stderr if args.json else sys.stdout, flush=True)
     rows = run_bench(names, options, progress=_progress(args), emit=emit_json if args.json else None)
     if not args.json:
         print(format_table(rows))
@@ -168,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"{PROG}: error: {where + ': ' if where else ''}{problem}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (`datarax inspect ... | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (ValueError, TypeError, KeyError, OSError, ImportError, RuntimeError) as exc:
         if args.traceback:
             raise

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import graphlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -252,8 +253,6 @@ def _optimizer(value: Any, path: Path, ctx: Context):
         if not is_table(kwargs):
             ctx.problems.add((*here, name), f"must be a table of keyword arguments, got {kwargs!r}")
             continue
-        import inspect
-
         params = inspect.signature(getattr(optax, name)).parameters
         if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
             check_keys(kwargs, list(params), (*here, name), ctx.problems, what=f"argument of optax.{name}")

@@ -9,7 +9,8 @@ import jax
 import numpy as np
 
 from datarax.control.prefetch import Prefetcher
-from datarax.pipeline.state import check_state, make_state
+from datarax.pipeline.state import IteratorStateError, check_state, make_state
+from datarax.sources.stream import StreamSourceModule, stream_host_batches, to_device
 
 if TYPE_CHECKING:
     from datarax.pipeline.pipeline import Pipeline
@@ -33,6 +34,7 @@ class PipelineIterator(Iterator[dict]):
         self._one_epoch = one_epoch
         self._host: Prefetcher | None = None
         self._params, self._params_epoch = None, None
+        self._stream_state: dict | None = None
 
     def _next_step(self) -> tuple[int, int, int]:
         """(epoch, position, num_valid) of the next batch; StopIteration at the end."""
@@ -62,6 +64,11 @@ class PipelineIterator(Iterator[dict]):
 
     def _host_batches(self, epoch: int, position: int) -> Iterator[tuple]:
         p = self._pipeline
+        if isinstance(p.source, StreamSourceModule):
+            yield from stream_host_batches(p.source, batch_size=p.batch_size, drop_remainder=p.drop_remainder,
+                                           ring_size=p.prefetch + 3, epoch=epoch, position=position,
+                                           state=self._stream_state, end_epoch=self._end)
+            return
         ring = [None] * (p.prefetch + 3)
         for i, (e, pos, idx, n) in enumerate(self._steps(epoch, position)):
             slot = i % len(ring)
@@ -69,10 +76,13 @@ class PipelineIterator(Iterator[dict]):
                 ring[slot] = p.source.get_batch(idx)
             else:
                 p.source.get_batch(idx, out=ring[slot])
-            # The copy must finish before this buffer is refilled len(ring) batches later.
-            placed = jax.device_put(ring[slot]) if p.placement is None else p.placement.put(ring[slot])
-            batch = jax.block_until_ready(placed)
-            yield e, pos, idx, n, batch
+            # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
+            # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
+            if p.placement is None:
+                batch = to_device(ring[slot])
+            else:
+                batch = jax.block_until_ready(p.placement.put({k: v.copy() for k, v in ring[slot].items()}))
+            yield e, pos, idx, n, batch, None
 
     def _start_host(self) -> None:
         self._stop_host()
@@ -93,10 +103,11 @@ class PipelineIterator(Iterator[dict]):
         p = self._pipeline
         placement = p.placement
         arrays = p.source.device_arrays()
+        stream_state = None
         if arrays is None:
             if self._host is None:
                 self._start_host()
-            epoch, position, idx, num_valid, batch = next(self._host)
+            epoch, position, idx, num_valid, batch, stream_state = next(self._host)
             meta = np.array([position, epoch, num_valid], np.int32)
             out = p.compiled.transform(batch, idx.astype(np.int32), meta)
         else:
@@ -112,6 +123,7 @@ class PipelineIterator(Iterator[dict]):
             else:
                 out = p.compiled.sample_gather_transform(arrays, params, meta)
         self._epoch, self._position = epoch, position + num_valid
+        self._stream_state = stream_state
         if placement is not None:  # full global shape; padding rows are marked by the mask field
             return placement.assemble(out)
         if num_valid < p.batch_size:
@@ -121,16 +133,25 @@ class PipelineIterator(Iterator[dict]):
     def get_state(self) -> dict[str, Any]:
         """The position after the last returned batch, as a small JSON-able dict."""
         p = self._pipeline
-        return make_state(epoch=self._epoch, position=self._position, fingerprint=p.fingerprint,
-                          num_records=len(p.source), batch_size=p.batch_size)
+        state = make_state(epoch=self._epoch, position=self._position, fingerprint=p.fingerprint,
+                           num_records=len(p.source), batch_size=p.batch_size)
+        if isinstance(p.source, StreamSourceModule):
+            state["stream"] = self._stream_state
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continues from `state` (from `get_state` of an identically built pipeline)."""
         p = self._pipeline
         epoch, position = check_state(state, fingerprint=p.fingerprint, num_records=len(p.source),
                                       batch_size=p.batch_size, epoch_length=len(p.sampler))
+        stream_state = None
+        if isinstance(p.source, StreamSourceModule):
+            if "stream" not in state:
+                raise IteratorStateError("iterator state has no 'stream' entry, but this pipeline reads a stream "
+                                         "source; restore a state saved from the same stream pipeline")
+            stream_state = state["stream"]
         self._stop_host()
-        self._epoch, self._position = epoch, position
+        self._epoch, self._position, self._stream_state = epoch, position, stream_state
         if self._one_epoch:
             self._end = epoch + 1
         p._next_epoch = epoch + 1

@@ -19,6 +19,7 @@ from datarax.pipeline.state import fingerprint
 from datarax.samplers.base import Sampler, check_batch_size, num_batches
 from datarax.sharding.mesh import DataSharding
 from datarax.sharding.placement import BatchPlacement
+from datarax.sources.stream import StreamSourceModule
 
 
 class Pipeline(nnx.Module):
@@ -54,8 +55,13 @@ class Pipeline(nnx.Module):
     def __init__(self, source: DataSourceModule, stages: Sequence[OperatorModule] = (), batch_size: int = 32,
                  rngs: nnx.Rngs | None = None, *, sampler: Sampler | None = None, drop_remainder: bool = False,
                  prefetch: int = 2, program: nnx.Module | None = None, sharding: DataSharding | None = None):
-        if not isinstance(source, DataSourceModule):
-            raise TypeError(f"source must be a DataSourceModule such as MemorySource, got {describe(source)}")
+        if not isinstance(source, (DataSourceModule, StreamSourceModule)):
+            raise TypeError(f"source must be a DataSourceModule such as MemorySource, got {describe(source)} "
+                            "(or a StreamSourceModule for a stream)")
+        if isinstance(source, StreamSourceModule) and (sampler is not None or sharding is not None):
+            raise TypeError(f"{type(source).__name__} is a stream, read in order on one process: sampler and "
+                            f"sharding must be None, got sampler={describe(sampler)}, sharding={describe(sharding)}; "
+                            "shuffle with the source's own config, and give each process its own stream")
         self.batch_size = check_batch_size(batch_size)
         if not isinstance(drop_remainder, bool):
             raise TypeError(f"drop_remainder must be True or False, got {drop_remainder!r}")
@@ -113,6 +119,9 @@ class Pipeline(nnx.Module):
 
     def __len__(self) -> int:
         """Batches per epoch."""
+        if isinstance(self.source, StreamSourceModule) and self.source.num_records() is None:
+            raise TypeError(f"this pipeline reads {type(self.source).__name__}, a stream of unknown length, so it "
+                            "has no len(); iterate it instead")
         return num_batches(len(self.sampler), self.batch_size, self.drop_remainder)
 
     def __iter__(self) -> PipelineIterator:

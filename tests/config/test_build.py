@@ -193,6 +193,8 @@ ERRORS = [
     ("batchsize = 3\n" + SOURCE, r"batchsize is not a known key; did you mean 'batch_size'\?"),
     (SOURCE + "batch_size = 3\n",
      r"source\.memory\.batch_size is a top-level key, but it sits in the \[source\.memory\] table"),
+    (SOURCE + "[[stages]]\nbrightness = {}\nseed = 3\n",
+     r"stages\[0\]\.seed is a top-level key, but it sits in the \[stages\[0\]\] table"),
     (SOURCE + "[[stages]]\nbrightnes = {}\n", r"stages\[0\]\.brightnes is not a known operator; did you mean 'brightness'\?"),
     ('[source.memroy]\ndata = "cfg_helpers:make_data"\n', r"source\.memroy is not a known source; did you mean 'memory'\?"),
     (SOURCE + "[[stages]]\nelement = {}\n", r"stages\[0\]\.element\.fn is required by 'element' but missing"),

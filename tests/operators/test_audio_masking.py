@@ -69,10 +69,11 @@ def test_time_and_frequency_masks_stay_inside_and_vary_by_record():
     (lambda: TimeMaskConfig(stochastic=False), ValueError, r"TimeMaskConfig\(stochastic=False\) has nothing to do"),
     (lambda: TimeMaskConfig(max_width=150.0), ValueError, r"TimeMaskConfig.max_width must be in \[0.0, 100.0\], got 150.0"),
     (lambda: FrequencyMaskConfig(num_masks=0), ValueError, r"FrequencyMaskConfig.num_masks must be an int >= 1, got 0"),
-    (lambda: FrequencyMaskConfig(mask_value="min"), TypeError, r"FrequencyMaskConfig.mask_value must be a number"),
+    (lambda: FrequencyMaskConfig(mask_value="min"), ValueError,
+     r"FrequencyMaskConfig.mask_value must be a finite number or 'mean' \(the record's mean\), got 'min'"),
     (lambda: jax.jit(TimeMaskOperator(TimeMaskConfig(), rngs=nnx.Rngs(0)))(Element({"log_mel": jnp.ones((2, 7))}),
                                                                            BatchContext.for_batch(2)),
-     ValueError, r"expects field 'log_mel' to hold one spectrogram \(..., freq, time\) per record"),
+     ValueError, r"expects field 'log_mel' to hold one spectrogram \(..., freq, time\) per record, .*LogMelOperator"),
 ])
 def test_errors_name_the_argument(call, error, match):
     with pytest.raises(error, match=match):

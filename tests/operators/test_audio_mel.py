@@ -1,8 +1,8 @@
 """Mel scale, filterbank, (log-)mel spectrogram and MFCC against librosa; the operators around them.
 
 Tolerances (float32 signals): filterbank weights 1e-6 of the largest weight (librosa rounds its
-float64 maths to float32); mel energies 1e-5 of the peak; log-mel 2e-3 dB; MFCC 2e-3 of the
-largest coefficient. The definitions coincide with librosa's defaults (Slaney mel scale and
+float64 maths to float32); mel energies 1e-5 of the peak; log-mel 5e-4 dB; MFCC 2e-5 of the
+largest coefficient (measured: about 1e-5 dB and 5e-7). The definitions coincide with librosa's defaults (Slaney mel scale and
 norm, `power_to_db(ref=1, amin=1e-10, top_db=80)`, orthonormal DCT-II, optional lifter).
 """
 
@@ -73,7 +73,7 @@ def test_log_mel_matches_librosa_power_to_db():
     x = signal()
     power = librosa.feature.melspectrogram(y=x, sr=SR, n_fft=512, hop_length=128, n_mels=40)
     got = np.asarray(_log_mel(jnp.asarray(x), SR, 512, 128, 40))
-    np.testing.assert_allclose(got, librosa.power_to_db(power), atol=2e-3, rtol=0)
+    np.testing.assert_allclose(got, librosa.power_to_db(power), atol=5e-4, rtol=0)
 
 
 @pytest.mark.parametrize("kw", [dict(ref="max", top_db=60.0), dict(top_db=None, amin=1e-6), dict(ref=0.5, top_db=0.0)])
@@ -84,7 +84,7 @@ def test_power_to_db_matches_librosa(kw):
     expected = librosa.power_to_db(power, ref=np.max if ref == "max" else ref, amin=kw.get("amin", 1e-10),
                                    top_db=kw.get("top_db", 80.0))
     got = jax.jit(mel.power_to_db, static_argnames=("ref", "amin", "top_db"))(jnp.asarray(power), **kw)
-    np.testing.assert_allclose(got, expected, atol=2e-3, rtol=0)
+    np.testing.assert_allclose(got, expected, atol=5e-4, rtol=0)
 
 
 def test_mfcc_with_lifter_matches_librosa():
@@ -92,7 +92,7 @@ def test_mfcc_with_lifter_matches_librosa():
     x = signal()
     expected = librosa.feature.mfcc(y=x, sr=SR, n_mfcc=13, n_fft=512, hop_length=128, n_mels=40, lifter=22)
     got = np.asarray(_mfcc(jnp.asarray(x), SR, 13, 512, 128, 40, lifter=22.0))
-    np.testing.assert_allclose(got, expected, atol=2e-3 * np.abs(expected).max(), rtol=0)
+    np.testing.assert_allclose(got, expected, atol=2e-5 * np.abs(expected).max(), rtol=0)
 
 
 def test_operators_write_their_own_fields_and_keep_the_waveform():
@@ -113,7 +113,7 @@ def test_operators_write_their_own_fields_and_keep_the_waveform():
     np.testing.assert_array_equal(element.data["audio"], waves)
     for i in range(2):
         expected = librosa.feature.mfcc(y=waves[i], sr=SR, n_mfcc=13, n_fft=512, hop_length=128, n_mels=40)
-        np.testing.assert_allclose(element.data["mfcc"][i], expected, atol=2e-3 * np.abs(expected).max())
+        np.testing.assert_allclose(element.data["mfcc"][i], expected, atol=2e-5 * np.abs(expected).max())
         expected = np.abs(librosa.stft(waves[i], n_fft=512, hop_length=128))
         np.testing.assert_allclose(element.data["spectrogram"][i], expected, atol=1e-5 * expected.max())
     assert element.data["mel"].shape == element.data["log_mel"].shape == (2, 40, 32)

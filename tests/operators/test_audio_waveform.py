@@ -184,5 +184,5 @@ def test_operator_rejects_missing_field_and_integer_audio():
         gain(Element({"wav": jnp.zeros((2, 8))}), ctx)
     with pytest.raises(TypeError, match=r"expects a float array in field 'audio', got dtype int16; convert first"):
         gain(Element({"audio": jnp.zeros((2, 8), jnp.int16)}), ctx)
-    with pytest.raises(ValueError, match=r"expects field 'audio' to hold one waveform \(..., time\) per record"):
+    with pytest.raises(ValueError, match=r"expects field 'audio' to hold one waveform \(..., time\) per record, .*\(time,\) array"):
         gain(Element({"audio": jnp.zeros((2,))}), ctx)

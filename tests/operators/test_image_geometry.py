@@ -171,6 +171,10 @@ ERRORS = [
     (lambda: HorizontalFlipConfig(p=1.5), ValueError, r"HorizontalFlipConfig.p must be in \[0.0, 1.0\], got 1.5"),
     (lambda: AffineOperator(AffineConfig(degrees=10.0, learnable=True), rngs=nnx.Rngs(0)), ValueError,
      r"learnable AffineConfig.translate must lie strictly inside"),
+    (lambda: HorizontalFlipOperator(HorizontalFlipConfig(learnable=True), rngs=nnx.Rngs(0)), ValueError,
+     r"HorizontalFlipConfig\(learnable=True\): HorizontalFlipOperator has no continuous magnitude"),
+    (lambda: RandomCropOperator(RandomCropConfig(learnable=("padding",)), rngs=nnx.Rngs(0)), ValueError,
+     r"RandomCropConfig.learnable names \['padding'\], which are not learnable magnitudes"),
 ]
 
 

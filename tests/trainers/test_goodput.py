@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 
@@ -18,12 +19,7 @@ from trainers import Trainer
 from trainers.callbacks import GoodputMonitor
 from trainers.goodput import GoodputLedger, diagnose
 
-try:
-    import matplotlib  # noqa: F401
-
-    HAS_MATPLOTLIB = True
-except ImportError:
-    HAS_MATPLOTLIB = False
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 def test_ledger_arithmetic_matches_a_hand_computation():

@@ -238,3 +238,36 @@ def test_non_scalar_loss_is_reported():
                       lambda model, batch: model(batch["x"]))
     with pytest.raises(ValueError, match=r"loss_fn must return a scalar loss \(shape \(\)\), got shape \(8, 3\)"):
         trainer.fit(num_steps=1)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"model": "net"}, TypeError, r"model must be an nnx.Module, got str"),
+    ({"train_pipeline": None}, TypeError, r"train_pipeline must be a datarax Pipeline, got None"),
+    ({"eval_pipeline": 3}, TypeError, r"eval_pipeline must be a datarax Pipeline, got int"),
+    ({"loss_fn": 1.5}, TypeError, r"loss_fn must be callable as loss_fn\(model, batch\), got 1.5"),
+    ({"train_pipeline_params": 1}, TypeError, r"train_pipeline_params must be True or False, got 1"),
+])
+def test_constructor_argument_errors(kwargs, error, match):
+    setup = make_setup()
+    args = {"model": setup.model, "optimizer": optax.sgd(0.1), "train_pipeline": setup.pipeline,
+            "loss_fn": loss_fn, **kwargs}
+    with pytest.raises(error, match=match):
+        Trainer(args.pop("model"), args.pop("optimizer"), args.pop("train_pipeline"), args.pop("loss_fn"), **args)
+
+
+def test_loss_fn_returning_three_values_is_reported():
+    setup = make_setup()
+    trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, lambda model, batch: (1.0, 2.0, 3.0))
+    with pytest.raises(ValueError, match=r"loss_fn must return a scalar loss or \(loss, aux\), got a tuple of 3"):
+        trainer.fit(num_steps=1)
+
+
+def test_loss_fn_adding_variables_is_reported():
+    def sneaky(model, batch):
+        model.counter = nnx.Variable(jnp.zeros(()))
+        return loss_fn(model, batch)
+
+    setup = make_setup()
+    trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, sneaky)
+    with pytest.raises(RuntimeError, match=r"a loss_fn must not add or remove Variables"):
+        trainer.fit(num_steps=1)

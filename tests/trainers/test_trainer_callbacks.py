@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import sys
 
 import optax
 import pytest
@@ -188,6 +189,10 @@ def test_early_stopping_errors():
         EarlyStopping("loss")
     with pytest.raises(ValueError, match=r"mode must be 'min' or 'max', got 'up'"):
         EarlyStopping(mode="up")
+    with pytest.raises(ValueError, match=r"patience must be an int >= 1, got 0"):
+        EarlyStopping(patience=0)
+    with pytest.raises(ValueError, match=r"min_delta must be a number >= 0, got -0.1"):
+        EarlyStopping(min_delta=-0.1)
     with pytest.raises(KeyError, match=r"monitors 'eval/acc' but the eval metrics are \['loss'\]"):
         EarlyStopping("eval/acc").on_eval_end(FakeTrainer(), 1, {"loss": 1.0})
 
@@ -218,6 +223,33 @@ def test_learning_rate_logger_matches_the_schedule(injected):
     assert sorted(recorder.rates) == [1, 2, 3, 4, 5]
     for step, rate in recorder.rates.items():
         assert rate == pytest.approx(float(schedule(step - 1)), rel=1e-6)
+
+
+def test_learning_rate_logger_rejects_a_non_callable_schedule():
+    with pytest.raises(TypeError, match=r"schedule must be an optax schedule \(callable on the step count\), got 0.1"):
+        LearningRateLogger(0.1)
+
+
+@pytest.mark.parametrize("blocked, make, match", [
+    (("tqdm",), lambda tmp: ProgressBar(), r"ProgressBar needs tqdm: pip install tqdm"),
+    (("tensorboardX", "torch"), lambda tmp: TensorBoardWriter(tmp),
+     r"TensorBoardWriter needs a TensorBoard event writer: pip install tensorboardX"),
+])
+def test_missing_optional_packages_are_named(tmp_path, monkeypatch, blocked, make, match):
+    for name in blocked:
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import name` raise ImportError
+    with pytest.raises(ImportError, match=match):
+        make(tmp_path)
+
+
+def test_timeline_without_matplotlib_says_how_to_fix(monkeypatch, tmp_path):
+    from trainers.goodput import GoodputLedger
+    from trainers.timeline import plot_timeline
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match=r"the goodput timeline needs matplotlib: pip install matplotlib "
+                                          r"\(or pass plot=False to GoodputMonitor\)"):
+        plot_timeline(GoodputLedger(), tmp_path / "x.png")
 
 
 def test_learning_rate_logger_needs_a_schedule_or_injected_hyperparams():

@@ -221,3 +221,25 @@ def test_sources_with_other_data_but_same_shape_are_detected(tmp_path):
     other = Pipeline(source, batch_size=8, drop_remainder=True).epochs(None)
     with pytest.raises(CheckpointMismatchError, match=r"fingerprint"):
         Checkpointer(tmp_path).restore_latest(model=model, optimizer=optimizer, iterator=other)
+
+
+def test_restore_with_a_different_joint_setting_fails_clearly(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    stage_holder = nnx.Linear(1, 1, rngs=nnx.Rngs(0))  # stands in for a jointly trained pipeline
+    assert ckpt.save(1, model=model, optimizer=optimizer, iterator=iterator, metadata={}, pipeline=stage_holder)
+    ckpt.wait()
+    with pytest.raises(CheckpointMismatchError, match=r"written with train_pipeline_params=True, this trainer has "
+                                                      r"train_pipeline_params=False"):
+        ckpt.restore_latest(model=model, optimizer=optimizer, iterator=iterator)
+
+
+def test_a_failing_save_call_is_wrapped_with_the_step(tmp_path, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise OSError("read-only file system (injected)")
+
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    monkeypatch.setattr(ocp.CheckpointManager, "save", broken)
+    with pytest.raises(CheckpointSaveError, match=r"saving checkpoint step 5 to .* failed: OSError: read-only"):
+        ckpt.save(5, model=model, optimizer=optimizer, iterator=iterator, metadata={})

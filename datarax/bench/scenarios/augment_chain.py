@@ -8,15 +8,16 @@ Floor: one hand-written jitted function doing the device-resident gather and the
 (the pure functions of `datarax.operators.image`, one key split per record instead of one key
 per stage), fed a precomputed permutation per epoch, last batch padded.
 
-Peer (when torch is importable, and `--vs` is empty or names torch): a torch `DataLoader` whose
-dataset applies the same six transforms per element with torch tensor ops (`grid_sample` for the
-rotation), as a torchvision pipeline would; torchvision itself is not used because no build of it
-matches the pinned torch.
+Peers (`python -m datarax.bench augment_chain --vs torch,tfdata,grain`, each run in its own
+process by `datarax.bench.peers`): the torch peer's dataset is `TorchChain` below, the same six
+transforms per element with torch tensor ops (`grid_sample` for the rotation), as a torchvision
+pipeline would do them; torchvision itself is not used because no build of it matches the pinned
+torch.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import statistics
 import time
 
 import jax
@@ -36,7 +37,6 @@ from datarax.sources import MemorySource, MemorySourceConfig
 # (image side, records, batch size): ~12 MB and ~200 MB of float32 images.
 SIZES = ((32, 8192, 256), (128, 1024, 64))
 MAX_DELTA, DEGREES, SIGMA = 0.2, 15.0, 0.05
-TORCH_WORKERS = 2
 
 
 def make_data(n: int, side: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -127,20 +127,17 @@ class TorchChain:
         return image, int(self.labels[index])
 
 
-def torch_rate(data: dict, batch: int, repeats: int) -> float:
-    """Median el/s of a shuffled torch DataLoader over `TorchChain` (after one warm-up epoch)."""
-    import torch
+def interleaved_rates(sides: dict, num_records: int, repeats: int) -> dict[str, dict]:
+    """Times one epoch of each side in turn, `repeats` times; median el/s per side.
 
-    torch.set_num_threads(1)
-    loader = torch.utils.data.DataLoader(TorchChain(data), batch_size=batch, shuffle=True,
-                                         num_workers=TORCH_WORKERS, persistent_workers=TORCH_WORKERS > 0)
-    for _ in loader:
-        pass
-    return epoch_rate(lambda: loader, len(data["label"]), repeats)["el_s"]
-
-
-def wants_torch(options: BenchOptions) -> bool:
-    return (not options.peers or "torch" in options.peers) and importlib.util.find_spec("torch") is not None
+    Alternating keeps a slow spell of a shared machine from landing on one side only.
+    """
+    runs: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, run_epoch in sides.items():
+            runs[name].append(epoch_rate(run_epoch, num_records, 1)["el_s"])
+    return {name: {"el_s": statistics.median(rates), "el_s_runs": [round(r, 1) for r in rates]}
+            for name, rates in runs.items()}
 
 
 def run(options: BenchOptions) -> list[dict]:
@@ -155,17 +152,14 @@ def run(options: BenchOptions) -> list[dict]:
         first = first_batch_seconds(lambda: pipeline)
         for _ in pipeline:
             pass
-        ours = epoch_rate(lambda: pipeline, n, options.repeats)
 
         arrays = {k: jax.device_put(v) for k, v in data.items()}
         epoch_iter = build_floor(n, batch)
         floor_first = first_batch_seconds(lambda: epoch_iter(arrays, 0))
         block(list(epoch_iter(arrays, 0)))
         counter = iter(range(1, 10**6))
-        floor = epoch_rate(lambda: epoch_iter(arrays, next(counter)), n, options.repeats)
-
-        peer = round(torch_rate(data, batch, options.repeats), 1) if wants_torch(options) else "absent"
-        rows.append(row(f"augment_chain_{side}", ours, floor, records=n, batch_size=batch,
-                        first_batch_s=round(build_s + first, 3), floor_first_batch_s=round(floor_first, 3),
-                        torch_el_s=peer, torch_workers=TORCH_WORKERS))
+        rates = interleaved_rates({"datarax": lambda: pipeline, "floor": lambda: epoch_iter(arrays, next(counter))},
+                                  n, options.repeats)
+        rows.append(row(f"augment_chain_{side}", rates["datarax"], rates["floor"], records=n, batch_size=batch,
+                        first_batch_s=round(build_s + first, 3), floor_first_batch_s=round(floor_first, 3)))
     return rows

@@ -180,9 +180,13 @@ class AudioOperator(PerRecordOperator):
             raise KeyError(f"{name} reads field {field!r}, but the record has fields {sorted(element.data)}; "
                            f"set {self.config_class.__name__}(field=...)")
         x = element.data[field]
-        kind = "waveform (..., time)" if self.min_ndim == 1 else "spectrogram (..., freq, time)"
+        if self.min_ndim == 1:
+            kind, fix = "waveform (..., time)", "store each record's samples as a (time,) array"
+        else:
+            kind, fix = "spectrogram (..., freq, time)", "compute one first, e.g. with LogMelOperator"
         if not isinstance(x, jax.Array) or x.ndim < self.min_ndim:
-            raise ValueError(f"{name} expects field {field!r} to hold one {kind} per record, got {describe(x)}")
+            raise ValueError(f"{name} expects field {field!r} to hold one {kind} per record, got {describe(x)}; "
+                             f"{fix}")
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{name} expects a float array in field {field!r}, got dtype {x.dtype}; convert "
                             "first, e.g. int16 PCM: ElementOperator(fn=lambda el: el.update_data("

@@ -83,7 +83,7 @@ class STFTOperator(AudioOperator):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MelSettings(SpectralConfig):
+class MelFeatureConfig(SpectralConfig):
     """Mel filterbank settings shared by mel, log-mel and MFCC configs.
 
     Attributes:
@@ -117,7 +117,7 @@ class MelSettings(SpectralConfig):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MelSpectrogramConfig(MelSettings):
+class MelSpectrogramConfig(MelFeatureConfig):
     """Configuration of `MelSpectrogramOperator`.
 
     Attributes:
@@ -145,7 +145,7 @@ class MelSpectrogramOperator(AudioOperator):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LogMelConfig(MelSettings):
+class LogMelConfig(MelFeatureConfig):
     """Configuration of `LogMelOperator` (see `mel.power_to_db`).
 
     Attributes:
@@ -181,7 +181,7 @@ class LogMelOperator(AudioOperator):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MFCCConfig(MelSettings):
+class MFCCConfig(MelFeatureConfig):
     """Configuration of `MFCCOperator`.
 
     Attributes:

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 
@@ -44,8 +45,11 @@ class MaskConfig(AudioOperatorConfig):
         check_number(self, "width_limit", 0.0, 1e6, open_low=True)
         check_number(self, "max_width", 0.0, self.width_limit)
         check_int(self, "num_masks")
-        if self.mask_value != "mean":
-            check_number(self, "mask_value", -1e30, 1e30)
+        value = self.mask_value
+        if value != "mean" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                or not math.isfinite(value)):
+            raise ValueError(f"{type(self).__name__}.mask_value must be a finite number or 'mean' (the record's "
+                             f"mean), got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,6 +111,9 @@ class ImageOperator(PerRecordOperator):
         config = self.config_class() if config is None else config
         if type(config) is not self.config_class:
             raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, got {describe(config)}")
+        if config.learnable is True and not self.bounds:
+            raise ValueError(f"{self.config_class.__name__}(learnable=True): {type(self).__name__} has no continuous "
+                             "magnitude to learn (its randomness is discrete); leave learnable=False")
         self._init_rng(config, rngs)
         self.magnitudes = magnitudes(config, self.bounds, owner=self.config_class.__name__)
 
