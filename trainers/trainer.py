@@ -114,6 +114,9 @@ class Trainer:
                 raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux), got {name!r}: {fn!r:.60}")
         if not isinstance(train_pipeline_params, bool):
             raise TypeError(f"train_pipeline_params must be True or False, got {train_pipeline_params!r}")
+        if train_pipeline_params and getattr(train_pipeline, "sharding", None) is not None:
+            raise ValueError("train_pipeline_params=True trains on unsharded batches, but train_pipeline has "
+                             f"sharding={train_pipeline.sharding!r}; drop one of the two")
         if eval_every_steps is not None and eval_pipeline is None:
             raise ValueError(f"eval_every_steps={eval_every_steps!r} needs an eval_pipeline; pass "
                              "eval_pipeline=Pipeline(...) or drop eval_every_steps")
@@ -192,9 +195,10 @@ class Trainer:
         """Trains until `num_steps` total steps (or `num_epochs` total epochs) are done.
 
         Totals count from the start of training, so a resumed run stops where an uninterrupted
-        one would. The step donates the training state's buffers: arrays taken from the model or
-        optimizer *during* training are invalidated by the next step (copy what you keep). SIGTERM/SIGINT stop the loop after the current step; checkpoint callbacks then
-        save, and `fit` returns normally with `stop_reason` set.
+        one would. SIGTERM/SIGINT stop the loop after the current step; checkpoint callbacks then
+        save, and `fit` returns normally with `stop_reason` set. The step donates the training
+        state's buffers: arrays taken from the model or optimizer *during* training are
+        invalidated by the next step (copy what you keep).
         """
         target = self._target(num_steps, num_epochs)
         self.target_step = target

@@ -168,6 +168,9 @@ class ScanRunner:
             step ran).
         """
         p = _check_run(iterator, modules, num_steps)
+        if getattr(p, "sharding", None) is not None:
+            raise ValueError("ScanRunner runs unsharded batches, but this pipeline has sharding="
+                             f"{p.sharding!r}; scan an unsharded pipeline, or iterate the sharded one step by step")
         arrays = p.source.device_arrays()
         carried = (p.program, *modules)
         graphdef, state = nnx.split(carried)

@@ -196,6 +196,29 @@ def test_async_save_error_is_raised_not_swallowed(tmp_path, monkeypatch):
     assert ckpt.steps() == []
 
 
+def test_async_save_error_surfaces_from_fit(tmp_path, monkeypatch):
+    from trainer_helpers import loss_fn
+
+    from trainers import Trainer
+    from trainers.callbacks import CheckpointCallback
+
+    original = ocp.StandardCheckpointHandler.async_save
+
+    async def failing(self, directory, *args, **kwargs):
+        futures = await original(self, directory, *args, **kwargs)
+        broken = concurrent.futures.Future()
+        broken.set_exception(OSError("disk full (injected)"))
+        return list(futures or []) + [broken]
+
+    monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", failing)
+    setup = make_setup()
+    trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn,
+                      callbacks=[CheckpointCallback(tmp_path, every_steps=2)])
+    with pytest.raises(CheckpointSaveError, match=r"background write of checkpoint step 2 .* disk full"):
+        trainer.fit(num_steps=6)
+    assert trainer.step == 4  # raised by the next save, two steps later
+
+
 def test_max_to_keep_is_validated(tmp_path):
     with pytest.raises(ValueError, match=r"max_to_keep must be an int >= 1 or None \(keep all\), got 0"):
         Checkpointer(tmp_path, max_to_keep=0)

@@ -1,4 +1,7 @@
-"""Small shared set-ups (imported by the tests in this folder) for the trainer tests: a linear classifier on 4-d points, or the demo CNN."""
+"""Small shared set-ups for the trainer tests (imported by the tests in this folder).
+
+A linear classifier on 4-d points with a learnable-noise stage; `RECORD_METRICS` identify the records a step saw.
+"""
 
 from __future__ import annotations
 
