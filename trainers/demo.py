@@ -176,8 +176,9 @@ def main(argv=None) -> int:
                                      max_to_keep=args.keep, asynchronous=not args.sync_checkpoints)
     plot = not args.no_plot and importlib.util.find_spec("matplotlib") is not None
     goodput = GoodputMonitor(workdir, plot=plot)
-    callbacks = [checkpoints, goodput, LearningRateLogger(schedule), MetricLogger(writers, every_steps=args.log_every),
-                 ProgressBar(disable=args.no_progress or not sys.stderr.isatty())]
+    callbacks = [checkpoints, goodput, LearningRateLogger(schedule), MetricLogger(writers, every_steps=args.log_every)]
+    if not args.no_progress and sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None:
+        callbacks.append(ProgressBar())
     trainer = Trainer(model, optax.adam(schedule), train, loss_fn, eval_pipeline=evaluation, metrics=METRICS,
                       callbacks=callbacks, train_pipeline_params=args.joint)
     result = trainer.fit(num_steps=args.steps)

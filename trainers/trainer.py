@@ -147,11 +147,8 @@ class Trainer:
     @staticmethod
     def _joint_loader(pipeline: Pipeline) -> Pipeline:
         """The user's source, sampler and batching with only `ContextStage`: untransformed batches."""
-        kwargs = {"sampler": pipeline.sampler, "drop_remainder": pipeline.drop_remainder,
-                  "prefetch": pipeline.prefetch}
-        if getattr(pipeline, "sharding", None) is not None:
-            kwargs["sharding"] = pipeline.sharding
-        return Pipeline(pipeline.source, [ContextStage()], pipeline.batch_size, **kwargs)
+        return Pipeline(pipeline.source, [ContextStage()], pipeline.batch_size, sampler=pipeline.sampler,
+                        drop_remainder=pipeline.drop_remainder, prefetch=pipeline.prefetch)
 
     def _build_optimizer(self, optimizer: Any) -> nnx.Optimizer:
         if isinstance(optimizer, nnx.Optimizer):

@@ -154,6 +154,7 @@ def test_tensorboard_writer_writes_readable_events(tmp_path):
 
 
 def test_progress_bar_shows_steps_and_throughput():
+    pytest.importorskip("tqdm")
     stream = io.StringIO()
     bar = ProgressBar(file=stream, mininterval=0)
     trainer = FakeTrainer(step=4, target=8)

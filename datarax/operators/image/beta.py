@@ -1,8 +1,8 @@
 """Beta(alpha, alpha) mixing weights that compile fast and are differentiable in alpha.
 
-`jax.random.gamma` runs a rejection `while_loop` that takes seconds to compile on CPU (measured
-here: ~4 s per use site, ~6 s under vmap), which every pipeline with MixUp or CutMix would pay.
-This module draws Gamma(alpha + 1) with Marsaglia and Tsang's method using a fixed number of
+`jax.random.gamma` runs a rejection `while_loop` that takes seconds to compile on CPU, which every
+pipeline with MixUp or CutMix would pay (measured on a 2-core machine, vmapped over 64 records:
+`jax.random.beta` 4.6 s of CPU to compile, this module 1.25 s). This module draws Gamma(alpha + 1) with Marsaglia and Tsang's method using a fixed number of
 proposals evaluated at once (each is accepted with probability > 0.95 for shape >= 1, so all
 `PROPOSALS` = 8 fail with probability < 1e-10; the first proposal is then used), and boosts it
 to Gamma(alpha) with `u ** (1 / alpha)`.
