@@ -91,6 +91,8 @@ class RunOutcome:
         resumed_from: the checkpoint step it resumed from, or None for a fresh start.
         train_metrics: the final step's metrics.
         eval_metrics: the evaluation after training ({} without an eval pipeline).
+        eval_before: the evaluation of the freshly built model, before any restore or step
+            ({} unless asked for).
         goodput: the compact goodput summary of this invocation (see `goodput_digest`).
         seconds: wall time of this invocation of the run.
     """
@@ -99,6 +101,7 @@ class RunOutcome:
     resumed_from: int | None
     train_metrics: dict[str, float]
     eval_metrics: dict[str, float]
+    eval_before: dict[str, float]
     goodput: dict[str, Any]
     seconds: float
 
@@ -140,8 +143,8 @@ def describe_goodput(digest: Mapping[str, Any]) -> str:
 def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransformation, pipeline: Pipeline,
               loss_fn: Callable, *, steps: int, eval_pipeline: Pipeline | None = None,
               metrics: Mapping[str, Callable] | None = None, joint: bool = False, checkpoint_every: int | None = None,
-              log_every: int | None = None, label: str = "", callbacks: Sequence[Callback] = ()
-              ) -> tuple[Trainer, RunOutcome]:
+              log_every: int | None = None, label: str = "", callbacks: Sequence[Callback] = (),
+              eval_before: bool = False) -> tuple[Trainer, RunOutcome]:
     """Trains one model with checkpoints (resuming from `run_dir/checkpoints`) and a goodput monitor.
 
     Args:
@@ -153,6 +156,8 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
         log_every: steps between metric lines (default: ten per run).
         label: a prefix for printed lines.
         callbacks: more callbacks for the trainer.
+        eval_before: also evaluate the model as built, before training (and before a resume
+            restores it), e.g. to report the untrained loss.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = CheckpointCallback(run_dir / "checkpoints", every_steps=checkpoint_every or max(1, steps // 4),
@@ -163,6 +168,7 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     trainer = Trainer(model, optimizer, pipeline, loss_fn, eval_pipeline=eval_pipeline, metrics=metrics,
                       callbacks=[checkpoints, goodput, logger, *callbacks], train_pipeline_params=joint)
     began = time.perf_counter()
+    before = trainer.evaluate() if eval_before and eval_pipeline is not None else {}
     result = trainer.fit(num_steps=steps)
     if result.stop_reason is not None:
         print(f"{label}stopped by {result.stop_reason} at step {result.step}; the checkpoint is saved, run the "
@@ -170,8 +176,8 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
         raise SystemExit(0)
     eval_metrics = trainer.evaluate() if eval_pipeline is not None else {}
     resumed = checkpoints.restored.step if checkpoints.restored is not None else None
-    outcome = RunOutcome(result.step, resumed, dict(result.metrics), eval_metrics, goodput_digest(goodput.report),
-                         time.perf_counter() - began)
+    outcome = RunOutcome(result.step, resumed, dict(result.metrics), eval_metrics, before,
+                         goodput_digest(goodput.report), time.perf_counter() - began)
     if resumed is not None:
         print(f"{label}resumed from checkpoint step {resumed}", flush=True)
     return trainer, outcome
