@@ -68,7 +68,7 @@ def fused_chain(image: jax.Array, key: jax.Array) -> jax.Array:
     image = color.adjust_brightness(image, 1.0 + MAX_DELTA * (2 * unit[1] - 1))
     image = color.adjust_contrast(image, 1.0 + MAX_DELTA * (2 * unit[2] - 1))
     image = geometry.rotate(image, DEGREES * (2 * unit[3] - 1))
-    return filters.gaussian_noise(image, jax.random.normal(k_noise, image.shape), SIGMA)
+    return filters.gaussian_noise(image, filters.standard_normal(k_noise, image.shape), SIGMA)
 
 
 def build_floor(n: int, batch: int, seed: int = 0):

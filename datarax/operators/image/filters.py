@@ -15,6 +15,23 @@ import jax
 import jax.numpy as jnp
 
 
+def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
+    """Standard normal draws made from 16-bit uniforms, two per 32-bit random word.
+
+    Random bits dominate the cost of noise on CPU (threefry); halving them makes this about
+    2.5x faster than `jax.random.normal` (measured: 1.7-2.3 against 4.9-6.1 ms per 128x128x3
+    draw on this 2-core machine). The inverse normal CDF of `(k + 0.5) / 65536` keeps the shape
+    of the distribution; its resolution (4e-5 of a standard deviation near 0) and the truncation
+    of the tails at 4.4 standard deviations are far below anything an image augmentation can
+    show.
+    """
+    size = math.prod(shape)
+    words = jax.random.bits(key, ((size + 1) // 2,), jnp.uint32)
+    halves = jnp.concatenate([words & 0xFFFF, words >> 16])[:size]
+    unit = (halves.astype(dtype) + 0.5) / 65536.0
+    return (jax.lax.erf_inv(2.0 * unit - 1.0) * math.sqrt(2.0)).reshape(shape)
+
+
 def gaussian_noise(image: jax.Array, noise: jax.Array, sigma: jax.Array | float, clip: bool = True) -> jax.Array:
     """`image + sigma * noise` (noise is a standard normal draw), optionally clipped to [0, 1]."""
     out = image + sigma * noise
