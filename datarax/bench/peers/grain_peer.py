@@ -5,7 +5,7 @@
 `.batch(B)`, then `to_iter_dataset()`. One iterator runs for the whole measurement, as in a training loop; an
 "epoch" is `ceil(N / B)` consecutive batches.
 
-Settings chosen on this 2-core machine (measured, see docs/benchmarks_peers.md): Grain's default
+Settings chosen on this 2-core machine (measured, see docs/benchmarks.md (Peers)): Grain's default
 `ReadOptions` (a pool of 16 reader threads) in-process beat `mp_prefetch` with 1 or 2 worker
 processes for both scenarios: the per-record work is short, and worker processes add pickling of
 every batch plus a copy of the dataset per worker. `PeerOptions.workers` switches to `mp_prefetch`.

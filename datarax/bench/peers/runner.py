@@ -10,7 +10,7 @@ into the datarax process), and returns one row per peer:
 
 `ratio_to_datarax` is the peer's rate over datarax's (below 1: the peer is slower).
 
-How a scenario opts in (docs/benchmarks_peers.md has the full recipe):
+How a scenario opts in (docs/benchmarks.md (Peers) has the full recipe):
 
 1. its module exposes `NUM_RECORDS`, `BATCH` and a deterministic `make_data(n) -> dict of
    arrays`, or a `peer_recipe(options) -> Recipe | list[Recipe]` when its data is made

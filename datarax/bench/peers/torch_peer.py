@@ -6,7 +6,7 @@ cifar work written as torchvision's `RandomCrop(32, padding=4, padding_mode="ref
 layout a JAX model takes), default collation, `shuffle=True`, and `persistent_workers` so worker
 processes live across epochs. Each worker draws from torch's per-worker seeded generator.
 
-Settings chosen on this 2-core machine (measured, see docs/benchmarks_peers.md): cifar with 2
+Settings chosen on this 2-core machine (measured, see docs/benchmarks.md (Peers)): cifar with 2
 workers; tokens, with no per-record work, in the main process (`num_workers=0`), where worker
 processes only add inter-process copies.
 """
