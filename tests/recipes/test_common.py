@@ -1,0 +1,113 @@
+"""The recipes' shared pieces: command line, result.json, data splits, models and the policy stage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from recipes import common
+from recipes.augerino import AugmentationPolicy
+from recipes.data import fraction_split, load_digits, per_class_split
+from recipes.models import ConvNet, host_lecun_normal
+
+
+def test_default_workdir_depends_on_quick():
+    assert common.parse_args("vision", "", []).workdir == "runs/vision"
+    assert common.parse_args("vision", "", ["--quick"]).workdir == "runs/vision-quick"
+    assert common.parse_args("vision", "", ["--workdir", "x", "--seed", "3"]).seed == 3
+
+
+@pytest.mark.parametrize("argv, message", [(["--steps", "0"], "--steps must be >= 1, got 0"),
+                                           (["--seed", "-1"], "--seed must be >= 0, got -1")])
+def test_bad_arguments_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        common.parse_args("vision", "", argv)
+    assert message in capsys.readouterr().err
+
+
+def test_result_json_rejects_non_finite_metrics_and_keeps_details(tmp_path):
+    args = argparse.Namespace(quick=True, seed=0)
+    path = common.write_result(tmp_path, "vision", {"accuracy": np.float32(0.5)}, {"rate": float("inf")}, args)
+    record = json.loads(path.read_text())
+    assert record["metrics"] == {"accuracy": 0.5} and record["rate"] is None and record["recipe"] == "vision"
+    with pytest.raises(ValueError, match=r"result metrics.loss is nan: the recipe diverged"):
+        common.write_result(tmp_path, "vision", {"loss": float("nan")}, {}, args)
+
+
+def test_mean_std_matches_statistics():
+    values = [0.9, 0.8, 0.95]
+    stats = common.mean_std(values)
+    assert stats["mean"] == pytest.approx(statistics.mean(values))
+    assert stats["std"] == pytest.approx(statistics.stdev(values)) and stats["n"] == 3
+    assert common.mean_std([0.5])["std"] == 0.0
+
+
+def test_goodput_digest_of_a_run_without_steps():
+    assert common.goodput_digest(None)["steps"] == 0
+    assert "no steps" in common.describe_goodput(common.goodput_digest({"steps": 0, "diagnosis": "no steps completed"}))
+
+
+def test_digits_match_scikit_learn():
+    from sklearn.datasets import load_digits as reference
+
+    images, labels = load_digits()
+    bunch = reference()
+    np.testing.assert_array_equal(images.reshape(len(images), -1), bunch.data.astype(np.uint8))
+    np.testing.assert_array_equal(labels, bunch.target)
+
+
+def test_per_class_split_takes_exactly_n_of_each_class():
+    labels = np.repeat(np.arange(4), [5, 6, 7, 8])
+    picked, rest = per_class_split(labels, 3, seed=1)
+    assert np.bincount(labels[picked]).tolist() == [3, 3, 3, 3]
+    assert sorted(np.concatenate([picked, rest]).tolist()) == list(range(len(labels)))
+    with pytest.raises(ValueError, match="per_class=6 but class 0 has only 5 records"):
+        per_class_split(labels, 6, seed=1)
+    with pytest.raises(ValueError, match="test_fraction must be in"):
+        fraction_split(10, 1.5, seed=0)
+
+
+def test_host_initialiser_is_a_truncated_lecun_normal():
+    x = np.asarray(host_lecun_normal(np.random.default_rng(0))(None, (200, 300)))
+    std = np.sqrt(1.0 / 200)
+    assert abs(x.std() / std - 1) < 0.02 and np.abs(x).max() <= 2 * std / 0.8796 + 1e-6
+
+
+def test_convnet_shapes_and_bad_pool():
+    model = ConvNet(1, 6, widths=(4, 8), image_size=(10, 12), hidden=0, pool="width", seed=0)
+    assert model(jnp.zeros((2, 10, 12, 1))).shape == (2, 6)
+    with pytest.raises(ValueError, match="pool must be 'flatten' or 'width', got 'max'"):
+        ConvNet(1, 6, pool="max")
+
+
+def test_policy_scales_must_name_learnable_magnitudes():
+    from datarax.operators.image import BrightnessConfig, BrightnessOperator
+
+    op = BrightnessOperator(BrightnessConfig(max_delta=0.2, learnable=True), rngs=nnx.Rngs(0))
+    policy = AugmentationPolicy([op], scales={"Brightness.max_delta": 0.4})
+    assert float(policy.widths()["Brightness.max_delta"]) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match=r"scales names \['Contrast.max_delta'\]"):
+        AugmentationPolicy([op], scales={"Contrast.max_delta": 0.3})
+
+
+def test_joint_optimizer_gives_the_pipeline_its_own_rule():
+    class Joint(nnx.Module):
+        def __init__(self):
+            self.model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+            self.pipeline = nnx.Linear(2, 1, rngs=nnx.Rngs(1))
+
+    joint = Joint()
+    optimizer = nnx.Optimizer(joint, common.joint_optimizer(optax.sgd(0.0), optax.sgd(1.0)), wrt=nnx.Param)
+    before = jax.tree.map(jnp.copy, nnx.state(joint, nnx.Param))
+    optimizer.update(joint, jax.tree.map(jnp.ones_like, nnx.state(joint, nnx.Param)))
+    after = nnx.state(joint, nnx.Param)
+    np.testing.assert_array_equal(after["model"]["kernel"][...], before["model"]["kernel"][...])
+    np.testing.assert_allclose(after["pipeline"]["kernel"][...], before["pipeline"]["kernel"][...] - 1.0)
