@@ -272,13 +272,3 @@ def test_loss_fn_adding_variables_is_reported():
     with pytest.raises(RuntimeError, match=r"a loss_fn must not add or remove Variables"):
         trainer.fit(num_steps=1)
 
-
-def test_joint_training_rejects_a_sharded_pipeline():
-    from datarax.sharding.mesh import DataSharding
-
-    setup = make_setup()
-    sharding = DataSharding(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",)), "data")
-    sharded = Pipeline(setup.pipeline.source, batch_size=8, drop_remainder=True, sharding=sharding)
-    with pytest.raises(ValueError, match=r"train_pipeline_params=True trains on unsharded batches, but "
-                                         r"train_pipeline has sharding="):
-        Trainer(setup.model, optax.sgd(0.1), sharded, loss_fn, train_pipeline_params=True)
