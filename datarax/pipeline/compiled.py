@@ -104,7 +104,7 @@ class CompiledProgram:
         self._sample_gather_transform = jit(sample_gather_transform)
 
     def values(self) -> list:
-        return [v.get_value() for v in self._variables]
+        return [v.get_raw_value() for v in self._variables]
 
     def transform(self, data, indices, meta):
         """Stages only, on a batch already on the device."""
