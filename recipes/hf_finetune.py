@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
@@ -33,11 +34,13 @@ from recipes.data import load_digits, per_class_split
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss, host_init
 
 NAME = "hf_finetune"
-DEFAULT = {"pretrain_steps": 600, "finetune_steps": 300, "per_class": 5, "seeds": 3, "batch_size": 10,
-           "pretrain_batch_size": 64, "learning_rate": 2e-3, "pairs": ("parity", "new_classes")}
-QUICK = {"pretrain_steps": 80, "finetune_steps": 40, "per_class": 5, "seeds": 1, "batch_size": 10,
-         "pretrain_batch_size": 64, "learning_rate": 3e-3, "pairs": ("parity",)}
+DEFAULT = {"pretrain_steps": 600, "finetune_steps": 300, "seeds": 3, "batch_size": 20, "pretrain_batch_size": 64,
+           "learning_rate": 2e-3, "backbone_lr_factor": 0.1, "pairs": ("parity", "new_classes")}
+QUICK = {"pretrain_steps": 80, "finetune_steps": 40, "seeds": 1, "batch_size": 20, "pretrain_batch_size": 64,
+         "learning_rate": 3e-3, "backbone_lr_factor": 0.1, "pairs": ("parity",)}
 CHANCE = {"parity": 0.5, "new_classes": 0.2}
+# Labelled fine-tuning images per class: parity needs every digit among its examples to be learnable.
+PER_CLASS = {"parity": 20, "new_classes": 5}
 
 
 def write_parquet(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
@@ -97,9 +100,24 @@ def hf_pipeline(path: Path, cache: Path, batch_size: int, *, seed: int, train: b
                     batch_size=batch_size, drop_remainder=train)
 
 
-def optimizer(steps: int, cfg: dict) -> optax.GradientTransformation:
+def optimizer(steps: int, cfg: dict, *, fine_tune: bool = False) -> optax.GradientTransformation:
+    """AdamW with warm-up and cosine decay; when fine-tuning, the pretrained layers learn `backbone_lr_factor` slower.
+
+    The smaller step keeps the fresh head's first, large gradients from wrecking the pretrained
+    features (discriminative learning rates); the scratch arm trains every layer at the full rate.
+    """
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, steps // 20), steps)
-    return optax.adamw(schedule, weight_decay=1e-4)
+    if not fine_tune:
+        return optax.adamw(schedule, weight_decay=1e-4)
+    slow = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"] * cfg["backbone_lr_factor"],
+                                              max(1, steps // 20), steps)
+
+    def labels(params):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: "head" if getattr(path[0], "key", None) == "head" else "backbone", params)
+
+    return optax.multi_transform({"head": optax.adamw(schedule, weight_decay=1e-4),
+                                  "backbone": optax.adamw(slow, weight_decay=1e-4)}, labels)
 
 
 def num_classes(path: Path) -> int:
@@ -147,7 +165,8 @@ def finetune(workdir: Path, pair: str, pretrained: tuple[Path, int], files: dict
     model = (load_pretrained(*pretrained, classes, seed) if start == "pretrained" else ConvNet(1, classes, seed=seed))
     steps = cfg["finetune_steps"]
     label = f"[{pair} {'fine-tune' if start == 'pretrained' else 'scratch'} seed {seed}] "
-    _, run = common.train_run(workdir / "runs" / f"{pair}-{start}-seed{seed}", model, optimizer(steps, cfg), train,
+    tx = optimizer(steps, cfg, fine_tune=start == "pretrained")
+    _, run = common.train_run(workdir / "runs" / f"{pair}-{start}-seed{seed}", model, tx, train,
                               classification_loss, steps=steps, eval_pipeline=test, metrics=CLASSIFICATION_METRICS,
                               label=label, log_every=max(1, steps // 2))
     print(f"{label}test accuracy {run.eval_metrics['accuracy']:.4f}", flush=True)
@@ -155,11 +174,11 @@ def finetune(workdir: Path, pair: str, pretrained: tuple[Path, int], files: dict
 
 
 def run_pair(workdir: Path, pair: str, cfg: dict, seeds: list[int]) -> dict:
-    files = write_datasets(workdir / "data", pair, seeds[0], cfg["per_class"])
+    files = write_datasets(workdir / "data", pair, seeds[0], PER_CLASS[pair])
     export, pretrain_classes, pre_accuracy = pretrain(workdir, pair, files, cfg, seeds[0])
     runs, accuracy = [], {"pretrained": [], "scratch": []}
     for seed in seeds:
-        files = write_datasets(workdir / "data", pair, seed, cfg["per_class"])
+        files = write_datasets(workdir / "data", pair, seed, PER_CLASS[pair])
         for start in ("pretrained", "scratch"):
             acc, record = finetune(workdir, pair, (export, pretrain_classes), files, cfg, seed, start)
             accuracy[start].append(acc)
@@ -206,13 +225,13 @@ def main(argv: list[str] | None = None) -> int:
                         f"{pair}_finetune_minus_scratch": stats["pretrained"]["mean"] - stats["scratch"]["mean"],
                         f"{pair}_chance_accuracy": CHANCE[pair]})
     path = common.write_result(workdir, NAME, metrics, {
-        "config": {**cfg, "seeds": seeds}, "pairs": results, "plot": plot(workdir, results, seeds),
+        "config": {**cfg, "seeds": seeds, "labels_per_class": PER_CLASS}, "pairs": results, "plot": plot(workdir, results, seeds),
         "data_files": sorted(str(p) for p in (workdir / "data").glob("*.parquet"))}, args)
     print()
     for pair, result in results.items():
         stats = result["accuracy"]
         print(f"{pair}: pretraining test accuracy {result['pretrain_test_accuracy']:.4f}; fine-tuning on "
-              f"{cfg['per_class']} labels per class for {cfg['finetune_steps']} steps:")
+              f"{PER_CLASS[pair]} labels per class for {cfg['finetune_steps']} steps:")
         for start, name in (("pretrained", "fine-tuned"), ("scratch", "from scratch")):
             s = stats[start]
             print(f"    {name:>12}: test accuracy {s['mean']:.4f} +- {s['std']:.4f} over {s['n']} seeds")
