@@ -116,12 +116,12 @@ def goodput_digest(report: Mapping[str, Any] | None) -> dict[str, Any]:
     steady = report.get("steady") or {}
     return {
         "steps": report["steps"],
-        "wall_s": report["wall_s"],
-        "diagnosis": report["diagnosis"],
-        "buckets_pct": report["buckets_pct"],
-        "compile_s": report["compile_s"],
-        "first_batch_s": report["first_batch_s"],
-        "checkpoint_save_s": report["checkpoint_save_s"],
+        "wall_s": report.get("wall_s"),
+        "diagnosis": report.get("diagnosis"),
+        "buckets_pct": report.get("buckets_pct", {}),
+        "compile_s": report.get("compile_s"),
+        "first_batch_s": report.get("first_batch_s"),
+        "checkpoint_save_s": report.get("checkpoint_save_s"),
         "steady_el_per_s": steady.get("achieved_el_s"),
         "step_consumes_el_per_s": steady.get("step_consumes_el_s"),
         "steady_step_ms": 1000 * steady["step_time_s"] if "step_time_s" in steady else None,
@@ -136,7 +136,7 @@ def describe_goodput(digest: Mapping[str, Any]) -> str:
     parts = ", ".join(f"{k} {v:.1f}%" for k, v in pct.items() if v >= 0.05)
     rate = digest.get("steady_el_per_s")
     rate_text = f"{rate:,.0f} el/s" if rate is not None and math.isfinite(rate) else "n/a"
-    return (f"goodput: {parts} of {digest['wall_s']:.1f} s wall; steady throughput {rate_text}\n"
+    return (f"goodput: {parts} of {digest['wall_s'] or 0:.1f} s wall; steady throughput {rate_text}\n"
             f"         {digest['diagnosis']}")
 
 

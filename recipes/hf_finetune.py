@@ -92,8 +92,11 @@ def to_float(element):
 
 def hf_pipeline(path: Path, cache: Path, batch_size: int, *, seed: int, train: bool) -> Pipeline:
     """A pipeline over one Parquet file read by `datasets` and `HFSource`."""
+    import datasets
+
     from datarax.sources.hf import HFSource, HFSourceConfig, load_files
 
+    datasets.disable_progress_bars()  # one bar per small file only clutters the recipe's output
     dataset = load_files([path], cache_dir=str(cache))
     source = HFSource(HFSourceConfig(columns=("image", "label"), shuffle=train, seed=seed), dataset=dataset)
     return Pipeline(source, [ElementOperator(ElementOperatorConfig(), fn=to_float)],

@@ -132,7 +132,7 @@ class Checkpointer:
         if max_to_keep is not None and (isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int)
                                         or max_to_keep < 1):
             raise ValueError(f"max_to_keep must be an int >= 1 or None (keep all), got {max_to_keep!r}")
-        self.directory = epath.Path(directory)
+        self.directory = epath.Path(directory).absolute()
         policy = None if max_to_keep is None else ocp.checkpoint_managers.LatestN(max_to_keep)
         self._manager = ocp.CheckpointManager(
             self.directory,

@@ -272,3 +272,13 @@ def test_a_failing_save_call_is_wrapped_with_the_step(tmp_path, monkeypatch):
     monkeypatch.setattr(ocp.CheckpointManager, "save", broken)
     with pytest.raises(CheckpointSaveError, match=r"saving checkpoint step 5 to .* failed: OSError: read-only"):
         ckpt.save(5, model=model, optimizer=optimizer, iterator=iterator, metadata={})
+
+
+def test_relative_checkpoint_directory_is_made_absolute(tmp_path, monkeypatch):
+    # Orbax refuses relative paths in its background save; the Checkpointer resolves them first.
+    monkeypatch.chdir(tmp_path)
+    checkpointer = Checkpointer("runs/x/checkpoints")
+    try:
+        assert str(checkpointer.directory) == str(tmp_path / "runs" / "x" / "checkpoints")
+    finally:
+        checkpointer.close()

@@ -41,3 +41,10 @@ from datarax.operators.audio.masking_ops import TimeMaskConfig as TimeMaskConfig
 from datarax.operators.audio.masking_ops import TimeMaskOperator as TimeMaskOperator
 from datarax.operators.audio.pcen_ops import PCENConfig as PCENConfig
 from datarax.operators.audio.pcen_ops import PCENOperator as PCENOperator
+from datarax.operators.audio import synth as synth
+from datarax.operators.audio.synth import FilteredNoiseConfig as FilteredNoiseConfig
+from datarax.operators.audio.synth import FilteredNoiseOperator as FilteredNoiseOperator
+from datarax.operators.audio.synth import HarmonicSynthConfig as HarmonicSynthConfig
+from datarax.operators.audio.synth import HarmonicSynthOperator as HarmonicSynthOperator
+from datarax.operators.audio.synth import ReverbConfig as ReverbConfig
+from datarax.operators.audio.synth import ReverbOperator as ReverbOperator
