@@ -185,23 +185,6 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     return trainer, outcome
 
 
-def joint_optimizer(model: optax.GradientTransformation, pipeline: optax.GradientTransformation
-                    ) -> optax.GradientTransformation:
-    """One optimizer for `Trainer(..., train_pipeline_params=True)` with its own rule for the pipeline.
-
-    Pipeline parameters (augmentation magnitudes, front-end filters) usually start far from where
-    they end up and have few entries, so they want a larger, unscheduled step than the model. In
-    joint mode the trainer optimises one module whose attributes are `model` and `pipeline`; the
-    labels split the parameters on that first key.
-    """
-
-    def labels(params):
-        return jax.tree_util.tree_map_with_path(
-            lambda path, _: "pipeline" if getattr(path[0], "key", None) == "pipeline" else "model", params)
-
-    return optax.multi_transform({"model": model, "pipeline": pipeline}, labels)
-
-
 class _PrefixedConsole(ConsoleWriter):
     """A console writer whose lines start with the run's label."""
 

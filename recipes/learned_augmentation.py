@@ -37,6 +37,7 @@ from recipes import common
 from recipes.augerino import AugmentationPolicy, PolicyTracker, policy_values, width_rewarded_loss
 from recipes.data import load_digits, per_class_split
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss
+from trainers import joint_optimizer
 
 NAME = "learned_augmentation"
 NUM_CLASSES = 10
@@ -101,7 +102,7 @@ def optimizer(cfg: dict, learned: bool) -> optax.GradientTransformation:
     """AdamW with warm-up and cosine decay for the classifier; Adam at a larger, constant rate for the policy."""
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
     classifier = optax.adamw(schedule, weight_decay=1e-4)
-    return common.joint_optimizer(classifier, optax.adam(cfg["policy_learning_rate"])) if learned else classifier
+    return joint_optimizer(classifier, optax.adam(cfg["policy_learning_rate"])) if learned else classifier
 
 
 def run_policy(workdir, policy: str, seed: int, cfg: dict) -> dict:

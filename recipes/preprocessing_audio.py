@@ -33,6 +33,7 @@ from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, GainConfi
 from datarax.sources import MemorySource, MemorySourceConfig
 from recipes import common
 from recipes.models import ConvNet, classification_loss
+from trainers import joint_optimizer
 
 SAMPLE_RATE = 8000
 LENGTH = 2000
@@ -149,7 +150,7 @@ def run(workdir: Path, data: dict, kind: str, cfg: dict, seed: int) -> dict:
                     pool="width", seed=seed)
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
     learned = kind == "pcen (learned)"
-    tx = common.joint_optimizer(optax.adam(schedule), optax.adam(cfg["front_end_learning_rate"])) if learned \
+    tx = joint_optimizer(optax.adam(schedule), optax.adam(cfg["front_end_learning_rate"])) if learned \
         else optax.adam(schedule)
     slug = kind.replace(" ", "-").replace("(", "").replace(")", "")
     _, outcome = common.train_run(workdir / "runs" / f"audio-{slug}", model, tx, pipeline, classification_loss,

@@ -33,6 +33,7 @@ from datarax.sources import MemorySource, MemorySourceConfig
 from recipes import common
 from recipes.data import load_sample_images
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss
+from trainers import joint_optimizer
 
 PATCH = 16
 CAST = np.array([1.0, 0.72, 0.48], np.float32)
@@ -135,7 +136,7 @@ def run(workdir: Path, data: dict, front_end: str, cfg: dict, seed: int) -> dict
     learned = front_end == "learned"
     tx = optax.adam(schedule)
     if learned:
-        tx = common.joint_optimizer(tx, optax.adam(cfg["front_end_learning_rate"]))
+        tx = joint_optimizer(tx, optax.adam(cfg["front_end_learning_rate"]))
     _, outcome = common.train_run(workdir / "runs" / f"image-{front_end}", model, tx, pipeline,
                                   classification_loss, steps=cfg["steps"], eval_pipeline=evaluation,
                                   metrics=CLASSIFICATION_METRICS, joint=learned, label=f"[image {front_end}] ",

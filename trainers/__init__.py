@@ -12,6 +12,7 @@ from trainers.checkpointing import Checkpointer as Checkpointer
 from trainers.checkpointing import CorruptCheckpointWarning as CorruptCheckpointWarning
 from trainers.goodput import GoodputLedger as GoodputLedger
 from trainers.hashing import state_sha256 as state_sha256
+from trainers.optimizers import joint_optimizer as joint_optimizer
 from trainers.trainer import FitResult as FitResult
 from trainers.trainer import Trainer as Trainer
 from trainers.writers import ConsoleWriter as ConsoleWriter

@@ -96,18 +96,3 @@ def test_policy_scales_must_name_learnable_magnitudes():
     assert float(policy.widths()["Brightness.max_delta"]) == pytest.approx(0.5)
     with pytest.raises(ValueError, match=r"scales names \['Contrast.max_delta'\]"):
         AugmentationPolicy([op], scales={"Contrast.max_delta": 0.3})
-
-
-def test_joint_optimizer_gives_the_pipeline_its_own_rule():
-    class Joint(nnx.Module):
-        def __init__(self):
-            self.model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
-            self.pipeline = nnx.Linear(2, 1, rngs=nnx.Rngs(1))
-
-    joint = Joint()
-    optimizer = nnx.Optimizer(joint, common.joint_optimizer(optax.sgd(0.0), optax.sgd(1.0)), wrt=nnx.Param)
-    before = jax.tree.map(jnp.copy, nnx.state(joint, nnx.Param))
-    optimizer.update(joint, jax.tree.map(jnp.ones_like, nnx.state(joint, nnx.Param)))
-    after = nnx.state(joint, nnx.Param)
-    np.testing.assert_array_equal(after["model"]["kernel"][...], before["model"]["kernel"][...])
-    np.testing.assert_allclose(after["pipeline"]["kernel"][...], before["pipeline"]["kernel"][...] - 1.0)

@@ -15,7 +15,7 @@ from flax import nnx
 from trainer_helpers import METRICS, RECORD_METRICS, assert_bitwise_equal, loss_fn, make_setup
 
 from datarax import Pipeline
-from trainers import Trainer
+from trainers import Trainer, joint_optimizer
 from trainers.callbacks import Callback, CheckpointCallback
 
 
@@ -147,10 +147,16 @@ def test_evaluate_is_the_batch_weighted_mean():
     np.testing.assert_allclose(metrics["accuracy"], float((logits.argmax(-1) == data["y"]).mean()), rtol=1e-6)
 
 
-def test_joint_step_matches_a_hand_computed_gradient():
-    """With SGD, one joint step moves the pipeline's parameter by -lr * dloss/dp, computed here by hand."""
+@pytest.mark.parametrize("split", [False, True], ids=["one_rule", "joint_optimizer"])
+def test_joint_step_matches_a_hand_computed_gradient(split):
+    """With SGD, one joint step moves the pipeline's parameter by -lr * dloss/dp, computed here by hand.
+
+    With `joint_optimizer(sgd(0), sgd(lr))` the model keeps its parameters bitwise while the
+    pipeline's moves by the same amount: the pipeline has its own rule.
+    """
     lr = 0.5
-    trainer, setup = make_trainer(joint=True, optimizer=optax.sgd(lr), seed=4)
+    optimizer = joint_optimizer(optax.sgd(0.0), optax.sgd(lr)) if split else optax.sgd(lr)
+    trainer, setup = make_trainer(joint=True, optimizer=optimizer, seed=4)
     pipeline = setup.pipeline
     p0 = float(pipeline.stages[0].p[...])
     model0 = nnx.clone(setup.model)
@@ -172,6 +178,16 @@ def test_joint_step_matches_a_hand_computed_gradient():
     trainer.fit(num_steps=1)
     assert grad != 0.0
     np.testing.assert_allclose(float(pipeline.stages[0].p[...]), p0 - lr * grad, rtol=1e-5, atol=1e-7)
+    model_changed = jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.any(a != b)),
+                                                 nnx.state(model0, nnx.Param), nnx.state(setup.model, nnx.Param)))
+    assert any(model_changed) != split
+
+
+def test_joint_optimizer_argument_errors():
+    with pytest.raises(TypeError, match=r"pipeline must be an optax GradientTransformation, got float"):
+        joint_optimizer(optax.adam(1e-3), 1e-2)
+    with pytest.raises(TypeError, match=r"model must be an optax GradientTransformation, got str"):
+        joint_optimizer("adam", optax.adam(1e-2))
 
 
 class StopAt(Callback):
