@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 
 def block(tree: Any) -> Any:
@@ -44,3 +46,73 @@ def row(scenario: str, datarax: dict, floor: dict, **extra: Any) -> dict:
     out.update(extra)
     out["backend"] = jax.default_backend()
     return out
+
+
+def keyed_gather_floor(per_record: Callable[[Any, Any], Any], n: int, batch: int, seed: int = 0):
+    """The hand-written floor for an image scenario over device-resident `{"image", "label"}` data.
+
+    One jitted function per batch does the gather, derives each record's key as
+    `fold_in(fold_in(key(seed), epoch), record)` and applies `per_record(image, key)` under vmap;
+    it is fed a NumPy permutation per epoch, and the last short batch is padded and sliced (no
+    recompile), which is exactly the work a datarax pipeline for the scenario must do. Returns
+    `epoch_iter(arrays, epoch)`, an iterator over that epoch's batches.
+    """
+    key = jax.random.key(seed)
+
+    @jax.jit
+    def step(images, labels, idx, epoch):
+        base = jax.random.fold_in(key, epoch)
+        keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(idx)
+        return {"image": jax.vmap(per_record)(jnp.take(images, idx, axis=0), keys),
+                "label": jnp.take(labels, idx, axis=0)}
+
+    def epoch_iter(arrays, epoch):
+        perm = np.random.default_rng((seed, epoch)).permutation(n).astype(np.int32)
+        for start in range(0, n, batch):
+            idx = perm[start:start + batch]
+            valid = len(idx)
+            if valid < batch:
+                idx = np.pad(idx, (0, batch - valid), mode="edge")
+            out = step(arrays["image"], arrays["label"], idx, epoch)
+            yield out if valid == batch else jax.tree.map(lambda x: x[:valid], out)
+
+    return epoch_iter
+
+
+def interleaved_rates(sides: dict[str, Callable[[], Iterable[Any]]], num_records: int, repeats: int
+                      ) -> dict[str, dict]:
+    """Times one epoch of each side in turn, `repeats` times; `epoch_rate`-style stats per side.
+
+    Alternating keeps a slow spell of a shared machine from landing on one side only.
+    """
+    runs: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, run_epoch in sides.items():
+            runs[name].append(epoch_rate(run_epoch, num_records, 1)["el_s"])
+    return {name: {"el_s": statistics.median(rates), "el_s_runs": [round(r, 1) for r in rates]}
+            for name, rates in runs.items()}
+
+
+def pipeline_vs_floor(scenario: str, build_pipeline: Callable[[], Any], data: dict, epoch_iter, repeats: int,
+                      **extra: Any) -> dict:
+    """Times a freshly built pipeline against its `keyed_gather_floor`, epochs interleaved; one `row`.
+
+    The pipeline's first batch includes building it (construction + compile); each side runs a
+    warm-up epoch first.
+    """
+    n = len(next(iter(data.values())))
+    start = time.perf_counter()
+    pipeline = build_pipeline()
+    build_s = time.perf_counter() - start
+    first = first_batch_seconds(lambda: pipeline)
+    for _ in pipeline:  # the rest of the warm-up epoch
+        pass
+
+    arrays = {k: jax.device_put(v) for k, v in data.items()}
+    floor_first = first_batch_seconds(lambda: epoch_iter(arrays, 0))
+    block(list(epoch_iter(arrays, 0)))
+    counter = iter(range(1, 10**6))
+    rates = interleaved_rates({"datarax": lambda: pipeline, "floor": lambda: epoch_iter(arrays, next(counter))},
+                              n, repeats)
+    return row(scenario, rates["datarax"], rates["floor"], records=n, first_batch_s=round(build_s + first, 3),
+               floor_first_batch_s=round(floor_first, 3), **extra)

@@ -17,9 +17,6 @@ torch.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,7 +24,7 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.bench.registry import BenchOptions
-from datarax.bench.timing import block, epoch_rate, first_batch_seconds, row
+from datarax.bench.timing import keyed_gather_floor, pipeline_vs_floor
 from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
                                      GaussianNoiseConfig, GaussianNoiseOperator, HorizontalFlipConfig,
                                      HorizontalFlipOperator, RandomCropConfig, RandomCropOperator, RotationConfig,
@@ -71,29 +68,6 @@ def fused_chain(image: jax.Array, key: jax.Array) -> jax.Array:
     return filters.gaussian_noise(image, filters.standard_normal(k_noise, image.shape), SIGMA)
 
 
-def build_floor(n: int, batch: int, seed: int = 0):
-    key = jax.random.key(seed)
-
-    @jax.jit
-    def step(images, labels, idx, epoch):
-        base = jax.random.fold_in(key, epoch)
-        keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(idx)
-        return {"image": jax.vmap(fused_chain)(jnp.take(images, idx, axis=0), keys),
-                "label": jnp.take(labels, idx, axis=0)}
-
-    def epoch_iter(arrays, epoch):
-        perm = np.random.default_rng((seed, epoch)).permutation(n).astype(np.int32)
-        for start in range(0, n, batch):
-            idx = perm[start:start + batch]
-            valid = len(idx)
-            if valid < batch:
-                idx = np.pad(idx, (0, batch - valid), mode="edge")
-            out = step(arrays["image"], arrays["label"], idx, epoch)
-            yield out if valid == batch else jax.tree.map(lambda x: x[:valid], out)
-
-    return epoch_iter
-
-
 class TorchChain:
     """A map-style dataset applying the chain per element with torch tensor ops (CHW floats)."""
 
@@ -127,39 +101,11 @@ class TorchChain:
         return image, int(self.labels[index])
 
 
-def interleaved_rates(sides: dict, num_records: int, repeats: int) -> dict[str, dict]:
-    """Times one epoch of each side in turn, `repeats` times; median el/s per side.
-
-    Alternating keeps a slow spell of a shared machine from landing on one side only.
-    """
-    runs: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(repeats):
-        for name, run_epoch in sides.items():
-            runs[name].append(epoch_rate(run_epoch, num_records, 1)["el_s"])
-    return {name: {"el_s": statistics.median(rates), "el_s_runs": [round(r, 1) for r in rates]}
-            for name, rates in runs.items()}
-
-
 def run(options: BenchOptions) -> list[dict]:
     rows = []
     for side, records, batch in SIZES:
-        n = options.records(records)
-        data = make_data(n, side)
-
-        start = time.perf_counter()
-        pipeline = build_pipeline(data, side, batch)
-        build_s = time.perf_counter() - start
-        first = first_batch_seconds(lambda: pipeline)
-        for _ in pipeline:
-            pass
-
-        arrays = {k: jax.device_put(v) for k, v in data.items()}
-        epoch_iter = build_floor(n, batch)
-        floor_first = first_batch_seconds(lambda: epoch_iter(arrays, 0))
-        block(list(epoch_iter(arrays, 0)))
-        counter = iter(range(1, 10**6))
-        rates = interleaved_rates({"datarax": lambda: pipeline, "floor": lambda: epoch_iter(arrays, next(counter))},
-                                  n, options.repeats)
-        rows.append(row(f"augment_chain_{side}", rates["datarax"], rates["floor"], records=n, batch_size=batch,
-                        first_batch_s=round(build_s + first, 3), floor_first_batch_s=round(floor_first, 3)))
+        data = make_data(options.records(records), side)
+        floor = keyed_gather_floor(fused_chain, len(data["label"]), batch)
+        rows.append(pipeline_vs_floor(f"augment_chain_{side}", lambda: build_pipeline(data, side, batch), data, floor,
+                                      options.repeats, batch_size=batch))
     return rows

@@ -7,8 +7,6 @@ permutation per epoch.
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +14,7 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.bench.registry import BenchOptions
-from datarax.bench.timing import block, epoch_rate, first_batch_seconds, row
+from datarax.bench.timing import keyed_gather_floor, pipeline_vs_floor
 from datarax.core.element import Element
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.sources import MemorySource, MemorySourceConfig
@@ -53,46 +51,7 @@ def build_pipeline(data: dict, seed: int = 0) -> Pipeline:
     return Pipeline(source=source, stages=[op], batch_size=BATCH)
 
 
-def build_floor(n: int, seed: int = 0):
-    key = jax.random.key(seed)
-
-    @jax.jit
-    def step(images, labels, idx, epoch):
-        base = jax.random.fold_in(key, epoch)
-        keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(idx)
-        return {"image": jax.vmap(augment_image)(jnp.take(images, idx, axis=0), keys),
-                "label": jnp.take(labels, idx, axis=0)}
-
-    def epoch_iter(arrays, epoch):
-        perm = np.random.default_rng((seed, epoch)).permutation(n).astype(np.int32)
-        for start in range(0, n, BATCH):
-            idx = perm[start:start + BATCH]
-            valid = len(idx)
-            if valid < BATCH:
-                idx = np.pad(idx, (0, BATCH - valid), mode="edge")
-            out = step(arrays["image"], arrays["label"], idx, epoch)
-            yield out if valid == BATCH else jax.tree.map(lambda x: x[:valid], out)
-
-    return epoch_iter
-
-
 def run(options: BenchOptions) -> list[dict]:
-    n = options.records(NUM_RECORDS)
-    data = make_data(n)
-
-    start = time.perf_counter()
-    pipeline = build_pipeline(data)
-    build_s = time.perf_counter() - start
-    first = first_batch_seconds(lambda: pipeline)
-    for _ in pipeline:  # the rest of the warm-up epoch
-        pass
-    ours = epoch_rate(lambda: pipeline, n, options.repeats)
-
-    arrays = {k: jax.device_put(v) for k, v in data.items()}
-    epoch_iter = build_floor(n)
-    floor_first = first_batch_seconds(lambda: epoch_iter(arrays, 0))
-    block(list(epoch_iter(arrays, 0)))
-    counter = iter(range(1, 10**6))
-    floor = epoch_rate(lambda: epoch_iter(arrays, next(counter)), n, options.repeats)
-    return [row("cifar", ours, floor, records=n, batch_size=BATCH,
-                first_batch_s=round(build_s + first, 3), floor_first_batch_s=round(floor_first, 3))]
+    data = make_data(options.records(NUM_RECORDS))
+    floor = keyed_gather_floor(augment_image, len(data["label"]), BATCH)
+    return [pipeline_vs_floor("cifar", lambda: build_pipeline(data), data, floor, options.repeats, batch_size=BATCH)]
