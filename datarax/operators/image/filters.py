@@ -14,22 +14,16 @@ import math
 import jax
 import jax.numpy as jnp
 
+from datarax.core import noise
+
 
 def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
-    """Standard normal draws made from 16-bit uniforms, two per 32-bit random word.
+    """One record's standard normal draws for noise: `datarax.core.noise.standard_normal`.
 
-    Random bits dominate the cost of noise on CPU (threefry); halving them makes this about
-    2.5x faster than `jax.random.normal` (measured: 1.7-2.3 against 4.9-6.1 ms per 128x128x3
-    draw on this 2-core machine). The inverse normal CDF of `(k + 0.5) / 65536` keeps the shape
-    of the distribution; its resolution (4e-5 of a standard deviation near 0) and the truncation
-    of the tails at 4.4 standard deviations are far below anything an image augmentation can
-    show.
+    A counter hash keyed by the record key makes the words, not threefry per value: on a CPU
+    that makes a 128x128x3 draw about 4x cheaper than `jax.random.normal` (see that module).
     """
-    size = math.prod(shape)
-    words = jax.random.bits(key, ((size + 1) // 2,), jnp.uint32)
-    halves = jnp.concatenate([words & 0xFFFF, words >> 16])[:size]
-    unit = (halves.astype(dtype) + 0.5) / 65536.0
-    return (jax.lax.erf_inv(2.0 * unit - 1.0) * math.sqrt(2.0)).reshape(shape)
+    return noise.standard_normal(key, shape, dtype)
 
 
 def gaussian_noise(image: jax.Array, noise: jax.Array, sigma: jax.Array | float, clip: bool = True) -> jax.Array:
