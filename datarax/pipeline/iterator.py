@@ -154,7 +154,8 @@ class PipelineIterator(Iterator[dict]):
         self._epoch, self._position, self._stream_state = epoch, position, stream_state
         if self._one_epoch:
             self._end = epoch + 1
-        p._next_epoch = epoch + 1
+        # `for batch in pipeline` after this iterator continues after the epochs it covers.
+        p._next_epoch = epoch + 1 if self._end is None else max(epoch + 1, self._end)
         self._start_host()
 
     def close(self) -> None:

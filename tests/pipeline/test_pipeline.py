@@ -169,6 +169,27 @@ def test_one_epoch_iterator_resume_sets_the_next_epoch():
     np.testing.assert_array_equal(collect(fresh)["id"], following["id"])
 
 
+def test_multi_epoch_iterator_resume_keeps_its_absolute_end_and_the_next_epoch():
+    """`epochs(3)` resumed mid-epoch 1 ends after epoch 2, like the uninterrupted run; `for` then gives epoch 3."""
+    pipeline = build(20, 6)
+    it = pipeline.epochs(3)
+    for _ in range(5):  # 4 batches per epoch: into epoch 1
+        next(it)
+    state = it.get_state()
+    assert state["epoch"] == 1
+    rest, following = collect(it), collect(pipeline)
+    fresh = build(20, 6)
+    it2 = fresh.epochs(3)
+    it2.set_state(state)
+    np.testing.assert_array_equal(collect(it2)["id"], rest["id"])
+    assert len(rest["id"]) == 20 - 6 + 20
+    np.testing.assert_array_equal(collect(fresh)["id"], following["id"])
+    # A state saved at the very end of the span yields nothing more.
+    done = build(20, 6).epochs(3)
+    done.set_state(it.get_state())
+    assert list(done) == []
+
+
 def test_pipeline_is_an_nnx_module_with_stage_state():
     pipeline = build(10, 4)
     leaves = jax.tree.leaves(nnx.state(pipeline))
