@@ -100,6 +100,10 @@ class Prefetcher(Iterator[T], Generic[T]):
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def buffered(self) -> int:
+        """Items produced and waiting in the queue right now (0: the consumer will wait)."""
+        return self._queue.qsize()
+
     def __enter__(self) -> Prefetcher[T]:
         return self
 

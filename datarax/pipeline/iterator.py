@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from datarax.batching import padded_positions
 from datarax.control.prefetch import Prefetcher
 from datarax.pipeline.state import IteratorStateError, check_state, make_state
 from datarax.sources.stream import StreamSourceModule, stream_host_batches, to_device
@@ -58,7 +59,7 @@ class PipelineIterator(Iterator[dict]):
                 epoch, position = epoch + 1, 0
                 continue
             num_valid = min(batch, remaining)
-            positions = np.minimum(position + p.compiled.rows, length - 1)
+            positions = padded_positions(position, p.compiled.rows, length)
             yield epoch, position, p.sampler.indices(positions, epoch), num_valid
             position += num_valid
 
@@ -117,7 +118,7 @@ class PipelineIterator(Iterator[dict]):
             meta = np.array([position, epoch, num_valid], np.int32)
             params = self._device_params(epoch)
             if params is None:
-                positions = np.minimum(position + p.compiled.rows, len(p.sampler) - 1)
+                positions = padded_positions(position, p.compiled.rows, len(p.sampler))
                 idx = p.sampler.indices(positions, epoch).astype(np.int32)
                 out = p.compiled.gather_transform(arrays, idx, meta)
             else:
@@ -157,6 +158,13 @@ class PipelineIterator(Iterator[dict]):
         # `for batch in pipeline` after this iterator continues after the epochs it covers.
         p._next_epoch = epoch + 1 if self._end is None else max(epoch + 1, self._end)
         self._start_host()
+
+    def buffered(self) -> int | None:
+        """Batches the background producer has ready (host-resident sources), None when the data is
+        on the device (each batch is then one compiled call, nothing is produced ahead)."""
+        if self._pipeline.source.device_arrays() is not None:
+            return None
+        return 0 if self._host is None else self._host.buffered()
 
     def close(self) -> None:
         """Stops background prefetching (idempotent)."""

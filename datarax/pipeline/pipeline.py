@@ -16,7 +16,8 @@ from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
 from datarax.pipeline.state import fingerprint
-from datarax.samplers.base import Sampler, check_batch_size, num_batches
+from datarax.batching import check_batch_size, num_batches
+from datarax.samplers.base import Sampler
 from datarax.sharding.mesh import DataSharding
 from datarax.sharding.placement import BatchPlacement
 from datarax.sources.stream import StreamSourceModule

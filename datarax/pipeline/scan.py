@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from datarax.batching import padded_positions
 from datarax.core.operator import BatchContext, describe
 from datarax.core.source import gather_device
 from datarax.pipeline.compiled import make_context, run_program
@@ -99,7 +100,7 @@ def _chunks(steps: list[tuple[int, int, int]], batch_size: int, k: int) -> list[
 
 def _indices(p: Pipeline, epoch: int, starts: np.ndarray) -> np.ndarray:
     """int32[len(starts), B] record indices of batches starting at `starts`, in one sampler call."""
-    positions = np.minimum(starts[:, None] + np.arange(p.batch_size), len(p.sampler) - 1)
+    positions = padded_positions(starts[:, None], np.arange(p.batch_size), len(p.sampler))
     return p.sampler.indices(positions.reshape(-1), epoch).reshape(len(starts), p.batch_size).astype(np.int32)
 
 

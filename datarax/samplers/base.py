@@ -11,17 +11,11 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.batching import check_batch_size, num_batches
+
 STATE_VERSION = 1
 
-
-def check_batch_size(batch_size: object) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    return int(batch_size)
-
-
-def num_batches(length: int, batch_size: int, drop_remainder: bool) -> int:
-    return length // batch_size if drop_remainder else -(-length // batch_size)
+__all__ = ["STATE_VERSION", "Sampler", "SamplerIterator", "check_batch_size", "num_batches"]
 
 
 class Sampler(nnx.Module, abc.ABC):

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.samplers.base import STATE_VERSION, Sampler, check_batch_size
+from datarax.batching import check_batch_size
+from datarax.samplers.base import STATE_VERSION, Sampler
 from datarax.samplers.feistel import FeistelPermutation, round_keys, feistel_device, validate_seed
 from datarax.samplers.simple import INT32_LIMIT, _check_num_records
 

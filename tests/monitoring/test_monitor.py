@@ -1,0 +1,205 @@
+"""PipelineMonitor: injected stalls are measured, diagnoses follow them, state passes through."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from datarax import Pipeline
+from datarax.core.element import Element
+from datarax.monitoring import ConsoleReporter, JsonlReporter, PipelineMonitor, format_summary
+from datarax.operators import ElementOperator, ElementOperatorConfig
+from datarax.sources import MemorySource, MemorySourceConfig
+
+
+def slow_batches(count: int, produce_s: float, size: int = 4):
+    for i in range(count):
+        time.sleep(produce_s)
+        yield {"x": np.full((size, 2), i, np.float32)}
+
+
+def consume(iterator, consume_s: float) -> list:
+    out = []
+    for batch in iterator:
+        out.append(batch)
+        time.sleep(consume_s)
+    return out
+
+
+def test_a_slow_producer_is_an_input_stall_of_the_injected_size():
+    monitor = PipelineMonitor()
+    consume(monitor.wrap(slow_batches(12, 0.03)), 0.0)
+    summary = monitor.summary()
+    steady = summary["steady"]
+    assert summary["batches"] == 12 and summary["records"] == 48 and steady["batches"] == 11
+    # Each next() waited the 30 ms the producer slept (sleep overshoots, never undershoots).
+    assert 30.0 <= steady["wait_ms"]["p50"] < 60.0
+    assert steady["wait_pct"] > 90.0
+    assert summary["diagnosis"].startswith("input-bound") and summary["diagnosis"].endswith(
+        "the wrapped iterator's next() is the bottleneck")
+    assert summary["steady"]["data"] == "unknown" and "buffered_mean" not in summary["steady"]
+    # The figures are the recorded waits, summarised: check them against numpy on the raw data.
+    waits = np.asarray(monitor.waits[1:])
+    assert steady["wait_ms"]["p90"] == pytest.approx(1e3 * np.percentile(waits, 90))
+    assert steady["records_per_s"] == pytest.approx(44 / (waits.sum() + np.sum(monitor.gaps[1:])))
+
+
+class FakeHostIterator:
+    """Says how many batches its producer has ready, and takes `wait_s` in next()."""
+
+    def __init__(self, count, wait_s, ready):
+        self.inner, self.wait_s, self.ready = slow_batches(count, 0.0), wait_s, ready
+
+    def buffered(self):
+        return self.ready
+
+    def __next__(self):
+        time.sleep(self.wait_s)
+        return next(self.inner)
+
+
+@pytest.mark.parametrize("ready, says", [(0, "no batch ready on 100% of calls: reading and copying"),
+                                         (2, "batches were ready on 100% of calls, so the wait is the stages'"),
+                                         (None, "with device-resident data this is the data program's dispatch")])
+def test_the_diagnosis_of_a_stall_says_where_the_wait_comes_from(ready, says):
+    monitor = PipelineMonitor()
+    consume(monitor.wrap(FakeHostIterator(6, 0.02, ready)), 0.0)
+    summary = monitor.summary()
+    assert summary["steady"]["data"] == {0: "host", 2: "host", None: "device"}[ready]
+    assert summary["diagnosis"].startswith("input-bound") and says in summary["diagnosis"]
+    if ready is not None:
+        assert summary["steady"]["buffered_mean"] == ready
+
+
+def test_a_slow_consumer_with_a_fast_producer_is_consumer_bound():
+    monitor = PipelineMonitor()
+    consume(monitor.wrap(slow_batches(12, 0.0)), 0.03)
+    steady = monitor.summary()["steady"]
+    assert steady["wait_pct"] < 5.0
+    assert 30.0 <= steady["consumer_ms_mean"] < 60.0
+    assert monitor.summary()["diagnosis"].startswith("consumer-bound")
+
+
+def host_pipeline(n=64, batch_size=8, resident=False, seed=0):
+    data = {"x": np.arange(n * 3, dtype=np.float32).reshape(n, 3), "id": np.arange(n, dtype=np.int32)}
+    source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed, device_resident=resident), data=data)
+    op = ElementOperator(ElementOperatorConfig(stochastic=True),
+                         fn=lambda el, key: el.update_data({"x": el.data["x"] + jax.random.uniform(key)}),
+                         rngs=nnx.Rngs(seed))
+    return Pipeline(source, [op], batch_size=batch_size)
+
+
+@pytest.mark.parametrize("resident", [False, True], ids=["host", "device"])
+def test_a_wrapped_pipeline_iterator_resumes_exactly_and_reports_its_buffer(resident):
+    monitor = PipelineMonitor()
+    it = monitor.wrap(host_pipeline(resident=resident).epochs(2))
+    for _ in range(5):
+        next(it)
+    state = it.get_state()
+    rest = [np.asarray(b["id"]) for b in it]
+    fresh = PipelineMonitor().wrap(host_pipeline(resident=resident).epochs(2))
+    fresh.set_state(state)
+    np.testing.assert_array_equal(np.concatenate([np.asarray(b["id"]) for b in fresh]), np.concatenate(rest))
+    steady = monitor.summary()["steady"]
+    assert steady["records"] == 2 * 64 - 8
+    if resident:  # nothing is produced ahead: the buffer figures do not apply
+        assert "buffered_mean" not in steady
+    else:
+        assert 0.0 <= steady["buffered_mean"] <= host_pipeline().prefetch
+        assert 0.0 <= steady["empty_buffer_pct"] <= 100.0
+
+
+def test_the_buffer_count_shows_a_producer_that_is_ahead():
+    """With a slow consumer the host producer fills its queue: most calls find batches ready."""
+    pipeline = host_pipeline(n=96)
+    monitor = PipelineMonitor()
+    consume(monitor.wrap(iter(pipeline)), 0.02)
+    steady = monitor.summary()["steady"]
+    assert steady["buffered_mean"] >= 1.0 and steady["empty_buffer_pct"] < 50.0
+
+
+def test_sync_mode_blocks_on_every_batch():
+    monitor = PipelineMonitor(sync=True)
+    batches = consume(monitor.wrap(iter(host_pipeline(resident=True))), 0.0)
+    assert len(batches) == 8 and monitor.summary()["sync"] is True
+
+
+def test_reporters_run_on_schedule_and_write_what_summary_says(tmp_path):
+    path = tmp_path / "logs" / "monitor.jsonl"
+    stream = io.StringIO()
+    monitor = PipelineMonitor(reporters=[JsonlReporter(path), ConsoleReporter(stream)], report_every_batches=4,
+                              window=3)
+    consume(monitor.wrap(slow_batches(10, 0.0)), 0.0)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["batches"] for line in lines] == [4, 8]
+    assert lines[-1]["window"]["batches"] == 3 and lines[-1]["steady"]["batches"] == 7
+    assert stream.getvalue().count("datarax monitor: ") == 2
+    final = monitor.report()
+    assert final["batches"] == 10 and len(path.read_text().splitlines()) == 3
+    assert format_summary(final).splitlines()[0] in stream.getvalue().splitlines()[-2]
+
+
+def test_time_based_reports():
+    seen = []
+    monitor = PipelineMonitor(reporters=[seen.append], report_every_s=0.05)
+    consume(monitor.wrap(slow_batches(8, 0.02)), 0.0)
+    walls = [summary["wall_s"] for summary in seen]
+    # ~160 ms of batches: a report as soon as 50 ms have passed since the last one, never sooner.
+    assert len(seen) >= 2 and np.all(np.diff(walls) >= 0.05 - 1e-3)
+    assert len(seen) <= monitor.summary()["wall_s"] / 0.05 + 1
+
+
+def test_summaries_before_and_after_the_first_batch():
+    monitor = PipelineMonitor()
+    assert monitor.summary() == {"batches": 0, "records": 0, "sync": False, "diagnosis": "no batches yet"}
+    assert format_summary(monitor.summary()) == "datarax monitor: no batches yet"
+    it = monitor.wrap(slow_batches(3, 0.0))
+    next(it)
+    summary = monitor.summary()
+    assert summary["steady"] == {"batches": 0} and "build and compile" in summary["diagnosis"]
+    assert format_summary(summary).startswith("datarax monitor: first batch")
+
+
+def test_batches_that_are_not_dicts_count_their_leading_axis():
+    monitor = PipelineMonitor()
+    list(monitor.wrap(iter([np.zeros((5, 2)), (np.zeros(3), np.zeros(3)), Element({"a": np.zeros((2, 1))}, {})])))
+    assert list(monitor.records) == [5, 3, 2]
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"window": 1}, ValueError, r"window must be an int >= 2 \(batches in the rolling window\), got 1"),
+    ({"report_every_batches": 0}, ValueError, r"report_every_batches must be a positive int or None, got 0"),
+    ({"report_every_batches": 2.5}, ValueError, r"report_every_batches must be a positive int or None, got 2.5"),
+    ({"report_every_s": -1}, ValueError, r"report_every_s must be a positive number of seconds or None, got -1"),
+    ({"reporters": ["stats.jsonl"]}, TypeError, r"each reporter must be a callable .* got 'stats.jsonl'; e.g. "
+                                                r"ConsoleReporter\(\)"),
+    ({"sync": 1}, TypeError, r"sync must be True or False, got 1"),
+])
+def test_argument_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        PipelineMonitor(**kwargs)
+
+
+def test_wrap_and_reporter_errors(tmp_path):
+    with pytest.raises(TypeError, match=r"wrap takes an iterator, got Pipeline; pass iter\(x\) or pipeline.epochs"):
+        PipelineMonitor().wrap(host_pipeline())
+    with pytest.raises(TypeError, match=r"wrap takes an iterator of batches, got int"):
+        PipelineMonitor().wrap(3)
+    with pytest.raises(IsADirectoryError, match=r"is a directory; pass a file path"):
+        JsonlReporter(tmp_path)
+
+
+def test_the_monitor_example_names_the_slow_source(capsys):
+    import runpy
+    from pathlib import Path
+
+    runpy.run_path(str(Path(__file__).parents[2] / "examples" / "monitor.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    slow = out[out.index("slow source:"):]
+    assert "input-bound" in slow and "no batch ready" in slow and "reading and copying are the bottleneck" in slow
