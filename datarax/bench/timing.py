@@ -48,14 +48,16 @@ def row(scenario: str, datarax: dict, floor: dict, **extra: Any) -> dict:
     return out
 
 
-def keyed_gather_floor(per_record: Callable[[Any, Any], Any], n: int, batch: int, seed: int = 0):
+def keyed_gather_floor(per_record: Callable[[Any, Any], Any], n: int, batch: int, seed: int = 0,
+                       batch_fn: Callable[[Any, Any, Any], Any] | None = None):
     """The hand-written floor for an image scenario over device-resident `{"image", "label"}` data.
 
     One jitted function per batch does the gather, derives each record's key as
     `fold_in(fold_in(key(seed), epoch), record)` and applies `per_record(image, key)` under vmap;
     it is fed a NumPy permutation per epoch, and the last short batch is padded and sliced (no
     recompile), which is exactly the work a datarax pipeline for the scenario must do. Returns
-    `epoch_iter(arrays, epoch)`, an iterator over that epoch's batches.
+    `epoch_iter(arrays, epoch)`, an iterator over that epoch's batches. `batch_fn(images, keys,
+    epoch)`, when given, replaces `vmap(per_record)` (for a floor that structures the batch itself).
     """
     key = jax.random.key(seed)
 
@@ -63,7 +65,9 @@ def keyed_gather_floor(per_record: Callable[[Any, Any], Any], n: int, batch: int
     def step(images, labels, idx, epoch):
         base = jax.random.fold_in(key, epoch)
         keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(idx)
-        return {"image": jax.vmap(per_record)(jnp.take(images, idx, axis=0), keys),
+        gathered = jnp.take(images, idx, axis=0)
+        image = jax.vmap(per_record)(gathered, keys) if batch_fn is None else batch_fn(gathered, keys, epoch)
+        return {"image": image,
                 "label": jnp.take(labels, idx, axis=0)}
 
     def epoch_iter(arrays, epoch):

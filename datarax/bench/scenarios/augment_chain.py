@@ -25,6 +25,7 @@ from flax import nnx
 from datarax import Pipeline
 from datarax.bench.registry import BenchOptions
 from datarax.bench.timing import keyed_gather_floor, pipeline_vs_floor
+from datarax.core.fusion import separately
 from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
                                      GaussianNoiseConfig, GaussianNoiseOperator, HorizontalFlipConfig,
                                      HorizontalFlipOperator, RandomCropConfig, RandomCropOperator, RotationConfig,
@@ -54,8 +55,7 @@ def build_pipeline(data: dict, side: int, batch: int, seed: int = 0) -> Pipeline
     return Pipeline(source=source, stages=stages, batch_size=batch)
 
 
-def fused_chain(image: jax.Array, key: jax.Array) -> jax.Array:
-    """The whole chain for one image, written as one function."""
+def _before_rotation(image: jax.Array, key: jax.Array):
     side, pad = image.shape[0], image.shape[0] // 8
     k_crop, k_noise, k_rest = jax.random.split(key, 3)
     offsets = jax.random.randint(k_crop, (2,), 0, 2 * pad + 1)
@@ -64,8 +64,25 @@ def fused_chain(image: jax.Array, key: jax.Array) -> jax.Array:
     image = jnp.where(unit[0] < 0.5, geometry.hflip(image), image)
     image = color.adjust_brightness(image, 1.0 + MAX_DELTA * (2 * unit[1] - 1))
     image = color.adjust_contrast(image, 1.0 + MAX_DELTA * (2 * unit[2] - 1))
-    image = geometry.rotate(image, DEGREES * (2 * unit[3] - 1))
-    return filters.gaussian_noise(image, filters.standard_normal(k_noise, image.shape), SIGMA)
+    return image, DEGREES * (2 * unit[3] - 1), k_noise
+
+
+def _noise(image: jax.Array, key: jax.Array) -> jax.Array:
+    return filters.gaussian_noise(image, filters.standard_normal(key, image.shape), SIGMA)
+
+
+def fused_chain(image: jax.Array, key: jax.Array) -> jax.Array:
+    """The whole chain for one image, written as one function."""
+    image, angle, k_noise = _before_rotation(image, key)
+    return _noise(geometry.rotate(image, angle), k_noise)
+
+
+def fused_chain_batch(images: jax.Array, keys: jax.Array, epoch: jax.Array) -> jax.Array:
+    """`fused_chain` over a batch, with the rotation computed on its own on CPU, as the
+    `RotationOperator` does (`datarax.core.fusion.separately`): the floor gets the same help."""
+    images, angles, noise_keys = jax.vmap(_before_rotation)(images, keys)
+    rotated = separately(lambda x, a: jax.vmap(geometry.rotate)(x, a), epoch >= 0, images, angles)
+    return jax.vmap(_noise)(rotated, noise_keys)
 
 
 class TorchChain:
@@ -105,7 +122,7 @@ def run(options: BenchOptions) -> list[dict]:
     rows = []
     for side, records, batch in SIZES:
         data = make_data(options.records(records), side)
-        floor = keyed_gather_floor(fused_chain, len(data["label"]), batch)
+        floor = keyed_gather_floor(fused_chain, len(data["label"]), batch, batch_fn=fused_chain_batch)
         rows.append(pipeline_vs_floor(f"augment_chain_{side}", lambda: build_pipeline(data, side, batch), data, floor,
                                       options.repeats, batch_size=batch))
     return rows

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from datarax.core.element import Element
+from datarax.core.fusion import separately
 from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, describe, record_keys
 from datarax.operators.learnable import Learnable, check_learnable_field, magnitudes, signed_uniform
 
@@ -106,6 +107,8 @@ class ImageOperator(PerRecordOperator):
     config_class: ClassVar[type[ImageOperatorConfig]]
     bounds: ClassVar[dict[str, tuple[float, float]]] = {}
     channels: ClassVar[int | None] = None
+    # Bilinear warps: computed as their own XLA computation on CPU (see `datarax.core.fusion`).
+    separate_on_cpu: ClassVar[bool] = False
 
     def __init__(self, config: ImageOperatorConfig | None = None, *, rngs: nnx.Rngs | None = None):
         config = self.config_class() if config is None else config
@@ -158,6 +161,11 @@ class ImageOperator(PerRecordOperator):
             raise ValueError(f"{name} needs {self.channels}-channel (RGB) images, got shape {tuple(image.shape)} "
                              f"in field {field!r}")
         return image
+
+    def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
+        if not self.separate_on_cpu:
+            return super().apply_batch(elements, ctx)
+        return separately(super().apply_batch, ctx.epoch >= 0, elements, ctx)
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:
         image = self.read_image(element)

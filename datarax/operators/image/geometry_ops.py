@@ -238,6 +238,7 @@ class AffineOperator(ImageOperator):
     """A random rotation, shift, zoom and shear about the centre, sampled bilinearly."""
 
     config_class = AffineConfig
+    separate_on_cpu = True
     bounds = {"degrees": (0.0, 180.0), "translate": (0.0, 1.0), "scale": (0.0, 0.9), "shear": (0.0, 60.0)}
 
     def draw(self, key, shape):
@@ -278,6 +279,7 @@ class RotationOperator(ImageOperator):
     """Rotates about the centre by a random angle (scikit-image `rotate(order=1)`)."""
 
     config_class = RotationConfig
+    separate_on_cpu = True
     bounds = {"degrees": (0.0, 180.0)}
 
     def draw(self, key, shape):
@@ -310,6 +312,7 @@ class TranslateOperator(ImageOperator):
     """Shifts content by a random (sub-pixel) offset, sampled bilinearly."""
 
     config_class = TranslateConfig
+    separate_on_cpu = True
     bounds = {"translate": (0.0, 1.0)}
 
     def draw(self, key, shape):
