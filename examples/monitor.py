@@ -17,10 +17,10 @@ from datarax.sources import MemorySource, MemorySourceConfig
 
 
 class SlowReads(MemorySource):
-    """A host source whose reads take 5 ms a batch, like a slow disk or a decode-heavy format."""
+    """A host source whose reads take 20 ms a batch, like a slow disk or a decode-heavy format."""
 
     def get_batch(self, indices, out=None):
-        time.sleep(0.005)
+        time.sleep(0.02)
         return super().get_batch(indices, out=out)
 
 
