@@ -20,20 +20,12 @@ from array import array
 
 import numpy as np
 
+from datarax.monitoring.watcher import overlap as _overlap
+
 BUCKETS = ("goodput", "data_stall", "first_batch", "compile", "checkpoint_save", "checkpoint_restore",
            "eval", "other")
 INPUT_BOUND_PCT = 10.0
 _FIELDS = ("step", "batch_size", "next_begin", "next_end", "dispatched", "ready", "compile")
-
-
-def _overlap(starts: np.ndarray, ends: np.ndarray, begin: float, end: float) -> float:
-    """Total overlap of [begin, end] with sorted disjoint segments [starts, ends]."""
-    lo = np.searchsorted(ends, begin, side="right")
-    hi = np.searchsorted(starts, end, side="left")
-    if hi <= lo:
-        return 0.0
-    s, e = starts[lo:hi], ends[lo:hi]
-    return float(np.clip(np.minimum(e, end) - np.maximum(s, begin), 0.0, None).sum())
 
 
 def _pct(part: float, whole: float) -> float:

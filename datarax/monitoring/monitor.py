@@ -16,8 +16,14 @@ What `next()` time means depends on where the data lives, and the monitor says s
   time overlaps the loop's own step. `sync=True` blocks on each batch so the wait includes that
   device time: use it for a diagnosis run only, as it stops the overlap.
 
-For exposed *device* idle in a training run (the step's results watched by a thread), use
-`trainers.callbacks.GoodputMonitor`, which builds on the same idea.
+Time in `next()` is therefore not by itself a stall: under asynchronous dispatch the host also
+blocks there while the device is still busy with earlier steps. What costs throughput is
+*exposed device idle*: the time between one step's result being ready and the next step being
+dispatched. Pass each step's output to `monitor.step_done(output)` and a watcher thread records
+when every step finished; the summary's `device` section then splits the device's idle time into
+the part the loop spent waiting for data (a data stall) and the rest, and the diagnosis is based
+on that. (`trainers.callbacks.GoodputMonitor` does the same for the `Trainer`, with checkpoint,
+compile and eval time as their own buckets.)
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from typing import Any, TextIO
 
 import jax
 import numpy as np
+
+from datarax.monitoring.watcher import ReadyWatcher, overlap
 
 INPUT_BOUND_PCT = 10.0
 Reporter = Callable[[dict], Any]
@@ -86,12 +94,16 @@ class PipelineMonitor:
         self.report_every_batches = report_every_batches
         self.report_every_s = report_every_s
         self.sync = sync
+        self.began = array("d")      # when each next() was called (time.perf_counter())
         self.waits = array("d")      # seconds inside next(), per batch
         self.gaps = array("d")       # seconds between the previous next() returning and this one starting
         self.records = array("q")    # records per batch
         # Batches ready when next() was called; -1: device-resident (nothing produced ahead), -2: the
         # wrapped iterator does not say (it has no `buffered()` method).
         self.buffered = array("q")
+        self.dispatched = array("d")  # when step_done(output) was called for each step
+        self.ready: dict[int, float] = {}  # step -> when its output was ready (watcher thread)
+        self._watcher: ReadyWatcher | None = None
         self.first_call: float | None = None
         self.last_return: float | None = None
         self._last_report_batch = 0
@@ -110,6 +122,7 @@ class PipelineMonitor:
         if self.first_call is None:
             self.first_call = began
             self._last_report_time = began
+        self.began.append(began)
         self.gaps.append(0.0 if self.last_return is None else max(began - self.last_return, 0.0))
         self.waits.append(ended - began)
         self.records.append(_count_records(batch))
@@ -120,6 +133,27 @@ class PipelineMonitor:
         due = due or (self.report_every_s is not None and ended - self._last_report_time >= self.report_every_s)
         if due and self.reporters:
             self.report()
+
+    def step_done(self, output: Any) -> None:
+        """Marks a training step as dispatched; `output` is anything it returned (e.g. the loss).
+
+        Call it right after dispatching each step. A watcher thread waits on `output` and records
+        when the device finished, which is what the summary's exposed-idle figures need. Cheap on
+        the calling thread: no synchronisation with the device.
+        """
+        if self._watcher is None:
+            self._watcher = ReadyWatcher(self._set_ready, name="datarax-monitor-watcher")
+        index = len(self.dispatched)
+        self.dispatched.append(time.perf_counter())
+        self._watcher.submit(index, output)
+
+    def _set_ready(self, index: int, now: float) -> None:
+        self.ready[index] = now
+
+    def close(self) -> None:
+        """Waits for the watched steps to finish and stops the watcher thread (idempotent)."""
+        if self._watcher is not None:
+            self._watcher.close()
 
     def report(self) -> dict:
         """Calls every reporter with the current summary and returns it."""
@@ -141,8 +175,40 @@ class PipelineMonitor:
         out["wall_s"] = self.last_return - self.first_call
         out["steady"] = self._span(1, n)
         out["window"] = self._span(max(1, n - self.window), n)
-        out["diagnosis"] = self._diagnosis(out["steady"])
+        device = self._device()
+        if device is not None:
+            out["device"] = device
+        out["diagnosis"] = self._diagnosis(out["steady"], device)
         return out
+
+    def _device(self) -> dict | None:
+        """Exposed device idle between watched steps 1.. (step 0 includes compiling the step).
+
+        For step i the device is idle from step i-1's result being ready until step i is
+        dispatched, when that comes later; the part of it the loop spent inside `next()` is a
+        data stall, the rest is other host work (logging, checkpoints, Python).
+        """
+        done = 0
+        while done in self.ready:
+            done += 1
+        if done < 3:
+            return None
+        ready = np.array([self.ready[i] for i in range(done)])
+        dispatched = np.frombuffer(self.dispatched, np.float64)[:done]
+        starts = np.frombuffer(self.began, np.float64)
+        ends = starts + np.frombuffer(self.waits, np.float64)
+        idle = data = 0.0
+        for i in range(1, done):
+            lo, hi = ready[i - 1], dispatched[i]
+            if hi <= lo:
+                continue
+            idle += hi - lo
+            data += overlap(starts, ends, lo, hi)
+        wall = float(ready[-1] - ready[0])
+        busy = np.maximum(ready[1:] - np.maximum(dispatched[1:], ready[:-1]), 0.0)
+        pct = (lambda x: 100.0 * x / wall) if wall > 0 else (lambda x: 0.0)
+        return {"steps": done, "wall_s": wall, "exposed_idle_pct": pct(idle), "data_stall_pct": pct(data),
+                "other_idle_pct": pct(idle - data), "step_ms_mean": 1e3 * float(busy.mean())}
 
     def _span(self, start: int, stop: int) -> dict:
         """Figures over batches [start, stop): the first batch (build + compile) stays out."""
@@ -165,33 +231,49 @@ class PipelineMonitor:
         span["data"] = "host" if np.all(buffered >= 0) else "device" if np.all(buffered == -1) else "unknown"
         return span
 
-    def _diagnosis(self, steady: dict) -> str:
+    def _diagnosis(self, steady: dict, device: dict | None) -> str:
         if steady.get("batches", 0) == 0:
             return "one batch so far: its time is the pipeline's build and compile (first_batch_s)"
         wait = steady["wait_pct"]
+        waited = f"the loop spent {wait:.1f}% of its time in next() (p50 {steady['wait_ms']['p50']:.2f} ms per batch)"
+        if device is not None:
+            stall, other = device["data_stall_pct"], device["other_idle_pct"]
+            if stall >= INPUT_BOUND_PCT:
+                return (f"input-bound: the device sat idle waiting for data {stall:.1f}% of the time "
+                        f"(exposed data stall; {waited})" + self._stall_cause(steady))
+            if other >= INPUT_BOUND_PCT:
+                return (f"host-bound: the device sat idle {other:.1f}% of the time while the host did other work "
+                        f"between steps (data stall {stall:.1f}%)")
+            return (f"compute-bound: exposed data stall {stall:.1f}%, other idle {other:.1f}%; the pipeline keeps "
+                    f"up with a {device['step_ms_mean']:.2f} ms step ({waited}, overlapped with device work)")
         host = steady["data"] == "host"
-        if wait >= INPUT_BOUND_PCT:
-            head = (f"input-bound: the loop waited in next() {wait:.1f}% of the time "
-                    f"(p50 {steady['wait_ms']['p50']:.2f} ms per batch); ")
-            if host and steady["empty_buffer_pct"] >= 50.0:
-                return head + (f"the background producer had no batch ready on {steady['empty_buffer_pct']:.0f}% "
-                               "of calls: reading and copying are the bottleneck; a faster source, more prefetch "
-                               "(Pipeline(prefetch=...)) or cheaper host work would help")
-            if host:
-                return head + (f"batches were ready on {100 - steady['empty_buffer_pct']:.0f}% of calls, so the "
-                               "wait is the stages' compiled program launched from next() (its dispatch, and on "
-                               "a CPU backend often its compute): cheaper stages would help")
-            if steady["data"] == "device":
-                return head + ("with device-resident data this is the data program's dispatch"
-                               + (" and device time (sync=True)" if self.sync else "")
-                               + "; fewer or cheaper stages would help")
-            return head + "the wrapped iterator's next() is the bottleneck"
-        note = "" if steady["data"] != "device" or self.sync else (
-            " (device-resident data: next() only dispatches, the data program's device time overlaps your step; "
-            "sync=True measures it)")
-        return (f"consumer-bound: the loop waited in next() {wait:.1f}% of the time; the pipeline keeps up, "
-                f"delivering {steady['records_per_s']:,.0f} records/s to a loop that takes "
-                f"{steady['consumer_ms_mean']:.2f} ms per batch{note}")
+        if wait < INPUT_BOUND_PCT:
+            return (f"consumer-bound: {waited}, so the pipeline keeps up, delivering "
+                    f"{steady['records_per_s']:,.0f} records/s to a loop that takes {steady['consumer_ms_mean']:.2f} ms "
+                    "per batch")
+        if host and steady["empty_buffer_pct"] >= 50.0:
+            return ("input-bound: the background producer had no batch ready on "
+                    f"{steady['empty_buffer_pct']:.0f}% of calls and {waited}; reading and copying are the "
+                    "bottleneck: a faster source, more prefetch (Pipeline(prefetch=...)) or cheaper host work would "
+                    "help (call monitor.step_done(output) after each step to measure the device idle this causes)")
+        if host:
+            lead = (f"undetermined: no data stall from the producer (batches ready on "
+                    f"{100 - steady['empty_buffer_pct']:.0f}% of calls), but {waited}, in the stages' program "
+                    "launched from next()")
+        elif steady["data"] == "device":
+            lead = f"undetermined: device-resident data, next() only dispatches the data program, and {waited}"
+        else:
+            lead = f"undetermined: {waited}, inside the wrapped iterator"
+        return (lead + "; under asynchronous dispatch that time can overlap device work, so it is not by itself a "
+                "stall: call monitor.step_done(output) after each step to measure exposed device idle")
+
+    def _stall_cause(self, steady: dict) -> str:
+        if steady["data"] != "host":
+            return ""
+        if steady["empty_buffer_pct"] >= 50.0:
+            return (f"; the background producer had no batch ready on {steady['empty_buffer_pct']:.0f}% of calls: "
+                    "a faster source, more prefetch or cheaper host work would help")
+        return "; batches were ready, so the stages' compiled program is what the device waits for: cheaper stages"
 
 
 class MonitoredIterator(Iterator[Any]):
@@ -242,6 +324,9 @@ def format_summary(summary: dict) -> str:
              f"p99 {window['wait_ms']['p99']:.2f} ms)"]
     if "buffered_mean" in window:
         parts.append(f"{window['buffered_mean']:.1f} batches ready on average")
+    if "device" in summary:
+        device = summary["device"]
+        parts.append(f"device idle {device['exposed_idle_pct']:.1f}% (data {device['data_stall_pct']:.1f}%)")
     return " | ".join(parts) + "\n  " + summary["diagnosis"]
 
 

@@ -32,24 +32,6 @@ def consume(iterator, consume_s: float) -> list:
     return out
 
 
-def test_a_slow_producer_is_an_input_stall_of_the_injected_size():
-    monitor = PipelineMonitor()
-    consume(monitor.wrap(slow_batches(12, 0.03)), 0.0)
-    summary = monitor.summary()
-    steady = summary["steady"]
-    assert summary["batches"] == 12 and summary["records"] == 48 and steady["batches"] == 11
-    # Each next() waited the 30 ms the producer slept (sleep overshoots, never undershoots).
-    assert 30.0 <= steady["wait_ms"]["p50"] < 60.0
-    assert steady["wait_pct"] > 90.0
-    assert summary["diagnosis"].startswith("input-bound") and summary["diagnosis"].endswith(
-        "the wrapped iterator's next() is the bottleneck")
-    assert summary["steady"]["data"] == "unknown" and "buffered_mean" not in summary["steady"]
-    # The figures are the recorded waits, summarised: check them against numpy on the raw data.
-    waits = np.asarray(monitor.waits[1:])
-    assert steady["wait_ms"]["p90"] == pytest.approx(1e3 * np.percentile(waits, 90))
-    assert steady["records_per_s"] == pytest.approx(44 / (waits.sum() + np.sum(monitor.gaps[1:])))
-
-
 class FakeHostIterator:
     """Says how many batches its producer has ready, and takes `wait_s` in next()."""
 
@@ -64,15 +46,95 @@ class FakeHostIterator:
         return next(self.inner)
 
 
-@pytest.mark.parametrize("ready, says", [(0, "no batch ready on 100% of calls: reading and copying"),
-                                         (2, "batches were ready on 100% of calls, so the wait is the stages'"),
-                                         (None, "with device-resident data this is the data program's dispatch")])
+class Done:
+    """A step output that becomes ready at `at` (what `jax.block_until_ready` waits for)."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def block_until_ready(self):
+        time.sleep(max(0.0, self.at - time.perf_counter()))
+        return self
+
+
+class FakeDevice:
+    """Runs each dispatched step for `step_s`, one after another, like an accelerator's queue;
+    dispatch returns at once (asynchronous dispatch)."""
+
+    def __init__(self, step_s):
+        self.step_s, self.free_at = step_s, 0.0
+
+    def dispatch(self):
+        self.free_at = max(time.perf_counter(), self.free_at) + self.step_s
+        return Done(self.free_at)
+
+
+def train(monitor, iterator, *, step_s=0.0, host_s=0.0):
+    """A loop that dispatches a step per batch on a FakeDevice and tells the monitor."""
+    device = FakeDevice(step_s)
+    for _ in iterator:
+        monitor.step_done(device.dispatch())
+        time.sleep(host_s)
+    monitor.close()
+
+
+def test_a_slow_producer_is_an_input_stall_of_the_injected_size():
+    monitor = PipelineMonitor()
+    consume(monitor.wrap(slow_batches(12, 0.03)), 0.0)
+    summary = monitor.summary()
+    steady = summary["steady"]
+    assert summary["batches"] == 12 and summary["records"] == 48 and steady["batches"] == 11
+    # Each next() waited the 30 ms the producer slept (sleep overshoots, never undershoots).
+    assert 30.0 <= steady["wait_ms"]["p50"] < 60.0
+    assert steady["wait_pct"] > 90.0
+    # Without step timings the monitor does not call time in next() a stall.
+    assert summary["diagnosis"].startswith("undetermined") and "monitor.step_done(output)" in summary["diagnosis"]
+    assert summary["steady"]["data"] == "unknown" and "buffered_mean" not in summary["steady"]
+    # The figures are the recorded waits, summarised: check them against numpy on the raw data.
+    waits = np.asarray(monitor.waits[1:])
+    assert steady["wait_ms"]["p90"] == pytest.approx(1e3 * np.percentile(waits, 90))
+    assert steady["records_per_s"] == pytest.approx(44 / (waits.sum() + np.sum(monitor.gaps[1:])))
+
+
+def test_with_step_timings_a_slow_producer_is_an_exposed_data_stall():
+    monitor = PipelineMonitor()
+    train(monitor, monitor.wrap(slow_batches(12, 0.03)), step_s=0.002)
+    summary = monitor.summary()
+    device = summary["device"]
+    assert device["steps"] == 12 and device["data_stall_pct"] > 80.0
+    assert device["exposed_idle_pct"] == pytest.approx(device["data_stall_pct"] + device["other_idle_pct"])
+    assert summary["diagnosis"].startswith("input-bound: the device sat idle waiting for data")
+
+
+def test_time_in_next_that_overlaps_device_work_is_not_a_stall():
+    """The trap: the host waits 20 ms in every next() while the device is still busy with 40 ms steps."""
+    monitor = PipelineMonitor()
+    train(monitor, monitor.wrap(FakeHostIterator(12, 0.02, ready=2)), step_s=0.04)
+    summary = monitor.summary()
+    assert summary["steady"]["wait_pct"] > 90.0
+    assert summary["device"]["exposed_idle_pct"] < 5.0
+    assert summary["diagnosis"].startswith("compute-bound")
+    assert 39.0 < summary["device"]["step_ms_mean"] < 60.0
+
+
+def test_host_work_between_steps_is_host_bound():
+    monitor = PipelineMonitor()
+    train(monitor, monitor.wrap(slow_batches(12, 0.0)), step_s=0.002, host_s=0.03)
+    summary = monitor.summary()
+    assert summary["device"]["other_idle_pct"] > 80.0 and summary["device"]["data_stall_pct"] < 5.0
+    assert summary["diagnosis"].startswith("host-bound")
+    assert "device idle" in format_summary(summary)
+
+
+@pytest.mark.parametrize("ready, says", [(0, "input-bound: the background producer had no batch ready on 100%"),
+                                         (2, "undetermined: no data stall from the producer (batches ready on 100%"),
+                                         (None, "undetermined: device-resident data, next() only dispatches")])
 def test_the_diagnosis_of_a_stall_says_where_the_wait_comes_from(ready, says):
     monitor = PipelineMonitor()
     consume(monitor.wrap(FakeHostIterator(6, 0.02, ready)), 0.0)
     summary = monitor.summary()
     assert summary["steady"]["data"] == {0: "host", 2: "host", None: "device"}[ready]
-    assert summary["diagnosis"].startswith("input-bound") and says in summary["diagnosis"]
+    assert summary["diagnosis"].startswith(says)
     if ready is not None:
         assert summary["steady"]["buffered_mean"] == ready
 
@@ -202,4 +264,4 @@ def test_the_monitor_example_names_the_slow_source(capsys):
     runpy.run_path(str(Path(__file__).parents[2] / "examples" / "monitor.py"), run_name="__main__")
     out = capsys.readouterr().out
     slow = out[out.index("slow source:"):]
-    assert "input-bound" in slow and "no batch ready" in slow and "reading and copying are the bottleneck" in slow
+    assert "input-bound: the device sat idle waiting for data" in slow and "no batch ready" in slow

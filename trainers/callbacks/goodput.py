@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import queue
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
+from datarax.monitoring.watcher import ReadyWatcher
 from trainers.callbacks.base import Callback, CheckpointInfo, StepLogs
 from trainers.goodput import GoodputLedger
 
@@ -21,35 +19,6 @@ if TYPE_CHECKING:
     from trainers.trainer import Trainer
 
 MAX_STEPS_IN_JSON = 2000
-
-
-class _ReadyWatcher:
-    """Waits on each step's output off the main thread and records when it became ready."""
-
-    def __init__(self, ledger: GoodputLedger):
-        self._ledger = ledger
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="trainers-goodput-watcher", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            index, array = item
-            try:
-                jax.block_until_ready(array)
-            except Exception:  # a failed step is reported by the main thread; here only its end matters
-                pass
-            self._ledger.set_ready(index, time.perf_counter())
-
-    def submit(self, index: int, array: Any) -> None:
-        self._queue.put((index, array))
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
 
 
 def _jsonable(value: Any) -> Any:
@@ -99,7 +68,7 @@ class GoodputMonitor(Callback):
         self.plot = plot
         self.verbose = verbose
         self.ledger = GoodputLedger(window)
-        self._watcher: _ReadyWatcher | None = None
+        self._watcher: ReadyWatcher | None = None
         self._eval_began = 0.0
         self._run: float | None = None
         self.report: dict | None = None
@@ -112,7 +81,7 @@ class GoodputMonitor(Callback):
             self.ledger = GoodputLedger(self.window)
             self.ledger.start(trainer.fit_began_at)
             self.report = None
-            self._watcher = _ReadyWatcher(self.ledger)
+            self._watcher = ReadyWatcher(self.ledger.set_ready, name="trainers-goodput-watcher")
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self._ensure_run(trainer)
