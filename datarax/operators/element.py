@@ -34,6 +34,24 @@ def fn_name(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
+def checked_config(config: OperatorConfig | None, default: type[OperatorConfig]) -> OperatorConfig:
+    """`config`, or `default()` when None; a TypeError naming `default` for anything else."""
+    config = default() if config is None else config
+    if not isinstance(config, OperatorConfig):
+        raise TypeError(f"config must be a{'n' if default.__name__[0] in 'AEIOU' else ''} {default.__name__}, got "
+                        f"{type(config).__name__}")
+    return config
+
+
+def takes_key(fn: Callable, config: OperatorConfig, owner: str, role: str) -> bool:
+    """Whether `fn` takes the record key; a stochastic `config` requires that it does."""
+    takes = accepts_key(fn, owner if role == "fn" else f"{owner} {role}")
+    if config.stochastic and not takes:
+        raise TypeError(f"{owner} is stochastic but {role} {fn_name(fn)} takes no key argument; "
+                        f"define it as {role}(element, key)")
+    return takes
+
+
 class ElementOperator(PerRecordOperator):
     """Applies `fn(element, key) -> element` to every record of a batch.
 
@@ -48,13 +66,8 @@ class ElementOperator(PerRecordOperator):
 
     def __init__(self, config: ElementOperatorConfig | None = None, *, fn: Callable[..., Element],
                  rngs: nnx.Rngs | None = None):
-        config = ElementOperatorConfig() if config is None else config
-        if not isinstance(config, OperatorConfig):
-            raise TypeError(f"config must be an ElementOperatorConfig, got {type(config).__name__}")
-        self._takes_key = accepts_key(fn, "ElementOperator")
-        if config.stochastic and not self._takes_key:
-            raise TypeError(f"ElementOperator is stochastic but fn {fn_name(fn)} takes no key argument; "
-                            "define it as fn(element, key)")
+        config = checked_config(config, ElementOperatorConfig)
+        self._takes_key = takes_key(fn, config, "ElementOperator", "fn")
         self.fn = fn
         self._init_rng(config, rngs)
 

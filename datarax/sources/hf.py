@@ -164,12 +164,20 @@ class TableConverter:
         return out
 
 
-def _check_dataset(dataset: Any, datasets: Any, owner: str, want: str) -> None:
+def _check_arguments(config: Any, dataset: Any, convert: Any, owner: str, want: str) -> HFSourceConfig:
+    """The shared constructor checks of HFSource and HFStreamSource; returns the config to use."""
+    datasets = require("datasets", owner)
+    config = HFSourceConfig() if config is None else config
+    if not isinstance(config, HFSourceConfig):
+        raise TypeError(f"config must be an HFSourceConfig, got {type(config).__name__}")
     if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         raise TypeError(f"{owner} dataset is a dict of splits {list(dataset)}; pass one split, e.g. dataset['train']")
     if not isinstance(dataset, getattr(datasets, want)):
         other = "HFStreamSource" if want == "Dataset" else "HFSource"
         raise TypeError(f"{owner} dataset must be a datasets.{want}, got {type(dataset).__name__}; use {other} for it")
+    if convert is not None and not callable(convert):
+        raise TypeError(f"{owner} convert must be a function batch -> dict of arrays, got {convert!r}")
+    return config
 
 
 class HFSource(DataSourceModule):
@@ -188,13 +196,7 @@ class HFSource(DataSourceModule):
 
     def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
                  rngs: nnx.Rngs | None = None):
-        datasets = require("datasets", "HFSource")
-        config = HFSourceConfig() if config is None else config
-        if not isinstance(config, HFSourceConfig):
-            raise TypeError(f"config must be an HFSourceConfig, got {type(config).__name__}")
-        _check_dataset(dataset, datasets, "HFSource", "Dataset")
-        if convert is not None and not callable(convert):
-            raise TypeError(f"HFSource convert must be a function batch -> dict of arrays, got {convert!r}")
+        config = _check_arguments(config, dataset, convert, "HFSource", "Dataset")
         self.config = config
         names = check_columns(config.columns, dataset.column_names, "HFSource")
         if len(dataset) == 0:
@@ -303,13 +305,7 @@ class HFStreamSource(StreamSourceModule):
 
     def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
                  rngs: nnx.Rngs | None = None):
-        datasets = require("datasets", "HFStreamSource")
-        config = HFSourceConfig() if config is None else config
-        if not isinstance(config, HFSourceConfig):
-            raise TypeError(f"config must be an HFSourceConfig, got {type(config).__name__}")
-        _check_dataset(dataset, datasets, "HFStreamSource", "IterableDataset")
-        if convert is not None and not callable(convert):
-            raise TypeError(f"HFStreamSource convert must be a function batch -> dict of arrays, got {convert!r}")
+        config = _check_arguments(config, dataset, convert, "HFStreamSource", "IterableDataset")
         self.config = config
         probe = dataset.with_format("arrow")
         sample = next(iter(probe.iter(batch_size=min(config.block_size, 256))), None)

@@ -11,7 +11,7 @@ from flax import nnx
 
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorConfig, OperatorModule, describe, record_keys, stage_key_from_rngs
-from datarax.operators.element import accepts_key, fn_name
+from datarax.operators.element import checked_config, fn_name, takes_key
 from datarax.operators.strategies.common import check_operators, check_same_structure, run_all, select_records
 
 
@@ -40,13 +40,8 @@ class BranchOperator(OperatorModule):
 
     def __init__(self, config: BranchOperatorConfig | None = None, *, router: Callable[..., jax.Array],
                  branches: Sequence[OperatorModule], rngs: nnx.Rngs | None = None):
-        config = BranchOperatorConfig() if config is None else config
-        if not isinstance(config, OperatorConfig):
-            raise TypeError(f"config must be a BranchOperatorConfig, got {type(config).__name__}")
-        self._takes_key = accepts_key(router, "BranchOperator router")
-        if config.stochastic and not self._takes_key:
-            raise TypeError(f"BranchOperator is stochastic but router {fn_name(router)} takes no key argument; "
-                            "define it as router(element, key)")
+        config = checked_config(config, BranchOperatorConfig)
+        self._takes_key = takes_key(router, config, "BranchOperator", "router")
         self.config = config
         self.router = router
         self.branches = check_operators(branches, "BranchOperator branches", minimum=2)
