@@ -197,3 +197,24 @@ def test_unsharded_pipeline_is_unchanged_by_the_hook():
     assert [len(b["id"]) for b in batches] == [8, 8, 8, 8, 5]
     assert all(isinstance(b["x"], jax.Array) and len(b["x"].devices()) == 1 for b in batches)
     assert jnp.issubdtype(batches[0]["x"].dtype, jnp.floating)
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["device", "host"])
+def test_a_warp_operator_computed_separately_gives_the_unsharded_batches(resident):
+    """RotationOperator runs its warp as a separate computation (a conditional) on CPU; under the
+    data sharding's partitioned program it still gives the unsharded pipeline's images."""
+    from datarax.operators.image import RotationConfig, RotationOperator
+
+    data = {"image": np.random.default_rng(3).random((20, 8, 8, 3)).astype(np.float32),
+            "id": np.arange(20, dtype=np.int32)}
+
+    def make(sharding=None):
+        source = MemorySource(MemorySourceConfig(shuffle=True, seed=2, device_resident=resident), data=data)
+        rotate = RotationOperator(RotationConfig(degrees=40.0), rngs=nnx.Rngs(5))
+        return Pipeline(source, [rotate], batch_size=8, sharding=sharding, drop_remainder=True)
+
+    plain = [np.asarray(b["image"]) for b in make()]
+    sharded = [np.asarray(b["image"]) for b in make(DataSharding(mesh((4, 2), ("data", "model")), "data"))]
+    assert len(plain) == len(sharded) == 2
+    for a, b in zip(plain, sharded):
+        np.testing.assert_allclose(b, a, atol=1e-6)
