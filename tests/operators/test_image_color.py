@@ -15,6 +15,8 @@ from skimage import color as skcolor
 from skimage import exposure
 
 import jax.numpy as jnp
+from image_helpers import run
+
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
 from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
@@ -31,18 +33,6 @@ BATCH, SIZE = 4, 8
 
 def uint8_images(seed=0, channels=3):
     return np.random.default_rng(seed).integers(0, 256, (BATCH, SIZE, SIZE, channels), dtype=np.uint8)
-
-
-@nnx.jit(static_argnums=3)
-def _apply(op, x, ctx, draw):
-    out = op(Element({"image": x}), ctx).data["image"]
-    return out, (op.draw_batch(ctx, x.shape[1:]) if draw else None)
-
-
-def run(op, x):
-    """The operator's output on a float batch, and the parameters it drew per record (one compile)."""
-    out, params = _apply(op, jnp.asarray(x), BatchContext.for_batch(len(x)), op.key is not None)
-    return np.asarray(out), params
 
 
 ENHANCE = [(BrightnessOperator, BrightnessConfig, ImageEnhance.Brightness),

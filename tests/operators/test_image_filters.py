@@ -13,8 +13,8 @@ from skimage import filters as skfilters
 
 import jax
 import jax.numpy as jnp
-from datarax.core.element import Element
-from datarax.core.operator import BatchContext
+from image_helpers import run
+
 from datarax.operators.image import (CutoutConfig, CutoutOperator, GaussianBlurConfig, GaussianBlurOperator,
                                      GaussianNoiseConfig, GaussianNoiseOperator, PatchDropoutConfig,
                                      PatchDropoutOperator)
@@ -25,18 +25,6 @@ BATCH = 4
 
 def images(seed=0, shape=(BATCH, 10, 12, 2)):
     return np.random.default_rng(seed).random(shape).astype(np.float32)
-
-
-@nnx.jit(static_argnums=3)
-def _apply(op, x, ctx, draw):
-    out = op(Element({"image": x}), ctx).data["image"]
-    return out, (op.draw_batch(ctx, x.shape[1:]) if draw else None)
-
-
-def run(op, x):
-    """The operator's output on a float batch, and the parameters it drew per record (one compile)."""
-    out, params = _apply(op, jnp.asarray(x), BatchContext.for_batch(len(x)), op.key is not None)
-    return np.asarray(out), params
 
 
 def test_gaussian_noise_adds_sigma_times_the_record_normal_draw():

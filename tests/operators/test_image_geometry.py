@@ -12,8 +12,8 @@ from PIL import Image
 from skimage import transform as sktransform
 
 import jax.numpy as jnp
-from datarax.core.element import Element
-from datarax.core.operator import BatchContext
+from image_helpers import run
+
 from datarax.operators.image import (AffineConfig, AffineOperator, HorizontalFlipConfig, HorizontalFlipOperator,
                                      RandomCropConfig, RandomCropOperator, RandomResizedCropConfig,
                                      RandomResizedCropOperator, ResizeConfig, ResizeOperator, RotationConfig,
@@ -26,18 +26,6 @@ BATCH = 4
 
 def images(seed=0, shape=(BATCH, 9, 12, 2)):
     return np.random.default_rng(seed).random(shape).astype(np.float32)
-
-
-@nnx.jit(static_argnums=3)
-def _apply(op, x, ctx, draw):
-    out = op(Element({"image": x}), ctx).data["image"]
-    return out, (op.draw_batch(ctx, x.shape[1:]) if draw else None)
-
-
-def run(op, x):
-    """The operator's output on a float batch, and the parameters it drew per record (one compile)."""
-    out, params = _apply(op, jnp.asarray(x), BatchContext.for_batch(len(x)), op.key is not None)
-    return np.asarray(out), params
 
 
 def pil_resize(channel, size, box=None):
