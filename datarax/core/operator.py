@@ -145,6 +145,16 @@ class PerRecordOperator(OperatorModule):
         return jax.vmap(self.apply_element)(elements, keys)
 
 
+def read_field(op: Any, element: Element) -> Any:
+    """`element.data[op.config.field]`, or a KeyError naming the operator, the field, the record's
+    fields and the config argument that picks another one."""
+    field = op.config.field
+    if field not in element.data:
+        raise KeyError(f"{type(op).__name__} reads field {field!r}, but the record has fields {sorted(element.data)}; "
+                       f"set {type(op.config).__name__}(field=...)")
+    return element.data[field]
+
+
 def describe(value: Any) -> str:
     """A short description of a value for error messages."""
     shape = getattr(value, "shape", None)

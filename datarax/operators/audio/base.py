@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from datarax.core.element import Element
-from datarax.core.operator import OperatorConfig, PerRecordOperator, describe
+from datarax.core.operator import OperatorConfig, PerRecordOperator, describe, read_field
 from datarax.operators.learnable import (Learnable, Magnitude, bounded, check_learnable_field, inverse_bounded,
                                          learnable_names)
 
@@ -176,10 +176,7 @@ class AudioOperator(PerRecordOperator):
         """The element's input field, checked to be a float array of at least `min_ndim` axes."""
         name = type(self).__name__
         field = self.config.field
-        if field not in element.data:
-            raise KeyError(f"{name} reads field {field!r}, but the record has fields {sorted(element.data)}; "
-                           f"set {self.config_class.__name__}(field=...)")
-        x = element.data[field]
+        x = read_field(self, element)
         if self.min_ndim == 1:
             kind, fix = "waveform (..., time)", "store each record's samples as a (time,) array"
         else:

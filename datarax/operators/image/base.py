@@ -25,7 +25,7 @@ from flax import nnx
 
 from datarax.core.element import Element
 from datarax.core.fusion import separately
-from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, describe, record_keys
+from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, describe, read_field, record_keys
 from datarax.operators.learnable import Learnable, check_learnable_field, magnitudes, signed_uniform
 
 PAD_MODES = ("constant", "edge", "reflect", "symmetric")
@@ -146,10 +146,7 @@ class ImageOperator(PerRecordOperator):
         """The element's image field, checked to be a float HWC image."""
         name = type(self).__name__
         field = self.config.field
-        if field not in element.data:
-            raise KeyError(f"{name} reads field {field!r}, but the record has fields {sorted(element.data)}; "
-                           f"set {self.config_class.__name__}(field=...)")
-        image = element.data[field]
+        image = read_field(self, element)
         if not isinstance(image, jax.Array) or image.ndim != 3:
             raise ValueError(f"{name} expects field {field!r} to be one HWC image per record, got "
                              f"{describe(image)}; add a channel axis to grayscale images (x[..., None])")
