@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from datarax.core.element import Element
-from datarax.core.operator import BatchContext, OperatorModule
+from datarax.pipeline.raw import ContextStage as RawContextStage
 
 RECORD_IDS = "_trainers_record_ids"
 EPOCH = "_trainers_epoch"
@@ -82,8 +81,8 @@ class TrainState(nnx.Module):
         self.optimizer = optimizer
 
 
-class ContextStage(OperatorModule):
-    """A batch-level stage that copies the batch's record ids and epoch into the data.
+class ContextStage(RawContextStage):
+    """`datarax.pipeline.raw.ContextStage` with the trainer's own field names.
 
     The joint mode's loader pipeline is the user's source and sampler with only this stage, so
     the train step receives the untransformed batch plus the exact `BatchContext` the user's
@@ -91,12 +90,7 @@ class ContextStage(OperatorModule):
     """
 
     def __init__(self):
-        self.config = None
-
-    def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
-        size = ctx.record_ids.shape[0]
-        return elements.update_data({RECORD_IDS: ctx.record_ids,
-                                     EPOCH: jnp.broadcast_to(ctx.epoch, (size,)).astype(jnp.int32)})
+        super().__init__(RECORD_IDS, EPOCH)
 
     def structure(self) -> str:
         return "trainers.ContextStage()"

@@ -138,6 +138,31 @@ class Pipeline(nnx.Module):
         self._next_epoch = epoch + num_epochs if num_epochs is not None else epoch
         return PipelineIterator(self, epoch, num_epochs, one_epoch=False)
 
+    def raw_loader(self, *, ids_key: str = "record_ids", epoch_key: str = "epoch") -> Pipeline:
+        """A pipeline over the same source, sampler and batching that yields untransformed batches.
+
+        Each batch is the source's records (no stages applied) plus `ids_key` (int32[B], the
+        record ids) and `epoch_key` (int32[B], the epoch): the `BatchContext` this pipeline
+        would use for the same batch. A training step can then run this pipeline's stages inside
+        its gradient, so their `nnx.Param`s train with the model::
+
+            loader = pipeline.raw_loader()
+            for raw in loader.epochs(None):
+                ids, epoch = raw.pop("record_ids"), raw.pop("epoch")
+                # inside nnx.grad: batch = pipeline.transform(raw, record_ids=ids, epoch=epoch[0])
+
+        `pipeline.transform(...)` there returns exactly the batch iterating this pipeline gives.
+        The loader's iterator is the one to checkpoint (its state has its own fingerprint). Not
+        for sharded pipelines (`transform` runs on the unsharded batch).
+        """
+        from datarax.pipeline.raw import ContextStage
+
+        if self.sharding is not None:
+            raise ValueError("raw_loader() gives unsharded batches for pipeline.transform, but this pipeline was "
+                             "built with sharding=...; build the pipeline without sharding to train its stages")
+        return Pipeline(self.source, [ContextStage(ids_key, epoch_key)], self.batch_size, sampler=self.sampler,
+                        drop_remainder=self.drop_remainder, prefetch=self.prefetch)
+
     def transform(self, batch: dict, *, record_ids: Any = None, epoch: Any = 0) -> dict:
         """Runs the stages (everything after the gather) on an already loaded batch.
 
