@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from datarax.pipeline.raw import ContextStage as RawContextStage
 
 RECORD_IDS = "_trainers_record_ids"
 EPOCH = "_trainers_epoch"
@@ -79,21 +78,6 @@ class TrainState(nnx.Module):
     def __init__(self, trainable: nnx.Module, optimizer: nnx.Optimizer):
         self.trainable = trainable
         self.optimizer = optimizer
-
-
-class ContextStage(RawContextStage):
-    """`datarax.pipeline.raw.ContextStage` with the trainer's own field names.
-
-    The joint mode's loader pipeline is the user's source and sampler with only this stage, so
-    the train step receives the untransformed batch plus the exact `BatchContext` the user's
-    pipeline would have used, and runs the user's stages inside the gradient.
-    """
-
-    def __init__(self):
-        super().__init__(RECORD_IDS, EPOCH)
-
-    def structure(self) -> str:
-        return "trainers.ContextStage()"
 
 
 def split_loss(out: Any) -> tuple[jax.Array, Any]:

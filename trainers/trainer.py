@@ -17,7 +17,7 @@ from flax import nnx
 from datarax.pipeline.pipeline import Pipeline
 from trainers.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
 from trainers.checkpointing import Checkpointer, RestoredCheckpoint
-from trainers.step import (ContextStage, JointModule, TimedJit, TrainState, VariableBinding, make_eval_step,
+from trainers.step import (EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding, make_eval_step,
                            make_train_step)
 
 
@@ -146,9 +146,8 @@ class Trainer:
 
     @staticmethod
     def _joint_loader(pipeline: Pipeline) -> Pipeline:
-        """The user's source, sampler and batching with only `ContextStage`: untransformed batches."""
-        return Pipeline(pipeline.source, [ContextStage()], pipeline.batch_size, sampler=pipeline.sampler,
-                        drop_remainder=pipeline.drop_remainder, prefetch=pipeline.prefetch)
+        """The user's source, sampler and batching with no stages: untransformed batches + context."""
+        return pipeline.raw_loader(ids_key=RECORD_IDS, epoch_key=EPOCH)
 
     def _build_optimizer(self, optimizer: Any) -> nnx.Optimizer:
         if isinstance(optimizer, nnx.Optimizer):

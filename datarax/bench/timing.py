@@ -48,17 +48,19 @@ def row(scenario: str, datarax: dict, floor: dict, **extra: Any) -> dict:
     return out
 
 
-def keyed_gather_floor(per_record: Callable[[Any, Any], Any], n: int, batch: int, seed: int = 0,
+def keyed_gather_floor(per_record: Callable[[Any, Any], Any] | None, n: int, batch: int, seed: int = 0,
                        batch_fn: Callable[[Any, Any, Any], Any] | None = None):
     """The hand-written floor for an image scenario over device-resident `{"image", "label"}` data.
 
     One jitted function per batch does the gather, derives each record's key as
-    `fold_in(fold_in(key(seed), epoch), record)` and applies `per_record(image, key)` under vmap;
-    it is fed a NumPy permutation per epoch, and the last short batch is padded and sliced (no
-    recompile), which is exactly the work a datarax pipeline for the scenario must do. Returns
-    `epoch_iter(arrays, epoch)`, an iterator over that epoch's batches. `batch_fn(images, keys,
-    epoch)`, when given, replaces `vmap(per_record)` (for a floor that structures the batch itself).
+    `fold_in(fold_in(key(seed), epoch), record)` and applies `per_record(image, key)` under vmap
+    (or `batch_fn(images, keys, epoch)`, for a floor that structures the batch itself; give
+    exactly one); it is fed a NumPy permutation per epoch, and the last short batch is padded and
+    sliced (no recompile), which is exactly the work a datarax pipeline for the scenario must do.
+    Returns `epoch_iter(arrays, epoch)`, an iterator over that epoch's batches.
     """
+    if (per_record is None) == (batch_fn is None):
+        raise ValueError("keyed_gather_floor takes exactly one of per_record and batch_fn")
     key = jax.random.key(seed)
 
     @jax.jit

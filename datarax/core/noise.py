@@ -61,13 +61,6 @@ def hashed_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return _mix32(_mix32(_mix32(counter ^ k0) + k1) ^ k0).reshape(shape)
 
 
-def uniform(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32, minval: float = 0.0,
-            maxval: float = 1.0) -> jax.Array:
-    """Uniform in `[minval, maxval]` from the top 24 bits of `hashed_bits` (`k / 2^24`, exact in float32)."""
-    unit = (hashed_bits(key, shape) >> 8).astype(jnp.float32) * (1.0 / 16777216.0)
-    return (minval + (maxval - minval) * unit.astype(jnp.promote_types(dtype, jnp.float32))).astype(dtype)
-
-
 def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
     """Standard normal draws: the inverse normal CDF of 23-bit uniforms `(k + 0.5) / 2^23`.
 

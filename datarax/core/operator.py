@@ -145,14 +145,24 @@ class PerRecordOperator(OperatorModule):
         return jax.vmap(self.apply_element)(elements, keys)
 
 
-def read_field(op: Any, element: Element) -> Any:
-    """`element.data[op.config.field]`, or a KeyError naming the operator, the field, the record's
+def read_field(op: Any, element: Element, arg: str = "field") -> Any:
+    """`element.data[op.config.<arg>]`, or a KeyError naming the operator, the field, the record's
     fields and the config argument that picks another one."""
-    field = op.config.field
+    field = getattr(op.config, arg)
     if field not in element.data:
         raise KeyError(f"{type(op).__name__} reads field {field!r}, but the record has fields {sorted(element.data)}; "
-                       f"set {type(op.config).__name__}(field=...)")
+                       f"set {type(op.config).__name__}({arg}=...)")
     return element.data[field]
+
+
+def check_field_name(config: Any, name: str, *, allow_none: bool = False) -> None:
+    """Validates that `config.<name>` names a data field (a non-empty str, or None when allowed)."""
+    value = getattr(config, name)
+    if value is None and allow_none:
+        return
+    if not isinstance(value, str) or not value:
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"{type(config).__name__}.{name} must be a non-empty field name{extra}, got {value!r}")
 
 
 def describe(value: Any) -> str:

@@ -39,7 +39,7 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
-from datarax.monitoring.watcher import ReadyWatcher, overlap
+from datarax.monitoring.watcher import ReadyWatcher
 
 INPUT_BOUND_PCT = 10.0
 Reporter = Callable[[dict], Any]
@@ -57,6 +57,17 @@ def _check_every(name: str, value: Any, kind: type) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value <= 0:
         expected = "a positive number of seconds" if kind is float else "a positive int"
         raise ValueError(f"{name} must be {expected} or None, got {value!r}")
+
+
+def _time_inside(starts: np.ndarray, durations: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Total time spent inside the sorted, disjoint intervals `[starts, starts + durations]` before each `t`."""
+    if starts.size == 0:
+        return np.zeros_like(t)
+    before = np.concatenate([[0.0], np.cumsum(durations)])  # time inside intervals 0..k-1
+    k = np.searchsorted(starts, t, side="right")  # intervals that began by t
+    last = np.maximum(k - 1, 0)
+    inside = before[last] + np.clip(t - starts[last], 0.0, durations[last])
+    return np.where(k > 0, inside, 0.0)
 
 
 class PipelineMonitor:
@@ -102,7 +113,7 @@ class PipelineMonitor:
         # wrapped iterator does not say (it has no `buffered()` method).
         self.buffered = array("q")
         self.dispatched = array("d")  # when step_done(output) was called for each step
-        self.ready: dict[int, float] = {}  # step -> when its output was ready (watcher thread)
+        self.ready = array("d")       # when each step's output was ready (the watcher, in step order)
         self._watcher: ReadyWatcher | None = None
         self.first_call: float | None = None
         self.last_return: float | None = None
@@ -148,7 +159,7 @@ class PipelineMonitor:
         self._watcher.submit(index, output)
 
     def _set_ready(self, index: int, now: float) -> None:
-        self.ready[index] = now
+        self.ready.append(now)  # the watcher waits on steps in submission order
 
     def close(self) -> None:
         """Waits for the watched steps to finish and stops the watcher thread (idempotent)."""
@@ -188,22 +199,16 @@ class PipelineMonitor:
         dispatched, when that comes later; the part of it the loop spent inside `next()` is a
         data stall, the rest is other host work (logging, checkpoints, Python).
         """
-        done = 0
-        while done in self.ready:
-            done += 1
+        done = len(self.ready)
         if done < 3:
             return None
-        ready = np.array([self.ready[i] for i in range(done)])
+        ready = np.frombuffer(self.ready, np.float64)[:done]
         dispatched = np.frombuffer(self.dispatched, np.float64)[:done]
-        starts = np.frombuffer(self.began, np.float64)
-        ends = starts + np.frombuffer(self.waits, np.float64)
-        idle = data = 0.0
-        for i in range(1, done):
-            lo, hi = ready[i - 1], dispatched[i]
-            if hi <= lo:
-                continue
-            idle += hi - lo
-            data += overlap(starts, ends, lo, hi)
+        lo, hi = ready[:-1], dispatched[1:]
+        gaps = np.maximum(hi - lo, 0.0)
+        idle = float(gaps.sum())
+        waiting = np.frombuffer(self.began, np.float64), np.frombuffer(self.waits, np.float64)
+        data = float(np.where(gaps > 0, _time_inside(*waiting, hi) - _time_inside(*waiting, lo), 0.0).sum())
         wall = float(ready[-1] - ready[0])
         busy = np.maximum(ready[1:] - np.maximum(dispatched[1:], ready[:-1]), 0.0)
         pct = (lambda x: 100.0 * x / wall) if wall > 0 else (lambda x: 0.0)

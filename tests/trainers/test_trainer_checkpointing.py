@@ -184,7 +184,9 @@ def test_restore_with_a_different_fingerprint_fails_clearly(tmp_path):
         ckpt.restore_latest(model=model, optimizer=optimizer, iterator=iterator, fingerprint="bbbb")
 
 
-def test_async_save_error_is_raised_not_swallowed(tmp_path, monkeypatch):
+@pytest.fixture
+def disk_full(monkeypatch):
+    """Every asynchronous Orbax write fails in the background with an injected OSError."""
     original = ocp.StandardCheckpointHandler.async_save
 
     async def failing(self, directory, *args, **kwargs):
@@ -194,6 +196,9 @@ def test_async_save_error_is_raised_not_swallowed(tmp_path, monkeypatch):
         return list(futures or []) + [broken]
 
     monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", failing)
+
+
+def test_async_save_error_is_raised_not_swallowed(tmp_path, disk_full):
     model, optimizer, iterator = build()
     ckpt = Checkpointer(tmp_path, asynchronous=True)
     assert ckpt.save(1, model=model, optimizer=optimizer, iterator=iterator, metadata={})
@@ -202,21 +207,12 @@ def test_async_save_error_is_raised_not_swallowed(tmp_path, monkeypatch):
     assert ckpt.steps() == []
 
 
-def test_async_save_error_surfaces_from_fit(tmp_path, monkeypatch):
+def test_async_save_error_surfaces_from_fit(tmp_path, disk_full):
     from trainer_helpers import loss_fn
 
     from trainers import Trainer
     from trainers.callbacks import CheckpointCallback
 
-    original = ocp.StandardCheckpointHandler.async_save
-
-    async def failing(self, directory, *args, **kwargs):
-        futures = await original(self, directory, *args, **kwargs)
-        broken = concurrent.futures.Future()
-        broken.set_exception(OSError("disk full (injected)"))
-        return list(futures or []) + [broken]
-
-    monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", failing)
     setup = make_setup()
     trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn,
                       callbacks=[CheckpointCallback(tmp_path, every_steps=2)])

@@ -8,12 +8,11 @@ allowed, as the guide recommends for throughput), `batch`, `prefetch(AUTOTUNE)`,
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 import numpy as np
-
-import math
 
 from datarax.bench.peers.common import (CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, Loader, PeerOptions, augment_chain_settings,
                                         require)
@@ -36,6 +35,23 @@ def _shuffled(tf: Any, data: dict[str, np.ndarray], options: PeerOptions) -> Any
     return dataset.shuffle(n, seed=options.seed, reshuffle_each_iteration=True)
 
 
+def _mapped(tf: Any, data: dict[str, np.ndarray], options: PeerOptions, augment: Any, ops: str) -> Loader:
+    """shuffle -> parallel map(augment) -> batch -> prefetch, and its settings line.
+
+    `options.workers`: None lets tf.data tune the parallelism, 0 maps sequentially, n uses n
+    parallel calls.
+    """
+    parallel = tf.data.AUTOTUNE if options.workers is None else (options.workers or None)
+    order = {"deterministic": False} if parallel is not None else {}
+    dataset = (_shuffled(tf, data, options)
+               .map(augment, num_parallel_calls=parallel, **order)
+               .batch(options.batch_size)
+               .prefetch(tf.data.AUTOTUNE))
+    settings = (f"from_tensor_slices.shuffle(N).map({ops}, num_parallel_calls="
+                f"{'AUTOTUNE' if options.workers is None else parallel}).batch.prefetch(AUTOTUNE)")
+    return Loader(dataset.as_numpy_iterator, settings)
+
+
 def cifar(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     tf = _tf()
     tf.random.set_seed(options.seed)
@@ -49,16 +65,7 @@ def cifar(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
         image = tf.image.random_flip_left_right(image)
         return {"image": (image - mean) / std, "label": element["label"]}
 
-    # workers: None lets tf.data tune the parallelism, 0 maps sequentially, n uses n parallel calls.
-    parallel = tf.data.AUTOTUNE if options.workers is None else (options.workers or None)
-    order = {"deterministic": False} if parallel is not None else {}
-    dataset = (_shuffled(tf, data, options)
-               .map(augment, num_parallel_calls=parallel, **order)
-               .batch(options.batch_size)
-               .prefetch(tf.data.AUTOTUNE))
-    settings = (f"from_tensor_slices.shuffle(N).map(tf.image ops, num_parallel_calls="
-                f"{'AUTOTUNE' if options.workers is None else parallel}).batch.prefetch(AUTOTUNE)")
-    return Loader(dataset.as_numpy_iterator, settings)
+    return _mapped(tf, data, options, augment, "tf.image ops")
 
 
 def tokens(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
@@ -96,14 +103,7 @@ def augment_chain(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
         image = tf.clip_by_value(image + tf.random.normal(tf.shape(image), stddev=sigma), 0.0, 1.0)
         return {"image": image, "label": element["label"]}
 
-    parallel = tf.data.AUTOTUNE if options.workers is None else (options.workers or None)
-    order = {"deterministic": False} if parallel is not None else {}
-    dataset = (_shuffled(tf, data, options)
-               .map(augment, num_parallel_calls=parallel, **order)
-               .batch(options.batch_size)
-               .prefetch(tf.data.AUTOTUNE))
-    return Loader(dataset.as_numpy_iterator, "from_tensor_slices.shuffle(N).map(tf.image ops + projective "
-                  "rotation, num_parallel_calls=AUTOTUNE).batch.prefetch(AUTOTUNE)")
+    return _mapped(tf, data, options, augment, "tf.image ops + projective rotation")
 
 
 WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain}

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from datarax.core.element import Element
-from datarax.core.operator import OperatorConfig, PerRecordOperator, describe, read_field
+from datarax.core.operator import OperatorConfig, PerRecordOperator, check_field_name, describe, read_field
 from datarax.operators.learnable import (Learnable, Magnitude, bounded, check_learnable_field, inverse_bounded,
                                          learnable_names)
 
@@ -50,11 +50,8 @@ class AudioOperatorConfig(OperatorConfig):
     def __post_init__(self):
         super().__post_init__()
         owner = type(self).__name__
-        if not isinstance(self.field, str) or not self.field:
-            raise ValueError(f"{owner}.field must be a non-empty field name, got {self.field!r}")
-        if self.out_field is not None and (not isinstance(self.out_field, str) or not self.out_field):
-            raise ValueError(f"{owner}.out_field must be a non-empty field name or None (write back to field), "
-                             f"got {self.out_field!r}")
+        check_field_name(self, "field")
+        check_field_name(self, "out_field", allow_none=True)
         object.__setattr__(self, "learnable", check_learnable_field(self.learnable, owner))
 
 

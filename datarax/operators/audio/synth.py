@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.element import Element
-from datarax.core.operator import OperatorConfig, PerRecordOperator, describe
+from datarax.core.operator import OperatorConfig, PerRecordOperator, check_field_name, describe, read_field
 from datarax.operators.learnable import Magnitude
 
 
@@ -140,12 +140,6 @@ def _check_positive_int(config: object, name: str) -> None:
         raise ValueError(f"{type(config).__name__}.{name} must be a positive int, got {value!r}")
 
 
-def _check_field(config: object, name: str) -> None:
-    value = getattr(config, name)
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{type(config).__name__}.{name} must be a non-empty field name, got {value!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class HarmonicSynthConfig(OperatorConfig):
     """Configuration of `HarmonicSynthOperator`.
@@ -172,16 +166,15 @@ class HarmonicSynthConfig(OperatorConfig):
         for name in ("sample_rate", "hop_length"):
             _check_positive_int(self, name)
         for name in ("f0_field", "amplitude_field", "distribution_field", "out_field"):
-            _check_field(self, name)
+            check_field_name(self, name)
 
 
-def _read(element: Element, field: str, owner: str, config_name: str, ndim: int) -> jax.Array:
-    if field not in element.data:
-        raise KeyError(f"{owner} reads field {field!r}, but the record has fields {sorted(element.data)}; "
-                       f"set {config_name}(...) to the right field name")
-    x = element.data[field]
+def _read(op: PerRecordOperator, element: Element, arg: str, ndim: int) -> jax.Array:
+    """The field `op.config.<arg>` names, checked to have `ndim` axes per record."""
+    x = read_field(op, element, arg)
     if getattr(x, "ndim", None) != ndim:
-        raise ValueError(f"{owner} expects field {field!r} to have {ndim} axes per record, got {describe(x)}")
+        raise ValueError(f"{type(op).__name__} expects field {getattr(op.config, arg)!r} to have {ndim} axes per "
+                         f"record, got {describe(x)}")
     return x
 
 
@@ -195,10 +188,9 @@ class HarmonicSynthOperator(PerRecordOperator):
         self._init_rng(config, rngs)
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:
-        c, name = self.config, "HarmonicSynthOperator"
-        audio = harmonic_synth(_read(element, c.f0_field, name, "HarmonicSynthConfig", 1),
-                               _read(element, c.amplitude_field, name, "HarmonicSynthConfig", 1),
-                               _read(element, c.distribution_field, name, "HarmonicSynthConfig", 2),
+        c = self.config
+        audio = harmonic_synth(_read(self, element, "f0_field", 1), _read(self, element, "amplitude_field", 1),
+                               _read(self, element, "distribution_field", 2),
                                sample_rate=c.sample_rate, hop_length=c.hop_length)
         return element.update_data({c.out_field: audio})
 
@@ -224,7 +216,7 @@ class FilteredNoiseConfig(OperatorConfig):
             raise ValueError("FilteredNoiseConfig(stochastic=False) has no noise to filter; leave stochastic=True")
         _check_positive_int(self, "hop_length")
         for name in ("magnitudes_field", "out_field"):
-            _check_field(self, name)
+            check_field_name(self, name)
 
 
 class FilteredNoiseOperator(PerRecordOperator):
@@ -238,7 +230,7 @@ class FilteredNoiseOperator(PerRecordOperator):
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:
         c = self.config
-        magnitudes = _read(element, c.magnitudes_field, "FilteredNoiseOperator", "FilteredNoiseConfig", 2)
+        magnitudes = _read(self, element, "magnitudes_field", 2)
         noise = jax.random.uniform(key, (magnitudes.shape[0] * c.hop_length,), magnitudes.dtype, -1.0, 1.0)
         return element.update_data({c.out_field: filtered_noise(noise, magnitudes, c.hop_length)})
 
@@ -281,7 +273,8 @@ class ReverbConfig(OperatorConfig):
             raise ValueError(f"ReverbConfig.learnable must be True, False or a tuple of 'decay_s'/'wet', "
                              f"got {self.learnable!r}")
         object.__setattr__(self, "learnable", learnable)
-        _check_field(self, "field")
+        check_field_name(self, "field")
+        check_field_name(self, "out_field", allow_none=True)
 
 
 class ReverbNoise(nnx.Variable):
@@ -314,5 +307,5 @@ class ReverbOperator(PerRecordOperator):
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:
         c = self.config
-        audio = _read(element, c.field, "ReverbOperator", "ReverbConfig", 1)
+        audio = _read(self, element, "field", 1)
         return element.update_data({c.out_field or c.field: reverb(audio, self.impulse_response())})

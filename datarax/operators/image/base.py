@@ -25,7 +25,8 @@ from flax import nnx
 
 from datarax.core.element import Element
 from datarax.core.fusion import separately
-from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, describe, read_field, record_keys
+from datarax.core.operator import (BatchContext, OperatorConfig, PerRecordOperator, check_field_name, describe,
+                                    read_field, record_keys)
 from datarax.operators.learnable import Learnable, check_learnable_field, magnitudes, signed_uniform
 
 PAD_MODES = ("constant", "edge", "reflect", "symmetric")
@@ -46,8 +47,7 @@ class ImageOperatorConfig(OperatorConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if not isinstance(self.field, str) or not self.field:
-            raise ValueError(f"{type(self).__name__}.field must be a non-empty field name, got {self.field!r}")
+        check_field_name(self, "field")
         object.__setattr__(self, "learnable", check_learnable_field(self.learnable, type(self).__name__))
 
 
