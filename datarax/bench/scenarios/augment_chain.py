@@ -71,12 +71,19 @@ def _noise(image: jax.Array, key: jax.Array) -> jax.Array:
     return filters.gaussian_noise(image, filters.standard_normal(key, image.shape), SIGMA)
 
 
-def fused_chain_batch(images: jax.Array, keys: jax.Array, epoch: jax.Array) -> jax.Array:
-    """The whole chain for a batch, written by hand, with the rotation computed on its own on CPU
-    as the `RotationOperator` does (`datarax.core.fusion.separately`): the floor gets the same help."""
+def hand_written_chain(images: jax.Array, keys: jax.Array, token: jax.Array, *, with_noise: bool = True,
+                       separate: bool = True) -> jax.Array:
+    """The whole chain for a batch, written by hand. With `separate` the rotation is computed on
+    its own on CPU, as the `RotationOperator` does (`datarax.core.fusion.separately`)."""
     images, angles, noise_keys = jax.vmap(_before_rotation)(images, keys)
-    rotated = separately(lambda x, a: jax.vmap(geometry.rotate)(x, a), epoch >= 0, images, angles)
-    return jax.vmap(_noise)(rotated, noise_keys)
+    rotate = lambda x, a: jax.vmap(geometry.rotate)(x, a)  # noqa: E731
+    rotated = separately(rotate, token, images, angles) if separate else rotate(images, angles)
+    return jax.vmap(_noise)(rotated, noise_keys) if with_noise else rotated
+
+
+def fused_chain_batch(images: jax.Array, keys: jax.Array, epoch: jax.Array) -> jax.Array:
+    """The floor's batch function: `hand_written_chain` with the same warp separation as the operators."""
+    return hand_written_chain(images, keys, epoch >= 0)
 
 
 class TorchChain:
