@@ -22,10 +22,10 @@ from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorConfig, OperatorModule
 from datarax.operators.strategies import SelectorOperator
 from recipes.models import classification_loss
-from trainers.callbacks import Callback, StepLogs
+from datarax.train.callbacks import Callback, StepLogs
 
 if TYPE_CHECKING:
-    from trainers import Trainer
+    from datarax.train import Trainer
 
 WIDTH_FIELD = "aug_width"
 

@@ -1,7 +1,7 @@
 """What every recipe shares: the command line, the trainer set-up, result.json and plots.
 
 A recipe is `python -m recipes.<name> [--workdir DIR] [--quick] [--seed N]`. It trains one or
-more models with `trainers.Trainer` (an Orbax checkpoint callback and a goodput monitor on every
+more models with `datarax.train.Trainer` (an Orbax checkpoint callback and a goodput monitor on every
 run), writes `DIR/result.json` with its metrics and a PNG plot, and prints a summary. Running it
 again with the same `--workdir` resumes every run from its latest checkpoint (a finished run is
 restored and only re-evaluated).
@@ -26,8 +26,8 @@ import optax
 from flax import nnx
 
 from datarax import Pipeline
-from trainers import ConsoleWriter, JsonlWriter, Trainer
-from trainers.callbacks import Callback, CheckpointCallback, GoodputMonitor, MetricLogger
+from datarax.train import ConsoleWriter, JsonlWriter, Trainer
+from datarax.train.callbacks import Callback, CheckpointCallback, GoodputMonitor, MetricLogger
 
 DEFAULT_ROOT = Path("runs")
 
@@ -149,7 +149,7 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
 
     Args:
         run_dir: this run's directory (checkpoints, metrics.jsonl, goodput.json/png).
-        model, optimizer, pipeline, loss_fn, eval_pipeline, metrics, joint: as for `trainers.Trainer`
+        model, optimizer, pipeline, loss_fn, eval_pipeline, metrics, joint: as for `datarax.train.Trainer`
             (`joint` is `train_pipeline_params`).
         steps: total steps to reach (a resumed run stops where an uninterrupted one would).
         checkpoint_every: steps between checkpoints (default: four per run).
@@ -159,7 +159,7 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
         eval_before: also evaluate the model as built, before training (and before a resume
             restores it), e.g. to report the untrained loss.
     """
-    # Orbax rejects relative checkpoint paths (trainers.Checkpointer passes them through as given).
+    # Orbax rejects relative checkpoint paths (datarax.train.Checkpointer passes them through as given).
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = CheckpointCallback(run_dir / "checkpoints", every_steps=checkpoint_every or max(1, steps // 4),

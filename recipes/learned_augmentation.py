@@ -37,7 +37,7 @@ from recipes import common
 from recipes.augerino import AugmentationPolicy, PolicyTracker, policy_values, width_rewarded_loss
 from recipes.data import load_digits, per_class_split
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss
-from trainers import joint_optimizer
+from datarax.train import joint_optimizer
 
 NAME = "learned_augmentation"
 NUM_CLASSES = 10

@@ -33,7 +33,7 @@ from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, GainConfi
 from datarax.sources import MemorySource, MemorySourceConfig
 from recipes import common
 from recipes.models import ConvNet, classification_loss
-from trainers import joint_optimizer
+from datarax.train import joint_optimizer
 
 SAMPLE_RATE = 8000
 LENGTH = 2000

@@ -33,7 +33,7 @@ from datarax.sources import MemorySource, MemorySourceConfig
 from recipes import common
 from recipes.data import load_sample_images
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss
-from trainers import joint_optimizer
+from datarax.train import joint_optimizer
 
 PATCH = 16
 CAST = np.array([1.0, 0.72, 0.48], np.float32)

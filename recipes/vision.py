@@ -4,7 +4,7 @@
 
 The pipeline (a device-resident `MemorySource`, shuffled) converts the 8x8 digits to floats,
 applies a random affine warp (rotation, shift, zoom, shear) and, to half the records, Gaussian
-noise, all in one compiled program per batch. `trainers.Trainer` runs the jitted train step
+noise, all in one compiled program per batch. `datarax.train.Trainer` runs the jitted train step
 with an Orbax checkpoint (model + optimizer + iterator) and a goodput monitor. The recipe
 prints and records the test accuracy, the training throughput, the pipeline's own throughput and
 the goodput summary; rerunning with the same --workdir resumes from the latest checkpoint.

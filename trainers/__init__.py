@@ -1,20 +1,12 @@
-"""trainers: a Flax NNX training kit for datarax pipelines (depends on datarax, never the reverse).
+"""The training kit's folder in the repository layout; the kit itself is `datarax.train`.
 
-`Trainer` runs a jitted, buffer-donating train step over a datarax pipeline; callbacks in
-`trainers.callbacks` checkpoint (one Orbax checkpoint for model + optimizer + iterator), monitor
-goodput and data stalls, log metrics and show progress. See docs/trainers.md.
+Why a shim: a pip install must not put a generic top-level name such as `trainers` into a user's
+site-packages, so the kit ships inside the library as `datarax.train` (the top floor: it depends
+on the rest of datarax, and nothing else in datarax imports it). This folder is not installed; it
+keeps `import trainers` working for scripts run from a checkout and points readers to the code.
+Write `from datarax.train import Trainer` in new code.
 """
 
-from trainers.checkpointing import CheckpointMismatchError as CheckpointMismatchError
-from trainers.checkpointing import CheckpointRestoreError as CheckpointRestoreError
-from trainers.checkpointing import CheckpointSaveError as CheckpointSaveError
-from trainers.checkpointing import Checkpointer as Checkpointer
-from trainers.checkpointing import CorruptCheckpointWarning as CorruptCheckpointWarning
-from trainers.goodput import GoodputLedger as GoodputLedger
-from trainers.hashing import state_sha256 as state_sha256
-from trainers.optimizers import joint_optimizer as joint_optimizer
-from trainers.trainer import FitResult as FitResult
-from trainers.trainer import Trainer as Trainer
-from trainers.writers import ConsoleWriter as ConsoleWriter
-from trainers.writers import JsonlWriter as JsonlWriter
-from trainers.writers import TensorBoardWriter as TensorBoardWriter
+from datarax.train import *  # noqa: F401,F403
+from datarax.train import __all__ as __all__  # noqa: F401
+from datarax.train import callbacks as callbacks  # noqa: F401

@@ -4,7 +4,7 @@
     datarax train CONFIG      run the configured trainer (resumes from its checkpoints)
     datarax validate CONFIG   check a configuration; every problem, by TOML path
     datarax inspect CONFIG    element spec, per-stage shapes and dtypes, the graph, the fingerprint
-    datarax bench [SCENARIO ...] [--vs grain,tfdata,torch] [--json] [--plot FILE]
+    datarax bench [SCENARIO ...] [--vs grain,tfdata,torch] [--json] [--plot FILE]   (from a checkout)
     datarax version
 
 Configuration commands take `--set key.path=value` (repeatable) to override a value; environment
@@ -35,10 +35,16 @@ def _progress(args) -> bool | None:
     return False if getattr(args, "no_progress", False) else None
 
 
-def cmd_validate(args) -> int:
+def _load_spec(args):
+    """The validated configuration; the training kit is loaded first so a `[trainer]` table validates."""
+    import datarax.train.config  # noqa: F401  (registers [trainer] and the callback kind)
     from datarax.config import load_spec
 
-    spec = load_spec(args.config, overrides=args.overrides)
+    return load_spec(args.config, overrides=args.overrides)
+
+
+def cmd_validate(args) -> int:
+    spec = _load_spec(args)
     shape = (f"DAG of {len(spec.dag.nodes)} nodes" if spec.dag is not None else f"{len(spec.stages)} stage(s)")
     extras = [name for name, present in (("sampler", spec.sampler), ("sharding", spec.sharding),
                                          ("trainer", spec.trainer)) if present is not None]
@@ -51,9 +57,9 @@ def cmd_validate(args) -> int:
 
 def cmd_inspect(args) -> int:
     from datarax.cli.describe import describe
-    from datarax.config import build_pipeline, load_spec
+    from datarax.config import build_pipeline
 
-    spec = load_spec(args.config, overrides=args.overrides)
+    spec = _load_spec(args)
     pipeline = build_pipeline(spec)
     labels = None if spec.dag is not None else [f"stages[{i}] {s.name}" for i, s in enumerate(spec.stages)]
     print(describe(pipeline, config_path=args.config, stage_labels=labels))
@@ -62,9 +68,9 @@ def cmd_inspect(args) -> int:
 
 def cmd_run(args) -> int:
     from datarax.cli.run import format_report, run_pipeline
-    from datarax.config import build_pipeline, load_spec
+    from datarax.config import build_pipeline
 
-    spec = load_spec(args.config, overrides=args.overrides)
+    spec = _load_spec(args)
     epochs = args.epochs if args.epochs is not None else spec.run.epochs
     report = run_pipeline(lambda: build_pipeline(spec), epochs=epochs, max_batches=args.batches,
                           progress=_progress(args))
@@ -76,41 +82,39 @@ def cmd_run(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from datarax.cli.train import train
-    from datarax.config import load_spec
+    from datarax.train.command import train
 
-    spec = load_spec(args.config, overrides=args.overrides)
+    spec = _load_spec(args)
     status, text = train(spec, progress=_progress(args))
     print(text)
     return status
 
 
-def cmd_bench(args) -> int:
-    from datarax.bench.peers.runner import check_peers
-    from datarax.bench.registry import SCENARIO_MODULES, BenchOptions
-    from datarax.cli.bench import emit_json, format_table, machine, plot, run_bench
+BENCH_FROM_CHECKOUT = ("the benchmark suite is not installed with datarax; it runs from a source checkout: "
+                       "run `datarax bench` (or `python -m benchmarks`) in the repository's root folder")
 
-    names = args.scenarios or list(SCENARIO_MODULES)
-    unknown = [n for n in names if n not in SCENARIO_MODULES]
-    if unknown:
-        raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(sorted(SCENARIO_MODULES))}")
-    if args.repeats < 1 or args.scale <= 0:
-        raise ValueError(f"--repeats must be >= 1 and --scale > 0, got {args.repeats} and {args.scale}")
-    peers = check_peers([p.strip() for p in args.vs.split(",") if p.strip()])
-    options = BenchOptions(repeats=args.repeats, scale=args.scale, peers=peers)
-    info = machine()
-    load = "n/a" if info["load_avg_1min"] is None else f"{info['load_avg_1min']:.1f}"
-    # With --json, stdout holds only result rows; the machine line goes to stderr.
-    print(f"machine: {info['cpus']} CPUs ({info['processor']}), {info['platform']}, python {info['python']}, "
-          f"jax {info['jax']} on {info['backend']} x{info['devices']}, load average {load}",
-          file=sys.stderr if args.json else sys.stdout, flush=True)
-    rows = run_bench(names, options, progress=_progress(args), emit=emit_json if args.json else None)
-    if not args.json:
-        print(format_table(rows))
-    if args.plot:
-        plot(rows, args.plot)
-        print(f"plot written to {args.plot}", file=sys.stderr)
-    return 0
+
+def _benchmarks_folder() -> str:
+    """The checkout holding `benchmarks/`: the working directory, else the one datarax is installed from."""
+    import datarax
+
+    candidates = [os.getcwd(), os.path.dirname(os.path.dirname(os.path.abspath(datarax.__file__)))]
+    for root in candidates:
+        if os.path.isfile(os.path.join(root, "benchmarks", "__init__.py")):
+            return root
+    raise RuntimeError(BENCH_FROM_CHECKOUT)
+
+
+def cmd_bench(argv: Sequence[str]) -> int:
+    """Runs `python -m benchmarks ARGV` in this process (its parser, its help, its rows)."""
+    import importlib
+
+    root = _benchmarks_folder()
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    suite = importlib.import_module("benchmarks.__main__")
+    args = suite.build_parser(f"{PROG} bench").parse_args(argv)
+    return suite.run(args)
 
 
 def cmd_version(args) -> int:
@@ -143,16 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_parser(sub, "validate", "check a configuration file").set_defaults(handler=cmd_validate)
     _config_parser(sub, "inspect", "show element spec, per-stage shapes, the graph and the fingerprint"
                    ).set_defaults(handler=cmd_inspect)
-    bench = sub.add_parser("bench", help="run the benchmark suite, optionally against peer frameworks",
-                           description="run the benchmark suite, optionally against peer frameworks")
-    bench.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenarios to run (default: all)")
-    bench.add_argument("--vs", default="", help="peers to run too, comma-separated: grain,tfdata,torch")
-    bench.add_argument("--json", action="store_true", help="one JSON line per framework per scenario")
-    bench.add_argument("--plot", metavar="FILE", default=None, help="write a bar chart (needs matplotlib)")
-    bench.add_argument("--repeats", type=int, default=5, help="timed epochs per framework (median reported)")
-    bench.add_argument("--scale", type=float, default=1.0, help="multiply record counts (e.g. 0.1 for a smoke run)")
-    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
-    bench.set_defaults(handler=cmd_bench)
+    # Listed for --help only: main() hands everything after `bench` to the suite's own parser.
+    sub.add_parser("bench", add_help=False, help="run the benchmark suite from a checkout (datarax bench --help "
+                                                 "lists its scenarios and options)")
     sub.add_parser("version", help="print versions").set_defaults(handler=cmd_version)
     return parser
 
@@ -161,7 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit status (the console script exits with it)."""
     from datarax.config.schema import ConfigError
 
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    words = [i for i, word in enumerate(argv) if not word.startswith("-")]
+    if words and argv[words[0]] == "bench":
+        args = build_parser().parse_args(argv[:words[0]] + ["version"])  # datarax's own options, e.g. --traceback
+        bench_argv = argv[words[0] + 1:]
+        args.handler = lambda _: cmd_bench(bench_argv)
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
     except ConfigError as exc:

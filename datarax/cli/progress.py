@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
+
 from typing import Any, TextIO
 
 
@@ -64,14 +64,3 @@ def bar(total: int | None = None, *, desc: str = "", unit: str = "it", enabled: 
     except ImportError:
         return TextBar(total, desc, unit, file)
     return tqdm.tqdm(total=total, desc=desc, unit=unit, file=file, dynamic_ncols=True, mininterval=0.5, leave=False)
-
-
-def track(iterable: Iterable, **kwargs: Any) -> Iterator:
-    """Yields from `iterable`, advancing a bar (see `bar`) by one per item."""
-    progress = bar(**kwargs)
-    try:
-        for item in iterable:
-            yield item
-            progress.update(1)
-    finally:
-        progress.close()

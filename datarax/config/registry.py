@@ -60,9 +60,19 @@ KINDS = {
     "operator": Kind("operator", ("datarax.operators",), "datarax.core.operator:OperatorModule", ("Operator", "Node")),
     "source": Kind("source", ("datarax.sources",), "datarax.core.source:DataSourceModule", ("Source",)),
     "sampler": Kind("sampler", ("datarax.samplers",), "datarax.samplers.base:Sampler", ("Sampler",)),
-    # Only looked up when a [trainer] section lists callbacks; datarax itself never imports trainers.
-    "callback": Kind("callback", ("trainers.callbacks",), "trainers.callbacks.base:Callback", ("Callback",)),
 }
+
+
+def register_kind(kind: Kind) -> None:
+    """Adds a family of configurable classes that lives above the configuration layer.
+
+    The training kit (`datarax.train`) registers its `callback` kind when it is imported, so this
+    module never names the kit.
+    """
+    if KINDS.get(kind.name, kind) != kind:
+        raise ValueError(f"kind {kind.name!r} is already registered as {KINDS[kind.name]}")
+    KINDS[kind.name] = kind
+    discover.cache_clear()
 
 
 def snake_name(class_name: str, suffixes: Sequence[str] = ()) -> str:
@@ -127,6 +137,8 @@ def _wanted(obj: Any, module_name: str, base: type, suffixes: Sequence[str]) -> 
 @functools.lru_cache(maxsize=None)
 def discover(kind: str) -> tuple[dict[str, Entry], dict[str, list[str]], tuple[tuple[str, str], ...]]:
     """(name -> Entry, ambiguous name -> qualified class names, modules that failed to import)."""
+    if kind not in KINDS:
+        return {}, {}, ((kind, f"no package that provides {kind}s is loaded (for callbacks: import datarax.train)"),)
     spec = KINDS[kind]
     try:
         base = _import_base(spec.base)

@@ -26,14 +26,14 @@ or, instead of `stages`, a DAG:
     inputs = ["augment"]
     "mypkg.nodes:Merge" = {}
 
-plus optional `[sampler.<name>]`, `[sharding]` and `[trainer]` tables.
+plus optional `[sampler.<name>]` and `[sharding]` tables, and a `[trainer]` table that the training
+kit (`datarax.train`) validates when it is loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import graphlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +41,7 @@ from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.schema import FieldError, Path, build_dataclass, check_keys, convert, is_table, suggestion
 
 
-def _positive(name: str, value: Any, minimum: int = 1) -> None:
+def check_positive(name: str, value: Any, minimum: int = 1) -> None:
     if value is not None and value < minimum:
         raise FieldError(name, f"must be an integer >= {minimum}, got {value!r}")
 
@@ -63,10 +63,10 @@ class RunSection:
     trainer: Any = None
 
     def __post_init__(self):
-        _positive("batch_size", self.batch_size)
-        _positive("seed", self.seed, 0)
-        _positive("prefetch", self.prefetch)
-        _positive("epochs", self.epochs)
+        check_positive("batch_size", self.batch_size)
+        check_positive("seed", self.seed, 0)
+        check_positive("prefetch", self.prefetch)
+        check_positive("epochs", self.epochs)
 
 
 TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(RunSection))
@@ -105,61 +105,11 @@ class ShardingSection:
                                                f"are {list(self.axis_names)}")
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainerSection:
-    """`[trainer]`: a `trainers.Trainer` run (see docs/config.md).
-
-    Attributes:
-        model: import path of a function or class returning the `nnx.Module` to train; it gets
-            `model_args` and, if it takes one, `rngs=nnx.Rngs(seed)`.
-        loss: import path of `loss_fn(model, batch) -> loss` or `(loss, aux)`.
-        optimizer: `{adam = {learning_rate = 1e-3}}` (any optax function by name), an array of
-            such tables (chained with `optax.chain`), or an import path of a function returning
-            an optax transformation.
-        steps / epochs: train to this many total steps or epochs (exactly one).
-        checkpoint_dir: checkpoint here and resume from the newest checkpoint on restart.
-        checkpoint_every: save every N steps (a final save always happens).
-        callbacks: component tables of `trainers.callbacks` classes (by name, e.g.
-            `{ goodput = {} }`) or import paths.
-        trainer_class: import path of the trainer class.
-    """
-
-    model: Callable
-    loss: Callable
-    optimizer: Any
-    steps: int | None = None
-    epochs: int | None = None
-    model_args: dict[str, Any] = dataclasses.field(default_factory=dict)
-    metrics: dict[str, Callable] = dataclasses.field(default_factory=dict)
-    checkpoint_dir: str | None = None
-    checkpoint_every: int | None = None
-    max_to_keep: int = 3
-    train_pipeline_params: bool = False
-    callbacks: list[Any] = dataclasses.field(default_factory=list)
-    trainer_class: Callable | None = None
-
-    def __post_init__(self):
-        if (self.steps is None) == (self.epochs is None):
-            raise FieldError("steps", f"give exactly one of steps or epochs, got steps={self.steps!r}, "
-                                      f"epochs={self.epochs!r}")
-        _positive("steps", self.steps, 0)
-        _positive("epochs", self.epochs, 0)
-        _positive("checkpoint_every", self.checkpoint_every)
-        _positive("max_to_keep", self.max_to_keep)
-
-
 @dataclasses.dataclass
 class DagSpec:
     nodes: dict[str, ComponentSpec]
     edges: dict[str, list[str]]
     sink: str
-
-
-@dataclasses.dataclass
-class TrainerSpec:
-    section: TrainerSection
-    optimizer: list[tuple[str, Callable, dict[str, Any]]] | Callable
-    callbacks: list[ComponentSpec]
 
 
 @dataclasses.dataclass
@@ -172,7 +122,7 @@ class RunSpec:
     stages: list[ComponentSpec]
     dag: DagSpec | None
     sharding: ShardingSection | None
-    trainer: TrainerSpec | None
+    trainer: Any  # a `datarax.train.config.TrainerSpec` when the kit validated a [trainer] table
     path: str
     overrides: list[str]
 
@@ -232,48 +182,31 @@ def _dag(value: Any, ctx: Context) -> DagSpec | None:
     return DagSpec(nodes, edges, sink) if isinstance(sink, str) else None
 
 
-def _optimizer(value: Any, path: Path, ctx: Context):
-    import optax  # a core dependency, only needed when a trainer is configured
-
-    if isinstance(value, str):
-        return ctx.resolve_callable(value, path, ctx.problems)
-    tables = value if isinstance(value, list) else [value]
-    chain = []
-    public = [n for n in dir(optax) if not n.startswith("_") and callable(getattr(optax, n))]
-    for i, table in enumerate(tables):
-        here = (*path, i) if isinstance(value, list) else path
-        if not is_table(table) or len(table) != 1:
-            ctx.problems.add(here, "must be a table naming one optax function, e.g. { adam = { learning_rate = "
-                                   f"1e-3 }} }}, or an import path 'package.module:function'; got {table!r}")
-            continue
-        (name, kwargs), = table.items()
-        if name not in public:
-            ctx.problems.add((*here, name), f"is not an optax function{suggestion(name, public)}")
-            continue
-        if not is_table(kwargs):
-            ctx.problems.add((*here, name), f"must be a table of keyword arguments, got {kwargs!r}")
-            continue
-        params = inspect.signature(getattr(optax, name)).parameters
-        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            check_keys(kwargs, list(params), (*here, name), ctx.problems, what=f"argument of optax.{name}")
-        chain.append((name, getattr(optax, name), dict(kwargs)))
-    return chain
+SectionValidator = Callable[[Any, Context], Any]
+_SECTIONS: dict[str, SectionValidator] = {}
 
 
-def _trainer(value: Any, ctx: Context) -> TrainerSpec | None:
-    path = ("trainer",)
-    if not is_table(value):
-        ctx.problems.add(path, f"must be a table, got {value!r}")
+def register_section(name: str, validate_section: SectionValidator) -> None:
+    """Lets a package above datarax (the training kit) validate one top-level table.
+
+    The configuration layer knows nothing of what registers here: `datarax.train` registers
+    `[trainer]` when it is imported, so `datarax.config` never names the kit.
+
+    Args:
+        name: the top-level key (it must already be one of `TOP_LEVEL_KEYS`).
+        validate_section: `(value, ctx) -> spec or None`, reporting problems to `ctx.problems`.
+    """
+    if name not in TOP_LEVEL_KEYS:
+        raise ValueError(f"section {name!r} is not a top-level key; choose from {list(TOP_LEVEL_KEYS)}")
+    _SECTIONS[name] = validate_section
+
+
+def _section(name: str, value: Any, ctx: Context) -> Any:
+    if name not in _SECTIONS:
+        ctx.problems.add((name,), f"is validated by a package that is not loaded; import it first "
+                                  f"(`import datarax.train` for [trainer]; the datarax command line does)")
         return None
-    section = build_dataclass(TrainerSection, value, path, ctx.problems, resolve_callable=ctx.resolve_callable)
-    optimizer = _optimizer(value["optimizer"], (*path, "optimizer"), ctx) if "optimizer" in value else None
-    callbacks = []
-    raw = value.get("callbacks", [])
-    if isinstance(raw, list):
-        callbacks = [component(c, "callback", (*path, "callbacks", i), ctx) for i, c in enumerate(raw)]
-    if section is None or optimizer is None:
-        return None
-    return TrainerSpec(section, optimizer, callbacks)
+    return _SECTIONS[name](value, ctx)
 
 
 def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>", overrides: list[str] | None = None) -> RunSpec:
@@ -300,5 +233,5 @@ def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>", overr
             sharding = build_dataclass(ShardingSection, raw["sharding"], ("sharding",), problems)
         else:
             problems.add(("sharding",), f"must be a table, got {raw['sharding']!r}")
-    trainer = _trainer(raw["trainer"], ctx) if "trainer" in raw else None
+    trainer = _section("trainer", raw["trainer"], ctx) if "trainer" in raw else None
     return RunSpec(run, source, sampler, stages, dag, sharding, trainer, path, overrides or [])

@@ -4,7 +4,7 @@ XLA fuses elementwise producers and consumers of a gather into one loop, and XLA
 does not vectorise a loop that contains a gather. A bilinear warp (rotation, affine, translate:
 four gathers per output pixel) then recomputes every upstream colour operation once per tap and
 runs every downstream one (noise's inverse normal CDF, a gamma curve) one scalar at a time.
-Measured on the 2-core CPU with a batch of 64 128x128x3 images (`python -m datarax.bench.stages`):
+Measured on the 2-core CPU with a batch of 64 128x128x3 images (`python -m benchmarks.stages`):
 crop, flip, brightness, contrast, rotation and noise took 130 ms fused, 39 ms with the rotation
 computed on its own; `optimization_barrier` did not separate them.
 

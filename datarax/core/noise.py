@@ -12,7 +12,7 @@ where `k0, k1` are the record key's two 32-bit words and `h` is the `lowbias32` 
 (Wellons' hash-prospector constants: full avalanche, bias ~0.17 %). That is a handful of
 multiply/xor/shift ops per word, which XLA fuses and vectorises. A batch of 64 standard normal
 128x128x3 draws on the 2-core CPU: 11.6 ms, against 80.7 ms for `jax.random.normal` and 32.7 ms
-for the earlier 16-bit-threefry scheme (`python -m datarax.bench.stages`). The key itself still
+for the earlier 16-bit-threefry scheme (`python -m benchmarks.stages`). The key itself still
 comes from threefry, so streams of different records, stages and epochs are as independent as
 their keys.
 

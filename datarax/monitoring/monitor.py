@@ -22,7 +22,7 @@ blocks there while the device is still busy with earlier steps. What costs throu
 dispatched. Pass each step's output to `monitor.step_done(output)` and a watcher thread records
 when every step finished; the summary's `device` section then splits the device's idle time into
 the part the loop spent waiting for data (a data stall) and the rest, and the diagnosis is based
-on that. (`trainers.callbacks.GoodputMonitor` does the same for the `Trainer`, with checkpoint,
+on that. (`datarax.train.callbacks.GoodputMonitor` does the same for the `Trainer`, with checkpoint,
 compile and eval time as their own buckets.)
 """
 

@@ -1,4 +1,4 @@
-"""Timing helpers shared with `trainers`: a thread that records when each step's output became ready,
+"""Timing helpers shared with the training kit (`datarax.train`): a thread that records when each step's output became ready,
 and the overlap of an interval with sorted host intervals."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class HFBlockReader(RecordReader):
         self._source, self._epoch = source, int(epoch)
         config = source.config
         self._shuffle, self._block_size = config.shuffle, config.block_size
-        shards = source._shards
+        shards = source.num_shards
         if self._shuffle and shards > 1:
             self._order = np.random.default_rng([source.seed, self._epoch, 0x5EED]).permutation(shards).tolist()
         else:
@@ -53,7 +53,7 @@ class HFBlockReader(RecordReader):
             self._offset = min(state["offset"], len(self._perm))
 
     def _open_part(self, hf_state: dict | None) -> None:
-        dataset = self._source._io.dataset
+        dataset = self._source.dataset
         if self._order is not None:
             dataset = dataset.shard(num_shards=len(self._order), index=self._order[self._part], contiguous=True)
         self._formatted = dataset.with_format("arrow")
@@ -78,7 +78,7 @@ class HFBlockReader(RecordReader):
                 self._open_part(None)
                 start, index = None, 0
         self._block_start, self._block, self._offset = start, index, 0
-        self._arrays = self._source._io.converter.arrays(table)
+        self._arrays = self._source.converter.arrays(table)
         n = len(table)
         if self._shuffle:
             shard = self._order[self._part] if self._order is not None else 0

@@ -158,7 +158,7 @@ class GrainStreamSource(StreamSourceModule):
                             f"epoch -> dataset, got {describe(dataset)}")
         self.config = config
         self._io = Handles(dataset=dataset)
-        iterator = iter(self._dataset(0))
+        iterator = iter(self.dataset_for_epoch(0))
         try:
             first = as_record(next(iterator), None, "GrainStreamSource")
         except StopIteration:
@@ -166,9 +166,10 @@ class GrainStreamSource(StreamSourceModule):
         finally:
             getattr(iterator, "close", lambda: None)()
         self._io.spec = spec_of(first, "GrainStreamSource element", batched=config.batched)
-        self._name = type(self._dataset(0)).__name__
+        self._name = type(self.dataset_for_epoch(0)).__name__
 
-    def _dataset(self, epoch: int) -> Any:
+    def dataset_for_epoch(self, epoch: int) -> Any:
+        """The grain dataset read in `epoch` (the one given, or what a per-epoch factory returns)."""
         dataset = self._io.dataset
         return dataset(epoch) if callable(dataset) and not hasattr(dataset, "__iter__") else dataset
 
@@ -191,7 +192,7 @@ class _GrainReader(RecordReader):
 
     def __init__(self, source: GrainStreamSource, epoch: int, state: dict[str, Any] | None):
         self._batched = source.config.batched
-        self._iterator = iter(source._dataset(epoch))
+        self._iterator = iter(source.dataset_for_epoch(epoch))
         self._current: dict[str, np.ndarray] | None = None
         self._offset, self._size = 0, 0
         self._start = None

@@ -326,6 +326,21 @@ class HFStreamSource(StreamSourceModule):
     def num_records(self) -> int | None:
         return self._num_records
 
+    @property
+    def num_shards(self) -> int:
+        """The stream's shards (files or HF shards), the unit of the seeded shard order."""
+        return self._shards
+
+    @property
+    def dataset(self) -> Any:
+        """The HF `IterableDataset` read, restricted to the selected columns."""
+        return self._io.dataset
+
+    @property
+    def converter(self) -> TableConverter:
+        """Turns an Arrow table of the selected columns into the source's arrays."""
+        return self._io.converter
+
     def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
         return dict(self._io.converter.spec)
 

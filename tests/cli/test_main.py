@@ -197,7 +197,7 @@ def fake_peer(peer, recipe, *, repeats):
 
 
 def test_bench_prints_one_row_per_framework_per_scenario(monkeypatch, capsys, tmp_path):
-    from datarax.bench.peers import runner
+    from benchmarks.peers import runner
 
     monkeypatch.setattr(runner, "run_isolated", fake_peer)
     monkeypatch.setattr(runner, "installed", lambda peer: True)
@@ -217,7 +217,7 @@ def test_bench_prints_one_row_per_framework_per_scenario(monkeypatch, capsys, tm
 
 def test_bench_table_and_plot(monkeypatch, capsys, tmp_path):
     pytest.importorskip("matplotlib")
-    from datarax.bench.peers import runner
+    from benchmarks.peers import runner
 
     monkeypatch.setattr(runner, "run_isolated", fake_peer)
     monkeypatch.setattr(runner, "installed", lambda peer: peer != "tfdata")

@@ -7,6 +7,8 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+
+import datarax.train  # noqa: F401  (registers the [trainer] table, which the kit validates)
 from flax import nnx
 
 from datarax import Pipeline
@@ -255,7 +257,7 @@ def test_a_constructor_error_at_build_names_the_component(helpers):
 
 
 def test_a_trainer_section_builds_the_trainer_with_its_callbacks(helpers):
-    from datarax.config import build_trainer
+    from datarax.train import build_trainer
 
     spec = load_spec(write(helpers, SOURCE + """
         [trainer]

@@ -1,4 +1,4 @@
-"""Data-parallel training with `trainers.Trainer`: 8 fake CPU devices end where 1 device ends.
+"""Data-parallel training with `datarax.train.Trainer`: 8 fake CPU devices end where 1 device ends.
 
 The sharded run feeds global batches split over a `data` mesh axis, with the parameters
 replicated on that mesh; XLA partitions the jitted train step and all-reduces the gradients.
@@ -20,7 +20,7 @@ from datarax import Pipeline
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.sharding import DataSharding
 from datarax.sources import MemorySource, MemorySourceConfig
-from trainers import Trainer
+from datarax.train import Trainer
 
 NUM_RECORDS, BATCH, STEPS = 60, 16, 8  # 4 steps per epoch, the last with 12 records
 

@@ -11,7 +11,7 @@ from datarax import Pipeline
 from datarax.pipeline.scan import ScanRunner
 from datarax.sharding import DataSharding
 from datarax.sources import MemorySource, MemorySourceConfig
-from trainers import Trainer
+from datarax.train import Trainer
 
 
 def sharded_pipeline():

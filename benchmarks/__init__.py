@@ -1,0 +1,1 @@
+"""The benchmark suite: `python -m benchmarks [scenario ...]` (see docs/benchmarks.md)."""

@@ -1,0 +1,145 @@
+"""Running scenarios and reporting them: one row per framework per scenario (datarax, its
+hand-written floor, then each peer) with el/s and the ratios to datarax and to the floor, as a
+table, JSON lines or a bar chart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from benchmarks.peers.runner import ratio
+from datarax.cli.progress import bar
+
+_DETAIL_KEYS = ("records", "batch_size", "first_batch_s", "backend")
+
+
+def framework_rows(name: str, rows: Sequence[dict]) -> list[dict]:
+    """A scenario's own rows as `datarax` and `floor` framework rows."""
+    out = []
+    for row in rows:
+        if "datarax_el_s" not in row or "floor_el_s" not in row:
+            out.append({"scenario": row.get("scenario", name), "framework": "datarax", **row})
+            continue
+        ours, floor = row["datarax_el_s"], row["floor_el_s"]
+        details = {k: row[k] for k in _DETAIL_KEYS if k in row}
+        extra = {k: v for k, v in row.items() if k not in (*_DETAIL_KEYS, "scenario", "datarax_el_s", "floor_el_s",
+                                                           "ratio", "datarax_runs", "floor_runs",
+                                                           "floor_first_batch_s")}
+        out.append({"scenario": row["scenario"], "framework": "datarax", "el_s": ours, "ratio_to_datarax": 1.0,
+                    "ratio_to_floor": ratio(ours, floor),
+                    "el_s_runs": row.get("datarax_runs"), **details, **extra})
+        out.append({"scenario": row["scenario"], "framework": "floor", "el_s": floor,
+                    "ratio_to_datarax": ratio(floor, ours), "ratio_to_floor": 1.0,
+                    "el_s_runs": row.get("floor_runs"), "first_batch_s": row.get("floor_first_batch_s")})
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """The machine a benchmark ran on, for the report."""
+    import jax
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpus": os.cpu_count(), "processor": _cpu_model(), "load_avg_1min": load,
+            "python": platform.python_version(), "jax": jax.__version__, "backend": jax.default_backend(),
+            "devices": len(jax.devices()), "platform": platform.platform()}
+
+
+def run_bench(names: Sequence[str], options: Any, *, progress: bool | None = None,
+              emit: Callable[[dict], None] | None = None) -> list[dict]:
+    """Runs `names` (and `options.peers`); returns framework rows, passing each to `emit` as it lands."""
+    from benchmarks.peers.runner import peer_rows
+    from benchmarks.registry import load
+
+    steps = len(names) * (1 + len(options.peers))
+    progress_bar = bar(steps, desc="datarax bench", unit="run", enabled=progress)
+    rows: list[dict] = []
+
+    def land(new: list[dict]) -> None:
+        rows.extend(new)
+        for row in new:
+            if emit is not None:
+                emit(row)
+
+    try:
+        for name in names:
+            progress_bar.set_description(f"{name}: datarax")
+            results = load(name)(options)
+            land(framework_rows(name, results))
+            progress_bar.update(1)
+            for peer in options.peers:
+                progress_bar.set_description(f"{name}: {peer}")
+                land(peer_rows(name, results, dataclasses.replace(options, peers=(peer,))))
+                progress_bar.update(1)
+    finally:
+        progress_bar.close()
+    return rows
+
+
+def _number(value: Any, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """A fixed-width table; rows without a rate show why (skipped or error)."""
+    header = ("scenario", "framework", "el/s", "vs datarax", "vs floor", "notes")
+    body = []
+    for r in rows:
+        note = r.get("error") or r.get("skipped") or r.get("settings") or ""
+        body.append((str(r.get("scenario")), str(r.get("framework")), _number(r.get("el_s"), ",.0f"),
+                     _number(r.get("ratio_to_datarax"), ".3f", "x"), _number(r.get("ratio_to_floor"), ".3f", "x"),
+                     note))
+    widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header) - 1)]
+    lines = []
+    for row in (header, *body):
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+        cells += [row[i].rjust(widths[i]) for i in range(2, len(widths))]
+        lines.append("  ".join(cells + [row[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[dict], path: str) -> None:
+    """A grouped bar chart of el/s (log scale), one group per scenario, one bar per framework."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RuntimeError("--plot needs matplotlib: pip install matplotlib (or pip install 'datarax[bench]')") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    frameworks = list(dict.fromkeys(r["framework"] for r in rows))
+    rates = {(r["scenario"], r["framework"]): r.get("el_s") for r in rows}
+    width = 0.8 / max(len(frameworks), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(scenarios) * max(len(frameworks), 1) / 2), 4.5))
+    for i, fw in enumerate(frameworks):
+        xs = [j + i * width for j, s in enumerate(scenarios) if rates.get((s, fw))]
+        ys = [rates[(s, fw)] for s in scenarios if rates.get((s, fw))]
+        ax.bar(xs, ys, width, label=fw)
+    ax.set_xticks([j + width * (len(frameworks) - 1) / 2 for j in range(len(scenarios))], scenarios)
+    ax.set_yscale("log")
+    ax.set_ylabel("elements / second (log scale)")
+    ax.set_title("datarax vs peers (higher is better)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def emit_json(row: dict) -> None:
+    print(json.dumps(row), flush=True)

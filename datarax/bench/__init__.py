@@ -1,1 +1,0 @@
-"""The benchmark suite: `python -m datarax.bench [scenario ...]` (see docs/benchmarks.md)."""

@@ -1,0 +1,29 @@
+"""datarax.train: a Flax NNX training kit for datarax pipelines (the top floor of the package).
+
+The kit depends on the rest of datarax and nothing else in datarax imports it (the command line
+loads it inside `datarax train`); importing it registers the `[trainer]` table and the `callback`
+component kind with `datarax.config`.
+
+`Trainer` runs a jitted, buffer-donating train step over a datarax pipeline; callbacks in
+`datarax.train.callbacks` checkpoint (one Orbax checkpoint for model + optimizer + iterator), monitor
+goodput and data stalls, log metrics and show progress. See docs/trainers.md.
+"""
+
+from datarax.train.checkpointing import CheckpointMismatchError as CheckpointMismatchError
+from datarax.train.checkpointing import CheckpointRestoreError as CheckpointRestoreError
+from datarax.train.checkpointing import CheckpointSaveError as CheckpointSaveError
+from datarax.train.checkpointing import Checkpointer as Checkpointer
+from datarax.train.checkpointing import CorruptCheckpointWarning as CorruptCheckpointWarning
+from datarax.train.goodput import GoodputLedger as GoodputLedger
+from datarax.train.hashing import state_sha256 as state_sha256
+from datarax.train.optimizers import joint_optimizer as joint_optimizer
+from datarax.train.trainer import FitResult as FitResult
+from datarax.train.trainer import Trainer as Trainer
+from datarax.train.writers import ConsoleWriter as ConsoleWriter
+from datarax.train.writers import JsonlWriter as JsonlWriter
+from datarax.train.writers import TensorBoardWriter as TensorBoardWriter
+from datarax.train import config as config  # registers [trainer] with datarax.config
+from datarax.train.config import build_trainer as build_trainer
+from datarax.train.config import load_trainer as load_trainer
+
+__all__ = ['CheckpointMismatchError', 'CheckpointRestoreError', 'CheckpointSaveError', 'Checkpointer', 'ConsoleWriter', 'CorruptCheckpointWarning', 'FitResult', 'GoodputLedger', 'JsonlWriter', 'TensorBoardWriter', 'Trainer', 'build_trainer', 'joint_optimizer', 'load_trainer', 'state_sha256']

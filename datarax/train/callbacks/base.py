@@ -1,0 +1,225 @@
+"""The callback contract: a small event set, step logs, and schedules that survive a resume.
+
+Events, in the order a run sees them (all methods are optional no-ops):
+
+    on_train_begin(trainer)                     before the first step; checkpoints restore here
+    on_data_wait_begin(trainer, step)           the host is about to call next() for `step`
+    on_data_wait_end(trainer, step, seconds)    next() returned after `seconds`
+    on_step_begin(trainer, step)                the batch is in hand, the step is about to run
+    on_step_end(trainer, logs)                  the step was dispatched (`logs`: StepLogs)
+    on_eval_begin(trainer, step) / on_eval_end(trainer, step, metrics)
+    on_checkpoint_save(trainer, info) / on_checkpoint_restore(trainer, info)
+    on_train_end(trainer, logs)                 after the last step (or a stop request)
+
+`on_step_end` never waits for the device: `logs.metrics` holds the host values of the
+*previous* step (`logs.metrics_step`), read after the current step was dispatched, so logging
+never forces a sync. `on_train_end` carries the final step's metrics.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from datarax.train.trainer import Trainer
+
+EVENTS = (
+    "on_train_begin", "on_data_wait_begin", "on_data_wait_end", "on_step_begin", "on_step_end",
+    "on_eval_begin", "on_eval_end", "on_checkpoint_save", "on_checkpoint_restore", "on_train_end",
+)
+
+
+@dataclasses.dataclass
+class StepLogs:
+    """What `on_step_end` and `on_train_end` receive.
+
+    Attributes:
+        step: the optimizer step just dispatched (1-based: the number of updates so far).
+        batch_size: records in this step's batch.
+        metrics: host floats of step `metrics_step` (empty when none is available yet).
+        metrics_step: the step `metrics` belong to (`step - 1` in `on_step_end`), or None.
+        data_wait: (begin, end) `time.perf_counter()` of the next() call for this step.
+        dispatched_at: `time.perf_counter()` right after the step was dispatched.
+        compile_seconds: time spent compiling the step before this dispatch (0 when cached).
+        output: a device array of this step (its loss) that becomes ready when the step is done;
+            a callback may wait on it off the main thread, never on the main thread.
+        epoch: the data epoch this step's batch came from.
+    """
+
+    step: int
+    batch_size: int = 0
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    metrics_step: int | None = None
+    data_wait: tuple[float, float] = (0.0, 0.0)
+    dispatched_at: float = 0.0
+    compile_seconds: float = 0.0
+    output: Any = None
+    epoch: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """What `on_checkpoint_save` / `on_checkpoint_restore` receive.
+
+    Attributes:
+        step: the step saved or restored.
+        seconds: time the training loop was blocked by the save or restore.
+        began_at: `time.perf_counter()` when it started.
+        directory: the checkpoint root directory.
+        forced: a save outside the schedule (final or preemption save).
+    """
+
+    step: int
+    seconds: float
+    began_at: float
+    directory: str
+    forced: bool = False
+
+
+class Callback:
+    """Base class of callbacks: override the events you need (see the module docstring).
+
+    `order` sorts callbacks per event (stable, ascending) so that producers of values run before
+    the loggers that write them: value producers use < 0, loggers > 0. `event_order` can give
+    one event another rank (the goodput monitor sees each step first, and train end last). `get_state`/`set_state`
+    let a callback's own state (e.g. early-stopping patience) travel in the checkpoint.
+    """
+
+    order: int = 0
+
+    def event_order(self, event: str) -> int:
+        """This callback's rank for `event` (default: `order`)."""
+        return self.order
+
+    def on_train_begin(self, trainer: Trainer) -> None: ...
+
+    def on_data_wait_begin(self, trainer: Trainer, step: int) -> None: ...
+
+    def on_data_wait_end(self, trainer: Trainer, step: int, seconds: float) -> None: ...
+
+    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...
+
+    def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None: ...
+
+    def on_eval_begin(self, trainer: Trainer, step: int) -> None: ...
+
+    def on_eval_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None: ...
+
+    def on_checkpoint_save(self, trainer: Trainer, info: CheckpointInfo) -> None: ...
+
+    def on_checkpoint_restore(self, trainer: Trainer, info: CheckpointInfo) -> None: ...
+
+    def on_train_end(self, trainer: Trainer, logs: StepLogs) -> None: ...
+
+    def get_state(self) -> dict | None:
+        """JSON-able state saved with each checkpoint (None: nothing to save)."""
+        return None
+
+    def set_state(self, state: dict) -> None:
+        """Restores what `get_state` returned."""
+
+    def close(self) -> None:
+        """Releases resources when a run ends with an exception (after on_train_end otherwise)."""
+
+
+class CallbackList:
+    """Dispatches events to callbacks, calling only those that override each event."""
+
+    def __init__(self, callbacks: Iterable[Callback]):
+        callbacks = list(callbacks)
+        for i, cb in enumerate(callbacks):
+            if not isinstance(cb, Callback):
+                raise TypeError(f"callbacks[{i}] must be a trainers Callback, got {type(cb).__name__}: "
+                                f"{cb!r:.80}; subclass datarax.train.callbacks.Callback")
+        self.callbacks = sorted(callbacks, key=lambda cb: cb.order)
+        self._handlers = {
+            event: [getattr(cb, event) for cb in sorted(self.callbacks, key=lambda cb: cb.event_order(event))
+                    if getattr(type(cb), event) is not getattr(Callback, event)]
+            for event in EVENTS
+        }
+
+    def __iter__(self):
+        return iter(self.callbacks)
+
+    def __call__(self, event: str, *args: Any) -> None:
+        for handler in self._handlers[event]:
+            handler(*args)
+
+    def states(self) -> dict[str, dict]:
+        """Each stateful callback's state, keyed by `<index>:<class name>`."""
+        out = {}
+        for i, cb in enumerate(self.callbacks):
+            state = cb.get_state()
+            if state is not None:
+                out[f"{i}:{type(cb).__name__}"] = state
+        return out
+
+    def set_states(self, states: dict[str, dict]) -> None:
+        for i, cb in enumerate(self.callbacks):
+            key = f"{i}:{type(cb).__name__}"
+            if key in states:
+                cb.set_state(states[key])
+
+
+def _positive(name: str, value: Any, kind: type | tuple) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+        raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+    return value
+
+
+class Schedule:
+    """When a periodic callback fires: every N steps, every T seconds, and/or on listed steps.
+
+    Firing is decided by *crossing*, not equality: `every_steps=10` fires on the first step at or
+    past each multiple of 10, and `on_steps=(25,)` fires on the first step >= 25 seen after a
+    step < 25. A run resumed at step 37 therefore fires next at 40, never at 37 again, and a jump
+    over several boundaries fires once.
+
+    Example:
+        >>> s = Schedule(every_steps=10)
+        >>> s.reset(step=37, now=0.0)
+        >>> [step for step in range(38, 52) if s.due(step, now=0.0)]
+        [40, 50]
+    """
+
+    def __init__(self, every_steps: int | None = None, every_secs: float | None = None,
+                 on_steps: Sequence[int] = ()):
+        self.every_steps = _positive("every_steps", every_steps, int)
+        self.every_secs = _positive("every_secs", every_secs, (int, float))
+        if isinstance(on_steps, (int, str)) or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                       for s in on_steps):
+            raise TypeError(f"on_steps must be a sequence of ints, got {on_steps!r}; pass on_steps=(100, 200)")
+        self.on_steps = tuple(sorted(on_steps))
+        self._last_step = 0
+        self._last_time = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.every_steps is not None or self.every_secs is not None or bool(self.on_steps)
+
+    def reset(self, step: int, now: float | None = None) -> None:
+        """Starts counting from `step` (the step a run begins or resumes at)."""
+        self._last_step = step
+        self._last_time = time.monotonic() if now is None else now
+
+    def due(self, step: int, now: float | None = None) -> bool:
+        """Whether to fire at `step`; call once per step, with steps increasing."""
+        prev, self._last_step = self._last_step, step
+        fire = False
+        if self.every_steps is not None and step // self.every_steps > prev // self.every_steps:
+            fire = True
+        if bisect.bisect_right(self.on_steps, step) > bisect.bisect_right(self.on_steps, prev):
+            fire = True
+        if self.every_secs is not None:
+            now = time.monotonic() if now is None else now
+            if now - self._last_time >= self.every_secs:
+                fire = True
+        if fire:
+            self._last_time = time.monotonic() if now is None else now
+        return fire

@@ -1,0 +1,201 @@
+"""The `[trainer]` table of a configuration file: its schema and the `Trainer` it builds.
+
+The configuration layer (`datarax.config`) validates and builds pipelines and knows nothing of
+the kit; importing this module registers the `[trainer]` table and the `callback` component kind
+with it. `load_trainer(path)` reads a file and builds both pipeline and trainer:
+
+    >>> from datarax.train.config import load_trainer
+    >>> run = load_trainer("experiment.toml")
+    >>> result = run.fit()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from datarax.config.build import build_component, build_pipeline, load_spec, takes_argument
+from datarax.config.components import ComponentSpec, Context, component
+from datarax.config.registry import Kind, register_kind
+from datarax.config.schema import ConfigError, FieldError, Path, build_dataclass, check_keys, is_table, suggestion
+from datarax.config.spec import RunSpec, check_positive, register_section
+from datarax.train.callbacks import CheckpointCallback
+from datarax.train.trainer import Trainer
+
+CALLBACK_KIND = Kind("callback", ("datarax.train.callbacks",), "datarax.train.callbacks.base:Callback", ("Callback",))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSection:
+    """`[trainer]`: a `datarax.train.Trainer` run (see docs/config.md).
+
+    Attributes:
+        model: import path of a function or class returning the `nnx.Module` to train; it gets
+            `model_args` and, if it takes one, `rngs=nnx.Rngs(seed)`.
+        loss: import path of `loss_fn(model, batch) -> loss` or `(loss, aux)`.
+        optimizer: `{adam = {learning_rate = 1e-3}}` (any optax function by name), an array of
+            such tables (chained with `optax.chain`), or an import path of a function returning
+            an optax transformation.
+        steps / epochs: train to this many total steps or epochs (exactly one).
+        checkpoint_dir: checkpoint here and resume from the newest checkpoint on restart.
+        checkpoint_every: save every N steps (a final save always happens).
+        callbacks: component tables of `datarax.train.callbacks` classes (by name, e.g.
+            `{ goodput = {} }`) or import paths.
+        trainer_class: import path of the trainer class.
+    """
+
+    model: Callable
+    loss: Callable
+    optimizer: Any
+    steps: int | None = None
+    epochs: int | None = None
+    model_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, Callable] = dataclasses.field(default_factory=dict)
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    max_to_keep: int = 3
+    train_pipeline_params: bool = False
+    callbacks: list[Any] = dataclasses.field(default_factory=list)
+    trainer_class: Callable | None = None
+
+    def __post_init__(self):
+        if (self.steps is None) == (self.epochs is None):
+            raise FieldError("steps", f"give exactly one of steps or epochs, got steps={self.steps!r}, "
+                                      f"epochs={self.epochs!r}")
+        check_positive("steps", self.steps, 0)
+        check_positive("epochs", self.epochs, 0)
+        check_positive("checkpoint_every", self.checkpoint_every)
+        check_positive("max_to_keep", self.max_to_keep)
+
+
+
+
+@dataclasses.dataclass
+class TrainerSpec:
+    section: TrainerSection
+    optimizer: list[tuple[str, Callable, dict[str, Any]]] | Callable
+    callbacks: list[ComponentSpec]
+
+
+
+
+def _validate_optimizer(value: Any, path: Path, ctx: Context):
+    import optax  # a core dependency, only needed when a trainer is configured
+
+    if isinstance(value, str):
+        return ctx.resolve_callable(value, path, ctx.problems)
+    tables = value if isinstance(value, list) else [value]
+    chain = []
+    public = [n for n in dir(optax) if not n.startswith("_") and callable(getattr(optax, n))]
+    for i, table in enumerate(tables):
+        here = (*path, i) if isinstance(value, list) else path
+        if not is_table(table) or len(table) != 1:
+            ctx.problems.add(here, "must be a table naming one optax function, e.g. { adam = { learning_rate = "
+                                   f"1e-3 }} }}, or an import path 'package.module:function'; got {table!r}")
+            continue
+        (name, kwargs), = table.items()
+        if name not in public:
+            ctx.problems.add((*here, name), f"is not an optax function{suggestion(name, public)}")
+            continue
+        if not is_table(kwargs):
+            ctx.problems.add((*here, name), f"must be a table of keyword arguments, got {kwargs!r}")
+            continue
+        params = inspect.signature(getattr(optax, name)).parameters
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            check_keys(kwargs, list(params), (*here, name), ctx.problems, what=f"argument of optax.{name}")
+        chain.append((name, getattr(optax, name), dict(kwargs)))
+    return chain
+
+
+def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
+    """Validates a `[trainer]` table (registered with `datarax.config` when this module is imported)."""
+    path = ("trainer",)
+    if not is_table(value):
+        ctx.problems.add(path, f"must be a table, got {value!r}")
+        return None
+    section = build_dataclass(TrainerSection, value, path, ctx.problems, resolve_callable=ctx.resolve_callable)
+    optimizer = _validate_optimizer(value["optimizer"], (*path, "optimizer"), ctx) if "optimizer" in value else None
+    callbacks = []
+    raw = value.get("callbacks", [])
+    if isinstance(raw, list):
+        callbacks = [component(c, "callback", (*path, "callbacks", i), ctx) for i, c in enumerate(raw)]
+    if section is None or optimizer is None:
+        return None
+    return TrainerSpec(section, optimizer, callbacks)
+
+
+@dataclasses.dataclass
+class TrainerRun:
+    """A built trainer and the target `fit` should reach."""
+
+    trainer: Any
+    num_steps: int | None
+    num_epochs: int | None
+    checkpoint_dir: str | None
+
+    def fit(self):
+        return self.trainer.fit(self.num_steps, num_epochs=self.num_epochs)
+
+
+def _build_optimizer(trainer: TrainerSpec):
+    import optax
+
+    if callable(trainer.optimizer):
+        return trainer.optimizer()
+    parts = []
+    for name, fn, kwargs in trainer.optimizer:
+        try:
+            parts.append(fn(**kwargs))
+        except TypeError as exc:
+            raise ConfigError([f"trainer.optimizer.{name} could not be built: {exc}"]) from exc
+    return parts[0] if len(parts) == 1 else optax.chain(*parts)
+
+
+def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Sequence[Any] = ()) -> TrainerRun:
+    """The trainer a configuration's `[trainer]` section describes, over its pipeline.
+
+    With `checkpoint_dir` set, a checkpoint callback restores the newest checkpoint when training
+    begins, so running the same configuration again resumes where the last run stopped.
+    """
+    from flax import nnx
+
+    if spec.trainer is None:
+        raise ConfigError(["trainer is missing: add a [trainer] table with model, loss, optimizer and steps "
+                           "(see docs/config.md)"], spec.path)
+    section = spec.trainer.section
+    base_dir = os.path.dirname(os.path.abspath(spec.path))
+    pipeline = build_pipeline(spec) if pipeline is None else pipeline
+    model_args = dict(section.model_args)
+    if takes_argument(section.model, "rngs") and "rngs" not in model_args:
+        model_args["rngs"] = nnx.Rngs(spec.run.seed)
+    try:
+        model = section.model(**model_args)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError([f"trainer.model could not be built: {exc}"], spec.path) from exc
+    callbacks = [build_component(c) for c in spec.trainer.callbacks]
+    checkpoint_dir = None
+    if section.checkpoint_dir is not None:
+        checkpoint_dir = os.path.normpath(os.path.join(base_dir, os.path.expanduser(section.checkpoint_dir)))
+        callbacks.insert(0, CheckpointCallback(checkpoint_dir, every_steps=section.checkpoint_every,
+                                       max_to_keep=section.max_to_keep))
+    trainer_cls = section.trainer_class or Trainer
+    try:
+        trainer = trainer_cls(model, _build_optimizer(spec.trainer), pipeline, section.loss, metrics=section.metrics,
+                              callbacks=[*callbacks, *extra_callbacks],
+                              train_pipeline_params=section.train_pipeline_params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
+    return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir)
+
+
+def load_trainer(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
+                 overrides: Sequence[str] = (), extra_callbacks: Sequence[Any] = ()) -> TrainerRun:
+    """`build_trainer(load_spec(path, ...))`: the pipeline and trainer a configuration file describes."""
+    return build_trainer(load_spec(path, environ=environ, overrides=overrides), extra_callbacks=extra_callbacks)
+
+
+register_kind(CALLBACK_KIND)
+register_section("trainer", validate_trainer)

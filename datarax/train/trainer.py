@@ -1,0 +1,307 @@
+"""The Trainer: a Flax NNX model, an optax optimizer and datarax pipelines in one resumable loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+from datarax.pipeline.pipeline import Pipeline
+from datarax.train.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
+from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint
+from datarax.train.step import (EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding, make_eval_step,
+                           make_train_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """What `Trainer.fit` returns.
+
+    Attributes:
+        step: the step the run ended at.
+        stop_reason: None when the target was reached, else why it stopped early
+            ("SIGTERM", "SIGINT", or the reason given to `request_stop`).
+        metrics: host values of the final step's metrics.
+        eval_metrics: the last evaluation's metrics ({} if none ran).
+    """
+
+    step: int
+    stop_reason: str | None
+    metrics: dict[str, float]
+    eval_metrics: dict[str, float]
+
+
+def _host_metrics(out: Any) -> dict[str, float]:
+    return {k: float(v) for k, v in jax.device_get(out).items()}
+
+
+class _StopOnSignals:
+    """Turns SIGTERM/SIGINT into a graceful stop request for the duration of `fit`.
+
+    A second SIGINT raises KeyboardInterrupt, so a user can still break out of a stuck save.
+    """
+
+    def __init__(self, trainer: Trainer):
+        self._trainer = trainer
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self._trainer.stop_reason is not None:
+            raise KeyboardInterrupt
+        self._trainer.request_stop(signal.Signals(signum).name)
+
+    def __enter__(self) -> _StopOnSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class Trainer:
+    """Trains a Flax NNX model on a datarax pipeline with a jitted, buffer-donating step.
+
+    Args:
+        model: the `nnx.Module` to train.
+        optimizer: an optax `GradientTransformation` (the trainer builds the `nnx.Optimizer`)
+            or an `nnx.Optimizer` built over `model`.
+        train_pipeline: the training `datarax.Pipeline`; the trainer iterates it endlessly
+            (`pipeline.epochs(None)`) and checkpoints the iterator with the model.
+        loss_fn: `loss_fn(model, batch) -> loss` or `-> (loss, aux)`; `loss` is a scalar.
+        eval_pipeline: a pipeline for `evaluate()` (one epoch per evaluation).
+        metrics: `{name: fn(batch, aux) -> scalar}` computed inside the step, e.g.
+            `{"accuracy": lambda batch, logits: (logits.argmax(-1) == batch["label"]).mean()}`.
+        callbacks: `datarax.train.callbacks.Callback`s (checkpointing, goodput, logging, ...).
+        train_pipeline_params: also optimise the pipeline's `nnx.Param`s: the step receives the
+            untransformed batch and runs the pipeline's stages inside the gradient. Needs an
+            optax transformation (the optimizer then covers model and pipeline).
+        eval_every_steps: evaluate every N steps during `fit` (needs `eval_pipeline`).
+
+    Example:
+        >>> trainer = Trainer(model, optax.adam(1e-3), pipeline, loss_fn,
+        ...                   callbacks=[CheckpointCallback("ckpt", every_steps=100)])
+        >>> result = trainer.fit(num_steps=1000)
+    """
+
+    def __init__(self, model: nnx.Module, optimizer: optax.GradientTransformation | nnx.Optimizer,
+                 train_pipeline: Pipeline, loss_fn: Callable, *, eval_pipeline: Pipeline | None = None,
+                 metrics: Mapping[str, Callable] | None = None, callbacks: Iterable[Callback] = (),
+                 train_pipeline_params: bool = False, eval_every_steps: int | None = None):
+        if not isinstance(model, nnx.Module):
+            raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
+        for name, value in (("train_pipeline", train_pipeline), ("eval_pipeline", eval_pipeline)):
+            if value is not None and not isinstance(value, Pipeline):
+                raise TypeError(f"{name} must be a datarax Pipeline, got {type(value).__name__}")
+        if train_pipeline is None:
+            raise TypeError("train_pipeline must be a datarax Pipeline, got None")
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {loss_fn!r:.80}")
+        metrics = dict(metrics or {})
+        for name, fn in metrics.items():
+            if not isinstance(name, str) or not callable(fn) or name == "loss":
+                raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux), got {name!r}: {fn!r:.60}")
+        if not isinstance(train_pipeline_params, bool):
+            raise TypeError(f"train_pipeline_params must be True or False, got {train_pipeline_params!r}")
+        if train_pipeline_params and getattr(train_pipeline, "sharding", None) is not None:
+            raise ValueError("train_pipeline_params=True trains on unsharded batches, but train_pipeline has "
+                             f"sharding={train_pipeline.sharding!r}; drop one of the two")
+        if eval_every_steps is not None and eval_pipeline is None:
+            raise ValueError(f"eval_every_steps={eval_every_steps!r} needs an eval_pipeline; pass "
+                             "eval_pipeline=Pipeline(...) or drop eval_every_steps")
+        self.model = model
+        self.train_pipeline = train_pipeline
+        self.eval_pipeline = eval_pipeline
+        self.joint = train_pipeline_params
+        self.trainable = JointModule(model, train_pipeline) if self.joint else model
+        self.optimizer = self._build_optimizer(optimizer)
+        self.callbacks = CallbackList(callbacks)
+        self._eval_schedule = Schedule(every_steps=eval_every_steps)
+        # The joint mode reads untransformed batches plus their BatchContext from a loader over the
+        # same source and sampler; its iterator state is what the checkpoint holds.
+        self._loader = self._joint_loader(train_pipeline) if self.joint else train_pipeline
+        self._binding = VariableBinding(TrainState(self.trainable, self.optimizer))
+        self._model_binding = VariableBinding(model)
+        self._train_step = TimedJit(make_train_step(self._binding, loss_fn, metrics, self.joint), donate_values=True)
+        self._eval_step = TimedJit(make_eval_step(self._model_binding, loss_fn, metrics), donate_values=False)
+        self.step = 0
+        self.target_step = 0
+        self.fit_began_at: float | None = None
+        self.stop_reason: str | None = None
+        self.last_metrics: dict[str, float] = {}
+        self.last_eval_metrics: dict[str, float] = {}
+        self._iterator = None
+        self._pending: tuple[int, Any] | None = None
+
+    @staticmethod
+    def _joint_loader(pipeline: Pipeline) -> Pipeline:
+        """The user's source, sampler and batching with no stages: untransformed batches + context."""
+        return pipeline.raw_loader(ids_key=RECORD_IDS, epoch_key=EPOCH)
+
+    def _build_optimizer(self, optimizer: Any) -> nnx.Optimizer:
+        if isinstance(optimizer, nnx.Optimizer):
+            if self.joint:
+                raise TypeError(
+                    "train_pipeline_params=True needs an optax transformation (e.g. optax.adam(1e-3)), not an "
+                    "nnx.Optimizer: the trainer builds the optimizer over the model and the pipeline together")
+            return optimizer
+        if isinstance(optimizer, optax.GradientTransformation):
+            return nnx.Optimizer(self.trainable, optimizer, wrt=nnx.Param)
+        raise TypeError(f"optimizer must be an optax GradientTransformation or an nnx.Optimizer, got "
+                        f"{type(optimizer).__name__}; pass e.g. optax.adam(1e-3)")
+
+    @property
+    def iterator(self):
+        """The training data iterator (created on first use; its state is checkpointed)."""
+        if self._iterator is None:
+            self._iterator = self._loader.epochs(None)
+        return self._iterator
+
+    @property
+    def epoch(self) -> int:
+        """The data epoch of the last batch trained on."""
+        return int(self.iterator.get_state()["epoch"])
+
+    def request_stop(self, reason: str) -> None:
+        """Asks `fit` to stop after the current step (a final checkpoint is still saved)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def _target(self, num_steps: int | None, num_epochs: int | None) -> int:
+        if (num_steps is None) == (num_epochs is None):
+            raise ValueError(f"give exactly one of num_steps or num_epochs, got num_steps={num_steps!r}, "
+                             f"num_epochs={num_epochs!r}")
+        value, name = (num_steps, "num_steps") if num_steps is not None else (num_epochs, "num_epochs")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0 (the total to reach, counted from step 0), got {value!r}")
+        return value if num_steps is not None else value * len(self._loader)
+
+    def fit(self, num_steps: int | None = None, *, num_epochs: int | None = None) -> FitResult:
+        """Trains until `num_steps` total steps (or `num_epochs` total epochs) are done.
+
+        Totals count from the start of training, so a resumed run stops where an uninterrupted
+        one would. SIGTERM/SIGINT stop the loop after the current step; checkpoint callbacks then
+        save, and `fit` returns normally with `stop_reason` set. The step donates the training
+        state's buffers: arrays taken from the model or optimizer *during* training are
+        invalidated by the next step (copy what you keep).
+        """
+        target = self._target(num_steps, num_epochs)
+        self.target_step = target
+        self.fit_began_at = time.perf_counter()
+        self.stop_reason = None
+        iterator = self.iterator
+        # The step donates its inputs; train on copies so arrays the caller still holds (e.g. the
+        # initial parameters) stay valid. Arrays read from the modules during training do not.
+        # Weakly typed values (a Param made from a Python float) come back strongly typed from the
+        # step, which would recompile it once more: make them strong now.
+        values = jax.device_put(self._binding.values(), may_alias=False)
+        self._binding.assign([v.astype(v.dtype) if getattr(v, "weak_type", False) else v for v in values])
+        try:
+            with _StopOnSignals(self):
+                self.callbacks("on_train_begin", self)
+                self._eval_schedule.reset(self.step)
+                while self.step < target and self.stop_reason is None:
+                    self._train_one(iterator)
+                    if self._eval_schedule.due(self.step):
+                        self.evaluate()
+                logs = self._final_logs()
+                self.callbacks("on_train_end", self, logs)
+        except BaseException:
+            for cb in self.callbacks:
+                try:
+                    cb.close()
+                except Exception:  # the original error matters more; a close error must not hide it
+                    pass
+            raise
+        return FitResult(self.step, self.stop_reason, dict(self.last_metrics), dict(self.last_eval_metrics))
+
+    def _train_one(self, iterator) -> None:
+        step = self.step + 1
+        self.callbacks("on_data_wait_begin", self, step)
+        begin = time.perf_counter()
+        batch = next(iterator)
+        end = time.perf_counter()
+        self.callbacks("on_data_wait_end", self, step, end - begin)
+        self.callbacks("on_step_begin", self, step)
+        (values, out), compile_seconds = self._train_step(self._binding.values(), batch)
+        self._binding.assign(values)
+        dispatched = time.perf_counter()
+        self.step = step
+        previous, self._pending = self._pending, (step, out)
+        metrics, metrics_step = {}, None
+        if previous is not None:
+            # Step `step` is already queued, so waiting for the previous one never idles the device.
+            metrics_step, metrics = previous[0], _host_metrics(previous[1])
+            self.last_metrics = metrics
+        logs = StepLogs(step=step, batch_size=int(jax.tree.leaves(batch)[0].shape[0]), metrics=metrics,
+                        metrics_step=metrics_step, data_wait=(begin, end), dispatched_at=dispatched,
+                        compile_seconds=compile_seconds, output=out["loss"], epoch=iterator.get_state()["epoch"])
+        self.callbacks("on_step_end", self, logs)
+
+    def _final_logs(self) -> StepLogs:
+        if self._pending is not None:
+            step, out = self._pending
+            self._pending = None
+            self.last_metrics = _host_metrics(out)
+            return StepLogs(step=self.step, metrics=dict(self.last_metrics), metrics_step=step)
+        return StepLogs(step=self.step, metrics=dict(self.last_metrics),
+                        metrics_step=self.step if self.last_metrics else None)
+
+    def evaluate(self, pipeline: Pipeline | None = None) -> dict[str, float]:
+        """Runs the loss and metrics over one epoch of the eval pipeline (batch-size weighted means)."""
+        pipeline = self.eval_pipeline if pipeline is None else pipeline
+        if not isinstance(pipeline, Pipeline):
+            raise ValueError(f"evaluate needs a pipeline: pass one, or build the Trainer with eval_pipeline=..., "
+                             f"got {pipeline!r:.60}")
+        self.callbacks("on_eval_begin", self, self.step)
+        values = self._model_binding.values()
+        outs, sizes = [], []
+        for batch in pipeline:
+            outs.append(self._eval_step(values, batch)[0])
+            sizes.append(jax.tree.leaves(batch)[0].shape[0])
+        host = jax.device_get(outs)
+        weights = np.asarray(sizes, np.float64) / sum(sizes)
+        metrics = {k: float(sum(w * float(o[k]) for w, o in zip(weights, host))) for k in host[0]}
+        self.last_eval_metrics = metrics
+        self.callbacks("on_eval_end", self, self.step, dict(metrics))
+        return metrics
+
+    def save_checkpoint(self, checkpointer: Checkpointer, *, forced: bool = False, wait: bool = False) -> bool:
+        """Saves the current step (model, optimizer, iterator, metadata); False if it exists already."""
+        began = time.perf_counter()
+        metadata = {"epoch": self.epoch, "pipeline_fingerprint": self.train_pipeline.fingerprint,
+                    "callbacks": self.callbacks.states(), "saved_at": time.time()}
+        saved = checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, iterator=self.iterator,
+                                  metadata=metadata, pipeline=self.train_pipeline if self.joint else None)
+        if wait:
+            checkpointer.wait()
+        if saved or wait:
+            info = CheckpointInfo(self.step, time.perf_counter() - began, began, str(checkpointer.directory), forced)
+            self.callbacks("on_checkpoint_save", self, info)
+        return saved
+
+    def restore_checkpoint(self, checkpointer: Checkpointer) -> RestoredCheckpoint | None:
+        """Restores the latest readable checkpoint into this trainer's objects (None if none exists)."""
+        began = time.perf_counter()
+        restored = checkpointer.restore_latest(
+            model=self.model, optimizer=self.optimizer, iterator=self.iterator,
+            pipeline=self.train_pipeline if self.joint else None, fingerprint=self.train_pipeline.fingerprint)
+        if restored is None:
+            return None
+        self.step = restored.step
+        self._pending = None
+        self.callbacks.set_states(restored.metadata.get("callbacks", {}))
+        info = CheckpointInfo(restored.step, time.perf_counter() - began, began, str(checkpointer.directory))
+        self.callbacks("on_checkpoint_restore", self, info)
+        return restored

@@ -1,0 +1,290 @@
+"""Trainer: exact resume, step counting, one-step-late metrics, evaluation, joint pipeline training."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from trainer_helpers import METRICS, RECORD_METRICS, assert_bitwise_equal, loss_fn, make_setup
+
+from datarax import Pipeline
+from datarax.train import Trainer, joint_optimizer
+from datarax.train.callbacks import Callback, CheckpointCallback
+
+
+class Recorder(Callback):
+    """Records every event, and the host metrics of every step."""
+
+    def __init__(self):
+        self.events, self.metrics, self.logs = [], {}, []
+
+    def on_train_begin(self, trainer):
+        self.events.append("train_begin")
+
+    def on_data_wait_begin(self, trainer, step):
+        self.events.append(("data_wait_begin", step))
+
+    def on_data_wait_end(self, trainer, step, seconds):
+        assert seconds >= 0
+        self.events.append(("data_wait_end", step))
+
+    def on_step_begin(self, trainer, step):
+        self.events.append(("step_begin", step))
+
+    def on_step_end(self, trainer, logs):
+        self.events.append(("step_end", logs.step))
+        self.logs.append(logs)
+        if logs.metrics:
+            self.metrics[logs.metrics_step] = dict(logs.metrics)
+
+    def on_eval_begin(self, trainer, step):
+        self.events.append(("eval_begin", step))
+
+    def on_eval_end(self, trainer, step, metrics):
+        self.events.append(("eval_end", step))
+
+    def on_checkpoint_save(self, trainer, info):
+        self.events.append(("checkpoint_save", info.step, info.forced))
+
+    def on_checkpoint_restore(self, trainer, info):
+        self.events.append(("checkpoint_restore", info.step))
+
+    def on_train_end(self, trainer, logs):
+        self.events.append(("train_end", logs.step))
+        self.metrics[logs.metrics_step] = dict(logs.metrics)
+
+
+def make_trainer(callbacks=(), *, joint=False, optimizer=None, eval_every_steps=None, **setup_kwargs):
+    setup = make_setup(**setup_kwargs)
+    optimizer = optax.adam(5e-2) if optimizer is None else optimizer
+    trainer = Trainer(setup.model, optimizer, setup.pipeline, loss_fn, eval_pipeline=setup.eval_pipeline,
+                      metrics={**METRICS, **RECORD_METRICS}, callbacks=callbacks, train_pipeline_params=joint,
+                      eval_every_steps=eval_every_steps)
+    return trainer, setup
+
+
+@pytest.mark.parametrize("joint", [False, True], ids=["model", "joint"])
+def test_resume_after_a_crash_matches_the_uninterrupted_run(tmp_path, joint):
+    reference = Recorder()
+    full, full_setup = make_trainer([reference], joint=joint)
+    full.fit(num_steps=20)
+
+    first = Recorder()
+    part, _ = make_trainer([first, CheckpointCallback(tmp_path, every_steps=6)], joint=joint)
+    part.fit(num_steps=14)
+    # The final save at 14 never happened in a crash: resume from the step-12 checkpoint.
+    shutil.rmtree(tmp_path / "14")
+    second = Recorder()
+    ckpt = CheckpointCallback(tmp_path, every_steps=6)
+    resumed, resumed_setup = make_trainer([second, ckpt], joint=joint)
+    result = resumed.fit(num_steps=20)
+
+    assert ckpt.restored.step == 12 and result.step == 20
+    assert ("checkpoint_restore", 12) in second.events
+    assert_bitwise_equal(full_setup.model, resumed_setup.model)
+    assert_bitwise_equal(full.optimizer, resumed.optimizer)
+    if joint:
+        assert_bitwise_equal(full_setup.pipeline, resumed_setup.pipeline)
+    # The records (and their augmentation) trained on after the checkpoint are the same.
+    for step in range(13, 21):
+        assert second.metrics[step] == reference.metrics[step], step
+    assert result.metrics == reference.metrics[20]
+
+
+def test_events_order_and_one_step_late_metrics(tmp_path):
+    rec = Recorder()
+    trainer, _ = make_trainer([rec, CheckpointCallback(tmp_path, on_steps=(2,))], eval_every_steps=3)
+    trainer.fit(num_steps=3)
+    expected = ["train_begin"]
+    for step in (1, 2, 3):
+        expected += [("data_wait_begin", step), ("data_wait_end", step), ("step_begin", step)]
+        if step == 2:  # the checkpoint callback (order -100) saves before the recorder's step_end
+            expected.append(("checkpoint_save", 2, False))
+        expected.append(("step_end", step))
+        if step == 3:
+            expected += [("eval_begin", 3), ("eval_end", 3)]
+    expected += [("checkpoint_save", 3, True), ("train_end", 3)]
+    assert rec.events == expected
+    assert [(logs.step, logs.metrics_step) for logs in rec.logs] == [(1, None), (2, 1), (3, 2)]
+    assert sorted(rec.metrics) == [1, 2, 3]
+    assert all(logs.batch_size == 8 and logs.dispatched_at >= logs.data_wait[1] for logs in rec.logs)
+
+
+def test_first_step_metrics_match_an_independent_computation():
+    rec = Recorder()
+    trainer, setup = make_trainer([rec], seed=3)
+    initial = nnx.clone(setup.model)
+    batch = next(make_setup(seed=3).pipeline.epochs(None))
+    trainer.fit(num_steps=2)
+    expected_loss, logits = loss_fn(initial, batch)
+    np.testing.assert_allclose(rec.metrics[1]["loss"], float(expected_loss), rtol=1e-6)
+    np.testing.assert_allclose(rec.metrics[1]["accuracy"], float((logits.argmax(-1) == batch["y"]).mean()))
+    assert rec.metrics[1]["rid_sum"] == float(np.asarray(batch["rid"]).sum())
+
+
+def test_num_epochs_counts_batches_and_totals_are_absolute():
+    trainer, setup = make_trainer(num_records=40)
+    assert trainer.fit(num_epochs=2).step == 2 * len(setup.pipeline) == 10
+    assert trainer.epoch == 1
+    assert trainer.fit(num_steps=12).step == 12
+    assert trainer.fit(num_steps=12).step == 12
+
+
+def test_evaluate_is_the_batch_weighted_mean():
+    trainer, setup = make_trainer()
+    metrics = trainer.evaluate()
+    data = {k: np.concatenate([b[k] for b in setup.eval_pipeline]) for k in ("x", "y")}
+    assert len(data["y"]) == 20  # batches of 8, 8 and 4
+    loss, logits = loss_fn(setup.model, data)
+    np.testing.assert_allclose(metrics["loss"], float(loss), rtol=1e-5)
+    np.testing.assert_allclose(metrics["accuracy"], float((logits.argmax(-1) == data["y"]).mean()), rtol=1e-6)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one_rule", "joint_optimizer"])
+def test_joint_step_matches_a_hand_computed_gradient(split):
+    """With SGD, one joint step moves the pipeline's parameter by -lr * dloss/dp, computed here by hand.
+
+    With `joint_optimizer(sgd(0), sgd(lr))` the model keeps its parameters bitwise while the
+    pipeline's moves by the same amount: the pipeline has its own rule.
+    """
+    lr = 0.5
+    optimizer = joint_optimizer(optax.sgd(0.0), optax.sgd(lr)) if split else optax.sgd(lr)
+    trainer, setup = make_trainer(joint=True, optimizer=optimizer, seed=4)
+    pipeline = setup.pipeline
+    p0 = float(pipeline.stages[0].p[...])
+    model0 = nnx.clone(setup.model)
+    # The raw first batch and its context, computed independently of the trainer's loader.
+    raw_pipeline = Pipeline(pipeline.source, batch_size=8, sampler=pipeline.sampler, drop_remainder=True)
+    raw = next(raw_pipeline.epochs(None))
+    ids = pipeline.sampler.indices(np.arange(8), 0)
+
+    def objective(p):
+        stage = nnx.clone(pipeline.stages[0])
+        stage.p[...] = p
+        from datarax.core.element import Element
+        from datarax.core.operator import BatchContext
+        ctx = BatchContext(jnp.asarray(ids, jnp.int32), jnp.asarray(0, jnp.int32), jnp.ones(8, bool))
+        data = stage.apply_batch(Element(dict(raw), {}), ctx).data
+        return loss_fn(model0, data)[0]
+
+    grad = float(jax.grad(objective)(jnp.asarray(p0)))
+    trainer.fit(num_steps=1)
+    assert grad != 0.0
+    np.testing.assert_allclose(float(pipeline.stages[0].p[...]), p0 - lr * grad, rtol=1e-5, atol=1e-7)
+    model_changed = jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.any(a != b)),
+                                                 nnx.state(model0, nnx.Param), nnx.state(setup.model, nnx.Param)))
+    assert any(model_changed) != split
+
+
+def test_joint_optimizer_argument_errors():
+    with pytest.raises(TypeError, match=r"pipeline must be an optax GradientTransformation, got float"):
+        joint_optimizer(optax.adam(1e-3), 1e-2)
+    with pytest.raises(TypeError, match=r"model must be an optax GradientTransformation, got str"):
+        joint_optimizer("adam", optax.adam(1e-2))
+
+
+class StopAt(Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, trainer, logs):
+        if logs.step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_stops_after_the_step_and_forces_a_save(tmp_path):
+    rec = Recorder()
+    ckpt = CheckpointCallback(tmp_path, every_steps=100)
+    trainer, _ = make_trainer([rec, ckpt, StopAt(4)])
+    before = signal.getsignal(signal.SIGTERM)
+    result = trainer.fit(num_steps=50)
+    assert result.step == 4 and result.stop_reason == "SIGTERM"
+    assert ("checkpoint_save", 4, True) in rec.events
+    assert sorted(int(name) for name in os.listdir(tmp_path) if name.isdigit()) == [4]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_request_stop_ends_the_run():
+    class Stop(Callback):
+        def on_step_end(self, trainer, logs):
+            if logs.step == 3:
+                trainer.request_stop("enough")
+
+    trainer, _ = make_trainer([Stop()])
+    result = trainer.fit(num_steps=10)
+    assert (result.step, result.stop_reason) == (3, "enough")
+
+
+def test_argument_errors():
+    setup = make_setup()
+    with pytest.raises(TypeError, match=r"train_pipeline_params=True needs an optax transformation"):
+        Trainer(setup.model, nnx.Optimizer(setup.model, optax.sgd(0.1), wrt=nnx.Param), setup.pipeline,
+                loss_fn, train_pipeline_params=True)
+    with pytest.raises(TypeError, match=r"optimizer must be an optax GradientTransformation or an nnx.Optimizer, "
+                                        r"got str"):
+        Trainer(setup.model, "adam", setup.pipeline, loss_fn)
+    with pytest.raises(TypeError, match=r"train_pipeline must be a datarax Pipeline, got list"):
+        Trainer(setup.model, optax.sgd(0.1), [1, 2], loss_fn)
+    with pytest.raises(TypeError, match=r"metrics must map names \(not 'loss'\)"):
+        Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn, metrics={"loss": lambda b, a: 0.0})
+    with pytest.raises(ValueError, match=r"eval_every_steps=5 needs an eval_pipeline"):
+        Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn, eval_every_steps=5)
+    with pytest.raises(TypeError, match=r"callbacks\[0\] must be a trainers Callback, got int"):
+        Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn, callbacks=[3])
+    trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn)
+    with pytest.raises(ValueError, match=r"give exactly one of num_steps or num_epochs, got num_steps=None, "
+                                         r"num_epochs=None"):
+        trainer.fit()
+    with pytest.raises(ValueError, match=r"num_steps must be an int >= 0 .*, got -1"):
+        trainer.fit(num_steps=-1)
+    with pytest.raises(ValueError, match=r"evaluate needs a pipeline"):
+        trainer.evaluate()
+
+
+def test_non_scalar_loss_is_reported():
+    setup = make_setup()
+    trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline,
+                      lambda model, batch: model(batch["x"]))
+    with pytest.raises(ValueError, match=r"loss_fn must return a scalar loss \(shape \(\)\), got shape \(8, 3\)"):
+        trainer.fit(num_steps=1)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"model": "net"}, TypeError, r"model must be an nnx.Module, got str"),
+    ({"train_pipeline": None}, TypeError, r"train_pipeline must be a datarax Pipeline, got None"),
+    ({"eval_pipeline": 3}, TypeError, r"eval_pipeline must be a datarax Pipeline, got int"),
+    ({"loss_fn": 1.5}, TypeError, r"loss_fn must be callable as loss_fn\(model, batch\), got 1.5"),
+    ({"train_pipeline_params": 1}, TypeError, r"train_pipeline_params must be True or False, got 1"),
+])
+def test_constructor_argument_errors(kwargs, error, match):
+    setup = make_setup()
+    args = {"model": setup.model, "optimizer": optax.sgd(0.1), "train_pipeline": setup.pipeline,
+            "loss_fn": loss_fn, **kwargs}
+    with pytest.raises(error, match=match):
+        Trainer(args.pop("model"), args.pop("optimizer"), args.pop("train_pipeline"), args.pop("loss_fn"), **args)
+
+
+def test_loss_fn_returning_three_values_is_reported():
+    setup = make_setup()
+    trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, lambda model, batch: (1.0, 2.0, 3.0))
+    with pytest.raises(ValueError, match=r"loss_fn must return a scalar loss or \(loss, aux\), got a tuple of 3"):
+        trainer.fit(num_steps=1)
+
+
+def test_loss_fn_adding_variables_is_reported():
+    def sneaky(model, batch):
+        model.counter = nnx.Variable(jnp.zeros(()))
+        return loss_fn(model, batch)
+
+    setup = make_setup()
+    trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, sneaky)
+    with pytest.raises(RuntimeError, match=r"a loss_fn must not add or remove Variables"):
+        trainer.fit(num_steps=1)
+

@@ -1,0 +1,280 @@
+"""Checkpointer: one Orbax checkpoint of model + optimizer + iterator, restore, retention, failures."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+from trainer_helpers import assert_bitwise_equal, make_setup, points
+
+from datarax import Pipeline
+from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.train.checkpointing import (CheckpointMismatchError, CheckpointRestoreError, Checkpointer,
+                                    CheckpointSaveError, CorruptCheckpointWarning)
+
+
+class DropoutNet(nnx.Module):
+    """A model with PRNG-key state (Dropout's rngs), to check keys survive a round trip."""
+
+    def __init__(self, seed: int):
+        self.linear = nnx.Linear(4, 3, rngs=nnx.Rngs(seed))
+        self.dropout = nnx.Dropout(0.5, rngs=nnx.Rngs(seed + 100))
+
+    def __call__(self, x):
+        return self.dropout(self.linear(x))
+
+
+def build(seed: int = 0, *, batch_size: int = 8, num_records: int = 64):
+    setup = make_setup(batch_size=batch_size, num_records=num_records)
+    model = DropoutNet(seed)
+    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    return model, optimizer, setup.pipeline.epochs(None)
+
+
+@nnx.jit
+def _update(model, optimizer, x):
+    optimizer.update(model, nnx.grad(lambda m: (m(x) ** 2).mean())(model))
+
+
+def advance(model, optimizer, iterator, steps: int = 3):
+    for _ in range(steps):
+        _update(model, optimizer, next(iterator)["x"])
+
+
+def save(checkpointer, step, model, optimizer, iterator, **meta):
+    assert checkpointer.save(step, model=model, optimizer=optimizer, iterator=iterator, metadata=meta)
+    checkpointer.wait()
+
+
+def test_round_trip_is_bitwise_including_keys_and_iterator(tmp_path):
+    model, optimizer, iterator = build(0)
+    advance(model, optimizer, iterator)
+    ckpt = Checkpointer(tmp_path, asynchronous=True)
+    save(ckpt, 3, model, optimizer, iterator, note="x")
+    ckpt.close()
+    fresh_model, fresh_opt, fresh_it = build(seed=1)
+    restored = Checkpointer(tmp_path).restore_latest(model=fresh_model, optimizer=fresh_opt, iterator=fresh_it)
+    assert restored.step == 3 and restored.metadata["note"] == "x" and restored.skipped == ()
+    assert_bitwise_equal(model, fresh_model)
+    assert_bitwise_equal(optimizer, fresh_opt)
+    assert fresh_it.get_state() == iterator.get_state()
+    np.testing.assert_array_equal(next(fresh_it)["x"], next(iterator)["x"])
+
+
+def test_restore_latest_with_no_checkpoint_returns_none(tmp_path):
+    model, optimizer, iterator = build()
+    assert Checkpointer(tmp_path).restore_latest(model=model, optimizer=optimizer, iterator=iterator) is None
+
+
+def test_retention_keeps_the_newest(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path, max_to_keep=2)
+    for step in range(1, 5):
+        save(ckpt, step, model, optimizer, iterator)
+    assert ckpt.steps() == [3, 4]
+    assert not ckpt.save(4, model=model, optimizer=optimizer, iterator=iterator, metadata={})
+
+
+def test_layout_on_disk(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    save(ckpt, 7, model, optimizer, iterator)
+    assert {"model", "optimizer", "iterator", "meta"} <= set(os.listdir(tmp_path / "7"))
+    assert "process_0-of-1.json" in os.listdir(tmp_path / "7" / "iterator")
+
+
+# Orbax's reader leaves an asyncio callback behind when a checkpoint fails to read (its issue, not ours).
+ORBAX_LOOP_NOISE = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def _corrupt(step_dir):
+    """Truncates every array data file of the model item (what a bad disk or partial copy leaves)."""
+    for root, _, files in os.walk(step_dir / "model"):
+        for name in files:
+            if name not in ("_METADATA", "commit_success.txt"):
+                with open(os.path.join(root, name), "wb") as f:
+                    f.write(b"\0garbage")
+
+
+@ORBAX_LOOP_NOISE
+def test_corrupt_latest_falls_back_to_previous_with_a_warning(tmp_path):
+    model, optimizer, iterator = build()
+    advance(model, optimizer, iterator)
+    ckpt = Checkpointer(tmp_path)
+    save(ckpt, 1, model, optimizer, iterator)
+    reference = build(seed=5)[0]
+    nnx.update(reference, nnx.state(model))
+    advance(model, optimizer, iterator)
+    save(ckpt, 2, model, optimizer, iterator)
+    _corrupt(tmp_path / "2")
+    fresh_model, fresh_opt, fresh_it = build(seed=3)
+    with pytest.warns(CorruptCheckpointWarning, match=r"checkpoint step 2 .* could not be restored"):
+        restored = Checkpointer(tmp_path).restore_latest(model=fresh_model, optimizer=fresh_opt, iterator=fresh_it)
+    assert restored.step == 1 and [s for s, _ in restored.skipped] == [2]
+    assert_bitwise_equal(reference, fresh_model)
+    assert fresh_it.get_state()["position"] == 3 * 8
+    assert any(name.startswith("corrupt-2-") for name in os.listdir(tmp_path))
+    again = Checkpointer(tmp_path)
+    assert again.steps() == [1]
+    save(again, 2, fresh_model, fresh_opt, fresh_it)
+    assert again.steps() == [1, 2]
+
+
+def test_partial_checkpoint_is_ignored(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    save(ckpt, 1, model, optimizer, iterator)
+    ckpt.close()
+    partial = tmp_path / "2.orbax-checkpoint-tmp-123"
+    (partial / "model").mkdir(parents=True)
+    (partial / "model" / "junk").write_bytes(b"half written")
+    fresh = build(seed=2)
+    restored = Checkpointer(tmp_path).restore_latest(model=fresh[0], optimizer=fresh[1], iterator=fresh[2])
+    assert restored.step == 1
+
+
+@ORBAX_LOOP_NOISE
+def test_all_checkpoints_unreadable_raises(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    save(ckpt, 1, model, optimizer, iterator)
+    _corrupt(tmp_path / "1")
+    fresh = build()
+    with pytest.warns(CorruptCheckpointWarning):
+        with pytest.raises(CheckpointRestoreError, match=r"no checkpoint in .* could be restored \(step 1"):
+            Checkpointer(tmp_path).restore_latest(model=fresh[0], optimizer=fresh[1], iterator=fresh[2])
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"batch_size": 16}, r"batch_size=8, this pipeline has batch_size=16"),
+    ({"num_records": 48}, r"over 64 records, this one has 48"),
+])
+def test_restore_into_a_different_pipeline_fails_clearly(tmp_path, change, match):
+    model, optimizer, iterator = build()
+    advance(model, optimizer, iterator)
+    ckpt = Checkpointer(tmp_path)
+    save(ckpt, 3, model, optimizer, iterator)
+    other_model, other_opt, other_it = build(**change)
+    with pytest.raises(CheckpointMismatchError, match=match):
+        Checkpointer(tmp_path).restore_latest(model=other_model, optimizer=other_opt, iterator=other_it)
+    assert Checkpointer(tmp_path).steps() == [3]  # a foreign checkpoint is never moved aside
+
+
+def test_restore_into_a_different_model_fails_clearly(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    save(ckpt, 1, model, optimizer, iterator)
+    wider = nnx.Linear(4, 5, rngs=nnx.Rngs(0))
+    with pytest.raises(CheckpointMismatchError, match=r"holds a model state of a different structure"):
+        Checkpointer(tmp_path).restore_latest(model=wider, optimizer=nnx.Optimizer(wider, optax.adam(1e-2),
+                                                                                   wrt=nnx.Param),
+                                              iterator=build()[2])
+
+
+def test_restore_with_a_different_fingerprint_fails_clearly(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    save(ckpt, 1, model, optimizer, iterator, pipeline_fingerprint="aaaa")
+    with pytest.raises(CheckpointMismatchError, match=r"fingerprint 'aaaa', this one has 'bbbb'"):
+        ckpt.restore_latest(model=model, optimizer=optimizer, iterator=iterator, fingerprint="bbbb")
+
+
+@pytest.fixture
+def disk_full(monkeypatch):
+    """Every asynchronous Orbax write fails in the background with an injected OSError."""
+    original = ocp.StandardCheckpointHandler.async_save
+
+    async def failing(self, directory, *args, **kwargs):
+        futures = await original(self, directory, *args, **kwargs)
+        broken = concurrent.futures.Future()
+        broken.set_exception(OSError("disk full (injected)"))
+        return list(futures or []) + [broken]
+
+    monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", failing)
+
+
+def test_async_save_error_is_raised_not_swallowed(tmp_path, disk_full):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path, asynchronous=True)
+    assert ckpt.save(1, model=model, optimizer=optimizer, iterator=iterator, metadata={})
+    with pytest.raises(CheckpointSaveError, match=r"background write of checkpoint step 1 .* disk full"):
+        ckpt.wait()
+    assert ckpt.steps() == []
+
+
+def test_async_save_error_surfaces_from_fit(tmp_path, disk_full):
+    from trainer_helpers import loss_fn
+
+    from datarax.train import Trainer
+    from datarax.train.callbacks import CheckpointCallback
+
+    setup = make_setup()
+    trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn,
+                      callbacks=[CheckpointCallback(tmp_path, every_steps=2)])
+    with pytest.raises(CheckpointSaveError, match=r"background write of checkpoint step 2 .* disk full"):
+        trainer.fit(num_steps=6)
+    assert trainer.step == 4  # raised by the next save, two steps later
+
+
+def test_max_to_keep_is_validated(tmp_path):
+    with pytest.raises(ValueError, match=r"max_to_keep must be an int >= 1 or None \(keep all\), got 0"):
+        Checkpointer(tmp_path, max_to_keep=0)
+
+
+def test_iterator_state_saved_is_the_one_at_save_time(tmp_path):
+    """The iterator state is captured when save() is called, not when the background write runs."""
+    model, optimizer, iterator = build()
+    advance(model, optimizer, iterator, 2)
+    expected = iterator.get_state()
+    ckpt = Checkpointer(tmp_path, asynchronous=True)
+    assert ckpt.save(2, model=model, optimizer=optimizer, iterator=iterator, metadata={})
+    advance(model, optimizer, iterator, 3)
+    ckpt.wait()
+    assert ckpt.read_metadata(2)[1] == expected
+
+
+def test_sources_with_other_data_but_same_shape_are_detected(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    save(ckpt, 1, model, optimizer, iterator)
+    source = MemorySource(MemorySourceConfig(shuffle=True, seed=99), data=points(64))
+    other = Pipeline(source, batch_size=8, drop_remainder=True).epochs(None)
+    with pytest.raises(CheckpointMismatchError, match=r"fingerprint"):
+        Checkpointer(tmp_path).restore_latest(model=model, optimizer=optimizer, iterator=other)
+
+
+def test_restore_with_a_different_joint_setting_fails_clearly(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    stage_holder = nnx.Linear(1, 1, rngs=nnx.Rngs(0))  # stands in for a jointly trained pipeline
+    assert ckpt.save(1, model=model, optimizer=optimizer, iterator=iterator, metadata={}, pipeline=stage_holder)
+    ckpt.wait()
+    with pytest.raises(CheckpointMismatchError, match=r"written with train_pipeline_params=True, this trainer has "
+                                                      r"train_pipeline_params=False"):
+        ckpt.restore_latest(model=model, optimizer=optimizer, iterator=iterator)
+
+
+def test_a_failing_save_call_is_wrapped_with_the_step(tmp_path, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise OSError("read-only file system (injected)")
+
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    monkeypatch.setattr(ocp.CheckpointManager, "save", broken)
+    with pytest.raises(CheckpointSaveError, match=r"saving checkpoint step 5 to .* failed: OSError: read-only"):
+        ckpt.save(5, model=model, optimizer=optimizer, iterator=iterator, metadata={})
+
+
+def test_relative_checkpoint_directory_is_made_absolute(tmp_path, monkeypatch):
+    # Orbax refuses relative paths in its background save; the Checkpointer resolves them first.
+    monkeypatch.chdir(tmp_path)
+    checkpointer = Checkpointer("runs/x/checkpoints")
+    try:
+        assert str(checkpointer.directory) == str(tmp_path / "runs" / "x" / "checkpoints")
+    finally:
+        checkpointer.close()
