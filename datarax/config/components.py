@@ -198,6 +198,18 @@ def _lookup(kind: str, name: str, path: Path, ctx: Context) -> tuple[Any, type |
     return None
 
 
+def _misplaced(keys: Sequence[str], path: Path, ctx: Context) -> list[str]:
+    """Reports (and returns) the top-level keys among `keys`, which sit in the table at `path`.
+
+    A top-level key written after a [table] header lands in that table: the commonest TOML slip.
+    """
+    found = [k for k in keys if k in ctx.top_level]
+    for key in found:
+        ctx.problems.add((*path, key), f"is a top-level key, but it sits in the [{format_path(path)}] table; move it "
+                                       "above the first [table] header of the file")
+    return found
+
+
 def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Sequence[str] = (),
               filled: Sequence[str] = ()) -> ComponentSpec | None:
     """Validates a one-key component table of `kind` at `path`.
@@ -211,12 +223,8 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
     if not is_table(table):
         problems.add(path, f"must be a table naming one {kind}, e.g. {example}; got {table!r}")
         return None
-    keys = [k for k in table if k not in extra_keys]
-    # A top-level key written after a [table] header lands in that table: the commonest TOML slip.
-    for key in [k for k in keys if k in ctx.top_level and not is_table(table[k])]:
-        problems.add((*path, key), f"is a top-level key, but it sits in the [{format_path(path)}] table; move it "
-                                   "above the first [table] header of the file")
-        keys.remove(key)
+    misplaced = _misplaced([k for k in table if k not in extra_keys and not is_table(table[k])], path, ctx)
+    keys = [k for k in table if k not in extra_keys and k not in misplaced]
     if len(keys) != 1:
         got = f"keys {keys}" if keys else "no key"
         problems.add(path, f"must name exactly one {kind} (a table with one key, e.g. {example}), got {got}")
@@ -239,10 +247,7 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
             if n not in ("config", RNGS_KEY, *filled) and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     config_fields = [f.name for f in dataclasses.fields(config_cls) if f.init] if config_cls else []
     known = [*config_fields, *ctor, *([RNGS_KEY] if takes_rngs else [])]
-    misplaced = [k for k in params if k not in known and k in ctx.top_level]
-    for key in misplaced:
-        problems.add((*here, key), f"is a top-level key, but it sits in the [{format_path(here)}] table; move it "
-                                   "above the first [table] header of the file")
+    misplaced = _misplaced([k for k in params if k not in known], here, ctx)
     check_keys({k: v for k, v in params.items() if k not in misplaced}, known, here, problems,
                what=f"parameter of {name!r}")
     kwargs: dict[str, Any] = {}

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from datarax.config.schema import Path, Problems, format_path
+from datarax.config.schema import Path, Problems, closest, format_path
 
 ENV_PREFIX = "DATARAX_"
 _INDEX = re.compile(r"\[(\d+)\]")
@@ -166,10 +165,11 @@ def env_overrides(environ: Mapping[str, str], top_level: Iterable[str],
         if not parts or not isinstance(parts[0], str):
             continue
         if parts[0] not in known:
-            close = difflib.get_close_matches(parts[0], known, n=1, cutoff=0.75)
+            # Stricter than key suggestions: unrelated DATARAX_... variables must stay silent.
+            close = closest(parts[0], known, cutoff=0.75)
             if close:
                 problems.add((parts[0],), f"(from environment variable {name}) is not a known top-level key; did you "
-                                          f"mean {close[0]!r} (DATARAX_{close[0].upper()})?")
+                                          f"mean {close!r} (DATARAX_{close.upper()})?")
             continue
         found.append((parts, parse_value(environ[name]), f"environment variable {name}"))
     return found

@@ -82,10 +82,16 @@ class Problems:
             raise ConfigError(self.items, self.source)
 
 
+def closest(name: str, choices: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The choice most like `name` (difflib ratio >= `cutoff`), or None."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def suggestion(name: str, choices: Iterable[str]) -> str:
     """`; did you mean 'x'?` for the closest choice, or '' when none is close."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    close = closest(name, choices)
+    return f"; did you mean {close!r}?" if close else ""
 
 
 def check_keys(table: Mapping[str, Any], known: Iterable[str], path: Path, problems: Problems,
@@ -128,7 +134,7 @@ def _is_union(hint: Any) -> bool:
 
 
 def is_callable_hint(hint: Any) -> bool:
-    return hint is Callable or typing.get_origin(hint) is collections.abc.Callable or hint is collections.abc.Callable
+    return hint is Callable or typing.get_origin(hint) is Callable
 
 
 def describe_hint(hint: Any) -> str:
@@ -175,6 +181,9 @@ def _plural(hint: Any) -> str:
     return words
 
 
+_SCALARS = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+
+
 class Unconvertible(Exception):
     """Internal: a value does not fit a hint (the caller words the problem)."""
 
@@ -187,14 +196,11 @@ def convert(value: Any, hint: Any, path: Path, problems: Problems, *,
     express in TOML (arrays, modules) accept nothing; `resolve_callable` turns import-path strings
     into callables for `Callable` hints.
     """
-    scratch = Problems()
     try:
-        return _convert(value, hint, path, scratch, resolve_callable)
+        return _convert(value, hint, path, problems, resolve_callable)
     except Unconvertible:
         problems.add(path, f"must be {describe_hint(hint)}, got {value!r}")
         return None
-    finally:
-        problems.items.extend(scratch.items)
 
 
 def _convert(value, hint, path, problems, resolve_callable):
@@ -217,34 +223,27 @@ def _convert(value, hint, path, problems, resolve_callable):
         if value in _args(hint) and not isinstance(value, bool):
             return value
         raise Unconvertible
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise Unconvertible
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise Unconvertible
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise Unconvertible
-    if hint is str:
-        if isinstance(value, str):
-            return value
+    if isinstance(hint, type) and hint in _SCALARS:
+        # bool is an int subclass in Python, but TOML's true is no number.
+        if isinstance(value, _SCALARS[hint]) and (hint is bool or not isinstance(value, bool)):
+            return float(value) if hint is float else value
         raise Unconvertible
     if is_callable_hint(hint):
         if resolve_callable is None or not isinstance(value, str):
             raise Unconvertible
         return resolve_callable(value, path, problems)
-    if origin is tuple or hint is tuple:
-        return _convert_tuple(value, hint, path, problems, resolve_callable)
-    if origin in (list, collections.abc.Sequence) or hint in (list, Sequence):
+    if origin in (tuple, list, collections.abc.Sequence) or hint in (tuple, list, Sequence):
         if not isinstance(value, (list, tuple)):
             raise Unconvertible
         args = _args(hint)
-        items = [convert(v, args[0], (*path, i), problems, resolve_callable=resolve_callable) if args else v
-                 for i, v in enumerate(value)]
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise Unconvertible
+            item_hints = args
+        else:
+            item_hints = (args[0] if args else Any,) * len(value)
+        items = [convert(v, h, (*path, i), problems, resolve_callable=resolve_callable)
+                 for i, (v, h) in enumerate(zip(value, item_hints))]
         return items if origin is list or hint is list else tuple(items)
     if origin in (dict, collections.abc.Mapping) or hint in (dict, Mapping):
         if not isinstance(value, Mapping):
@@ -261,21 +260,6 @@ def _convert(value, hint, path, problems, resolve_callable):
     if isinstance(hint, type) and isinstance(value, hint):
         return value
     raise Unconvertible
-
-
-def _convert_tuple(value, hint, path, problems, resolve_callable):
-    if not isinstance(value, (list, tuple)):
-        raise Unconvertible
-    args = _args(hint)
-    if not args:
-        return tuple(value)
-    if len(args) == 2 and args[1] is Ellipsis:
-        return tuple(convert(v, args[0], (*path, i), problems, resolve_callable=resolve_callable)
-                     for i, v in enumerate(value))
-    if len(args) != len(value):
-        raise Unconvertible
-    return tuple(convert(v, a, (*path, i), problems, resolve_callable=resolve_callable)
-                 for i, (v, a) in enumerate(zip(value, args)))
 
 
 def type_hints(obj: Any) -> dict[str, Any]:
