@@ -39,9 +39,9 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
+from datarax.monitoring.ledger import INPUT_BOUND_PCT, diagnose, step_ledger
 from datarax.monitoring.watcher import ReadyWatcher
 
-INPUT_BOUND_PCT = 10.0
 Reporter = Callable[[dict], Any]
 
 
@@ -59,17 +59,6 @@ def _check_every(name: str, value: Any, kind: type) -> None:
         raise ValueError(f"{name} must be {expected} or None, got {value!r}")
 
 
-def _time_inside(starts: np.ndarray, durations: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Total time spent inside the sorted, disjoint intervals `[starts, starts + durations]` before each `t`."""
-    if starts.size == 0:
-        return np.zeros_like(t)
-    before = np.concatenate([[0.0], np.cumsum(durations)])  # time inside intervals 0..k-1
-    k = np.searchsorted(starts, t, side="right")  # intervals that began by t
-    last = np.maximum(k - 1, 0)
-    inside = before[last] + np.clip(t - starts[last], 0.0, durations[last])
-    return np.where(k > 0, inside, 0.0)
-
-
 class PipelineMonitor:
     """Records per-batch timings of the iterators it wraps and reports them.
 
@@ -80,6 +69,7 @@ class PipelineMonitor:
             `report()` calls them on demand).
         sync: block on every batch inside `next()` so its wait includes the data program's device
             time (diagnosis runs only: it removes the overlap with the training step).
+        clock: seconds as a float, `time.perf_counter` by default (tests inject a fake clock).
 
     Example:
         >>> monitor = PipelineMonitor(reporters=[ConsoleReporter()], report_every_s=30)
@@ -88,7 +78,8 @@ class PipelineMonitor:
     """
 
     def __init__(self, *, window: int = 100, reporters: tuple[Reporter, ...] | list[Reporter] = (),
-                 report_every_batches: int | None = None, report_every_s: float | None = None, sync: bool = False):
+                 report_every_batches: int | None = None, report_every_s: float | None = None, sync: bool = False,
+                 clock: Callable[[], float] = time.perf_counter):
         if isinstance(window, bool) or not isinstance(window, int) or window < 2:
             raise ValueError(f"window must be an int >= 2 (batches in the rolling window), got {window!r}")
         _check_every("report_every_batches", report_every_batches, int)
@@ -105,6 +96,7 @@ class PipelineMonitor:
         self.report_every_batches = report_every_batches
         self.report_every_s = report_every_s
         self.sync = sync
+        self.clock = clock
         self.began = array("d")      # when each next() was called (time.perf_counter())
         self.waits = array("d")      # seconds inside next(), per batch
         self.gaps = array("d")       # seconds between the previous next() returning and this one starting
@@ -129,7 +121,15 @@ class PipelineMonitor:
             raise TypeError(f"wrap takes an iterator of batches, got {type(iterator).__name__}")
         return MonitoredIterator(iterator, self)
 
-    def _record(self, began: float, ended: float, batch: Any, ready: int) -> None:
+    def record_batch(self, began: float, ended: float, batch: Any, ready: int) -> None:
+        """Records one `next()` call (what `MonitoredIterator` does for every batch it returns).
+
+        Args:
+            began / ended: `time.perf_counter()` when the call started and returned.
+            batch: the batch returned (its leading dimension is the record count).
+            ready: batches the producer had ready when the call began; -1 device-resident,
+                -2 unknown.
+        """
         if self.first_call is None:
             self.first_call = began
             self._last_report_time = began
@@ -153,10 +153,18 @@ class PipelineMonitor:
         the calling thread: no synchronisation with the device.
         """
         if self._watcher is None:
-            self._watcher = ReadyWatcher(self._set_ready, name="datarax-monitor-watcher")
+            self._watcher = ReadyWatcher(self._set_ready, name="datarax-monitor-watcher", clock=self.clock)
         index = len(self.dispatched)
-        self.dispatched.append(time.perf_counter())
+        self.dispatched.append(self.clock())
         self._watcher.submit(index, output)
+
+    def record_step(self, dispatched: float, ready: float) -> None:
+        """Records a step timed by the caller (e.g. with a barrier): when it was dispatched and when
+        its result was ready, on this monitor's clock. Use either this or `step_done`, not both."""
+        if ready < dispatched:
+            raise ValueError(f"ready must not be before dispatched, got dispatched={dispatched!r}, ready={ready!r}")
+        self.dispatched.append(dispatched)
+        self.ready.append(ready)
 
     def _set_ready(self, index: int, now: float) -> None:
         self.ready.append(now)  # the watcher waits on steps in submission order
@@ -170,7 +178,7 @@ class PipelineMonitor:
         """Calls every reporter with the current summary and returns it."""
         summary = self.summary()
         self._last_report_batch = len(self.waits)
-        self._last_report_time = time.perf_counter()
+        self._last_report_time = self.clock()
         for reporter in self.reporters:
             reporter(summary)
         return summary
@@ -204,13 +212,11 @@ class PipelineMonitor:
             return None
         ready = np.frombuffer(self.ready, np.float64)[:done]
         dispatched = np.frombuffer(self.dispatched, np.float64)[:done]
-        lo, hi = ready[:-1], dispatched[1:]
-        gaps = np.maximum(hi - lo, 0.0)
-        idle = float(gaps.sum())
-        waiting = np.frombuffer(self.began, np.float64), np.frombuffer(self.waits, np.float64)
-        data = float(np.where(gaps > 0, _time_inside(*waiting, hi) - _time_inside(*waiting, lo), 0.0).sum())
+        ledger = step_ledger(dispatched, ready, np.frombuffer(self.began, np.float64),
+                             np.frombuffer(self.waits, np.float64))
+        idle, data = float(ledger["idle_s"].sum()), float(ledger["stall_s"].sum())
         wall = float(ready[-1] - ready[0])
-        busy = np.maximum(ready[1:] - np.maximum(dispatched[1:], ready[:-1]), 0.0)
+        busy = np.maximum(ledger["busy_s"][1:], 0.0)
         pct = (lambda x: 100.0 * x / wall) if wall > 0 else (lambda x: 0.0)
         return {"steps": done, "wall_s": wall, "exposed_idle_pct": pct(idle), "data_stall_pct": pct(data),
                 "other_idle_pct": pct(idle - data), "step_ms_mean": 1e3 * float(busy.mean())}
@@ -242,15 +248,11 @@ class PipelineMonitor:
         wait = steady["wait_pct"]
         waited = f"the loop spent {wait:.1f}% of its time in next() (p50 {steady['wait_ms']['p50']:.2f} ms per batch)"
         if device is not None:
-            stall, other = device["data_stall_pct"], device["other_idle_pct"]
-            if stall >= INPUT_BOUND_PCT:
-                return (f"input-bound: the device sat idle waiting for data {stall:.1f}% of the time "
-                        f"(exposed data stall; {waited})" + self._stall_cause(steady))
-            if other >= INPUT_BOUND_PCT:
-                return (f"host-bound: the device sat idle {other:.1f}% of the time while the host did other work "
-                        f"between steps (data stall {stall:.1f}%)")
-            return (f"compute-bound: exposed data stall {stall:.1f}%, other idle {other:.1f}%; the pipeline keeps "
-                    f"up with a {device['step_ms_mean']:.2f} ms step ({waited}, overlapped with device work)")
+            text = diagnose(stall_pct=device["data_stall_pct"], idle_pct=device["exposed_idle_pct"],
+                            step_s=device["step_ms_mean"] / 1e3, host_next_pct=wait)
+            if text.startswith("input-bound"):
+                text += f" ({waited})" + self._stall_cause(steady)
+            return text
         host = steady["data"] == "host"
         if wait < INPUT_BOUND_PCT:
             return (f"consumer-bound: {waited}, so the pipeline keeps up, delivering "
@@ -293,11 +295,12 @@ class MonitoredIterator(Iterator[Any]):
         buffered = getattr(self._iterator, "buffered", None)
         ready = -2 if not callable(buffered) else buffered()
         ready = -1 if ready is None else ready
-        began = time.perf_counter()
+        clock = self.monitor.clock
+        began = clock()
         batch = next(self._iterator)
         if self.monitor.sync:
             jax.block_until_ready(batch)
-        self.monitor._record(began, time.perf_counter(), batch, ready)
+        self.monitor.record_batch(began, clock(), batch, ready)
         return batch
 
     def __iter__(self) -> MonitoredIterator:

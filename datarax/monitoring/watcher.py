@@ -21,8 +21,10 @@ class ReadyWatcher:
     computation is reported as ready when it failed; its error is the main thread's to raise.
     """
 
-    def __init__(self, on_ready: Callable[[int, float], None], name: str = "datarax-ready-watcher"):
+    def __init__(self, on_ready: Callable[[int, float], None], name: str = "datarax-ready-watcher",
+                 clock: Callable[[], float] = time.perf_counter):
         self._on_ready = on_ready
+        self._clock = clock
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -37,7 +39,7 @@ class ReadyWatcher:
                 jax.block_until_ready(output)
             except Exception:  # noqa: BLE001 - the main thread reports the failure; only the time matters here
                 pass
-            self._on_ready(index, time.perf_counter())
+            self._on_ready(index, self._clock())
 
     def submit(self, index: int, output: Any) -> None:
         self._queue.put((index, output))

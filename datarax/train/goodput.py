@@ -20,11 +20,12 @@ from array import array
 
 import numpy as np
 
+from datarax.monitoring.ledger import diagnose as diagnose_steady
+from datarax.monitoring.ledger import step_ledger
 from datarax.monitoring.watcher import overlap as _overlap
 
 BUCKETS = ("goodput", "data_stall", "first_batch", "compile", "checkpoint_save", "checkpoint_restore",
            "eval", "other")
-INPUT_BOUND_PCT = 10.0
 _FIELDS = ("step", "batch_size", "next_begin", "next_end", "dispatched", "ready", "compile")
 
 
@@ -97,11 +98,8 @@ class GoodputLedger:
                     "steady": {}, "window": {}, "diagnosis": "no steps completed", "per_step": {}}
         ready, dispatched = a["ready"], a["dispatched"]
         prev_ready = np.concatenate([[-np.inf], ready[:-1]])
-        busy = ready - np.maximum(dispatched, prev_ready)
-        gap = np.clip(dispatched - prev_ready, 0.0, None)
-        gap[0] = 0.0
-        stall = np.clip(np.minimum(dispatched, a["next_end"]) - np.maximum(prev_ready, a["next_begin"]), 0.0, None)
-        stall[0] = 0.0
+        ledger = step_ledger(dispatched, ready, a["next_begin"], a["next_end"] - a["next_begin"])
+        busy, gap, stall = ledger["busy_s"], ledger["idle_s"], ledger["stall_s"]
         # Idle segments in time order: start-up, the gaps between steps, the tail.
         starts = np.concatenate([[begin], prev_ready[1:], [ready[-1]]])
         ends = np.concatenate([[dispatched[0]], dispatched[1:], [max(end, ready[-1])]])
@@ -166,41 +164,19 @@ class GoodputLedger:
         }
 
 
-def _rate(x: float) -> str:
-    return "inf" if not math.isfinite(x) else f"{x:,.0f}"
-
-
 def diagnose(steady: dict, buckets: dict, wall: float) -> str:
-    """One plain-language line: input-, host- or compute-bound, with the numbers behind it.
-
-    In steady state the device is either busy, idle while the host waits in next() (a data
-    stall), or idle while the host does anything else between steps (checkpoint saves,
-    evaluation, callbacks and loop overhead). The larger idle share decides, if it reaches
-    `INPUT_BOUND_PCT`; otherwise the run is compute-bound.
-    """
+    """The shared verdict (`datarax.monitoring.ledger.diagnose`) on the steady steps, plus the
+    largest start-up or checkpoint badput when it takes 10% of the run."""
     if not steady:
         return "too few steps to tell (need at least 2)"
-    stall = steady["data_stall_pct"]
-    host = max(steady["exposed_idle_pct"] - stall, 0.0)
-    if stall >= INPUT_BOUND_PCT and stall >= host:
-        text = (f"input-bound: the device was idle {stall:.0f}% of wall time waiting for data; the pipeline "
-                f"delivers {_rate(steady['pipeline_delivers_el_s'])} el/s, the step consumes "
-                f"{_rate(steady['step_consumes_el_s'])} el/s")
-    elif host >= INPUT_BOUND_PCT:
-        parts = {"checkpoint saves": steady.get("checkpoint_idle_pct", 0.0),
-                 "evaluation": steady.get("eval_idle_pct", 0.0), "recompiles": steady.get("compile_idle_pct", 0.0),
-                 "loop overhead (callbacks, logging, dispatch)": steady.get("loop_idle_pct", host)}
-        detail = ", ".join(f"{name} {pct:.0f}%" for name, pct in sorted(parts.items(), key=lambda kv: -kv[1])
-                           if pct >= 0.5)
-        text = (f"host-bound: the device was idle {host:.0f}% of wall time between steps while the host did "
-                f"other work ({detail}), {stall:.0f}% waiting for data; the step takes "
-                f"{1e3 * steady['step_time_s']:.2f} ms")
-    else:
-        text = (f"compute-bound: exposed data stall {stall:.1f}%; the step consumes "
-                f"{_rate(steady['step_consumes_el_s'])} el/s and the pipeline keeps up")
-        if steady["host_next_pct"] >= stall + 10:
-            text += (f" (the host waited in next() {steady['host_next_pct']:.0f}% of the time, overlapped with "
-                     "device work, so it is not a stall)")
+    host = max(steady["exposed_idle_pct"] - steady["data_stall_pct"], 0.0)
+    parts = {"checkpoint saves": steady.get("checkpoint_idle_pct", 0.0),
+             "evaluation": steady.get("eval_idle_pct", 0.0), "recompiles": steady.get("compile_idle_pct", 0.0),
+             "loop overhead (callbacks, logging, dispatch)": steady.get("loop_idle_pct", host)}
+    text = diagnose_steady(stall_pct=steady["data_stall_pct"], idle_pct=steady["exposed_idle_pct"],
+                           step_s=steady["step_time_s"], consumes_el_s=steady["step_consumes_el_s"],
+                           delivers_el_s=steady["pipeline_delivers_el_s"], host_parts=parts,
+                           host_next_pct=steady["host_next_pct"])
     other = {k: v for k, v in buckets.items() if k not in ("goodput", "data_stall")}
     worst = max(other, key=other.get)
     if wall > 0 and other[worst] / wall >= 0.10:

@@ -18,75 +18,70 @@ from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.sources import MemorySource, MemorySourceConfig
 
 
-def slow_batches(count: int, produce_s: float, size: int = 4):
+class FakeClock:
+    """Time that passes only when the code under test 'sleeps': every figure is exact, at any load."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def slow_batches(count: int, produce_s: float, size: int = 4, clock: FakeClock | None = None):
     for i in range(count):
-        time.sleep(produce_s)
+        if clock is not None:
+            clock.sleep(produce_s)
         yield {"x": np.full((size, 2), i, np.float32)}
 
 
-def consume(iterator, consume_s: float) -> list:
+def consume(iterator, consume_s: float, clock: FakeClock | None = None) -> list:
     out = []
     for batch in iterator:
         out.append(batch)
-        time.sleep(consume_s)
+        if clock is not None:
+            clock.sleep(consume_s)
+        elif consume_s:
+            time.sleep(consume_s)
     return out
 
 
 class FakeHostIterator:
     """Says how many batches its producer has ready, and takes `wait_s` in next()."""
 
-    def __init__(self, count, wait_s, ready):
-        self.inner, self.wait_s, self.ready = slow_batches(count, 0.0), wait_s, ready
+    def __init__(self, count, wait_s, ready, clock):
+        self.inner, self.wait_s, self.ready, self.clock = slow_batches(count, 0.0), wait_s, ready, clock
 
     def buffered(self):
         return self.ready
 
     def __next__(self):
-        time.sleep(self.wait_s)
+        self.clock.sleep(self.wait_s)
         return next(self.inner)
 
 
-class Done:
-    """A step output that becomes ready at `at` (what `jax.block_until_ready` waits for)."""
-
-    def __init__(self, at):
-        self.at = at
-
-    def block_until_ready(self):
-        time.sleep(max(0.0, self.at - time.perf_counter()))
-        return self
-
-
-class FakeDevice:
-    """Runs each dispatched step for `step_s`, one after another, like an accelerator's queue;
-    dispatch returns at once (asynchronous dispatch)."""
-
-    def __init__(self, step_s):
-        self.step_s, self.free_at = step_s, 0.0
-
-    def dispatch(self):
-        self.free_at = max(time.perf_counter(), self.free_at) + self.step_s
-        return Done(self.free_at)
-
-
-def train(monitor, iterator, *, step_s=0.0, host_s=0.0):
-    """A loop that dispatches a step per batch on a FakeDevice and tells the monitor."""
-    device = FakeDevice(step_s)
+def train(monitor, iterator, clock, *, step_s=0.0, host_s=0.0):
+    """A loop on a fake accelerator: each dispatched step runs `step_s` after the previous one
+    finished (dispatch returns at once), timed with `record_step`; `host_s` of other host work."""
+    free_at = -np.inf
     for _ in iterator:
-        monitor.step_done(device.dispatch())
-        time.sleep(host_s)
-    monitor.close()
+        dispatched = clock()
+        free_at = max(dispatched, free_at) + step_s
+        monitor.record_step(dispatched, free_at)
+        clock.sleep(host_s)
 
 
 def test_a_slow_producer_is_an_input_stall_of_the_injected_size():
-    monitor = PipelineMonitor()
-    consume(monitor.wrap(slow_batches(12, 0.03)), 0.0)
+    clock = FakeClock()
+    monitor = PipelineMonitor(clock=clock)
+    consume(monitor.wrap(slow_batches(12, 0.03, clock=clock)), 0.0, clock)
     summary = monitor.summary()
     steady = summary["steady"]
     assert summary["batches"] == 12 and summary["records"] == 48 and steady["batches"] == 11
-    # Each next() waited the 30 ms the producer slept (sleep overshoots, never undershoots).
-    assert 30.0 <= steady["wait_ms"]["p50"] < 60.0
-    assert steady["wait_pct"] > 90.0
+    assert steady["wait_ms"]["p50"] == pytest.approx(30.0) and steady["wait_pct"] == pytest.approx(100.0)
     # Without step timings the monitor does not call time in next() a stall.
     assert summary["diagnosis"].startswith("undetermined") and "monitor.step_done(output)" in summary["diagnosis"]
     assert summary["steady"]["data"] == "unknown" and "buffered_mean" not in summary["steady"]
@@ -97,41 +92,59 @@ def test_a_slow_producer_is_an_input_stall_of_the_injected_size():
 
 
 def test_with_step_timings_a_slow_producer_is_an_exposed_data_stall():
-    monitor = PipelineMonitor()
-    train(monitor, monitor.wrap(slow_batches(12, 0.03)), step_s=0.002)
+    """30 ms per batch from the producer, 2 ms steps: the device waits 28 of every 30 ms for data."""
+    clock = FakeClock()
+    monitor = PipelineMonitor(clock=clock)
+    train(monitor, monitor.wrap(slow_batches(12, 0.03, clock=clock)), clock, step_s=0.002)
     summary = monitor.summary()
     device = summary["device"]
-    assert device["steps"] == 12 and device["data_stall_pct"] > 80.0
+    assert device["steps"] == 12
+    assert device["data_stall_pct"] == pytest.approx(100 * 28 / 30) and device["other_idle_pct"] == pytest.approx(0)
     assert device["exposed_idle_pct"] == pytest.approx(device["data_stall_pct"] + device["other_idle_pct"])
-    assert summary["diagnosis"].startswith("input-bound: the device sat idle waiting for data")
+    assert summary["diagnosis"].startswith("input-bound: the device was idle 93% of wall time waiting for data")
 
 
 def test_time_in_next_that_overlaps_device_work_is_not_a_stall():
     """The trap: the host waits 20 ms in every next() while the device is still busy with 40 ms steps."""
-    monitor = PipelineMonitor()
-    train(monitor, monitor.wrap(FakeHostIterator(12, 0.02, ready=2)), step_s=0.04)
+    clock = FakeClock()
+    monitor = PipelineMonitor(clock=clock)
+    train(monitor, monitor.wrap(FakeHostIterator(12, 0.02, 2, clock)), clock, step_s=0.04)
     summary = monitor.summary()
-    assert summary["steady"]["wait_pct"] > 90.0
-    assert summary["device"]["exposed_idle_pct"] < 5.0
+    assert summary["steady"]["wait_pct"] == pytest.approx(100.0)
+    assert summary["device"]["exposed_idle_pct"] == pytest.approx(0.0)
     assert summary["diagnosis"].startswith("compute-bound")
-    assert 39.0 < summary["device"]["step_ms_mean"] < 60.0
+    assert summary["device"]["step_ms_mean"] == pytest.approx(40.0)
 
 
 def test_host_work_between_steps_is_host_bound():
-    monitor = PipelineMonitor()
-    train(monitor, monitor.wrap(slow_batches(12, 0.0)), step_s=0.002, host_s=0.03)
+    clock = FakeClock()
+    monitor = PipelineMonitor(clock=clock)
+    train(monitor, monitor.wrap(slow_batches(12, 0.0, clock=clock)), clock, step_s=0.002, host_s=0.03)
     summary = monitor.summary()
-    assert summary["device"]["other_idle_pct"] > 80.0 and summary["device"]["data_stall_pct"] < 5.0
+    assert summary["device"]["other_idle_pct"] == pytest.approx(100 * 28 / 30)
+    assert summary["device"]["data_stall_pct"] == pytest.approx(0.0)
     assert summary["diagnosis"].startswith("host-bound")
     assert "device idle" in format_summary(summary)
+
+
+def test_step_done_times_steps_with_the_watcher_thread():
+    """The real path: a watcher thread waits on each step's output (here already computed)."""
+    monitor = PipelineMonitor()
+    for batch in monitor.wrap(slow_batches(5, 0.0)):
+        monitor.step_done(jax.numpy.asarray(batch["x"]).sum())
+    monitor.close()
+    assert len(monitor.ready) == len(monitor.dispatched) == 5
+    assert np.all(np.asarray(monitor.ready) >= np.asarray(monitor.dispatched))
+    assert monitor.summary()["device"]["steps"] == 5
 
 
 @pytest.mark.parametrize("ready, says", [(0, "input-bound: the background producer had no batch ready on 100%"),
                                          (2, "undetermined: no data stall from the producer (batches ready on 100%"),
                                          (None, "undetermined: device-resident data, next() only dispatches")])
 def test_the_diagnosis_of_a_stall_says_where_the_wait_comes_from(ready, says):
-    monitor = PipelineMonitor()
-    consume(monitor.wrap(FakeHostIterator(6, 0.02, ready)), 0.0)
+    clock = FakeClock()
+    monitor = PipelineMonitor(clock=clock)
+    consume(monitor.wrap(FakeHostIterator(6, 0.02, ready, clock)), 0.0, clock)
     summary = monitor.summary()
     assert summary["steady"]["data"] == {0: "host", 2: "host", None: "device"}[ready]
     assert summary["diagnosis"].startswith(says)
@@ -140,11 +153,12 @@ def test_the_diagnosis_of_a_stall_says_where_the_wait_comes_from(ready, says):
 
 
 def test_a_slow_consumer_with_a_fast_producer_is_consumer_bound():
-    monitor = PipelineMonitor()
-    consume(monitor.wrap(slow_batches(12, 0.0)), 0.03)
+    clock = FakeClock()
+    monitor = PipelineMonitor(clock=clock)
+    consume(monitor.wrap(slow_batches(12, 0.0, clock=clock)), 0.03, clock)
     steady = monitor.summary()["steady"]
-    assert steady["wait_pct"] < 5.0
-    assert 30.0 <= steady["consumer_ms_mean"] < 60.0
+    assert steady["wait_pct"] == pytest.approx(0.0)
+    assert steady["consumer_ms_mean"] == pytest.approx(30.0)
     assert monitor.summary()["diagnosis"].startswith("consumer-bound")
 
 
@@ -208,13 +222,14 @@ def test_reporters_run_on_schedule_and_write_what_summary_says(tmp_path):
 
 
 def test_time_based_reports():
+    clock = FakeClock()
     seen = []
-    monitor = PipelineMonitor(reporters=[seen.append], report_every_s=0.05)
-    consume(monitor.wrap(slow_batches(8, 0.02)), 0.0)
+    monitor = PipelineMonitor(reporters=[seen.append], report_every_s=0.05, clock=clock)
+    consume(monitor.wrap(slow_batches(8, 0.02, clock=clock)), 0.0, clock)
     walls = [summary["wall_s"] for summary in seen]
-    # ~160 ms of batches: a report as soon as 50 ms have passed since the last one, never sooner.
-    assert len(seen) >= 2 and np.all(np.diff(walls) >= 0.05 - 1e-3)
-    assert len(seen) <= monitor.summary()["wall_s"] / 0.05 + 1
+    # 20 ms batches from t = 0: a report once 50 ms have passed since the last one (at 60 and 120 ms).
+    assert [summary["batches"] for summary in seen] == [3, 6]
+    assert walls == pytest.approx([0.06, 0.12])
 
 
 def test_summaries_before_and_after_the_first_batch():
@@ -264,4 +279,4 @@ def test_the_monitor_example_names_the_slow_source(capsys):
     runpy.run_path(str(Path(__file__).parents[2] / "examples" / "monitor.py"), run_name="__main__")
     out = capsys.readouterr().out
     slow = out[out.index("slow source:"):]
-    assert "input-bound: the device sat idle waiting for data" in slow and "no batch ready" in slow
+    assert "input-bound: the device was idle" in slow and "no batch ready" in slow

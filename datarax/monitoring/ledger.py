@@ -1,0 +1,111 @@
+"""The exposed-idle ledger: how long the device waited before each step, and why.
+
+Under asynchronous dispatch the host blocks in `next()` even while the device is busy, so time in
+`next()` is not a stall. For step i the device is idle from step i-1's result being ready until
+step i is dispatched (when that comes later): that is *exposed idle*. The part of it the host
+spent inside `next()` is a *data stall*; the rest is other host work (checkpoints, evaluation,
+logging, Python). Both `PipelineMonitor` (any training loop) and the training kit's
+`GoodputMonitor` feed their timings through `step_ledger` and name what they see with `diagnose`,
+so one run gets one answer whichever tool measured it.
+
+The verdicts, in the order they are decided:
+
+* `input-bound`: data stalls are at least `INPUT_BOUND_PCT` of the time and at least the other idle;
+* `host-bound`: other host work between steps idles the device at least `INPUT_BOUND_PCT`;
+* `compute-bound`: neither; the device is busy and the pipeline keeps up;
+* without step timings (`PipelineMonitor` before `step_done` is used): `consumer-bound` when the
+  loop spends under `INPUT_BOUND_PCT` of its time in `next()`, `input-bound` when the background
+  producer is empty, otherwise `undetermined`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+INPUT_BOUND_PCT = 10.0
+
+
+def time_inside(starts: np.ndarray, durations: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Total time inside the sorted, disjoint intervals `[starts, starts + durations]` before each `t`."""
+    t = np.asarray(t, np.float64)
+    if starts.size == 0:
+        return np.zeros_like(t)
+    before = np.concatenate([[0.0], np.cumsum(durations)])  # time inside intervals 0..k-1
+    k = np.searchsorted(starts, t, side="right")  # intervals that began by t
+    last = np.maximum(k - 1, 0)
+    inside = before[last] + np.clip(t - starts[last], 0.0, durations[last])
+    return np.where(k > 0, inside, 0.0)
+
+
+def step_ledger(dispatched: np.ndarray, ready: np.ndarray, wait_starts: np.ndarray,
+                wait_durations: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-step device busy time, exposed idle before the step and the data-stall part of that idle.
+
+    Args:
+        dispatched: when each step was dispatched (seconds, one clock, increasing).
+        ready: when each step's result was ready (same clock).
+        wait_starts / wait_durations: the host's calls into `next()`, sorted and disjoint.
+
+    Returns:
+        `busy_s`, `idle_s` and `stall_s`, one value per step. Step 0 has no idle: what came
+        before it (building, compiling, the first batch) is start-up, not a gap between steps.
+    """
+    dispatched = np.asarray(dispatched, np.float64)
+    ready = np.asarray(ready, np.float64)
+    if dispatched.shape != ready.shape:
+        raise ValueError(f"dispatched and ready must have one entry per step, got {dispatched.size} and {ready.size}")
+    if ready.size == 0:
+        return {"busy_s": ready.copy(), "idle_s": ready.copy(), "stall_s": ready.copy()}
+    prev_ready = np.concatenate([[ready[0]], ready[:-1]])
+    busy = ready - np.maximum(dispatched, np.concatenate([[-np.inf], ready[:-1]]))
+    idle = np.clip(dispatched - prev_ready, 0.0, None)
+    idle[0] = 0.0
+    starts = np.asarray(wait_starts, np.float64)
+    durations = np.asarray(wait_durations, np.float64)
+    stall = np.where(idle > 0, time_inside(starts, durations, dispatched) - time_inside(starts, durations, prev_ready),
+                     0.0)
+    return {"busy_s": busy, "idle_s": idle, "stall_s": np.clip(stall, 0.0, idle)}
+
+
+def rate_text(x: float) -> str:
+    return "inf" if not math.isfinite(x) else f"{x:,.0f}"
+
+
+def diagnose(*, stall_pct: float, idle_pct: float, step_s: float, consumes_el_s: float | None = None,
+             delivers_el_s: float | None = None, host_parts: Mapping[str, float] | None = None,
+             host_next_pct: float | None = None) -> str:
+    """The verdict on a steady stretch of steps, in one line with the numbers behind it.
+
+    Args:
+        stall_pct: exposed data stall, percent of the stretch's time.
+        idle_pct: all exposed idle (data stall included), percent.
+        step_s: mean device time per step.
+        consumes_el_s / delivers_el_s: elements per second the step consumes and the pipeline
+            delivers (busy + stall), when the element counts are known.
+        host_parts: percent of the time each kind of other host work idled the device.
+        host_next_pct: percent of the time the host was inside `next()`, to say when that
+            time overlapped device work and is not a stall.
+    """
+    host = max(idle_pct - stall_pct, 0.0)
+    if stall_pct >= INPUT_BOUND_PCT and stall_pct >= host:
+        text = f"input-bound: the device was idle {stall_pct:.0f}% of wall time waiting for data"
+        if delivers_el_s is not None and consumes_el_s is not None:
+            text += (f"; the pipeline delivers {rate_text(delivers_el_s)} el/s, the step consumes "
+                     f"{rate_text(consumes_el_s)} el/s")
+        return text
+    if host >= INPUT_BOUND_PCT:
+        parts = dict(host_parts) if host_parts else {"other host work": host}
+        detail = ", ".join(f"{name} {pct:.0f}%" for name, pct in sorted(parts.items(), key=lambda kv: -kv[1])
+                           if pct >= 0.5)
+        return (f"host-bound: the device was idle {host:.0f}% of wall time between steps while the host did "
+                f"other work ({detail}), {stall_pct:.0f}% waiting for data; the step takes {1e3 * step_s:.2f} ms")
+    consumes = f"consumes {rate_text(consumes_el_s)} el/s" if consumes_el_s is not None else \
+        f"takes {1e3 * step_s:.2f} ms"
+    text = f"compute-bound: exposed data stall {stall_pct:.1f}%; the step {consumes} and the pipeline keeps up"
+    if host_next_pct is not None and host_next_pct >= stall_pct + 10:
+        text += (f" (the host waited in next() {host_next_pct:.0f}% of the time, overlapped with device work, so "
+                 "it is not a stall)")
+    return text
