@@ -15,7 +15,8 @@ import scipy.fft
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
 from datarax.operators.audio import (LogMelConfig, LogMelOperator, MelSpectrogramConfig, MelSpectrogramOperator,
-                                     MFCCConfig, MFCCOperator, STFTConfig, STFTOperator, mel)
+                                     MFCCConfig, MFCCOperator, STFTConfig, STFTOperator)
+from datarax.operators.audio.functional import mel
 
 librosa = pytest.importorskip("librosa")
 
