@@ -85,10 +85,9 @@ class FieldOperator(PerRecordOperator):
         owner = self.config_class.__name__
         bounds = self.active_bounds(config)
         available = [*bounds, *self.channel_bounds]
-        if not available and config.learnable not in (False, ()):
-            raise ValueError(f"{owner}(learnable={config.learnable!r}): {type(self).__name__} has no continuous "
-                             "magnitude to learn here (it draws nothing, or its randomness is discrete); leave "
-                             "learnable=False")
+        if not available and config.learnable is True:
+            raise ValueError(f"{owner}(learnable=True): {type(self).__name__} has no continuous magnitude to learn "
+                             "here (it draws nothing, or its randomness is discrete); leave learnable=False")
         chosen = learnable_names(config.learnable, available, owner=owner)
         self._init_rng(config, rngs)
         self.magnitudes = magnitudes(config, bounds, owner=owner, chosen=chosen)

@@ -2,7 +2,8 @@
 
 Jittable, vmappable and differentiable; each family module (`waveform`, `resample`,
 `spectral`, `mel`, `masking`, `pcen`, `loudness`, `synth`) documents its reference (librosa,
-SciPy, DDSP). Use them on their own, as with `torchaudio.functional`:
+SciPy, DDSP). `resample` and `pcen` name both a module and its main function; here they name
+the module (`F.resample.resample`, `F.pcen.pcen`). Use them on their own, as with `torchaudio.functional`:
 
     >>> from datarax.operators.audio import functional as F
     >>> log_mel = F.log_mel_spectrogram(waveform, sample_rate=16000, n_fft=512, hop_length=160, n_mels=64)
@@ -27,9 +28,7 @@ from datarax.operators.audio.functional.mel import mel_spectrogram as mel_spectr
 from datarax.operators.audio.functional.mel import mel_to_hz as mel_to_hz
 from datarax.operators.audio.functional.mel import mfcc as mfcc
 from datarax.operators.audio.functional.mel import power_to_db as power_to_db
-from datarax.operators.audio.functional.pcen import pcen as pcen
 from datarax.operators.audio.functional.pcen import smoothing_coefficient as smoothing_coefficient
-from datarax.operators.audio.functional.resample import resample as resample
 from datarax.operators.audio.functional.spectral import fft_frequencies as fft_frequencies
 from datarax.operators.audio.functional.spectral import multi_scale_stft_magnitude as multi_scale_stft_magnitude
 from datarax.operators.audio.functional.spectral import stft as stft
