@@ -42,7 +42,7 @@ class GaussianNoiseConfig(ImageOperatorConfig):
 class GaussianNoiseOperator(ImageOperator):
     """Adds `sigma * N(0, 1)` noise per pixel; the standard normal draw is fixed by the record key,
     so the output is differentiable in `sigma`. The draw is `datarax.core.noise.standard_normal`
-    (a counter hash keyed by the record key, through the inverse normal CDF), about 7x cheaper
+    (a counter hash keyed by the record key, through the inverse normal CDF), much cheaper
     than `jax.random.normal` on a CPU."""
 
     config_class = GaussianNoiseConfig

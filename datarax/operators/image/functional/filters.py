@@ -20,8 +20,8 @@ from datarax.core import noise
 def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
     """One record's standard normal draws for noise: `datarax.core.noise.standard_normal`.
 
-    A counter hash keyed by the record key makes the words, not threefry per value: on a CPU
-    that makes a 128x128x3 draw about 7x cheaper than `jax.random.normal` (see that module).
+    A counter hash keyed by the record key makes the words, not threefry per value, which is
+    much cheaper than `jax.random.normal` on a CPU (see that module).
     """
     return noise.standard_normal(key, shape, dtype)
 
