@@ -18,7 +18,8 @@ from datarax import Pipeline
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
 from datarax.operators import ElementOperator, ElementOperatorConfig
-from datarax.operators.audio import LoudnessConfig, LoudnessOperator, spectral
+from datarax.operators.audio import LoudnessConfig, LoudnessOperator
+from datarax.operators.audio.functional import spectral
 from datarax.operators.audio.synth import (FilteredNoiseConfig, FilteredNoiseOperator, HarmonicSynthConfig,
                                            HarmonicSynthOperator, ReverbConfig, ReverbOperator)
 from datarax.sources import MemorySource, MemorySourceConfig

@@ -29,7 +29,8 @@ from datarax import Pipeline
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, GainConfig, GainOperator, LogMelConfig,
                                      LogMelOperator, MelSpectrogramConfig, MelSpectrogramOperator, PCENConfig,
-                                     PCENOperator, waveform)
+                                     PCENOperator)
+from datarax.operators.audio.functional import waveform
 from datarax.sources import MemorySource, MemorySourceConfig
 from recipes import common
 from recipes.models import ConvNet, classification_loss

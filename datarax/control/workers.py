@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import jax
 import numpy as np
 
+from datarax.core.checks import check_int
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
@@ -41,8 +42,7 @@ class ThreadedSource(DataSourceModule):
             raise ValueError("ThreadedSource source is device-resident (its gather runs inside the compiled step); "
                              "threads only help host-resident sources")
         for name, value in (("num_threads", num_threads), ("min_chunk", min_chunk)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ThreadedSource {name} must be an int >= 1, got {value!r}")
+            check_int(value, f"ThreadedSource {name}", 1)
         self.source = source
         self.num_threads, self.min_chunk = num_threads, min_chunk
         self._pool = Handles(executor=ThreadPoolExecutor(num_threads, thread_name_prefix="datarax-read"))

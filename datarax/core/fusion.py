@@ -3,10 +3,9 @@
 XLA fuses elementwise producers and consumers of a gather into one loop, and XLA's CPU backend
 does not vectorise a loop that contains a gather. A bilinear warp (rotation, affine, translate:
 four gathers per output pixel) then recomputes every upstream colour operation once per tap and
-runs every downstream one (noise's inverse normal CDF, a gamma curve) one scalar at a time.
-Measured on the 2-core CPU with a batch of 64 128x128x3 images (`python -m benchmarks.stages`):
-crop, flip, brightness, contrast, rotation and noise took 130 ms fused, 39 ms with the rotation
-computed on its own; `optimization_barrier` did not separate them.
+runs every downstream one (noise's inverse normal CDF, a gamma curve) one scalar at a time,
+several times slower than the same chain with the warp computed on its own (timings in
+docs/benchmarks.md, "Per-stage timings"); `optimization_barrier` does not separate them.
 
 `separately` computes a function as its own XLA computation by passing it through `lax.cond` on
 a traced predicate that is always true (both branches are the same function, so the result

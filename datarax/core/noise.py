@@ -10,9 +10,8 @@ most expensive step of a typical image chain.
 
 where `k0, k1` are the record key's two 32-bit words and `h` is the `lowbias32` integer mixer
 (Wellons' hash-prospector constants: full avalanche, bias ~0.17 %). That is a handful of
-multiply/xor/shift ops per word, which XLA fuses and vectorises. A batch of 64 standard normal
-128x128x3 draws on the 2-core CPU: 11.6 ms, against 80.7 ms for `jax.random.normal` and 32.7 ms
-for the earlier 16-bit-threefry scheme (`python -m benchmarks.stages`). The key itself still
+multiply/xor/shift ops per word, which XLA fuses and vectorises (timings against
+`jax.random.normal` in docs/benchmarks.md, "Per-stage timings"). The key itself still
 comes from threefry, so streams of different records, stages and epochs are as independent as
 their keys.
 
@@ -25,18 +24,27 @@ Draws depend only on the key and the shape, so they are identical for a record i
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 
-def _mix32(x: jax.Array) -> jax.Array:
-    """`lowbias32`: a bijective 32-bit avalanche mixer."""
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = x * jnp.uint32(0x846CA68B)
-    return x ^ (x >> 16)
+LOWBIAS32_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
+
+
+def lowbias32(x: Any) -> Any:
+    """Wellons' `lowbias32`: a bijective 32-bit avalanche mixer of `uint32` words.
+
+    Works on numpy and `jax.numpy` arrays alike (the multipliers take the array's own uint32
+    type), with identical results, so host and device code can share one mixer.
+    """
+    word = x.dtype.type
+    x = x ^ (x >> word(16))
+    x = x * word(LOWBIAS32_MULTIPLIERS[0])
+    x = x ^ (x >> word(15))
+    x = x * word(LOWBIAS32_MULTIPLIERS[1])
+    return x ^ (x >> word(16))
 
 
 def _key_words(key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -46,9 +54,9 @@ def _key_words(key: jax.Array) -> tuple[jax.Array, jax.Array]:
     words = jnp.ravel(key).astype(jnp.uint32)
     if words.shape[0] == 0:
         raise ValueError(f"key must hold at least one 32-bit word, got shape {key.shape}")
-    k0, k1 = words[0], words[-1] if words.shape[0] > 1 else _mix32(words[0] ^ jnp.uint32(0x9E3779B9))
+    k0, k1 = words[0], words[-1] if words.shape[0] > 1 else lowbias32(words[0] ^ jnp.uint32(0x9E3779B9))
     for word in words[1:-1]:  # rbg keys carry 4 words: fold the middle ones in
-        k0 = _mix32(k0 ^ word)
+        k0 = lowbias32(k0 ^ word)
     return k0, k1
 
 
@@ -59,7 +67,7 @@ def hashed_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         raise ValueError(f"hashed_bits draws at most 2**32 words per key, got shape {shape}; split the key")
     k0, k1 = _key_words(key)
     counter = jnp.arange(size, dtype=jnp.uint32)
-    return _mix32(_mix32(_mix32(counter ^ k0) + k1) ^ k0).reshape(shape)
+    return lowbias32(lowbias32(lowbias32(counter ^ k0) + k1) ^ k0).reshape(shape)
 
 
 def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:

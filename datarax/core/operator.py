@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from datarax.core.checks import check_bool
+from datarax.core.checks import describe as describe  # re-exported: stages describe values in errors
 from datarax.core.element import Element
 
 DEFAULT_STREAM = "augment"
@@ -65,8 +67,7 @@ class OperatorConfig:
     stream_name: str | None = None
 
     def __post_init__(self):
-        if not isinstance(self.stochastic, bool):
-            raise TypeError(f"stochastic must be True or False, got {self.stochastic!r}")
+        check_bool(self.stochastic, "stochastic")
         if self.stream_name is not None and (not isinstance(self.stream_name, str) or not self.stream_name):
             raise ValueError(
                 f"stream_name must be a non-empty string or None, got {self.stream_name!r}"
@@ -153,24 +154,3 @@ def read_field(op: Any, element: Element, arg: str = "field") -> Any:
         raise KeyError(f"{type(op).__name__} reads field {field!r}, but the record has fields {sorted(element.data)}; "
                        f"set {type(op.config).__name__}({arg}=...)")
     return element.data[field]
-
-
-def check_field_name(config: Any, name: str, *, allow_none: bool = False) -> None:
-    """Validates that `config.<name>` names a data field (a non-empty str, or None when allowed)."""
-    value = getattr(config, name)
-    if value is None and allow_none:
-        return
-    if not isinstance(value, str) or not value:
-        extra = " or None" if allow_none else ""
-        raise ValueError(f"{type(config).__name__}.{name} must be a non-empty field name{extra}, got {value!r}")
-
-
-def describe(value: Any) -> str:
-    """A short description of a value for error messages."""
-    shape = getattr(value, "shape", None)
-    dtype = getattr(value, "dtype", None)
-    if shape is not None:
-        return f"{type(value).__name__}(shape={tuple(shape)}, dtype={dtype})"
-    text = repr(value)
-    text = text if len(text) <= 80 else text[:77] + "..."
-    return f"{type(value).__name__} {text}"

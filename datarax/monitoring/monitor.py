@@ -39,6 +39,7 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
+from datarax.core.checks import check_bool, check_int, check_positive_int, is_number
 from datarax.monitoring.ledger import INPUT_BOUND_PCT, diagnose, step_ledger
 from datarax.monitoring.watcher import ReadyWatcher
 
@@ -51,12 +52,6 @@ def _count_records(batch: Any) -> int:
     return int(shape[0]) if len(shape) else 1
 
 
-def _check_every(name: str, value: Any, kind: type) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value <= 0:
-        expected = "a positive number of seconds" if kind is float else "a positive int"
-        raise ValueError(f"{name} must be {expected} or None, got {value!r}")
 
 
 class PipelineMonitor:
@@ -80,17 +75,16 @@ class PipelineMonitor:
     def __init__(self, *, window: int = 100, reporters: tuple[Reporter, ...] | list[Reporter] = (),
                  report_every_batches: int | None = None, report_every_s: float | None = None, sync: bool = False,
                  clock: Callable[[], float] = time.perf_counter):
-        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-            raise ValueError(f"window must be an int >= 2 (batches in the rolling window), got {window!r}")
-        _check_every("report_every_batches", report_every_batches, int)
-        _check_every("report_every_s", report_every_s, float)
+        check_int(window, "window", 2, why=" (batches in the rolling window)")
+        check_positive_int(report_every_batches, "report_every_batches", allow_none=True)
+        if report_every_s is not None and (not is_number(report_every_s) or report_every_s <= 0):
+            raise ValueError(f"report_every_s must be a positive number of seconds or None, got {report_every_s!r}")
         reporters = list(reporters)
         for reporter in reporters:
             if not callable(reporter):
                 raise TypeError(f"each reporter must be a callable taking the summary dict, got {reporter!r}; "
                                 "e.g. ConsoleReporter() or JsonlReporter('stats.jsonl')")
-        if not isinstance(sync, bool):
-            raise TypeError(f"sync must be True or False, got {sync!r}")
+        check_bool(sync, "sync")
         self.window = window
         self.reporters = reporters
         self.report_every_batches = report_every_batches

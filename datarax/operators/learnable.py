@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from datarax.core.checks import is_number
+
 Learnable = bool | tuple[str, ...]
 
 
@@ -65,7 +67,7 @@ class Magnitude(nnx.Module):
 
     def __init__(self, value: float, *, high: float, low: float = 0.0, learnable: bool = False,
                  name: str = "magnitude"):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        if not is_number(value):
             raise TypeError(f"{name} must be a finite number, got {value!r}")
         if not low <= value <= high:
             raise ValueError(f"{name} must lie in [{low}, {high}], got {value!r}; pick a value in that range")
@@ -83,6 +85,24 @@ class Magnitude(nnx.Module):
         if self.learnable:
             return bounded(self.raw[...], self.low, self.high)
         return self.fixed
+
+
+class ChannelMagnitude(nnx.Module):
+    """A per-channel magnitude in `[low, high]`: one fixed float, or a learnable `(n,)` logit vector.
+
+    When learnable every channel starts at `value` and is read as `bounded(raw, low, high)`.
+    """
+
+    def __init__(self, value: float, n: int, *, low: float, high: float, learnable: bool, name: str):
+        self.learnable = learnable
+        if learnable:
+            self.low, self.high = low, high
+            self.raw = nnx.Param(jnp.full((n,), inverse_bounded(value, low, high, name=name), dtype=float))
+        else:
+            self.fixed = float(value)
+
+    def __call__(self) -> jax.Array | float:
+        return bounded(self.raw[...], self.low, self.high) if self.learnable else self.fixed
 
 
 def learnable_names(learnable: Learnable, available: Sequence[str], *, owner: str) -> frozenset[str]:
@@ -111,13 +131,16 @@ def check_learnable_field(learnable: object, owner: str) -> Learnable:
     return learnable
 
 
-def magnitudes(config: object, bounds: dict[str, tuple[float, float]], *, owner: str) -> nnx.Dict:
+def magnitudes(config: object, bounds: dict[str, tuple[float, float]], *, owner: str,
+               chosen: frozenset[str] | None = None) -> nnx.Dict:
     """Builds one `Magnitude` per entry of `bounds` from the same-named fields of `config`.
 
-    `bounds` maps a config field name to its `(low, high)` range; `config.learnable` says which
-    of them are learnable. Operator classes call this once in their constructor.
+    `bounds` maps a config field name to its `(low, high)` range; `chosen` (by default resolved
+    from `config.learnable`) says which of them are learnable. Operator classes call this once
+    in their constructor.
     """
-    chosen = learnable_names(config.learnable, list(bounds), owner=owner)
+    if chosen is None:
+        chosen = learnable_names(config.learnable, list(bounds), owner=owner)
     return nnx.Dict({
         name: Magnitude(getattr(config, name), low=low, high=high, learnable=name in chosen,
                         name=f"{owner}.{name}")

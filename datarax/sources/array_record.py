@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import check_bool, check_int, field
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
@@ -48,8 +49,7 @@ class ArrayRecordSourceConfig:
     reader_options: str = RANDOM_ACCESS_OPTIONS
 
     def __post_init__(self):
-        if not isinstance(self.shuffle, bool):
-            raise TypeError(f"ArrayRecordSourceConfig.shuffle must be True or False, got {self.shuffle!r}")
+        check_bool(*field(self, "shuffle"))
         if self.seed is not None:
             validate_seed(self.seed, "ArrayRecordSourceConfig.seed")
         if not isinstance(self.reader_options, str):
@@ -176,8 +176,7 @@ def write_array_records(prefix: str | os.PathLike, data: Mapping[str, Any], *, n
     """
     ar = require("array_record.python.array_record_module", "write_array_records", "array_record")
     arrays = validate_arrays(data, "write_array_records")
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-        raise ValueError(f"write_array_records num_shards must be an int >= 1, got {num_shards!r}")
+    check_int(num_shards, "write_array_records num_shards", 1)
     n = len(next(iter(arrays.values())))
     prefix = os.fspath(prefix)
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)

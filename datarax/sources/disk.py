@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import check_bool, field
 from datarax.core.source import ArrayStore, DataSourceModule
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
@@ -36,8 +37,7 @@ class StreamingDiskSourceConfig:
     seed: int | None = None
 
     def __post_init__(self):
-        if not isinstance(self.shuffle, bool):
-            raise TypeError(f"StreamingDiskSourceConfig.shuffle must be True or False, got {self.shuffle!r}")
+        check_bool(*field(self, "shuffle"))
         if self.seed is not None:
             validate_seed(self.seed, "StreamingDiskSourceConfig.seed")
 

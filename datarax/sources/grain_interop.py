@@ -26,6 +26,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import check_bool, check_positive_int, field
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
@@ -59,8 +60,7 @@ class GrainSourceConfig:
     seed: int | None = None
 
     def __post_init__(self):
-        if not isinstance(self.shuffle, bool):
-            raise TypeError(f"GrainSourceConfig.shuffle must be True or False, got {self.shuffle!r}")
+        check_bool(*field(self, "shuffle"))
         if self.seed is not None:
             validate_seed(self.seed, "GrainSourceConfig.seed")
 
@@ -131,12 +131,8 @@ class GrainStreamSourceConfig:
     num_records: int | None = None
 
     def __post_init__(self):
-        if not isinstance(self.batched, bool):
-            raise TypeError(f"GrainStreamSourceConfig.batched must be True or False, got {self.batched!r}")
-        if self.num_records is not None and (isinstance(self.num_records, bool) or not isinstance(self.num_records, int)
-                                             or self.num_records < 1):
-            raise ValueError(f"GrainStreamSourceConfig.num_records must be a positive int or None, "
-                             f"got {self.num_records!r}")
+        check_bool(*field(self, "batched"))
+        check_positive_int(*field(self, "num_records"), allow_none=True)
 
 
 class GrainStreamSource(StreamSourceModule):

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import check_bool, check_positive_int, field
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
@@ -70,18 +71,14 @@ class HFSourceConfig:
 
     def __post_init__(self):
         check_column_config(self.columns, "HFSourceConfig")
-        if not isinstance(self.shuffle, bool):
-            raise TypeError(f"HFSourceConfig.shuffle must be True or False, got {self.shuffle!r}")
+        check_bool(*field(self, "shuffle"))
         if self.seed is not None:
             validate_seed(self.seed, "HFSourceConfig.seed")
         if self.mode not in _MODES:
             raise ValueError(f"HFSourceConfig.mode must be one of {_MODES}, got {self.mode!r}")
         for name in ("eager_max_bytes", "block_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"HFSourceConfig.{name} must be a positive int, got {value!r}")
-        if self.device_resident not in (None, True, False):
-            raise TypeError(f"HFSourceConfig.device_resident must be None, True or False, got {self.device_resident!r}")
+            check_positive_int(*field(self, name))
+        check_bool(*field(self, "device_resident"), allow_none=True)
 
 
 def load_files(paths: str | os.PathLike | Sequence[str | os.PathLike], *, streaming: bool = False,

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import check_bool, check_int, field
 from datarax.core.operator import describe
 from datarax.core.source import ArrayStore, DataSourceModule
 from datarax.samplers.base import Sampler
@@ -38,15 +39,11 @@ class MemorySourceConfig:
     max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES
 
     def __post_init__(self):
-        if not isinstance(self.shuffle, bool):
-            raise TypeError(f"MemorySourceConfig.shuffle must be True or False, got {self.shuffle!r}")
+        check_bool(*field(self, "shuffle"))
         if self.seed is not None:
             validate_seed(self.seed, "MemorySourceConfig.seed")
-        if self.device_resident is not None and not isinstance(self.device_resident, bool):
-            raise TypeError(f"MemorySourceConfig.device_resident must be None, True or False, "
-                            f"got {self.device_resident!r}")
-        if not isinstance(self.max_device_bytes, int) or self.max_device_bytes < 0:
-            raise ValueError(f"MemorySourceConfig.max_device_bytes must be an int >= 0, got {self.max_device_bytes!r}")
+        check_bool(*field(self, "device_resident"), allow_none=True)
+        check_int(*field(self, "max_device_bytes"), 0)
 
 
 def validate_arrays(data: Any, owner: str) -> dict[str, np.ndarray]:

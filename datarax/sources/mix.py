@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import check_bool, check_positive_int, field
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
@@ -90,12 +91,9 @@ class MixDataSourcesConfig:
         _check_weights(self.weights, "MixDataSourcesConfig")
         if self.seed is not None:
             validate_seed(self.seed, "MixDataSourcesConfig.seed")
-        if not isinstance(self.shuffle, bool):
-            raise TypeError(f"MixDataSourcesConfig.shuffle must be True or False, got {self.shuffle!r}")
+        check_bool(*field(self, "shuffle"))
         for name in ("epoch_length", "block_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"MixDataSourcesConfig.{name} must be a positive int, got {value!r}")
+            check_positive_int(*field(self, name), allow_none=True)
         if self.source_field is not None and not isinstance(self.source_field, str):
             raise TypeError(f"MixDataSourcesConfig.source_field must be a field name or None, "
                             f"got {self.source_field!r}")

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import check_int
 from datarax.samplers.base import Sampler
 from datarax.sources._columns import allocate, spec_text
 
@@ -99,8 +100,7 @@ def check_stream_state(state: Any, keys: tuple[str, ...], owner: str) -> dict[st
         raise ValueError(f"{owner} stream state must be a dict with keys {list(keys)} from get_state(), got "
                          f"{state!r:.200}; it is corrupt or from another source")
     for k in keys:
-        if isinstance(state[k], bool) or not isinstance(state[k], int) or state[k] < 0:
-            raise ValueError(f"{owner} stream state {k} must be an int >= 0, got {state[k]!r}; the state is corrupt")
+        check_int(state[k], f"{owner} stream state {k}", 0, hint="; the state is corrupt")
     return state
 
 

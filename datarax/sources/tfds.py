@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import check_bool, field
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
@@ -61,9 +62,8 @@ class TFDSSourceConfig:
         if not isinstance(self.split, str) or not self.split:
             raise TypeError(f"TFDSSourceConfig.split must be a split name such as 'train', got {self.split!r}")
         check_column_config(self.columns, "TFDSSourceConfig")
-        if not isinstance(self.shuffle, bool) or not isinstance(self.download, bool):
-            raise TypeError(f"TFDSSourceConfig.shuffle and .download must be True or False, got "
-                            f"{self.shuffle!r} and {self.download!r}")
+        check_bool(*field(self, "shuffle"))
+        check_bool(*field(self, "download"))
         if self.seed is not None:
             validate_seed(self.seed, "TFDSSourceConfig.seed")
         if self.read not in _READS:

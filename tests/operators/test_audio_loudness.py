@@ -11,7 +11,8 @@ import pytest
 
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
-from datarax.operators.audio import LoudnessConfig, LoudnessOperator, loudness
+from datarax.operators.audio import LoudnessConfig, LoudnessOperator
+from datarax.operators.audio.functional import loudness
 
 librosa = pytest.importorskip("librosa")
 

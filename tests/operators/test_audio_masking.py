@@ -13,7 +13,8 @@ from flax import nnx
 
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
-from datarax.operators.audio import FrequencyMaskConfig, FrequencyMaskOperator, TimeMaskConfig, TimeMaskOperator, masking
+from datarax.operators.audio import FrequencyMaskConfig, FrequencyMaskOperator, TimeMaskConfig, TimeMaskOperator
+from datarax.operators.audio.functional import masking
 
 _apply = jax.jit(masking.apply_masks, static_argnums=(3,))
 

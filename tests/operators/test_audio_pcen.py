@@ -14,7 +14,8 @@ from flax import nnx
 
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
-from datarax.operators.audio import PCENConfig, PCENOperator, pcen
+from datarax.operators.audio import PCENConfig, PCENOperator
+from datarax.operators.audio.functional import pcen
 
 librosa = pytest.importorskip("librosa")
 

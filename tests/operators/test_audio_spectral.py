@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.signal
 
-from datarax.operators.audio import spectral
+from datarax.operators.audio.functional import spectral
 
 librosa = pytest.importorskip("librosa")
 

@@ -13,6 +13,7 @@ from flax import nnx
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
 from datarax.operators.audio import synth
+from datarax.operators.audio.functional import synth as synth_maths
 
 SR, HOP, FRAMES = 8000, 16, 12
 
@@ -33,7 +34,7 @@ def numpy_harmonic(f0, amplitude, distribution, sr, hop):
 
 def test_upsample_matches_numpy_interp():
     controls = np.random.default_rng(0).normal(size=(FRAMES, 3)).astype(np.float32)
-    got = np.asarray(synth.upsample(jnp.asarray(controls), HOP))
+    got = np.asarray(synth_maths.upsample(jnp.asarray(controls), HOP))
     pos = np.arange(FRAMES * HOP) / HOP
     want = np.stack([np.interp(pos, np.arange(FRAMES), controls[:, j]) for j in range(3)], axis=1)
     np.testing.assert_allclose(got, want, atol=1e-6)
@@ -44,14 +45,14 @@ def test_harmonic_synth_matches_numpy_reference():
     f0 = np.linspace(200.0, 900.0, FRAMES)  # crosses Nyquist for the upper harmonics
     amplitude = rng.uniform(0.1, 1.0, FRAMES)
     distribution = rng.uniform(0.0, 1.0, (FRAMES, 6))
-    got = synth.harmonic_synth(jnp.asarray(f0, jnp.float32), jnp.asarray(amplitude, jnp.float32),
+    got = synth_maths.harmonic_synth(jnp.asarray(f0, jnp.float32), jnp.asarray(amplitude, jnp.float32),
                                jnp.asarray(distribution, jnp.float32), sample_rate=SR, hop_length=HOP)
     np.testing.assert_allclose(np.asarray(got), numpy_harmonic(f0, amplitude, distribution, SR, HOP), atol=2e-4)
 
 
 def test_harmonics_above_nyquist_are_silent():
     f0 = np.full(FRAMES, 3000.0, np.float32)  # harmonic 2 (6 kHz) is above the 4 kHz Nyquist
-    audio = synth.harmonic_synth(jnp.asarray(f0), jnp.ones(FRAMES), jnp.ones((FRAMES, 3)), sample_rate=SR,
+    audio = synth_maths.harmonic_synth(jnp.asarray(f0), jnp.ones(FRAMES), jnp.ones((FRAMES, 3)), sample_rate=SR,
                                  hop_length=HOP)
     t = np.arange(FRAMES * HOP) + 1
     np.testing.assert_allclose(np.asarray(audio), np.sin(2 * np.pi * 3000.0 * t / SR), atol=1e-4)
@@ -61,7 +62,7 @@ def test_filtered_noise_with_constant_filter_is_a_linear_convolution():
     rng = np.random.default_rng(2)
     magnitudes = np.tile(rng.uniform(0.0, 1.0, 9), (FRAMES, 1)).astype(np.float32)
     noise = rng.uniform(-1, 1, FRAMES * HOP).astype(np.float32)
-    got = synth.filtered_noise(jnp.asarray(noise), jnp.asarray(magnitudes), HOP)
+    got = synth_maths.filtered_noise(jnp.asarray(noise), jnp.asarray(magnitudes), HOP)
     ir = np.fft.irfft(magnitudes[0])
     size = len(ir)
     ir = np.roll(ir, size // 2) * np.hanning(size + 1)[:size]
@@ -71,7 +72,7 @@ def test_filtered_noise_with_constant_filter_is_a_linear_convolution():
 
 def test_flat_filter_passes_noise_through():
     noise = np.random.default_rng(3).uniform(-1, 1, FRAMES * HOP).astype(np.float32)
-    got = synth.filtered_noise(jnp.asarray(noise), jnp.ones((FRAMES, 9)), HOP)
+    got = synth_maths.filtered_noise(jnp.asarray(noise), jnp.ones((FRAMES, 9)), HOP)
     np.testing.assert_allclose(np.asarray(got), noise, atol=1e-5)
 
 
@@ -81,14 +82,14 @@ def test_overlap_add_matches_a_python_loop(frame_length):
     want = np.zeros((5 - 1) * HOP + frame_length, np.float32)
     for t in range(5):
         want[t * HOP:t * HOP + frame_length] += frames[t]
-    np.testing.assert_allclose(np.asarray(synth.overlap_add(jnp.asarray(frames), HOP)), want, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(synth_maths.overlap_add(jnp.asarray(frames), HOP)), want, atol=1e-5)
 
 
 def test_reverb_matches_numpy_convolution():
     rng = np.random.default_rng(5)
     audio, ir = rng.normal(size=200).astype(np.float32), rng.normal(size=37).astype(np.float32)
     want = audio + np.convolve(audio, ir)[:200]
-    np.testing.assert_allclose(np.asarray(synth.reverb(jnp.asarray(audio), jnp.asarray(ir))), want, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(synth_maths.reverb(jnp.asarray(audio), jnp.asarray(ir))), want, atol=1e-4)
 
 
 def test_operators_render_a_batch_like_the_functions():
@@ -113,7 +114,7 @@ def test_gradients_reach_controls_and_learnable_reverb():
                                rngs=nnx.Rngs(0))
 
     def loss(rev, distribution):
-        audio = synth.harmonic_synth(jnp.full(FRAMES, 220.0), jnp.ones(FRAMES), distribution, sample_rate=SR,
+        audio = synth_maths.harmonic_synth(jnp.full(FRAMES, 220.0), jnp.ones(FRAMES), distribution, sample_rate=SR,
                                      hop_length=HOP)
         return jnp.sum(rev(Element({"audio": audio[None]}), BatchContext.for_batch(1)).data["audio"] ** 2)
 
@@ -143,13 +144,13 @@ def test_missing_field_and_bad_shapes_are_named():
     with pytest.raises(KeyError, match="reads field 'f0_hz'"):
         op.apply_element(Element({"amplitude": jnp.ones(FRAMES)}), None)
     with pytest.raises(ValueError, match="harmonic_synth needs f0_hz"):
-        synth.harmonic_synth(jnp.ones(FRAMES), jnp.ones(FRAMES + 1), jnp.ones((FRAMES, 2)), sample_rate=SR,
+        synth_maths.harmonic_synth(jnp.ones(FRAMES), jnp.ones(FRAMES + 1), jnp.ones((FRAMES, 2)), sample_rate=SR,
                              hop_length=HOP)
     with pytest.raises(ValueError, match=f"noise must have n_frames \\* hop_length = {FRAMES * HOP} samples"):
-        synth.filtered_noise(jnp.ones(5), jnp.ones((FRAMES, 3)), HOP)
+        synth_maths.filtered_noise(jnp.ones(5), jnp.ones((FRAMES, 3)), HOP)
 
 
 def test_decaying_ir_decays_at_the_given_rate():
-    ir = synth.decaying_noise_ir(jnp.ones(80), 0.002, 0.5, SR)
+    ir = synth_maths.decaying_noise_ir(jnp.ones(80), 0.002, 0.5, SR)
     np.testing.assert_allclose(np.asarray(ir), 0.5 * np.exp(-np.arange(80) / SR / 0.002), rtol=1e-5)
     assert math.isclose(float(ir[0]), 0.5)

@@ -18,7 +18,8 @@ from datarax.core.element import Element
 from datarax.core.operator import BatchContext
 from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, CropPadConfig, CropPadOperator, GainConfig,
                                      GainOperator, ResampleConfig, ResampleOperator, TimeShiftConfig,
-                                     TimeShiftOperator, resample, waveform)
+                                     TimeShiftOperator)
+from datarax.operators.audio.functional import resample, waveform
 
 
 _gain = jax.jit(waveform.apply_gain)

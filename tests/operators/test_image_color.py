@@ -185,3 +185,11 @@ def test_run_errors(op, data, error, match):
 def test_draw_batch_on_deterministic_operator_names_the_fix():
     with pytest.raises(ValueError, match=r"BrightnessOperator is not stochastic: call draw\(None, shape\)"):
         BrightnessOperator(BrightnessConfig(stochastic=False)).draw_batch(BatchContext.for_batch(1), (4, 4, 3))
+
+
+def test_out_field_keeps_the_input_field():
+    image = jnp.full((1, 4, 4, 3), 0.5)
+    op = BrightnessOperator(BrightnessConfig(max_delta=0.2, stochastic=False, out_field="bright"))
+    out = op(Element({"image": image}), BatchContext.for_batch(1))
+    np.testing.assert_allclose(np.asarray(out.data["image"]), 0.5)
+    np.testing.assert_allclose(np.asarray(out.data["bright"]), 0.6, rtol=1e-6)

@@ -18,7 +18,7 @@ from image_helpers import run
 from datarax.operators.image import (CutoutConfig, CutoutOperator, GaussianBlurConfig, GaussianBlurOperator,
                                      GaussianNoiseConfig, GaussianNoiseOperator, PatchDropoutConfig,
                                      PatchDropoutOperator)
-from datarax.operators.image import filters
+from datarax.operators.image.functional import filters
 
 BATCH = 4
 

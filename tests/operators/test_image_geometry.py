@@ -43,7 +43,7 @@ def test_flips_match_numpy(op_class, config_class, np_flip):
     for i in range(len(x)):
         np.testing.assert_array_equal(out[i], np_flip(x[i]) if chosen[i] else x[i])
     fixed = op_class(config_class(stochastic=False))
-    np.testing.assert_array_equal(fixed.transform(jnp.asarray(x[0]), fixed.draw(None, x.shape[1:])), np_flip(x[0]))
+    np.testing.assert_array_equal(fixed.apply(jnp.asarray(x[0]), fixed.draw(None, x.shape[1:])), np_flip(x[0]))
 
 
 # "edge" and "symmetric" reach jnp.pad the same way as "reflect"; two modes keep compile time down.
@@ -64,7 +64,7 @@ def test_random_crop_offsets_cover_the_range_and_centre_crop_when_fixed():
     _, params = run(RandomCropOperator(RandomCropConfig(size=4, padding=1), rngs=nnx.Rngs(0)), x)
     assert set(np.asarray(params["top"]).tolist()) == {0, 1, 2, 3, 4}  # 6 + 2 * 1 - 4 + 1 offsets
     centred = RandomCropOperator(RandomCropConfig(size=4, stochastic=False))
-    out = centred.transform(jnp.asarray(x[0]), centred.draw(None, x.shape[1:]))
+    out = centred.apply(jnp.asarray(x[0]), centred.draw(None, x.shape[1:]))
     np.testing.assert_array_equal(out, x[0, 1:5, 1:5])
 
 

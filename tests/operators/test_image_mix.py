@@ -1,7 +1,7 @@
 """MixUp and CutMix: pairing, numpy mixing references, Beta statistics, gradient in alpha.
 
 The finite-difference reference for the gradient follows the documented reparameterisation of
-the weight's gamma draws (`datarax.operators.image.beta`): each Gamma(alpha + 1) draw keeps its
+the weight's gamma draws (`datarax.operators.image.functional.beta`): each Gamma(alpha + 1) draw keeps its
 CDF value q = P(alpha + 1, g) fixed and the boost uniform u is fixed, so the perturbed draws are
 log g(alpha') = log P^-1(alpha' + 1, q) + log(u) / alpha', computed with SciPy's regularised
 incomplete gamma functions in float64.
@@ -18,8 +18,9 @@ import jax.numpy as jnp
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
 from datarax.operators.image import CutMixConfig, CutMixOperator, MixUpConfig, MixUpOperator
-from datarax.operators.image.beta import UNIFORMS_PER_BETA, symmetric_beta
-from datarax.operators.image.mix import draw_parameters, partners
+from datarax.operators.image.functional.beta import UNIFORMS_PER_BETA, symmetric_beta
+from datarax.operators.image.functional.mix import partners
+from datarax.operators.image.mix import draw_parameters
 from datarax.operators.learnable import bounded
 
 NUM_CLASSES = 5

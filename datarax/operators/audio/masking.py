@@ -1,52 +1,94 @@
-"""SpecAugment masking (Park et al. 2019) with a differentiable mask width.
+"""SpecAugment time and frequency masking operators (Park et al. 2019).
 
-A mask covers the continuous interval `[start, start + width)` of an axis. Bin `i` spans
-`[i, i + 1)`, and its mask weight is the fraction of the bin the interval covers:
+Each record gets `num_masks` masks of width `U(0, max_width)` at uniform positions, drawn from its
+key. The mask edges are fractional (see `masking`), so `max_width` can be learnable: its gradient
+comes through the two partly covered edge bins of each mask.
 
-    m[i] = clip(min(start + width, i + 1) - max(start, i), 0, 1)
-
-and the masked value is `x * (1 - m) + mask_value * m`. For integer `start` and `width` this is
-exactly SpecAugment's hard mask `x[start:start + width] = mask_value`; for real ones only the two
-edge bins are partly masked, so the output is a continuous, piecewise-linear function of `start`
-and `width` and a learnable maximum width receives a gradient.
-
-Random masks are reparameterised: `width = u1 * max_width` and `start = u2 * (n - width)` with
-`u1, u2 ~ U[0, 1)` drawn from the record key, so the mask always lies inside the axis.
+Example:
+    >>> masks = TimeMaskOperator(TimeMaskConfig(field="log_mel", max_width=20.0, num_masks=2),
+    ...                          rngs=nnx.Rngs(0))
 """
 
 from __future__ import annotations
 
-import jax
+import dataclasses
+
 import jax.numpy as jnp
 
-
-def coverage(length: int, start: jax.Array | float, width: jax.Array | float, dtype=jnp.float32) -> jax.Array:
-    """The fraction of each of `length` unit bins covered by `[start, start + width)`."""
-    i = jnp.arange(length, dtype=dtype)
-    return jnp.clip(jnp.minimum(start + width, i + 1.0) - jnp.maximum(start, i), 0.0, 1.0)
+from datarax.core.checks import check_int, check_number, field, is_number, require_stochastic
+from datarax.operators.audio.base import AudioOperator, AudioOperatorConfig
+from datarax.operators.audio.functional import masking
 
 
-def draw_masks(key: jax.Array, length: int, max_width: jax.Array | float, num_masks: int = 1,
-               dtype=None) -> tuple[jax.Array, jax.Array]:
-    """Reparameterised random masks on an axis of `length` bins: `(start, width)`, each `(num_masks,)`."""
-    dtype = jnp.result_type(float) if dtype is None else dtype
-    u = jax.random.uniform(key, (num_masks, 2), dtype=dtype)
-    width = jnp.minimum(u[:, 0] * max_width, float(length))
-    return u[:, 1] * (length - width), width
+@dataclasses.dataclass(frozen=True)
+class MaskConfig(AudioOperatorConfig):
+    """Settings shared by `TimeMaskConfig` and `FrequencyMaskConfig`.
 
-
-def apply_masks(x: jax.Array, start: jax.Array | float, width: jax.Array | float, axis: int,
-                mask_value: jax.Array | float = 0.0) -> jax.Array:
-    """Masks `[start[k], start[k] + width[k])` of `axis` for each k (see the module docstring).
-
-    Masks are combined multiplicatively on the kept fraction, `keep = prod_k(1 - m_k)`, so
-    overlapping masks stay a valid mask (weights in [0, 1]) and integer hard masks give their union.
+    Attributes:
+        field: the spectrogram field, laid out `(..., freq, time)`.
+        max_width: the largest mask width in frames (time) or bins (frequency).
+        width_limit: the upper bound of a learnable `max_width` (and of `max_width` itself).
+        num_masks: masks per record.
+        mask_value: the value masked bins take, a number or "mean" for the record's mean.
     """
-    axis = axis % x.ndim
-    length = x.shape[axis]
-    start, width = jnp.atleast_1d(start), jnp.atleast_1d(width)
-    keep = jnp.ones((length,), x.dtype)
-    for k in range(start.shape[0]):
-        keep = keep * (1.0 - coverage(length, start[k], width[k], x.dtype))
-    keep = jnp.reshape(keep, (-1,) + (1,) * (x.ndim - 1 - axis))
-    return x * keep + mask_value * (1.0 - keep)
+
+    field: str = "log_mel"
+    stochastic: bool = True
+    max_width: float = 10.0
+    width_limit: float = 100.0
+    num_masks: int = 1
+    mask_value: float | str = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_stochastic(self)
+        check_number(*field(self, "width_limit"), 0.0, 1e6, open_low=True)
+        check_number(*field(self, "max_width"), 0.0, self.width_limit)
+        check_int(*field(self, "num_masks"), 1)
+        value = self.mask_value
+        if value != "mean" and not is_number(value):
+            raise ValueError(f"{type(self).__name__}.mask_value must be a finite number or 'mean' (the record's "
+                             f"mean), got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeMaskConfig(MaskConfig):
+    """Configuration of `TimeMaskOperator` (see `MaskConfig`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FrequencyMaskConfig(MaskConfig):
+    """Configuration of `FrequencyMaskOperator` (see `MaskConfig`)."""
+
+    max_width: float = 8.0
+
+
+class _MaskOperator(AudioOperator):
+    min_ndim = 2
+    axis = -1
+
+    def active_bounds(self, config):
+        return {"max_width": (0.0, config.width_limit)}
+
+    def draw(self, key, shape):
+        start, width = masking.draw_masks(key, shape[self.axis], self.magnitude("max_width"), self.config.num_masks)
+        return {"start": start, "width": width}
+
+    def apply(self, x, params):
+        value = jnp.mean(x) if self.config.mask_value == "mean" else self.config.mask_value
+        return masking.apply_masks(x, params["start"].astype(x.dtype), params["width"].astype(x.dtype),
+                                   self.axis, value)
+
+
+class TimeMaskOperator(_MaskOperator):
+    """Masks random spans of frames of a `(..., freq, time)` spectrogram."""
+
+    config_class = TimeMaskConfig
+    axis = -1
+
+
+class FrequencyMaskOperator(_MaskOperator):
+    """Masks random bands of bins of a `(..., freq, time)` spectrogram."""
+
+    config_class = FrequencyMaskConfig
+    axis = -2

@@ -1,90 +1,86 @@
-"""Per-channel energy normalisation (PCEN, Wang et al. 2017) as a pure function.
+"""PCEN operator with learnable per-channel parameters (Wang et al. 2017; LEAF, Zeghidour et al. 2021).
 
-For an energy spectrogram `E[c, t]` (for example a mel spectrogram with `power=1` or 2):
+Each of alpha, delta, r and s is either one fixed number shared by every channel or, when
+learnable, a vector of `n_channels` bounded `nnx.Param` logits read as
+`low + (high - low) * sigmoid(raw)` (see `datarax.operators.learnable`), initialised to the
+configured value in every channel. The bounds keep the normalisation well defined however the
+training moves them: alpha, r and s stay in (0, 1) and delta in (0, 20).
 
-    M[c, t]   = (1 - s[c]) * M[c, t-1] + s[c] * E[c, t]          (first-order IIR smoother)
-    PCEN[c,t] = (E[c, t] / (eps + M[c, t]) ** alpha[c] + delta[c]) ** r[c] - delta[c] ** r[c]
-
-computed, as in librosa, in the numerically stable form
-`delta**r * expm1(r * log1p(E * (eps + M)**-alpha / delta))`. Every parameter may be a scalar
-or a per-channel vector `(C,)`; all four are differentiable, the smoother through `lax.scan`.
-
-The smoother's state before the first frame is `initial` (librosa's `pcen` uses 1.0, the
-steady state of a unit input); `initial=None` starts from the first frame instead
-(`M[c, -1] = E[c, 0]`), which makes PCEN invariant to the overall scale of its input's start.
+Example:
+    >>> pcen = PCENOperator(PCENConfig(n_channels=64, learnable=True))
+    >>> batch = pcen(Element({"mel": mel_energies}), ctx)          # adds batch.data["pcen"]
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import jax
-import jax.numpy as jnp
-from jax import lax
+
+from datarax.core.checks import check_int, check_number, field, require_deterministic
+from datarax.operators.audio.base import AudioOperator, AudioOperatorConfig
+from datarax.operators.audio.functional import pcen as pcen_lib
+from datarax.operators.field import check_magnitudes
 
 
-def smoothing_coefficient(time_constant: float, sample_rate: float, hop_length: int) -> float:
-    """librosa's smoother coefficient `s` for a time constant in seconds.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PCENConfig(AudioOperatorConfig):
+    """Configuration of `PCENOperator` (see `pcen.pcen` for the formula).
 
-    It is the positive root of `t**2 * s**2 + s - 1 = 0`, with `t = time_constant * sample_rate
-    / hop_length` the time constant in frames (`s ~ 1 / t` for long time constants).
-    """
-    for name, value in (("time_constant", time_constant), ("sample_rate", sample_rate), ("hop_length", hop_length)):
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
-    t = time_constant * sample_rate / float(hop_length)
-    return (math.sqrt(1.0 + 4.0 * t * t) - 1.0) / (2.0 * t * t)
-
-
-def smooth(energy: jax.Array, s: jax.Array | float, initial: jax.Array | float | None = None) -> jax.Array:
-    """The IIR smoother `M[t] = (1 - s) * M[t-1] + s * E[t]` along the last (time) axis.
-
-    Args:
-        energy: `(..., C, T)` non-negative energies.
-        s: smoothing coefficient in (0, 1], a scalar or per-channel `(C,)`.
-        initial: `M[..., -1]`; None to start from the first frame.
-    """
-    # A per-channel (C,) coefficient broadcasts against each time slice (..., C).
-    s = jnp.asarray(s, energy.dtype)
-    state = energy[..., 0] if initial is None else jnp.broadcast_to(jnp.asarray(initial, energy.dtype),
-                                                                    energy.shape[:-1])
-
-    def step(previous, frame):
-        current = (1.0 - s) * previous + s * frame
-        return current, current
-
-    _, smoothed = lax.scan(step, state, jnp.moveaxis(energy, -1, 0))
-    return jnp.moveaxis(smoothed, 0, -1)
-
-
-def pcen(energy: jax.Array, alpha: jax.Array | float = 0.98, delta: jax.Array | float = 2.0,
-         r: jax.Array | float = 0.5, s: jax.Array | float = 0.025, eps: float = 1e-6,
-         initial: jax.Array | float | None = None) -> jax.Array:
-    """PCEN of an energy spectrogram `(..., C, T)` (channels before time, as in librosa).
-
-    Args:
-        energy: non-negative energies, for example a mel spectrogram.
-        alpha: gain-normalisation exponent (librosa `gain`), in [0, 1].
-        delta: bias added before compression (librosa `bias`), > 0.
-        r: compression exponent (librosa `power`), in (0, 1].
-        s: smoother coefficient (librosa `b`), in (0, 1]; see `smoothing_coefficient`.
+    Attributes:
+        n_channels: number of channels (mel bands) of the input, the length of learnable vectors.
+        alpha: gain-normalisation exponent, in [0, 1].
+        delta: bias before compression, in (0, 20].
+        r: compression exponent, in (0, 1].
+        s: smoother coefficient, in (0, 1]; `pcen.smoothing_coefficient(time_constant,
+            sample_rate, hop_length)` converts a time constant in seconds.
         eps: floor that keeps the gain finite on silence.
-        initial: smoother state before the first frame; None starts from the first frame.
-
-    Each of `alpha`, `delta`, `r`, `s` is a scalar or a per-channel vector of length C.
-
-    Returns:
-        The PCEN-normalised spectrogram, same shape as `energy`.
+        initial: smoother state before the first frame; None starts from the first frame
+            (librosa's `pcen` uses 1.0).
     """
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
-    smoothed = smooth(energy, s, initial)
-    alpha, delta, r = (per_channel(v, energy.dtype) for v in (alpha, delta, r))
-    gain = jnp.exp(-alpha * (math.log(eps) + jnp.log1p(smoothed / eps)))
-    return delta ** r * jnp.expm1(r * jnp.log1p(energy * gain / delta))
+
+    n_channels: int
+    field: str = "mel"
+    out_field: str | None = "pcen"
+    alpha: float = 0.98
+    delta: float = 2.0
+    r: float = 0.5
+    s: float = 0.025
+    eps: float = 1e-6
+    initial: float | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_deterministic(self, "PCEN draws nothing")
+        check_int(*field(self, "n_channels"), 1)
+        check_magnitudes(self, PCENOperator.channel_bounds, open_low=("delta", "r", "s"))
+        check_number(*field(self, "eps"), 0.0, 1.0, open_low=True)
+        check_number(*field(self, "initial"), 0.0, float("inf"), allow_none=True)
 
 
-def per_channel(value: jax.Array | float, dtype: jnp.dtype) -> jax.Array:
-    """A scalar stays a scalar; a `(C,)` vector becomes `(C, 1)` to broadcast over time."""
-    value = jnp.asarray(value, dtype)
-    return value[:, None] if value.ndim == 1 else value
+class PCENOperator(AudioOperator):
+    """Per-channel energy normalisation of a `(..., channels, time)` energy spectrogram.
+
+    The input should be non-negative energies (a mel spectrogram with power 1 or 2, not a log-mel).
+    """
+
+    config_class = PCENConfig
+    min_ndim = 2
+
+    channel_bounds = {"alpha": (0.0, 1.0), "delta": (0.0, 20.0), "r": (0.0, 1.0), "s": (0.0, 1.0)}
+
+    def current_parameters(self) -> dict[str, jax.Array | float]:
+        """The current alpha, delta, r and s (per-channel arrays where learnable)."""
+        return {name: self.magnitude(name) for name in self.channel_bounds}
+
+    def draw(self, key, shape):
+        channels = shape[-2]
+        if channels != self.config.n_channels:
+            raise ValueError(f"PCENOperator was built for n_channels={self.config.n_channels}, but field "
+                             f"{self.config.field!r} has {channels} channels (shape {shape}); set "
+                             f"PCENConfig(n_channels={channels})")
+        return self.current_parameters()
+
+    def apply(self, x, params):
+        return pcen_lib.pcen(x, params["alpha"], params["delta"], params["r"], params["s"], self.config.eps,
+                             self.config.initial)

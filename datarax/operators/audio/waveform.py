@@ -1,122 +1,208 @@
-"""Waveform operations on one 1-D signal (or any `(..., T)` array), as pure JAX functions.
+"""Waveform operators: gain, additive noise at an SNR, time shift, crop/pad, resample.
 
-Each function takes its magnitudes (gain, SNR, shift, offset) as arguments, so an operator can
-pass fixed numbers, learnable parameters or values drawn from a record key. Continuous
-magnitudes enter smoothly: a fractional time shift interpolates linearly between samples, so the
-output is differentiable in the shift, and the noise scale for a target SNR is differentiable in
-the SNR and in the signal.
+Random magnitudes are a centre plus a reparameterised spread: with `stochastic=True` a record
+gets `centre + U(-max_delta, max_delta)` (drawn from its key), with `stochastic=False` exactly
+the centre. Centres and spreads are the operator's magnitudes, each learnable within bounds.
+
+Example:
+    >>> gain = GainOperator(GainConfig(gain_db=-3.0, max_delta_db=6.0, learnable=True), rngs=nnx.Rngs(0))
+    >>> noise = AddNoiseOperator(AddNoiseConfig(snr_db=20.0), rngs=nnx.Rngs(1))
+    >>> batch = noise(gain(Element({"audio": waves}), ctx), ctx)
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-SHIFT_MODES = ("zero", "wrap")
-ALIGNMENTS = ("center", "start")
-
-
-def safe_sqrt(x: jax.Array) -> jax.Array:
-    """`sqrt(x)` for `x >= 0`, with a zero (not infinite) gradient at `x == 0`."""
-    positive = x > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+from datarax.core.checks import check_choice, check_int, field, require_deterministic, require_stochastic
+from datarax.operators.audio.base import AudioOperator, AudioOperatorConfig, split
+from datarax.operators.audio.functional import resample as resample_lib
+from datarax.operators.audio.functional import waveform
+from datarax.operators.field import check_magnitudes
+from datarax.operators.learnable import signed_uniform
 
 
-def db_to_amplitude(db: jax.Array | float) -> jax.Array:
-    """`10 ** (db / 20)`: the amplitude ratio of a gain in decibels."""
-    return jnp.exp(db * (math.log(10.0) / 20.0))
+def centre_plus_spread(key: jax.Array | None, centre: jax.Array | float, spread: jax.Array | float | None):
+    """`centre + U(-spread, spread)` from `key`; the centre alone for a deterministic operator."""
+    return centre if key is None else centre + signed_uniform(key, spread)
 
 
-def apply_gain(x: jax.Array, gain_db: jax.Array | float) -> jax.Array:
-    """Scales `x` by a gain in decibels."""
-    return x * db_to_amplitude(gain_db).astype(x.dtype)
+@dataclasses.dataclass(frozen=True)
+class GainConfig(AudioOperatorConfig):
+    """Configuration of `GainOperator`: gain = `gain_db + U(-max_delta_db, max_delta_db)` dB.
 
-
-def rms(x: jax.Array) -> jax.Array:
-    """Root mean square over the last axis (zero, with a finite gradient, for silence)."""
-    return safe_sqrt(jnp.mean(x * x, axis=-1))
-
-
-def add_noise(x: jax.Array, noise: jax.Array, snr_db: jax.Array | float) -> jax.Array:
-    """Adds `noise`, rescaled so that the signal-to-noise ratio is `snr_db` decibels.
-
-    `10 * log10(mean(x**2) / mean(scaled_noise**2)) == snr_db` over the last axis. Silent
-    `x` stays silent (the noise is scaled by the signal's power, which is zero).
+    Attributes:
+        gain_db: the centre gain in dB, in [-60, 60].
+        max_delta_db: the random spread in dB, in [0, 60]; used when stochastic.
     """
-    if noise.shape != x.shape:
-        raise ValueError(f"noise must have the signal's shape {x.shape}, got {noise.shape}")
-    ratio = rms(x) / jnp.maximum(rms(noise), jnp.finfo(x.dtype).tiny)
-    scale = ratio * db_to_amplitude(-snr_db)
-    return x + jnp.expand_dims(scale, -1).astype(x.dtype) * noise
+
+    stochastic: bool = True
+    gain_db: float = 0.0
+    max_delta_db: float = 6.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_magnitudes(self, GainOperator.bounds)
 
 
-def time_shift(x: jax.Array, shift: jax.Array | float, mode: str = "zero") -> jax.Array:
-    """Delays `x` by `shift` samples along the last axis: `y[n] = x[n - shift]`.
+class GainOperator(AudioOperator):
+    """Multiplies a waveform by `10 ** (gain_db / 20)`."""
 
-    A fractional shift interpolates linearly between the two nearest samples; an integer shift
-    is exact (`np.roll` for `mode="wrap"`). Negative shifts advance the signal.
+    config_class = GainConfig
+    bounds = {"gain_db": (-60.0, 60.0), "max_delta_db": (0.0, 60.0)}
 
-    Args:
-        x: `(..., T)` signal.
-        shift: delay in samples, any real number.
-        mode: "zero" fills samples shifted in from outside with zeros; "wrap" rotates.
+    def active_bounds(self, config):
+        return dict(self.bounds) if config.stochastic else {"gain_db": self.bounds["gain_db"]}
+
+    def draw(self, key, shape):
+        spread = self.magnitude("max_delta_db") if key is not None else None
+        return {"gain_db": centre_plus_spread(key, self.magnitude("gain_db"), spread)}
+
+    def apply(self, x, params):
+        return waveform.apply_gain(x, params["gain_db"])
+
+
+@dataclasses.dataclass(frozen=True)
+class AddNoiseConfig(AudioOperatorConfig):
+    """Configuration of `AddNoiseOperator`: white Gaussian noise at SNR `snr_db + U(-max_delta_db, max_delta_db)`.
+
+    Attributes:
+        snr_db: the centre signal-to-noise ratio in dB, in [-20, 80].
+        max_delta_db: the random spread of the SNR in dB, in [0, 40].
     """
-    if mode not in SHIFT_MODES:
-        raise ValueError(f"mode must be one of {SHIFT_MODES}, got {mode!r}")
-    length = x.shape[-1]
-    shift = jnp.asarray(shift, x.dtype)
-    # Split the shift into integer and fractional parts before touching sample positions:
-    # n - shift in floating point would lose the fraction's precision on long signals.
-    whole = jnp.floor(shift)
-    frac = shift - whole
-    index = jnp.arange(length, dtype=jnp.int32) - whole.astype(jnp.int32)
 
-    def sample(i):
-        if mode == "wrap":
-            return jnp.take(x, i % length, axis=-1)
-        inside = (i >= 0) & (i < length)
-        return jnp.where(inside, jnp.take(x, jnp.clip(i, 0, length - 1), axis=-1), 0.0)
+    stochastic: bool = True
+    snr_db: float = 20.0
+    max_delta_db: float = 5.0
 
-    return (1.0 - frac) * sample(index) + frac * sample(index - 1)
+    def __post_init__(self):
+        super().__post_init__()
+        require_stochastic(self)
+        check_magnitudes(self, AddNoiseOperator.bounds)
 
 
-def crop_or_pad(x: jax.Array, length: int, offset: jax.Array | int) -> jax.Array:
-    """Crops or zero-pads the last axis of `x` to `length` samples.
+class AddNoiseOperator(AudioOperator):
+    """Adds white Gaussian noise scaled to a target SNR over the record (see `waveform.add_noise`)."""
 
-    Args:
-        x: `(..., T)` signal.
-        length: output length (static).
-        offset: if `T >= length`, the first sample kept (clipped to `[0, T - length]`); otherwise
-            where the signal starts inside the zero-padded output (clipped to `[0, length - T]`).
+    config_class = AddNoiseConfig
+    bounds = {"snr_db": (-20.0, 80.0), "max_delta_db": (0.0, 40.0)}
 
-    Returns:
-        `(..., length)` array.
+    def draw(self, key, shape):
+        noise_key, snr_key = split(key, 2)
+        snr = centre_plus_spread(snr_key, self.magnitude("snr_db"), self.magnitude("max_delta_db"))
+        return {"snr_db": snr, "noise": jax.random.normal(noise_key, shape, dtype=jnp.result_type(float))}
+
+    def apply(self, x, params):
+        return waveform.add_noise(x, params["noise"].astype(x.dtype), params["snr_db"])
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeShiftConfig(AudioOperatorConfig):
+    """Configuration of `TimeShiftOperator`: delay = `(shift + U(-max_delta, max_delta)) * T` samples.
+
+    Shifts are fractions of the record length T, so their bounds do not depend on the data.
+
+    Attributes:
+        shift: the centre delay as a fraction of the length, in [-1, 1] (negative advances).
+        max_delta: the random spread as a fraction of the length, in [0, 1].
+        mode: "zero" fills with silence, "wrap" rotates the signal.
     """
-    check_length(length)
-    total = x.shape[-1]
-    lead = (0,) * (x.ndim - 1)
-    if total >= length:
-        offset = jnp.clip(jnp.asarray(offset, jnp.int32), 0, total - length)
-        return lax.dynamic_slice(x, lead + (offset,), x.shape[:-1] + (length,))
-    offset = jnp.clip(jnp.asarray(offset, jnp.int32), 0, length - total)
-    return lax.dynamic_update_slice(jnp.zeros(x.shape[:-1] + (length,), x.dtype), x, lead + (offset,))
+
+    stochastic: bool = True
+    shift: float = 0.0
+    max_delta: float = 0.1
+    mode: str = "zero"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_magnitudes(self, TimeShiftOperator.bounds)
+        check_choice(*field(self, "mode"), waveform.SHIFT_MODES)
 
 
-def max_offset(total: int, length: int) -> int:
-    """The largest meaningful `crop_or_pad` offset: `|total - length|`."""
-    return abs(total - length)
+class TimeShiftOperator(AudioOperator):
+    """Delays a waveform by a real number of samples (linear interpolation for fractions)."""
+
+    config_class = TimeShiftConfig
+    bounds = {"shift": (-1.0, 1.0), "max_delta": (0.0, 1.0)}
+
+    def active_bounds(self, config):
+        return dict(self.bounds) if config.stochastic else {"shift": self.bounds["shift"]}
+
+    def draw(self, key, shape):
+        spread = self.magnitude("max_delta") if key is not None else None
+        return {"shift": centre_plus_spread(key, self.magnitude("shift"), spread) * shape[-1]}
+
+    def apply(self, x, params):
+        return waveform.time_shift(x, params["shift"], self.config.mode)
 
 
-def aligned_offset(total: int, length: int, align: str) -> int:
-    """The deterministic `crop_or_pad` offset for "center" or "start" alignment."""
-    if align not in ALIGNMENTS:
-        raise ValueError(f"align must be one of {ALIGNMENTS}, got {align!r}")
-    return max_offset(total, length) // 2 if align == "center" else 0
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CropPadConfig(AudioOperatorConfig):
+    """Configuration of `CropPadOperator`.
+
+    Attributes:
+        length: the output length in samples.
+        align: where a deterministic crop/pad puts the signal: "center" or "start".
+    """
+
+    length: int
+    stochastic: bool = True
+    align: str = "center"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int(*field(self, "length"), 1)
+        check_choice(*field(self, "align"), waveform.ALIGNMENTS)
 
 
-def check_length(length: int) -> None:
-    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
-        raise ValueError(f"length must be a positive int (samples), got {length!r}")
+class CropPadOperator(AudioOperator):
+    """Crops a longer waveform, or zero-pads a shorter one, to `length` samples.
+
+    When stochastic the crop window (or the signal's place in the padded output) is uniform
+    over all positions; otherwise it follows `align`. The offset is discrete, so there is no
+    learnable magnitude; the output is differentiable in the waveform.
+    """
+
+    config_class = CropPadConfig
+
+    def draw(self, key, shape):
+        total, length = shape[-1], self.config.length
+        if key is None:
+            return {"offset": waveform.aligned_offset(total, length, self.config.align)}
+        return {"offset": jax.random.randint(key, (), 0, waveform.max_offset(total, length) + 1)}
+
+    def apply(self, x, params):
+        return waveform.crop_or_pad(x, self.config.length, params["offset"])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResampleConfig(AudioOperatorConfig):
+    """Configuration of `ResampleOperator`.
+
+    Attributes:
+        orig_rate: the waveform's sampling rate in Hz.
+        target_rate: the wanted sampling rate in Hz.
+    """
+
+    orig_rate: int
+    target_rate: int
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_deterministic(self, "resampling draws nothing")
+        resample_lib.rational_factors(self.orig_rate, self.target_rate)
+
+
+class ResampleOperator(AudioOperator):
+    """Polyphase resampling to `target_rate` (agrees with `scipy.signal.resample_poly`)."""
+
+    config_class = ResampleConfig
+
+    def draw(self, key, shape):
+        return {}
+
+    def apply(self, x, params):
+        return resample_lib.resample(x, self.config.orig_rate, self.config.target_rate)

@@ -1,123 +1,278 @@
-"""Colour maths on one float image (HWC, values in [0, 1]): pure, jittable, differentiable.
+"""Colour operators: brightness, contrast, saturation, hue, gamma, grayscale, solarize, normalise.
 
-Definitions follow PIL's `ImageEnhance` (brightness, contrast, saturation blend the image with a
-degenerate image by a factor) and scikit-image's HSV and gamma conversions, which the tests use
-as references. Every function works for float32 and float64 and under `jax.vmap`.
+Random strengths are drawn per record from the record key and scaled by the operator's
+magnitudes, so they are differentiable in those magnitudes (see `datarax.operators.learnable`).
+With `stochastic=False` an operator applies its magnitude as a fixed adjustment (for example
+`BrightnessConfig(max_delta=0.2, stochastic=False)` always brightens by a factor 1.2).
+
+Example:
+    >>> op = BrightnessOperator(BrightnessConfig(max_delta=0.3, learnable=True), rngs=nnx.Rngs(0))
+    >>> batch = op(Element({"image": images}), BatchContext.for_batch(len(images)))
 """
 
 from __future__ import annotations
 
-import jax
+import dataclasses
+
 import jax.numpy as jnp
 
-# ITU-R 601-2 luma, as PIL's convert("L") uses.
-LUMA_WEIGHTS = (0.299, 0.587, 0.114)
+from datarax.core.checks import check_number, check_numbers, field, set_field
+from datarax.operators.field import check_magnitudes
+from datarax.operators.image.base import ImageOperator, ImageOperatorConfig, coin, signed_or_fixed
+from datarax.operators.image.functional import color
 
 
-def _clip(image: jax.Array) -> jax.Array:
-    return jnp.clip(image, 0.0, 1.0)
+@dataclasses.dataclass(frozen=True)
+class EnhanceConfig(ImageOperatorConfig):
+    """Shared by brightness, contrast and saturation: factor `1 + U(-max_delta, max_delta)`.
 
-
-def rgb_to_grayscale(image: jax.Array) -> jax.Array:
-    """Luma of an RGB image (H, W, 3) -> (H, W, 1)."""
-    return jnp.tensordot(image, jnp.asarray(LUMA_WEIGHTS, image.dtype), axes=([-1], [0]))[..., None]
-
-
-def blend(image: jax.Array, degenerate: jax.Array, factor: jax.Array | float) -> jax.Array:
-    """`degenerate + factor * (image - degenerate)`, clipped to [0, 1] (PIL's ImageEnhance)."""
-    return _clip(degenerate + factor * (image - degenerate))
-
-
-def adjust_brightness(image: jax.Array, factor: jax.Array | float) -> jax.Array:
-    """Scales intensities by `factor` (blend with black); 1 leaves the image unchanged."""
-    return blend(image, jnp.zeros_like(image), factor)
-
-
-def adjust_contrast(image: jax.Array, factor: jax.Array | float) -> jax.Array:
-    """Blends with the image's mean luma; 0 gives a flat grey image, 1 the original.
-
-    Single-channel images use their mean intensity.
+    Attributes:
+        max_delta: largest change of the enhancement factor, in [0, 1] (the learnable bound).
     """
-    gray = rgb_to_grayscale(image) if image.shape[-1] == 3 else image
-    return blend(image, jnp.mean(gray), factor)
+
+    stochastic: bool = True
+    max_delta: float = 0.2
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_magnitudes(self, EnhanceOperator.bounds)
 
 
-def adjust_saturation(image: jax.Array, factor: jax.Array | float) -> jax.Array:
-    """Blends an RGB image with its grayscale version; 0 gives grey, 1 the original."""
-    return blend(image, rgb_to_grayscale(image), factor)
+@dataclasses.dataclass(frozen=True)
+class BrightnessConfig(EnhanceConfig):
+    """Configuration of `BrightnessOperator` (see `EnhanceConfig`)."""
 
 
-def rgb_to_hsv(image: jax.Array) -> jax.Array:
-    """RGB (H, W, 3) in [0, 1] -> HSV with hue in [0, 1) (scikit-image's convention)."""
-    r, g, b = image[..., 0], image[..., 1], image[..., 2]
-    value = jnp.max(image, axis=-1)
-    delta = value - jnp.min(image, axis=-1)
-    has_chroma = delta > 0
-    # Guarded denominators keep the gradient finite on grey pixels, where hue is undefined.
-    safe_delta = jnp.where(has_chroma, delta, 1.0)
-    saturation = jnp.where(value > 0, delta / jnp.where(value > 0, value, 1.0), 0.0)
-    hue = jnp.where(value == r, (g - b) / safe_delta,
-                    jnp.where(value == g, 2.0 + (b - r) / safe_delta, 4.0 + (r - g) / safe_delta))
-    hue = jnp.where(has_chroma, (hue / 6.0) % 1.0, 0.0)
-    return jnp.stack([hue, saturation, value], axis=-1)
+@dataclasses.dataclass(frozen=True)
+class ContrastConfig(EnhanceConfig):
+    """Configuration of `ContrastOperator` (see `EnhanceConfig`)."""
 
 
-def hsv_to_rgb(image: jax.Array) -> jax.Array:
-    """HSV with hue in [0, 1) -> RGB, the inverse of `rgb_to_hsv`.
+@dataclasses.dataclass(frozen=True)
+class SaturationConfig(EnhanceConfig):
+    """Configuration of `SaturationOperator` (see `EnhanceConfig`)."""
 
-    Written as the smooth-in-hue form `v - v*s*clip(min(k, 4-k), 0, 1)` with
-    `k = (n + 6h) mod 6`, which equals the usual six-sector formula and is differentiable in h.
+
+class EnhanceOperator(ImageOperator):
+    """Abstract base of brightness, contrast and saturation: they draw one enhancement factor."""
+
+    bounds = {"max_delta": (0.0, 1.0)}
+
+    def draw(self, key, shape):
+        return {"factor": 1.0 + signed_or_fixed(key, self.magnitude("max_delta"))}
+
+
+class BrightnessOperator(EnhanceOperator):
+    """Scales intensities by a factor (PIL `ImageEnhance.Brightness`)."""
+
+    config_class = BrightnessConfig
+
+    def apply(self, image, params):
+        return color.adjust_brightness(image, params["factor"])
+
+
+class ContrastOperator(EnhanceOperator):
+    """Blends with the mean luma by a factor (PIL `ImageEnhance.Contrast`)."""
+
+    config_class = ContrastConfig
+
+    def apply(self, image, params):
+        return color.adjust_contrast(image, params["factor"])
+
+
+class SaturationOperator(EnhanceOperator):
+    """Blends an RGB image with its grayscale version by a factor (PIL `ImageEnhance.Color`)."""
+
+    config_class = SaturationConfig
+    channels = 3
+
+    def apply(self, image, params):
+        return color.adjust_saturation(image, params["factor"])
+
+
+@dataclasses.dataclass(frozen=True)
+class HueConfig(ImageOperatorConfig):
+    """Configuration of `HueOperator`.
+
+    Attributes:
+        max_delta: largest hue rotation in turns, in [0, 0.5] (0.5 is half a turn).
     """
-    h, s, v = image[..., 0:1], image[..., 1:2], image[..., 2:3]
-    n = jnp.asarray([5.0, 3.0, 1.0], image.dtype)
-    k = (n + 6.0 * h) % 6.0
-    return v - v * s * jnp.clip(jnp.minimum(k, 4.0 - k), 0.0, 1.0)
+
+    stochastic: bool = True
+    max_delta: float = 0.05
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_magnitudes(self, HueOperator.bounds)
 
 
-def adjust_hue(image: jax.Array, shift: jax.Array | float) -> jax.Array:
-    """Rotates the hue of an RGB image by `shift` turns (0.5 = 180 degrees)."""
-    hsv = rgb_to_hsv(image)
-    hue = (hsv[..., 0:1] + shift) % 1.0
-    return _clip(hsv_to_rgb(jnp.concatenate([hue, hsv[..., 1:]], axis=-1)))
+class HueOperator(ImageOperator):
+    """Rotates the hue of an RGB image by `U(-max_delta, max_delta)` turns (HSV round trip)."""
+
+    config_class = HueConfig
+    bounds = {"max_delta": (0.0, 0.5)}
+    channels = 3
+
+    def draw(self, key, shape):
+        return {"shift": signed_or_fixed(key, self.magnitude("max_delta"))}
+
+    def apply(self, image, params):
+        return color.adjust_hue(image, params["shift"])
 
 
-def adjust_gamma(image: jax.Array, gamma: jax.Array | float, gain: float = 1.0) -> jax.Array:
-    """`gain * image ** gamma`, clipped to [0, 1] (scikit-image's `adjust_gamma` on floats)."""
-    positive = image > 0
-    # exp(gamma * log x) with a guarded log: x ** gamma has an infinite or NaN gradient at x = 0.
-    powered = jnp.where(positive, jnp.exp(gamma * jnp.log(jnp.where(positive, image, 1.0))), 0.0)
-    return _clip(gain * powered)
+@dataclasses.dataclass(frozen=True)
+class GammaConfig(ImageOperatorConfig):
+    """Configuration of `GammaOperator`: gamma = `exp(U(-max_log_gamma, max_log_gamma))`.
 
-
-def normalize(image: jax.Array, mean: jax.Array, std: jax.Array) -> jax.Array:
-    """`(image - mean) / std` per channel."""
-    return (image - jnp.asarray(mean, image.dtype)) / jnp.asarray(std, image.dtype)
-
-
-def standardize(image: jax.Array) -> jax.Array:
-    """Zero mean, unit variance per image; the std is floored at `1/sqrt(size)` so flat images stay finite.
-
-    The same definition as `tf.image.per_image_standardization`.
+    Attributes:
+        max_log_gamma: largest |log gamma|, in [0, 2].
+        gain: constant multiplier applied after the power.
     """
-    mean = jnp.mean(image)
-    std = jnp.maximum(jnp.std(image), 1.0 / jnp.sqrt(jnp.asarray(image.size, image.dtype)))
-    return (image - mean) / std
+
+    stochastic: bool = True
+    max_log_gamma: float = 0.2
+    gain: float = 1.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_magnitudes(self, GammaOperator.bounds)
+        check_number(*field(self, "gain"), 0.0, 10.0, open_low=True)
 
 
-def solarize(image: jax.Array, threshold: jax.Array | float, softness: float = 0.0) -> jax.Array:
-    """Inverts pixels at or above `threshold` (PIL's `ImageOps.solarize`).
+class GammaOperator(ImageOperator):
+    """`gain * image ** gamma` with a log-uniform random gamma (scikit-image `adjust_gamma`)."""
 
-    With `softness > 0` the hard step becomes `sigmoid((x - threshold) / softness)`, so the
-    output is differentiable in `threshold`; `softness=0` is the exact hard version.
+    config_class = GammaConfig
+    bounds = {"max_log_gamma": (0.0, 2.0)}
+
+    def draw(self, key, shape):
+        return {"gamma": jnp.exp(signed_or_fixed(key, self.magnitude("max_log_gamma")))}
+
+    def apply(self, image, params):
+        return color.adjust_gamma(image, params["gamma"], self.config.gain)
+
+
+@dataclasses.dataclass(frozen=True)
+class GrayscaleConfig(ImageOperatorConfig):
+    """Configuration of `GrayscaleOperator`.
+
+    Attributes:
+        p: probability of converting a record when stochastic (always when not).
+        keep_channels: repeat the luma over 3 channels (True) or return one channel.
     """
-    if softness > 0:
-        weight = jax.nn.sigmoid((image - threshold) / softness)
-    else:
-        weight = (image >= threshold).astype(image.dtype)
-    return image + weight * (1.0 - 2.0 * image)
+
+    p: float = 1.0
+    keep_channels: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_number(*field(self, "p"), 0.0, 1.0)
+        if not self.keep_channels and self.stochastic:
+            raise ValueError("GrayscaleConfig(keep_channels=False) changes the channel count, so it cannot be "
+                             "applied to only some records; use keep_channels=True with stochastic=True")
 
 
-def to_grayscale(image: jax.Array, keep_channels: bool = True) -> jax.Array:
-    """The luma of an RGB image, repeated over 3 channels when `keep_channels`."""
-    gray = rgb_to_grayscale(image)
-    return jnp.broadcast_to(gray, image.shape) if keep_channels else gray
+class GrayscaleOperator(ImageOperator):
+    """Converts RGB to luma (PIL `convert("L")`), for a random fraction `p` of records when stochastic."""
+
+    config_class = GrayscaleConfig
+    channels = 3
+
+    def draw(self, key, shape):
+        return {"apply": coin(key, self.config.p)}
+
+    def apply(self, image, params):
+        gray = color.to_grayscale(image, self.config.keep_channels)
+        return gray if not self.config.keep_channels else jnp.where(params["apply"], gray, image)
+
+
+@dataclasses.dataclass(frozen=True)
+class SolarizeConfig(ImageOperatorConfig):
+    """Configuration of `SolarizeOperator`.
+
+    Attributes:
+        threshold: pixels at or above it are inverted; in [0, 1].
+        p: probability of solarizing a record when stochastic (always when not).
+        softness: width of a sigmoid step replacing the hard threshold; must be > 0 for a
+            learnable threshold (a hard step has no gradient).
+    """
+
+    threshold: float = 0.5
+    p: float = 0.5
+    softness: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_magnitudes(self, SolarizeOperator.bounds)
+        check_number(*field(self, "p"), 0.0, 1.0)
+        check_number(*field(self, "softness"), 0.0, 1.0)
+        if self.learnable and self.softness == 0:
+            raise ValueError("SolarizeConfig(learnable=...) needs softness > 0 (e.g. softness=0.02): a hard "
+                             "threshold has zero gradient everywhere")
+
+
+class SolarizeOperator(ImageOperator):
+    """Inverts pixels at or above a threshold (PIL `ImageOps.solarize`)."""
+
+    config_class = SolarizeConfig
+    bounds = {"threshold": (0.0, 1.0)}
+
+    def draw(self, key, shape):
+        return {"apply": coin(key, self.config.p), "threshold": self.magnitude("threshold")}
+
+    def apply(self, image, params):
+        out = color.solarize(image, params["threshold"], self.config.softness)
+        return jnp.where(params["apply"], out, image)
+
+
+@dataclasses.dataclass(frozen=True)
+class NormalizeConfig(ImageOperatorConfig):
+    """Configuration of `NormalizeOperator`: `(image - mean) / std` per channel.
+
+    Attributes:
+        mean: per-channel means (a tuple, one value per channel).
+        std: per-channel standard deviations, all > 0.
+    """
+
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
+    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("mean", "std"):
+            set_field(self, name, check_numbers(*field(self, name), "a tuple of numbers (one per channel)"))
+        if len(self.mean) != len(self.std) or min(self.std) <= 0:
+            raise ValueError(f"NormalizeConfig needs mean and std of the same length with std > 0, got "
+                             f"mean={self.mean}, std={self.std}")
+
+
+class NormalizeOperator(ImageOperator):
+    """Subtracts a per-channel mean and divides by a per-channel std (not clipped)."""
+
+    config_class = NormalizeConfig
+
+    def draw(self, key, shape):
+        if len(self.config.mean) not in (1, shape[-1]):
+            raise ValueError(f"NormalizeConfig has {len(self.config.mean)} channel statistics but the image has "
+                             f"{shape[-1]} channels (shape {tuple(shape)}); give one mean/std per channel")
+        return {}
+
+    def apply(self, image, params):
+        return color.normalize(image, self.config.mean, self.config.std)
+
+
+@dataclasses.dataclass(frozen=True)
+class StandardizeConfig(ImageOperatorConfig):
+    """Configuration of `StandardizeOperator` (per-image zero mean, unit variance)."""
+
+
+class StandardizeOperator(ImageOperator):
+    """Per-image standardisation, as `tf.image.per_image_standardization`."""
+
+    config_class = StandardizeConfig
+
+    def draw(self, key, shape):
+        return {}
+
+    def apply(self, image, params):
+        return color.standardize(image)

@@ -1,109 +1,178 @@
-"""Noise, blur and occlusion maths on one image (HWC): pure, jittable, differentiable.
+"""Noise, blur and occlusion operators: Gaussian noise, Gaussian blur, cutout, patch dropout.
 
-`gaussian_blur` matches `scipy.ndimage.gaussian_filter` / `skimage.filters.gaussian` with
-`mode="reflect"` for a given kernel radius. The kernel radius is a static shape, so a learnable
-sigma uses the radius of its upper bound and only the weights move. `box_coverage` is the exact
-fraction of each pixel covered by an axis-aligned box, so occlusion masks are differentiable in
-the box's size and position, and equal the hard 0/1 mask when the box edges fall on pixel edges.
+Example:
+    >>> noise = GaussianNoiseOperator(GaussianNoiseConfig(sigma=0.05, learnable=True), rngs=nnx.Rngs(0))
+    >>> holes = CutoutOperator(CutoutConfig(size=0.25, num_holes=2), rngs=nnx.Rngs(1))
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 
-from datarax.core import noise
+from datarax.core.checks import check_int, check_number, field, require_stochastic
+from datarax.operators.field import check_magnitudes
+from datarax.operators.image.base import ImageOperator, ImageOperatorConfig, check_fill
+from datarax.operators.image.functional import filters
+from datarax.operators.learnable import uniform
 
 
-def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
-    """One record's standard normal draws for noise: `datarax.core.noise.standard_normal`.
+@dataclasses.dataclass(frozen=True)
+class GaussianNoiseConfig(ImageOperatorConfig):
+    """Configuration of `GaussianNoiseOperator`.
 
-    A counter hash keyed by the record key makes the words, not threefry per value: on a CPU
-    that makes a 128x128x3 draw about 7x cheaper than `jax.random.normal` (see that module).
+    Attributes:
+        sigma: standard deviation of the added noise, in [0, 1].
+        clip: clip the result to [0, 1].
     """
-    return noise.standard_normal(key, shape, dtype)
+
+    stochastic: bool = True
+    sigma: float = 0.05
+    clip: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_stochastic(self)
+        check_magnitudes(self, GaussianNoiseOperator.bounds)
 
 
-def gaussian_noise(image: jax.Array, noise: jax.Array, sigma: jax.Array | float, clip: bool = True) -> jax.Array:
-    """`image + sigma * noise` (noise is a standard normal draw), optionally clipped to [0, 1]."""
-    out = image + sigma * noise
-    return jnp.clip(out, 0.0, 1.0) if clip else out
+class GaussianNoiseOperator(ImageOperator):
+    """Adds `sigma * N(0, 1)` noise per pixel; the standard normal draw is fixed by the record key,
+    so the output is differentiable in `sigma`. The draw is `datarax.core.noise.standard_normal`
+    (a counter hash keyed by the record key, through the inverse normal CDF), much cheaper
+    than `jax.random.normal` on a CPU."""
+
+    config_class = GaussianNoiseConfig
+    bounds = {"sigma": (0.0, 1.0)}
+
+    def draw(self, key, shape):
+        return {"noise": filters.standard_normal(key, shape, jnp.result_type(float)),
+                "sigma": self.magnitude("sigma")}
+
+    def apply(self, image, params):
+        return filters.gaussian_noise(image, params["noise"].astype(image.dtype), params["sigma"], self.config.clip)
 
 
-def kernel_radius(sigma: float, truncate: float = 4.0) -> int:
-    """SciPy's kernel radius for a sigma: `int(truncate * sigma + 0.5)`."""
-    return int(truncate * sigma + 0.5)
+@dataclasses.dataclass(frozen=True)
+class GaussianBlurConfig(ImageOperatorConfig):
+    """Configuration of `GaussianBlurOperator`.
 
-
-def gaussian_kernel(sigma: jax.Array | float, radius: int, dtype=None) -> jax.Array:
-    """Normalised 1-D Gaussian weights at offsets `-radius..radius`."""
-    offsets = jnp.arange(-radius, radius + 1, dtype=dtype if dtype is not None else jnp.result_type(float))
-    # A floor on sigma keeps the weights (and their gradient) finite as sigma approaches 0.
-    sigma = jnp.maximum(sigma, 1e-3)
-    weights = jnp.exp(-0.5 * (offsets / sigma) ** 2)
-    return weights / jnp.sum(weights)
-
-
-def _filter_axis(image: jax.Array, kernel: jax.Array, axis: int) -> jax.Array:
-    radius = (kernel.shape[0] - 1) // 2
-    widths = [(0, 0)] * image.ndim
-    widths[axis] = (radius, radius)
-    # numpy's "symmetric" (edge pixel repeated) is scipy.ndimage's "reflect".
-    padded = jnp.pad(image, widths, mode="symmetric")
-    size = image.shape[axis]
-    taps = [jax.lax.slice_in_dim(padded, k, k + size, axis=axis) for k in range(kernel.shape[0])]
-    return jnp.tensordot(kernel, jnp.stack(taps), axes=1)
-
-
-def gaussian_blur(image: jax.Array, sigma: jax.Array | float, radius: int) -> jax.Array:
-    """Separable Gaussian blur over height and width with a kernel of `2 * radius + 1` taps."""
-    if radius == 0:
-        return image
-    if radius >= min(image.shape[:2]):
-        raise ValueError(f"gaussian_blur radius {radius} must be smaller than the image height and width "
-                         f"{image.shape[:2]}; lower the maximum sigma or truncate")
-    kernel = gaussian_kernel(sigma, radius, image.dtype)
-    return _filter_axis(_filter_axis(image, kernel, 0), kernel, 1)
-
-
-def box_coverage(length: int, start: jax.Array, stop: jax.Array) -> jax.Array:
-    """Fraction of each pixel `[i, i + 1)` of an axis of `length` pixels covered by `[start, stop]`."""
-    edges = jnp.arange(length, dtype=jnp.result_type(start, stop))
-    return jnp.clip(jnp.minimum(edges + 1, stop) - jnp.maximum(edges, start), 0.0, 1.0)
-
-
-def box_mask(shape: tuple[int, int], center: jax.Array, size: jax.Array) -> jax.Array:
-    """Coverage (H, W) of the box with `center = (cy, cx)` and `size = (h, w)` in pixel-edge units.
-
-    The image spans `[0, H] x [0, W]`; pixel (i, j) covers `[i, i+1) x [j, j+1)`.
+    Attributes:
+        sigma: the blur's standard deviation in pixels, or the top of its random range
+            `U(min_sigma, sigma)` when stochastic; in (0, 4].
+        min_sigma: the bottom of the random range.
+        kernel_size: odd number of taps per axis; fixed, so a learnable sigma only moves the weights.
     """
-    rows = box_coverage(shape[0], center[0] - size[0] / 2, center[0] + size[0] / 2)
-    cols = box_coverage(shape[1], center[1] - size[1] / 2, center[1] + size[1] / 2)
-    return rows[:, None] * cols[None, :]
+
+    stochastic: bool = True
+    sigma: float = 1.0
+    min_sigma: float = 0.1
+    kernel_size: int = 5
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_magnitudes(self, GaussianBlurOperator.bounds, open_low=("sigma",))
+        check_number(*field(self, "min_sigma"), *GaussianBlurOperator.bounds["sigma"], open_low=True)
+        check_int(*field(self, "kernel_size"), 1)
+        if self.kernel_size % 2 == 0:
+            raise ValueError(f"GaussianBlurConfig.kernel_size must be odd (the kernel is centred), "
+                             f"got {self.kernel_size}")
 
 
-def occlude(image: jax.Array, mask: jax.Array, fill: float | jax.Array = 0.0) -> jax.Array:
-    """Replaces the masked part (mask in [0, 1], shape (H, W)) of an image by `fill`."""
-    mask = mask[..., None].astype(image.dtype)
-    return image * (1 - mask) + jnp.asarray(fill, image.dtype) * mask
+class GaussianBlurOperator(ImageOperator):
+    """Separable Gaussian blur with reflected borders (scikit-image `filters.gaussian`)."""
+
+    config_class = GaussianBlurConfig
+    bounds = {"sigma": (0.0, 4.0)}
+
+    def draw(self, key, shape):
+        sigma = self.magnitude("sigma")
+        if key is not None:
+            sigma = uniform(key, self.config.min_sigma, sigma)
+        return {"sigma": sigma}
+
+    def apply(self, image, params):
+        return filters.gaussian_blur(image, params["sigma"], self.config.kernel_size // 2)
 
 
-def cutout(image: jax.Array, centers: jax.Array, size: jax.Array | float, fill: float = 0.0) -> jax.Array:
-    """Fills square holes of side `size` pixels centred at `centers` (shape (n, 2), rows (cy, cx))."""
-    sides = jnp.stack([size, size])
-    masks = jax.vmap(lambda c: box_mask(image.shape[:2], c, sides))(centers)
-    # Holes may overlap: a pixel is kept in proportion to what every hole leaves of it.
-    keep = jnp.prod(1 - masks, axis=0)
-    return occlude(image, 1 - keep, fill)
+@dataclasses.dataclass(frozen=True)
+class CutoutConfig(ImageOperatorConfig):
+    """Configuration of `CutoutOperator`.
+
+    Attributes:
+        size: side of each square hole as a fraction of the image's shorter side, in [0, 1].
+        num_holes: holes per image (centres drawn independently, anywhere in the image).
+        fill: the value written into the holes.
+    """
+
+    stochastic: bool = True
+    size: float = 0.25
+    num_holes: int = 1
+    fill: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_stochastic(self)
+        check_magnitudes(self, CutoutOperator.bounds)
+        check_int(*field(self, "num_holes"), 1)
+        check_fill(self)
 
 
-def patch_grid_mask(shape: tuple[int, int], patch_size: int, dropped: jax.Array) -> jax.Array:
-    """Expands a (rows, cols) boolean grid of dropped patches to a pixel mask of `shape`."""
-    rows, cols = math.ceil(shape[0] / patch_size), math.ceil(shape[1] / patch_size)
-    if dropped.shape != (rows, cols):
-        raise ValueError(f"dropped must have shape {(rows, cols)} for an image of {shape} and patch_size "
-                         f"{patch_size}, got {dropped.shape}")
-    grid = jnp.repeat(jnp.repeat(dropped, patch_size, axis=0), patch_size, axis=1)
-    return grid[:shape[0], :shape[1]]
+class CutoutOperator(ImageOperator):
+    """Fills square holes at random centres (DeVries & Taylor's cutout, holes clipped at the border).
+
+    Pixels a hole edge cuts are filled in proportion to the area covered, which makes the
+    output differentiable in `size`.
+    """
+
+    config_class = CutoutConfig
+    bounds = {"size": (0.0, 1.0)}
+
+    def draw(self, key, shape):
+        unit = uniform(key, 0.0, 1.0, (self.config.num_holes, 2))
+        centers = unit * jnp.asarray(shape[:2], unit.dtype)
+        return {"centers": centers, "size": self.magnitude("size") * min(shape[:2])}
+
+    def apply(self, image, params):
+        return filters.cutout(image, params["centers"], params["size"], self.config.fill)
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchDropoutConfig(ImageOperatorConfig):
+    """Configuration of `PatchDropoutOperator`.
+
+    Attributes:
+        patch_size: side of the square patches the image is tiled into (edge patches may be smaller).
+        p: probability that a patch is dropped.
+        fill: the value written into dropped patches.
+    """
+
+    stochastic: bool = True
+    patch_size: int = 4
+    p: float = 0.1
+    fill: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_stochastic(self)
+        check_int(*field(self, "patch_size"), 1)
+        check_number(*field(self, "p"), 0.0, 1.0)
+        check_fill(self)
+
+
+class PatchDropoutOperator(ImageOperator):
+    """Tiles the image into patches and fills each with probability `p` (not learnable: a coin flip)."""
+
+    config_class = PatchDropoutConfig
+
+    def draw(self, key, shape):
+        size = self.config.patch_size
+        grid = (math.ceil(shape[0] / size), math.ceil(shape[1] / size))
+        return {"dropped": jax.random.bernoulli(key, self.config.p, grid)}
+
+    def apply(self, image, params):
+        mask = filters.patch_grid_mask(image.shape[:2], self.config.patch_size, params["dropped"])
+        return filters.occlude(image, mask, self.config.fill)

@@ -1,141 +1,324 @@
-"""Geometry maths on one image (HWC): flips, crops, resizing and affine warps.
+"""Geometry operators: flips, crops, resizing, rotation, translation and general affine warps.
 
-Coordinates are pixel indices: pixel (row i, column j) has its centre at x = j, y = i. Affine
-warps take the *inverse* map (output pixel -> source position) as a 2x3 matrix and sample the
-source bilinearly, with out-of-image neighbours reading `fill`, as scikit-image's
-`warp(order=1, mode="constant")` does. The sampling weights are linear in the source position,
-so warps are differentiable in the matrix (angle, scale, shear, shift). Resizing multiplies by
-separable triangle-kernel weight matrices (antialiased when shrinking), which matches PIL's
-bilinear resize, box included, and is differentiable in the box.
+Warps sample bilinearly, so they are differentiable in their angle, scale, shear and shift;
+with `stochastic=False` a warp applies its magnitudes as fixed values (for example
+`RotationConfig(degrees=10, stochastic=False)` always turns by 10 degrees).
+
+Example:
+    >>> crop = RandomCropOperator(RandomCropConfig(size=32, padding=4, pad_mode="reflect"), rngs=nnx.Rngs(0))
+    >>> flip = HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(1))
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
 
-
-def hflip(image: jax.Array) -> jax.Array:
-    """Mirrors left-right."""
-    return image[:, ::-1]
-
-
-def vflip(image: jax.Array) -> jax.Array:
-    """Mirrors top-bottom."""
-    return image[::-1]
+from datarax.core.checks import (check_choice, check_int, check_number, check_range, check_size, field,
+                                 require_stochastic, set_field)
+from datarax.operators.field import check_magnitudes
+from datarax.operators.image.base import (ImageOperator, ImageOperatorConfig, check_fill, coin, signed, signed_or_fixed,
+                                          uniforms)
+from datarax.operators.image.functional import geometry
 
 
-def pad(image: jax.Array, padding: int, mode: str = "constant", fill: float = 0.0) -> jax.Array:
-    """Pads height and width by `padding` on each side (`mode` as in `numpy.pad`)."""
-    widths = ((padding, padding), (padding, padding), (0, 0))
-    if mode == "constant":
-        return jnp.pad(image, widths, mode="constant", constant_values=fill)
-    return jnp.pad(image, widths, mode=mode)
+@dataclasses.dataclass(frozen=True)
+class FlipConfig(ImageOperatorConfig):
+    """Shared by the flips.
 
-
-def crop(image: jax.Array, top: jax.Array | int, left: jax.Array | int, height: int, width: int) -> jax.Array:
-    """The `height` x `width` window at (`top`, `left`); offsets may be traced integers."""
-    return jax.lax.dynamic_slice(image, (top, left, 0), (height, width, image.shape[-1]))
-
-
-def resample_weights(out_size: int, in_size: int, scale: jax.Array, start: jax.Array,
-                     antialias: bool = True) -> jax.Array:
-    """(out_size, in_size) bilinear weights mapping `[start, start + out_size / scale]` onto the output.
-
-    Output pixel i samples the input at `start + (i + 0.5) / scale - 0.5` with a triangle kernel,
-    widened by `1 / scale` when shrinking with `antialias` (PIL's filter); each row is normalised
-    over the taps inside the input, which is how PIL and JAX treat the borders.
+    Attributes:
+        p: probability of flipping a record when stochastic (always when not).
     """
-    centers = start + (jnp.arange(out_size, dtype=scale.dtype) + 0.5) / scale - 0.5
-    width = jnp.maximum(1.0 / scale, 1.0) if antialias else jnp.ones_like(scale)
-    taps = jnp.arange(in_size, dtype=scale.dtype)
-    weights = jnp.maximum(0.0, 1.0 - jnp.abs(taps[None, :] - centers[:, None]) / width)
-    total = jnp.sum(weights, axis=1, keepdims=True)
-    return weights / jnp.where(total > 0, total, 1.0)
+
+    stochastic: bool = True
+    p: float = 0.5
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_number(*field(self, "p"), 0.0, 1.0)
 
 
-def resized_crop(image: jax.Array, box: jax.Array, height: int, width: int, antialias: bool = True) -> jax.Array:
-    """Resizes the region `box = (top, left, box_height, box_width)` (floats) to `height` x `width`.
+@dataclasses.dataclass(frozen=True)
+class HorizontalFlipConfig(FlipConfig):
+    """Configuration of `HorizontalFlipOperator` (see `FlipConfig`)."""
 
-    Equals PIL's `resize((width, height), BILINEAR, box=(left, top, left + w, top + h))`, and is
-    differentiable in `box`.
+
+@dataclasses.dataclass(frozen=True)
+class VerticalFlipConfig(FlipConfig):
+    """Configuration of `VerticalFlipOperator` (see `FlipConfig`)."""
+
+
+class HorizontalFlipOperator(ImageOperator):
+    """Mirrors left-right with probability `p`."""
+
+    config_class = HorizontalFlipConfig
+
+    def draw(self, key, shape):
+        return {"apply": coin(key, self.config.p)}
+
+    def apply(self, image, params):
+        return jnp.where(params["apply"], geometry.hflip(image), image)
+
+
+class VerticalFlipOperator(ImageOperator):
+    """Mirrors top-bottom with probability `p`."""
+
+    config_class = VerticalFlipConfig
+
+    def draw(self, key, shape):
+        return {"apply": coin(key, self.config.p)}
+
+    def apply(self, image, params):
+        return jnp.where(params["apply"], geometry.vflip(image), image)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomCropConfig(ImageOperatorConfig):
+    """Configuration of `RandomCropOperator`.
+
+    Attributes:
+        size: output (height, width), or one int for a square.
+        padding: pixels added on every side before cropping.
+        pad_mode: "constant" (with `fill`), "edge", "reflect" or "symmetric", as in `numpy.pad`.
+        fill: the constant padding value.
     """
-    box = jnp.asarray(box, jnp.result_type(image.dtype, float))
-    rows = resample_weights(height, image.shape[0], height / box[2], box[0], antialias).astype(image.dtype)
-    cols = resample_weights(width, image.shape[1], width / box[3], box[1], antialias).astype(image.dtype)
-    return jnp.einsum("ah,hwc,bw->abc", rows, image, cols)
+
+    stochastic: bool = True
+    size: int | tuple[int, int] = 32
+    padding: int = 0
+    pad_mode: str = "constant"
+    fill: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        set_field(self, "size", check_size(*field(self, "size")))
+        check_int(*field(self, "padding"), 0)
+        check_choice(*field(self, "pad_mode"), geometry.PAD_MODES)
+        check_fill(self)
 
 
-def resize(image: jax.Array, height: int, width: int, antialias: bool = True) -> jax.Array:
-    """Bilinear resize to `height` x `width` (PIL's `Image.resize(..., BILINEAR)`)."""
-    box = jnp.asarray([0.0, 0.0, image.shape[0], image.shape[1]], jnp.result_type(image.dtype, float))
-    return resized_crop(image, box, height, width, antialias)
+class RandomCropOperator(ImageOperator):
+    """Pads, then crops a window at a random offset (the centred window when not stochastic)."""
+
+    config_class = RandomCropConfig
+
+    def draw(self, key, shape):
+        height, width = self.config.size
+        pad = self.config.padding
+        room_y, room_x = shape[0] + 2 * pad - height, shape[1] + 2 * pad - width
+        if room_y < 0 or room_x < 0:
+            raise ValueError(f"RandomCropConfig.size {self.config.size} is larger than the padded image "
+                             f"({shape[0] + 2 * pad}, {shape[1] + 2 * pad}); lower size or raise padding")
+        if key is None:
+            return {"top": room_y // 2, "left": room_x // 2}
+        offsets = jax.random.randint(key, (2,), 0, jnp.asarray([room_y + 1, room_x + 1]))
+        return {"top": offsets[0], "left": offsets[1]}
+
+    def apply(self, image, params):
+        padded = geometry.pad(image, self.config.padding, self.config.pad_mode, self.config.fill)
+        return geometry.crop(padded, params["top"], params["left"], *self.config.size)
 
 
-def affine_matrix(angle: jax.Array | float, center: tuple[float, float], *, scale: jax.Array | float = 1.0,
-                  shear: jax.Array | float = 0.0, translate: tuple = (0.0, 0.0)) -> jax.Array:
-    """The inverse map (2x3) of an affine warp about `center = (cx, cy)`, angles in degrees.
+@dataclasses.dataclass(frozen=True)
+class RandomResizedCropConfig(ImageOperatorConfig):
+    """Configuration of `RandomResizedCropOperator`.
 
-    The forward map moves content by `T(center + translate) R(-angle) Sh(shear) S(scale) T(-center)`:
-    a positive `angle` turns the picture counter-clockwise, as in PIL and scikit-image; `shear`
-    slants along x. The returned matrix is that map's inverse, written in closed form.
+    Attributes:
+        size: output (height, width), or one int for a square.
+        scale: range of the box area as a fraction of the image area; `scale[0]` is the
+            learnable magnitude `min_scale`.
+        ratio: range of the box aspect ratio (width / height), drawn log-uniformly.
+        antialias: smooth when shrinking (as PIL does).
     """
-    theta = jnp.deg2rad(angle)
-    phi = jnp.deg2rad(shear)
-    cos, sin = jnp.cos(theta), jnp.sin(theta)
-    # Forward linear part A = R(-angle) @ [[1, tan(shear)], [0, 1]] @ scale * I.
-    tan = jnp.tan(phi)
-    a, b = cos * scale, (cos * tan + sin) * scale
-    c, d = -sin * scale, (-sin * tan + cos) * scale
-    det = a * d - b * c
-    inv = jnp.stack([jnp.stack([d, -b]), jnp.stack([-c, a])]) / det
-    cx, cy = center
-    shifted = jnp.stack([cx + translate[0], cy + translate[1]])
-    offset = jnp.stack([jnp.asarray(cx, inv.dtype), jnp.asarray(cy, inv.dtype)]) - inv @ shifted
-    return jnp.concatenate([inv, offset[:, None]], axis=1)
+
+    stochastic: bool = True
+    size: int | tuple[int, int] = 32
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    antialias: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        require_stochastic(self)
+        set_field(self, "size", check_size(*field(self, "size")))
+        set_field(self, "scale", check_range(*field(self, "scale"), *RandomResizedCropOperator.bounds["min_scale"]))
+        set_field(self, "ratio", check_range(*field(self, "ratio"), 0.0, float("inf")))
+
+    @property
+    def min_scale(self) -> float:
+        return self.scale[0]
 
 
-def warp_affine(image: jax.Array, inverse: jax.Array, fill: float = 0.0) -> jax.Array:
-    """Samples `image` at `inverse @ [x, y, 1]` for every output pixel, bilinearly."""
-    height, width = image.shape[:2]
-    ys, xs = jnp.meshgrid(jnp.arange(height, dtype=inverse.dtype), jnp.arange(width, dtype=inverse.dtype),
-                          indexing="ij")
-    src_x = inverse[0, 0] * xs + inverse[0, 1] * ys + inverse[0, 2]
-    src_y = inverse[1, 0] * xs + inverse[1, 1] * ys + inverse[1, 2]
-    return sample_bilinear(image, src_y, src_x, fill)
+class RandomResizedCropOperator(ImageOperator):
+    """Crops a random box (area and aspect ratio drawn from ranges) and resizes it bilinearly.
+
+    The box is continuous (not rounded to pixels) and resampled with PIL's bilinear filter, so
+    the output is differentiable in the box and hence in `min_scale`. A box wider or taller
+    than the image is clamped to it.
+    """
+
+    config_class = RandomResizedCropConfig
+    bounds = {"min_scale": (0.0, 1.0)}
+
+    def draw(self, key, shape):
+        unit = uniforms(key, 4)
+        min_scale, max_scale = self.magnitude("min_scale"), self.config.scale[1]
+        area = (min_scale + (max_scale - min_scale) * unit[0]) * shape[0] * shape[1]
+        low, high = math.log(self.config.ratio[0]), math.log(self.config.ratio[1])
+        ratio = jnp.exp(low + (high - low) * unit[1])
+        box_h = jnp.minimum(jnp.sqrt(area / ratio), shape[0])
+        box_w = jnp.minimum(jnp.sqrt(area * ratio), shape[1])
+        top = unit[2] * (shape[0] - box_h)
+        left = unit[3] * (shape[1] - box_w)
+        return {"box": jnp.stack([top, left, box_h, box_w])}
+
+    def apply(self, image, params):
+        return geometry.resized_crop(image, params["box"], *self.config.size, antialias=self.config.antialias)
 
 
-def sample_bilinear(image: jax.Array, src_y: jax.Array, src_x: jax.Array, fill: float = 0.0) -> jax.Array:
-    """Bilinear samples of `image` at float positions; neighbours outside the image read `fill`."""
-    height, width = image.shape[:2]
-    y0 = jnp.floor(src_y)
-    x0 = jnp.floor(src_x)
-    wy = (src_y - y0)[..., None].astype(image.dtype)
-    wx = (src_x - x0)[..., None].astype(image.dtype)
-    y0 = y0.astype(jnp.int32)
-    x0 = x0.astype(jnp.int32)
+@dataclasses.dataclass(frozen=True)
+class ResizeConfig(ImageOperatorConfig):
+    """Configuration of `ResizeOperator`.
 
-    def tap(yy, xx):
-        inside = ((yy >= 0) & (yy < height) & (xx >= 0) & (xx < width))[..., None]
-        value = image[jnp.clip(yy, 0, height - 1), jnp.clip(xx, 0, width - 1)]
-        return jnp.where(inside, value, jnp.asarray(fill, image.dtype))
+    Attributes:
+        size: output (height, width), or one int for a square.
+        antialias: smooth when shrinking (as PIL does).
+    """
 
-    top = (1 - wx) * tap(y0, x0) + wx * tap(y0, x0 + 1)
-    bottom = (1 - wx) * tap(y0 + 1, x0) + wx * tap(y0 + 1, x0 + 1)
-    return (1 - wy) * top + wy * bottom
+    size: int | tuple[int, int] = 32
+    antialias: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        set_field(self, "size", check_size(*field(self, "size")))
 
 
-def image_center(image: jax.Array) -> tuple[float, float]:
-    """The centre (cx, cy) of an image in pixel-index coordinates."""
-    height, width = image.shape[:2]
-    return (width - 1) / 2.0, (height - 1) / 2.0
+class ResizeOperator(ImageOperator):
+    """Bilinear resize to a fixed size (PIL `resize(..., BILINEAR)`)."""
+
+    config_class = ResizeConfig
+
+    def draw(self, key, shape):
+        return {}
+
+    def apply(self, image, params):
+        return geometry.resize(image, *self.config.size, antialias=self.config.antialias)
 
 
-def rotate(image: jax.Array, angle: jax.Array | float, fill: float = 0.0) -> jax.Array:
-    """Rotates counter-clockwise by `angle` degrees about the centre (skimage's `rotate(order=1)`)."""
-    return warp_affine(image, affine_matrix(angle, image_center(image)), fill)
+@dataclasses.dataclass(frozen=True)
+class AffineConfig(ImageOperatorConfig):
+    """Configuration of `AffineOperator`; each magnitude is the half-width of a uniform draw.
+
+    Attributes:
+        degrees: rotation angle range in degrees, in [0, 180].
+        translate: shift range as a fraction of width (x) and height (y), in [0, 1].
+        scale: zoom range: the factor is `1 + U(-scale, scale)`, scale in [0, 0.9].
+        shear: x-shear angle range in degrees, in [0, 60].
+        fill: value read outside the source image.
+    """
+
+    stochastic: bool = True
+    degrees: float = 0.0
+    translate: float = 0.0
+    scale: float = 0.0
+    shear: float = 0.0
+    fill: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_magnitudes(self, AffineOperator.bounds)
+        check_fill(self)
 
 
-def translate(image: jax.Array, dx: jax.Array | float, dy: jax.Array | float, fill: float = 0.0) -> jax.Array:
-    """Shifts content right by `dx` and down by `dy` pixels (fractions interpolate bilinearly)."""
-    return warp_affine(image, affine_matrix(0.0, image_center(image), translate=(dx, dy)), fill)
+class AffineOperator(ImageOperator):
+    """A random rotation, shift, zoom and shear about the centre, sampled bilinearly."""
+
+    config_class = AffineConfig
+    separate_on_cpu = True
+    bounds = {"degrees": (0.0, 180.0), "translate": (0.0, 1.0), "scale": (0.0, 0.9), "shear": (0.0, 60.0)}
+
+    def draw(self, key, shape):
+        unit = uniforms(key, 5)
+        angle, dx, dy, scale, shear = (None,) * 5 if unit is None else unit
+        shift = self.magnitude("translate")
+        return {"angle": signed(angle, self.magnitude("degrees")),
+                "dx": signed(dx, shift) * shape[1], "dy": signed(dy, shift) * shape[0],
+                "scale": 1.0 + signed(scale, self.magnitude("scale")),
+                "shear": signed(shear, self.magnitude("shear"))}
+
+    def apply(self, image, params):
+        inverse = geometry.affine_matrix(params["angle"], geometry.image_center(image), scale=params["scale"],
+                                         shear=params["shear"], translate=(params["dx"], params["dy"]))
+        return geometry.warp_affine(image, inverse, self.config.fill)
+
+
+@dataclasses.dataclass(frozen=True)
+class RotationConfig(ImageOperatorConfig):
+    """Configuration of `RotationOperator`.
+
+    Attributes:
+        degrees: the angle is `U(-degrees, degrees)`, counter-clockwise; in [0, 180].
+        fill: value read outside the source image.
+    """
+
+    stochastic: bool = True
+    degrees: float = 15.0
+    fill: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_magnitudes(self, RotationOperator.bounds)
+        check_fill(self)
+
+
+class RotationOperator(ImageOperator):
+    """Rotates about the centre by a random angle (scikit-image `rotate(order=1)`)."""
+
+    config_class = RotationConfig
+    separate_on_cpu = True
+    bounds = {"degrees": (0.0, 180.0)}
+
+    def draw(self, key, shape):
+        return {"angle": signed_or_fixed(key, self.magnitude("degrees"))}
+
+    def apply(self, image, params):
+        return geometry.rotate(image, params["angle"], self.config.fill)
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslateConfig(ImageOperatorConfig):
+    """Configuration of `TranslateOperator`.
+
+    Attributes:
+        translate: shift range as a fraction of width (x) and height (y), in [0, 1].
+        fill: value read outside the source image.
+    """
+
+    stochastic: bool = True
+    translate: float = 0.1
+    fill: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_magnitudes(self, TranslateOperator.bounds)
+        check_fill(self)
+
+
+class TranslateOperator(ImageOperator):
+    """Shifts content by a random (sub-pixel) offset, sampled bilinearly."""
+
+    config_class = TranslateConfig
+    separate_on_cpu = True
+    bounds = {"translate": (0.0, 1.0)}
+
+    def draw(self, key, shape):
+        unit = uniforms(key, 2)
+        dx, dy = (None, None) if unit is None else unit
+        shift = self.magnitude("translate")
+        return {"dx": signed(dx, shift) * shape[1], "dy": signed(dy, shift) * shape[0]}
+
+    def apply(self, image, params):
+        return geometry.translate(image, params["dx"], params["dy"], self.config.fill)

@@ -9,7 +9,7 @@ out and left unchanged. Unlike per-record operators, the output of a record does
 batch-mates (that is what mixing is).
 
 The mixing weight is `lam ~ Beta(alpha, alpha)`, drawn as `sigmoid(log g1 - log g2)` with
-`g1, g2 ~ Gamma(alpha)` by `datarax.operators.image.beta`, which is reparameterised so the
+`g1, g2 ~ Gamma(alpha)` by `datarax.operators.image.functional.beta`, which is reparameterised so the
 output is differentiable in a learnable `alpha` (and compiles far faster than
 `jax.random.gamma`).
 
@@ -31,12 +31,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from datarax.core.element import Element
-from datarax.core.operator import BatchContext, OperatorModule, describe, record_keys, stage_key_from_rngs
-from datarax.operators.image import beta, filters
-from datarax.operators.image.base import ImageOperatorConfig, check_number, require_stochastic
+from datarax.core.checks import check_field_name, check_int, describe, field, require_stochastic
+from datarax.core.operator import BatchContext, OperatorModule, record_keys, stage_key_from_rngs
+from datarax.operators.field import check_magnitudes
+from datarax.operators.image.base import ImageOperatorConfig
+from datarax.operators.image.functional import beta
+from datarax.operators.image.functional.mix import cutmix, mixup, partners
 from datarax.operators.learnable import magnitudes
-
-ALPHA_BOUND = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,13 +59,10 @@ class MixConfig(ImageOperatorConfig):
     def __post_init__(self):
         super().__post_init__()
         require_stochastic(self)
-        check_number(self, "alpha", 0.0, ALPHA_BOUND, open_low=True)
-        if not isinstance(self.label_field, str) or not self.label_field:
-            raise ValueError(f"{type(self).__name__}.label_field must be a non-empty field name, "
-                             f"got {self.label_field!r}")
-        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 2:
-            raise ValueError(f"{type(self).__name__}.num_classes must be an int >= 2 (labels are mixed as one-hot "
-                             f"vectors), got {self.num_classes!r}; e.g. num_classes=10")
+        check_magnitudes(self, MixOperator.bounds, open_low=("alpha",))
+        check_field_name(*field(self, "label_field"))
+        check_int(*field(self, "num_classes"), 2, why=" (labels are mixed as one-hot vectors)",
+                  hint="; e.g. num_classes=10")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,34 +73,6 @@ class MixUpConfig(MixConfig):
 @dataclasses.dataclass(frozen=True)
 class CutMixConfig(MixConfig):
     """Configuration of `CutMixOperator` (see `MixConfig`)."""
-
-
-def partners(scores: jax.Array, mask: jax.Array) -> jax.Array:
-    """Pairs each valid row with the next valid row in increasing `scores` order (cyclically).
-
-    Invalid rows (mask False) are paired with themselves.
-    """
-    size = scores.shape[0]
-    index = jnp.arange(size)
-    order = jnp.argsort(jnp.where(mask, scores, 2.0 + index))
-    valid = jnp.sum(mask)
-    following = jnp.where(index < valid, (index + 1) % jnp.maximum(valid, 1), index)
-    return jnp.zeros((size,), jnp.int32).at[order].set(order[following].astype(jnp.int32))
-
-
-def mixup(image: jax.Array, other: jax.Array, lam: jax.Array) -> jax.Array:
-    """`lam * image + (1 - lam) * other`, written so mixing a record with itself is exact."""
-    return other + lam * (image - other)
-
-
-def cutmix(image: jax.Array, other: jax.Array, center: jax.Array, lam: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Pastes the box of `other` centred at `center = (cy, cx)` with area fraction `1 - lam` (before
-    clipping at the border); returns the image and the share of it still from `image`."""
-    # The floor keeps the gradient finite when lam rounds to 1 (sqrt'(0) is infinite).
-    side = jnp.sqrt(jnp.maximum(1 - lam, 1e-12))
-    size = side * jnp.asarray(image.shape[:2], side.dtype)
-    mask = filters.box_mask(image.shape[:2], center, size)[..., None].astype(image.dtype)
-    return image + mask * (other - image), 1 - jnp.mean(mask)
 
 
 def draw_parameters(op: MixOperator, ctx: BatchContext, shape: tuple[int, ...]) -> dict[str, Any]:
@@ -123,13 +93,14 @@ class MixOperator(OperatorModule):
 
     config_class: ClassVar[type[MixConfig]]
     num_uniforms: ClassVar[int]
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"alpha": (0.0, 4.0)}
 
     def __init__(self, config: MixConfig, *, rngs: nnx.Rngs | None = None):
         if type(config) is not self.config_class:
             raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, got {describe(config)}")
         self.config = config
         self.key = stage_key_from_rngs(type(self).__name__, config, rngs)
-        self.magnitudes = magnitudes(config, {"alpha": (0.0, ALPHA_BOUND)}, owner=self.config_class.__name__)
+        self.magnitudes = magnitudes(config, self.bounds, owner=self.config_class.__name__)
 
     @abc.abstractmethod
     def draw(self, unit: jax.Array, shape: tuple[int, ...]) -> dict[str, jax.Array]:
@@ -142,7 +113,7 @@ class MixOperator(OperatorModule):
 
     def weight(self, unit: jax.Array) -> dict[str, jax.Array]:
         """A mixing weight `lam ~ Beta(alpha, alpha)` from `beta.UNIFORMS_PER_BETA` uniforms, with the
-        gamma draws behind it (see `datarax.operators.image.beta.symmetric_beta`)."""
+        gamma draws behind it (see `datarax.operators.image.functional.beta.symmetric_beta`)."""
         return beta.symmetric_beta(unit, self.magnitudes["alpha"]())
 
     def read(self, elements: Element) -> tuple[jax.Array, jax.Array]:
@@ -173,7 +144,7 @@ class MixOperator(OperatorModule):
         partner = params.pop("partner")
         mixed, own = jax.vmap(self.mix)(images, images[partner], params)
         own = own.astype(images.dtype)[:, None]
-        return elements.update_data({self.config.field: mixed.astype(images.dtype),
+        return elements.update_data({self.config.out_field or self.config.field: mixed.astype(images.dtype),
                                      self.config.label_field: mixup(labels, labels[partner], own)})
 
 

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 
+from datarax.core.checks import check_bool, check_int, field
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule, describe
 
@@ -23,11 +24,8 @@ class RebatchNodeConfig:
     inverse: bool = False
 
     def __post_init__(self):
-        g = self.group_size
-        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
-            raise ValueError(f"RebatchNodeConfig.group_size must be an int >= 1, got {g!r}")
-        if not isinstance(self.inverse, bool):
-            raise TypeError(f"RebatchNodeConfig.inverse must be True or False, got {self.inverse!r}")
+        check_int(*field(self, "group_size"), 1)
+        check_bool(*field(self, "inverse"))
 
 
 class RebatchNode(OperatorModule):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from datarax.core.checks import check_choice, field
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule
 from datarax.operators.strategies import merge
@@ -25,7 +26,7 @@ class EnsembleOperatorConfig:
     fields: tuple[str, ...] | None = None
 
     def __post_init__(self):
-        merge.check_mode(self.reduce, merge.REDUCTIONS, "EnsembleOperatorConfig.reduce")
+        check_choice(*field(self, "reduce"), merge.REDUCTIONS)
         object.__setattr__(self, "fields", check_fields(self.fields, "EnsembleOperatorConfig"))
 
 

@@ -72,8 +72,3 @@ def merge(values: Sequence, mode: str, *, axis: int = -1, names: Sequence[str] |
         return as_dict(values, names if names is not None else [str(i) for i in range(len(values))])
     raise ValueError(f"merge mode must be one of {MERGE_MODES}, got {mode!r}")
 
-
-def check_mode(mode: object, allowed: Sequence[str], field: str) -> str:
-    if mode not in allowed:
-        raise ValueError(f"{field} must be one of {tuple(allowed)}, got {mode!r}")
-    return mode

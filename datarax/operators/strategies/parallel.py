@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from datarax.core.checks import check_choice, field, is_int
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule
 from datarax.operators.strategies import merge
@@ -32,8 +33,8 @@ class ParallelOperatorConfig:
     names: tuple[str, ...] | None = None
 
     def __post_init__(self):
-        merge.check_mode(self.merge, merge.MERGE_MODES, "ParallelOperatorConfig.merge")
-        if self.axis is not None and (isinstance(self.axis, bool) or not isinstance(self.axis, int)):
+        check_choice(*field(self, "merge"), merge.MERGE_MODES)
+        if self.axis is not None and not is_int(self.axis):
             raise TypeError(f"ParallelOperatorConfig.axis must be an int or None, got {self.axis!r}")
         object.__setattr__(self, "fields", check_fields(self.fields, "ParallelOperatorConfig"))
         if self.names is not None:

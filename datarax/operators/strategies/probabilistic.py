@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from datarax.core.checks import check_probability, field
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorConfig, OperatorModule, describe, record_keys, stage_key_from_rngs
 from datarax.operators.strategies.common import check_same_structure, select_records
@@ -26,9 +27,7 @@ class ProbabilisticOperatorConfig:
     stream_name: str | None = None
 
     def __post_init__(self):
-        p = self.probability
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"ProbabilisticOperatorConfig.probability must be a number in [0, 1], got {p!r}")
+        check_probability(*field(self, "probability"))
         OperatorConfig(stochastic=True, stream_name=self.stream_name)  # validates stream_name
 
 

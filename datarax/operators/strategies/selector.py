@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from datarax.core.checks import check_bool, field, is_number
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorConfig, OperatorModule, record_keys, stage_key_from_rngs
 from datarax.operators.strategies import merge
@@ -34,12 +35,11 @@ class SelectorOperatorConfig:
         if self.probabilities is not None:
             probs = self.probabilities
             if isinstance(probs, (str, bytes)) or not isinstance(probs, Sequence) or not all(
-                    isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p > 0 for p in probs):
+                    is_number(p) and p > 0 for p in probs):
                 raise ValueError(f"SelectorOperatorConfig.probabilities must be None or a tuple of numbers > 0, "
                                  f"got {probs!r}")
             object.__setattr__(self, "probabilities", tuple(float(p) for p in probs))
-        if not isinstance(self.learnable, bool):
-            raise TypeError(f"SelectorOperatorConfig.learnable must be True or False, got {self.learnable!r}")
+        check_bool(*field(self, "learnable"))
         OperatorConfig(stochastic=True, stream_name=self.stream_name)  # validates stream_name
 
 

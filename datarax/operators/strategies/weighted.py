@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from datarax.core.checks import check_bool, field, is_number
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule
 from datarax.operators.strategies import merge
@@ -36,15 +36,14 @@ class WeightedParallelOperatorConfig:
     def __post_init__(self):
         if self.weights is not None:
             if isinstance(self.weights, (str, bytes)) or not isinstance(self.weights, Sequence) or not all(
-                    isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in self.weights):
+                    is_number(w) for w in self.weights):
                 raise TypeError(f"WeightedParallelOperatorConfig.weights must be None or a tuple of finite numbers, "
                                 f"got {self.weights!r}")
             object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
             if self.learnable and min(self.weights) <= 0:
                 raise ValueError(f"WeightedParallelOperatorConfig.weights must all be > 0 when learnable=True (they "
                                  f"start a softmax), got {self.weights!r}")
-        if not isinstance(self.learnable, bool):
-            raise TypeError(f"WeightedParallelOperatorConfig.learnable must be True or False, got {self.learnable!r}")
+        check_bool(*field(self, "learnable"))
         object.__setattr__(self, "fields", check_fields(self.fields, "WeightedParallelOperatorConfig"))
 
 

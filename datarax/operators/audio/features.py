@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from datarax.operators.audio import loudness, mel, spectral
-from datarax.operators.audio.base import AudioOperator, AudioOperatorConfig, check_choice, check_int, check_number
+from datarax.core.checks import check_choice, check_int, check_number, field, require_deterministic
+from datarax.operators.audio.base import AudioOperator, AudioOperatorConfig
+from datarax.operators.audio.functional import loudness, mel, spectral
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +37,11 @@ class SpectralConfig(AudioOperatorConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.stochastic:
-            raise ValueError(f"{type(self).__name__}(stochastic=True): feature extractors draw nothing; "
-                             "leave stochastic=False")
-        check_int(self, "n_fft")
-        check_int(self, "hop_length", allow_none=True)
-        check_choice(self, "center", (True, False))
-        check_choice(self, "pad_mode", spectral.PAD_MODES)
+        require_deterministic(self, "feature extractors draw nothing")
+        check_int(*field(self, "n_fft"), 1)
+        check_int(*field(self, "hop_length"), 1, allow_none=True)
+        check_choice(*field(self, "center"), (True, False))
+        check_choice(*field(self, "pad_mode"), spectral.PAD_MODES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +61,9 @@ class STFTConfig(SpectralConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_int(self, "win_length", allow_none=True)
-        check_choice(self, "window", spectral.WINDOWS)
-        check_number(self, "power", 0.0, 4.0, open_low=True)
+        check_int(*field(self, "win_length"), 1, allow_none=True)
+        check_choice(*field(self, "window"), spectral.WINDOWS)
+        check_number(*field(self, "power"), 0.0, 4.0, open_low=True)
         spectral.check_fft_sizes(self.n_fft, self.win_length or self.n_fft, self.hop_length or 1)
 
 
@@ -76,7 +75,7 @@ class STFTOperator(AudioOperator):
     def draw(self, key, shape):
         return {}
 
-    def transform(self, x, params):
+    def apply(self, x, params):
         c = self.config
         return spectral.stft_magnitude(x, c.n_fft, c.hop_length, c.win_length, c.window, c.center, c.pad_mode,
                                        c.power)
@@ -104,9 +103,9 @@ class MelFeatureConfig(SpectralConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_number(self, "sample_rate", 0.0, 1e7, open_low=True)
-        check_int(self, "n_mels")
-        check_choice(self, "htk", (True, False))
+        check_number(*field(self, "sample_rate"), 0.0, 1e7, open_low=True)
+        check_int(*field(self, "n_mels"), 1)
+        check_choice(*field(self, "htk"), (True, False))
         fmax = self.sample_rate / 2.0 if self.fmax is None else self.fmax
         mel.check_mel_settings(self.sample_rate, self.n_mels, self.fmin, fmax, self.norm)
 
@@ -129,7 +128,7 @@ class MelSpectrogramConfig(MelFeatureConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_number(self, "power", 0.0, 4.0, open_low=True)
+        check_number(*field(self, "power"), 0.0, 4.0, open_low=True)
 
 
 class MelSpectrogramOperator(AudioOperator):
@@ -140,7 +139,7 @@ class MelSpectrogramOperator(AudioOperator):
     def draw(self, key, shape):
         return {}
 
-    def transform(self, x, params):
+    def apply(self, x, params):
         return mel.mel_spectrogram(x, power=self.config.power, **self.config.mel_kwargs())
 
 
@@ -162,9 +161,9 @@ class LogMelConfig(MelFeatureConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.ref != "max":
-            check_number(self, "ref", 0.0, float("inf"), open_low=True)
-        check_number(self, "amin", 0.0, 1.0, open_low=True)
-        check_number(self, "top_db", 0.0, 1e4, allow_none=True)
+            check_number(*field(self, "ref"), 0.0, float("inf"), open_low=True)
+        check_number(*field(self, "amin"), 0.0, 1.0, open_low=True)
+        check_number(*field(self, "top_db"), 0.0, 1e4, allow_none=True)
 
 
 class LogMelOperator(AudioOperator):
@@ -175,7 +174,7 @@ class LogMelOperator(AudioOperator):
     def draw(self, key, shape):
         return {}
 
-    def transform(self, x, params):
+    def apply(self, x, params):
         c = self.config
         return mel.log_mel_spectrogram(x, ref=c.ref, amin=c.amin, top_db=c.top_db, **c.mel_kwargs())
 
@@ -197,12 +196,12 @@ class MFCCConfig(MelFeatureConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_int(self, "n_mfcc")
+        check_int(*field(self, "n_mfcc"), 1)
         if self.n_mfcc > self.n_mels:
             raise ValueError(f"MFCCConfig.n_mfcc must be <= n_mels={self.n_mels}, got {self.n_mfcc}; "
                              "lower n_mfcc or raise n_mels")
-        check_number(self, "top_db", 0.0, 1e4, allow_none=True)
-        check_number(self, "lifter", 0.0, 1e4)
+        check_number(*field(self, "top_db"), 0.0, 1e4, allow_none=True)
+        check_number(*field(self, "lifter"), 0.0, 1e4)
 
 
 class MFCCOperator(AudioOperator):
@@ -213,7 +212,7 @@ class MFCCOperator(AudioOperator):
     def draw(self, key, shape):
         return {}
 
-    def transform(self, x, params):
+    def apply(self, x, params):
         c = self.config
         return mel.mfcc(x, n_mfcc=c.n_mfcc, top_db=c.top_db, lifter=c.lifter, **c.mel_kwargs())
 
@@ -239,11 +238,11 @@ class LoudnessConfig(SpectralConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_number(self, "sample_rate", 0.0, 1e7, open_low=True)
-        check_choice(self, "average", loudness.AVERAGES)
-        check_number(self, "ref_db", -1e4, 1e4)
-        check_number(self, "range_db", 0.0, 1e4, open_low=True)
-        check_number(self, "amin", 0.0, 1.0, open_low=True)
+        check_number(*field(self, "sample_rate"), 0.0, 1e7, open_low=True)
+        check_choice(*field(self, "average"), loudness.AVERAGES)
+        check_number(*field(self, "ref_db"), -1e4, 1e4)
+        check_number(*field(self, "range_db"), 0.0, 1e4, open_low=True)
+        check_number(*field(self, "amin"), 0.0, 1.0, open_low=True)
 
 
 class LoudnessOperator(AudioOperator):
@@ -254,7 +253,7 @@ class LoudnessOperator(AudioOperator):
     def draw(self, key, shape):
         return {}
 
-    def transform(self, x, params):
+    def apply(self, x, params):
         c = self.config
         return loudness.a_weighted_loudness(x, c.sample_rate, c.n_fft, c.hop_length, c.average, c.ref_db,
                                             c.range_db, c.amin, c.center, c.pad_mode)

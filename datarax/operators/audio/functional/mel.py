@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.operators.audio.spectral import fft_frequencies, stft_magnitude
+from datarax.core.checks import check_positive_int, is_int, is_number
+from datarax.operators.audio.functional.spectral import fft_frequencies, stft_magnitude
 
 MEL_NORMS = ("slaney", None)
 
@@ -84,8 +85,7 @@ def check_mel_settings(sample_rate: float, n_mels: int, fmin: float, fmax: float
     """Validates filterbank settings with messages that name the argument and the fix."""
     if not sample_rate > 0:
         raise ValueError(f"sample_rate must be > 0 Hz, got {sample_rate!r}")
-    if not isinstance(n_mels, int) or isinstance(n_mels, bool) or n_mels < 1:
-        raise ValueError(f"n_mels must be a positive int, got {n_mels!r}")
+    check_positive_int(n_mels, "n_mels")
     if not 0.0 <= fmin < fmax <= sample_rate / 2.0:
         raise ValueError(
             f"need 0 <= fmin < fmax <= sample_rate / 2 = {sample_rate / 2.0}, got fmin={fmin!r}, fmax={fmax!r}; "
@@ -124,7 +124,7 @@ def power_to_db(power: jax.Array, ref: float | str = 1.0, amin: float = 1e-10,
         raise ValueError(f"top_db must be >= 0 or None, got {top_db!r}")
     if ref == "max":
         ref_value = jnp.max(power)
-    elif isinstance(ref, (int, float)) and not isinstance(ref, bool) and ref > 0:
+    elif is_number(ref) and ref > 0:
         ref_value = ref
     else:
         raise ValueError(f"ref must be a positive number or 'max', got {ref!r}")
@@ -157,7 +157,7 @@ def mfcc(x: jax.Array, sample_rate: float, n_mfcc: int = 20, n_fft: int = 512, h
          norm: str | None = "slaney", top_db: float | None = 80.0, lifter: float = 0.0,
          center: bool = True, pad_mode: str = "constant") -> jax.Array:
     """Mel-frequency cepstral coefficients `(..., n_mfcc, n_frames)` of a waveform `(..., T)`."""
-    if not isinstance(n_mfcc, int) or isinstance(n_mfcc, bool) or not 1 <= n_mfcc <= n_mels:
+    if not is_int(n_mfcc) or not 1 <= n_mfcc <= n_mels:
         raise ValueError(f"n_mfcc must be an int in [1, n_mels={n_mels}], got {n_mfcc!r}")
     if not lifter >= 0:
         raise ValueError(f"lifter must be >= 0 (0 turns liftering off), got {lifter!r}")

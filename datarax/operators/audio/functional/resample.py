@@ -23,14 +23,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from datarax.core.checks import check_positive_int
+
 KAISER_BETA = 5.0
 
 
 def rational_factors(orig_rate: int, target_rate: int) -> tuple[int, int]:
     """`(up, down)`: the resampling ratio `target_rate / orig_rate` in lowest terms."""
     for name, value in (("orig_rate", orig_rate), ("target_rate", target_rate)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int (Hz), got {value!r}")
+        check_positive_int(value, name, unit="Hz")
     g = math.gcd(int(orig_rate), int(target_rate))
     return int(target_rate) // g, int(orig_rate) // g
 

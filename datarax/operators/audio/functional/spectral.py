@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from datarax.core.checks import check_positive_int
+
 WINDOWS = ("hann", "hamming", "rectangular")
 PAD_MODES = ("constant", "reflect")
 
@@ -58,8 +60,7 @@ def window(name: str, win_length: int, n_fft: int | None = None) -> np.ndarray:
 def check_fft_sizes(n_fft: int, win_length: int, hop_length: int) -> None:
     """Validates STFT sizes with messages that name the argument and the fix."""
     for name, value in (("n_fft", n_fft), ("win_length", win_length), ("hop_length", hop_length)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_positive_int(value, name)
     if win_length > n_fft:
         raise ValueError(f"win_length must be <= n_fft={n_fft}, got {win_length}; lower win_length or raise n_fft")
 

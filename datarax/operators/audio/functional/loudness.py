@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.operators.audio.spectral import fft_frequencies, stft_magnitude
+from datarax.operators.audio.functional.spectral import fft_frequencies, stft_magnitude
 
 AVERAGES = ("power", "db")
 _A_CONSTANTS = np.array([12194.217, 20.598997, 107.65265, 737.86223]) ** 2
