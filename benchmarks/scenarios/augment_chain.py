@@ -29,7 +29,8 @@ from datarax.core.fusion import separately
 from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
                                      GaussianNoiseConfig, GaussianNoiseOperator, HorizontalFlipConfig,
                                      HorizontalFlipOperator, RandomCropConfig, RandomCropOperator, RotationConfig,
-                                     RotationOperator, color, filters, geometry)
+                                     RotationOperator)
+from datarax.operators.image.functional import color, filters, geometry
 from datarax.sources import MemorySource, MemorySourceConfig
 
 # (image side, records, batch size): ~12 MB and ~200 MB of float32 images.
