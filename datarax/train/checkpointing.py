@@ -30,6 +30,7 @@ from flax import nnx
 
 from datarax.checkpoint import IteratorRestore, IteratorSave
 from datarax.pipeline.state import IteratorStateError
+from datarax.core.checks import check_int
 
 FORMAT_VERSION = 1
 
@@ -129,9 +130,7 @@ class Checkpointer:
     """
 
     def __init__(self, directory: Any, *, max_to_keep: int | None = 3, asynchronous: bool = True):
-        if max_to_keep is not None and (isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int)
-                                        or max_to_keep < 1):
-            raise ValueError(f"max_to_keep must be an int >= 1 or None (keep all), got {max_to_keep!r}")
+        check_int(max_to_keep, "max_to_keep", 1, allow_none=True, why=" (keep all)")
         self.directory = epath.Path(directory).absolute()
         policy = None if max_to_keep is None else ocp.checkpoint_managers.LatestN(max_to_keep)
         self._manager = ocp.CheckpointManager(

@@ -23,6 +23,7 @@ import numpy as np
 from datarax.monitoring.ledger import diagnose as diagnose_steady
 from datarax.monitoring.ledger import step_ledger
 from datarax.monitoring.watcher import overlap as _overlap
+from datarax.core.checks import check_int
 
 BUCKETS = ("goodput", "data_stall", "first_batch", "compile", "checkpoint_save", "checkpoint_restore",
            "eval", "other")
@@ -41,8 +42,7 @@ class GoodputLedger:
     """
 
     def __init__(self, window: int = 100):
-        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-            raise ValueError(f"window must be an int >= 2 (steps in the rolling window), got {window!r}")
+        check_int(window, "window", 2, why=" (steps in the rolling window)")
         self.window = window
         self.begin: float | None = None
         self.end: float | None = None

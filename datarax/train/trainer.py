@@ -18,6 +18,7 @@ from datarax.pipeline.pipeline import Pipeline
 from datarax.train.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
 from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint
 from datarax.train.step import (EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding, make_eval_step,
+from datarax.core.checks import check_bool, check_int
                            make_train_step)
 
 
@@ -112,8 +113,7 @@ class Trainer:
         for name, fn in metrics.items():
             if not isinstance(name, str) or not callable(fn) or name == "loss":
                 raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux), got {name!r}: {fn!r:.60}")
-        if not isinstance(train_pipeline_params, bool):
-            raise TypeError(f"train_pipeline_params must be True or False, got {train_pipeline_params!r}")
+        check_bool(train_pipeline_params, "train_pipeline_params")
         if train_pipeline_params and getattr(train_pipeline, "sharding", None) is not None:
             raise ValueError("train_pipeline_params=True trains on unsharded batches, but train_pipeline has "
                              f"sharding={train_pipeline.sharding!r}; drop one of the two")
@@ -183,8 +183,7 @@ class Trainer:
             raise ValueError(f"give exactly one of num_steps or num_epochs, got num_steps={num_steps!r}, "
                              f"num_epochs={num_epochs!r}")
         value, name = (num_steps, "num_steps") if num_steps is not None else (num_epochs, "num_epochs")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0 (the total to reach, counted from step 0), got {value!r}")
+        check_int(value, name, 0, why=" (the total to reach, counted from step 0)")
         return value if num_steps is not None else value * len(self._loader)
 
     def fit(self, num_steps: int | None = None, *, num_epochs: int | None = None) -> FitResult:

@@ -23,6 +23,7 @@ import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+from datarax.core.checks import is_int, is_number
 
 if TYPE_CHECKING:
     from datarax.train.trainer import Trainer
@@ -165,10 +166,10 @@ class CallbackList:
                 cb.set_state(states[key])
 
 
-def _positive(name: str, value: Any, kind: type | tuple) -> Any:
+def _positive(name: str, value: Any, integer: bool) -> Any:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+    if not (is_int(value) if integer else is_number(value)) or value <= 0:
         raise ValueError(f"{name} must be a positive number or None, got {value!r}")
     return value
 
@@ -190,10 +191,9 @@ class Schedule:
 
     def __init__(self, every_steps: int | None = None, every_secs: float | None = None,
                  on_steps: Sequence[int] = ()):
-        self.every_steps = _positive("every_steps", every_steps, int)
-        self.every_secs = _positive("every_secs", every_secs, (int, float))
-        if isinstance(on_steps, (int, str)) or not all(isinstance(s, int) and not isinstance(s, bool)
-                                                       for s in on_steps):
+        self.every_steps = _positive("every_steps", every_steps, integer=True)
+        self.every_secs = _positive("every_secs", every_secs, integer=False)
+        if isinstance(on_steps, (int, str)) or not all(is_int(s) for s in on_steps):
             raise TypeError(f"on_steps must be a sequence of ints, got {on_steps!r}; pass on_steps=(100, 200)")
         self.on_steps = tuple(sorted(on_steps))
         self._last_step = 0

@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from datarax.train.callbacks.base import Callback, StepLogs
+from datarax.core.checks import check_int, is_number
 
 if TYPE_CHECKING:
     from datarax.train.trainer import Trainer
@@ -32,9 +33,8 @@ class EarlyStopping(Callback):
             raise ValueError(f"monitor must be 'eval/<metric>' or 'train/<metric>', got {monitor!r}")
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ValueError(f"patience must be an int >= 1, got {patience!r}")
-        if not isinstance(min_delta, (int, float)) or min_delta < 0:
+        check_int(patience, "patience", 1)
+        if not is_number(min_delta) or min_delta < 0:
             raise ValueError(f"min_delta must be a number >= 0, got {min_delta!r}")
         self.monitor = monitor
         self.kind, self.name = monitor.split("/", 1)
