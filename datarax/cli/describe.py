@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
+from datarax.pipeline.compiled import make_context
 
 
 def spec_text(spec: Any) -> str:
@@ -29,50 +29,27 @@ def spec_lines(spec: Mapping[str, Any], indent: str = "  ") -> list[str]:
     return [f"{indent}{k:<{width}}  {spec_text(v)}" for k, v in spec.items()]
 
 
-def _input_batch(pipeline) -> tuple[dict, jax.ShapeDtypeStruct]:
-    idx_shape = pipeline.sampler.indices(np.zeros((pipeline.batch_size,), np.int64), 0).shape
-    spec = pipeline.source.element_spec()
-    batch = {k: jax.ShapeDtypeStruct(idx_shape + tuple(v.shape), v.dtype) for k, v in spec.items()}
-    return batch, jax.ShapeDtypeStruct(idx_shape, jnp.int32)
-
-
-def _context(ids: jax.Array) -> BatchContext:
-    flat = ids if ids.ndim == 1 else ids[:, 0]
-    return BatchContext(flat.astype(jnp.int32), jnp.zeros((), jnp.int32), jnp.ones(flat.shape, bool))
-
-
-def _node_outputs(program: Any, elements: Element, ctx: BatchContext) -> list[tuple[str, str, Element]]:
-    """(name, class name, output) of every stage or DAG node, in execution order."""
-    from datarax.pipeline.chain import Chain
-    from datarax.pipeline.dag import DagProgram
-
-    outputs = []
-    if isinstance(program, Chain):
-        for i, stage in enumerate(program.stages):
-            elements = stage.apply_batch(elements, ctx)
-            outputs.append((str(i), type(stage).__name__, elements))
-    elif isinstance(program, DagProgram):
-        done: dict[str, Element] = {}
-        for name, preds, wants in zip(program.order, program.preds, program._wants):
-            inputs = [done[p] for p in preds] if preds else [elements]
-            done[name] = program._run_node(name, program.nodes[name], inputs, ctx, wants)
-            outputs.append((name, type(program.nodes[name]).__name__, done[name]))
-    else:
-        outputs.append(("program", type(program).__name__, program(elements, ctx)))
-    return outputs
+def _node_outputs(program: Any, elements: Element, ctx: BatchContext) -> list[tuple[str, Any, Element]]:
+    """(name, module, output) of every stage or DAG node, in execution order; a program without
+    `trace` is one node."""
+    trace = getattr(program, "trace", None)
+    if trace is None:
+        return [("program", program, program(elements, ctx))]
+    return list(trace(elements, ctx))
 
 
 def stage_specs(pipeline) -> list[tuple[str, str, dict]]:
     """(name, class name, output data spec) per stage or DAG node, traced abstractly."""
-    batch, ids = _input_batch(pipeline)
+    batch, ids = pipeline.input_spec()
     names: list[tuple[str, str]] = []
 
-    def trace(data, record_ids):
-        outs = _node_outputs(pipeline.program, Element(dict(data), {}), _context(record_ids))
-        names[:] = [(n, c) for n, c, _ in outs]
+    def outputs(data, record_ids):
+        ctx = make_context(record_ids, 0, record_ids.shape[0])
+        outs = _node_outputs(pipeline.program, Element(dict(data), {}), ctx)
+        names[:] = [(name, type(module).__name__) for name, module, _ in outs]
         return [out.data for _, _, out in outs]
 
-    shapes = jax.eval_shape(trace, batch, ids)
+    shapes = jax.eval_shape(outputs, batch, ids)
     return [(n, c, s) for (n, c), s in zip(names, shapes)]
 
 

@@ -78,6 +78,10 @@ class Prefetcher(Iterator[T], Generic[T]):
             raise item.exc
         return item
 
+    def stop(self) -> None:
+        """Asks the producer to stop, without waiting for it (safe in `__del__`); `close` also waits."""
+        self._stop.set()
+
     def close(self, timeout: float = 10.0) -> None:
         """Stops the producer and waits for its thread; safe to call more than once."""
         self._stop.set()
@@ -111,6 +115,5 @@ class Prefetcher(Iterator[T], Generic[T]):
         self.close()
 
     def __del__(self):
-        stop = getattr(self, "_stop", None)
-        if stop is not None:
-            stop.set()
+        if getattr(self, "_stop", None) is not None:
+            self.stop()

@@ -22,7 +22,7 @@ parameters change: call `refresh()` after changing them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -31,17 +31,13 @@ from flax import nnx
 from datarax.core.operator import StageKey, describe
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram
+from datarax.pipeline.iterator import PipelineIterator
+from datarax.pipeline.pipeline import Pipeline
 from datarax.pipeline.state import check_state, make_state
 from datarax.sources.memory import MemorySource, MemorySourceConfig
 
-if TYPE_CHECKING:
-    from datarax.pipeline.iterator import PipelineIterator
-    from datarax.pipeline.pipeline import Pipeline
-
 
 def _check_prefix(pipeline: Pipeline, num_cached_stages: object) -> int:
-    from datarax.pipeline.pipeline import Pipeline
-
     if not isinstance(pipeline, Pipeline):
         raise TypeError(f"CachingIterator needs a datarax Pipeline, got {describe(pipeline)}")
     if not isinstance(pipeline.program, Chain):
@@ -76,9 +72,9 @@ def build_cache(pipeline: Pipeline, program: nnx.Module) -> dict[str, np.ndarray
         ids = np.minimum(np.arange(start, start + batch), n - 1).astype(np.int32)
         meta = np.array([start, 0, min(batch, n - start)], np.int32)
         if arrays is None:
-            out = compiled.transform(jax.device_put(source.get_batch(ids)), ids, meta)
+            out = compiled.run(jax.device_put(source.get_batch(ids)), ids, meta)
         else:
-            out = compiled.gather_transform(arrays, ids, meta)
+            out = compiled.gather_and_run(arrays, ids, meta)
         parts.append(out)
     host = jax.device_get(parts)
     return {k: np.concatenate([p[k] for p in host])[:n] for k in host[0]}
@@ -105,8 +101,8 @@ class CachingIterator(Iterator[dict]):
         self._prefix = Chain(list(pipeline.program.stages[:k]))
         self._suffix = list(pipeline.program.stages[k:])
         self._num_epochs = num_epochs
-        self._start = pipeline._next_epoch
-        pipeline._next_epoch = self._start + (num_epochs or 0)
+        self._start = pipeline.reserve_epochs(num_epochs)
+        self._cache: dict[str, np.ndarray] | None = None
         self._cached: Pipeline | None = None
         self._inner: PipelineIterator | None = None
 
@@ -116,10 +112,9 @@ class CachingIterator(Iterator[dict]):
         return self._inner
 
     def _build(self) -> None:
-        from datarax.pipeline.pipeline import Pipeline
-
         p = self._pipeline
-        source = MemorySource(MemorySourceConfig(), data=build_cache(p, self._prefix))
+        self._cache = build_cache(p, self._prefix)
+        source = MemorySource(MemorySourceConfig(), data=self._cache)
         self._cached = Pipeline(source, stages=self._suffix, batch_size=p.batch_size, sampler=p.sampler,
                                 drop_remainder=p.drop_remainder, prefetch=p.prefetch)
 
@@ -133,17 +128,15 @@ class CachingIterator(Iterator[dict]):
             if remaining < 1:
                 raise ValueError(f"iterator state epoch {epoch} is past this iterator's last epoch "
                                  f"{self._start + self._num_epochs - 1}; make a CachingIterator with more num_epochs")
-        self._cached._next_epoch = epoch
-        self._inner = self._cached.epochs(remaining)
+        # The cached pipeline's own epoch counter is never used: this iterator owns the epochs.
+        self._inner = PipelineIterator(self._cached, epoch, remaining, one_epoch=False)
         if position:
-            cached = self._cached
-            self._inner.set_state(make_state(epoch=epoch, position=position, fingerprint=cached.fingerprint,
-                                             num_records=len(cached.source), batch_size=cached.batch_size))
+            self._inner.seek(epoch, position)
 
     @property
     def cache(self) -> dict[str, np.ndarray] | None:
         """The cached prefix outputs (record i in row i), or None before the first batch."""
-        return None if self._cached is None else self._cached.source._host.arrays
+        return self._cache
 
     def __next__(self) -> dict:
         return next(self._ensure())
@@ -151,11 +144,7 @@ class CachingIterator(Iterator[dict]):
     def get_state(self) -> dict[str, Any]:
         """The uncached pipeline's iterator state at this point (interchangeable with it)."""
         p = self._pipeline
-        if self._inner is None:
-            epoch, position = self._start, 0
-        else:
-            state = self._inner.get_state()
-            epoch, position = state["epoch"], state["position"]
+        epoch, position = (self._start, 0) if self._inner is None else self._inner.cursor
         return make_state(epoch=epoch, position=position, fingerprint=p.fingerprint, num_records=len(p.source),
                           batch_size=p.batch_size)
 
@@ -171,7 +160,7 @@ class CachingIterator(Iterator[dict]):
         """Rebuilds the cache (after the cached stages' parameters changed), keeping the position."""
         state = self.get_state()
         self.close()
-        self._cached = None
+        self._cache = self._cached = None
         self._open(state["epoch"], state["position"])
 
     def close(self) -> None:

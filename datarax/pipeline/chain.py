@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from flax import nnx
 
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule, describe
+from datarax.operators.strategies.sequential import run_sequence, trace_sequence
 
 
 def check_stage(stage: object, where: str) -> OperatorModule:
@@ -20,9 +21,16 @@ def check_stage(stage: object, where: str) -> OperatorModule:
 
 
 class Chain(nnx.Module):
-    """Applies `stages` in order. Every stage program has this interface:
+    """Applies `stages` in order. Every stage program (this, `DagProgram`) has this interface:
 
-    `__call__(elements, ctx) -> Element` on a batched Element, and `structure() -> str`.
+    `__call__(elements, ctx) -> Element` on a batched Element; `trace(elements, ctx)`, which
+    yields `(name, module, output)` for every stage in the order they run, the last output
+    being `__call__`'s; and `structure() -> str`.
+
+    Example:
+        >>> chain = Chain([normalize, augment])
+        >>> [name for name, _, _ in chain.trace(Element(batch), ctx)]
+        ['0', '1']
     """
 
     def __init__(self, stages: Sequence[OperatorModule]):
@@ -31,9 +39,13 @@ class Chain(nnx.Module):
         self.stages = nnx.List([check_stage(s, f"stages[{i}]") for i, s in enumerate(stages)])
 
     def __call__(self, elements: Element, ctx: BatchContext) -> Element:
-        for stage in self.stages:
-            elements = stage.apply_batch(elements, ctx)
-        return elements
+        return run_sequence(self.stages, elements, ctx)
+
+    def trace(self, elements: Element, ctx: BatchContext) -> Iterator[tuple[str, nnx.Module, Element]]:
+        """`(index as a str, stage, its output)` for every stage, in order."""
+        outputs = trace_sequence(self.stages, elements, ctx)
+        for i, (stage, out) in enumerate(zip(self.stages, outputs)):
+            yield str(i), stage, out
 
     def structure(self) -> str:
         return "Chain[" + ", ".join(s.structure() for s in self.stages) + "]"

@@ -72,7 +72,7 @@ class CompiledProgram:
         rows = None if placement is None else self.rows.astype(np.int32)  # numpy: a literal in the program
         mask_key = None if placement is None else placement.mask_key
 
-        def transform(values, data, indices, meta):
+        def run(values, data, indices, meta):
             module = nnx.merge(self._graphdef, nnx.from_flat_state(list(zip(self._paths, values))))
             ctx = make_context(indices, meta[1], meta[2], rows)
             out = run_program(module, data, ctx)
@@ -83,8 +83,8 @@ class CompiledProgram:
                 out = {**out, mask_key: ctx.mask}
             return out
 
-        def gather_transform(values, arrays, indices, meta):
-            return transform(values, gather_device(arrays, indices), indices, meta)
+        def gather_and_run(values, arrays, indices, meta):
+            return run(values, gather_device(arrays, indices), indices, meta)
 
         def replicate(x):
             # Every device samples all of the process's rows (a few integer ops) rather than its own:
@@ -93,27 +93,32 @@ class CompiledProgram:
             # thread pool (seen on 2 cores with 2 fake devices).
             return x if placement is None else jax.lax.with_sharding_constraint(x, placement.replicated)
 
-        def sample_gather_transform(values, arrays, params, meta):
+        def sample_gather_and_run(values, arrays, params, meta):
             offsets = jnp.arange(len(self.rows), dtype=jnp.int32) if rows is None else rows
             positions = replicate(jnp.minimum(meta[0] + offsets, epoch_length - 1))
-            return gather_transform(values, arrays, replicate(sampler.device_indices(positions, params)), meta)
+            return gather_and_run(values, arrays, replicate(sampler.device_indices(positions, params)), meta)
 
         jit = jax.jit if placement is None else functools.partial(jax.jit, out_shardings=placement.local_sharding)
-        self._transform = jit(transform)
-        self._gather_transform = jit(gather_transform)
-        self._sample_gather_transform = jit(sample_gather_transform)
+        self._run = jit(run)
+        self._gather_and_run = jit(gather_and_run)
+        self._sample_gather_and_run = jit(sample_gather_and_run)
 
     def values(self) -> list:
         return [v.get_raw_value() for v in self._variables]
 
-    def transform(self, data, indices, meta):
+    def run(self, data, indices, meta):
         """Stages only, on a batch already on the device."""
-        return self._transform(self.values(), data, indices, meta)
+        return self._run(self.values(), data, indices, meta)
 
-    def gather_transform(self, arrays, indices, meta):
+    def gather_and_run(self, arrays, indices, meta):
         """Device gather + stages, one program (indices computed on the host)."""
-        return self._gather_transform(self.values(), arrays, indices, meta)
+        return self._gather_and_run(self.values(), arrays, indices, meta)
 
-    def sample_gather_transform(self, arrays, params, meta):
+    def sample_gather_and_run(self, arrays, params, meta):
         """Sampling + device gather + stages, one program."""
-        return self._sample_gather_transform(self.values(), arrays, params, meta)
+        return self._sample_gather_and_run(self.values(), arrays, params, meta)
+
+    def output_spec(self, data: dict, indices: jax.ShapeDtypeStruct) -> dict:
+        """What `run` returns for a batch of these shapes, traced abstractly (nothing compiled or run)."""
+        meta = jax.ShapeDtypeStruct((3,), jnp.int32)
+        return jax.eval_shape(self._run, self.values(), data, indices, meta)

@@ -28,7 +28,7 @@ rejected rather than silently dropped.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from flax import nnx
@@ -260,11 +260,18 @@ class DagProgram(nnx.Module):
         )
 
     def __call__(self, elements: Element, ctx: BatchContext) -> Element:
+        # Every node leads to the sink (checked at construction), so the sink runs last.
+        for _, _, out in self.trace(elements, ctx):
+            pass
+        return out
+
+    def trace(self, elements: Element, ctx: BatchContext) -> Iterator[tuple[str, nnx.Module, Element]]:
+        """`(name, module, output)` for every node, in the order they run; the sink comes last."""
         outputs: dict[str, Element] = {}
         for name, preds, wants in zip(self.order, self.preds, self._wants):
             inputs = [outputs[p] for p in preds] if preds else [elements]
             outputs[name] = self._run_node(name, self.nodes[name], inputs, ctx, wants)
-        return outputs[self.sink]
+            yield name, self.nodes[name], outputs[name]
 
     def structure(self) -> str:
         parts = [f"{n}={node_structure(self.nodes[n])}<-({','.join(p)})" for n, p in zip(self.order, self.preds)]

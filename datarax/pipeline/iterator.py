@@ -3,18 +3,42 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 
-from datarax.batching import padded_positions
+from datarax.batching import padded_positions, schedule
 from datarax.control.prefetch import Prefetcher
 from datarax.pipeline.state import IteratorStateError, check_state, make_state
 from datarax.sources.stream import StreamSourceModule, stream_host_batches, to_device
 
-if TYPE_CHECKING:
-    from datarax.pipeline.pipeline import Pipeline
+
+def indexed_host_batches(pipeline: nnx.Module, steps: Iterator[tuple[int, int, int]]) -> Iterator[tuple]:
+    """`(epoch, position, indices, num_valid, device_batch, None)` for each of `steps`.
+
+    Runs on the prefetch thread. A function of its arguments, not an iterator method, so that
+    the thread does not keep the iterator alive: an iterator dropped without `close()` is
+    collected, and its `__del__` stops the thread.
+    """
+    p = pipeline
+    length = len(p.sampler)
+    ring = [None] * (p.prefetch + 3)
+    for i, (epoch, position, num_valid) in enumerate(steps):
+        idx = p.sampler.indices(padded_positions(position, p.compiled.rows, length), epoch)
+        slot = i % len(ring)
+        if ring[slot] is None:
+            ring[slot] = p.source.get_batch(idx)
+        else:
+            p.source.get_batch(idx, out=ring[slot])
+        # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
+        # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
+        if p.placement is None:
+            batch = to_device(ring[slot])
+        else:
+            batch = jax.block_until_ready(p.placement.put({k: v.copy() for k, v in ring[slot].items()}))
+        yield epoch, position, idx, num_valid, batch, None
 
 
 class PipelineIterator(Iterator[dict]):
@@ -24,71 +48,87 @@ class PipelineIterator(Iterator[dict]):
     the position after the last batch it returned; `set_state` on an iterator of an identically
     built pipeline continues with bitwise-identical batches. It is global: the same on every
     process of a sharded pipeline, so N processes' checkpoint resumes on M processes.
+
+    Args:
+        pipeline: the `datarax.Pipeline` to iterate (typed loosely: the pipeline module imports
+            this one, not the other way round).
+        start_epoch: the first epoch (claimed from the pipeline with `reserve_epochs`).
+        num_epochs: how many epochs to run; None: endlessly.
+        one_epoch: a restored state moves the iterator to the state's epoch (`iter(pipeline)`),
+            rather than keeping its range of epochs (`pipeline.epochs(n)`).
     """
 
-    def __init__(self, pipeline: Pipeline, start_epoch: int, num_epochs: int | None, one_epoch: bool):
+    def __init__(self, pipeline: nnx.Module, start_epoch: int, num_epochs: int | None, one_epoch: bool):
         self._pipeline = pipeline
-        self._epoch = start_epoch
-        self._position = 0
-        self._num_epochs = num_epochs
         self._end = None if num_epochs is None else start_epoch + num_epochs
         self._one_epoch = one_epoch
         self._host: Prefetcher | None = None
         self._params, self._params_epoch = None, None
-        self._stream_state: dict | None = None
+        self._move(start_epoch, 0, None)
 
-    def _next_step(self) -> tuple[int, int, int]:
-        """(epoch, position, num_valid) of the next batch; StopIteration at the end."""
+    @property
+    def pipeline(self) -> nnx.Module:
+        """The pipeline this iterator reads."""
+        return self._pipeline
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        """`(epoch, position)` after the last batch returned: where the next batch starts."""
+        return self._epoch, self._position
+
+    @property
+    def end_epoch(self) -> int | None:
+        """The first epoch this iterator does not reach (None: it is endless)."""
+        return self._end
+
+    def upcoming(self) -> Iterator[tuple[int, int, int]]:
+        """`(epoch, position, num_valid)` of the batches `next()` will return, without consuming them."""
         p = self._pipeline
-        length, batch = len(p.sampler), p.batch_size
-        epoch, position = self._epoch, self._position
-        while self._end is None or epoch < self._end:
-            remaining = length - position
-            if remaining > 0 and not (p.drop_remainder and remaining < batch):
-                return epoch, position, min(batch, remaining)
-            epoch, position = epoch + 1, 0
-        raise StopIteration
+        return schedule(len(p.sampler), p.batch_size, drop_remainder=p.drop_remainder, epoch=self._epoch,
+                        position=self._position, end_epoch=self._end)
 
-    def _steps(self, epoch: int, position: int) -> Iterator[tuple[int, int, np.ndarray, int]]:
-        """(epoch, position, indices, num_valid) for every batch from (epoch, position) on."""
-        p = self._pipeline
-        length, batch = len(p.sampler), p.batch_size
-        while self._end is None or epoch < self._end:
-            remaining = length - position
-            if remaining <= 0 or (p.drop_remainder and remaining < batch):
-                epoch, position = epoch + 1, 0
-                continue
-            num_valid = min(batch, remaining)
-            positions = padded_positions(position, p.compiled.rows, length)
-            yield epoch, position, p.sampler.indices(positions, epoch), num_valid
-            position += num_valid
+    def seek(self, epoch: int, position: int) -> None:
+        """Moves the cursor: the next batch is the one starting at `position` of `epoch`.
 
-    def _host_batches(self, epoch: int, position: int) -> Iterator[tuple]:
+        The iterator keeps its range of epochs and the pipeline's next epoch is unchanged (unlike
+        `set_state`, which restores a saved iterator). `ScanRunner` uses this to leave the
+        iterator where a Python loop over the same batches would.
+
+        Example:
+            >>> it = pipeline.epochs(3)
+            >>> it.seek(1, 64)  # skip epoch 0 and the first 64 records of epoch 1
+        """
         p = self._pipeline
         if isinstance(p.source, StreamSourceModule):
-            yield from stream_host_batches(p.source, batch_size=p.batch_size, drop_remainder=p.drop_remainder,
-                                           ring_size=p.prefetch + 3, epoch=epoch, position=position,
-                                           state=self._stream_state, end_epoch=self._end)
-            return
-        ring = [None] * (p.prefetch + 3)
-        for i, (e, pos, idx, n) in enumerate(self._steps(epoch, position)):
-            slot = i % len(ring)
-            if ring[slot] is None:
-                ring[slot] = p.source.get_batch(idx)
-            else:
-                p.source.get_batch(idx, out=ring[slot])
-            # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
-            # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
-            if p.placement is None:
-                batch = to_device(ring[slot])
-            else:
-                batch = jax.block_until_ready(p.placement.put({k: v.copy() for k, v in ring[slot].items()}))
-            yield e, pos, idx, n, batch, None
+            raise TypeError(f"seek cannot move a stream pipeline ({type(p.source).__name__}): its position also "
+                            "needs the stream reader's state; restore a saved state with set_state")
+        length = len(p.sampler)
+        for name, value, high in (("epoch", epoch, None), ("position", position, length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (high is not None and value > high):
+                bound = ">= 0" if high is None else f"in [0, {high}] (the epoch has {high} records)"
+                raise ValueError(f"seek {name} must be an int {bound}, got {value!r}")
+        self._move(epoch, position, None)
+
+    def _move(self, epoch: int, position: int, stream_state: dict | None) -> None:
+        self._stop_host()
+        self._epoch, self._position, self._stream_state = epoch, position, stream_state
+        # A device-resident source steps through this schedule on the caller's thread; a
+        # host-resident one gets its own in the producer when that starts.
+        resident = self._pipeline.source.device_arrays() is not None
+        self._schedule = self.upcoming() if resident else None
 
     def _start_host(self) -> None:
         self._stop_host()
-        if self._pipeline.source.device_arrays() is None:
-            self._host = Prefetcher(self._host_batches(self._epoch, self._position), self._pipeline.prefetch)
+        p = self._pipeline
+        if p.source.device_arrays() is not None:
+            return
+        if isinstance(p.source, StreamSourceModule):
+            batches = stream_host_batches(p.source, batch_size=p.batch_size, drop_remainder=p.drop_remainder,
+                                          ring_size=p.prefetch + 3, epoch=self._epoch, position=self._position,
+                                          state=self._stream_state, end_epoch=self._end)
+        else:
+            batches = indexed_host_batches(p, self.upcoming())
+        self._host = Prefetcher(batches, p.prefetch)
 
     def _stop_host(self) -> None:
         if self._host is not None:
@@ -110,19 +150,19 @@ class PipelineIterator(Iterator[dict]):
                 self._start_host()
             epoch, position, idx, num_valid, batch, stream_state = next(self._host)
             meta = np.array([position, epoch, num_valid], np.int32)
-            out = p.compiled.transform(batch, idx.astype(np.int32), meta)
+            out = p.compiled.run(batch, idx.astype(np.int32), meta)
         else:
             if placement is not None:
                 arrays = placement.device_arrays(arrays)
-            epoch, position, num_valid = self._next_step()
+            epoch, position, num_valid = next(self._schedule)
             meta = np.array([position, epoch, num_valid], np.int32)
             params = self._device_params(epoch)
             if params is None:
                 positions = padded_positions(position, p.compiled.rows, len(p.sampler))
                 idx = p.sampler.indices(positions, epoch).astype(np.int32)
-                out = p.compiled.gather_transform(arrays, idx, meta)
+                out = p.compiled.gather_and_run(arrays, idx, meta)
             else:
-                out = p.compiled.sample_gather_transform(arrays, params, meta)
+                out = p.compiled.sample_gather_and_run(arrays, params, meta)
         self._epoch, self._position = epoch, position + num_valid
         self._stream_state = stream_state
         if placement is not None:  # full global shape; padding rows are marked by the mask field
@@ -151,12 +191,11 @@ class PipelineIterator(Iterator[dict]):
                 raise IteratorStateError("iterator state has no 'stream' entry, but this pipeline reads a stream "
                                          "source; restore a state saved from the same stream pipeline")
             stream_state = state["stream"]
-        self._stop_host()
-        self._epoch, self._position, self._stream_state = epoch, position, stream_state
         if self._one_epoch:
             self._end = epoch + 1
         # `for batch in pipeline` after this iterator continues after the epochs it covers.
-        p._next_epoch = epoch + 1 if self._end is None else max(epoch + 1, self._end)
+        p.reserve_epochs(1 if self._end is None else max(1, self._end - epoch), start=epoch)
+        self._move(epoch, position, stream_state)
         self._start_host()
 
     def buffered(self) -> int | None:
@@ -179,7 +218,7 @@ class PipelineIterator(Iterator[dict]):
     def __del__(self):
         host = getattr(self, "_host", None)
         if host is not None:
-            host._stop.set()
+            host.stop()
 
     async def save(self, directory):
         """Orbax v1 `StatefulCheckpointable` protocol (see `datarax.checkpoint`)."""

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from datarax.batching import check_batch_size, num_batches
 from datarax.core.operator import BatchContext, OperatorModule, describe
 from datarax.core.source import DataSourceModule
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
 from datarax.pipeline.state import fingerprint
-from datarax.batching import check_batch_size, num_batches
 from datarax.samplers.base import Sampler
 from datarax.sharding.mesh import DataSharding
 from datarax.sharding.placement import BatchPlacement
@@ -35,8 +35,10 @@ class Pipeline(nnx.Module):
         source: a random-access source (e.g. `MemorySource`).
         stages: operators applied in order (ignored when `program` is given).
         batch_size: records per batch.
-        rngs: accepted for symmetry with the stages; the pipeline itself draws no randomness
-            (shuffling is keyed by the source's seed, augmentation by each stage's key).
+        rngs: accepted so that code written for the seed API (`Pipeline(..., rngs=nnx.Rngs(0))`)
+            keeps working, and otherwise unused: the pipeline draws no randomness itself.
+            Shuffling is keyed by the source's seed and each stage's keys come from that stage's
+            own `rngs`.
         sampler: which records make up each epoch; defaults to the source's (shuffled when the
             source is configured with `shuffle=True`).
         drop_remainder: drop the final short batch of each epoch.
@@ -91,7 +93,7 @@ class Pipeline(nnx.Module):
             "source": source.structure(), "sampler": self.sampler.structure(), "num_records": len(source),
             "batch_size": self.batch_size, "drop_remainder": drop_remainder, "stages": self.program.structure(),
         })
-        self._output_spec = self._trace_output_spec()
+        self._output_spec = self._compute_output_spec()
 
     @classmethod
     def from_dag(cls, *, source: DataSourceModule, nodes: dict, edges: dict, sink: str, batch_size: int,
@@ -105,13 +107,20 @@ class Pipeline(nnx.Module):
     def stages(self) -> Sequence[nnx.Module]:
         return self.program.stages if isinstance(self.program, Chain) else ()
 
-    def _trace_output_spec(self) -> dict:
+    def input_spec(self) -> tuple[dict, jax.ShapeDtypeStruct]:
+        """`(batch, record_ids)` as the stages receive them, as `jax.ShapeDtypeStruct`s.
+
+        The batch is this process's rows of a full batch, as the sampler lays them out (a window
+        axis after the batch axis for a windowed sampler); `record_ids` is int32 of the same
+        leading shape.
+        """
         spec = self.source.element_spec()
         idx_shape = self.sampler.indices(np.zeros(self.compiled.rows.shape, np.int64), 0).shape
         batch = {k: jax.ShapeDtypeStruct(idx_shape + tuple(v.shape), v.dtype) for k, v in spec.items()}
-        idx = jax.ShapeDtypeStruct(idx_shape, jnp.int32)
-        meta = jax.ShapeDtypeStruct((3,), jnp.int32)
-        out = jax.eval_shape(self.compiled._transform, self.compiled.values(), batch, idx, meta)
+        return batch, jax.ShapeDtypeStruct(idx_shape, jnp.int32)
+
+    def _compute_output_spec(self) -> dict:
+        out = self.compiled.output_spec(*self.input_spec())
         return out if self.placement is None else self.placement.global_spec(out)
 
     def output_spec(self) -> dict:
@@ -125,18 +134,39 @@ class Pipeline(nnx.Module):
                             "has no len(); iterate it instead")
         return num_batches(len(self.sampler), self.batch_size, self.drop_remainder)
 
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next `iter(pipeline)` or `pipeline.epochs(...)` starts at."""
+        return self._next_epoch
+
+    def reserve_epochs(self, num_epochs: int | None, *, start: int | None = None) -> int:
+        """Claims epochs for an iterator and returns the first; later iterators start after them.
+
+        Claims `[start, start + num_epochs)`, from the next epoch when `start` is None.
+        `num_epochs=None` is an endless iterator, which claims none (an iterator made after it
+        starts at the same epoch). A restored iterator claims from its state's epoch, so
+        `for batch in pipeline` afterwards continues after the epochs it covers.
+
+        Example:
+            >>> first = pipeline.reserve_epochs(3)  # what pipeline.epochs(3) does
+            >>> pipeline.next_epoch == first + 3
+            True
+        """
+        for name, value in (("num_epochs", num_epochs), ("start", start)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
+        first = self._next_epoch if start is None else start
+        self._next_epoch = first + (num_epochs or 0)
+        return first
+
     def __iter__(self) -> PipelineIterator:
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        return PipelineIterator(self, epoch, 1, one_epoch=True)
+        return PipelineIterator(self, self.reserve_epochs(1), 1, one_epoch=True)
 
     def epochs(self, num_epochs: int | None = None) -> PipelineIterator:
         """One iterator over `num_epochs` epochs from the next one (None: endless)."""
         if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1):
             raise ValueError(f"num_epochs must be a positive int or None (endless), got {num_epochs!r}")
-        epoch = self._next_epoch
-        self._next_epoch = epoch + num_epochs if num_epochs is not None else epoch
-        return PipelineIterator(self, epoch, num_epochs, one_epoch=False)
+        return PipelineIterator(self, self.reserve_epochs(num_epochs), num_epochs, one_epoch=False)
 
     def raw_loader(self, *, ids_key: str = "record_ids", epoch_key: str = "epoch") -> Pipeline:
         """A pipeline over the same source, sampler and batching that yields untransformed batches.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +37,9 @@ from datarax.batching import padded_positions
 from datarax.core.operator import BatchContext, describe
 from datarax.core.source import gather_device
 from datarax.pipeline.compiled import make_context, run_program
+from datarax.pipeline.iterator import PipelineIterator
 
 if TYPE_CHECKING:
-    from datarax.pipeline.iterator import PipelineIterator
     from datarax.pipeline.pipeline import Pipeline
 
 
@@ -58,31 +59,6 @@ class ScanBatch:
     def transform(self, program: nnx.Module) -> dict[str, jax.Array]:
         """Runs a stage program (pass `pipeline.program` as one of the runner's modules) on the batch."""
         return run_program(program, self.data, self.ctx)
-
-
-def _plan(it: PipelineIterator, limit: int | None) -> list[tuple[int, int, int]]:
-    """(epoch, position, num_valid) of the iterator's next batches, without consuming them.
-
-    The arithmetic of `PipelineIterator._next_step`, an epoch at a time.
-    """
-    p = it._pipeline
-    length, batch, drop = len(p.sampler), p.batch_size, p.drop_remainder
-    epoch, position, end = it._epoch, it._position, it._end
-    steps: list[tuple[int, int, int]] = []
-    while (limit is None or len(steps) < limit) and (end is None or epoch < end):
-        stop = position + (length - position) // batch * batch if drop else length
-        starts = range(position, max(stop, position), batch)
-        if not starts and position == 0:
-            break  # an epoch without a single batch (drop_remainder, fewer records than a batch)
-        if limit is not None:
-            starts = starts[:limit - len(steps)]
-        steps.extend((epoch, s, min(batch, length - s)) for s in starts)
-        epoch, position = epoch + 1, 0
-    return steps
-
-
-def _advance(it: PipelineIterator, epoch: int, position: int) -> None:
-    it._epoch, it._position = epoch, position
 
 
 def _chunks(steps: list[tuple[int, int, int]], batch_size: int, k: int) -> list[list[tuple[int, int, int]]]:
@@ -176,7 +152,7 @@ class ScanRunner:
         carried = (p.program, *modules)
         graphdef, state = nnx.split(carried)
         fns = self._functions(graphdef)
-        chunks = _chunks(_plan(iterator, num_steps), p.batch_size, self.steps_per_call)
+        chunks = _chunks(list(itertools.islice(iterator.upcoming(), num_steps)), p.batch_size, self.steps_per_call)
         full = next((c for c in chunks if c[0][2] == p.batch_size), None)
         short = next((c for c in chunks if c[0][2] < p.batch_size), None)
         if full and short:
@@ -191,7 +167,7 @@ class ScanRunner:
             else:
                 state, out = self._scan_chunk(fns, p, state, arrays, chunk)
             nnx.update(carried, state)
-            _advance(iterator, epoch, position + num_valid)
+            iterator.seek(epoch, position + num_valid)
             outputs.append(out)
         return _stack(outputs) if outputs else None
 
@@ -263,19 +239,17 @@ class _Functions:
 
 
 def _check_run(iterator, modules, num_steps) -> Pipeline:
-    from datarax.pipeline.iterator import PipelineIterator
-
     if not isinstance(iterator, PipelineIterator):
         raise TypeError(f"iterator must be a PipelineIterator (iter(pipeline) or pipeline.epochs(n)), "
                         f"got {describe(iterator)}")
-    p = iterator._pipeline
+    p = iterator.pipeline
     if p.source.device_arrays() is None:
         raise ValueError("ScanRunner needs a device-resident source (the whole epoch's data is gathered inside "
                          "the compiled scan), but this pipeline's source is host-resident; use "
                          "MemorySourceConfig(device_resident=True), or the per-step loop")
     if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0):
         raise ValueError(f"num_steps must be an int >= 0 or None (until the iterator ends), got {num_steps!r}")
-    if num_steps is None and iterator._end is None:
+    if num_steps is None and iterator.end_epoch is None:
         raise ValueError("this iterator is endless (pipeline.epochs(None)), so run() needs num_steps=...; or "
                          "iterate one epoch with iter(pipeline)")
     for i, m in enumerate(modules):

@@ -11,7 +11,8 @@ from datarax.samplers.feistel import WORD32_LIMIT, FeistelPermutation, feistel_d
 INT32_LIMIT = 2**31 - 1
 
 
-def _check_num_records(num_records: object) -> int:
+def check_num_records(num_records: object) -> int:
+    """`num_records` as an int, or a ValueError naming the bad value."""
     if isinstance(num_records, bool) or not isinstance(num_records, (int, np.integer)) or num_records <= 0:
         raise ValueError(f"num_records must be a positive int, got {num_records!r}")
     return int(num_records)
@@ -21,7 +22,7 @@ class SequentialSampler(Sampler):
     """Records in storage order: position i is record i."""
 
     def __init__(self, num_records: int):
-        self.num_records = _check_num_records(num_records)
+        self.num_records = check_num_records(num_records)
 
     def __len__(self) -> int:
         return self.num_records
@@ -46,7 +47,7 @@ class ShuffleSampler(Sampler):
     """
 
     def __init__(self, num_records: int, seed: int = 0):
-        self.num_records = _check_num_records(num_records)
+        self.num_records = check_num_records(num_records)
         self.seed = validate_seed(seed)
         self._perm_epoch = -1
         self._perm: FeistelPermutation | None = None

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.batching import check_batch_size
-from datarax.samplers.base import STATE_VERSION, Sampler
+from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import FeistelPermutation, round_keys, feistel_device, validate_seed
-from datarax.samplers.simple import INT32_LIMIT, _check_num_records
+from datarax.samplers.simple import INT32_LIMIT, check_num_records
 
 
 class EpochAwareSampler(Sampler):
@@ -22,7 +19,7 @@ class EpochAwareSampler(Sampler):
     """
 
     def __init__(self, num_records: int, *, seed: int = 0, shuffle: bool = True, num_epochs: int | None = None):
-        self.num_records = _check_num_records(num_records)
+        self.num_records = check_num_records(num_records)
         self.seed = validate_seed(seed)
         self.shuffle = bool(shuffle)
         if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs <= 0):
@@ -31,7 +28,8 @@ class EpochAwareSampler(Sampler):
 
     def __len__(self) -> int:
         if self.num_epochs is None:
-            raise TypeError("an endless EpochAwareSampler (num_epochs=None) has no length; iterate it instead")
+            raise TypeError("an endless EpochAwareSampler (num_epochs=None) has no length, so a pipeline cannot "
+                            "use it; pass num_epochs=N, or map stream positions with indices(positions)")
         return self.num_records * self.num_epochs
 
     def epoch_of(self, positions: np.ndarray) -> np.ndarray:
@@ -51,34 +49,6 @@ class EpochAwareSampler(Sampler):
     def structure(self) -> str:
         return f"EpochAwareSampler(seed={self.seed}, shuffle={self.shuffle}, num_epochs={self.num_epochs})"
 
-    def stream(self, batch_size: int) -> Iterator[np.ndarray]:
-        """An iterator of index batches over the whole stream, with get_state/set_state."""
-        return _StreamIterator(self, check_batch_size(batch_size))
-
-
-class _StreamIterator(Iterator[np.ndarray]):
-    def __init__(self, sampler: EpochAwareSampler, batch_size: int):
-        self._sampler, self._batch_size, self._position = sampler, batch_size, 0
-
-    def __next__(self) -> np.ndarray:
-        total = None if self._sampler.num_epochs is None else len(self._sampler)
-        stop = self._position + self._batch_size if total is None else min(self._position + self._batch_size, total)
-        if stop <= self._position:
-            raise StopIteration
-        ids = self._sampler.indices(np.arange(self._position, stop))
-        self._position = stop
-        return ids
-
-    def get_state(self) -> dict:
-        return {"version": STATE_VERSION, "position": self._position}
-
-    def set_state(self, state: dict) -> None:
-        pos = state.get("position") if isinstance(state, dict) else None
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION or not isinstance(pos, int) or pos < 0:
-            raise ValueError(f"EpochAwareSampler stream state must be {{'version': {STATE_VERSION}, "
-                             f"'position': int >= 0}}, got {state!r}")
-        self._position = pos
-
 
 class SlidingWindowSampler(Sampler):
     """Windows of `window` consecutive records, starting every `stride` records.
@@ -88,7 +58,7 @@ class SlidingWindowSampler(Sampler):
     """
 
     def __init__(self, num_records: int, window: int, stride: int = 1, *, shuffle: bool = False, seed: int = 0):
-        self.num_records = _check_num_records(num_records)
+        self.num_records = check_num_records(num_records)
         for name, v in (("window", window), ("stride", stride)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"SlidingWindowSampler {name} must be a positive int, got {v!r}")

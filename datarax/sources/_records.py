@@ -88,10 +88,11 @@ def parse_layout(data: bytes, where: str = "record") -> RecordLayout:
 
 
 def decode_record(data: bytes) -> dict[str, np.ndarray]:
-    """One record's fields as numpy arrays (copies, so they outlive `data`)."""
+    """One record's fields as numpy arrays (copies, so they outlive `data`): a batch of one."""
     layout = parse_layout(data)
-    buf = np.frombuffer(data, np.uint8)
-    return {f.name: buf[f.offset:f.offset + f.nbytes].view(f.dtype).reshape(f.shape).copy() for f in layout.fields}
+    out = {f.name: np.empty((1,) + f.shape, f.dtype) for f in layout.fields}
+    decode_batch_into([data], layout, out)
+    return {name: rows[0] for name, rows in out.items()}
 
 
 def decode_batch_into(records: Sequence[bytes], layout: RecordLayout, out: Mapping[str, np.ndarray]) -> None:

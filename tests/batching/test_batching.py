@@ -1,11 +1,54 @@
-"""Batch arithmetic: counts against a Python enumeration of batches, padding positions, errors."""
+"""Batch arithmetic: counts and the schedule against a Python enumeration of batches, padding
+positions, errors."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
 
-from datarax.batching import check_batch_size, num_batches, padded_positions
+from datarax.batching import check_batch_size, num_batches, padded_positions, schedule
+
+
+def enumerate_batches(length, batch_size, drop, epoch, position, end_epoch):
+    """(epoch, first position, size) of each batch, by slicing Python lists: the reference."""
+    steps = []
+    for e in range(epoch, end_epoch):
+        records = list(range(length))[position if e == epoch else 0:]
+        for chunk in (records[i:i + batch_size] for i in range(0, len(records), batch_size)):
+            if not (drop and len(chunk) < batch_size):
+                steps.append((e, chunk[0], len(chunk)))
+    return steps
+
+
+SCHEDULE_CASES = [
+    (length, batch_size, drop, epoch, position)
+    for length, batch_size, drop, epoch in itertools.product([0, 1, 7, 8, 9, 20], [1, 3, 8, 25], [False, True], [0, 2])
+    for position in sorted({0, 1, batch_size, length - 1, length})
+    if 0 <= position <= length
+]
+
+
+@pytest.mark.parametrize("length,batch_size,drop,epoch,position", SCHEDULE_CASES)
+def test_schedule_equals_a_python_enumeration_of_batches(length, batch_size, drop, epoch, position):
+    want = enumerate_batches(length, batch_size, drop, epoch, position, epoch + 3)
+    got = list(schedule(length, batch_size, drop_remainder=drop, epoch=epoch, position=position,
+                        end_epoch=epoch + 3))
+    assert got == want
+    endless = schedule(length, batch_size, drop_remainder=drop, epoch=epoch, position=position)
+    assert list(itertools.islice(endless, len(want))) == want
+    if num_batches(length, batch_size, drop) == 0:  # an endless schedule of empty epochs ends at once
+        assert list(schedule(length, batch_size, drop_remainder=drop, epoch=epoch, position=position)) == []
+
+
+@pytest.mark.parametrize("length,batch_size,drop", [(20, 3, False), (20, 3, True), (9, 8, False)])
+def test_schedule_resumed_at_any_cursor_continues_the_same_batches(length, batch_size, drop):
+    full = list(schedule(length, batch_size, drop_remainder=drop, end_epoch=3))
+    assert len(full) == 3 * num_batches(length, batch_size, drop)
+    for k, (epoch, position, n) in enumerate(full):
+        rest = schedule(length, batch_size, drop_remainder=drop, epoch=epoch, position=position + n, end_epoch=3)
+        assert list(rest) == full[k + 1:]
 
 
 @pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 64, 100])

@@ -124,6 +124,27 @@ def test_diamond_dag_matches_jnp_and_respects_edge_order():
     assert dag.order == ("f", "a", "b", "c", "d", "e")
 
 
+def test_dag_trace_yields_each_node_output_as_running_the_nodes_by_hand():
+    nodes = [("f", scale(10.0)), ("a", add_const(1.0)), ("b", scale(2.0)), ("c", scale(3.0)), ("d", Sub()),
+             ("e", Sum())]
+    dag = DagProgram(nodes=nodes, edges={"f": [], "a": [], "b": ["a"], "c": ["a"], "d": ["c", "b"], "e": ["d", "f"]},
+                     sink="e")
+    x = jnp.arange(12.0).reshape(4, 3)
+    ctx = BatchContext.for_batch(4)
+    source = Element({"x": x})
+    by_hand = {"f": nodes[0][1].apply_batch(source, ctx), "a": nodes[1][1].apply_batch(source, ctx)}
+    by_hand["b"] = nodes[2][1].apply_batch(by_hand["a"], ctx)
+    by_hand["c"] = nodes[3][1].apply_batch(by_hand["a"], ctx)
+    by_hand["d"] = Element(nodes[4][1](by_hand["c"].data, by_hand["b"].data))
+    by_hand["e"] = Element(nodes[5][1](by_hand["d"].data, by_hand["f"].data))
+    traced = list(dag.trace(source, ctx))
+    assert [name for name, _, _ in traced] == list(dag.order)
+    for name, module, out in traced:
+        assert module is dag.nodes[name]
+        np.testing.assert_array_equal(np.asarray(out.data["x"]), np.asarray(by_hand[name].data["x"]))
+    np.testing.assert_array_equal(np.asarray(dag(source, ctx).data["x"]), np.asarray(traced[-1][2].data["x"]))
+
+
 def set_state(name, value):
     return ElementOperator(fn=lambda el: el.update_state({name: jnp.float32(value)}))
 

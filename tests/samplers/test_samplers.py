@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from datarax.batching import schedule
 from datarax.samplers import (
     EpochAwareSampler,
     RangeSampler,
@@ -12,6 +13,13 @@ from datarax.samplers import (
     ShuffleSampler,
     SlidingWindowSampler,
 )
+
+def batches(sampler, batch_size, *, drop_remainder=False, num_epochs=1, epoch=0, position=0) -> list[np.ndarray]:
+    """The sampler's index batches as a pipeline iterator walks them (the schedule, then `indices`)."""
+    steps = schedule(len(sampler), batch_size, drop_remainder=drop_remainder, epoch=epoch, position=position,
+                     end_epoch=num_epochs)
+    return [sampler.indices(np.arange(p, p + n), e) for e, p, n in steps]
+
 
 RANGE_GRID = [(start, stop, step)
               for start, stop, step in itertools.product([0, 1, 3, 10, 17], [0, 1, 5, 12, 20], [1, 2, 3, 7, -1, -2, -5])
@@ -24,8 +32,7 @@ def test_range_sampler_equals_python_range(start, stop, step):
     expected = list(range(start, stop, step))
     assert len(sampler) == len(expected)
     assert sampler.indices(np.arange(len(sampler)), 0).tolist() == expected
-    batches = list(sampler.iter_batches(3))
-    assert np.concatenate(batches).tolist() == expected
+    assert np.concatenate(batches(sampler, 3)).tolist() == expected
 
 
 def test_range_sampler_device_indices_match_host():
@@ -48,41 +55,28 @@ def test_range_sampler_single_argument_and_errors():
 
 def test_sequential_and_shuffle_batches_cover_each_epoch_once():
     for sampler in (SequentialSampler(23), ShuffleSampler(23, seed=5)):
-        it = sampler.iter_batches(5, num_epochs=2)
-        batches = list(it)
-        assert [len(b) for b in batches] == [5, 5, 5, 5, 3] * 2
+        got = batches(sampler, 5, num_epochs=2)
+        assert [len(b) for b in got] == [5, 5, 5, 5, 3] * 2
         for epoch in range(2):
-            ids = np.concatenate(batches[epoch * 5:(epoch + 1) * 5])
+            ids = np.concatenate(got[epoch * 5:(epoch + 1) * 5])
             np.testing.assert_array_equal(np.sort(ids), np.arange(23))
 
 
 def test_drop_remainder_in_sampler_iteration():
-    batches = list(ShuffleSampler(23, seed=1).iter_batches(5, drop_remainder=True, num_epochs=1))
-    assert [len(b) for b in batches] == [5, 5, 5, 5]
+    got = batches(ShuffleSampler(23, seed=1), 5, drop_remainder=True, num_epochs=1)
+    assert [len(b) for b in got] == [5, 5, 5, 5]
 
 
-def test_sampler_iterator_resumes_exactly():
-    sampler = ShuffleSampler(50, seed=2)
-    full = list(sampler.iter_batches(7, num_epochs=3))
+def test_sampler_batches_resume_exactly_from_any_cursor():
+    """A fresh sampler from the cursor after k batches gives the rest: samplers hold no state."""
+    full = batches(ShuffleSampler(50, seed=2), 7, num_epochs=3)
+    steps = list(schedule(50, 7, end_epoch=3))
     for k in (0, 3, 7, 8, 15, 21):
-        it = sampler.iter_batches(7, num_epochs=3)
-        for _ in range(k):
-            next(it)
-        state = it.get_state()
-        fresh = ShuffleSampler(50, seed=2).iter_batches(7, num_epochs=3)
-        fresh.set_state(state)
-        rest = list(fresh)
+        epoch, position = (0, 0) if k == 0 else (steps[k - 1][0], steps[k - 1][1] + steps[k - 1][2])
+        rest = batches(ShuffleSampler(50, seed=2), 7, num_epochs=3, epoch=epoch, position=position)
         assert len(rest) == len(full) - k
         for a, b in zip(rest, full[k:]):
             np.testing.assert_array_equal(a, b)
-
-
-def test_sampler_state_errors():
-    it = SequentialSampler(10).iter_batches(3)
-    with pytest.raises(ValueError, match="version"):
-        it.set_state({"epoch": 0})
-    with pytest.raises(ValueError, match=r"position must be in \[0, 10\]"):
-        it.set_state({"version": 1, "epoch": 0, "position": 11})
 
 
 def test_shuffle_device_indices_match_host():
@@ -108,18 +102,18 @@ def test_sliding_window_matches_manual_windows():
 
 def test_epoch_aware_stream_straddles_epochs_and_resumes():
     s = EpochAwareSampler(10, seed=4, num_epochs=3)
-    stream = s.stream(4)
-    batches = list(stream)
-    assert [len(b) for b in batches] == [4] * 7 + [2]
-    ids = np.concatenate(batches)
+    got = batches(s, 4)  # the whole stream is one pipeline epoch
+    assert [len(b) for b in got] == [4] * 7 + [2]
+    ids = np.concatenate(got)
     for e in range(3):
         np.testing.assert_array_equal(np.sort(ids[e * 10:(e + 1) * 10]), np.arange(10))
         np.testing.assert_array_equal(ids[e * 10:(e + 1) * 10], ShuffleSampler(10, seed=4).indices(np.arange(10), e))
     assert s.epoch_of(np.array([0, 9, 10, 29])).tolist() == [0, 0, 1, 2]
-    it = s.stream(4)
-    next(it), next(it), next(it)
-    fresh = EpochAwareSampler(10, seed=4, num_epochs=3).stream(4)
-    fresh.set_state(it.get_state())
-    np.testing.assert_array_equal(np.concatenate(list(fresh)), ids[12:])
-    endless = EpochAwareSampler(3, seed=0).stream(2)
-    assert len([next(endless) for _ in range(100)]) == 100
+    fresh = EpochAwareSampler(10, seed=4, num_epochs=3)
+    np.testing.assert_array_equal(np.concatenate(batches(fresh, 4, position=12)), ids[12:])
+    endless = EpochAwareSampler(3, seed=0)
+    stream = endless.indices(np.arange(200))
+    for e in range(200 // 3):
+        np.testing.assert_array_equal(stream[e * 3:(e + 1) * 3], ShuffleSampler(3, seed=0).indices(np.arange(3), e))
+    with pytest.raises(TypeError, match="has no length, so a pipeline cannot use it"):
+        len(endless)

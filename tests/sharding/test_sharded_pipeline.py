@@ -75,7 +75,7 @@ def test_sharded_batches_are_the_unsharded_batches_as_global_arrays(case):
             # Padding rows repeat the epoch's last record (positions are clipped to the epoch's end).
             np.testing.assert_array_equal(ids[valid:], np.full(batch_size - valid, ref["id"][-1]))
     if case["resident"]:  # the padded final batch reuses the compiled step
-        assert pipeline.compiled._sample_gather_transform._cache_size() == 1
+        assert pipeline.compiled._sample_gather_and_run._cache_size() == 1
 
 
 def test_each_device_transforms_only_its_rows():
@@ -96,13 +96,13 @@ def test_the_sharded_data_step_has_no_cross_device_collectives():
     resident = build(sharding=DataSharding.data_parallel())
     compiled, arrays = resident.compiled, resident.placement.device_arrays(resident.source.device_arrays())
     programs = {
-        "sample+gather+stages": compiled._sample_gather_transform.lower(
+        "sample+gather+stages": compiled._sample_gather_and_run.lower(
             compiled.values(), arrays, resident.sampler.device_params(0), meta),
-        "gather+stages": compiled._gather_transform.lower(compiled.values(), arrays, ids, meta),
+        "gather+stages": compiled._gather_and_run.lower(compiled.values(), arrays, ids, meta),
     }
     host = build(resident=False, sharding=DataSharding.data_parallel())
     batch = host.placement.put(host.source.get_batch(ids))
-    programs["stages"] = host.compiled._transform.lower(host.compiled.values(), batch, ids, meta)
+    programs["stages"] = host.compiled._run.lower(host.compiled.values(), batch, ids, meta)
     for name, lowered in programs.items():
         assert COLLECTIVES.findall(lowered.compile().as_text()) == [], name
 

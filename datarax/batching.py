@@ -1,0 +1,59 @@
+"""datarax.batching: how an epoch's records become batches.
+
+The rules every iterator in datarax follows, in one place: a batch size is a positive int; an
+epoch of `length` records gives `ceil(length / batch_size)` batches, or `floor` with
+`drop_remainder=True`; `schedule` lists them, epoch after epoch, from any cursor; a short final
+batch is padded to the full size by repeating its last position, so the compiled program keeps
+one shape (no recompile), and the padding rows are marked invalid in the `BatchContext` mask and
+sliced off before the batch is returned. Regrouping records inside a pipeline is
+`datarax.operators.nodes.RebatchNode`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+
+def check_batch_size(batch_size: object) -> int:
+    """`batch_size` as an int, or a ValueError naming the bad value."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    return int(batch_size)
+
+
+def num_batches(length: int, batch_size: int, drop_remainder: bool) -> int:
+    """Batches in an epoch of `length` records."""
+    return length // batch_size if drop_remainder else -(-length // batch_size)
+
+
+def schedule(length: int, batch_size: int, *, drop_remainder: bool = False, epoch: int = 0, position: int = 0,
+             end_epoch: int | None = None) -> Iterator[tuple[int, int, int]]:
+    """`(epoch, position, num_valid)` of every batch from the cursor `(epoch, position)` on.
+
+    The cursor is where the next batch starts: a position in `[0, length]` of `epoch`, where
+    `length` means "after the epoch's last batch". Batches run epoch after epoch until
+    `end_epoch` (exclusive; None: endlessly); each holds `num_valid` records (`batch_size`,
+    except an epoch's short final batch, which `drop_remainder=True` skips). An iterator's state
+    is the cursor after its last batch, so resuming is `schedule(..., epoch=e, position=p)`.
+
+    Example:
+        >>> list(schedule(5, 2, epoch=0, position=2, end_epoch=2))
+        [(0, 2, 2), (0, 4, 1), (1, 0, 2), (1, 2, 2), (1, 4, 1)]
+    """
+    # Epochs without a single batch would otherwise make an endless schedule spin forever.
+    empty = num_batches(length, batch_size, drop_remainder) == 0
+    while end_epoch is None or epoch < end_epoch:
+        stop = position + (length - position) // batch_size * batch_size if drop_remainder else length
+        for start in range(position, stop, batch_size):
+            yield epoch, start, min(batch_size, length - start)
+        if empty:
+            return
+        epoch, position = epoch + 1, 0
+
+
+def padded_positions(start: int, rows: np.ndarray, length: int) -> np.ndarray:
+    """The epoch positions of batch rows `rows` for a batch starting at `start`: rows past the
+    end of the epoch repeat its last position (padding, masked out by the iterator)."""
+    return np.minimum(start + rows, length - 1)
