@@ -28,9 +28,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from datarax.core.checks import check_int
 from datarax.checkpoint import IteratorRestore, IteratorSave
 from datarax.pipeline.state import IteratorStateError
-from datarax.core.checks import check_int
 
 FORMAT_VERSION = 1
 

@@ -20,10 +20,10 @@ from array import array
 
 import numpy as np
 
+from datarax.core.checks import check_int
 from datarax.monitoring.ledger import diagnose as diagnose_steady
 from datarax.monitoring.ledger import step_ledger
 from datarax.monitoring.watcher import overlap as _overlap
-from datarax.core.checks import check_int
 
 BUCKETS = ("goodput", "data_stall", "first_batch", "compile", "checkpoint_save", "checkpoint_restore",
            "eval", "other")

@@ -14,11 +14,11 @@ import numpy as np
 import optax
 from flax import nnx
 
+from datarax.core.checks import check_bool, check_int
 from datarax.pipeline.pipeline import Pipeline
 from datarax.train.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
 from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint
 from datarax.train.step import (EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding, make_eval_step,
-from datarax.core.checks import check_bool, check_int
                            make_train_step)
 
 

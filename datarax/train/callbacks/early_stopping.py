@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from datarax.train.callbacks.base import Callback, StepLogs
 from datarax.core.checks import check_int, is_number
+from datarax.train.callbacks.base import Callback, StepLogs
 
 if TYPE_CHECKING:
     from datarax.train.trainer import Trainer
