@@ -15,10 +15,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from datarax.core.checks import is_int
+
 
 def check_batch_size(batch_size: object) -> int:
     """`batch_size` as an int, or a ValueError naming the bad value."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+    if not is_int(batch_size) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     return int(batch_size)
 

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import is_int
 from datarax.core.operator import StageKey, describe
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram
@@ -45,7 +46,7 @@ def _check_prefix(pipeline: Pipeline, num_cached_stages: object) -> int:
                         f"is a {type(pipeline.program).__name__}; build it with Pipeline(stages=[...])")
     stages = pipeline.program.stages
     k = num_cached_stages
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(stages):
+    if not is_int(k) or not 1 <= k <= len(stages):
         raise ValueError(f"num_cached_stages must be an int in [1, {len(stages)}] (the pipeline has {len(stages)} "
                          f"stages), got {k!r}")
     for i, stage in enumerate(stages[:k]):
@@ -95,7 +96,7 @@ class CachingIterator(Iterator[dict]):
 
     def __init__(self, pipeline: Pipeline, *, num_cached_stages: int, num_epochs: int | None = None):
         k = _check_prefix(pipeline, num_cached_stages)
-        if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1):
+        if num_epochs is not None and (not is_int(num_epochs) or num_epochs < 1):
             raise ValueError(f"num_epochs must be a positive int or None (endless), got {num_epochs!r}")
         self._pipeline = pipeline
         self._prefix = Chain(list(pipeline.program.stages[:k]))

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import is_int
 from datarax.batching import padded_positions, schedule
 from datarax.control.prefetch import Prefetcher
 from datarax.pipeline.state import IteratorStateError, check_state, make_state
@@ -104,7 +105,7 @@ class PipelineIterator(Iterator[dict]):
                             "needs the stream reader's state; restore a saved state with set_state")
         length = len(p.sampler)
         for name, value, high in (("epoch", epoch, None), ("position", position, length)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (high is not None and value > high):
+            if not is_int(value) or value < 0 or (high is not None and value > high):
                 bound = ">= 0" if high is None else f"in [0, {high}] (the epoch has {high} records)"
                 raise ValueError(f"seek {name} must be an int {bound}, got {value!r}")
         self._move(epoch, position, None)

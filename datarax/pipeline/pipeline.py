@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import is_int
 from datarax.batching import check_batch_size, num_batches
 from datarax.core.operator import BatchContext, OperatorModule, describe
 from datarax.core.source import DataSourceModule
@@ -68,7 +69,7 @@ class Pipeline(nnx.Module):
         self.batch_size = check_batch_size(batch_size)
         if not isinstance(drop_remainder, bool):
             raise TypeError(f"drop_remainder must be True or False, got {drop_remainder!r}")
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
+        if not is_int(prefetch) or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
         if sampler is not None and not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be a datarax Sampler, got {describe(sampler)}")
@@ -153,7 +154,7 @@ class Pipeline(nnx.Module):
             True
         """
         for name, value in (("num_epochs", num_epochs), ("start", start)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            if value is not None and (not is_int(value) or value < 0):
                 raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
         first = self._next_epoch if start is None else start
         self._next_epoch = first + (num_epochs or 0)
@@ -164,7 +165,7 @@ class Pipeline(nnx.Module):
 
     def epochs(self, num_epochs: int | None = None) -> PipelineIterator:
         """One iterator over `num_epochs` epochs from the next one (None: endless)."""
-        if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1):
+        if num_epochs is not None and (not is_int(num_epochs) or num_epochs < 1):
             raise ValueError(f"num_epochs must be a positive int or None (endless), got {num_epochs!r}")
         return PipelineIterator(self, self.reserve_epochs(num_epochs), num_epochs, one_epoch=False)
 

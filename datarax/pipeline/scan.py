@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import is_int
 from datarax.batching import padded_positions
 from datarax.core.operator import BatchContext, describe
 from datarax.core.source import gather_device
@@ -112,7 +113,7 @@ class ScanRunner:
     def __init__(self, train_step: Callable[..., Any], *, steps_per_call: int, raw: bool = False):
         if not callable(train_step):
             raise TypeError(f"train_step must be callable, got {describe(train_step)}")
-        if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
+        if not is_int(steps_per_call) or steps_per_call < 1:
             raise ValueError(f"steps_per_call must be an int >= 1, got {steps_per_call!r}")
         if not isinstance(raw, bool):
             raise TypeError(f"raw must be True or False, got {raw!r}")
@@ -247,7 +248,7 @@ def _check_run(iterator, modules, num_steps) -> Pipeline:
         raise ValueError("ScanRunner needs a device-resident source (the whole epoch's data is gathered inside "
                          "the compiled scan), but this pipeline's source is host-resident; use "
                          "MemorySourceConfig(device_resident=True), or the per-step loop")
-    if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0):
+    if num_steps is not None and (not is_int(num_steps) or num_steps < 0):
         raise ValueError(f"num_steps must be an int >= 0 or None (until the iterator ends), got {num_steps!r}")
     if num_steps is None and iterator.end_epoch is None:
         raise ValueError("this iterator is endless (pipeline.epochs(None)), so run() needs num_steps=...; or "

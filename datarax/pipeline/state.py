@@ -6,6 +6,8 @@ import hashlib
 import json
 from typing import Any
 
+from datarax.core.checks import is_int
+
 STATE_VERSION = 1
 _KEYS = ("version", "epoch", "position", "fingerprint", "num_records", "batch_size")
 
@@ -38,7 +40,7 @@ def check_state(state: Any, *, fingerprint: str, num_records: int, batch_size: i
                                  f"{STATE_VERSION}; restore with the datarax version that saved it")
     for key in ("epoch", "position", "num_records", "batch_size"):
         value = state[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value) or value < 0:
             raise IteratorStateError(f"iterator state {key} must be an int >= 0, got {value!r}; the state is corrupt")
     if state["num_records"] != num_records:
         raise IteratorStateError(f"iterator state was saved from a pipeline over {state['num_records']} records, "

@@ -16,17 +16,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from datarax.core.checks import is_int
+from datarax.core.noise import lowbias32
+
 MAX_RECORDS = 2**62
 MAX_SEED = 2**63 - 1
 WORD32_LIMIT = 2**32
 ROUNDS = 6
-_M32 = (0x7FEB352D, 0x846CA68B)
 _M64 = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
 def validate_seed(seed: object, name: str = "seed") -> int:
     """Checks that `seed` is an int in [0, 2**63 - 1] and returns it."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    if not is_int(seed):
         raise TypeError(f"{name} must be an int in [0, 2**63 - 1], got {seed!r} ({type(seed).__name__})")
     seed = int(seed)
     if not 0 <= seed <= MAX_SEED:
@@ -38,15 +40,6 @@ def round_keys(seed: int, epoch: int, dtype=np.uint32) -> np.ndarray:
     """The round keys of the permutation for (seed, epoch)."""
     words = [seed & 0xFFFFFFFF, seed >> 32, epoch & 0xFFFFFFFF, epoch >> 32, 0xDA7A]
     return np.random.SeedSequence(words).generate_state(ROUNDS, dtype=dtype)
-
-
-def _mix32(x, xp):
-    # lowbias32 (Wellons): a strong 32-bit mixer, identical in numpy and XLA.
-    x = x ^ (x >> 16)
-    x = x * xp.uint32(_M32[0])
-    x = x ^ (x >> 15)
-    x = x * xp.uint32(_M32[1])
-    return x ^ (x >> 16)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -95,7 +88,7 @@ class FeistelPermutation:
         self._half = self._dtype(bits // 2)
         self._mask = self._dtype((1 << (bits // 2)) - 1)
         self._keys = list(round_keys(validate_seed(seed), int(epoch), self._dtype))
-        self._mix = _mix64 if wide else (lambda x: _mix32(x, np))
+        self._mix = _mix64 if wide else lowbias32
 
     def _walk(self, step, x: np.ndarray) -> np.ndarray:
         n = self.num_records
@@ -131,7 +124,7 @@ def feistel_device(positions: jax.Array, keys: jax.Array, num_records: int) -> j
     n = jnp.uint32(num_records - 1)  # compare with <= to stay in uint32 when N == 2^32
 
     def enc(x):
-        return _encrypt(x, ks, half, mask, lambda v: _mix32(v, jnp))
+        return _encrypt(x, ks, half, mask, lowbias32)
 
     y = enc(positions.astype(jnp.uint32))
     y = jax.lax.while_loop(lambda v: jnp.any(v > n), lambda v: jnp.where(v > n, enc(v), v), y)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from datarax.core.checks import is_int
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import WORD32_LIMIT, FeistelPermutation, feistel_device, round_keys, validate_seed
 
@@ -13,7 +14,7 @@ INT32_LIMIT = 2**31 - 1
 
 def check_num_records(num_records: object) -> int:
     """`num_records` as an int, or a ValueError naming the bad value."""
-    if isinstance(num_records, bool) or not isinstance(num_records, (int, np.integer)) or num_records <= 0:
+    if not is_int(num_records) or num_records <= 0:
         raise ValueError(f"num_records must be a positive int, got {num_records!r}")
     return int(num_records)
 
@@ -81,7 +82,7 @@ class RangeSampler(Sampler):
         if stop is None:
             start, stop = 0, start
         for name, v in (("start", start), ("stop", stop), ("step", step)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            if not is_int(v):
                 raise TypeError(f"RangeSampler {name} must be an int, got {v!r}")
         if step == 0:
             raise ValueError("RangeSampler step must not be zero, got 0")

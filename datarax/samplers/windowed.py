@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from datarax.core.checks import is_int
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import FeistelPermutation, round_keys, feistel_device, validate_seed
 from datarax.samplers.simple import INT32_LIMIT, check_num_records
@@ -60,7 +61,7 @@ class SlidingWindowSampler(Sampler):
     def __init__(self, num_records: int, window: int, stride: int = 1, *, shuffle: bool = False, seed: int = 0):
         self.num_records = check_num_records(num_records)
         for name, v in (("window", window), ("stride", stride)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not is_int(v) or v <= 0:
                 raise ValueError(f"SlidingWindowSampler {name} must be a positive int, got {v!r}")
         if window > self.num_records:
             raise ValueError(f"window ({window}) is longer than the data ({self.num_records} records); "

@@ -33,6 +33,18 @@ def build(n=50, batch_size=8, seed=0, resident=True, shuffle=True, stochastic=Tr
     return Pipeline(source=source, stages=stages, batch_size=batch_size, **kw)
 
 
+def assert_same_up_to_rounding(a, b):
+    """Equal to within 4 ulps. The same random draws computed by two differently compiled programs
+    (another batch size, host vs device gather) can round one float differently on some CPUs
+    (seen on AMD EPYC with AVX-512: 1 value in 180 off by 1 ulp); within one program, results are
+    bitwise (the resume tests check that)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if np.issubdtype(a.dtype, np.floating):
+        np.testing.assert_array_max_ulp(a, b, maxulp=4)
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
 def collect(batches) -> dict:
     batches = list(batches)
     return {k: np.concatenate([np.asarray(b[k]) for b in batches]) for k in batches[0]}
@@ -72,7 +84,7 @@ def test_record_augmentation_is_independent_of_batch_size_and_residency():
         out = collect(build(60, batch_size, resident=resident))
         per_record.append(out["x"][np.argsort(out["id"])])
     for other in per_record[1:]:
-        np.testing.assert_array_equal(per_record[0], other)
+        assert_same_up_to_rounding(per_record[0], other)
 
 
 def test_record_augmentation_is_independent_of_shuffle_order():
@@ -83,8 +95,9 @@ def test_record_augmentation_is_independent_of_shuffle_order():
 
 def test_host_and_device_paths_agree_batch_by_batch():
     for a, b in zip(build(45, 8, resident=True), build(45, 8, resident=False)):
+        np.testing.assert_array_equal(np.asarray(a["id"]), np.asarray(b["id"]))
         for k in a:
-            np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
+            assert_same_up_to_rounding(a[k], b[k])
 
 
 def test_final_short_batch_kept_or_dropped_and_never_recompiles():
