@@ -50,6 +50,15 @@ class DataSourceModule(nnx.Module, abc.ABC):
         When `out` is given (buffers of the right shape) the batch is written into it.
         """
 
+    def read(self, indices: np.ndarray, epoch: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The batch the pipeline's reader takes for `indices` in `epoch` (what `get_batch` returns,
+        for sources whose records do not depend on the epoch; host stages' sources override it)."""
+        return self.get_batch(indices, out)
+
+    def describe_record(self, record_id: int) -> str:
+        """Where a record comes from, for error messages (a file path, a row of a file)."""
+        return f"record {record_id}"
+
     def device_arrays(self) -> dict[str, jax.Array] | None:
         """The source's arrays on the device, or None for a host-resident source."""
         return None

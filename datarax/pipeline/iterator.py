@@ -30,9 +30,9 @@ def indexed_host_batches(pipeline: nnx.Module, steps: Iterator[tuple[int, int, i
         idx = p.sampler.indices(padded_positions(position, p.compiled.rows, length), epoch)
         slot = i % len(ring)
         if ring[slot] is None:
-            ring[slot] = p.source.get_batch(idx)
+            ring[slot] = p.source.read(idx, epoch)
         else:
-            p.source.get_batch(idx, out=ring[slot])
+            p.source.read(idx, epoch, out=ring[slot])
         # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
         # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
         if p.placement is None:

@@ -13,6 +13,7 @@ from flax import nnx
 from datarax.core.checks import is_int
 from datarax.batching import check_batch_size, num_batches
 from datarax.core.operator import BatchContext, OperatorModule, describe
+from datarax.host.stage import check_numeric, split_host_stages
 from datarax.core.source import DataSourceModule
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram, run_program
@@ -34,7 +35,9 @@ class Pipeline(nnx.Module):
 
     Args:
         source: a random-access source (e.g. `MemorySource`).
-        stages: operators applied in order (ignored when `program` is given).
+        stages: operators applied in order (ignored when `program` is given). Host stages
+            (`datarax.host`, e.g. `DecodeImage`) come first: they run on the background reader
+            before the compiled program and turn encoded records into fixed-shape arrays.
         batch_size: records per batch.
         rngs: accepted so that code written for the seed API (`Pipeline(..., rngs=nnx.Rngs(0))`)
             keeps working, and otherwise unused: the pipeline draws no randomness itself.
@@ -73,6 +76,8 @@ class Pipeline(nnx.Module):
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
         if sampler is not None and not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be a datarax Sampler, got {describe(sampler)}")
+        source, stages = split_host_stages(source, stages)
+        check_numeric(source.element_spec(), f"{type(source).__name__}'s")
         self.source = source
         self.sampler = source.default_sampler() if sampler is None else sampler
         self.program = Chain(stages) if program is None else program
@@ -98,11 +103,15 @@ class Pipeline(nnx.Module):
 
     @classmethod
     def from_dag(cls, *, source: DataSourceModule, nodes: dict, edges: dict, sink: str, batch_size: int,
-                 rngs: nnx.Rngs | None = None, **kwargs: Any) -> Pipeline:
-        """A pipeline whose stages form a DAG; see `datarax.pipeline.dag.DagProgram`."""
+                 rngs: nnx.Rngs | None = None, host_stages: Sequence[Any] = (), **kwargs: Any) -> Pipeline:
+        """A pipeline whose stages form a DAG; see `datarax.pipeline.dag.DagProgram`.
+
+        `host_stages` (e.g. a `DecodeImage`) run before the DAG, on the background reader.
+        """
         from datarax.pipeline.dag import DagProgram
 
-        return cls(source, batch_size=batch_size, rngs=rngs, program=DagProgram(nodes, edges, sink), **kwargs)
+        return cls(source, host_stages, batch_size=batch_size, rngs=rngs, program=DagProgram(nodes, edges, sink),
+                   **kwargs)
 
     @property
     def stages(self) -> Sequence[nnx.Module]:

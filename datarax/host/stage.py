@@ -1,0 +1,191 @@
+"""Host stages: work done on the host, in the background reader, before the compiled program.
+
+Encoded data (JPEG/PNG bytes, WAV/FLAC files, text) cannot enter a compiled program: it has no
+fixed shape. A host stage turns a batch of raw records into fixed-shape numpy arrays on the
+pipeline's background thread, beside the read, so decoding overlaps the device step. Everything
+after the host stages is the usual compiled program.
+
+Randomness is keyed by record identity, as in the device stages: a stochastic host stage's
+generator for a record is numpy's counter-based Philox keyed by `(stage seed, stage position)`
+with the counter starting at `(0, 0, epoch, record id)`. A record therefore gets the same crop in
+an epoch whatever the batch size, thread count, shuffle order, host count or resume point, and a
+new one the next epoch; two host stages never share a stream, even with the same seed.
+
+A pipeline takes host stages at the head of its `stages`:
+
+    >>> pipeline = Pipeline(ImageFolderSource(root), [DecodeImage(size=128, crop="random_resized"),
+    ...                                               HorizontalFlipOperator(...)], batch_size=64)
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from datarax.core.source import DataSourceModule
+
+Spec = dict[str, jax.ShapeDtypeStruct]
+ENCODED = np.dtype(object)  # the dtype of an encoded field (one bytes or str object per record)
+_MASK64 = (1 << 64) - 1
+
+
+def record_generator(seed: int, stage: int, epoch: int, record_id: int) -> np.random.Generator:
+    """The Philox generator of one record in one epoch for one host stage.
+
+    Philox advances the lowest counter word as it draws, so the record id and the epoch sit in
+    the two highest words: each record owns 2**128 draws before its stream could meet another's.
+    """
+    bit_generator = np.random.Philox(key=[seed & _MASK64, stage & _MASK64],
+                                     counter=[0, 0, epoch & _MASK64, record_id & _MASK64])
+    return np.random.Generator(bit_generator)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostContext:
+    """What a host stage knows about the batch it transforms.
+
+    Attributes:
+        record_ids: the batch's record ids (int64, one per row; padding rows repeat a record).
+        epoch: the epoch the batch belongs to.
+        stage: the stage's position among the pipeline's host stages (part of its random key).
+        describe_record: names a record's origin for error messages (a path, a row of a file).
+    """
+
+    record_ids: np.ndarray
+    epoch: int
+    stage: int = 0
+    describe_record: Callable[[int], str] = lambda record_id: f"record {record_id}"
+
+    def generator(self, seed: int, row: int) -> np.random.Generator:
+        """The generator of row `row`'s record (see `record_generator`)."""
+        return record_generator(seed, self.stage, self.epoch, int(self.record_ids[row]))
+
+    def where(self, row: int) -> str:
+        """`record 17 (photos/cat/001.jpg)`: the row's record and its origin, for errors."""
+        record_id = int(self.record_ids[row])
+        origin = self.describe_record(record_id)
+        return f"record {record_id}" + ("" if origin == f"record {record_id}" else f" ({origin})")
+
+
+class RecordError(ValueError):
+    """A record could not be decoded; the message names the record and where it came from."""
+
+
+class HostStage(abc.ABC):
+    """Abstract base of host stages.
+
+    Subclasses implement `output_spec` and `__call__`; `stochastic` stages draw from
+    `ctx.generator(self.seed, row)` only, so their output depends on the record and the epoch.
+    """
+
+    seed: int = 0
+    stochastic: bool = False
+
+    @abc.abstractmethod
+    def output_spec(self, input_spec: Spec) -> Spec:
+        """The spec of one output record, given one input record's (no batch axis)."""
+
+    @abc.abstractmethod
+    def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
+        """Transforms a batch of records (each field with a leading batch axis)."""
+
+    def structure(self) -> str:
+        """Identifies the stage in iterator fingerprints."""
+        return f"{type(self).__name__}({getattr(self, 'config', '')})"
+
+    def close(self) -> None:
+        """Releases threads or files the stage holds (idempotent)."""
+
+
+def check_numeric(spec: Spec, what: str) -> None:
+    """Every field of `spec` must be fixed-shape numeric: encoded fields need a host stage."""
+    for name, leaf in spec.items():
+        if leaf.dtype == ENCODED:
+            raise TypeError(f"{what} field {name!r} holds encoded records (bytes or text), which cannot enter the "
+                            "compiled program; decode it first with a host stage at the head of `stages`, e.g. "
+                            "DecodeImage(field=...), DecodeAudio(field=...) or Tokenize(field=...)")
+
+
+class HostStageSource(DataSourceModule):
+    """A random-access source followed by host stages: the pipeline's view of both.
+
+    `Pipeline` builds one when its `stages` begin with host stages. Its records are the stages'
+    fixed-shape outputs; `read(indices, epoch, out)` runs the stages on the background thread.
+    """
+
+    def __init__(self, source: DataSourceModule, stages: Sequence[HostStage]):
+        if not isinstance(source, DataSourceModule):
+            raise TypeError(f"host stages need a random-access source (a DataSourceModule), got "
+                            f"{type(source).__name__}; streams are decoded by their own reader")
+        if not stages:
+            raise ValueError("HostStageSource needs at least one host stage")
+        self.source = source
+        self.stages = tuple(stages)
+        spec = source.element_spec()
+        for i, stage in enumerate(self.stages):
+            if not isinstance(stage, HostStage):
+                raise TypeError(f"host stage {i} must be a HostStage, got {type(stage).__name__}")
+            spec = stage.output_spec(dict(spec))
+        check_numeric(spec, "after the host stages,")
+        self._spec = spec
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def element_spec(self) -> Spec:
+        return dict(self._spec)
+
+    def default_sampler(self):
+        return self.source.default_sampler()
+
+    def describe_record(self, record_id: int) -> str:
+        return self.source.describe_record(record_id)
+
+    def read(self, indices: np.ndarray, epoch: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The host stages' output for the records at `indices` in `epoch`."""
+        ids = np.asarray(indices, np.int64)
+        batch = self.source.get_batch(ids.reshape(-1))
+        for i, stage in enumerate(self.stages):
+            batch = stage(batch, HostContext(ids.reshape(-1), int(epoch), i, self.source.describe_record))
+        batch = {k: v.reshape(ids.shape + v.shape[1:]) for k, v in batch.items()}
+        if out is None:
+            return batch
+        for k, v in batch.items():
+            np.copyto(out[k], v)
+        return out
+
+    def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        stochastic = [type(s).__name__ for s in self.stages if s.stochastic]
+        if stochastic:
+            raise TypeError(f"host stages {stochastic} are stochastic, so a batch depends on its epoch: "
+                            "call read(indices, epoch, out)")
+        return self.read(indices, 0, out)
+
+    def structure(self) -> str:
+        return f"{self.source.structure()} -> " + " -> ".join(s.structure() for s in self.stages)
+
+    def close(self) -> None:
+        for stage in self.stages:
+            stage.close()
+
+
+def split_host_stages(source: Any, stages: Sequence[Any]) -> tuple[Any, list[Any]]:
+    """`(source, device stages)`: leading host stages folded into a `HostStageSource`."""
+    if not isinstance(stages, (list, tuple)):
+        return source, stages  # not a sequence: the stage chain reports it
+    stages = list(stages)
+    count = 0
+    while count < len(stages) and isinstance(stages[count], HostStage):
+        count += 1
+    late = [i for i, s in enumerate(stages) if i >= count and isinstance(s, HostStage)]
+    if late:
+        raise ValueError(f"stages[{late[0]}] ({type(stages[late[0]]).__name__}) is a host stage after a device "
+                         "stage; host stages run before the compiled program, so put them first")
+    if count:
+        source = HostStageSource(source, stages[:count])
+    return source, stages[count:]

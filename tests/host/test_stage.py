@@ -1,0 +1,112 @@
+"""Host stages: keyed by (seed, stage, epoch, record id), exact epochs, resume, errors."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from datarax import Pipeline
+from datarax.host import ENCODED, HostContext, HostStage, record_generator
+from datarax.sources import MemorySource, MemorySourceConfig
+
+
+class Jitter(HostStage):
+    """Adds one keyed uniform draw per record: the record's 'crop offset'."""
+
+    stochastic = True
+
+    def __init__(self, seed=0):
+        self.seed = seed
+
+    def output_spec(self, spec):
+        return {**spec, "offset": jax.ShapeDtypeStruct((), np.float64)}
+
+    def __call__(self, batch, ctx: HostContext):
+        offsets = np.array([ctx.generator(self.seed, row).random() for row in range(len(ctx.record_ids))])
+        return {**batch, "offset": offsets}
+
+    def structure(self):
+        return f"Jitter(seed={self.seed})"
+
+
+def build(n=50, batch_size=8, seed=0, stage_seed=0, stages=None):
+    source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed), data={"id": np.arange(n, dtype=np.int32)})
+    return Pipeline(source, stages if stages is not None else [Jitter(stage_seed)], batch_size=batch_size)
+
+
+def per_record(batches):
+    batches = list(batches)  # iterating a pipeline again would be the next epoch
+    ids = np.concatenate([np.asarray(b["id"]) for b in batches])
+    offsets = np.concatenate([np.asarray(b["offset"]) for b in batches])
+    return ids, offsets[np.argsort(ids)]
+
+
+def test_the_generator_is_philox_keyed_by_seed_stage_epoch_and_record():
+    a = record_generator(3, 0, 1, 17).random(4)
+    np.testing.assert_array_equal(a, record_generator(3, 0, 1, 17).random(4))
+    for other in [(4, 0, 1, 17), (3, 1, 1, 17), (3, 0, 2, 17), (3, 0, 1, 18)]:
+        assert not np.array_equal(a, record_generator(*other).random(4))
+    # The record and epoch sit in the high counter words: 10**5 draws never reach the next record's.
+    long = record_generator(3, 0, 1, 17).random(10**5)
+    assert not np.isin(record_generator(3, 0, 1, 18).random(4), long).any()
+
+
+def test_every_epoch_is_a_permutation_and_draws_follow_the_record():
+    pipeline = build(n=50, batch_size=8)
+    (ids0, off0), (ids1, off1) = per_record(pipeline), per_record(pipeline)
+    np.testing.assert_array_equal(np.sort(ids0), np.arange(50))
+    np.testing.assert_array_equal(np.sort(ids1), np.arange(50))
+    assert not np.array_equal(off0, off1)  # a new epoch, new draws
+    reference = np.array([record_generator(0, 0, 0, r).random() for r in range(50)], np.float32)  # x64 is off
+    np.testing.assert_array_equal(off0, reference)
+
+
+@pytest.mark.parametrize("batch_size", [7, 64])
+def test_draws_do_not_depend_on_batch_size_or_shuffle_seed(batch_size):
+    base = per_record(build(batch_size=8))[1]
+    np.testing.assert_array_equal(per_record(build(batch_size=batch_size))[1], base)
+    np.testing.assert_array_equal(per_record(build(batch_size=8, seed=5))[1], base)
+
+
+def test_resume_mid_epoch_gives_the_same_batches():
+    it = build().epochs(2)
+    for _ in range(9):
+        next(it)
+    state = it.get_state()
+    rest = [np.asarray(b["offset"]) for b in it]
+    fresh = build().epochs(2)
+    fresh.set_state(state)
+    np.testing.assert_array_equal(np.concatenate(rest), np.concatenate([np.asarray(b["offset"]) for b in fresh]))
+
+
+def test_two_same_seeded_host_stages_draw_independently():
+    class Second(Jitter):
+        def output_spec(self, spec):
+            return {**spec, "offset2": jax.ShapeDtypeStruct((), np.float64)}
+
+        def __call__(self, batch, ctx):
+            return {**batch, "offset2": np.array([ctx.generator(self.seed, r).random()
+                                                  for r in range(len(ctx.record_ids))])}
+
+    batch = next(iter(build(stages=[Jitter(0), Second(0)])))
+    assert not np.array_equal(np.asarray(batch["offset"]), np.asarray(batch["offset2"]))
+
+
+def test_the_fingerprint_names_the_host_stages():
+    assert build(stage_seed=0).fingerprint != build(stage_seed=1).fingerprint
+
+
+def test_errors_name_the_fix():
+    class Encoded(MemorySource):
+        def element_spec(self):
+            return {**super().element_spec(), "jpeg": jax.ShapeDtypeStruct((), ENCODED)}
+
+    source = Encoded(MemorySourceConfig(), data={"id": np.arange(4, dtype=np.int32)})
+    with pytest.raises(TypeError, match=r"field 'jpeg' holds encoded records .* DecodeImage"):
+        Pipeline(source, [], batch_size=2)
+    from datarax.operators import MapOperator, MapOperatorConfig
+
+    device = MapOperator(MapOperatorConfig(), fn=lambda x: x)
+    with pytest.raises(ValueError, match=r"stages\[1\] \(Jitter\) is a host stage after a device stage"):
+        build(stages=[device, Jitter()])
