@@ -117,16 +117,26 @@ def cmd_bench(argv: Sequence[str]) -> int:
     return suite.run(args)
 
 
-def cmd_version(args) -> int:
+def version_text() -> str:
+    """`datarax 0.1.0 (jax 0.10.2, flax 0.12.8, python 3.11.7)`, read from package metadata, so
+    answering it imports neither JAX nor Flax."""
     import platform
-
-    import flax
-    import jax
+    from importlib import metadata
 
     import datarax
 
-    print(f"datarax {datarax.__version__} (jax {jax.__version__}, flax {flax.__version__}, "
-          f"python {platform.python_version()}, backend {jax.default_backend()})")
+    def installed(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"datarax {datarax.__version__} (jax {installed('jax')}, flax {installed('flax')}, "
+            f"python {platform.python_version()})")
+
+
+def cmd_version(args) -> int:
+    print(version_text())
     return 0
 
 
@@ -134,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Compiled, resumable JAX data pipelines.",
                                      epilog="See docs/cli.md and docs/config.md.")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--version", action="version", version=version_text(), help="print versions and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run = _config_parser(sub, "run", "iterate the pipeline; report throughput, goodput and a sample batch")
     run.add_argument("--epochs", type=int, default=None, help="epochs to run (default: the config's epochs)")

@@ -230,3 +230,18 @@ def test_bench_table_and_plot(monkeypatch, capsys, tmp_path):
     assert out[4].split()[:3] == ["tokens", "torch", "1,000"]
     assert "tfdata is not installed" in out[5]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["version"], ["run", "--help"]])
+def test_help_and_version_import_no_jax(argv):
+    """`datarax --help`, `--version` and `version` answer without importing JAX (docs/cli.md has the time)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom datarax.cli.main import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
+            "print('JAX-IMPORTED' if any(m == 'jax' or m.startswith('jax.') for m in sys.modules) else 'NO-JAX')"
+            % (argv,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.strip().splitlines()[-1] == "NO-JAX"
+    if argv != ["run", "--help"]:
+        assert "datarax 0.1.0 (jax " in out or "usage: datarax" in out
