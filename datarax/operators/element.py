@@ -52,6 +52,26 @@ def takes_key(fn: Callable, config: OperatorConfig, owner: str, role: str) -> bo
     return takes
 
 
+def call_user_fn(fn: Callable, element: Element, key: jax.Array | None, with_key: bool, owner: str,
+                 config_name: str) -> object:
+    """`fn(element, key)` (or `fn(element)`), turning two common mistakes into messages that say the fix:
+    a field name the record does not have, and a key used by a deterministic operator's function."""
+    try:
+        return fn(element, key) if with_key else fn(element)
+    except KeyError as exc:
+        missing = exc.args[0] if len(exc.args) == 1 else None
+        if isinstance(missing, str) and isinstance(element.data, dict) and missing not in element.data:
+            raise KeyError(f"{owner} fn {fn_name(fn)} reads field {missing!r}, but the record has fields "
+                           f"{sorted(element.data)}; check the name in your function") from exc
+        raise
+    except TypeError as exc:
+        if key is None and "PRNG key" in str(exc):
+            raise TypeError(f"{owner} fn {fn_name(fn)} used its key, but the operator is deterministic, so the key "
+                            f"is None; set {config_name}(stochastic=True) and give the operator rngs=nnx.Rngs(seed)"
+                            ) from exc
+        raise
+
+
 class ElementOperator(PerRecordOperator):
     """Applies `fn(element, key) -> element` to every record of a batch.
 
@@ -72,7 +92,7 @@ class ElementOperator(PerRecordOperator):
         self._init_rng(config, rngs)
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:
-        out = self.fn(element, key) if self._takes_key else self.fn(element)
+        out = call_user_fn(self.fn, element, key, self._takes_key, "ElementOperator", "ElementOperatorConfig")
         if not isinstance(out, Element):
             raise TypeError(
                 f"ElementOperator fn {fn_name(self.fn)} must return an Element, got {describe(out)}; "

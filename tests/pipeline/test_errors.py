@@ -157,3 +157,24 @@ def test_failed_restore_loses_nothing():
 def test_drop_remainder_with_fewer_records_than_a_batch_is_rejected():
     with pytest.raises(ValueError, match=r"drop_remainder=True with batch_size=16 but an epoch has only 10 records"):
         Pipeline(source=source(), batch_size=16, drop_remainder=True)
+
+
+def test_a_user_function_reading_a_missing_field_lists_the_records_fields():
+    def typo(element, key=None):
+        return element.update_data({"x": element.data["imagee"]})
+
+    source = MemorySource(MemorySourceConfig(), data={"x": np.zeros((4, 2), np.float32)})
+    op = ElementOperator(ElementOperatorConfig(), fn=typo)
+    with pytest.raises(KeyError, match=r"fn .*typo reads field 'imagee', but the record has fields \['x'\]"):
+        Pipeline(source, [op], batch_size=2)
+
+
+def test_a_key_used_by_a_deterministic_function_names_the_config_flag():
+    def flip(element, key):
+        return element.update_data({"x": element.data["x"] * jax.random.bernoulli(key, 0.5)})
+
+    source = MemorySource(MemorySourceConfig(), data={"x": np.zeros((4, 2), np.float32)})
+    op = ElementOperator(ElementOperatorConfig(stochastic=False), fn=flip)
+    with pytest.raises(TypeError, match=r"used its key, but the operator is deterministic.*"
+                                        r"ElementOperatorConfig\(stochastic=True\)"):
+        Pipeline(source, [op], batch_size=2)
