@@ -159,7 +159,7 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
         eval_before: also evaluate the model as built, before training (and before a resume
             restores it), e.g. to report the untrained loss.
     """
-    # Orbax rejects relative checkpoint paths (datarax.train.Checkpointer passes them through as given).
+    # Absolute, so the paths the recipe prints and writes into result.json do not depend on the cwd.
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = CheckpointCallback(run_dir / "checkpoints", every_steps=checkpoint_every or max(1, steps // 4),
