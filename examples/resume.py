@@ -80,8 +80,11 @@ def train(directory, stop_after=STEPS, restore=False):
 
 
 def main(root):
+    print(f"1/3 training {STEPS} steps without interruption (checkpoints every {SAVE_EVERY})...", flush=True)
     full, full_ids = train(Path(root) / "uninterrupted")
+    print(f"2/3 training again, 'crashing' after step {CRASH_AFTER}...", flush=True)
     _, crashed_ids = train(Path(root) / "crashing", stop_after=CRASH_AFTER)
+    print("3/3 restoring the newest checkpoint and training to the end...", flush=True)
     resumed, resumed_ids = train(Path(root) / "crashing", restore=True)
     restored_at = STEPS - len(resumed_ids)
     same_batches = all(np.array_equal(a, b) for a, b in zip(full_ids[restored_at:], resumed_ids))

@@ -27,7 +27,8 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.train import ConsoleWriter, JsonlWriter, Trainer
-from datarax.train.callbacks import Callback, CheckpointCallback, GoodputMonitor, MetricLogger
+from datarax.train.callbacks import (Callback, CheckpointCallback, CheckpointInfo, GoodputMonitor, MetricLogger,
+                                     ProgressBar)
 
 DEFAULT_ROOT = Path("runs")
 
@@ -167,8 +168,11 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     goodput = GoodputMonitor(run_dir, plot=plotting_available(), verbose=False)
     logger = MetricLogger([_PrefixedConsole(label), JsonlWriter(run_dir / "metrics.jsonl")],
                           every_steps=log_every or max(1, steps // 10))
+    shown = [_AnnounceResume(label)]
+    if sys.stderr.isatty():  # a progress bar (with "compiling" before the first step) on a terminal only
+        shown.append(ProgressBar())
     trainer = Trainer(model, optimizer, pipeline, loss_fn, eval_pipeline=eval_pipeline, metrics=metrics,
-                      callbacks=[checkpoints, goodput, logger, *callbacks], train_pipeline_params=joint)
+                      callbacks=[checkpoints, goodput, logger, *shown, *callbacks], train_pipeline_params=joint)
     began = time.perf_counter()
     before = trainer.evaluate() if eval_before and eval_pipeline is not None else {}
     result = trainer.fit(num_steps=steps)
@@ -177,12 +181,19 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
               "same command again to resume", flush=True)
         raise SystemExit(0)
     eval_metrics = trainer.evaluate() if eval_pipeline is not None else {}
-    resumed = checkpoints.restored.step if checkpoints.restored is not None else None
-    outcome = RunOutcome(result.step, resumed, dict(result.metrics), eval_metrics, before,
+    outcome = RunOutcome(result.step, result.resumed_from, dict(result.metrics), eval_metrics, before,
                          goodput_digest(goodput.report), time.perf_counter() - began)
-    if resumed is not None:
-        print(f"{label}resumed from checkpoint step {resumed}", flush=True)
     return trainer, outcome
+
+
+class _AnnounceResume(Callback):
+    """Prints the resume when it happens, before any training log of the resumed run."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def on_checkpoint_restore(self, trainer: Trainer, info: CheckpointInfo) -> None:
+        print(f"{self.label}resumed from checkpoint step {info.step} ({info.seconds:.2f} s to restore)", flush=True)
 
 
 class _PrefixedConsole(ConsoleWriter):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import signal
 import threading
 import time
@@ -22,6 +23,9 @@ from datarax.train.step import (EPOCH, RECORD_IDS, JointModule, TimedJit, TrainS
                            make_train_step)
 
 
+logger = logging.getLogger("datarax.train")
+
+
 @dataclasses.dataclass(frozen=True)
 class FitResult:
     """What `Trainer.fit` returns.
@@ -32,12 +36,15 @@ class FitResult:
             ("SIGTERM", "SIGINT", or the reason given to `request_stop`).
         metrics: host values of the final step's metrics.
         eval_metrics: the last evaluation's metrics ({} if none ran).
+        resumed_from: the checkpoint step this run restored and continued from (None: it
+            started from the model as built).
     """
 
     step: int
     stop_reason: str | None
     metrics: dict[str, float]
     eval_metrics: dict[str, float]
+    resumed_from: int | None = None
 
 
 def _host_metrics(out: Any) -> dict[str, float]:
@@ -136,6 +143,7 @@ class Trainer:
         self._train_step = TimedJit(make_train_step(self._binding, loss_fn, metrics, self.joint), donate_values=True)
         self._eval_step = TimedJit(make_eval_step(self._model_binding, loss_fn, metrics), donate_values=False)
         self.step = 0
+        self.resumed_from: int | None = None
         self.target_step = 0
         self.fit_began_at: float | None = None
         self.stop_reason: str | None = None
@@ -223,7 +231,8 @@ class Trainer:
                 except Exception:  # the original error matters more; a close error must not hide it
                     pass
             raise
-        return FitResult(self.step, self.stop_reason, dict(self.last_metrics), dict(self.last_eval_metrics))
+        return FitResult(self.step, self.stop_reason, dict(self.last_metrics), dict(self.last_eval_metrics),
+                         self.resumed_from)
 
     def _train_one(self, iterator) -> None:
         step = self.step + 1
@@ -299,8 +308,11 @@ class Trainer:
         if restored is None:
             return None
         self.step = restored.step
+        self.resumed_from = restored.step
         self._pending = None
         self.callbacks.set_states(restored.metadata.get("callbacks", {}))
         info = CheckpointInfo(restored.step, time.perf_counter() - began, began, str(checkpointer.directory))
+        logger.info("resumed from the checkpoint at step %d in %s (restored in %.2f s)", restored.step,
+                    checkpointer.directory, info.seconds)
         self.callbacks("on_checkpoint_restore", self, info)
         return restored

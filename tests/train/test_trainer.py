@@ -288,3 +288,23 @@ def test_loss_fn_adding_variables_is_reported():
     with pytest.raises(RuntimeError, match=r"a loss_fn must not add or remove Variables"):
         trainer.fit(num_steps=1)
 
+
+
+def test_a_resume_is_reported_where_it_happens(tmp_path, caplog):
+    import io
+    import logging
+
+    from datarax.train.callbacks import ProgressBar
+
+    first, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=2)])
+    assert first.fit(num_steps=4).resumed_from is None
+    stream = io.StringIO()
+    bar = ProgressBar(file=stream, mininterval=0)
+    second, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=2), bar])
+    with caplog.at_level(logging.INFO, logger="datarax.train"):
+        result = second.fit(num_steps=6)
+    assert result.resumed_from == 4 and result.step == 6
+    assert any("resumed from the checkpoint at step 4" in r.getMessage() for r in caplog.records)
+    shown = stream.getvalue()
+    # The bar says where it resumed, then that the first step is compiling, before any step ends.
+    assert shown.index("resumed from the checkpoint at step 4") < shown.index("compiling the first step")
