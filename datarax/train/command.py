@@ -12,17 +12,30 @@ configuration lists its own.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from datarax.train.callbacks import GoodputMonitor, ProgressBar
-from datarax.train.config import build_trainer
+from datarax.train.callbacks import GoodputMonitor, MetricLogger, ProgressBar
+from datarax.train.writers import JsonlWriter
+from datarax.train.config import build_trainer, run_dir_of
 
 
-def default_callbacks(configured: Sequence[Any], *, progress: bool | None) -> list[Any]:
-    """A progress bar and a goodput monitor, for those kinds the configuration does not list."""
+def _plotting_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def default_callbacks(configured: Sequence[Any], run_dir: str, *, progress: bool | None) -> list[Any]:
+    """A progress bar, a goodput monitor writing goodput.json/png and a metric logger writing
+    metrics.jsonl into `run_dir`, for those kinds the configuration does not list."""
     names = {spec.factory for spec in configured}
     extra = []
     progress_cls = ProgressBar
@@ -32,9 +45,10 @@ def default_callbacks(configured: Sequence[Any], *, progress: bool | None) -> li
             extra.append(progress_cls())
         except ImportError:  # tqdm missing: training works without a bar
             pass
-    goodput_cls = GoodputMonitor
-    if goodput_cls not in names:
-        extra.append(goodput_cls(plot=False, verbose=False))
+    if GoodputMonitor not in names:
+        extra.append(GoodputMonitor(run_dir, plot=_plotting_available(), verbose=False))
+    if MetricLogger not in names:
+        extra.append(MetricLogger([JsonlWriter(os.path.join(run_dir, "metrics.jsonl"))]))
     return extra
 
 
@@ -46,34 +60,41 @@ def _goodput_line(callbacks: Sequence[Any]) -> str | None:
     return None
 
 
-def _resumed_step(callbacks: Sequence[Any]) -> int | None:
-    for cb in callbacks:
-        restored = getattr(cb, "restored", None)
-        if restored is not None:
-            return int(restored.step)
-    return None
+def write_result(path: str, result: dict) -> None:
+    """Writes result.json atomically (a crash never leaves half a file)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
 
 
 def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
-    """Builds and fits the trainer; (exit status, report text)."""
-    if spec.trainer is not None:
-        extra = default_callbacks(spec.trainer.callbacks, progress=progress)
-    else:
-        extra = []
-    run = build_trainer(spec, extra_callbacks=extra)
+    """Builds and fits the trainer, writing the run's artefacts; (exit status, report text)."""
+    if spec.trainer is None:
+        build_trainer(spec)  # raises the "add a [trainer] table" error
+    run_dir = run_dir_of(spec)
+    os.makedirs(run_dir, exist_ok=True)
+    run = build_trainer(spec, extra_callbacks=default_callbacks(spec.trainer.callbacks, run_dir, progress=progress))
+    began = time.perf_counter()
     result = run.fit()
     callbacks = list(run.trainer.callbacks)
+    goodput = _goodput_line(callbacks)
+    write_result(os.path.join(run.run_dir, "result.json"), {
+        "config": os.path.abspath(spec.path), "step": result.step, "num_steps": run.num_steps,
+        "num_epochs": run.num_epochs, "resumed_from": result.resumed_from, "stop_reason": result.stop_reason,
+        "metrics": result.metrics, "eval_metrics": result.eval_metrics, "goodput": goodput,
+        "checkpoint_dir": run.checkpoint_dir, "wall_s": time.perf_counter() - began})
     lines = [f"config       {spec.path}"]
-    resumed = _resumed_step(callbacks)
+    resumed = result.resumed_from
     if resumed is not None:
         lines.append(f"resumed      from the checkpoint at step {resumed}")
     target = f"{run.num_steps} steps" if run.num_steps is not None else f"{run.num_epochs} epochs"
     lines.append(f"trained      to step {result.step} (target {target})")
     if result.metrics:
         lines.append("metrics      " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.metrics.items())))
-    goodput = _goodput_line(callbacks)
     if goodput:
         lines.append(f"goodput      {goodput}")
+    lines.append(f"run files    {run.run_dir} (metrics.jsonl, goodput.json, result.json)")
     if run.checkpoint_dir:
         lines.append(f"checkpoints  {run.checkpoint_dir} (run again to resume)")
     status = 0

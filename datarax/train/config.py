@@ -41,6 +41,8 @@ class TrainerSection:
             an optax transformation.
         steps / epochs: train to this many total steps or epochs (exactly one).
         checkpoint_dir: checkpoint here and resume from the newest checkpoint on restart.
+        run_dir: where `datarax train` writes the run's artefacts (metrics.jsonl, goodput.json and
+            goodput.png, result.json); default `runs/<config file name>` beside the config file.
         checkpoint_every: save every N steps (a final save always happens).
         callbacks: component tables of `datarax.train.callbacks` classes (by name, e.g.
             `{ goodput = {} }`) or import paths.
@@ -55,6 +57,7 @@ class TrainerSection:
     model_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     metrics: dict[str, Callable] = dataclasses.field(default_factory=dict)
     checkpoint_dir: str | None = None
+    run_dir: str | None = None
     checkpoint_every: int | None = None
     max_to_keep: int = 3
     train_pipeline_params: bool = False
@@ -135,6 +138,7 @@ class TrainerRun:
     num_steps: int | None
     num_epochs: int | None
     checkpoint_dir: str | None
+    run_dir: str
 
     def fit(self):
         return self.trainer.fit(self.num_steps, num_epochs=self.num_epochs)
@@ -188,7 +192,17 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
                               train_pipeline_params=section.train_pipeline_params)
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
-    return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir)
+    return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec))
+
+
+def run_dir_of(spec: RunSpec) -> str:
+    """The `[trainer]` run directory: `run_dir` resolved against the config file's folder, or
+    `runs/<config file name>` there."""
+    base_dir = os.path.dirname(os.path.abspath(spec.path))
+    section = spec.trainer.section
+    if section.run_dir is None:
+        return os.path.join(base_dir, "runs", os.path.splitext(os.path.basename(spec.path))[0])
+    return os.path.normpath(os.path.join(base_dir, os.path.expanduser(section.run_dir)))
 
 
 def load_trainer(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,

@@ -1,6 +1,7 @@
 """The `datarax` command line, called in-process through `main(argv)`."""
 
 import json
+from pathlib import Path
 import math
 import textwrap
 
@@ -185,6 +186,15 @@ def test_train_then_resume_from_the_checkpoint(folder, capsys):
     assert "resumed      from the checkpoint at step 2" in second
     assert "trained      to step 3 (target 3 steps)" in second
     assert sorted(p.name for p in (folder / "ckpt").iterdir() if p.name.isdigit()) == ["2", "3"]
+    # The same run artefacts as the recipes, in runs/<config name> beside the config.
+    run_dir = folder / "runs" / Path(path).stem
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["step"], result["resumed_from"], result["stop_reason"]) == (3, 2, None)
+    assert result["metrics"]["loss"] == pytest.approx(float(second.split("loss ")[1].split()[0].rstrip(",")), rel=1e-5)
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 3 and 2 in steps  # the final metrics of both runs
+    goodput = json.loads((run_dir / "goodput.json").read_text())
+    assert goodput["steps"] >= 1 and "diagnosis" in goodput
 
 
 def test_train_without_a_trainer_section_says_what_to_add(folder, capsys):
