@@ -253,8 +253,7 @@ class HFSource(DataSourceModule):
         self._names = names
         self._identity = (getattr(dataset.info, "dataset_name", None), str(dataset.split),
                           sorted(os.path.basename(f["filename"]) for f in dataset.cache_files))
-        self._origin = (", ".join(f["filename"] for f in dataset.cache_files) or
-                        f"dataset {self._identity[0] or dataset.info.config_name}, split {dataset.split}")
+        self._origin = ", ".join(f["filename"] for f in dataset.cache_files) or "the in-memory dataset"
         if config.encoded and config.mode == "eager":
             raise ValueError(f"HFSourceConfig(mode='eager') cannot hold the encoded columns {config.encoded} in "
                              "arrays; they are read from the Arrow table per batch: use mode='lazy' (or 'auto')")
