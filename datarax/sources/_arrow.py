@@ -5,6 +5,10 @@ all have the same length at every nesting level becomes `(rows, d1, d2, ...)` by
 list values and reshaping (the uniformity check reads only the list offsets). Strings, structs,
 maps, nulls and ragged lists are reported as unsupported with the reason, so the source can
 name them in its error.
+
+Encoded columns (binary, strings, and structs of `bytes` and `path` such as HF `Image` and `Audio`
+features) are not batched here: `encoded_take` gives their rows as an object array of `bytes` or
+`str`, for a host stage to decode.
 """
 
 from __future__ import annotations
@@ -86,3 +90,57 @@ def column_into(column: Any, out: np.ndarray, name: str, owner: str) -> None:
             start += n
     if start != len(out):
         raise ValueError(f"{owner} column {name!r} has {start} rows, expected {len(out)}")
+
+
+def encoded_kind(arrow_type: Any) -> str | None:
+    """How a column can be passed through as encoded records, or None when it cannot.
+
+    "file": a struct with `bytes` and `path` fields, as HF `Image` and `Audio` features store an
+    encoded file; "bytes": binary; "text": strings.
+    """
+    import pyarrow as pa
+
+    if pa.types.is_struct(arrow_type):
+        names = {arrow_type.field(i).name for i in range(arrow_type.num_fields)}
+        data = arrow_type.field("bytes").type if "bytes" in names else None
+        file = "path" in names and data is not None and (pa.types.is_binary(data) or pa.types.is_large_binary(data))
+        return "file" if file else None
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return "bytes"
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "text"
+    return None
+
+
+def _file_parts(chunk: Any) -> tuple[Any, Any]:
+    """The `bytes` and `path` arrays of a file struct (flatten accounts for the struct's offset)."""
+    parts = dict(zip([chunk.type.field(i).name for i in range(chunk.type.num_fields)], chunk.flatten()))
+    return parts["bytes"], parts["path"]
+
+
+def encoded_take(chunk: Any, rows: np.ndarray) -> np.ndarray:
+    """The rows of an encoded column chunk as an object array of `bytes` (or `str` for text).
+
+    A file whose bytes are missing (a dataset that references local files) is read from its path.
+    """
+    import pyarrow as pa
+
+    index = pa.array(np.asarray(rows, np.int64))
+    if encoded_kind(chunk.type) != "file":
+        return chunk.take(index).to_numpy(zero_copy_only=False)
+    data, paths = _file_parts(chunk)
+    values = data.take(index).to_numpy(zero_copy_only=False)
+    missing = np.flatnonzero(np.equal(values, None))
+    if missing.size:
+        for i, path in zip(missing.tolist(), paths.take(index).to_numpy(zero_copy_only=False)[missing]):
+            if path is not None:
+                with open(path, "rb") as f:
+                    values[i] = f.read()
+    return values
+
+
+def encoded_path(chunk: Any, row: int) -> str | None:
+    """The `path` stored with row `row` of a file struct chunk (None for other columns)."""
+    if encoded_kind(chunk.type) != "file":
+        return None
+    return _file_parts(chunk)[1][row].as_py()

@@ -1,9 +1,11 @@
 """Random-access batch reads from ArrayRecord files.
 
 Records are either datarax fixed-layout records (`write_array_records`; decoded a whole batch at a
-time, see `datarax.sources._records`) or any bytes with a user `decode` function (one Python call
+time, see `datarax.sources._records`), any bytes with a user `decode` function (one Python call
 per record; wrap the source in `datarax.control.workers.ThreadedSource` when decoding releases the
-GIL). Shuffling is the pipeline's Feistel permutation over the global record index, so any epoch
+GIL), or raw encoded records (`ArrayRecordSourceConfig(encoded="jpeg")`: each record's bytes, an
+encoded image or a serialized example, become one field of dtype `ENCODED` for a host stage such
+as `DecodeImage(field="jpeg")` to decode on the reader's threads). Shuffling is the pipeline's Feistel permutation over the global record index, so any epoch
 and position is reached by arithmetic and resume is exact.
 """
 
@@ -20,8 +22,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_int, field
+from datarax.core.checks import check_bool, check_field_name, check_int, field
 from datarax.core.source import DataSourceModule
+from datarax.host.stage import ENCODED
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
 from datarax.samplers.simple import SequentialSampler, ShuffleSampler
@@ -42,11 +45,14 @@ class ArrayRecordSourceConfig:
         seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
         reader_options: ArrayRecord reader options; the default turns read-ahead off, which is
             what random access wants.
+        encoded: a field name: each record's raw bytes become that one field (an `ENCODED`
+            object array of `bytes`), for a host stage to decode; None decodes the records here.
     """
 
     shuffle: bool = False
     seed: int | None = None
     reader_options: str = RANDOM_ACCESS_OPTIONS
+    encoded: str | None = None
 
     def __post_init__(self):
         check_bool(*field(self, "shuffle"))
@@ -55,6 +61,7 @@ class ArrayRecordSourceConfig:
         if not isinstance(self.reader_options, str):
             raise TypeError(f"ArrayRecordSourceConfig.reader_options must be a string such as "
                             f"{RANDOM_ACCESS_OPTIONS!r}, got {self.reader_options!r}")
+        check_field_name(*field(self, "encoded"), allow_none=True)
 
 
 def expand_paths(paths: Any, owner: str) -> list[str]:
@@ -99,6 +106,9 @@ class ArrayRecordSource(DataSourceModule):
             raise TypeError(f"config must be an ArrayRecordSourceConfig, got {type(config).__name__}")
         if decode is not None and not callable(decode):
             raise TypeError(f"ArrayRecordSource decode must be a function bytes -> dict of arrays, got {decode!r}")
+        if decode is not None and config.encoded is not None:
+            raise ValueError(f"ArrayRecordSource got decode= and ArrayRecordSourceConfig(encoded={config.encoded!r}); "
+                             "pass one: decode turns records into arrays here, encoded leaves them to a host stage")
         self.config = config
         files = expand_paths(paths, "ArrayRecordSource")
         readers = [ar.ArrayRecordReader(f, config.reader_options) for f in files]
@@ -107,9 +117,12 @@ class ArrayRecordSource(DataSourceModule):
             raise ValueError(f"ArrayRecordSource files {files} hold no records; write at least one record")
         self._ends = tuple(int(e) for e in np.cumsum(counts))
         self._names = tuple((os.path.basename(f), int(c)) for f, c in zip(files, counts))
+        self._files = tuple(files)
         self._decode_name = None if decode is None else getattr(decode, "__qualname__", type(decode).__name__)
         first = readers[int(np.argmax(counts > 0))].read([0])[0]
-        if decode is None:
+        if config.encoded is not None:
+            layout, spec = None, {config.encoded: jax.ShapeDtypeStruct((), ENCODED)}
+        elif decode is None:
             layout = parse_layout(first, f"the first record of {files[0]!r}")
             spec = layout.spec()
         else:
@@ -142,7 +155,9 @@ class ArrayRecordSource(DataSourceModule):
 
     def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
         records = self._records(flat)
-        if self._io.layout is not None:
+        if self.config.encoded is not None:
+            out[self.config.encoded][...] = _object_array(records)
+        elif self._io.layout is not None:
             decode_batch_into(records, self._io.layout, out)
         else:
             decode = self._io.decode
@@ -151,6 +166,11 @@ class ArrayRecordSource(DataSourceModule):
     def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         return read_batch(indices, out, self._io.spec, len(self), self._read_flat)
 
+    def describe_record(self, record_id: int) -> str:
+        """`record 5 of train-00001-of-00002.array_record`: the file and the record's place in it."""
+        f = int(np.searchsorted(np.asarray(self._ends), record_id, side="right"))
+        return f"record {record_id - int(self._io.starts[f])} of {self._files[f]}"
+
     def default_sampler(self) -> Sampler:
         if self.config.shuffle:
             return ShuffleSampler(len(self), seed=self.seed)
@@ -158,12 +178,19 @@ class ArrayRecordSource(DataSourceModule):
 
     def structure(self) -> str:
         return (f"ArrayRecordSource(len={len(self)}, spec={spec_text(self._io.spec)}, files={list(self._names)}, "
-                f"decode={self._decode_name})")
+                f"decode={self._decode_name}, encoded={self.config.encoded})")
 
     def close(self) -> None:
         """Closes the file readers; the source cannot read afterwards."""
         for reader in self._io.readers:
             reader.close()
+
+
+def _object_array(values: list) -> np.ndarray:
+    # np.array(list of bytes) would make a fixed-width bytes array; records stay Python objects.
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out
 
 
 def write_array_records(prefix: str | os.PathLike, data: Mapping[str, Any], *, num_shards: int = 1,

@@ -12,9 +12,20 @@ without a Python object per row (`datarax.sources._arrow`). Shuffling is ours, n
   and a restore re-reads one block instead of losing a shuffle buffer.
 
 Columns that are not fixed-shape numeric (strings, ragged lists, images stored as bytes) must be
-left out with `columns=` or turned into arrays by `convert(batch) -> dict of arrays`, which
+left out with `columns=`, turned into arrays by `convert(batch) -> dict of arrays`, which
 receives the selected columns (numeric ones as arrays, the others as Python lists) and whose
-fields replace or add to the numeric ones.
+fields replace or add to the numeric ones, or read unchanged as encoded records.
+
+Encoded columns: `HFSourceConfig(encoded=("image",))` reads each named column as one
+`bytes` (or `str`) object per record, straight from Arrow, with no per-row decoding by HF; its
+field's spec has dtype `ENCODED` and a host stage at the head of the pipeline's stages decodes it
+(`DecodeImage`, `DecodeAudio`, `Tokenize`). Only the columns named are read this way, and they are
+read whether or not `columns` lists them; nothing changes for a dataset read without `encoded`.
+A named column may be an HF `Image` or `Audio` feature (its stored file bytes; a file stored
+only as a path is read from that path), `binary`/`large_binary` (the bytes) or
+`string`/`large_string` (the text). Encoded columns are read from the Arrow table per batch
+(mode "auto" is then lazy) and are not given to `convert`. Only `HFSource` reads them: host
+stages need random access.
 """
 
 from __future__ import annotations
@@ -33,7 +44,8 @@ from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
 from datarax.samplers.simple import SequentialSampler, ShuffleSampler
-from datarax.sources._arrow import chunk_view, column_into, column_layout
+from datarax.host.stage import ENCODED
+from datarax.sources._arrow import chunk_view, column_into, column_layout, encoded_kind, encoded_path, encoded_take
 from datarax.sources._columns import (Handles, UnsupportedColumnError, allocate, check_column_config, check_columns,
                                       check_convert_output, read_batch, require, spec_text, unsupported_message)
 from datarax.sources._hf_stream import HFBlockReader
@@ -50,8 +62,10 @@ class HFSourceConfig:
     """Configuration of `HFSource` and `HFStreamSource`.
 
     Attributes:
-        columns: the columns to read; None reads all (each must then be numeric or handled by
-            `convert`).
+        columns: the columns to read; None reads all (each must then be numeric, encoded or
+            handled by `convert`).
+        encoded: `HFSource` only: columns read as raw `bytes` or `str` records (HF Image/Audio
+            features, binary, string) for a host stage to decode; see the module docstring.
         shuffle: a fresh order every epoch (see the module docstring for streams).
         seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
         mode: map-style only: "eager" converts the whole dataset to arrays once, "lazy" reads
@@ -62,6 +76,7 @@ class HFSourceConfig:
     """
 
     columns: tuple[str, ...] | None = None
+    encoded: tuple[str, ...] = ()
     shuffle: bool = False
     seed: int | None = None
     mode: str = "auto"
@@ -71,6 +86,9 @@ class HFSourceConfig:
 
     def __post_init__(self):
         check_column_config(self.columns, "HFSourceConfig")
+        if not isinstance(self.encoded, tuple) or not all(isinstance(c, str) and c for c in self.encoded):
+            raise TypeError(f"HFSourceConfig.encoded must be a tuple of column names, e.g. ('image',), got "
+                            f"{self.encoded!r}")
         check_bool(*field(self, "shuffle"))
         if self.seed is not None:
             validate_seed(self.seed, "HFSourceConfig.seed")
@@ -109,17 +127,25 @@ def load_files(paths: str | os.PathLike | Sequence[str | os.PathLike], *, stream
 class TableConverter:
     """Turns rows of the selected Arrow columns into the source's arrays (`convert` included)."""
 
-    def __init__(self, sample: Any, names: tuple[str, ...], convert: Convert | None, owner: str):
-        self.owner, self.names, self.convert = owner, names, convert
+    def __init__(self, sample: Any, names: tuple[str, ...], convert: Convert | None, owner: str,
+                 encoded: tuple[str, ...] = ()):
+        self.owner, self.convert, self.encoded = owner, convert, encoded
+        self.names = tuple(n for n in names if n not in encoded)
+        not_encodable = {n: str(sample.column(n).type) for n in encoded if encoded_kind(sample.column(n).type) is None}
+        if not_encodable:
+            raise UnsupportedColumnError(
+                f"{owner} encoded columns {not_encodable} are not bytes, text or encoded files; encoded= names "
+                "HF Image/Audio feature, binary or string columns (numeric columns are read as arrays without it)")
         layouts, bad = {}, {}
-        for name in names:
+        for name in self.names:
             layout = column_layout(sample.column(name))
             (bad if isinstance(layout, str) else layouts)[name] = layout
         if bad and convert is None:
-            raise UnsupportedColumnError(unsupported_message(owner, bad))
+            raise UnsupportedColumnError(_unsupported(owner, bad, sample))
         self.numeric = {k: jax.ShapeDtypeStruct(*v) for k, v in layouts.items()}
         self.passthrough = tuple(self.numeric)
         self.spec = dict(self.numeric)
+        self.spec.update({n: jax.ShapeDtypeStruct((), ENCODED) for n in encoded})
         if convert is not None:
             head = sample.slice(0, min(2, len(sample)))
             out = self._run_convert(self.numeric_arrays(head), lambda n: head.column(n).to_pylist(), len(head))
@@ -161,6 +187,17 @@ class TableConverter:
         return out
 
 
+def _unsupported(owner: str, bad: Mapping[str, str], sample: Any) -> str:
+    """The unsupported-column message, plus how to read bytes and text columns as encoded records."""
+    message = unsupported_message(owner, bad)
+    readable = [n for n in bad if encoded_kind(sample.column(n).type) is not None]
+    if readable:
+        message += (f". Column(s) {readable} hold encoded files, bytes or text: read them unchanged with "
+                    f"HFSourceConfig(encoded={tuple(readable)!r}) and decode them with a host stage at the head "
+                    "of the pipeline's stages (DecodeImage, DecodeAudio, Tokenize)")
+    return message
+
+
 def _check_arguments(config: Any, dataset: Any, convert: Any, owner: str, want: str) -> HFSourceConfig:
     """The shared constructor checks of HFSource and HFStreamSource; returns the config to use."""
     datasets = require("datasets", owner)
@@ -196,6 +233,8 @@ class HFSource(DataSourceModule):
         config = _check_arguments(config, dataset, convert, "HFSource", "Dataset")
         self.config = config
         names = check_columns(config.columns, dataset.column_names, "HFSource")
+        check_columns(config.encoded or None, dataset.column_names, "HFSource encoded")
+        names += tuple(n for n in config.encoded if n not in names)
         if len(dataset) == 0:
             raise ValueError("HFSource dataset has 0 rows; give it at least one")
         table = dataset.data.table.select(list(names))
@@ -203,7 +242,7 @@ class HFSource(DataSourceModule):
         rows = None if dataset._indices is None else dataset._indices.column(0).to_numpy().astype(np.int64)
         self._length = len(dataset)
         sample = table.slice(0, 1024) if rows is None else table.take(rows[:1024])
-        converter = TableConverter(sample, names, convert, "HFSource")
+        converter = TableConverter(sample, names, convert, "HFSource", config.encoded)
         # Rows are gathered with numpy from zero-copy views of each record batch's numeric columns:
         # Arrow's own take on nested lists rebuilds every offset level (~100x slower per row).
         chunks = table.to_batches()
@@ -214,7 +253,12 @@ class HFSource(DataSourceModule):
         self._names = names
         self._identity = (getattr(dataset.info, "dataset_name", None), str(dataset.split),
                           sorted(os.path.basename(f["filename"]) for f in dataset.cache_files))
-        eager = config.mode == "eager" or (config.mode == "auto" and table.nbytes <= config.eager_max_bytes)
+        self._origin = ", ".join(f["filename"] for f in dataset.cache_files) or "the in-memory dataset"
+        if config.encoded and config.mode == "eager":
+            raise ValueError(f"HFSourceConfig(mode='eager') cannot hold the encoded columns {config.encoded} in "
+                             "arrays; they are read from the Arrow table per batch: use mode='lazy' (or 'auto')")
+        eager = not config.encoded and (config.mode == "eager" or (config.mode == "auto"
+                                                                    and table.nbytes <= config.eager_max_bytes))
         self.memory = self._materialise(config) if eager else None
 
     def _materialise(self, config: HFSourceConfig) -> MemorySource:
@@ -254,6 +298,8 @@ class HFSource(DataSourceModule):
             target = out if where is None else allocate(converter.spec, (local.size,))
             for name in converter.passthrough:
                 np.take(views[name], local, axis=0, out=target[name])
+            for name in converter.encoded:
+                target[name][...] = encoded_take(io.chunks[c].column(name), local)
             if converter.convert is not None:
                 columns = io.chunks[c]
                 converter.write_converted({n: np.take(v, local, axis=0) for n, v in views.items()},
@@ -276,6 +322,14 @@ class HFSource(DataSourceModule):
     def device_arrays(self) -> dict[str, jax.Array] | None:
         return None if self.memory is None else self.memory.device_arrays()
 
+    def describe_record(self, record_id: int) -> str:
+        """`row 17 of /cache/parquet-train.arrow, image 'cat.jpg'`: the table row and stored file names."""
+        row = int(self._rows(self._io.rows, np.array([record_id]))[0])
+        c = int(np.searchsorted(self._io.ends, row, side="right"))
+        chunk, local = self._io.chunks[c], row - int(self._io.starts[c])
+        paths = [(n, encoded_path(chunk.column(n), local)) for n in self._io.converter.encoded]
+        return f"row {row} of {self._origin}" + "".join(f", {n} {p!r}" for n, p in paths if p)
+
     def default_sampler(self) -> Sampler:
         if self.config.shuffle:
             return ShuffleSampler(len(self), seed=self.seed)
@@ -285,7 +339,7 @@ class HFSource(DataSourceModule):
         name, split, files = self._identity
         convert = self._io.converter.convert
         return (f"HFSource(len={len(self)}, spec={spec_text(self.element_spec())}, dataset={name}, split={split}, "
-                f"files={files}, columns={list(self._names)}, "
+                f"files={files}, columns={list(self._names)}, encoded={list(self.config.encoded)}, "
                 f"convert={None if convert is None else getattr(convert, '__qualname__', repr(convert))})")
 
 
@@ -303,6 +357,10 @@ class HFStreamSource(StreamSourceModule):
     def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
                  rngs: nnx.Rngs | None = None):
         config = _check_arguments(config, dataset, convert, "HFStreamSource", "IterableDataset")
+        if config.encoded:
+            raise ValueError(f"HFStreamSource cannot read encoded columns {config.encoded}: the host stages that "
+                             "decode them need random access. Use HFSource on a map-style dataset (load_files(...) "
+                             "without streaming=True)")
         self.config = config
         probe = dataset.with_format("arrow")
         sample = next(iter(probe.iter(batch_size=min(config.block_size, 256))), None)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from datarax import Pipeline
+from datarax.host import HostStage
 
 
 def epoch_values(pipeline: Pipeline, field: str) -> np.ndarray:
@@ -72,3 +75,66 @@ def pipeline_reads_streams() -> bool:
     from datarax.pipeline import iterator
 
     return "stream_host_batches" in inspect.getsource(iterator)
+
+
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field")
+
+
+def jpeg_photos(count: int) -> list[bytes]:
+    """`count` distinct JPEG files of scikit-image's photographs, at a few sizes and qualities."""
+    import PIL.Image
+    import skimage.data
+
+    out = []
+    for i in range(count):
+        photo = PIL.Image.fromarray(getattr(skimage.data, PHOTOS[i % len(PHOTOS)])())
+        scale = 1 + i // len(PHOTOS)
+        photo = photo.resize((max(16, photo.width // (2 * scale)), max(16, photo.height // (2 * scale))))
+        buf = io.BytesIO()
+        photo.save(buf, format="JPEG", quality=70 + i % 25)
+        out.append(buf.getvalue())
+    return out
+
+
+def pillow_pixels(data: bytes, size: int = 24) -> np.ndarray:
+    """A direct Pillow decode of JPEG bytes, resized to a small fixed RGB array."""
+    import PIL.Image
+
+    with PIL.Image.open(io.BytesIO(data)) as image:
+        return np.asarray(image.convert("RGB").resize((size, size), PIL.Image.BILINEAR))
+
+
+class PillowDecode(HostStage):
+    """A test-only image decoder (Pillow, one fixed size) that also looks up each file's index.
+
+    The library's own decoder is tested on its own; this one only shows that bytes read by a
+    source reach a host stage unchanged, so `index` says which file each record was.
+    """
+
+    def __init__(self, field: str, files: list[bytes]):
+        self.field, self.index = field, {data: i for i, data in enumerate(files)}
+
+    def output_spec(self, spec):
+        return {**spec, self.field: jax.ShapeDtypeStruct((24, 24, 3), np.uint8),
+                "index": jax.ShapeDtypeStruct((), np.int32)}
+
+    def __call__(self, batch, ctx):
+        files = batch[self.field].reshape(-1)
+        return {**batch, self.field: np.stack([pillow_pixels(f) for f in files]),
+                "index": np.array([self.index[f] for f in files], np.int32)}
+
+    def structure(self):
+        return f"PillowDecode({self.field!r}, {len(self.index)} files)"
+
+
+def flac_tones(count: int, rate: int = 8000) -> list[bytes]:
+    """`count` FLAC files of distinct sine tones, 0.25 to 0.7 s long."""
+    import soundfile as sf
+
+    out = []
+    for i in range(count):
+        t = np.arange(2000 + 120 * i) / rate
+        buf = io.BytesIO()
+        sf.write(buf, (0.5 * np.sin(2 * np.pi * (200 + 30 * i) * t)).astype(np.float32), rate, format="FLAC")
+        out.append(buf.getvalue())
+    return out

@@ -1,5 +1,6 @@
 import sys
 
+import jax
 import numpy as np
 import pytest
 from source_checks import check_exact_resume, check_shuffled_coverage
@@ -137,3 +138,60 @@ def test_bad_config_and_args(files):
         write_array_records("/tmp/unused", {"x": np.arange(3)}, num_shards=0)
     with pytest.raises(TypeError, match="decode must be a function"):
         ArrayRecordSource(paths=files, decode="json")
+
+
+def write_raw(path, blobs: list[bytes]) -> str:
+    writer = ar.ArrayRecordWriter(str(path), "group_size:1")
+    for blob in blobs:
+        writer.write(blob)
+    writer.close()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def jpeg_files(tmp_path_factory):
+    from source_checks import jpeg_photos
+
+    root = tmp_path_factory.mktemp("ar_jpeg")
+    photos = jpeg_photos(26)
+    return photos, [write_raw(root / "photos-0.array_record", photos[:10]),
+                    write_raw(root / "photos-1.array_record", photos[10:])]
+
+
+def test_encoded_mode_reads_each_record_as_its_bytes(jpeg_files):
+    from datarax.host import ENCODED
+
+    photos, paths = jpeg_files
+    src = ArrayRecordSource(ArrayRecordSourceConfig(encoded="jpeg"), paths=paths)
+    assert src.element_spec() == {"jpeg": jax.ShapeDtypeStruct((), ENCODED)} and len(src) == 26
+    batch = src.get_batch(np.array([[25, 3], [10, 9]]))
+    assert batch["jpeg"].dtype == object and batch["jpeg"].shape == (2, 2)
+    assert [batch["jpeg"][i, j] for i in range(2) for j in range(2)] == [photos[k] for k in (25, 3, 10, 9)]
+    assert src.describe_record(12) == f"record 2 of {paths[1]}"
+    assert "encoded=jpeg" in src.structure()
+
+
+def test_encoded_jpegs_decode_like_pillow_with_exact_epochs_and_resume(jpeg_files):
+    from source_checks import PillowDecode, pillow_pixels
+
+    photos, paths = jpeg_files
+
+    def make():
+        source = ArrayRecordSource(ArrayRecordSourceConfig(encoded="jpeg", shuffle=True, seed=6), paths=paths)
+        return Pipeline(source, [PillowDecode("jpeg", photos)], batch_size=4)
+
+    batch = next(iter(make()))
+    for row, i in enumerate(np.asarray(batch["index"])):
+        np.testing.assert_array_equal(np.asarray(batch["jpeg"])[row], pillow_pixels(photos[i]))
+    check_shuffled_coverage(make, "index", np.arange(26))
+    check_exact_resume(make, None, seed=2)
+
+
+def test_encoded_mode_errors(jpeg_files):
+    _, paths = jpeg_files
+    with pytest.raises(ValueError, match=r"ArrayRecordSourceConfig.encoded must be a non-empty field name"):
+        ArrayRecordSourceConfig(encoded="")
+    with pytest.raises(ValueError, match=r"got decode= and ArrayRecordSourceConfig\(encoded='jpeg'\); pass one"):
+        ArrayRecordSource(ArrayRecordSourceConfig(encoded="jpeg"), paths=paths, decode=lambda b: {"x": 0})
+    with pytest.raises(TypeError, match=r"field 'jpeg' holds encoded records .* DecodeImage"):
+        Pipeline(ArrayRecordSource(ArrayRecordSourceConfig(encoded="jpeg"), paths=paths), [], batch_size=2)

@@ -155,3 +155,109 @@ def test_missing_package_error_names_the_extra(monkeypatch, parquet_ds):
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(ImportError, match=r"HFSource needs the `datasets` package: pip install 'datarax\[data\]'"):
         HFSource(dataset=parquet_ds)
+
+
+ENCODED_N = 30
+
+
+@pytest.fixture(scope="module")
+def encoded_files(tmp_path_factory):
+    """Parquet with an HF Image feature (photographs), an Audio feature (tones) and a text column."""
+    from source_checks import flac_tones, jpeg_photos
+
+    root = tmp_path_factory.mktemp("hf_encoded")
+    photos, sounds = jpeg_photos(ENCODED_N), flac_tones(ENCODED_N)
+    ds = datasets.Dataset.from_dict({
+        "id": np.arange(ENCODED_N, dtype=np.int32),
+        "image": [{"bytes": b, "path": f"photo{i}.jpg"} for i, b in enumerate(photos)],
+        "audio": [{"bytes": b, "path": f"tone{i}.flac"} for i, b in enumerate(sounds)],
+        "caption": [f"photo number {i}" for i in range(ENCODED_N)],
+    })
+    ds = ds.cast_column("image", datasets.Image()).cast_column("audio", datasets.Audio())
+    paths = [str(root / "a.parquet"), str(root / "b.parquet")]
+    ds.select(range(0, 13)).to_parquet(paths[0])
+    ds.select(range(13, ENCODED_N)).to_parquet(paths[1])
+    return {"paths": paths, "cache": str(root / "cache"), "photos": photos, "sounds": sounds}
+
+
+@pytest.fixture(scope="module")
+def encoded_ds(encoded_files):
+    return load_files(encoded_files["paths"], cache_dir=encoded_files["cache"])
+
+
+def test_encoded_columns_are_the_stored_bytes(encoded_ds, encoded_files):
+    from datarax.host import ENCODED
+
+    src = HFSource(HFSourceConfig(columns=("id",), encoded=("image", "audio", "caption")), dataset=encoded_ds)
+    spec = src.element_spec()
+    assert [spec[k].dtype for k in ("image", "audio", "caption")] == [ENCODED] * 3 and spec["id"].dtype == np.int32
+    rows = np.array([[29, 0], [13, 12]])
+    batch = src.get_batch(rows)
+    assert batch["image"].shape == (2, 2) and batch["image"].dtype == object
+    for (r, c), i in np.ndenumerate(rows):
+        assert batch["image"][r, c] == encoded_files["photos"][i]
+        assert batch["audio"][r, c] == encoded_files["sounds"][i]
+        assert batch["caption"][r, c] == f"photo number {i}"
+    assert src.describe_record(13).startswith("row 13 of ") and src.describe_record(13).endswith(
+        ", image 'photo13.jpg', audio 'tone13.flac'")
+
+
+def test_encoded_images_decode_like_pillow_with_exact_epochs_and_resume(encoded_ds, encoded_files):
+    from source_checks import PillowDecode, pillow_pixels
+
+    photos = encoded_files["photos"]
+
+    def make():
+        source = HFSource(HFSourceConfig(columns=("id",), encoded=("image",), shuffle=True, seed=4), dataset=encoded_ds)
+        return Pipeline(source, [PillowDecode("image", photos)], batch_size=4)
+
+    batch = next(iter(make()))
+    for row, i in enumerate(np.asarray(batch["id"])):
+        np.testing.assert_array_equal(np.asarray(batch["image"])[row], pillow_pixels(photos[i]))
+    np.testing.assert_array_equal(np.asarray(batch["index"]), np.asarray(batch["id"]))
+    check_shuffled_coverage(make, "index", np.arange(ENCODED_N))
+    check_exact_resume(make, None, seed=1)
+
+
+def test_encoded_audio_decodes_like_soundfile_and_names_a_corrupt_record(encoded_ds, encoded_files):
+    import io
+
+    import soundfile as sf
+
+    from datarax.host import DecodeAudio, RecordError
+
+    def make(dataset):
+        source = HFSource(HFSourceConfig(columns=("id",), encoded=("audio",), shuffle=True, seed=2), dataset=dataset)
+        return Pipeline(source, [DecodeAudio(sample_rate=8000, length=4000, crop="start")], batch_size=8)
+
+    check_shuffled_coverage(lambda: make(encoded_ds), "id", np.arange(ENCODED_N))
+    check_exact_resume(lambda: make(encoded_ds), None, seed=3)
+    batch = next(iter(make(encoded_ds)))
+    for row, i in enumerate(np.asarray(batch["id"])):
+        expected = sf.read(io.BytesIO(encoded_files["sounds"][i]), dtype="float32")[0][:4000]
+        np.testing.assert_array_equal(np.asarray(batch["audio"])[row, :len(expected)], expected)
+
+    def damage(row):
+        if row["id"] == 17:
+            row["audio"] = {"bytes": row["audio"]["bytes"][:60], "path": "tone17.flac"}
+        return row
+
+    broken = encoded_ds.cast_column("audio", datasets.Audio(decode=False)).map(damage)
+    broken = broken.cast_column("audio", datasets.Audio())
+    with pytest.raises(RecordError, match=r"record 17 \(row 17 of .*, audio 'tone17.flac'\) is not a readable"):
+        list(make(broken))
+
+
+def test_encoded_columns_errors_say_how(encoded_ds):
+    with pytest.raises(UnsupportedColumnError, match=r"'image' \(arrow type struct<bytes: binary, path: string>\).*"
+                                                     r"read them unchanged with HFSourceConfig\(encoded=\('image', "
+                                                     r"'audio', 'caption'\)\)"):
+        HFSource(dataset=encoded_ds)
+    with pytest.raises(UnsupportedColumnError, match=r"encoded columns \{'id': 'int32'\} are not bytes, text"):
+        HFSource(HFSourceConfig(encoded=("id",)), dataset=encoded_ds)
+    with pytest.raises(ValueError, match=r"mode='eager'\) cannot hold the encoded columns \('image',\)"):
+        HFSource(HFSourceConfig(columns=("id",), encoded=("image",), mode="eager"), dataset=encoded_ds)
+    with pytest.raises(TypeError, match=r"HFSourceConfig.encoded must be a tuple of column names"):
+        HFSourceConfig(encoded="image")
+    with pytest.raises(KeyError, match=r"HFSource encoded columns \['img'\] are not in the data"):
+        HFSource(HFSourceConfig(encoded=("img",)), dataset=encoded_ds)

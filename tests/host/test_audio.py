@@ -1,0 +1,252 @@
+"""DecodeAudio against soundfile and scipy; record-keyed crops across batch sizes, threads and resume."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+sf = pytest.importorskip("soundfile")
+datasets = pytest.importorskip("datasets")
+from scipy.signal import resample_poly  # noqa: E402
+
+from datarax import Pipeline  # noqa: E402
+from datarax.host import DecodeAudio, DecodeAudioConfig, HostContext, RecordError, record_generator  # noqa: E402
+from datarax.sources.hf import HFSource, HFSourceConfig, load_files  # noqa: E402
+
+N, RATE, LENGTH = 40, 8000, 3000
+FORMATS = ("WAV", "FLAC", "OGG")
+
+
+def tone(record: int, frames: int, rate: int = RATE, channels: int = 1) -> np.ndarray:
+    t = np.arange(frames) / rate
+    waves = [0.5 * np.sin(2 * np.pi * (220 + 20 * record + 110 * c) * t) for c in range(channels)]
+    return np.stack(waves, axis=1).astype(np.float32)
+
+
+def encode(samples: np.ndarray, rate: int = RATE, fmt: str = "WAV") -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, samples, rate, format=fmt)
+    return buf.getvalue()
+
+
+def records() -> list[bytes]:
+    """N files of different lengths (some shorter than LENGTH), formats and channel counts."""
+    return [encode(tone(r, 2000 + 250 * r, channels=1 + r % 2), fmt=FORMATS[r % 3]) for r in range(N)]
+
+
+def write_dataset(root: str) -> str:
+    ds = datasets.Dataset.from_dict({"id": np.arange(N, dtype=np.int32),
+                                     "audio": [{"bytes": b, "path": f"tone{r}.wav"} for r, b in enumerate(records())]})
+    path = os.path.join(root, "audio.parquet")
+    ds.cast_column("audio", datasets.Audio()).to_parquet(path)
+    return path
+
+
+def build(root: str, batch_size: int = 8, num_threads: int = 1, **settings) -> Pipeline:
+    ds = load_files(os.path.join(root, "audio.parquet"), cache_dir=os.path.join(root, "cache"))
+    source = HFSource(HFSourceConfig(encoded=("audio",), shuffle=True, seed=3), dataset=ds)
+    stage = DecodeAudio(**{"sample_rate": RATE, "length": LENGTH, "crop": "random", "seed": 5,
+                           "num_threads": num_threads, **settings})
+    return Pipeline(source, [stage], batch_size=batch_size)
+
+
+def per_record(batches) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    batches = list(batches)
+    ids = np.concatenate([np.asarray(b["id"]) for b in batches])
+    order = np.argsort(ids)
+    waves = np.concatenate([np.asarray(b["audio"]) for b in batches])[order]
+    lengths = np.concatenate([np.asarray(b["audio_length"]) for b in batches])[order]
+    return ids, waves, lengths
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("audio"))
+    write_dataset(root)
+    return root
+
+
+def objects(values: list) -> np.ndarray:
+    out = np.empty(len(values), object)  # np.array would make a fixed-width bytes array
+    out[:] = values
+    return out
+
+
+def decode_one(data: bytes, **settings) -> tuple[np.ndarray, int]:
+    stage = DecodeAudio(num_threads=1, **settings)
+    out = stage({"audio": objects([data])}, HostContext(np.array([7]), epoch=0))
+    return out["audio"][0], int(out["audio_length"][0])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("channels", ["mono", 2])
+def test_decoded_samples_equal_soundfile(fmt, channels):
+    data = encode(tone(3, 5000, channels=2), fmt=fmt)
+    expected, _ = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    expected = expected.mean(axis=1, dtype=np.float32) if channels == "mono" else expected.T
+    wave, valid = decode_one(data, sample_rate=RATE, length=6000, crop="start", channels=channels)
+    assert valid == 5000
+    np.testing.assert_array_equal(wave[..., :5000], expected)
+    np.testing.assert_array_equal(wave[..., 5000:], 0.0)  # zero padding
+
+
+@pytest.mark.parametrize("crop", ["start", "center"])
+def test_deterministic_crops_cut_the_expected_window(crop):
+    data = encode(tone(1, 5000))
+    full = sf.read(io.BytesIO(data), dtype="float32")[0]
+    start = 0 if crop == "start" else (5000 - 1000) // 2
+    wave, valid = decode_one(data, sample_rate=RATE, length=1000, crop=crop)
+    assert valid == 1000
+    np.testing.assert_array_equal(wave, full[start:start + 1000])
+
+
+@pytest.mark.parametrize("rate,target", [(22050, 16000), (8000, 16000), (44100, 8000)])
+def test_resampling_equals_scipy_resample_poly(rate, target):
+    data = encode(tone(2, rate // 2, rate=rate, channels=2), rate=rate, fmt="FLAC")
+    x, _ = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    g = math.gcd(rate, target)
+    expected = resample_poly(x.mean(axis=1, keepdims=True, dtype=np.float32), target // g, rate // g,
+                             axis=0).astype(np.float32)[:, 0]
+    wave, valid = decode_one(data, sample_rate=target, length=target, crop="start")
+    assert valid == len(expected) == math.ceil(rate // 2 * target / rate)
+    np.testing.assert_array_equal(wave[:valid], expected)
+
+
+def test_mono_is_the_mean_of_the_channels():
+    stereo = np.stack([np.full(100, 0.5), np.full(100, -0.25)], axis=1).astype(np.float32)
+    wave, _ = decode_one(encode(stereo, fmt="FLAC"), sample_rate=RATE, length=100, crop="start")
+    np.testing.assert_allclose(wave, 0.125, atol=1e-4)  # PCM16 quantisation
+
+
+def test_random_crops_follow_the_record_generator(root):
+    ids, waves, lengths = per_record(build(root))
+    np.testing.assert_array_equal(ids[np.argsort(ids)], np.arange(N))
+    for r, data in enumerate(records()):
+        x = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)[0].mean(axis=1, dtype=np.float32)
+        n = len(x)
+        offset = int(record_generator(5, 0, 0, r).integers(0, n - LENGTH + 1)) if n > LENGTH else 0
+        assert lengths[r] == min(n, LENGTH)
+        np.testing.assert_array_equal(waves[r, :lengths[r]], x[offset:offset + LENGTH], err_msg=f"record {r}")
+
+
+@pytest.mark.parametrize("batch_size,num_threads", [(7, 1), (64, 1), (7, 4), (64, 4)])
+def test_crops_do_not_depend_on_batch_size_or_threads(root, batch_size, num_threads):
+    _, base, _ = per_record(build(root, batch_size=8))
+    _, waves, _ = per_record(build(root, batch_size=batch_size, num_threads=num_threads))
+    np.testing.assert_array_equal(waves, base)
+
+
+def test_every_shuffled_epoch_has_each_record_once_with_new_crops(root):
+    it = build(root, batch_size=7).epochs(2)
+    batches = list(it)
+    ids = np.concatenate([np.asarray(b["id"]) for b in batches])
+    assert len(ids) == 2 * N
+    np.testing.assert_array_equal(np.sort(ids[:N]), np.arange(N))
+    np.testing.assert_array_equal(np.sort(ids[N:]), np.arange(N))
+    assert not np.array_equal(ids[:N], ids[N:])  # a new order
+    first = np.concatenate([np.asarray(b["audio"]) for b in batches])
+    assert not np.array_equal(first[:N][np.argsort(ids[:N])], first[N:][np.argsort(ids[N:])])  # new crops
+
+
+RESUME = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from test_audio import build
+it = build({root!r}, batch_size=7, num_threads=4).epochs(2)
+it.set_state(json.loads({state!r}))
+batches = list(it)
+np.savez({out!r}, ids=np.concatenate([np.asarray(b["id"]) for b in batches]),
+         audio=np.concatenate([np.asarray(b["audio"]) for b in batches]))
+"""
+
+
+def test_resume_mid_epoch_in_a_fresh_process(root, tmp_path):
+    it = build(root, batch_size=7).epochs(2)
+    for _ in range(4):
+        next(it)
+    state = json.dumps(it.get_state())
+    rest = list(it)
+    out = str(tmp_path / "rest.npz")
+    script = RESUME.format(tests=os.path.dirname(__file__), root=root, state=state, out=out)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", textwrap.dedent(script)], check=True, env=env, timeout=300)
+    fresh = np.load(out)
+    np.testing.assert_array_equal(fresh["ids"], np.concatenate([np.asarray(b["id"]) for b in rest]))
+    np.testing.assert_array_equal(fresh["audio"], np.concatenate([np.asarray(b["audio"]) for b in rest]))
+
+
+def corrupt_dataset(bad: dict[int, bytes]) -> HFSource:
+    rows = [{"bytes": bad.get(r, b), "path": f"tone{r}.wav"} for r, b in enumerate(records())]
+    ds = datasets.Dataset.from_dict({"id": np.arange(N, dtype=np.int32), "audio": rows})
+    return HFSource(HFSourceConfig(encoded=("audio",)), dataset=ds.cast_column("audio", datasets.Audio()))
+
+
+def good_bytes(r: int = 0, fmt: str = "FLAC") -> bytes:
+    return encode(tone(r, 4000), fmt=fmt)
+
+
+BAD = {
+    "garbage": b"this is not audio at all",
+    "truncated FLAC": good_bytes()[: len(good_bytes()) // 2],
+    "truncated OGG": good_bytes(fmt="OGG")[: len(good_bytes(fmt="OGG")) // 2],
+    "WAV cut in its header": good_bytes(fmt="WAV")[:40],
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+def test_corrupt_bytes_raise_an_error_naming_the_record(kind):
+    source = corrupt_dataset({13: BAD[kind]})
+    pipeline = Pipeline(source, [DecodeAudio(sample_rate=RATE, length=LENGTH, num_threads=4)], batch_size=8)
+    with pytest.raises(RecordError, match=r"record 13 \(row 13 of .*, audio 'tone13.wav'\) is not a readable audio"):
+        list(pipeline)
+
+
+def test_skip_writes_zeros_flags_counts_and_warns():
+    source = corrupt_dataset({2: BAD["garbage"], 5: BAD["truncated FLAC"]})
+    stage = DecodeAudio(sample_rate=RATE, length=LENGTH, crop="start", on_error="skip")
+    with pytest.warns(UserWarning, match=r"skipped \(on_error='skip'\)") as caught:
+        batch = next(iter(Pipeline(source, [stage], batch_size=8)))
+    assert [str(w.message).split(" (")[0] for w in caught] == ["DecodeAudio: record 2", "DecodeAudio: record 5"]
+    assert stage.skipped == 2
+    np.testing.assert_array_equal(np.asarray(batch["audio_ok"]), [i not in (2, 5) for i in range(8)])
+    np.testing.assert_array_equal(np.asarray(batch["audio"])[[2, 5]], 0.0)
+    np.testing.assert_array_equal(np.asarray(batch["audio_length"])[[2, 5]], 0)
+    assert np.abs(np.asarray(batch["audio"])[0]).max() > 0.1
+
+
+def test_a_channel_count_mismatch_names_the_record():
+    stage = DecodeAudio(sample_rate=RATE, length=100, channels=1, num_threads=1)
+    batch = {"audio": objects([encode(tone(0, 200, channels=2))])}
+    with pytest.raises(RecordError, match=r"record 9 has 2 channels, but channels=1; pass channels='mono'"):
+        stage(batch, HostContext(np.array([9]), epoch=0))
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"length": 0}, r"DecodeAudioConfig.length must be a positive int \(samples\), got 0"),
+    ({"channels": "stereo"}, r"DecodeAudioConfig.channels must be 'mono' or a positive int .*'stereo'"),
+    ({"crop": "middle"}, r"DecodeAudioConfig.crop must be one of \('random', 'center', 'start'\), got 'middle'"),
+    ({"on_error": "ignore"}, r"DecodeAudioConfig.on_error must be one of \('raise', 'skip'\)"),
+    ({"sample_rate": -1}, r"DecodeAudioConfig.sample_rate must be a positive int \(Hz\) or None, got -1"),
+])
+def test_config_errors_name_the_argument(settings, message):
+    with pytest.raises(ValueError, match=message):
+        DecodeAudioConfig(**settings)
+
+
+def test_the_field_must_be_encoded_and_the_fingerprint_ignores_threads(root):
+    import jax
+
+    with pytest.raises(TypeError, match=r"DecodeAudio field 'audio' holds float32 arrays, not encoded bytes"):
+        DecodeAudio().output_spec({"audio": jax.ShapeDtypeStruct((10,), np.float32)})
+    assert build(root, num_threads=1).fingerprint == build(root, num_threads=4).fingerprint
+    assert build(root).fingerprint != build(root, seed=6).fingerprint
