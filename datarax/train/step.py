@@ -96,7 +96,40 @@ def check_loss(loss: Any) -> jax.Array:
     return loss
 
 
-def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn],
+CLU_STATE = "__clu_collection__"
+
+
+def is_metric_collection(metrics: Any) -> bool:
+    """Whether `metrics` is a CLU `clu.metrics.Collection` subclass (checked by its interface, so
+    CLU is not imported here)."""
+    return isinstance(metrics, type) and all(hasattr(metrics, name) for name in
+                                              ("single_from_model_output", "merge", "compute"))
+
+
+def model_outputs(batch: Any, aux: Any, loss: jax.Array) -> dict[str, Any]:
+    """The keyword arguments a CLU collection's metrics read: the batch's fields, the loss function's
+    aux (a dict is spread; anything else is passed as `logits`) and `loss`."""
+    outputs = dict(batch) if isinstance(batch, Mapping) else {}
+    if isinstance(aux, Mapping):
+        outputs.update(aux)
+    elif aux is not None:
+        outputs["logits"] = aux
+    outputs["loss"] = loss
+    return outputs
+
+
+def step_metrics(metric_fns: Any, batch: Any, aux: Any, loss: jax.Array) -> dict[str, jax.Array]:
+    """`{"loss": ..., name: value}` from a `{name: fn(batch, aux)}` mapping or a CLU collection."""
+    metrics = {"loss": loss}
+    if is_metric_collection(metric_fns):
+        computed = metric_fns.single_from_model_output(**model_outputs(batch, aux, loss)).compute()
+        metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in computed.items() if k != "loss"})
+    else:
+        metrics.update({name: jnp.asarray(fn(batch, aux), jnp.float32) for name, fn in metric_fns.items()})
+    return metrics
+
+
+def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type,
                     joint: bool) -> Callable:
     """step(values, batch) -> (new values, {"loss": ..., metric: ...}) for `binding`'s TrainState."""
 
@@ -117,23 +150,26 @@ def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mappi
 
         (loss, (aux, data)), grads = nnx.value_and_grad(objective, has_aux=True)(state.trainable)
         state.optimizer.update(state.trainable, grads)
-        metrics = {"loss": loss}
-        metrics.update({name: jnp.asarray(fn(data, aux), jnp.float32) for name, fn in metric_fns.items()})
-        return binding.values_of(state), metrics
+        return binding.values_of(state), step_metrics(metric_fns, data, aux, loss)
 
     return step
 
 
-def make_eval_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn]) -> Callable:
-    """step(values, batch) -> {"loss": ..., metric: ...} for `binding`'s model, in eval mode."""
+def make_eval_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type) -> Callable:
+    """step(values, batch) -> {"loss": ..., metric: ...} for `binding`'s model, in eval mode.
+
+    With a CLU collection the step returns `{"loss": ..., CLU_STATE: collection}`, whose
+    collections `Trainer.evaluate` merges across batches before computing them (CLU's semantics).
+    """
 
     def step(values, batch):
         model = binding.merge(values)
         model.eval()
         loss, aux = split_loss(loss_fn(model, batch))
-        metrics = {"loss": check_loss(loss)}
-        metrics.update({name: jnp.asarray(fn(batch, aux), jnp.float32) for name, fn in metric_fns.items()})
-        return metrics
+        loss = check_loss(loss)
+        if is_metric_collection(metric_fns):
+            return {"loss": loss, CLU_STATE: metric_fns.single_from_model_output(**model_outputs(batch, aux, loss))}
+        return step_metrics(metric_fns, batch, aux, loss)
 
     return step
 

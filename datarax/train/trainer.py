@@ -19,8 +19,8 @@ from datarax.core.checks import check_bool, check_int
 from datarax.pipeline.pipeline import Pipeline
 from datarax.train.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
 from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint
-from datarax.train.step import (EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding, make_eval_step,
-                           make_train_step)
+from datarax.train.step import (CLU_STATE, EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding,
+                                is_metric_collection, make_eval_step, make_train_step)
 
 
 logger = logging.getLogger("datarax.train")
@@ -90,7 +90,11 @@ class Trainer:
         loss_fn: `loss_fn(model, batch) -> loss` or `-> (loss, aux)`; `loss` is a scalar.
         eval_pipeline: a pipeline for `evaluate()` (one epoch per evaluation).
         metrics: `{name: fn(batch, aux) -> scalar}` computed inside the step, e.g.
-            `{"accuracy": lambda batch, logits: (logits.argmax(-1) == batch["label"]).mean()}`.
+            `{"accuracy": lambda batch, logits: (logits.argmax(-1) == batch["label"]).mean()}`,
+            or a CLU `clu.metrics.Collection` subclass: its metrics read the batch's fields, the
+            loss function's aux (a dict is spread, anything else is passed as `logits`) and
+            `loss`; train steps report each step's `compute()`, and `evaluate` merges the
+            collections of every eval batch before computing them.
         callbacks: `datarax.train.callbacks.Callback`s (checkpointing, goodput, logging, ...).
         train_pipeline_params: also optimise the pipeline's `nnx.Param`s: the step receives the
             untransformed batch and runs the pipeline's stages inside the gradient. Needs an
@@ -105,7 +109,7 @@ class Trainer:
 
     def __init__(self, model: nnx.Module, optimizer: optax.GradientTransformation | nnx.Optimizer,
                  train_pipeline: Pipeline, loss_fn: Callable, *, eval_pipeline: Pipeline | None = None,
-                 metrics: Mapping[str, Callable] | None = None, callbacks: Iterable[Callback] = (),
+                 metrics: Mapping[str, Callable] | type | None = None, callbacks: Iterable[Callback] = (),
                  train_pipeline_params: bool = False, eval_every_steps: int | None = None):
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
@@ -116,10 +120,15 @@ class Trainer:
             raise TypeError("train_pipeline must be a datarax Pipeline, got None")
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {loss_fn!r:.80}")
-        metrics = dict(metrics or {})
-        for name, fn in metrics.items():
-            if not isinstance(name, str) or not callable(fn) or name == "loss":
-                raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux), got {name!r}: {fn!r:.60}")
+        if not is_metric_collection(metrics):
+            if isinstance(metrics, type):
+                raise TypeError(f"metrics must be a mapping of name -> fn(batch, aux) or a clu.metrics.Collection "
+                                f"subclass, got the class {metrics.__name__}")
+            metrics = dict(metrics or {})
+            for name, fn in metrics.items():
+                if not isinstance(name, str) or not callable(fn) or name == "loss":
+                    raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux), got {name!r}: "
+                                    f"{fn!r:.60}")
         check_bool(train_pipeline_params, "train_pipeline_params")
         if train_pipeline_params and getattr(train_pipeline, "sharding", None) is not None:
             raise ValueError("train_pipeline_params=True trains on unsharded batches, but train_pipeline has "
@@ -278,9 +287,15 @@ class Trainer:
         for batch in pipeline:
             outs.append(self._eval_step(values, batch)[0])
             sizes.append(jax.tree.leaves(batch)[0].shape[0])
+        collections = [out.pop(CLU_STATE) for out in outs if CLU_STATE in out]
         host = jax.device_get(outs)
         weights = np.asarray(sizes, np.float64) / sum(sizes)
         metrics = {k: float(sum(w * float(o[k]) for w, o in zip(weights, host))) for k in host[0]}
+        if collections:
+            merged = collections[0]
+            for collection in collections[1:]:
+                merged = merged.merge(collection)
+            metrics.update({k: float(v) for k, v in jax.device_get(merged.compute()).items() if k != "loss"})
         self.last_eval_metrics = metrics
         self.callbacks("on_eval_end", self, self.step, dict(metrics))
         return metrics

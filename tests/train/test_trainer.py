@@ -308,3 +308,40 @@ def test_a_resume_is_reported_where_it_happens(tmp_path, caplog):
     shown = stream.getvalue()
     # The bar says where it resumed, then that the first step is compiling, before any step ends.
     assert shown.index("resumed from the checkpoint at step 4") < shown.index("compiling the first step")
+
+
+def test_clu_metrics_through_a_real_fit_and_evaluate():
+    """A real clu.metrics.Collection: per-step values in fit, CLU's merge across eval batches."""
+    import flax.struct
+    from clu import metrics as clu_metrics
+
+    # Built with type() because this module's `from __future__ import annotations` would turn
+    # class-body annotations into strings, which CLU reads as the metric classes.
+    hit = clu_metrics.Average.from_fun(lambda logits, y, **_: (logits.argmax(-1) == y).astype(jnp.float32))
+    Metrics = flax.struct.dataclass(type("Metrics", (clu_metrics.Collection,), {
+        "__annotations__": {"loss_avg": clu_metrics.Average.from_output("loss"), "accuracy": hit}}))
+
+    def cross_entropy(model, batch):
+        logits = model(batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), logits  # aux -> logits
+
+    setup = make_setup()
+    trainer = Trainer(setup.model, optax.adam(5e-2), setup.pipeline, cross_entropy,
+                      eval_pipeline=setup.eval_pipeline, metrics=Metrics)
+    result = trainer.fit(num_steps=3)
+    assert set(result.metrics) == {"loss", "loss_avg", "accuracy"}
+    assert result.metrics["loss_avg"] == pytest.approx(result.metrics["loss"], rel=1e-6)
+    evaluated = trainer.evaluate()
+    # The reference: every eval record's hit, averaged once over the whole epoch (20 records in
+    # batches of 8, 8, 4: a mean of batch means would weigh the last batch's records double).
+    hits, losses, sizes = [], [], []
+    for batch in setup.eval_pipeline:
+        logits = setup.model(batch["x"])
+        hits.append(np.asarray(logits.argmax(-1) == batch["y"], np.float64))
+        losses.append(float(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()))
+        sizes.append(len(hits[-1]))
+    assert sizes == [8, 8, 4]
+    assert evaluated["accuracy"] == pytest.approx(float(np.concatenate(hits).mean()), rel=1e-6)
+    assert evaluated["loss"] == pytest.approx(float(np.average(losses, weights=sizes)), rel=1e-5)
+    with pytest.raises(TypeError, match=r"a mapping of name -> fn\(batch, aux\) or a clu.metrics.Collection"):
+        Trainer(setup.model, optax.adam(5e-2), setup.pipeline, cross_entropy, metrics=dict)
