@@ -40,8 +40,9 @@ class ProgressBar(Callback):
     def on_train_begin(self, trainer: Trainer) -> None:
         self.close()
         self.bar = self._tqdm(total=trainer.target_step, initial=trainer.step, unit="step", **self.tqdm_kwargs)
-        if trainer.resumed_from is not None:
-            self.bar.write(f"resumed from the checkpoint at step {trainer.resumed_from}", file=self.tqdm_kwargs["file"])
+        resumed_from = getattr(trainer, "resumed_from", None)
+        if resumed_from is not None:
+            self.bar.write(f"resumed from the checkpoint at step {resumed_from}", file=self.tqdm_kwargs["file"])
         # The first step's dispatch builds and compiles it: say so instead of sitting still.
         self.bar.set_postfix_str("compiling the first step", refresh=True)
         self._recent.clear()
