@@ -12,3 +12,4 @@ from datarax.host.stage import RecordError as RecordError
 from datarax.host.stage import record_generator as record_generator
 from datarax.host.image import DecodeImage as DecodeImage
 from datarax.host.image import DecodeImageConfig as DecodeImageConfig
+from datarax.host.image import SkippedRecordWarning as SkippedRecordWarning

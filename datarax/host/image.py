@@ -46,6 +46,10 @@ _DRAFT_SCALES = (8, 4, 2, 1)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's order
 
 
+class SkippedRecordWarning(UserWarning):
+    """A record that could not be decoded was replaced by zeros (`on_error="skip"`)."""
+
+
 def _pillow() -> Any:
     try:
         from PIL import Image
@@ -71,7 +75,8 @@ class DecodeImageConfig:
             encoded field stays in the batch, for a second stage to decode again (two views).
         num_threads: decoding threads (None: `os.cpu_count()`); it changes no output.
         on_error: "raise" (a `RecordError` naming the record) or "skip" (write zeros, set
-            `<out_field>_ok` to False, count and warn).
+            `<out_field>_ok` to False, count in `DecodeImage.skipped` and warn once per record
+            with a `SkippedRecordWarning`).
         seed: the crop seed (the record generator's key, with the stage position).
     """
 
@@ -259,7 +264,7 @@ class DecodeImage(HostStage):
             first = record_id not in self._warned
             self._warned.add(record_id)
         if first:
-            warnings.warn(f"{message}; skipped (zeros, '{self.ok_field}' False)", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{message}; skipped (zeros, '{self.ok_field}' False)", SkippedRecordWarning, stacklevel=2)
 
     def decode(self, data: bytes, rng: np.random.Generator | None = None) -> np.ndarray:
         """One record: encoded bytes to a `(h, w, 3)` uint8 array (`rng` draws a random-resized box)."""
