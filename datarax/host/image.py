@@ -184,9 +184,7 @@ class DecodeImage(HostStage):
         """The stage a `DecodeImageConfig` describes."""
         if not isinstance(config, DecodeImageConfig):
             raise TypeError(f"config must be a DecodeImageConfig, got {type(config).__name__}")
-        stage = cls.__new__(cls)
-        stage._setup(config)
-        return stage
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
 
     def _setup(self, config: DecodeImageConfig) -> None:
         self.config = config
