@@ -8,6 +8,10 @@ The work per scenario is defined once here, so each framework does exactly the s
 * `tokens`: int32 token rows, a fresh shuffle every epoch, batch 1024, no transform.
 * `augment_chain`: crop, flip, brightness, contrast, rotation, noise on float images (see
   `augment_chain_numpy` and `benchmarks.scenarios.augment_chain`); two image sizes.
+* `jpeg`: JPEG files -> RandomResizedCrop(128, scale (0.08, 1), ratio (3/4, 4/3)) with bilinear
+  (antialiased) resampling, random horizontal flip, ImageNet normalisation to float32 HWC; label
+  passed through; a fresh shuffle every epoch; batch 64 (see `jpeg_pillow` and
+  `benchmarks.scenarios.jpeg`).
 
 Every batch ends as `jax.Array`s on the default device (what a JAX training step consumes), so
 each peer also pays the host-to-device copy that datarax's own numbers include.
@@ -100,6 +104,35 @@ def cifar_augment_numpy(image: np.ndarray, dy: int, dx: int, flip: bool) -> np.n
     out = image.take(rows[dy:dy + h], axis=0).take(cols, axis=1).astype(np.float32)
     out *= scale
     out -= offset
+    return out
+
+
+JPEG_SIZE = 128
+JPEG_SCALE = (0.08, 1.0)
+JPEG_RATIO = (3 / 4, 4 / 3)
+JPEG_MEAN = (0.485, 0.456, 0.406)
+JPEG_STD = (0.229, 0.224, 0.225)
+_JPEG_SCALE = np.float32(1 / 255) / np.asarray(JPEG_STD, np.float32)
+_JPEG_OFFSET = np.asarray(JPEG_MEAN, np.float32) / np.asarray(JPEG_STD, np.float32)
+
+
+def jpeg_pillow(path: str, rng: np.random.Generator) -> np.ndarray:
+    """The jpeg work on one file as a torchvision pipeline does it with Pillow: a full decode,
+    `RandomResizedCrop.get_params`, one bilinear resize of the box, flip, normalise (float32 HWC)."""
+    from PIL import Image
+
+    from datarax.host.image import random_resized_box
+
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+    top, left, h, w = random_resized_box(image.height, image.width, JPEG_SCALE, JPEG_RATIO, rng)
+    image = image.resize((JPEG_SIZE, JPEG_SIZE), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+    out = np.asarray(image)
+    if rng.random() < 0.5:
+        out = out[:, ::-1]
+    out = out.astype(np.float32)
+    out *= _JPEG_SCALE
+    out -= _JPEG_OFFSET
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.peers.common import (CIFAR_PAD, Loader, PeerOptions, augment_chain_numpy, cifar_augment_numpy,
-                                        require)
+                                        jpeg_pillow, require)
 
 NAME = "grain"
 INSTALL = "pip install grain"
@@ -54,6 +54,11 @@ def augment_chain_random_map(element: dict, rng: np.random.Generator) -> dict:
     image = element["image"]
     noise = rng.standard_normal(image.shape, dtype=np.float32)
     return {"image": augment_chain_numpy(image, rng.random(6), noise), "label": element["label"]}
+
+
+def jpeg_random_map(element: dict, rng: np.random.Generator) -> dict:
+    """The jpeg work on one file with Pillow (Grain runs it on its reader threads)."""
+    return {"image": jpeg_pillow(str(element["path"]), rng), "label": element["label"]}
 
 
 def _absl_flags_parsed() -> None:
@@ -94,4 +99,8 @@ def augment_chain(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     return _loader(data, options, augment_chain_random_map)
 
 
-WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain}
+def jpeg(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    return _loader(data, options, jpeg_random_map)
+
+
+WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain, "jpeg": jpeg}

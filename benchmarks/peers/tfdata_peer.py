@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.peers.common import (CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, Loader, PeerOptions, augment_chain_settings,
-                                        require)
+from benchmarks.peers.common import (CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, JPEG_MEAN, JPEG_RATIO, JPEG_SCALE, JPEG_SIZE,
+                                        JPEG_STD, Loader, PeerOptions, augment_chain_settings, require)
 
 NAME = "tfdata"
 INSTALL = "pip install tensorflow-cpu"
@@ -106,4 +106,26 @@ def augment_chain(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     return _mapped(tf, data, options, augment, "tf.image ops + projective rotation")
 
 
-WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain}
+def jpeg(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    """The Inception/ResNet reference preprocessing: a sampled window decoded with decode_and_crop_jpeg."""
+    tf = _tf()
+    tf.random.set_seed(options.seed)
+    mean, std = tf.constant(JPEG_MEAN), tf.constant(JPEG_STD)
+    whole = tf.constant([0.0, 0.0, 1.0, 1.0], tf.float32, [1, 1, 4])
+
+    def load(element):
+        contents = tf.io.read_file(element["path"])
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            tf.io.extract_jpeg_shape(contents), bounding_boxes=whole, min_object_covered=0.0,
+            aspect_ratio_range=JPEG_RATIO, area_range=JPEG_SCALE, max_attempts=10, use_image_if_no_bounding_boxes=True)
+        top, left, _ = tf.unstack(begin)
+        height, width, _ = tf.unstack(size)
+        image = tf.io.decode_and_crop_jpeg(contents, tf.stack([top, left, height, width]), channels=3)
+        image = tf.image.resize(image, [JPEG_SIZE, JPEG_SIZE], method="bilinear", antialias=True)
+        image = tf.image.random_flip_left_right(image)
+        return {"image": (image / 255.0 - mean) / std, "label": element["label"]}
+
+    return _mapped(tf, data, options, load, "sample_distorted_bounding_box + decode_and_crop_jpeg + resize")
+
+
+WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain, "jpeg": jpeg}

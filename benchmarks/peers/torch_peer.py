@@ -13,11 +13,12 @@ processes only add inter-process copies.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
-from benchmarks.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, Loader, PeerOptions, require
+from benchmarks.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, Loader, PeerOptions, jpeg_pillow, require
 
 NAME = "torch"
 INSTALL = "pip install torch"
@@ -119,4 +120,31 @@ def augment_chain(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
                                          f"DataLoader(shuffle=True, num_workers={workers})")
 
 
-WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain}
+class JpegFiles:
+    """A map-style dataset decoding one JPEG file per item with Pillow (`common.jpeg_pillow`)."""
+
+    def __init__(self, data: dict, seed: int):
+        self.paths, self.labels, self.seed = [str(p) for p in data["path"]], data["label"], seed
+        self.rng = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict:
+        import torch
+
+        if self.rng is None:  # one generator per worker process, seeded from torch's per-worker seed
+            self.rng = np.random.default_rng((self.seed, torch.initial_seed()))
+        return {"image": torch.from_numpy(jpeg_pillow(self.paths[index], self.rng)),
+                "label": int(self.labels[index])}
+
+
+def jpeg(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    torch = require(MODULE, NAME, INSTALL)
+    workers = (os.cpu_count() or 1) if options.workers is None else options.workers
+    loader = _loader(torch, JpegFiles(data, options.seed), options, workers)
+    return Loader(_numpy_epochs(loader), f"Dataset.__getitem__ Pillow decode+crop, DataLoader(shuffle=True, "
+                                         f"num_workers={workers}, persistent_workers=True, prefetch_factor=4)")
+
+
+WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain, "jpeg": jpeg}

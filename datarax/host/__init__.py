@@ -1,6 +1,7 @@
 """datarax.host: stages that run on the host before the compiled program (decoding encoded data).
 
-See `datarax.host.stage` for the contract and the record-keyed randomness.
+See `datarax.host.stage` for the contract and the record-keyed randomness; `DecodeImage` decodes
+images (`datarax.host.image`); `datarax.sources.ImageFolderSource` reads image folders.
 """
 
 from datarax.host.stage import ENCODED as ENCODED
@@ -11,3 +12,6 @@ from datarax.host.stage import RecordError as RecordError
 from datarax.host.stage import record_generator as record_generator
 from datarax.host.audio import DecodeAudio as DecodeAudio
 from datarax.host.audio import DecodeAudioConfig as DecodeAudioConfig
+from datarax.host.image import DecodeImage as DecodeImage
+from datarax.host.image import DecodeImageConfig as DecodeImageConfig
+from datarax.host.image import SkippedRecordWarning as SkippedRecordWarning

@@ -12,7 +12,11 @@ from datarax.sources.grain_interop import GrainStreamSource as GrainStreamSource
 from datarax.sources.hf import HFSource as HFSource
 from datarax.sources.hf import HFSourceConfig as HFSourceConfig
 from datarax.sources.hf import HFStreamSource as HFStreamSource
+from datarax.sources.image_folder import ImageFolderSource as ImageFolderSource
+from datarax.sources.image_folder import ImageFolderSourceConfig as ImageFolderSourceConfig
 from datarax.sources.mix import MixDataSources as MixDataSources
+from datarax.sources.image_folder import ImageFolderSource as ImageFolderSource
+from datarax.sources.image_folder import ImageFolderSourceConfig as ImageFolderSourceConfig
 from datarax.sources.mix import MixDataSourcesConfig as MixDataSourcesConfig
 from datarax.sources.stream import StreamSourceModule as StreamSourceModule
 from datarax.sources.tfds import TFDSSource as TFDSSource

@@ -1,0 +1,334 @@
+"""`DecodeImage`: JPEG/PNG/WebP bytes to fixed-size uint8 RGB images, crop fused into the decode.
+
+Each record is decoded with Pillow on a thread pool (Pillow releases the GIL while it decodes
+and resizes) straight into one preallocated `(B, h, w, 3)` uint8 array. The crop box is chosen
+before the pixels are decoded, in the image's EXIF-oriented coordinates, so the decode can be
+cut short: a JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's `draft`)
+whenever the box, so reduced, still covers the output size, and the box is then resized to the
+output with one bilinear `resize(size, box=...)` call. A small crop of a large photograph thus
+costs a fraction of a full decode.
+
+Crop modes (torchvision's names for the same maths):
+
+* `resize="shorter_side"`: the shorter side to the size, then a centre crop
+  (`Resize(s)` + `CenterCrop(s)`);
+* `resize="fixed"`: the whole image resized to (h, w) (`Resize((h, w))`);
+* `resize="none"`: every image must already be (h, w); decoded as is;
+* `crop="random_resized"`: `RandomResizedCrop(size, scale, ratio)`, the box drawn from the
+  record's generator `ctx.generator(seed, row)`, so a record's crop depends only on the seed,
+  the epoch and the record.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import io
+import math
+import os
+import threading
+import warnings
+from typing import Any
+
+import jax
+import numpy as np
+
+from datarax.core.checks import (check_choice, check_field_name, check_int, check_positive_int, check_range,
+                                 check_size, field, set_field)
+from datarax.host.stage import ENCODED, HostContext, HostStage, RecordError, Spec
+
+RESIZE_MODES = ("shorter_side", "fixed", "none")
+CROP_MODES = ("center", "random_resized")
+ON_ERROR = ("raise", "skip")
+PILLOW_HINT = "pip install pillow (or pip install 'datarax[image]')"
+_ORIENTATION_TAG = 0x0112
+_DRAFT_SCALES = (8, 4, 2, 1)
+Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's order
+
+
+class SkippedRecordWarning(UserWarning):
+    """A record that could not be decoded was replaced by zeros (`on_error="skip"`)."""
+
+
+def _pillow() -> Any:
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ImportError(f"DecodeImage needs the `pillow` package: {PILLOW_HINT}") from exc
+    return Image
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeImageConfig:
+    """Configuration of `DecodeImage`.
+
+    Attributes:
+        size: the output size, an int (a square) or (height, width).
+        resize: how a `crop="center"` image reaches `size`: "shorter_side" (resize the shorter
+            side, then centre-crop), "fixed" (resize straight to size) or "none" (the image must
+            already be that size).
+        crop: "center" (deterministic, per `resize`) or "random_resized" (RandomResizedCrop).
+        scale: RandomResizedCrop's range of the box area as a fraction of the image area.
+        ratio: RandomResizedCrop's range of the box aspect ratio (width / height).
+        field: the field holding the encoded images.
+        out_field: where the decoded images go (None: replace `field`). With another name the
+            encoded field stays in the batch, for a second stage to decode again (two views).
+        num_threads: decoding threads (None: `os.cpu_count()`); it changes no output.
+        on_error: "raise" (a `RecordError` naming the record) or "skip" (write zeros, set
+            `<out_field>_ok` to False, count in `DecodeImage.skipped` and warn once per record
+            with a `SkippedRecordWarning`).
+        seed: the crop seed (the record generator's key, with the stage position).
+    """
+
+    size: int | tuple[int, int]
+    resize: str = "shorter_side"
+    crop: str = "center"
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    field: str = "image"
+    out_field: str | None = None
+    num_threads: int | None = None
+    on_error: str = "raise"
+    seed: int = 0
+
+    def __post_init__(self):
+        set_field(self, "size", check_size(*field(self, "size")))
+        check_choice(*field(self, "resize"), RESIZE_MODES)
+        check_choice(*field(self, "crop"), CROP_MODES)
+        if self.crop == "random_resized" and self.resize == "none":
+            raise ValueError("DecodeImageConfig(crop='random_resized') resizes its box to size, so resize='none' "
+                             "cannot hold; leave resize at its default")
+        set_field(self, "scale", check_range(*field(self, "scale"), 0.0, 1.0))
+        set_field(self, "ratio", check_range(*field(self, "ratio"), 0.0, math.inf))
+        check_field_name(*field(self, "field"))
+        check_field_name(*field(self, "out_field"), allow_none=True)
+        check_positive_int(*field(self, "num_threads"), allow_none=True, unit="threads")
+        check_choice(*field(self, "on_error"), ON_ERROR)
+        check_int(*field(self, "seed"), 0, high=2**63 - 1)
+
+
+def shorter_side_box(height: int, width: int, out_h: int, out_w: int) -> Box:
+    """The box of a (height, width) image that `Resize` of the shorter side + `CenterCrop` keeps.
+
+    The resized size and the crop offsets are torchvision's (the longer side truncated, the
+    offsets rounded), mapped back to the source image, so one `resize(box=...)` gives the same
+    sampling as the two steps.
+    """
+    if out_h * width >= out_w * height:  # the height binds: it becomes out_h
+        new_h, new_w = out_h, max(out_w, int(out_h * width / height))
+    else:
+        new_h, new_w = max(out_h, int(out_w * height / width)), out_w
+    top, left = int(round((new_h - out_h) / 2.0)), int(round((new_w - out_w) / 2.0))
+    sy, sx = height / new_h, width / new_w
+    return (left * sx, top * sy, (left + out_w) * sx, (top + out_h) * sy)
+
+
+def random_resized_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
+                       rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """`(top, left, h, w)` drawn as torchvision's `RandomResizedCrop.get_params` draws it.
+
+    Ten attempts at a box of area `U(scale) * area` and aspect `exp(U(log ratio))` that fits,
+    then the centre crop of the whole image clamped to the ratio range.
+    """
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        h, w = height, width
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _transposes() -> dict[int, Any]:
+    """EXIF orientation -> the Pillow transpose that makes the image upright (as `ImageOps.exif_transpose`)."""
+    t = _pillow().Transpose
+    return {2: t.FLIP_LEFT_RIGHT, 3: t.ROTATE_180, 4: t.FLIP_TOP_BOTTOM, 5: t.TRANSPOSE, 6: t.ROTATE_270,
+            7: t.TRANSVERSE, 8: t.ROTATE_90}
+
+
+class DecodeImage(HostStage):
+    """Decodes encoded images into fixed-size uint8 RGB arrays (HWC), with a crop fused into the decode.
+
+    Grayscale, RGBA, CMYK and palette images become RGB (Pillow's `convert("RGB")`); the EXIF
+    orientation is applied. The output field is `(B, h, w, 3)` uint8, plus a bool
+    `<out_field>_ok` when `on_error="skip"`.
+
+    Example:
+        >>> stages = [DecodeImage(128, crop="random_resized", seed=0),
+        ...           HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(0))]
+        >>> pipeline = Pipeline(ImageFolderSource("photos/train", shuffle=True), stages, batch_size=64)
+
+    Attributes:
+        skipped: records replaced by zeros so far (`on_error="skip"`; a record counts each time).
+    """
+
+    def __init__(self, size: int | tuple[int, int], *, resize: str = "shorter_side", crop: str = "center",
+                 scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
+                 field: str = "image", out_field: str | None = None, num_threads: int | None = None,
+                 on_error: str = "raise", seed: int = 0):
+        self._setup(DecodeImageConfig(size=size, resize=resize, crop=crop, scale=scale, ratio=ratio, field=field,
+                                      out_field=out_field, num_threads=num_threads, on_error=on_error, seed=seed))
+
+    @classmethod
+    def from_config(cls, config: DecodeImageConfig) -> DecodeImage:
+        """The stage a `DecodeImageConfig` describes."""
+        if not isinstance(config, DecodeImageConfig):
+            raise TypeError(f"config must be a DecodeImageConfig, got {type(config).__name__}")
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+    def _setup(self, config: DecodeImageConfig) -> None:
+        self.config = config
+        self.seed = config.seed
+        self.stochastic = config.crop == "random_resized"
+        self.out_field = config.out_field or config.field
+        self.ok_field = f"{self.out_field}_ok" if config.on_error == "skip" else None
+        self.num_threads = config.num_threads or os.cpu_count() or 1
+        self.skipped = 0
+        self._warned: set[int] = set()
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._image = _pillow()
+        self._transpose = _transposes()
+
+    def output_spec(self, input_spec: Spec) -> Spec:
+        name = self.config.field
+        if name not in input_spec:
+            raise KeyError(f"DecodeImage field {name!r} is not in the records (fields {sorted(input_spec)}); "
+                           "set field= to the one holding the encoded images")
+        if input_spec[name].dtype != ENCODED:
+            raise TypeError(f"DecodeImage field {name!r} must hold encoded images (bytes), got "
+                            f"{input_spec[name].dtype} {tuple(input_spec[name].shape)}; it is already decoded, "
+                            "so drop DecodeImage")
+        h, w = self.config.size
+        spec = {**input_spec, self.out_field: jax.ShapeDtypeStruct((h, w, 3), np.uint8)}
+        if self.ok_field is not None:
+            spec[self.ok_field] = jax.ShapeDtypeStruct((), np.bool_)
+        return spec
+
+    def structure(self) -> str:
+        # num_threads changes no output; keeping it out lets a run resume on a machine with other cores.
+        config = dataclasses.replace(self.config, num_threads=None)
+        return f"DecodeImage({config})"
+
+    def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
+        data = batch[self.config.field]
+        count = len(data)
+        h, w = self.config.size
+        out = np.empty((count, h, w, 3), np.uint8)
+
+        def decode(row: int) -> Exception | None:
+            try:
+                rng = ctx.generator(self.seed, row) if self.stochastic else None
+                out[row] = self.decode(data[row], rng)
+            except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for bad bytes; all name the record
+                return exc
+            return None
+
+        if self.num_threads == 1 or count == 1:
+            errors = [decode(row) for row in range(count)]
+        else:
+            errors = list(self._executor().map(decode, range(count)))
+        result = {**batch, self.out_field: out}
+        ok = None if self.ok_field is None else np.ones(count, np.bool_)
+        for row, exc in enumerate(errors):
+            if exc is None:
+                continue
+            message = (f"DecodeImage could not decode {ctx.where(row)} in field {self.config.field!r}: "
+                       f"{type(exc).__name__}: {exc}")
+            if ok is None:
+                raise RecordError(f"{message}. Remove or replace the file (corrupt, truncated or not an image), "
+                                  "or pass on_error='skip' to replace bad records by zeros flagged in "
+                                  f"'{self.out_field}_ok'") from exc
+            out[row] = 0
+            ok[row] = False
+            self._note_skip(int(ctx.record_ids[row]), message)
+        if ok is not None:
+            result[self.ok_field] = ok
+        return result
+
+    def _note_skip(self, record_id: int, message: str) -> None:
+        with self._lock:
+            self.skipped += 1
+            first = record_id not in self._warned
+            self._warned.add(record_id)
+        if first:
+            warnings.warn(f"{message}; skipped (zeros, '{self.ok_field}' False)", SkippedRecordWarning, stacklevel=2)
+
+    def decode(self, data: bytes, rng: np.random.Generator | None = None) -> np.ndarray:
+        """One record: encoded bytes to a `(h, w, 3)` uint8 array (`rng` draws a random-resized box)."""
+        image_module = self._image
+        image = image_module.open(io.BytesIO(data))
+        orientation = image.getexif().get(_ORIENTATION_TAG, 1)
+        transpose = self._transpose.get(orientation)
+        width, height = image.size
+        if transpose is not None and orientation >= 5:  # a quarter turn: the upright image is height x width
+            width, height = height, width
+        box = self._box(height, width, rng)
+        out_h, out_w = self.config.size
+        reduce = 1
+        if box is not None:
+            factor = min((box[2] - box[0]) / out_w, (box[3] - box[1]) / out_h)
+            wanted = next(s for s in _DRAFT_SCALES if s <= factor or s == 1)
+            if wanted > 1:
+                raw_w, raw_h = image.size
+                drafted = image.draft(None, (raw_w // wanted, raw_h // wanted))
+                if drafted is not None:  # a JPEG: the box shrinks with the DCT-scaled decode
+                    reduce = round(raw_w / drafted[1][2])
+        if image.mode not in ("RGB", "L"):
+            image = image.convert("RGB")  # before resizing: P and 1 resize by nearest, RGBA premultiplies
+        if transpose is not None:
+            image = image.transpose(transpose)
+        if box is not None:
+            if reduce != 1:
+                box = (box[0] / reduce, box[1] / reduce, box[2] / reduce, box[3] / reduce)
+            image = image.resize((out_w, out_h), image_module.Resampling.BILINEAR, box=box)
+        elif image.size != (out_w, out_h):
+            raise ValueError(f"the image is {image.size[1]}x{image.size[0]} (h x w) but resize='none' needs "
+                             f"{out_h}x{out_w}; pick resize='shorter_side' or 'fixed'")
+        if image.mode == "L":  # replicating gray after the resize is the same and a third of the work
+            image = image.convert("RGB")
+        return np.asarray(image)
+
+    def _box(self, height: int, width: int, rng: np.random.Generator | None) -> Box | None:
+        """The source box (upright coordinates) that becomes the output; None for resize='none'."""
+        config = self.config
+        if config.crop == "random_resized":
+            top, left, h, w = random_resized_box(height, width, config.scale, config.ratio, rng)
+            return (left, top, left + w, top + h)
+        if config.resize == "fixed":
+            return (0, 0, width, height)
+        if config.resize == "shorter_side":
+            return shorter_side_box(height, width, *config.size)
+        return None
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self.num_threads, "datarax-decode-image")
+            return self._pool
+
+    def close(self) -> None:
+        """Shuts the decoding threads down (a later call starts them again)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Threads, locks and modules do not copy or pickle; a copy starts its own pool on first use.
+        return {"config": self.config, "skipped": self.skipped, "warned": set(self._warned)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["config"])
+        self.skipped = state["skipped"]
+        self._warned = state["warned"]

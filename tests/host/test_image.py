@@ -1,0 +1,323 @@
+"""DecodeImage: Pillow's decode of the same bytes, torchvision's crop maths, keyed crops, bad records."""
+
+from __future__ import annotations
+
+import copy
+import math
+import pathlib
+import pickle
+import random
+import warnings
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image, ImageOps
+from scipy import stats
+from skimage import data as photos
+
+from datarax.host import (DecodeImage, DecodeImageConfig, HostContext, RecordError, SkippedRecordWarning,
+                          record_generator)
+from datarax.host.image import random_resized_box, shorter_side_box
+
+BILINEAR = Image.Resampling.BILINEAR
+
+
+def exif_orientation(orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return exif.tobytes()
+
+
+def write_cases(folder) -> dict[str, str]:
+    """Image files of every kind DecodeImage must read, made from scikit-image photographs."""
+    coffee = Image.fromarray(photos.coffee())  # 400 x 600
+    chelsea = Image.fromarray(photos.chelsea())  # 300 x 451
+    camera = Image.fromarray(photos.camera()[:300, :380])  # grayscale
+    rgba = chelsea.copy()
+    rgba.putalpha(Image.fromarray(np.linspace(0, 255, 300 * 451).astype(np.uint8).reshape(300, 451)))
+    writes = {
+        "rgb.jpg": lambda p: coffee.save(p, quality=90),
+        "rgb.png": lambda p: chelsea.save(p),
+        "rgb.webp": lambda p: Image.fromarray(photos.rocket()).save(p, quality=90),
+        "gray.jpg": lambda p: camera.save(p, quality=90),
+        "gray.png": lambda p: camera.save(p),
+        "rgba.png": lambda p: rgba.save(p),
+        "cmyk.jpg": lambda p: coffee.convert("CMYK").save(p, quality=90),
+        "palette.png": lambda p: chelsea.quantize(64).save(p),
+    }
+    writes.update({f"exif{k}.jpg": (lambda p, k=k: chelsea.save(p, quality=90, exif=exif_orientation(k)))
+                   for k in range(2, 9)})
+    paths = {}
+    for name, write in writes.items():
+        paths[name] = str(folder / name)
+        write(paths[name])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    return write_cases(tmp_path_factory.mktemp("images"))
+
+
+def reference(path: str) -> Image.Image:
+    """Pillow's own decode: open, EXIF transpose, RGB."""
+    return ImageOps.exif_transpose(Image.open(path)).convert("RGB")
+
+
+def run(stage: DecodeImage, paths, record_ids=None, epoch=0):
+    encoded = np.empty(len(paths), object)
+    for i, p in enumerate(paths):
+        encoded[i] = pathlib.Path(p).read_bytes()
+    ids = np.arange(len(paths)) if record_ids is None else np.asarray(record_ids)
+    return stage({"image": encoded}, HostContext(ids, epoch, 0, lambda r: paths[r % len(paths)]))
+
+
+CASES = ["rgb.jpg", "rgb.png", "rgb.webp", "gray.jpg", "gray.png", "rgba.png", "cmyk.jpg", "palette.png",
+         *[f"exif{k}.jpg" for k in range(2, 9)]]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_decode_equals_pillow_after_exif_transpose(cases, name):
+    want = np.asarray(reference(cases[name]))
+    got = run(DecodeImage(want.shape[:2], resize="none"), [cases[name]])["image"]
+    assert got.shape == (1, *want.shape) and got.dtype == np.uint8
+    np.testing.assert_array_equal(got[0], want)
+
+
+def test_exif_cases_really_are_rotated(cases):
+    plain = np.asarray(Image.open(cases["exif2.jpg"]).convert("RGB"))
+    assert np.asarray(reference(cases["exif6.jpg"])).shape[:2] == plain.shape[1::-1]
+    assert not np.array_equal(np.asarray(reference(cases["exif2.jpg"])), plain)
+
+
+def by_hand_shorter_side(image: Image.Image, out_h: int, out_w: int) -> np.ndarray:
+    """torchvision's Resize(shorter side) then CenterCrop, step by step (square outputs)."""
+    width, height = image.size
+    if width <= height:
+        new_w, new_h = out_w, int(out_w * height / width)
+    else:
+        new_w, new_h = int(out_h * width / height), out_h
+    resized = image.resize((new_w, new_h), BILINEAR)
+    top, left = int(round((new_h - out_h) / 2.0)), int(round((new_w - out_w) / 2.0))
+    return np.asarray(resized.crop((left, top, left + out_w, top + out_h)))
+
+
+LOSSLESS = ["rgb.png", "gray.png", "rgba.png", "palette.png"]
+
+
+def assert_close(got, want, atol=1):
+    diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
+    assert diff.max() <= atol, f"max difference {diff.max()}"
+
+
+@pytest.mark.parametrize("name", LOSSLESS)
+@pytest.mark.parametrize("size", [64, 200])
+def test_shorter_side_is_resize_then_center_crop(cases, name, size):
+    got = run(DecodeImage(size, resize="shorter_side"), [cases[name]])["image"][0]
+    assert_close(got, by_hand_shorter_side(reference(cases[name]), size, size))
+
+
+@pytest.mark.parametrize("name", LOSSLESS)
+def test_fixed_is_one_resize(cases, name):
+    got = run(DecodeImage((48, 80), resize="fixed"), [cases[name]])["image"][0]
+    np.testing.assert_array_equal(got, np.asarray(reference(cases[name]).resize((80, 48), BILINEAR)))
+
+
+@pytest.mark.parametrize("name", LOSSLESS + ["exif6.jpg"])
+def test_random_resized_resizes_the_record_box(cases, name):
+    stage = DecodeImage((40, 56), crop="random_resized", seed=3)
+    ids = [5, 77, 1234]
+    got = run(stage, [cases[name]] * 3, record_ids=ids, epoch=2)["image"]
+    image = reference(cases[name])
+    for row, record in enumerate(ids):
+        top, left, h, w = random_resized_box(image.height, image.width, (0.08, 1.0), (3 / 4, 4 / 3),
+                                             record_generator(3, 0, 2, record))
+        box = (left, top, left + w, top + h)
+        resized = np.asarray(image.resize((56, 40), BILINEAR, box=box))
+        # torchvision crops first, so its edge pixels cannot blend in the pixels just outside the box.
+        cropped = np.asarray(image.crop(box).resize((56, 40), BILINEAR))
+        if name.endswith(".jpg"):  # a drafted decode: close to the full decode, not equal
+            assert np.abs(got[row].astype(float) - resized).mean() < 6
+        else:
+            np.testing.assert_array_equal(got[row], resized)
+            assert_close(got[row, 2:-2, 2:-2], cropped[2:-2, 2:-2])
+
+
+def by_hand_draft(path: str, box, size) -> np.ndarray:
+    """The JPEG path step by step: DCT-scaled decode at the largest 1/2^k keeping the box >= size."""
+    image = Image.open(path)
+    factor = min((box[2] - box[0]) / size[1], (box[3] - box[1]) / size[0])
+    scale = next(s for s in (8, 4, 2, 1) if s <= factor)
+    image.draft(None, (image.width // scale, image.height // scale))
+    assert image.size == (math.ceil(600 / scale), math.ceil(400 / scale))
+    box = tuple(v / scale for v in box)
+    return np.asarray(image.convert("RGB").resize((size[1], size[0]), BILINEAR, box=box)), scale
+
+
+@pytest.mark.parametrize("size", [32, 96, 200])
+def test_jpeg_decodes_at_reduced_scale_then_resizes_the_box(cases, size):
+    got = run(DecodeImage(size), [cases["rgb.jpg"]])["image"][0]
+    want, scale = by_hand_draft(cases["rgb.jpg"], shorter_side_box(400, 600, size, size), (size, size))
+    assert scale == {32: 8, 96: 4, 200: 2}[size]
+    np.testing.assert_array_equal(got, want)
+    full = by_hand_shorter_side(reference(cases["rgb.jpg"]), size, size)
+    assert np.abs(got.astype(float) - full).mean() < 4  # the reduced decode is a faithful thumbnail
+
+
+def torchvision_get_params(height, width, scale, ratio, rng: random.Random):
+    """torchvision.transforms.RandomResizedCrop.get_params, with Python's random for torch's."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect_ratio = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = rng.randint(0, height - h)
+            j = rng.randint(0, width - w)
+            return i, j, h, w
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w = width
+        h = height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def box_features(boxes, height, width):
+    boxes = np.asarray(boxes, float)
+    top, left, h, w = boxes.T
+    return {"scale": h * w / (height * width), "aspect": w / h, "top": top / height, "left": left / width}
+
+
+@pytest.mark.parametrize("height,width", [(300, 451), (40, 400)])
+def test_crop_boxes_follow_random_resized_crop(height, width):
+    n, draw = 4000, (lambda scale, r: random_resized_box(height, width, scale, (3 / 4, 4 / 3),
+                                                         record_generator(0, 0, 0, r)))
+    ours = box_features([draw((0.08, 1.0), r) for r in range(n)], height, width)
+    rng = random.Random(0)
+    theirs = box_features([torchvision_get_params(height, width, (0.08, 1.0), (3 / 4, 4 / 3), rng)
+                           for _ in range(n)], height, width)
+    for name in ours:
+        assert stats.ks_2samp(ours[name], theirs[name]).pvalue > 1e-3, name
+    wrong = box_features([draw((0.2, 1.0), r) for r in range(n)], height, width)
+    assert stats.ks_2samp(wrong["scale"], theirs["scale"]).pvalue < 1e-6  # the test sees a wrong scale range
+
+
+def test_fallback_is_the_clamped_center_crop():
+    class Never:  # draws that never fit: area 4x the image
+        def uniform(self, low, high):
+            return high * 4
+
+    assert random_resized_box(100, 400, (0.08, 1.0), (3 / 4, 4 / 3), Never()) == (0, 133, 100, 133)
+    assert random_resized_box(400, 100, (0.08, 1.0), (3 / 4, 4 / 3), Never()) == (133, 0, 133, 100)
+    assert random_resized_box(100, 110, (0.08, 1.0), (3 / 4, 4 / 3), Never()) == (0, 0, 100, 110)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_threads_change_nothing(cases, threads):
+    paths = [cases[n] for n in CASES]
+    base = run(DecodeImage(32, crop="random_resized", num_threads=2), paths)["image"]
+    np.testing.assert_array_equal(run(DecodeImage(32, crop="random_resized", num_threads=threads), paths)["image"],
+                                  base)
+
+
+def test_the_crop_follows_seed_epoch_and_record(cases):
+    paths = [cases["rgb.png"]] * 2
+    stage = DecodeImage(32, crop="random_resized")
+    a = run(stage, paths, record_ids=[0, 1])["image"]
+    assert not np.array_equal(a[0], a[1])
+    assert not np.array_equal(run(stage, paths, record_ids=[0, 1], epoch=1)["image"], a)
+    assert not np.array_equal(run(DecodeImage(32, crop="random_resized", seed=1), paths, [0, 1])["image"], a)
+    np.testing.assert_array_equal(run(stage, paths[::-1], record_ids=[1, 0])["image"], a[::-1])
+    assert stage.stochastic and not DecodeImage(32).stochastic
+
+
+def test_out_field_keeps_the_encoded_field_for_a_second_view(cases):
+    out = run(DecodeImage(16, out_field="view"), [cases["rgb.png"]])
+    assert out["image"].dtype == object and out["view"].shape == (1, 16, 16, 3)
+
+
+def bad_files(folder, cases):
+    good = pathlib.Path(cases["rgb.jpg"]).read_bytes()
+    paths = {"good.jpg": cases["rgb.jpg"], "truncated.jpg": str(folder / "truncated.jpg"),
+             "corrupt.jpg": str(folder / "corrupt.jpg")}
+    pathlib.Path(paths["truncated.jpg"]).write_bytes(good[:len(good) // 3])
+    pathlib.Path(paths["corrupt.jpg"]).write_bytes(b"not an image at all" * 10)
+    return paths
+
+
+@pytest.mark.parametrize("bad", ["truncated.jpg", "corrupt.jpg"])
+def test_bad_bytes_raise_naming_the_record_and_path(tmp_path, cases, bad):
+    paths = bad_files(tmp_path, cases)
+    files = [paths["good.jpg"], paths[bad]]
+    with pytest.raises(RecordError, match=rf"record 1 \({paths[bad]}\).*on_error='skip'"):
+        run(DecodeImage(32), files)
+
+
+def test_skip_writes_zeros_flags_counts_and_warns_once_per_record(tmp_path, cases):
+    paths = bad_files(tmp_path, cases)
+    files = [paths["good.jpg"], paths["truncated.jpg"], paths["corrupt.jpg"]]
+    stage = DecodeImage(32, on_error="skip")
+    assert stage.output_spec({"image": jax.ShapeDtypeStruct((), object)})["image_ok"].dtype == np.bool_
+    with pytest.warns(SkippedRecordWarning) as caught:
+        out = run(stage, files)
+    assert [str(w.message).split(" in field")[0] for w in caught if w.category is SkippedRecordWarning] == [
+        f"DecodeImage could not decode record 1 ({paths['truncated.jpg']})",
+        f"DecodeImage could not decode record 2 ({paths['corrupt.jpg']})"]
+    np.testing.assert_array_equal(out["image_ok"], [True, False, False])
+    assert not out["image"][1:].any() and out["image"][0].any()
+    assert stage.skipped == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(stage, files)  # the same records again: counted, not warned again
+    assert stage.skipped == 4
+    assert "image_ok" not in run(DecodeImage(32), files[:1])
+
+
+def test_a_copy_or_pickle_and_close_leave_a_working_stage(cases):
+    stage = DecodeImage(32, num_threads=2)
+    base = run(stage, [cases["rgb.png"]] * 3)["image"]
+    for other in (copy.deepcopy(stage), pickle.loads(pickle.dumps(stage))):
+        np.testing.assert_array_equal(run(other, [cases["rgb.png"]] * 3)["image"], base)
+    stage.close()
+    stage.close()
+    np.testing.assert_array_equal(run(stage, [cases["rgb.png"]] * 3)["image"], base)
+    stage.close()
+
+
+def test_structure_names_every_output_setting_but_not_threads():
+    assert DecodeImage(32).structure() != DecodeImage(32, seed=1).structure()
+    assert DecodeImage(32).structure() != DecodeImage(32, crop="random_resized").structure()
+    assert DecodeImage(32, num_threads=1).structure() == DecodeImage(32, num_threads=8).structure()
+    config = DecodeImageConfig(size=(8, 16), crop="random_resized")
+    assert DecodeImage.from_config(config).config == config and config.size == (8, 16)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"size": 0}, r"size must be a positive int or a \(height, width\) pair"),
+    ({"size": 8, "resize": "short"}, r"resize must be one of \('shorter_side', 'fixed', 'none'\), got 'short'"),
+    ({"size": 8, "crop": "random"}, r"crop must be one of"),
+    ({"size": 8, "scale": (0.5, 0.1)}, r"scale must be a pair"),
+    ({"size": 8, "ratio": (0, 1)}, r"ratio must be a pair"),
+    ({"size": 8, "on_error": "ignore"}, r"on_error must be one of \('raise', 'skip'\)"),
+    ({"size": 8, "num_threads": 0}, r"num_threads must be a positive int"),
+    ({"size": 8, "crop": "random_resized", "resize": "none"}, r"resize='none' cannot hold"),
+])
+def test_bad_settings_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DecodeImage(**kwargs)
+
+
+def test_output_spec_checks_the_field():
+    with pytest.raises(KeyError, match=r"field 'jpeg' is not in the records"):
+        DecodeImage(8, field="jpeg").output_spec({"image": jax.ShapeDtypeStruct((), object)})
+    with pytest.raises(TypeError, match=r"must hold encoded images .* drop DecodeImage"):
+        DecodeImage(8).output_spec({"image": jax.ShapeDtypeStruct((8, 8, 3), np.uint8)})
