@@ -27,22 +27,18 @@ Example:
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import io
 import math
-import threading
-import warnings
 from typing import Any
 
 import jax
 import numpy as np
 
 from datarax.core.checks import check_choice, check_field_name, check_int, check_positive_int, field, is_int
-from datarax.host.stage import ENCODED, HostContext, HostStage, RecordError, Spec
+from datarax.host.stage import ENCODED, ON_ERROR, BadRecords, HostContext, HostStage, RecordError, RecordPool, Spec
 
 _CROPS = ("random", "center", "start")
-_ON_ERROR = ("raise", "skip")
 
 
 def _soundfile(owner: str) -> Any:
@@ -89,7 +85,7 @@ class DecodeAudioConfig:
         check_choice(*field(self, "crop"), _CROPS)
         check_int(*field(self, "seed"), 0)
         check_positive_int(*field(self, "num_threads"))
-        check_choice(*field(self, "on_error"), _ON_ERROR)
+        check_choice(*field(self, "on_error"), ON_ERROR)
 
 
 def crop_offset(available: int, length: int, crop: str, rng: np.random.Generator | None) -> int:
@@ -128,10 +124,16 @@ class DecodeAudio(HostStage):
         self.config = config
         self.seed = config.seed
         self.stochastic = config.crop == "random"
-        self.skipped = 0  # records replaced by zeros under on_error="skip"
         self._soundfile = _soundfile("DecodeAudio")
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
+        self.pool = RecordPool(config.num_threads, "DecodeAudio")
+        ok_field = f"{config.field}_ok" if config.on_error == "skip" else None
+        self.bad_records = BadRecords(config.on_error, "DecodeAudio", config.field, ok_field,
+                                      "Remove or replace the file (corrupt, truncated or not audio)")
+
+    @property
+    def skipped(self) -> int:
+        """Records replaced by zeros so far (`on_error="skip"`)."""
+        return self.bad_records.skipped
 
     def _shape(self) -> tuple[int, ...]:
         c = self.config
@@ -192,7 +194,6 @@ class DecodeAudio(HostStage):
         n = len(records)
         waves = np.zeros((n,) + self._shape(), np.float32)
         lengths = np.zeros(n, np.int32)
-        ok = np.ones(n, np.bool_)
 
         def work(row: int) -> RecordError | None:
             try:
@@ -201,29 +202,12 @@ class DecodeAudio(HostStage):
                 return exc
             return None
 
-        errors = list(self._map(work, n))
-        for row, error in enumerate(errors):  # in row order, so the first bad record is reported
-            if error is None:
-                continue
-            if c.on_error == "raise":
-                raise error
-            waves[row] = 0.0
-            lengths[row], ok[row] = 0, False
-            self.skipped += 1
-            warnings.warn(f"{error}; skipped (on_error='skip'), its waveform is zeros", UserWarning, stacklevel=2)
+        failures = self.pool.map(work, n)
+        ok = self.bad_records.resolve(failures, ctx, [waves, lengths])
         out = {**batch, c.field: waves, f"{c.field}_length": lengths}
-        if c.on_error == "skip":
+        if ok is not None:
             out[f"{c.field}_ok"] = ok
         return out
-
-    def _map(self, work, n: int):
-        if self.config.num_threads == 1 or n == 1:
-            return map(work, range(n))
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(self.config.num_threads,
-                                                                   thread_name_prefix="DecodeAudio")
-        return self._pool.map(work, range(n))
 
     def structure(self) -> str:
         # The thread count changes how fast records decode, never what they decode to, so a state
@@ -232,7 +216,5 @@ class DecodeAudio(HostStage):
         return "DecodeAudio(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"
 
     def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        """Stops the decoding threads (idempotent)."""
+        self.pool.close()

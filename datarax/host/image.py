@@ -21,13 +21,10 @@ Crop modes (torchvision's names for the same maths):
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import io
 import math
 import os
-import threading
-import warnings
 from typing import Any
 
 import jax
@@ -35,19 +32,16 @@ import numpy as np
 
 from datarax.core.checks import (check_choice, check_field_name, check_int, check_positive_int, check_range,
                                  check_size, field, set_field)
-from datarax.host.stage import ENCODED, HostContext, HostStage, RecordError, Spec
+from datarax.host.stage import (ENCODED, ON_ERROR, BadRecords, HostContext, HostStage, RecordPool,
+                                 SkippedRecordWarning, Spec)
 
 RESIZE_MODES = ("shorter_side", "fixed", "none")
 CROP_MODES = ("center", "random_resized")
-ON_ERROR = ("raise", "skip")
+
 PILLOW_HINT = "pip install pillow (or pip install 'datarax[image]')"
 _ORIENTATION_TAG = 0x0112
 _DRAFT_SCALES = (8, 4, 2, 1)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's order
-
-
-class SkippedRecordWarning(UserWarning):
-    """A record that could not be decoded was replaced by zeros (`on_error="skip"`)."""
 
 
 def _pillow() -> Any:
@@ -193,10 +187,9 @@ class DecodeImage(HostStage):
         self.out_field = config.out_field or config.field
         self.ok_field = f"{self.out_field}_ok" if config.on_error == "skip" else None
         self.num_threads = config.num_threads or os.cpu_count() or 1
-        self.skipped = 0
-        self._warned: set[int] = set()
-        self._lock = threading.Lock()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.pool = RecordPool(self.num_threads, "datarax-decode-image")
+        self.bad_records = BadRecords(config.on_error, "DecodeImage", config.field, self.ok_field,
+                                      "Remove or replace the file (corrupt, truncated or not an image)")
         self._image = _pillow()
         self._transpose = _transposes()
 
@@ -234,35 +227,17 @@ class DecodeImage(HostStage):
                 return exc
             return None
 
-        if self.num_threads == 1 or count == 1:
-            errors = [decode(row) for row in range(count)]
-        else:
-            errors = list(self._executor().map(decode, range(count)))
+        failures = self.pool.map(decode, count)
         result = {**batch, self.out_field: out}
-        ok = None if self.ok_field is None else np.ones(count, np.bool_)
-        for row, exc in enumerate(errors):
-            if exc is None:
-                continue
-            message = (f"DecodeImage could not decode {ctx.where(row)} in field {self.config.field!r}: "
-                       f"{type(exc).__name__}: {exc}")
-            if ok is None:
-                raise RecordError(f"{message}. Remove or replace the file (corrupt, truncated or not an image), "
-                                  "or pass on_error='skip' to replace bad records by zeros flagged in "
-                                  f"'{self.out_field}_ok'") from exc
-            out[row] = 0
-            ok[row] = False
-            self._note_skip(int(ctx.record_ids[row]), message)
+        ok = self.bad_records.resolve(failures, ctx, [out])
         if ok is not None:
             result[self.ok_field] = ok
         return result
 
-    def _note_skip(self, record_id: int, message: str) -> None:
-        with self._lock:
-            self.skipped += 1
-            first = record_id not in self._warned
-            self._warned.add(record_id)
-        if first:
-            warnings.warn(f"{message}; skipped (zeros, '{self.ok_field}' False)", SkippedRecordWarning, stacklevel=2)
+    @property
+    def skipped(self) -> int:
+        """Records replaced by zeros so far (`on_error="skip"`; a record counts each time)."""
+        return self.bad_records.skipped
 
     def decode(self, data: bytes, rng: np.random.Generator | None = None) -> np.ndarray:
         """One record: encoded bytes to a `(h, w, 3)` uint8 array (`rng` draws a random-resized box)."""
@@ -311,24 +286,14 @@ class DecodeImage(HostStage):
             return shorter_side_box(height, width, *config.size)
         return None
 
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(self.num_threads, "datarax-decode-image")
-            return self._pool
-
     def close(self) -> None:
         """Shuts the decoding threads down (a later call starts them again)."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        self.pool.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        # Threads, locks and modules do not copy or pickle; a copy starts its own pool on first use.
-        return {"config": self.config, "skipped": self.skipped, "warned": set(self._warned)}
+        # Modules do not copy or pickle; a copy imports them again, and its pool starts on first use.
+        return {"config": self.config, "bad_records": self.bad_records}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._setup(state["config"])
-        self.skipped = state["skipped"]
-        self._warned = state["warned"]
+        self.bad_records = state["bad_records"]

@@ -20,7 +20,10 @@ A pipeline takes host stages at the head of its `stages`:
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import dataclasses
+import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -74,6 +77,96 @@ class HostContext:
 
 class RecordError(ValueError):
     """A record could not be decoded; the message names the record and where it came from."""
+
+
+class SkippedRecordWarning(UserWarning):
+    """A host stage replaced a record it could not decode by zeros (`on_error="skip"`)."""
+
+
+class RecordPool:
+    """Runs one function per record on a thread pool started on first use (decoders such as Pillow
+    and libsndfile release the GIL); with one thread, or one record, it runs inline."""
+
+    def __init__(self, num_threads: int, name: str):
+        self.num_threads, self.name = num_threads, name
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def map(self, work: Callable[[int], Any], count: int) -> list[Any]:
+        """`[work(0), ..., work(count - 1)]`, in row order."""
+        if self.num_threads == 1 or count == 1:
+            return [work(row) for row in range(count)]
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self.num_threads, thread_name_prefix=self.name)
+            pool = self._pool
+        return list(pool.map(work, range(count)))
+
+    def close(self) -> None:
+        """Stops the threads (idempotent; a later `map` starts them again)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __getstate__(self) -> dict[str, Any]:  # threads and locks neither copy nor pickle
+        return {"num_threads": self.num_threads, "name": self.name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["num_threads"], state["name"])
+
+
+ON_ERROR = ("raise", "skip")
+
+
+class BadRecords:
+    """What a decoding stage does with records it cannot decode (`on_error`).
+
+    `"raise"` raises the first failure, in row order, as a `RecordError` naming the record and
+    its origin. `"skip"` writes zeros, sets the record's `ok_field` flag to False, counts it in
+    `skipped` and warns once per record (`SkippedRecordWarning`): never silently.
+    """
+
+    def __init__(self, on_error: str, stage: str, field: str, ok_field: str | None, fix: str):
+        self.on_error, self.stage, self.field, self.ok_field, self.fix = on_error, stage, field, ok_field, fix
+        self.skipped = 0
+        self.warned: set[int] = set()
+        self._lock = threading.Lock()
+
+    def resolve(self, failures: Sequence[BaseException | None], ctx: HostContext,
+                outputs: Sequence[np.ndarray]) -> np.ndarray | None:
+        """Handles the batch's failures; returns the `ok` flags under "skip" (None under "raise")."""
+        ok = np.ones(len(failures), np.bool_) if self.on_error == "skip" else None
+        for row, exc in enumerate(failures):
+            if exc is None:
+                continue
+            # A RecordError already names the record and its fix; a decoder's own error gets both.
+            own = isinstance(exc, RecordError)
+            message = str(exc) if own else \
+                f"{self.stage} could not decode {ctx.where(row)} in field {self.field!r}: {type(exc).__name__}: {exc}"
+            if ok is None:
+                fix = "" if own else f". {self.fix}"
+                raise RecordError(f"{message}{fix}; or pass on_error='skip' to replace bad records by zeros flagged "
+                                  f"in '{self.field}_ok'") from exc
+            for out in outputs:
+                out[row] = 0
+            ok[row] = False
+            record_id = int(ctx.record_ids[row])
+            with self._lock:
+                self.skipped += 1
+                first = record_id not in self.warned
+                self.warned.add(record_id)
+            if first:
+                warnings.warn(f"{message}; skipped (zeros, '{self.ok_field}' False)", SkippedRecordWarning,
+                              stacklevel=3)
+        return ok
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
 
 class HostStage(abc.ABC):

@@ -214,7 +214,7 @@ def test_corrupt_bytes_raise_an_error_naming_the_record(kind):
 def test_skip_writes_zeros_flags_counts_and_warns():
     source = corrupt_dataset({2: BAD["garbage"], 5: BAD["truncated FLAC"]})
     stage = DecodeAudio(sample_rate=RATE, length=LENGTH, crop="start", on_error="skip")
-    with pytest.warns(UserWarning, match=r"skipped \(on_error='skip'\)") as caught:
+    with pytest.warns(UserWarning, match=r"skipped \(zeros, 'audio_ok' False\)") as caught:
         batch = next(iter(Pipeline(source, [stage], batch_size=8)))
     assert [str(w.message).split(" (")[0] for w in caught] == ["DecodeAudio: record 2", "DecodeAudio: record 5"]
     assert stage.skipped == 2
