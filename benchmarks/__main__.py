@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         print(format_table(rows))
     if args.plot:
-        plot(rows, args.plot)
+        caption = (f"median of {args.repeats} timed epochs per side, --scale {args.scale}; {info['cpus']} CPUs "
+                   f"({info['processor']}), jax {info['jax']} on {info['backend']}, load average {load}")
+        plot(rows, args.plot, caption=caption)
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 

@@ -113,8 +113,26 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: Sequence[dict], path: str) -> None:
-    """A grouped bar chart of el/s (log scale), one group per scenario, one bar per framework."""
+COLORS = {"datarax": "#1f77b4", "floor": "#7f7f7f", "grain": "#2ca02c", "tfdata": "#ff7f0e", "torch": "#d62728"}
+
+
+def plot_layout(rows: Sequence[dict]) -> tuple[list[str], list[str], dict, dict]:
+    """(scenarios, frameworks, rates, notes): a bar for each rate, a note where a side has none."""
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    frameworks = list(dict.fromkeys(r["framework"] for r in rows))
+    rates = {(r["scenario"], r["framework"]): r["el_s"] for r in rows if r.get("el_s")}
+    notes = {}
+    for r in rows:
+        if not r.get("el_s"):
+            reason = r.get("error") or r.get("skipped") or "no result"
+            notes[(r["scenario"], r["framework"])] = "not installed" if "not installed" in reason else "no run"
+    return scenarios, frameworks, rates, notes
+
+
+def plot(rows: Sequence[dict], path: str, *, caption: str = "") -> None:
+    """A grouped bar chart of el/s (log scale): one group per scenario, one colour per framework
+    (datarax first), "not installed" / "no run" written where a framework has no bar, and a
+    caption saying how the numbers were taken (repeats, scale, machine)."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -122,21 +140,33 @@ def plot(rows: Sequence[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
-    frameworks = list(dict.fromkeys(r["framework"] for r in rows))
-    rates = {(r["scenario"], r["framework"]): r.get("el_s") for r in rows}
+    scenarios, frameworks, rates, notes = plot_layout(rows)
     width = 0.8 / max(len(frameworks), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(scenarios) * max(len(frameworks), 1) / 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(scenarios) * max(len(frameworks), 1) / 2), 5.0))
+    low = min(rates.values(), default=1.0)
     for i, fw in enumerate(frameworks):
-        xs = [j + i * width for j, s in enumerate(scenarios) if rates.get((s, fw))]
-        ys = [rates[(s, fw)] for s in scenarios if rates.get((s, fw))]
-        ax.bar(xs, ys, width, label=fw)
+        xs = [j + i * width for j, s in enumerate(scenarios) if (s, fw) in rates]
+        ys = [rates[(s, fw)] for s in scenarios if (s, fw) in rates]
+        ax.bar(xs, ys, width, color=COLORS.get(fw, "C%d" % i), edgecolor="black" if fw == "datarax" else None)
+        for j, s in enumerate(scenarios):
+            if (s, fw) in notes:
+                ax.text(j + i * width, low, notes[(s, fw)], rotation=90, ha="center", va="bottom", fontsize=7,
+                        color=COLORS.get(fw, "black"))
     ax.set_xticks([j + width * (len(frameworks) - 1) / 2 for j in range(len(scenarios))], scenarios)
     ax.set_yscale("log")
     ax.set_ylabel("elements / second (log scale)")
     ax.set_title("datarax vs peers (higher is better)")
-    ax.legend()
-    fig.tight_layout()
+    from matplotlib.patches import Patch
+
+    def label(fw: str) -> str:
+        missing = {notes[(s, f)] for s, f in notes if f == fw}
+        return fw if not missing or any((s, fw) in rates for s in scenarios) else f"{fw} ({', '.join(sorted(missing))})"
+
+    ax.legend(handles=[Patch(facecolor=COLORS.get(fw, "C%d" % i), edgecolor="black" if fw == "datarax" else None,
+                             label=label(fw)) for i, fw in enumerate(frameworks)])
+    if caption:
+        fig.text(0.01, 0.01, caption, fontsize=7, ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.06 if caption else 0, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

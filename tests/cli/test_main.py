@@ -255,3 +255,17 @@ def test_help_and_version_import_no_jax(argv):
     assert out.strip().splitlines()[-1] == "NO-JAX"
     if argv != ["run", "--help"]:
         assert "datarax 0.1.0 (jax " in out or "usage: datarax" in out
+
+
+def test_the_plot_marks_missing_peers_instead_of_drawing_nothing():
+    from benchmarks.report import plot_layout
+
+    rows = [{"scenario": "tokens", "framework": "datarax", "el_s": 2000.0},
+            {"scenario": "tokens", "framework": "floor", "el_s": 2100.0},
+            {"scenario": "tokens", "framework": "tfdata", "error": "tfdata is not installed: pip install tensorflow"},
+            {"scenario": "dag", "framework": "datarax", "el_s": 10.0},
+            {"scenario": "dag", "framework": "torch", "skipped": "no torch workload for dag"}]
+    scenarios, frameworks, rates, notes = plot_layout(rows)
+    assert scenarios == ["tokens", "dag"] and frameworks == ["datarax", "floor", "tfdata", "torch"]
+    assert rates == {("tokens", "datarax"): 2000.0, ("tokens", "floor"): 2100.0, ("dag", "datarax"): 10.0}
+    assert notes == {("tokens", "tfdata"): "not installed", ("dag", "torch"): "no run"}
