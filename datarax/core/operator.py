@@ -7,7 +7,9 @@ their randomness comes from the record's identity, never from the batch it happe
     key(record) = fold_in(fold_in(stage_key, epoch), record_id)
 
 so a record gets the same augmentation in a given epoch whatever the batch size, shuffle order,
-host count or resume point, and a fresh one in the next epoch.
+host count or resume point, and a fresh one in the next epoch. `stage_key` is drawn from the
+stage's own `rngs`; a pipeline makes the keys of stages given the same seed distinct
+(`distinct_stage_keys`), so two stages never share a stream by accident.
 """
 
 from __future__ import annotations
@@ -114,6 +116,34 @@ def stage_key_from_rngs(owner: str, config: OperatorConfig, rngs: nnx.Rngs | Non
             f"stream nor a 'default' stream; pass nnx.Rngs({stream}=0) or nnx.Rngs(0)"
         ) from None
     return StageKey(jax.random.key_data(key))
+
+
+def distinct_stage_keys(program: nnx.Module) -> list[tuple[Any, Any]]:
+    """Makes every stochastic stage of `program` draw its own stream, even from the same seed.
+
+    Two stages given `nnx.Rngs(0)` would otherwise get the same base key, and so identical
+    per-record keys: a horizontal and a vertical flip would always fire together. Walking the
+    stages' keys in path order, the first stage with a given key keeps it and each later one
+    with the same key gets `fold_in(key, n)`, n = 1, 2, ... in that order. Stages whose keys
+    already differ (different seeds, or one `nnx.Rngs` shared and drawn from in turn) keep them,
+    so their augmentation is unchanged. Returns the `(path, n)` pairs it changed.
+    """
+    state = nnx.state(program, StageKey)
+    flat = sorted(nnx.to_flat_state(state), key=lambda item: tuple(map(str, item[0])))
+    seen: dict[tuple[int, ...], int] = {}
+    changed = []
+    for path, variable in flat:
+        data = jnp.asarray(variable.get_value())
+        signature = tuple(int(x) for x in data.reshape(-1))
+        count = seen.get(signature, 0)
+        seen[signature] = count + 1
+        if count:
+            folded = jax.random.fold_in(jax.random.wrap_key_data(data), count)
+            variable.set_value(jax.random.key_data(folded))
+            changed.append((path, count))
+    if changed:
+        nnx.update(program, nnx.from_flat_state(flat))
+    return changed
 
 
 def record_keys(stage_key: StageKey, ctx: BatchContext) -> jax.Array:

@@ -12,7 +12,7 @@ from flax import nnx
 
 from datarax.core.checks import is_int
 from datarax.batching import check_batch_size, num_batches
-from datarax.core.operator import BatchContext, OperatorModule, describe
+from datarax.core.operator import BatchContext, OperatorModule, describe, distinct_stage_keys
 from datarax.host.stage import check_numeric, split_host_stages
 from datarax.core.source import DataSourceModule
 from datarax.pipeline.chain import Chain
@@ -81,6 +81,7 @@ class Pipeline(nnx.Module):
         self.source = source
         self.sampler = source.default_sampler() if sampler is None else sampler
         self.program = Chain(stages) if program is None else program
+        distinct_stage_keys(self.program)
         self.drop_remainder = drop_remainder
         if drop_remainder and len(self.sampler) < self.batch_size:
             raise ValueError(

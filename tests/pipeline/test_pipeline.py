@@ -222,3 +222,37 @@ def test_transform_on_a_loaded_batch_matches_iteration_and_is_differentiable():
 def test_output_spec():
     spec = build(10, 4).output_spec()
     assert spec["x"].shape == (4, 3) and spec["id"].dtype == jnp.int32
+
+
+def flips_fired(pipeline):
+    """For each record, whether the horizontal and the vertical flip fired (from pixel (0, 0))."""
+    out = collect(pipeline)
+    corner = out["image"][np.argsort(out["id"]), 0, 0, 0]  # pixel (r, c) holds 2r + c
+    return corner % 2 == 1, corner // 2 == 1
+
+
+def flip_pipeline(h_seed, v_seed, n=4000):
+    from datarax.operators.image import (HorizontalFlipConfig, HorizontalFlipOperator, VerticalFlipConfig,
+                                         VerticalFlipOperator)
+
+    image = np.broadcast_to(np.array([[0, 1], [2, 3]], np.float32)[:, :, None], (n, 2, 2, 3)).copy()
+    source = MemorySource(MemorySourceConfig(), data={"image": image, "id": np.arange(n, dtype=np.int32)})
+    stages = [HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(h_seed)),
+              VerticalFlipOperator(VerticalFlipConfig(), rngs=nnx.Rngs(v_seed))]
+    return Pipeline(source, stages, batch_size=500)
+
+
+def test_two_stages_given_the_same_seed_draw_independently():
+    h, v = flips_fired(flip_pipeline(0, 0))
+    # Independent fair coins agree half the time (4000 records: 5% is over six standard errors).
+    assert abs(np.mean(h == v) - 0.5) < 0.05 and abs(np.mean(h) - 0.5) < 0.05 and abs(np.mean(v) - 0.5) < 0.05
+
+
+def test_stages_with_different_seeds_keep_their_streams():
+    same, different = flip_pipeline(0, 0), flip_pipeline(0, 1)
+    # The first stage keeps its key either way; the second keeps its own when it differs.
+    np.testing.assert_array_equal(flips_fired(same)[0], flips_fired(different)[0])
+    from datarax.operators.image import VerticalFlipConfig, VerticalFlipOperator
+
+    alone = VerticalFlipOperator(VerticalFlipConfig(), rngs=nnx.Rngs(1))
+    np.testing.assert_array_equal(np.asarray(different.stages[1].key[...]), np.asarray(alone.key[...]))
