@@ -9,3 +9,5 @@ from datarax.host.stage import HostStage as HostStage
 from datarax.host.stage import HostStageSource as HostStageSource
 from datarax.host.stage import RecordError as RecordError
 from datarax.host.stage import record_generator as record_generator
+from datarax.host.text import Tokenize as Tokenize
+from datarax.host.text import TokenizeConfig as TokenizeConfig

@@ -14,6 +14,10 @@ from datarax.sources.hf import HFSourceConfig as HFSourceConfig
 from datarax.sources.hf import HFStreamSource as HFStreamSource
 from datarax.sources.mix import MixDataSources as MixDataSources
 from datarax.sources.mix import MixDataSourcesConfig as MixDataSourcesConfig
+from datarax.sources.packed_text import PackedTextSource as PackedTextSource
+from datarax.sources.packed_text import PackedTextSourceConfig as PackedTextSourceConfig
 from datarax.sources.stream import StreamSourceModule as StreamSourceModule
+from datarax.sources.text import TextSource as TextSource
+from datarax.sources.text import TextSourceConfig as TextSourceConfig
 from datarax.sources.tfds import TFDSSource as TFDSSource
 from datarax.sources.tfds import TFDSSourceConfig as TFDSSourceConfig
