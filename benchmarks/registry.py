@@ -15,6 +15,7 @@ SCENARIO_MODULES = {
     "arrayrecord": "benchmarks.scenarios.arrayrecord",
     "hf_parquet": "benchmarks.scenarios.hf_parquet",
     "sharded": "benchmarks.scenarios.sharded",
+    "text": "benchmarks.scenarios.text",
 }
 
 
