@@ -60,8 +60,12 @@ def load_tokenizer(tokenizer: Any, owner: str) -> tuple[Any, str]:
 
 
 def encode(tokenizer: Any, texts: list, add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
-    """`(flat int32 token ids, int64 lengths)` of `texts`, encoded in one batch call."""
-    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+    """`(flat int32 token ids, int64 lengths)` of `texts`, encoded in one batch call.
+
+    `encode_batch_fast` (tokenizers >= 0.20) skips the character offsets nobody here reads.
+    """
+    batch_encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    encodings = batch_encode(texts, add_special_tokens=add_special_tokens)
     ids = [e.ids for e in encodings]
     lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(lengths.sum()))
@@ -81,9 +85,12 @@ def pad_ragged(flat: np.ndarray, lengths: np.ndarray, length: int, pad_id: int) 
     return ids, kept
 
 
-def texts_of(values: np.ndarray, field_name: str, ctx: HostContext, owner: str) -> list:
-    """The batch's `field_name` as a list of str (UTF-8 bytes are decoded), naming a bad record."""
-    texts = values.reshape(-1).tolist()
+def as_texts(texts: list, field_name: str, ctx: HostContext, owner: str) -> list:
+    """`texts` with UTF-8 bytes decoded, or a `RecordError` naming the first record that is not text.
+
+    Called only when the tokenizer refused a batch, so a batch of str pays no per-record loop.
+    """
+    texts = list(texts)
     for row, text in enumerate(texts):
         if isinstance(text, bytes):
             try:
@@ -161,8 +168,11 @@ class Tokenize(HostStage):
 
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         cfg = self.config
-        texts = texts_of(batch[cfg.field], cfg.field, ctx, "Tokenize")
-        flat, lengths = encode(self.tokenizer, texts, cfg.add_special_tokens)
+        texts = batch[cfg.field].reshape(-1).tolist()
+        try:
+            flat, lengths = encode(self.tokenizer, texts, cfg.add_special_tokens)
+        except TypeError:  # bytes, or something that is not text: decode or name the record
+            flat, lengths = encode(self.tokenizer, as_texts(texts, cfg.field, ctx, "Tokenize"), cfg.add_special_tokens)
         ids, kept = pad_ragged(flat, lengths, cfg.length, cfg.pad_id)
         out = {k: v for k, v in batch.items() if k != cfg.field}
         out[f"{cfg.field}_ids"] = ids

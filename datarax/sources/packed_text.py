@@ -40,8 +40,8 @@ import numpy as np
 
 from datarax.core.checks import check_bool, check_field_name, check_int, field
 from datarax.core.source import DataSourceModule
-from datarax.host.stage import ENCODED
-from datarax.host.text import encode, load_tokenizer
+from datarax.host.stage import ENCODED, HostContext
+from datarax.host.text import as_texts, encode, load_tokenizer
 from datarax.samplers.feistel import validate_seed
 from datarax.samplers.simple import ShuffleSampler
 from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
@@ -141,11 +141,16 @@ class PackedTextSource(StreamSourceModule):
         positions = np.asarray(positions, np.int64)
         return positions if self.sampler is None else self.sampler.indices(positions, epoch)
 
-    def tokenize(self, record_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def tokenize(self, record_ids: np.ndarray, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """`(flat int32 tokens, int64 lengths)` of the documents `record_ids`, EOS and truncation applied."""
         cfg = self.config
         texts = document_texts(self.source, record_ids, cfg.field)
-        flat, lengths = encode(self.tokenizer, texts, cfg.add_special_tokens)
+        try:
+            flat, lengths = encode(self.tokenizer, texts, cfg.add_special_tokens)
+        except TypeError:  # bytes, or something that is not text: decode or name the record
+            ctx = HostContext(np.asarray(record_ids, np.int64), epoch, 0, self.source.describe_record)
+            flat, lengths = encode(self.tokenizer, as_texts(texts, cfg.field, ctx, "PackedTextSource"),
+                                   cfg.add_special_tokens)
         eos = cfg.eos_id is not None
         keep = np.minimum(lengths, cfg.seq_len - eos) if cfg.truncate else lengths
         if not eos and np.array_equal(keep, lengths):
@@ -203,7 +208,7 @@ class PackedTextReader(RecordReader):
             return False
         stop = min(self._num_docs, self._next + self._packed.config.block_size)
         ids = self._packed.document_order(np.arange(self._next, stop), self._epoch)
-        flat, lengths = self._packed.tokenize(ids)
+        flat, lengths = self._packed.tokenize(ids, self._epoch)
         self._flat = np.concatenate([self._flat, flat])
         self._starts = np.concatenate([self._starts, self._starts[-1] + np.cumsum(lengths)])
         self._next = stop

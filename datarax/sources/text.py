@@ -135,8 +135,7 @@ class TextSource(DataSourceModule):
 
 
 def document_texts(source: Any, indices: np.ndarray, field_name: str) -> list[str]:
-    """The text of the records at `indices` of any random-access source with a str field."""
+    """The values of the text field of the records at `indices` of any random-access source (str or bytes)."""
     if isinstance(source, TextSource):
         return source.texts(indices)
-    values = source.get_batch(np.asarray(indices, np.int64))[field_name]
-    return [v.decode("utf-8") if isinstance(v, bytes) else v for v in np.asarray(values).reshape(-1).tolist()]
+    return np.asarray(source.get_batch(np.asarray(indices, np.int64))[field_name]).reshape(-1).tolist()

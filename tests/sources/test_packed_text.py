@@ -173,6 +173,7 @@ source = PackedTextSource(TextSource.from_files([root + "/corpus.txt"]), root + 
 iterator = Pipeline(source, [], batch_size=4).epochs(None)
 iterator.set_state(json.load(open(root + "/state.json")))
 rows = [next(iterator) for _ in range(int(sys.argv[2]))]
+iterator.close()  # a reader thread still tokenizing while the interpreter exits can abort it
 np.save(root + "/rows.npy", np.stack([np.stack([np.asarray(r[k]) for k in sorted(r)]) for r in rows]))
 """
 
@@ -241,3 +242,33 @@ def test_an_epoch_of_unknown_length_has_no_len():
     assert pipeline.source.num_records() is None
     with pytest.raises(TypeError, match="has no len"):
         len(pipeline)
+
+
+def test_a_document_that_is_not_text_is_named():
+    from datarax.host import RecordError
+    from datarax.sources import MemorySource
+
+    class Documents(MemorySource):
+        """A source whose text field holds bytes, one of them not UTF-8."""
+
+        def __init__(self):
+            super().__init__(data={"n": np.arange(3)})
+
+        def element_spec(self):
+            from datarax.host import ENCODED
+            import jax
+
+            return {"text": jax.ShapeDtypeStruct((), ENCODED)}
+
+        def get_batch(self, indices, out=None):
+            values = np.array([b"w1 w2", b"w3", b"\xff"], object)
+            return {"text": values[np.asarray(indices)]}
+
+        def describe_record(self, record_id):
+            return f"docs.bin:{record_id}"
+
+    source = PackedTextSource(Documents(), word_tokenizer(), seq_len=4, shuffle=False, block_size=2)
+    reader = source.open(0, None)
+    out = {k: np.zeros((4,) + v.shape, v.dtype) for k, v in source.element_spec().items()}
+    with pytest.raises(RecordError, match=r"record 2 \(docs.bin:2\).*not UTF-8"):
+        reader.read(out, 0, 4)
