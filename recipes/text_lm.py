@@ -185,9 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"pydoc topics: {listing}; transformer with {count_params(model):,} parameters", flush=True)
 
     pretrain = packed_pipeline(parts["pretrain"], tokenizer, cfg, seed=args.seed, train=True)
-    _, pre = common.train_run(workdir / "runs" / "pretrain", model, optimizer(cfg["pretrain_steps"], cfg["learning_rate"]),
+    trainer, pre = common.train_run(workdir / "runs" / "pretrain", model, optimizer(cfg["pretrain_steps"], cfg["learning_rate"]),
                               pretrain, lm_loss, steps=cfg["pretrain_steps"], eval_pipeline=valid, metrics=METRICS,
                               label="[pretrain] ", eval_before=True)
+    # The packed reader tokenizes on a background thread: stop it rather than leave it working at exit.
+    trainer.iterator.close()
     export = (workdir / "pretrained").absolute()
     if not export.exists():
         checkpointer = ocp.StandardCheckpointer()
@@ -202,9 +204,10 @@ def main(argv: list[str] | None = None) -> int:
             nnx.update(tuned, ocp.StandardCheckpointer().restore(export, nnx.state(tuned)))
         train = packed_pipeline(parts["finetune"], tokenizer, cfg, seed=args.seed, train=True)
         rate = cfg["finetune_learning_rate"] if start == "pretrained" else cfg["learning_rate"]
-        _, run = common.train_run(workdir / "runs" / f"finetune-{start}", tuned, optimizer(cfg["finetune_steps"], rate),
+        trainer, run = common.train_run(workdir / "runs" / f"finetune-{start}", tuned, optimizer(cfg["finetune_steps"], rate),
                                   train, lm_loss, steps=cfg["finetune_steps"], eval_pipeline=valid, metrics=METRICS,
                                   label=f"[fine-tune {start}] ")
+        trainer.iterator.close()
         runs[f"finetune-{start}"] = run.as_dict()
         after[start] = perplexity(run.eval_metrics)
 
