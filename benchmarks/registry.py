@@ -16,6 +16,7 @@ SCENARIO_MODULES = {
     "hf_parquet": "benchmarks.scenarios.hf_parquet",
     "sharded": "benchmarks.scenarios.sharded",
     "jpeg": "benchmarks.scenarios.jpeg",
+    "text": "benchmarks.scenarios.text",
 }
 
 

@@ -18,6 +18,10 @@ from datarax.sources.mix import MixDataSources as MixDataSources
 from datarax.sources.image_folder import ImageFolderSource as ImageFolderSource
 from datarax.sources.image_folder import ImageFolderSourceConfig as ImageFolderSourceConfig
 from datarax.sources.mix import MixDataSourcesConfig as MixDataSourcesConfig
+from datarax.sources.packed_text import PackedTextSource as PackedTextSource
+from datarax.sources.packed_text import PackedTextSourceConfig as PackedTextSourceConfig
 from datarax.sources.stream import StreamSourceModule as StreamSourceModule
+from datarax.sources.text import TextSource as TextSource
+from datarax.sources.text import TextSourceConfig as TextSourceConfig
 from datarax.sources.tfds import TFDSSource as TFDSSource
 from datarax.sources.tfds import TFDSSourceConfig as TFDSSourceConfig

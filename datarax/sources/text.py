@@ -1,0 +1,141 @@
+"""A random-access source of text documents: a list of str, or the lines of text files.
+
+Its one field holds a `str` per record (an encoded field, `datarax.host.ENCODED`), so a pipeline
+over it starts with a host stage that turns text into numbers (`datarax.host.Tokenize`), or it is
+packed into fixed rows by `datarax.sources.PackedTextSource`.
+
+    >>> source = TextSource(["a first document", "a second one"])
+    >>> source = TextSource.from_files(["train.txt"])  # one document per non-empty line
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from datarax.core.checks import check_bool, check_field_name, field
+from datarax.core.source import ArrayStore, DataSourceModule
+from datarax.host.stage import ENCODED
+from datarax.samplers.base import Sampler
+from datarax.samplers.feistel import validate_seed
+from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.sources.memory import seed_from_rngs
+
+
+@dataclasses.dataclass(frozen=True)
+class TextSourceConfig:
+    """Configuration of a `TextSource`.
+
+    Attributes:
+        field: the name of the text field.
+        shuffle: a fresh document order every epoch (Feistel permutation keyed by (seed, epoch)).
+        seed: the shuffle seed; None draws it from `rngs` (stream "shuffle"), or 0.
+    """
+
+    field: str = "text"
+    shuffle: bool = False
+    seed: int | None = None
+
+    def __post_init__(self):
+        check_field_name(*field(self, "field"))
+        check_bool(*field(self, "shuffle"))
+        if self.seed is not None:
+            validate_seed(self.seed, "TextSourceConfig.seed")
+
+
+class TextSource(DataSourceModule):
+    """Serves text documents held in memory, one `str` per record.
+
+    Args:
+        documents: the documents (str; bytes are decoded as UTF-8).
+        config: a `TextSourceConfig`.
+        origins: optional names of the records' origins (e.g. "train.txt:12"), for error messages.
+        rngs: where an unset shuffle seed is drawn from.
+    """
+
+    def __init__(self, documents: Sequence[str], config: TextSourceConfig | None = None, *,
+                 origins: Sequence[str] | None = None, rngs: nnx.Rngs | None = None):
+        config = TextSourceConfig() if config is None else config
+        if not isinstance(config, TextSourceConfig):
+            raise TypeError(f"config must be a TextSourceConfig, got {type(config).__name__}")
+        if isinstance(documents, (str, bytes)) or not isinstance(documents, (Sequence, np.ndarray)):
+            raise TypeError(f"documents must be a sequence of str, got {type(documents).__name__}; wrap one "
+                            "document in a list")
+        docs = [d.decode("utf-8") if isinstance(d, bytes) else d for d in documents]
+        bad = next((i for i, d in enumerate(docs) if not isinstance(d, str)), None)
+        if bad is not None:
+            raise TypeError(f"documents[{bad}] is {type(docs[bad]).__name__}, not str")
+        if not docs:
+            raise ValueError("TextSource needs at least one document, got none")
+        if origins is not None and len(origins) != len(docs):
+            raise ValueError(f"origins must name every document: {len(origins)} origins for {len(docs)} documents")
+        self.config = config
+        self.seed = seed_from_rngs(config.seed, rngs)
+        texts = np.empty(len(docs), dtype=object)
+        texts[:] = docs
+        self._store = ArrayStore({config.field: texts})
+        # Held outside NNX state, like the texts: a module attribute tuple would be walked as a graph node.
+        self._origins = ArrayStore({"origins": None if origins is None else list(origins)})
+
+    @classmethod
+    def from_files(cls, paths: Sequence[str | os.PathLike], config: TextSourceConfig | None = None, *,
+                   rngs: nnx.Rngs | None = None) -> TextSource:
+        """One document per non-empty line of the UTF-8 text files `paths`, in order."""
+        documents, origins = [], []
+        for path in paths:
+            with open(path, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    line = line.rstrip("\n")
+                    if line.strip():
+                        documents.append(line)
+                        origins.append(f"{os.fspath(path)}:{number}")
+        if not documents:
+            raise ValueError(f"the files {[os.fspath(p) for p in paths]} hold no non-empty line")
+        return cls(documents, config, origins=origins, rngs=rngs)
+
+    def __len__(self) -> int:
+        return len(self._store.arrays[self.config.field])
+
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return {self.config.field: jax.ShapeDtypeStruct((), ENCODED)}
+
+    def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        texts = np.take(self._store.arrays[self.config.field], indices, axis=0, mode="clip")
+        if out is None:
+            return {self.config.field: texts}
+        out[self.config.field][...] = texts
+        return out
+
+    def texts(self, indices: np.ndarray) -> list[str]:
+        """The documents at `indices` as a list (what a packer tokenizes)."""
+        return np.take(self._store.arrays[self.config.field], indices, mode="clip").tolist()
+
+    def describe_record(self, record_id: int) -> str:
+        origins = self._origins.arrays["origins"]
+        if origins is None or not 0 <= record_id < len(origins):
+            return f"record {record_id}"
+        return origins[record_id]
+
+    def default_sampler(self) -> Sampler:
+        if self.config.shuffle:
+            return ShuffleSampler(len(self), seed=self.seed)
+        return SequentialSampler(len(self))
+
+    def structure(self) -> str:
+        return f"TextSource(len={len(self)}, field={self.config.field!r})"
+
+    def __repr__(self) -> str:
+        return f"TextSource({len(self)} documents, field={self.config.field!r})"
+
+
+def document_texts(source: Any, indices: np.ndarray, field_name: str) -> list[str]:
+    """The values of the text field of the records at `indices` of any random-access source (str or bytes)."""
+    if isinstance(source, TextSource):
+        return source.texts(indices)
+    return np.asarray(source.get_batch(np.asarray(indices, np.int64))[field_name]).reshape(-1).tolist()
