@@ -2,12 +2,16 @@
 
 `close()` never deadlocks: the producer only ever blocks on `put` with a timeout and checks the
 stop flag between tries, and the consumer side drains the queue while waiting for the thread.
+At interpreter exit every prefetcher still running is closed first (`atexit`): a daemon thread
+killed in the middle of native code (a tokenizer in Rust, a decoder in C) can abort the process.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
@@ -15,6 +19,13 @@ T = TypeVar("T")
 
 _DONE = object()
 _POLL_S = 0.05
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for prefetcher in list(_LIVE):
+        prefetcher.close(timeout=5.0)
 
 
 class _Failure:
@@ -40,6 +51,7 @@ class Prefetcher(Iterator[T], Generic[T]):
         self._finished = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
