@@ -93,7 +93,7 @@ def to_float(x: jax.Array) -> jax.Array:
 
 def build_pipeline(root: str, seed: int = 0) -> Pipeline:
     stages = [DecodeImage(JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, seed=seed),
-              MapOperator(MapOperatorConfig(subtree=("image",)), fn=to_float),
+              MapOperator(MapOperatorConfig(fields=("image",)), fn=to_float),
               HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(seed)),
               NormalizeOperator(NormalizeConfig(mean=JPEG_MEAN, std=JPEG_STD))]
     return Pipeline(ImageFolderSource(root, shuffle=True, seed=seed), stages, batch_size=BATCH)

@@ -10,3 +10,5 @@ from datarax.operators.field import FieldOperatorConfig as FieldOperatorConfig
 from datarax.operators.element import ElementOperatorConfig as ElementOperatorConfig
 from datarax.operators.map import MapOperator as MapOperator
 from datarax.operators.map import MapOperatorConfig as MapOperatorConfig
+from datarax.operators.dtype import ToFloatConfig as ToFloatConfig
+from datarax.operators.dtype import ToFloatOperator as ToFloatOperator

@@ -1,4 +1,4 @@
-"""MapOperator: a function applied to every array leaf of a record, or of a chosen subtree."""
+"""MapOperator: a function applied to every array leaf of a record, or of the chosen fields."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from datarax.core.checks import take_renamed
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator
 from datarax.operators.element import accepts_key, fn_name
@@ -19,37 +20,40 @@ class MapOperatorConfig(OperatorConfig):
     """Configuration of a `MapOperator`.
 
     Attributes:
-        subtree: which fields to transform: None for all of them, a tuple of field names, or a
+        fields: which fields to transform: None for all of them, a tuple of field names, or a
             nested dict mirroring `element.data` whose present keys mark the fields (values are
             ignored unless they are dicts, which select inside that field).
+        subtree: the former name of `fields` (deprecated; moved to `fields` with a warning).
     """
 
+    fields: tuple[str, ...] | Mapping[str, Any] | None = None
     subtree: tuple[str, ...] | Mapping[str, Any] | None = None
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.subtree, list):
-            object.__setattr__(self, "subtree", tuple(self.subtree))
-        if self.subtree is not None and not isinstance(self.subtree, (tuple, Mapping)):
-            raise TypeError(f"MapOperatorConfig.subtree must be None, a tuple of field names or a dict, "
-                            f"got {self.subtree!r}")
-        if isinstance(self.subtree, tuple) and not all(isinstance(n, str) for n in self.subtree):
-            raise TypeError(f"MapOperatorConfig.subtree names must be strings, got {self.subtree!r}")
+        take_renamed(self, "subtree", "fields")
+        if isinstance(self.fields, list):
+            object.__setattr__(self, "fields", tuple(self.fields))
+        if self.fields is not None and not isinstance(self.fields, (tuple, Mapping)):
+            raise TypeError(f"MapOperatorConfig.fields must be None, a tuple of field names or a dict, "
+                            f"got {self.fields!r}")
+        if isinstance(self.fields, tuple) and not all(isinstance(n, str) for n in self.fields):
+            raise TypeError(f"MapOperatorConfig.fields names must be strings, got {self.fields!r}")
 
     def __hash__(self):
-        return hash((self.stochastic, self.stream_name, repr(self.subtree)))
+        return hash((self.stochastic, self.stream_name, repr(self.fields)))
 
 
 def _select(data: Any, mask: Any, path: str, fn: Callable[[Any, str], Any]) -> Any:
     if mask is None:
         return jax.tree_util.tree_map_with_path(lambda p, x: fn(x, path + jax.tree_util.keystr(p)), data)
     if not isinstance(data, Mapping):
-        raise ValueError(f"MapOperator subtree selects inside {path or 'data'}, which is not a dict")
+        raise ValueError(f"MapOperator fields selects inside {path or 'data'}, which is not a dict")
     out = dict(data)
     for name, sub in mask.items():
         if name not in data:
-            raise KeyError(f"MapOperator subtree names field {path}[{name!r}], but the record has "
-                           f"fields {sorted(data)}; fix MapOperatorConfig.subtree")
+            raise KeyError(f"MapOperator fields names field {path}[{name!r}], but the record has "
+                           f"fields {sorted(data)}; fix MapOperatorConfig.fields")
         out[name] = _select(data[name], sub if isinstance(sub, Mapping) else None, f"{path}[{name!r}]", fn)
     return out
 
@@ -61,7 +65,7 @@ class MapOperator(PerRecordOperator):
     position in the tree), so fields are augmented independently but reproducibly.
 
     Example:
-        >>> op = MapOperator(MapOperatorConfig(subtree=("image",)), fn=lambda x, key=None: x / 255.0)
+        >>> op = MapOperator(MapOperatorConfig(fields=("image",)), fn=lambda x, key=None: x / 255.0)
     """
 
     def __init__(self, config: MapOperatorConfig | None = None, *, fn: Callable[..., Any],
@@ -73,8 +77,8 @@ class MapOperator(PerRecordOperator):
         if config.stochastic and not self._takes_key:
             raise TypeError(f"MapOperator is stochastic but fn {fn_name(fn)} takes no key; define fn(x, key)")
         self.fn = fn
-        subtree = config.subtree
-        self._mask = dict.fromkeys(subtree) if isinstance(subtree, tuple) else subtree
+        fields = config.fields
+        self._mask = dict.fromkeys(fields) if isinstance(fields, tuple) else fields
         self._init_rng(config, rngs)
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:

@@ -75,7 +75,7 @@ def chunk_view(chunk: Any, row: tuple[int, ...], name: str, owner: str) -> np.nd
         found = flat if isinstance(flat, str) else f"rows of shape {flat[1]}"
         raise UnsupportedColumnError(
             f"{owner} column {name!r} has {found} in this part of the data where its spec is {tuple(row)}: every row "
-            "must have the same shape. Pad the data, leave the column out (columns=...), or pass convert=fn"
+            "must have the same shape. Pad the data, leave the column out (fields=...), or pass convert=fn"
         )
     return flat[0].reshape((len(chunk),) + tuple(row))
 

@@ -1,7 +1,7 @@
 """Helpers shared by the file and library sources: optional imports, field specs, batch buffers.
 
 Every source here returns fixed-shape numeric fields. Columns that cannot be batched (strings,
-ragged lists, nested structs) are either left out by the user (`columns=`), or turned into
+ragged lists, nested structs) are either left out by the user (`fields=`), or turned into
 arrays by a user function (`convert=`); otherwise the source fails at construction with
 `UnsupportedColumnError` naming the columns and both fixes.
 """
@@ -48,7 +48,7 @@ def unsupported_message(owner: str, problems: Mapping[str, str]) -> str:
     listing = "; ".join(f"{name!r} ({why})" for name, why in problems.items())
     return (
         f"{owner} cannot batch column(s) {listing}: only fixed-shape numeric or bool columns become "
-        "arrays. Leave them out with columns=(...) naming the columns to keep, or pass convert=fn that "
+        "arrays. Leave them out with fields=(...) naming the columns to keep, or pass convert=fn that "
         "turns a batch of them into fixed-shape numeric arrays"
     )
 
@@ -63,7 +63,7 @@ def check_columns(columns: Any, available: Sequence[str], owner: str) -> tuple[s
     if columns is None:
         return tuple(available)
     if isinstance(columns, str) or not isinstance(columns, (tuple, list)) or not columns:
-        raise TypeError(f"{owner} columns must be None or a non-empty tuple of column names, got {columns!r}")
+        raise TypeError(f"{owner}.fields must be None or a non-empty tuple of column names, got {columns!r}")
     missing = [c for c in columns if c not in available]
     if missing:
         raise KeyError(f"{owner} columns {missing} are not in the data; available columns: {list(available)}")
@@ -73,7 +73,7 @@ def check_columns(columns: Any, available: Sequence[str], owner: str) -> tuple[s
 def check_column_config(columns: Any, owner: str) -> None:
     if columns is not None and (isinstance(columns, str) or not isinstance(columns, tuple) or not columns
                                 or not all(isinstance(c, str) for c in columns)):
-        raise TypeError(f"{owner}.columns must be None (all columns) or a non-empty tuple of names, got {columns!r}")
+        raise TypeError(f"{owner}.fields must be None (all columns) or a non-empty tuple of names, got {columns!r}")
 
 
 def flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

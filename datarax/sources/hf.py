@@ -12,7 +12,7 @@ without a Python object per row (`datarax.sources._arrow`). Shuffling is ours, n
   and a restore re-reads one block instead of losing a shuffle buffer.
 
 Columns that are not fixed-shape numeric (strings, ragged lists, images stored as bytes) must be
-left out with `columns=`, turned into arrays by `convert(batch) -> dict of arrays`, which
+left out with `fields=`, turned into arrays by `convert(batch) -> dict of arrays`, which
 receives the selected columns (numeric ones as arrays, the others as Python lists) and whose
 fields replace or add to the numeric ones, or read unchanged as encoded records.
 
@@ -39,7 +39,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, field
+from datarax.core.checks import check_bool, check_positive_int, field, take_renamed
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
@@ -62,7 +62,7 @@ class HFSourceConfig:
     """Configuration of `HFSource` and `HFStreamSource`.
 
     Attributes:
-        columns: the columns to read; None reads all (each must then be numeric, encoded or
+        fields: the columns to read; None reads all (each must then be numeric, encoded or
             handled by `convert`).
         encoded: `HFSource` only: columns read as raw `bytes` or `str` records (HF Image/Audio
             features, binary, string) for a host stage to decode; see the module docstring.
@@ -73,9 +73,10 @@ class HFSourceConfig:
         eager_max_bytes: the Arrow size up to which "auto" is eager.
         device_resident: eager only: keep the arrays on the device (None decides by size).
         block_size: streams only: records read (and shuffled together) per block.
+        columns: the former name of `fields` (deprecated; moved to `fields` with a warning).
     """
 
-    columns: tuple[str, ...] | None = None
+    fields: tuple[str, ...] | None = None
     encoded: tuple[str, ...] = ()
     shuffle: bool = False
     seed: int | None = None
@@ -83,9 +84,11 @@ class HFSourceConfig:
     eager_max_bytes: int = 2**30
     device_resident: bool | None = None
     block_size: int = 1024
+    columns: tuple[str, ...] | None = None
 
     def __post_init__(self):
-        check_column_config(self.columns, "HFSourceConfig")
+        take_renamed(self, "columns", "fields")
+        check_column_config(self.fields, "HFSourceConfig")
         if not isinstance(self.encoded, tuple) or not all(isinstance(c, str) and c for c in self.encoded):
             raise TypeError(f"HFSourceConfig.encoded must be a tuple of column names, e.g. ('image',), got "
                             f"{self.encoded!r}")
@@ -225,14 +228,14 @@ class HFSource(DataSourceModule):
 
     Example:
         >>> ds = load_files(["train.parquet"])
-        >>> source = HFSource(HFSourceConfig(columns=("image", "label"), shuffle=True, seed=0), dataset=ds)
+        >>> source = HFSource(HFSourceConfig(fields=("image", "label"), shuffle=True, seed=0), dataset=ds)
     """
 
     def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
                  rngs: nnx.Rngs | None = None):
         config = _check_arguments(config, dataset, convert, "HFSource", "Dataset")
         self.config = config
-        names = check_columns(config.columns, dataset.column_names, "HFSource")
+        names = check_columns(config.fields, dataset.column_names, "HFSource")
         check_columns(config.encoded or None, dataset.column_names, "HFSource encoded")
         names += tuple(n for n in config.encoded if n not in names)
         if len(dataset) == 0:
@@ -366,7 +369,7 @@ class HFStreamSource(StreamSourceModule):
         sample = next(iter(probe.iter(batch_size=min(config.block_size, 256))), None)
         if sample is None:
             raise ValueError("HFStreamSource dataset yields no rows; give it at least one")
-        names = check_columns(config.columns, sample.column_names, "HFStreamSource")
+        names = check_columns(config.fields, sample.column_names, "HFStreamSource")
         if list(names) != sample.column_names:
             dataset = dataset.select_columns(list(names))
         converter = TableConverter(sample.select(list(names)), names, convert, "HFStreamSource")

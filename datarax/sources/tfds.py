@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, field
+from datarax.core.checks import check_bool, field, take_renamed
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
@@ -40,28 +40,31 @@ class TFDSSourceConfig:
         name: the TFDS dataset name (e.g. "mnist" or "mnist:3.0.1").
         split: the split (TFDS slicing such as "train[:10%]" works).
         data_dir: where the prepared dataset lives (None: the TFDS default).
-        columns: the features to read (nested ones as "a/b"); None reads all.
+        fields: the features to read (nested ones as "a/b"); None reads all.
         shuffle: a fresh record order every epoch (Feistel permutation keyed by (seed, epoch)).
         seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
         read: "data_source" (random access, no TensorFlow) or "load" (needs TensorFlow).
         download: let TFDS download and prepare the dataset if it is missing.
+        columns: the former name of `fields` (deprecated; moved to `fields` with a warning).
     """
 
     name: str
     split: str = "train"
     data_dir: str | None = None
-    columns: tuple[str, ...] | None = None
+    fields: tuple[str, ...] | None = None
     shuffle: bool = False
     seed: int | None = None
     read: str = "data_source"
     download: bool = False
+    columns: tuple[str, ...] | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"TFDSSourceConfig.name must be a dataset name such as 'mnist', got {self.name!r}")
         if not isinstance(self.split, str) or not self.split:
             raise TypeError(f"TFDSSourceConfig.split must be a split name such as 'train', got {self.split!r}")
-        check_column_config(self.columns, "TFDSSourceConfig")
+        take_renamed(self, "columns", "fields")
+        check_column_config(self.fields, "TFDSSourceConfig")
         check_bool(*field(self, "shuffle"))
         check_bool(*field(self, "download"))
         if self.seed is not None:
@@ -136,7 +139,7 @@ class TFDSSource(DataSourceModule):
         self.memory = None
         source = _open(tfds, config)
         features = _features(source.dataset_info)
-        names = check_columns(config.columns, list(features), "TFDSSource")
+        names = check_columns(config.fields, list(features), "TFDSSource")
         bad = {n: features[n] for n in names if isinstance(features[n], str)}
         if bad and convert is None:
             raise UnsupportedColumnError(unsupported_message("TFDSSource", bad))
@@ -179,7 +182,7 @@ class TFDSSource(DataSourceModule):
         data = tfds.as_numpy(tfds.load(config.name, split=config.split, data_dir=config.data_dir,
                                        download=config.download, batch_size=-1))
         arrays = flatten(data)
-        names = check_columns(config.columns, list(arrays), "TFDSSource")
+        names = check_columns(config.fields, list(arrays), "TFDSSource")
         arrays = {n: np.asarray(arrays[n]) for n in names}
         bad = {n: f"dtype {a.dtype}" for n, a in arrays.items() if not batchable(a.dtype)}
         if bad and convert is None:

@@ -112,7 +112,7 @@ def test_final_short_batch_kept_or_dropped_and_never_recompiles():
 
 def test_deterministic_pipeline_matches_numpy():
     source = MemorySource(data=make_data(10))
-    double = MapOperator(MapOperatorConfig(subtree=("x",)), fn=lambda x: x * 2)
+    double = MapOperator(MapOperatorConfig(fields=("x",)), fn=lambda x: x * 2)
     out = collect(Pipeline(source=source, stages=[double], batch_size=4))
     np.testing.assert_array_equal(out["x"], make_data(10)["x"] * 2)
     np.testing.assert_array_equal(out["id"], np.arange(10))

@@ -56,7 +56,7 @@ NUMERIC = ("id", "image", "score")
 
 @pytest.mark.parametrize("mode", ["eager", "lazy"])
 def test_rows_match_the_written_table(parquet_ds, table, mode):
-    src = HFSource(HFSourceConfig(columns=NUMERIC, mode=mode), dataset=parquet_ds)
+    src = HFSource(HFSourceConfig(fields=NUMERIC, mode=mode), dataset=parquet_ds)
     assert len(src) == N and (src.memory is not None) == (mode == "eager")
     assert src.element_spec()["image"].shape == (4, 4, 3)
     idx = np.array([[299, 0, 150], [42, 100, 199]])
@@ -67,7 +67,7 @@ def test_rows_match_the_written_table(parquet_ds, table, mode):
 
 @pytest.mark.parametrize("kind,columns", [("csv", ("id", "score")), ("arrow", NUMERIC)])
 def test_csv_and_arrow_files(files, table, kind, columns):
-    src = HFSource(HFSourceConfig(columns=columns, mode="lazy"),
+    src = HFSource(HFSourceConfig(fields=columns, mode="lazy"),
                    dataset=load_files(files[kind], cache_dir=files["cache"]))
     got = src.get_batch(np.array([7, 250]))
     for k in columns:
@@ -78,27 +78,27 @@ def test_index_mapping_of_a_selected_and_shuffled_dataset(parquet_ds, table):
     view = parquet_ds.shuffle(seed=4).select(range(50))
     expected = np.asarray(view["id"])
     for mode in ("eager", "lazy"):
-        src = HFSource(HFSourceConfig(columns=("id",), mode=mode), dataset=view)
+        src = HFSource(HFSourceConfig(fields=("id",), mode=mode), dataset=view)
         np.testing.assert_array_equal(src.get_batch(np.arange(50))["id"], expected)
 
 
 @pytest.mark.parametrize("mode", ["eager", "lazy"])
 def test_pipeline_full_epoch_coverage_under_shuffle(parquet_ds, mode):
-    make = lambda: Pipeline(HFSource(HFSourceConfig(columns=NUMERIC, shuffle=True, seed=2, mode=mode),
+    make = lambda: Pipeline(HFSource(HFSourceConfig(fields=NUMERIC, shuffle=True, seed=2, mode=mode),
                                      dataset=parquet_ds), batch_size=64)
     check_shuffled_coverage(make, "id", np.arange(N))
 
 
 def test_eager_is_device_resident_and_lazy_is_host(parquet_ds):
-    eager = HFSource(HFSourceConfig(columns=NUMERIC, mode="eager"), dataset=parquet_ds)
-    lazy = HFSource(HFSourceConfig(columns=NUMERIC, mode="lazy"), dataset=parquet_ds)
+    eager = HFSource(HFSourceConfig(fields=NUMERIC, mode="eager"), dataset=parquet_ds)
+    lazy = HFSource(HFSourceConfig(fields=NUMERIC, mode="lazy"), dataset=parquet_ds)
     assert eager.device_arrays() is not None and lazy.device_arrays() is None
     np.testing.assert_array_equal(eager.get_batch(np.arange(10))["image"], lazy.get_batch(np.arange(10))["image"])
 
 
 @pytest.mark.parametrize("mode", ["eager", "lazy"])
 def test_pipeline_exact_resume_mid_epoch(parquet_ds, mode):
-    make = lambda: Pipeline(HFSource(HFSourceConfig(columns=NUMERIC, shuffle=True, seed=9, mode=mode),
+    make = lambda: Pipeline(HFSource(HFSourceConfig(fields=NUMERIC, shuffle=True, seed=9, mode=mode),
                                      dataset=parquet_ds), batch_size=32)
     check_exact_resume(make, "image", seed=3)
 
@@ -121,7 +121,7 @@ def test_convert_turns_strings_and_ragged_lists_into_arrays(parquet_ds, table):
 
 def test_unsupported_columns_error_names_them_and_both_fixes(parquet_ds):
     with pytest.raises(UnsupportedColumnError, match=r"cannot batch column\(s\) 'text' \(arrow type string\); 'tokens' "
-                                                     r"\(ragged lists \(lengths 1 to 5\)\).*columns=.*convert="):
+                                                     r"\(ragged lists \(lengths 1 to 5\)\).*fields=.*convert="):
         HFSource(dataset=parquet_ds)
 
 
@@ -140,13 +140,13 @@ def test_missing_file_error(tmp_path):
 
 def test_errors_for_wrong_inputs(parquet_ds, files):
     with pytest.raises(KeyError, match=r"HFSource columns \['nope'\] are not in the data"):
-        HFSource(HFSourceConfig(columns=("nope",)), dataset=parquet_ds)
+        HFSource(HFSourceConfig(fields=("nope",)), dataset=parquet_ds)
     with pytest.raises(TypeError, match="dataset is a dict of splits \\['train'\\]; pass one split"):
         HFSource(dataset=datasets.DatasetDict({"train": parquet_ds}))
     with pytest.raises(ValueError, match="HFSourceConfig.mode must be one of .*got 'fast'"):
         HFSourceConfig(mode="fast")
-    with pytest.raises(TypeError, match="HFSourceConfig.columns must be None .*got 'id'"):
-        HFSourceConfig(columns="id")
+    with pytest.raises(TypeError, match="HFSourceConfig.fields must be None .*got 'id'"):
+        HFSourceConfig(fields="id")
     with pytest.raises(ValueError, match="cannot tell the format of"):
         load_files([files["parquet"][0], files["csv"][0]])
 
@@ -188,7 +188,7 @@ def encoded_ds(encoded_files):
 def test_encoded_columns_are_the_stored_bytes(encoded_ds, encoded_files):
     from datarax.host import ENCODED
 
-    src = HFSource(HFSourceConfig(columns=("id",), encoded=("image", "audio", "caption")), dataset=encoded_ds)
+    src = HFSource(HFSourceConfig(fields=("id",), encoded=("image", "audio", "caption")), dataset=encoded_ds)
     spec = src.element_spec()
     assert [spec[k].dtype for k in ("image", "audio", "caption")] == [ENCODED] * 3 and spec["id"].dtype == np.int32
     rows = np.array([[29, 0], [13, 12]])
@@ -208,7 +208,7 @@ def test_encoded_images_decode_like_pillow_with_exact_epochs_and_resume(encoded_
     photos = encoded_files["photos"]
 
     def make():
-        source = HFSource(HFSourceConfig(columns=("id",), encoded=("image",), shuffle=True, seed=4), dataset=encoded_ds)
+        source = HFSource(HFSourceConfig(fields=("id",), encoded=("image",), shuffle=True, seed=4), dataset=encoded_ds)
         return Pipeline(source, [PillowDecode("image", photos)], batch_size=4)
 
     batch = next(iter(make()))
@@ -227,7 +227,7 @@ def test_encoded_audio_decodes_like_soundfile_and_names_a_corrupt_record(encoded
     from datarax.host import DecodeAudio, RecordError
 
     def make(dataset):
-        source = HFSource(HFSourceConfig(columns=("id",), encoded=("audio",), shuffle=True, seed=2), dataset=dataset)
+        source = HFSource(HFSourceConfig(fields=("id",), encoded=("audio",), shuffle=True, seed=2), dataset=dataset)
         return Pipeline(source, [DecodeAudio(sample_rate=8000, length=4000, crop="start")], batch_size=8)
 
     check_shuffled_coverage(lambda: make(encoded_ds), "id", np.arange(ENCODED_N))
@@ -256,8 +256,16 @@ def test_encoded_columns_errors_say_how(encoded_ds):
     with pytest.raises(UnsupportedColumnError, match=r"encoded columns \{'id': 'int32'\} are not bytes, text"):
         HFSource(HFSourceConfig(encoded=("id",)), dataset=encoded_ds)
     with pytest.raises(ValueError, match=r"mode='eager'\) cannot hold the encoded columns \('image',\)"):
-        HFSource(HFSourceConfig(columns=("id",), encoded=("image",), mode="eager"), dataset=encoded_ds)
+        HFSource(HFSourceConfig(fields=("id",), encoded=("image",), mode="eager"), dataset=encoded_ds)
     with pytest.raises(TypeError, match=r"HFSourceConfig.encoded must be a tuple of column names"):
         HFSourceConfig(encoded="image")
     with pytest.raises(KeyError, match=r"HFSource encoded columns \['img'\] are not in the data"):
         HFSource(HFSourceConfig(encoded=("img",)), dataset=encoded_ds)
+
+
+def test_columns_is_the_deprecated_name_of_fields(parquet_ds):
+    with pytest.warns(DeprecationWarning, match=r"HFSourceConfig\(columns=\.\.\.\) is deprecated: .* fields="):
+        old = HFSourceConfig(columns=NUMERIC)
+    assert old == HFSourceConfig(fields=NUMERIC)
+    with pytest.raises(ValueError, match=r"both fields=\('id',\) and the deprecated columns"):
+        HFSourceConfig(fields=("id",), columns=NUMERIC)

@@ -66,10 +66,10 @@ def test_resume_at_every_batch_boundary_is_exact(files, shuffle, block_size, bat
 
 
 def test_convert_and_unsupported_columns(files):
-    with pytest.raises(UnsupportedColumnError, match=r"'text' \(arrow type string\).*columns=.*convert="):
+    with pytest.raises(UnsupportedColumnError, match=r"'text' \(arrow type string\).*fields=.*convert="):
         HFStreamSource(dataset=load_files(files, streaming=True))
     convert = lambda b: {"digits": np.array([len(t) for t in b["text"]], np.int32)}
-    src = HFStreamSource(HFSourceConfig(columns=("id", "text")), dataset=load_files(files, streaming=True),
+    src = HFStreamSource(HFSourceConfig(fields=("id", "text")), dataset=load_files(files, streaming=True),
                          convert=convert)
     assert set(src.element_spec()) == {"id", "digits"}
     got = stream_batches(src, "digits", batch_size=N)[0][0]

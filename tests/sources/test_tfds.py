@@ -53,7 +53,7 @@ NUMERIC = ("image", "label", "id", "meta/score")
 
 
 def config(data_dir, **kw) -> TFDSSourceConfig:
-    return TFDSSourceConfig(name=NAME, split="train", data_dir=data_dir, **{"columns": NUMERIC, **kw})
+    return TFDSSourceConfig(name=NAME, split="train", data_dir=data_dir, **{"fields": NUMERIC, **kw})
 
 
 def test_reads_match_the_generated_records(data_dir):
@@ -81,9 +81,9 @@ def test_pipeline_exact_resume_mid_epoch(data_dir):
 
 def test_text_feature_is_unsupported_unless_converted(data_dir):
     with pytest.raises(UnsupportedColumnError, match=r"cannot batch column\(s\) 'caption' \(dtype object\).*convert="):
-        TFDSSource(config(data_dir, columns=None))
+        TFDSSource(config(data_dir, fields=None))
     convert = lambda batch: {"caption_len": np.array([len(c) for c in batch["caption"]], np.int32)}
-    src = TFDSSource(config(data_dir, columns=("id", "caption")), convert=convert)
+    src = TFDSSource(config(data_dir, fields=("id", "caption")), convert=convert)
     got = src.get_batch(np.arange(6))
     np.testing.assert_array_equal(got["caption_len"], [len(record(int(i))["caption"]) for i in got["id"]])
 

@@ -1,0 +1,68 @@
+"""datarax.transforms: one-call constructors equal to the config form, for every operator they name."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from datarax import Pipeline
+from datarax import transforms as T
+from datarax.sources import MemorySource, MemorySourceConfig
+
+NAMES = sorted(n for n, v in vars(T).items() if callable(v) and getattr(v, "__module__", "") == T.__name__
+               and n[0].isupper())
+
+
+# Settings that have no default (the config form needs them too).
+REQUIRED = {"CropPad": {"length": 100}, "LogMel": {"sample_rate": 16000}, "Loudness": {"sample_rate": 16000},
+            "MFCC": {"sample_rate": 16000}, "MelSpectrogram": {"sample_rate": 16000}, "PCEN": {"n_channels": 8},
+            "Resample": {"orig_rate": 16000, "target_rate": 8000}, "MixUp": {"num_classes": 10},
+            "CutMix": {"num_classes": 10}}
+
+
+def test_every_field_operator_has_a_name():
+    from datarax.config import registry
+
+    entries = registry.discover("operator")[0]
+    field_operators = {e.cls.__name__.removesuffix("Operator") for e in entries.values()
+                       if e.cls.__module__.startswith(("datarax.operators.image", "datarax.operators.audio"))
+                       and e.cls.__module__ != "datarax.operators.audio.synth"}
+    assert field_operators <= set(NAMES)
+    assert {"ToFloat", "Element", "Map"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("Element", "Map")])
+def test_the_keyword_form_builds_the_config_form(name):
+    build = getattr(T, name)
+    made = build(**REQUIRED.get(name, {}), rngs=nnx.Rngs(3))
+    config_form = type(made)(type(made.config)(**REQUIRED.get(name, {})), rngs=nnx.Rngs(3))
+    assert made.config == config_form.config
+    assert made.structure() == config_form.structure()
+    if getattr(made, "key", None) is not None:
+        np.testing.assert_array_equal(np.asarray(made.key[...]), np.asarray(config_form.key[...]))
+
+
+def test_positional_settings_and_errors_read_like_torchvision():
+    crop = T.RandomCrop(32, padding=4, field="image", rngs=nnx.Rngs(0))
+    assert (crop.config.size, crop.config.padding, crop.config.field) == ((32, 32), 4, "image")
+    assert list(inspect.signature(T.RandomCrop).parameters)[:2] == ["size", "padding"]
+    with pytest.raises(TypeError, match=r"RandomCrop\(size=32, .*unexpected keyword argument 'paddin'"):
+        T.RandomCrop(32, paddin=4)
+
+
+def test_to_float_scales_integers_by_their_dtype_and_casts_floats():
+    data = {"image": np.array([[[[0, 128, 255]]]], np.uint8), "pcm": np.array([[-32768, 0, 16384]], np.int16),
+            "x": np.array([[0.5, 2.0]], np.float64)}
+    source = MemorySource(MemorySourceConfig(), data=data)
+    stages = [T.ToFloat(field="image"), T.ToFloat(field="pcm", scale=32768.0), T.ToFloat(field="x")]
+    batch = next(iter(Pipeline(source, stages, batch_size=1)))
+    np.testing.assert_allclose(np.asarray(batch["image"]), np.array([[[[0, 128, 255]]]]) / 255.0, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(batch["pcm"]), np.array([[-1.0, 0.0, 0.5]]), rtol=1e-6)
+    assert batch["image"].dtype == jax.numpy.float32 and batch["x"].dtype == jax.numpy.float32
+    with pytest.raises(ValueError, match="draws nothing"):
+        T.ToFloat(stochastic=True)
