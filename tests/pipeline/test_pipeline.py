@@ -256,3 +256,13 @@ def test_stages_with_different_seeds_keep_their_streams():
 
     alone = VerticalFlipOperator(VerticalFlipConfig(), rngs=nnx.Rngs(1))
     np.testing.assert_array_equal(np.asarray(different.stages[1].key[...]), np.asarray(alone.key[...]))
+
+
+def test_the_short_quickstart_runs_and_is_the_readme_block():
+    code = (ROOT / "examples" / "quickstart_short.py").read_text()
+    assert f"```python\n{code}```" in (ROOT / "README.md").read_text()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(ROOT / "examples" / "quickstart_short.py"), run_name="__main__")
+    assert out.getvalue().strip().splitlines() == [
+        f"Batch {i}: images (32, 28, 28, 1) float32, labels (32,)" for i in range(3)]
