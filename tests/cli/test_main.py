@@ -269,3 +269,19 @@ def test_the_plot_marks_missing_peers_instead_of_drawing_nothing():
     assert scenarios == ["tokens", "dag"] and frameworks == ["datarax", "floor", "tfdata", "torch"]
     assert rates == {("tokens", "datarax"): 2000.0, ("tokens", "floor"): 2100.0, ("dag", "datarax"): 10.0}
     assert notes == {("tokens", "tfdata"): "not installed", ("dag", "torch"): "no run"}
+
+
+def test_both_benchmark_entry_points_print_one_schema(monkeypatch, capsys):
+    from benchmarks import __main__ as suite
+    from benchmarks.peers import runner
+
+    monkeypatch.setattr(runner, "run_isolated", fake_peer)
+    monkeypatch.setattr(runner, "installed", lambda peer: True)
+    argv = ["tokens", "--vs", "grain", "--json", "--scale", "0.001", "--repeats", "1"]
+    assert main(["bench", *argv]) == 0
+    from_cli = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert suite.main(argv) == 0
+    from_module = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [sorted(r) for r in from_cli] == [sorted(r) for r in from_module]
+    assert [(r["scenario"], r["framework"]) for r in from_module] == [("tokens", f) for f in
+                                                                      ("datarax", "floor", "grain")]

@@ -260,7 +260,7 @@ def test_learning_rate_logger_needs_a_schedule_or_injected_hyperparams():
         trainer.fit(num_steps=1)
 
 
-def test_a_real_clu_writer_through_the_metric_logger(tmp_path):
+def test_real_clu_writers_through_a_real_fit(tmp_path):
     """clu.metric_writers needs TensorFlow in clu 0.0.12 (its package __init__ imports the summary
     writer), and TensorFlow is not in the test extra: this runs where TensorFlow is installed
     (the [bench] extra) and is skipped elsewhere."""
@@ -268,6 +268,11 @@ def test_a_real_clu_writer_through_the_metric_logger(tmp_path):
         from clu import metric_writers
     except ImportError as exc:
         pytest.skip(f"clu.metric_writers needs TensorFlow (pip install 'datarax[bench]'): {exc}")
+    import optax
+    from trainer_helpers import loss_fn, make_setup
+
+    from datarax.train import Trainer
+
     seen = []
 
     class Recording(metric_writers.LoggingWriter):
@@ -276,12 +281,11 @@ def test_a_real_clu_writer_through_the_metric_logger(tmp_path):
             super().write_scalars(step, scalars)
 
     summary = metric_writers.SummaryWriter(str(tmp_path / "tb"))
-    logger = MetricLogger([Recording(), summary], every_steps=2)
-    trainer = FakeTrainer()
-    logger.on_train_begin(trainer)
-    for step in range(2, 5):
-        logger.on_step_end(trainer, StepLogs(step=step, metrics={"loss": 1.0 / step}, metrics_step=step - 1))
-    logger.on_train_end(trainer, StepLogs(step=4, metrics={"loss": 0.25}, metrics_step=4))
+    setup = make_setup()
+    trainer = Trainer(setup.model, optax.adam(5e-2), setup.pipeline, loss_fn,
+                      callbacks=[MetricLogger([Recording(), summary], every_steps=2)])
+    result = trainer.fit(num_steps=5)
     summary.flush()
-    assert seen == [(2, {"train/loss": 1 / 3}), (4, {"train/loss": 0.25})]  # metrics arrive one step late
+    assert [step for step, _ in seen] == [2, 4, 5]  # every 2 steps, metrics one step late, and the final ones
+    assert seen[-1][1]["train/loss"] == pytest.approx(result.metrics["loss"])
     assert list((tmp_path / "tb").iterdir())  # the TensorBoard event file
