@@ -223,7 +223,8 @@ def load_pretrained(export: Path, classes: int, seed: int) -> ConvNet:
     return model
 
 
-def finetune(workdir: Path, task: str, export: Path, files: dict, cfg: dict, seed: int, start: str) -> tuple[float, dict]:
+def finetune(workdir: Path, task: str, export: Path, files: dict, cfg: dict, seed: int,
+             start: str) -> tuple[float, dict]:
     """Trains a task from the pretrained state or from scratch; returns test accuracy and the run."""
     classes = len(TASKS[task])
     model = load_pretrained(export, classes, seed) if start == "pretrained" else new_model(classes, seed)
@@ -282,6 +283,12 @@ def plot(workdir: Path, results: dict, seeds: list[int]) -> str | None:
     return common.save_figure(fig, workdir / "hf_finetune.png")
 
 
+def signed(value: float) -> str:
+    """`value` with four decimals and a sign, where a rounding residue such as -1e-17 shows as +0.0000."""
+    text = f"{value:+.4f}"
+    return "+0.0000" if text == "-0.0000" else text
+
+
 def print_table(results: dict, pretrain_accuracy: float, cfg: dict) -> None:
     print(f"\npretraining ({len(PRETRAIN_PHOTOS)} photographs, {cfg['pretrain_steps']} steps): test accuracy "
           f"{pretrain_accuracy:.4f} (chance {1 / len(PRETRAIN_PHOTOS):.2f})")
@@ -290,10 +297,11 @@ def print_table(results: dict, pretrain_accuracy: float, cfg: dict) -> None:
               f"patches per class, {cfg['finetune_steps']} steps (chance {result['chance_accuracy']:.2f})")
         print(f"    {'seed':>6} {'fine-tuned':>11} {'scratch':>9} {'difference':>11}")
         for row in result["per_seed"]:
-            print(f"    {row['seed']:>6} {row['fine_tuned']:>11.4f} {row['scratch']:>9.4f} {row['difference']:>+11.4f}")
+            print(f"    {row['seed']:>6} {row['fine_tuned']:>11.4f} {row['scratch']:>9.4f} "
+                  f"{signed(row['difference']):>11}")
         stats = result["accuracy"]
         print(f"    {'mean':>6} {stats['pretrained']['mean']:>11.4f} {stats['scratch']['mean']:>9.4f} "
-              f"{stats['difference']['mean']:>+11.4f}")
+              f"{signed(stats['difference']['mean']):>11}")
         print(f"    {'std':>6} {stats['pretrained']['std']:>11.4f} {stats['scratch']['std']:>9.4f} "
               f"{stats['difference']['std']:>11.4f}")
         print(f"    -> {result['verdict']}")
