@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from recipe_helpers import assert_finite_metrics, assert_plot, run_recipe
 
 
@@ -33,3 +34,15 @@ def test_the_parquet_holds_an_hf_image_feature_of_jpeg_bytes(tmp_path):
     first = train.cast_column("image", datasets.Image(decode=False))[0]["image"]
     assert first["bytes"][:2] == b"\xff\xd8" and first["path"].endswith(".jpg")  # a JPEG, named for its photograph
     assert sorted(set(train["label"])) == list(range(len(TASKS["photos"])))
+
+
+@pytest.mark.parametrize("differences, verdict", [
+    ([0.05], "one seed"),
+    ([0.08, 0.10, 0.11], "fine-tuning beats"),
+    ([-0.025, 0.0, -0.045], "training from scratch beats"),
+    ([0.05, -0.04, 0.01], "no measurable difference"),
+])
+def test_a_difference_counts_only_when_its_spread_excludes_zero(differences, verdict):
+    from recipes.hf_finetune import verdict as judge
+
+    assert judge(differences).startswith(verdict)
