@@ -3,6 +3,8 @@
 * `load_digits`: scikit-learn's 1,797 handwritten digits (8x8, values 0..16, UCI ML hand-written
   digits test set), read from the CSV that scikit-learn ships.
 * `load_sample_images`: scikit-image's bundled colour photographs (astronaut, cat, coffee, ...).
+* `load_photograph`: one photograph or texture, from scikit-image (`"astronaut"`, `"brick"`) or
+  from the two JPEGs scikit-learn ships (`"sklearn:china"`, `"sklearn:flower"`), as uint8.
 """
 
 from __future__ import annotations
@@ -81,3 +83,32 @@ def load_sample_images(names: tuple[str, ...] = SAMPLE_IMAGES) -> list[np.ndarra
             raise ValueError(f"skimage.data.{name}() is not an RGB image (shape {image.shape}); pick colour images")
         images.append(image.astype(np.float32) / 255.0)
     return images
+
+
+def load_photograph(name: str) -> np.ndarray:
+    """One bundled photograph as uint8, (H, W, 3) for colour or (H, W) for grayscale.
+
+    `name` is a `skimage.data` function (`"astronaut"`, `"coins"`, `"brick"`, ...) or
+    `"sklearn:<stem>"` for scikit-learn's sample JPEGs (`"sklearn:china"`, `"sklearn:flower"`),
+    read with Pillow from scikit-learn's package folder (importing scikit-learn costs seconds).
+    """
+    if name.startswith("sklearn:"):
+        spec = importlib.util.find_spec("sklearn")
+        if spec is None or spec.origin is None:
+            raise ImportError(NEEDS_SKLEARN.replace("digits data", "sample photographs"))
+        path = Path(spec.origin).parent / "datasets" / "images" / f"{name.split(':', 1)[1]}.jpg"
+        if not path.is_file():
+            raise FileNotFoundError(f"{name!r}: scikit-learn ships no {path.name}; use sklearn:china or sklearn:flower")
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
+    if importlib.util.find_spec("skimage") is None:
+        raise ImportError(NEEDS_SKIMAGE)
+    from skimage import data
+
+    image = np.asarray(getattr(data, name)())
+    if image.dtype != np.uint8 or image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[-1] != 3):
+        raise ValueError(f"skimage.data.{name}() is {image.dtype} {image.shape}, not a uint8 grayscale or RGB "
+                         "photograph; pick another")
+    return image

@@ -1,24 +1,35 @@
-"""HF fine-tuning: pretrain on one task from a local HuggingFace dataset, save with Orbax, fine-tune on another.
+"""HF fine-tuning: pretrain on patches of some photographs, save with Orbax, fine-tune on others from few labels.
 
     python -m recipes.hf_finetune [--workdir DIR] [--quick] [--seed N] [--steps N]
 
-The recipe writes scikit-learn's digits as local Parquet files (nothing is downloaded;
-`HF_DATASETS_OFFLINE=1`) and reads them with `datasets` through datarax's `HFSource`. For each
-task pair a CNN is pretrained on plenty of labels, its state saved with Orbax
-(`StandardCheckpointer`, `DIR/pretrained-<pair>`), then fine-tuned on a few labels of another
-task: the fine-tuned model starts from the pretrained convolutions and hidden layer with a fresh
-head, the scratch model from a fresh initialisation; both train for the same number of steps on
-the same batches, over several seeds (each a different labelled subset).
+The data are real photographs that ship with scikit-image and scikit-learn (nothing is
+downloaded; `HF_DATASETS_OFFLINE=1`). The recipe crops square patches of a few sizes from each
+photograph, stores them as JPEG bytes in local Parquet files with a HuggingFace `datasets.Image()`
+feature, and reads them back with `datasets` through datarax's `HFSource` with
+`encoded=("image",)`: the pipeline carries the JPEG bytes and `DecodeImage` decodes them on the
+host to small RGB images (a random-resized crop when training, the whole patch when testing). A
+patch's label is the photograph it comes from. Each photograph is cut into a grid of cells, a
+fixed quarter of which give the test patches and the rest the training patches, so no test
+pixel is seen in training.
 
-* parity: pretrain on the ten digit classes (one half of the images), fine-tune odd vs even
-  (the other half; the test set is every image of that half not used for training);
-* new_classes (default configuration only): pretrain on digits 0-4, fine-tune on digits 5-9.
+A CNN is pretrained on plenty of labelled patches of six colour photographs, its state saved
+with Orbax (`StandardCheckpointer`, `DIR/pretrained`). Each task then trains on a few labelled
+patches of other photographs: the fine-tuned model starts from the pretrained convolutions and
+hidden layer with a fresh head, the scratch model from a fresh initialisation; both train for
+the same number of steps on the same batches, over several seeds (each a different labelled
+subset), and the per-seed differences decide whether fine-tuning measurably helps.
+
+* photos: scikit-learn's china and flower, scikit-image's camera and coins (4 classes);
+* textures (default configuration only): scikit-image's brick, grass and gravel (3 classes).
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 import sys
+import zlib
 from pathlib import Path
 
 import jax
@@ -28,78 +39,124 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from datarax import Pipeline
+from datarax.host import DecodeImage
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from recipes import common
-from recipes.data import load_digits, per_class_split
+from recipes.data import SAMPLE_IMAGES, load_photograph, per_class_split
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss, host_init
 
 NAME = "hf_finetune"
 DEFAULT = {"pretrain_steps": 600, "finetune_steps": 300, "seeds": 3, "batch_size": 20, "pretrain_batch_size": 64,
-           "learning_rate": 2e-3, "backbone_lr_factor": 0.1, "pairs": ("parity", "new_classes")}
+           "learning_rate": 2e-3, "backbone_lr_factor": 0.1, "tasks": ("photos", "textures")}
 QUICK = {"pretrain_steps": 80, "finetune_steps": 40, "seeds": 1, "batch_size": 20, "pretrain_batch_size": 64,
-         "learning_rate": 3e-3, "backbone_lr_factor": 0.1, "pairs": ("parity",)}
-CHANCE = {"parity": 0.5, "new_classes": 0.2}
-# Labelled fine-tuning images per class: parity needs every digit among its examples to be learnable.
-PER_CLASS = {"parity": 20, "new_classes": 5}
+         "learning_rate": 3e-3, "backbone_lr_factor": 0.1, "tasks": ("photos",)}
+PRETRAIN_PHOTOS = SAMPLE_IMAGES  # astronaut, chelsea, coffee, rocket, immunohistochemistry, hubble_deep_field
+TASKS = {"photos": ("sklearn:china", "sklearn:flower", "camera", "coins"), "textures": ("brick", "grass", "gravel")}
+PER_CLASS = 8  # labelled fine-tuning patches per class
+CELL = 64  # the grid cell a patch lies in; cells are either training or test cells
+PATCH_SIZES = (32, 48, 64)
+TEST_CELLS = 0.25
+PATCHES = {"pretrain": {"train": 200, "test": 50}, "task": {"train": 100, "test": 100}}  # per photograph
+JPEG_QUALITY = 90
+SIZE = 24  # DecodeImage's output, the network's input
+WIDTHS = (32, 32, 64, 64)
+RANDOM_CROP_SCALE = (0.25, 1.0)
 
 
-def write_parquet(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
-    """One Parquet file with an `image` column of 8x8 uint8 lists and an int32 `label` column."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def record_name(photo: str) -> str:
+    return photo.split(":")[-1]
+
+
+def cut_patches(photo: str, split: str, count: int, seed: int = 0) -> list[tuple[bytes, str]]:
+    """`count` JPEG-encoded square patches of `photo` from its training or test cells, with file names.
+
+    The cells (CELL x CELL, the grid over the photograph) are split once, with a fixed seed; a
+    patch lies inside one cell of the split, at a random place, with a size from PATCH_SIZES.
+    """
+    from PIL import Image
+
+    image = load_photograph(photo)
+    rows, cols = image.shape[0] // CELL, image.shape[1] // CELL
+    order = np.random.default_rng(1234).permutation(rows * cols)
+    cut = max(1, int(round(TEST_CELLS * rows * cols)))
+    cells = np.sort(order[:cut] if split == "test" else order[cut:])
+    rng = np.random.default_rng([seed, zlib.crc32(photo.encode()), split == "test"])
+    patches = []
+    for i in range(count):
+        cell = int(rng.choice(cells))
+        size = int(rng.choice(PATCH_SIZES))
+        y = (cell // cols) * CELL + int(rng.integers(0, CELL - size + 1))
+        x = (cell % cols) * CELL + int(rng.integers(0, CELL - size + 1))
+        buffer = io.BytesIO()
+        Image.fromarray(image[y:y + size, x:x + size]).save(buffer, format="JPEG", quality=JPEG_QUALITY)
+        patches.append((buffer.getvalue(), f"{record_name(photo)}-{split}{i}-y{y}-x{x}-s{size}.jpg"))
+    return patches
+
+
+@functools.lru_cache(maxsize=None)
+def patch_set(photos: tuple[str, ...], split: str, per_photo: int) -> tuple[list[tuple[bytes, str]], np.ndarray]:
+    """Patches of every photograph (label = its position in `photos`) and their int32 labels."""
+    records, labels = [], []
+    for label, photo in enumerate(photos):
+        records += cut_patches(photo, split, per_photo)
+        labels += [label] * per_photo
+    return records, np.asarray(labels, np.int32)
+
+
+def write_parquet(path: Path, records: list[tuple[bytes, str]], labels: np.ndarray) -> Path:
+    """One Parquet file with an HF `Image` column `image` (JPEG bytes and a file name) and an int32 `label`."""
+    import datasets
 
     if path.exists():
         return path
-    rows = pa.FixedSizeListArray.from_arrays(pa.array(images.reshape(-1), pa.uint8()), 8)
-    table = pa.table({"image": pa.FixedSizeListArray.from_arrays(rows, 8), "label": pa.array(labels, pa.int32())})
+    datasets.disable_progress_bars()
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int32")})
+    table = datasets.Dataset.from_dict(
+        {"image": [{"bytes": data, "path": name} for data, name in records], "label": labels.tolist()},
+        features=features)
     tmp = path.with_suffix(".tmp")
-    pq.write_table(table, tmp)
+    table.to_parquet(str(tmp))
     os.replace(tmp, path)
     return path
 
 
-def task_split(pair: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(images, pretrain labels, mask of pretraining images, fine-tuning labels) of a task pair."""
-    images, digits = load_digits()
-    if pair == "parity":
-        half_a, _ = per_class_split(digits, 90, seed=0)
-        pretraining = np.zeros(len(digits), bool)
-        pretraining[half_a] = True
-        return images[..., 0], digits, pretraining, digits % 2
-    return images[..., 0], digits, digits < 5, digits - 5
-
-
-def write_datasets(folder: Path, pair: str, seed: int, per_class: int) -> dict[str, Path]:
-    """Parquet files of a pair: pretrain train/test (30 per class held out), fine-tune train/test for `seed`."""
+def write_pretraining(folder: Path) -> dict[str, Path]:
+    """Parquet files of the pretraining photographs: train and test patches."""
     folder.mkdir(parents=True, exist_ok=True)
-    images, pre_labels, pretraining, ft_labels = task_split(pair)
-    pre_images, pre_labels = images[pretraining], pre_labels[pretraining]
-    ft_images, ft_labels = images[~pretraining], ft_labels[~pretraining]
-    pre_test, pre_train = per_class_split(pre_labels, 20, seed=0)
-    ft_train, ft_test = per_class_split(ft_labels, per_class, seed=seed)
-    parts = {"pretrain_train": (pre_images[pre_train], pre_labels[pre_train]),
-             "pretrain_test": (pre_images[pre_test], pre_labels[pre_test]),
-             "finetune_train": (ft_images[ft_train], ft_labels[ft_train]),
-             "finetune_test": (ft_images[ft_test], ft_labels[ft_test])}
-    suffix = {"finetune_train": f"-seed{seed}", "finetune_test": f"-seed{seed}"}
-    return {name: write_parquet(folder / f"{pair}-{name}{suffix.get(name, '')}.parquet", *arrays)
-            for name, arrays in parts.items()}
+    return {split: write_parquet(folder / f"pretrain-{split}.parquet",
+                                 *patch_set(PRETRAIN_PHOTOS, split, PATCHES["pretrain"][split]))
+            for split in ("train", "test")}
+
+
+def write_task(folder: Path, task: str, seed: int) -> dict[str, Path]:
+    """Parquet files of a task: `PER_CLASS` labelled training patches per class chosen by `seed`, all test patches."""
+    folder.mkdir(parents=True, exist_ok=True)
+    records, labels = patch_set(TASKS[task], "train", PATCHES["task"]["train"])
+    chosen, _ = per_class_split(labels, PER_CLASS, seed=seed)
+    return {"train": write_parquet(folder / f"{task}-train-seed{seed}.parquet",
+                                   [records[i] for i in chosen], labels[chosen]),
+            "test": write_parquet(folder / f"{task}-test.parquet", *patch_set(TASKS[task], "test",
+                                                                                PATCHES["task"]["test"]))}
 
 
 def to_float(element):
-    return element.update_data({"image": as_float_image(element.data["image"], 16.0)[..., None]})
+    return element.update_data({"image": as_float_image(element.data["image"], 255.0)})
 
 
 def hf_pipeline(path: Path, cache: Path, batch_size: int, *, seed: int, train: bool) -> Pipeline:
-    """A pipeline over one Parquet file read by `datasets` and `HFSource`."""
+    """A pipeline over one Parquet file read by `datasets` and `HFSource`, its JPEGs decoded by `DecodeImage`."""
     import datasets
 
     from datarax.sources.hf import HFSource, HFSourceConfig, load_files
 
     datasets.disable_progress_bars()  # one bar per small file only clutters the recipe's output
     dataset = load_files([path], cache_dir=str(cache))
-    source = HFSource(HFSourceConfig(columns=("image", "label"), shuffle=train, seed=seed), dataset=dataset)
-    return Pipeline(source, [ElementOperator(ElementOperatorConfig(), fn=to_float)],
+    source = HFSource(HFSourceConfig(fields=("label",), encoded=("image",), shuffle=train, seed=seed),
+                      dataset=dataset)
+    # Training sees a random-resized crop of each patch (a new one each epoch); testing, the whole patch.
+    decode = (DecodeImage(SIZE, crop="random_resized", scale=RANDOM_CROP_SCALE, seed=seed) if train
+              else DecodeImage(SIZE))
+    return Pipeline(source, [decode, ElementOperator(ElementOperatorConfig(), fn=to_float)],
                     batch_size=batch_size, drop_remainder=train)
 
 
@@ -123,71 +180,89 @@ def optimizer(steps: int, cfg: dict, *, fine_tune: bool = False) -> optax.Gradie
                                   "backbone": optax.adamw(slow, weight_decay=1e-4)}, labels)
 
 
-def num_classes(path: Path) -> int:
-    import pyarrow.parquet as pq
-
-    return int(pq.read_table(path, columns=["label"]).column("label").to_numpy().max()) + 1
+def new_model(classes: int, seed: int) -> ConvNet:
+    return ConvNet(3, classes, widths=WIDTHS, image_size=(SIZE, SIZE), seed=seed)
 
 
-def pretrain(workdir: Path, pair: str, files: dict, cfg: dict, seed: int) -> tuple[Path, int, float]:
-    """Trains on the pair's first task (resumable), exports with Orbax; returns (path, classes, test accuracy)."""
+def run_training(workdir: Path, run: str, model: ConvNet, tx: optax.GradientTransformation, files: dict,
+                 batch_size: int, steps: int, seed: int, label: str) -> common.RunOutcome:
+    """Trains on `files["train"]`, evaluates on `files["test"]`, then stops the pipelines' decode threads."""
     cache = workdir / "hf_cache"
-    train = hf_pipeline(files["pretrain_train"], cache, cfg["pretrain_batch_size"], seed=seed, train=True)
-    test = hf_pipeline(files["pretrain_test"], cache, 256, seed=seed, train=False)
-    classes = num_classes(files["pretrain_train"])
-    model = ConvNet(1, classes, seed=seed)
-    _, run = common.train_run(workdir / "runs" / f"{pair}-pretrain", model, optimizer(cfg["pretrain_steps"], cfg),
-                              train, classification_loss, steps=cfg["pretrain_steps"], eval_pipeline=test,
-                              metrics=CLASSIFICATION_METRICS, label=f"[{pair} pretrain] ",
-                              log_every=max(1, cfg["pretrain_steps"] // 4))
-    export = (workdir / f"pretrained-{pair}").absolute()
+    train = hf_pipeline(files["train"], cache, batch_size, seed=seed, train=True)
+    test = hf_pipeline(files["test"], cache, 256, seed=seed, train=False)
+    try:
+        _, outcome = common.train_run(workdir / "runs" / run, model, tx, train, classification_loss, steps=steps,
+                                      eval_pipeline=test, metrics=CLASSIFICATION_METRICS, label=label,
+                                      log_every=max(1, steps // 4))
+    finally:
+        train.source.close()
+        test.source.close()
+    return outcome
+
+
+def pretrain(workdir: Path, cfg: dict, seed: int) -> tuple[Path, float]:
+    """Trains on the pretraining photographs (resumable), exports with Orbax; returns (path, test accuracy)."""
+    files = write_pretraining(workdir / "data")
+    model = new_model(len(PRETRAIN_PHOTOS), seed)
+    run = run_training(workdir, "pretrain", model, optimizer(cfg["pretrain_steps"], cfg), files,
+                       cfg["pretrain_batch_size"], cfg["pretrain_steps"], seed, "[pretrain] ")
+    export = (workdir / "pretrained").absolute()
     if not export.exists():
         checkpointer = ocp.StandardCheckpointer()
         checkpointer.save(export, nnx.state(model))
         checkpointer.wait_until_finished()
-    print(f"[{pair} pretrain] test accuracy {run.eval_metrics['accuracy']:.4f}; saved with Orbax to {export}",
-          flush=True)
-    return export, classes, run.eval_metrics["accuracy"]
+    print(f"[pretrain] test accuracy {run.eval_metrics['accuracy']:.4f}; saved with Orbax to {export}", flush=True)
+    return export, run.eval_metrics["accuracy"]
 
 
-def load_pretrained(export: Path, pretrain_classes: int, classes: int, seed: int) -> ConvNet:
+def load_pretrained(export: Path, classes: int, seed: int) -> ConvNet:
     """A ConvNet holding the pretrained state (restored with Orbax) and a fresh head for `classes`."""
-    model = ConvNet(1, pretrain_classes, seed=seed)
+    model = new_model(len(PRETRAIN_PHOTOS), seed)
     nnx.update(model, ocp.StandardCheckpointer().restore(export, nnx.state(model)))
     model.head = nnx.Linear(model.head.in_features, classes, rngs=nnx.Rngs(seed), **host_init(seed + 1))
     return model
 
 
-def finetune(workdir: Path, pair: str, pretrained: tuple[Path, int], files: dict, cfg: dict, seed: int,
+def finetune(workdir: Path, task: str, export: Path, files: dict, cfg: dict, seed: int,
              start: str) -> tuple[float, dict]:
-    """Trains the pair's second task from the pretrained state or from scratch; returns test accuracy and the run."""
-    cache = workdir / "hf_cache"
-    train = hf_pipeline(files["finetune_train"], cache, cfg["batch_size"], seed=seed, train=True)
-    test = hf_pipeline(files["finetune_test"], cache, 256, seed=seed, train=False)
-    classes = num_classes(files["finetune_train"])
-    model = (load_pretrained(*pretrained, classes, seed) if start == "pretrained" else ConvNet(1, classes, seed=seed))
+    """Trains a task from the pretrained state or from scratch; returns test accuracy and the run."""
+    classes = len(TASKS[task])
+    model = load_pretrained(export, classes, seed) if start == "pretrained" else new_model(classes, seed)
     steps = cfg["finetune_steps"]
-    label = f"[{pair} {'fine-tune' if start == 'pretrained' else 'scratch'} seed {seed}] "
-    tx = optimizer(steps, cfg, fine_tune=start == "pretrained")
-    _, run = common.train_run(workdir / "runs" / f"{pair}-{start}-seed{seed}", model, tx, train,
-                              classification_loss, steps=steps, eval_pipeline=test, metrics=CLASSIFICATION_METRICS,
-                              label=label, log_every=max(1, steps // 2))
+    label = f"[{task} {'fine-tune' if start == 'pretrained' else 'scratch'} seed {seed}] "
+    run = run_training(workdir, f"{task}-{start}-seed{seed}", model,
+                       optimizer(steps, cfg, fine_tune=start == "pretrained"), files, cfg["batch_size"], steps,
+                       seed, label)
     print(f"{label}test accuracy {run.eval_metrics['accuracy']:.4f}", flush=True)
     return run.eval_metrics["accuracy"], run.as_dict()
 
 
-def run_pair(workdir: Path, pair: str, cfg: dict, seeds: list[int]) -> dict:
-    files = write_datasets(workdir / "data", pair, seeds[0], PER_CLASS[pair])
-    export, pretrain_classes, pre_accuracy = pretrain(workdir, pair, files, cfg, seeds[0])
-    runs, accuracy = [], {"pretrained": [], "scratch": []}
+def verdict(differences: list[float]) -> str:
+    """Whether fine-tuning measurably beats scratch: the mean per-seed difference +- its std must exclude zero."""
+    stats = common.mean_std(differences)
+    if stats["n"] < 2:
+        return "one seed: no spread to judge a difference by"
+    if stats["mean"] - stats["std"] <= 0.0 <= stats["mean"] + stats["std"]:
+        return "no measurable difference (the mean +- std of the per-seed differences covers zero)"
+    return "fine-tuning beats training from scratch" if stats["mean"] > 0 else "training from scratch beats fine-tuning"
+
+
+def run_task(workdir: Path, task: str, export: Path, cfg: dict, seeds: list[int]) -> dict:
+    runs, per_seed = [], []
     for seed in seeds:
-        files = write_datasets(workdir / "data", pair, seed, PER_CLASS[pair])
+        files = write_task(workdir / "data", task, seed)
+        accuracy = {}
         for start in ("pretrained", "scratch"):
-            acc, record = finetune(workdir, pair, (export, pretrain_classes), files, cfg, seed, start)
-            accuracy[start].append(acc)
-            runs.append({"start": start, "seed": seed, "test_accuracy": acc, "run": record})
-    return {"pretrain_test_accuracy": pre_accuracy, "export": str(export), "runs": runs,
-            "accuracy": {k: common.mean_std(v) for k, v in accuracy.items()}}
+            accuracy[start], record = finetune(workdir, task, export, files, cfg, seed, start)
+            runs.append({"start": start, "seed": seed, "test_accuracy": accuracy[start], "run": record})
+        per_seed.append({"seed": seed, "fine_tuned": accuracy["pretrained"], "scratch": accuracy["scratch"],
+                         "difference": accuracy["pretrained"] - accuracy["scratch"]})
+    differences = [row["difference"] for row in per_seed]
+    return {"classes": [record_name(p) for p in TASKS[task]], "chance_accuracy": 1.0 / len(TASKS[task]),
+            "per_seed": per_seed, "runs": runs, "verdict": verdict(differences),
+            "accuracy": {"pretrained": common.mean_std([row["fine_tuned"] for row in per_seed]),
+                         "scratch": common.mean_std([row["scratch"] for row in per_seed]),
+                         "difference": common.mean_std(differences)}}
 
 
 def plot(workdir: Path, results: dict, seeds: list[int]) -> str | None:
@@ -195,17 +270,41 @@ def plot(workdir: Path, results: dict, seeds: list[int]) -> str | None:
     if plt is None:
         return None
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
-    for ax, (pair, result) in zip(axes[0], results.items()):
+    for ax, (task, result) in zip(axes[0], results.items()):
         for start, color in (("pretrained", "#2b8a3e"), ("scratch", "#868e96")):
             for i, seed in enumerate(seeds):
-                steps, acc = common.read_curve(workdir / "runs" / f"{pair}-{start}-seed{seed}", "train/loss")
-                ax.plot(steps, acc, color=color, alpha=0.8, label=f"{start} (train loss)" if i == 0 else None)
+                steps, loss = common.read_curve(workdir / "runs" / f"{task}-{start}-seed{seed}", "train/loss")
+                ax.plot(steps, loss, color=color, alpha=0.8, label=f"{start} (train loss)" if i == 0 else None)
         stats = result["accuracy"]
         ax.set(xlabel="fine-tuning step", ylabel="train loss", yscale="log",
-               title=f"{pair}: test accuracy fine-tuned {stats['pretrained']['mean']:.3f} vs scratch "
+               title=f"{task}: test accuracy fine-tuned {stats['pretrained']['mean']:.3f} vs scratch "
                      f"{stats['scratch']['mean']:.3f}")
         ax.legend()
     return common.save_figure(fig, workdir / "hf_finetune.png")
+
+
+def signed(value: float) -> str:
+    """`value` with four decimals and a sign, where a rounding residue such as -1e-17 shows as +0.0000."""
+    text = f"{value:+.4f}"
+    return "+0.0000" if text == "-0.0000" else text
+
+
+def print_table(results: dict, pretrain_accuracy: float, cfg: dict) -> None:
+    print(f"\npretraining ({len(PRETRAIN_PHOTOS)} photographs, {cfg['pretrain_steps']} steps): test accuracy "
+          f"{pretrain_accuracy:.4f} (chance {1 / len(PRETRAIN_PHOTOS):.2f})")
+    for task, result in results.items():
+        print(f"{task}: {len(result['classes'])} classes ({', '.join(result['classes'])}), {PER_CLASS} labelled "
+              f"patches per class, {cfg['finetune_steps']} steps (chance {result['chance_accuracy']:.2f})")
+        print(f"    {'seed':>6} {'fine-tuned':>11} {'scratch':>9} {'difference':>11}")
+        for row in result["per_seed"]:
+            print(f"    {row['seed']:>6} {row['fine_tuned']:>11.4f} {row['scratch']:>9.4f} "
+                  f"{signed(row['difference']):>11}")
+        stats = result["accuracy"]
+        print(f"    {'mean':>6} {stats['pretrained']['mean']:>11.4f} {stats['scratch']['mean']:>9.4f} "
+              f"{signed(stats['difference']['mean']):>11}")
+        print(f"    {'std':>6} {stats['pretrained']['std']:>11.4f} {stats['scratch']['std']:>9.4f} "
+              f"{stats['difference']['std']:>11.4f}")
+        print(f"    -> {result['verdict']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,30 +315,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps:
         cfg["pretrain_steps"] = cfg["finetune_steps"] = args.steps
     seeds = [args.seed + i for i in range(cfg["seeds"])]
-    results = {pair: run_pair(workdir, pair, cfg, seeds) for pair in cfg["pairs"]}
-    metrics = {}
-    for pair, result in results.items():
+    export, pretrain_accuracy = pretrain(workdir, cfg, seeds[0])
+    results = {task: run_task(workdir, task, export, cfg, seeds) for task in cfg["tasks"]}
+    metrics = {"pretrain_test_accuracy": pretrain_accuracy, "pretrain_chance_accuracy": 1.0 / len(PRETRAIN_PHOTOS)}
+    for task, result in results.items():
         stats = result["accuracy"]
-        metrics.update({f"{pair}_pretrain_test_accuracy": result["pretrain_test_accuracy"],
-                        f"{pair}_finetuned_accuracy_mean": stats["pretrained"]["mean"],
-                        f"{pair}_finetuned_accuracy_std": stats["pretrained"]["std"],
-                        f"{pair}_scratch_accuracy_mean": stats["scratch"]["mean"],
-                        f"{pair}_scratch_accuracy_std": stats["scratch"]["std"],
-                        f"{pair}_finetune_minus_scratch": stats["pretrained"]["mean"] - stats["scratch"]["mean"],
-                        f"{pair}_chance_accuracy": CHANCE[pair]})
+        metrics.update({f"{task}_finetuned_accuracy_mean": stats["pretrained"]["mean"],
+                        f"{task}_finetuned_accuracy_std": stats["pretrained"]["std"],
+                        f"{task}_scratch_accuracy_mean": stats["scratch"]["mean"],
+                        f"{task}_scratch_accuracy_std": stats["scratch"]["std"],
+                        f"{task}_finetune_minus_scratch": stats["difference"]["mean"],
+                        f"{task}_finetune_minus_scratch_std": stats["difference"]["std"],
+                        f"{task}_chance_accuracy": result["chance_accuracy"]})
     path = common.write_result(workdir, NAME, metrics, {
-        "config": {**cfg, "seeds": seeds, "labels_per_class": PER_CLASS}, "pairs": results, "plot": plot(workdir, results, seeds),
+        "config": {**cfg, "seeds": seeds, "labels_per_class": PER_CLASS, "image_size": SIZE, "patch_sizes": PATCH_SIZES,
+                   "pretrain_photographs": [record_name(p) for p in PRETRAIN_PHOTOS]},
+        "pretrain": {"test_accuracy": pretrain_accuracy, "export": str(export)}, "tasks": results,
+        "plot": plot(workdir, results, seeds),
         "data_files": sorted(str(p) for p in (workdir / "data").glob("*.parquet"))}, args)
-    print()
-    for pair, result in results.items():
-        stats = result["accuracy"]
-        print(f"{pair}: pretraining test accuracy {result['pretrain_test_accuracy']:.4f}; fine-tuning on "
-              f"{PER_CLASS[pair]} labels per class for {cfg['finetune_steps']} steps:")
-        for start, name in (("pretrained", "fine-tuned"), ("scratch", "from scratch")):
-            s = stats[start]
-            print(f"    {name:>12}: test accuracy {s['mean']:.4f} +- {s['std']:.4f} over {s['n']} seeds")
-        gain = stats["pretrained"]["mean"] - stats["scratch"]["mean"]
-        print(f"    fine-tuning {'beats' if gain > 0 else 'does not beat'} training from scratch by {gain:+.4f}")
+    print_table(results, pretrain_accuracy, cfg)
     print(f"result: {path}", flush=True)
     return 0
 

@@ -1,6 +1,6 @@
 """Vision: a small CNN on scikit-learn's handwritten digits, trained through an augmentation pipeline.
 
-    python -m recipes.vision [--workdir DIR] [--quick] [--seed N] [--steps N]
+    python -m recipes.vision [--workdir DIR] [--quick] [--seed N] [--steps N] [--image-folder DIR]
 
 The pipeline (a device-resident `MemorySource`, shuffled) converts the 8x8 digits to floats,
 applies a random affine warp (rotation, shift, zoom, shear) and, to half the records, Gaussian
@@ -8,12 +8,18 @@ noise, all in one compiled program per batch. `datarax.train.Trainer` runs the j
 with an Orbax checkpoint (model + optimizer + iterator) and a goodput monitor. The recipe
 prints and records the test accuracy, the training throughput, the pipeline's own throughput and
 the goodput summary; rerunning with the same --workdir resumes from the latest checkpoint.
+
+`--image-folder DIR` trains on image files instead: `DIR/train/<class>/<image>` and
+`DIR/test/<class>/<image>` (or `DIR/val/...`), read by `ImageFolderSource` and decoded on the host
+by `DecodeImage` to `--image-size` RGB (training: a random-resized crop of each image, then the
+same affine warp and noise; testing: the centre crop), with a CNN sized for them.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -21,10 +27,11 @@ import optax
 from flax import nnx
 
 from datarax import Pipeline
+from datarax.host import DecodeImage
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.operators.image import AffineConfig, AffineOperator, GaussianNoiseConfig, GaussianNoiseOperator
 from datarax.operators.strategies import ProbabilisticOperator, ProbabilisticOperatorConfig
-from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.sources import ImageFolderSource, MemorySource, MemorySourceConfig
 from recipes import common
 from recipes.data import fraction_split, load_digits
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss, count_params
@@ -33,17 +40,24 @@ NAME = "vision"
 NUM_CLASSES = 10
 DEFAULT = {"steps": 1200, "batch_size": 64, "learning_rate": 2e-3}
 QUICK = {"steps": 150, "batch_size": 64, "learning_rate": 3e-3}
+IMAGE_SIZE = 24  # --image-folder's default decoded size: small enough for a CPU
+FOLDER_WIDTHS = (32, 32, 64, 64)  # two strided convolutions: the flattened features stay small
+FOLDER_CROP_SCALE = (0.5, 1.0)  # RandomResizedCrop's area range; the affine warp adds more
 
 
 def to_float(element):
     return element.update_data({"image": as_float_image(element.data["image"], 16.0)})
 
 
-def augmentation_stages(seed: int) -> list:
-    """uint8 -> float, then a random affine warp, then noise on half of the records."""
+def bytes_to_float(element):
+    return element.update_data({"image": as_float_image(element.data["image"], 255.0)})
+
+
+def augmentation_stages(seed: int, convert=to_float) -> list:
+    """uint8 -> float (`convert`), then a random affine warp, then noise on half of the records."""
     rngs = nnx.Rngs(augment=seed)
     return [
-        ElementOperator(ElementOperatorConfig(), fn=to_float),
+        ElementOperator(ElementOperatorConfig(), fn=convert),
         AffineOperator(AffineConfig(degrees=12.0, translate=0.1, scale=0.1, shear=8.0), rngs=rngs),
         ProbabilisticOperator(ProbabilisticOperatorConfig(probability=0.5),
                               operator=GaussianNoiseOperator(GaussianNoiseConfig(sigma=0.05), rngs=rngs), rngs=rngs),
@@ -61,6 +75,34 @@ def build_pipelines(seed: int, batch_size: int) -> tuple[Pipeline, Pipeline, dic
     return train_pipeline, eval_pipeline, {"train_records": len(train_idx), "test_records": len(test_idx)}
 
 
+def folder_splits(root: str) -> tuple[Path, Path]:
+    """`(DIR/train, DIR/test or DIR/val)` of an --image-folder."""
+    train = Path(root) / "train"
+    test = next((Path(root) / name for name in ("test", "val") if (Path(root) / name).is_dir()), None)
+    if not train.is_dir() or test is None:
+        raise SystemExit(f"--image-folder {root}: expected {train} and {Path(root) / 'test'} (or val), each with one "
+                         "sub-folder of images per class; split the images into those two folders")
+    return train, test
+
+
+def build_folder_pipelines(root: str, seed: int, batch_size: int, size: int) -> tuple[Pipeline, Pipeline, dict]:
+    """Pipelines over an image folder: `ImageFolderSource` records decoded by `DecodeImage` on the host."""
+    train_dir, test_dir = folder_splits(root)
+    train = ImageFolderSource(train_dir, shuffle=True, seed=seed)
+    test = ImageFolderSource(test_dir)
+    if test.class_names != train.class_names:
+        raise SystemExit(f"--image-folder {root}: the class folders differ between {train_dir} "
+                         f"{list(train.class_names)} and {test_dir} {list(test.class_names)}; give both the same "
+                         "classes")
+    decode = DecodeImage(size, crop="random_resized", scale=FOLDER_CROP_SCALE, seed=seed)
+    train_pipeline = Pipeline(train, [decode, *augmentation_stages(seed, bytes_to_float)], batch_size=batch_size,
+                              drop_remainder=True)
+    eval_pipeline = Pipeline(test, [DecodeImage(size), ElementOperator(ElementOperatorConfig(), fn=bytes_to_float)],
+                             batch_size=256)
+    return train_pipeline, eval_pipeline, {"train_records": len(train), "test_records": len(test),
+                                           "classes": list(train.class_names), "image_size": size}
+
+
 def pipeline_throughput(pipeline: Pipeline, epochs: int) -> float:
     """Elements per second the training pipeline alone delivers (after one warm-up batch)."""
     iterator = pipeline.epochs(epochs)
@@ -72,31 +114,50 @@ def pipeline_throughput(pipeline: Pipeline, epochs: int) -> float:
     return count / (time.perf_counter() - began)
 
 
-def plot(workdir, examples: dict, curve: tuple, accuracy: float) -> str | None:
+def plot(workdir, examples: dict, curve: tuple, accuracy: float, data: str = "digits") -> str | None:
     plt = common.pyplot()
     if plt is None:
         return None
     fig = plt.figure(figsize=(10, 4))
     ax = fig.add_subplot(1, 2, 1)
     ax.plot(*curve, color="#1c7ed6")
-    ax.set(xlabel="step", ylabel="train loss", yscale="log", title=f"digits CNN: test accuracy {accuracy:.3f}")
-    grid = examples["image"][:32, :, :, 0].reshape(4, 8, 8, 8).transpose(0, 2, 1, 3).reshape(32, 64)
+    ax.set(xlabel="step", ylabel="train loss", yscale="log", title=f"{data} CNN: test accuracy {accuracy:.3f}")
+    _, h, w, c = examples["image"].shape
+    grid = examples["image"][:32].reshape(4, 8, h, w, c).transpose(0, 2, 1, 3, 4).reshape(4 * h, 8 * w, c)
     ax = fig.add_subplot(1, 2, 2)
-    ax.imshow(grid, cmap="gray_r")
+    if c == 1:
+        ax.imshow(grid[..., 0], cmap="gray_r")
+    else:
+        ax.imshow(np.clip(grid, 0.0, 1.0))
     ax.set(title="augmented training batch (labels: " + "".join(map(str, examples["label"][:8])) + "...)")
     ax.axis("off")
     return common.save_figure(fig, workdir / "vision.png")
 
 
+def add_options(parser) -> None:
+    parser.add_argument("--image-folder", metavar="DIR", default=None,
+                        help="train on DIR/train/<class>/<image> and test on DIR/test (or DIR/val) instead of the "
+                             "digits, read by ImageFolderSource and decoded by DecodeImage")
+    parser.add_argument("--image-size", type=int, default=IMAGE_SIZE,
+                        help=f"with --image-folder: the decoded image size (default {IMAGE_SIZE})")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = common.parse_args(NAME, __doc__.split("\n\n")[0], argv)
+    args = common.parse_args(NAME, __doc__.split("\n\n")[0], argv, extra=add_options)
     workdir = common.prepare_workdir(args)
     cfg = dict(QUICK if args.quick else DEFAULT)
     cfg["steps"] = args.steps or cfg["steps"]
-    train_pipeline, eval_pipeline, sizes = build_pipelines(args.seed, cfg["batch_size"])
-    model = ConvNet(1, NUM_CLASSES, seed=args.seed)
+    if args.image_folder is None:
+        train_pipeline, eval_pipeline, sizes = build_pipelines(args.seed, cfg["batch_size"])
+        num_classes, data = NUM_CLASSES, "digits"
+        model = ConvNet(1, num_classes, seed=args.seed)
+    else:
+        train_pipeline, eval_pipeline, sizes = build_folder_pipelines(args.image_folder, args.seed,
+                                                                      cfg["batch_size"], args.image_size)
+        num_classes, data = len(sizes["classes"]), Path(args.image_folder).name
+        model = ConvNet(3, num_classes, widths=FOLDER_WIDTHS, image_size=(args.image_size,) * 2, seed=args.seed)
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
-    print(f"digits: {sizes['train_records']} train / {sizes['test_records']} test images; ConvNet with "
+    print(f"{data}: {sizes['train_records']} train / {sizes['test_records']} test images; ConvNet with "
           f"{count_params(model):,} parameters; {cfg['steps']} steps of batch {cfg['batch_size']}", flush=True)
     _, run = common.train_run(workdir, model, optax.adamw(schedule, weight_decay=1e-4), train_pipeline,
                               classification_loss, steps=cfg["steps"], eval_pipeline=eval_pipeline,
@@ -104,17 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     delivered = pipeline_throughput(train_pipeline, 2 if args.quick else 5)
     accuracy = run.eval_metrics["accuracy"]
     examples = jax.device_get(next(iter(train_pipeline)))
-    figure = plot(workdir, examples, common.read_curve(workdir, "train/loss"), accuracy)
+    figure = plot(workdir, examples, common.read_curve(workdir, "train/loss"), accuracy, data)
     metrics = {"test_accuracy": accuracy, "test_loss": run.eval_metrics["loss"],
-               "chance_accuracy": 1.0 / NUM_CLASSES, "train_el_per_s": run.goodput.get("steady_el_per_s"),
+               "chance_accuracy": 1.0 / num_classes, "train_el_per_s": run.goodput.get("steady_el_per_s"),
                "pipeline_el_per_s": delivered}
     if metrics["train_el_per_s"] is None:  # a restored, finished run trained no steps in this invocation
         metrics.pop("train_el_per_s")
     path = common.write_result(workdir, NAME, metrics, {
-        "config": {**cfg, **sizes, "params": count_params(model)}, "run": run.as_dict(), "plot": figure,
+        "config": {**cfg, **sizes, "params": count_params(model), "image_folder": args.image_folder},
+        "run": run.as_dict(), "plot": figure,
         "goodput_plot": str(workdir / "goodput.png") if common.plotting_available() else None}, args)
     rate = metrics.get("train_el_per_s")
-    print(f"\ntest accuracy {accuracy:.4f} (chance {1 / NUM_CLASSES:.2f}) after {run.step} steps")
+    print(f"\ntest accuracy {accuracy:.4f} (chance {1 / num_classes:.2f}) after {run.step} steps")
     print(f"throughput: training {rate:,.0f} el/s (steady state, step + pipeline); pipeline alone "
           f"{delivered:,.0f} el/s" if rate else f"throughput: pipeline alone {delivered:,.0f} el/s")
     print(common.describe_goodput(run.goodput))

@@ -15,8 +15,21 @@ from flax import nnx
 
 from recipes import common
 from recipes.augerino import AugmentationPolicy
-from recipes.data import fraction_split, load_digits, per_class_split
+from recipes.data import fraction_split, load_digits, load_photograph, per_class_split
 from recipes.models import ConvNet, host_lecun_normal
+
+
+@pytest.mark.parametrize("name, shape", [("sklearn:china", (427, 640, 3)), ("coffee", (400, 600, 3)),
+                                         ("brick", (512, 512))])
+def test_bundled_photographs_load_as_uint8(name, shape):
+    image = load_photograph(name)
+    assert image.dtype == np.uint8 and image.shape == shape
+
+
+@pytest.mark.parametrize("name, error", [("sklearn:nope", FileNotFoundError), ("horse", ValueError)])
+def test_unusable_photographs_are_refused(name, error):
+    with pytest.raises(error, match=name.split(":")[-1]):
+        load_photograph(name)
 
 
 def test_default_workdir_depends_on_quick():

@@ -1,20 +1,48 @@
-"""The HF fine-tuning recipe's --quick run: Parquet in, Orbax export out, both fine-tuning arms beat chance."""
+"""The HF fine-tuning recipe's --quick run: HF Image parquet in, Orbax export out, both fine-tuning arms beat chance."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from recipe_helpers import assert_finite_metrics, assert_plot, run_recipe
 
 
 def test_quick_run_pretrains_exports_and_fine_tunes(tmp_path):
     result, stdout = run_recipe("hf_finetune", tmp_path)
     metrics = assert_finite_metrics(result)
-    chance = metrics["parity_chance_accuracy"]
-    assert metrics["parity_pretrain_test_accuracy"] > 0.5  # ten classes: chance is 0.1
-    for key in ("parity_finetuned_accuracy_mean", "parity_scratch_accuracy_mean"):
+    assert metrics["pretrain_test_accuracy"] > metrics["pretrain_chance_accuracy"] + 0.2  # six photographs
+    chance = metrics["photos_chance_accuracy"]
+    for key in ("photos_finetuned_accuracy_mean", "photos_scratch_accuracy_mean"):
         assert metrics[key] > chance + 0.1, key
-    assert Path(result["pairs"]["parity"]["export"]).is_dir()
+    assert Path(result["pretrain"]["export"]).is_dir()
+    [row] = result["tasks"]["photos"]["per_seed"]
+    assert row["seed"] == 0 and row["difference"] == row["fine_tuned"] - row["scratch"]
     assert len(result["data_files"]) == 4 and all(p.endswith(".parquet") for p in result["data_files"])
-    assert "fine-tuning" in stdout
+    assert "fine-tuned" in stdout and "difference" in stdout
     assert_plot(result)
+
+
+def test_the_parquet_holds_an_hf_image_feature_of_jpeg_bytes(tmp_path):
+    import datasets
+
+    from recipes.hf_finetune import TASKS, write_task
+
+    files = write_task(tmp_path, "photos", seed=3)
+    train = datasets.Dataset.from_parquet(str(files["train"]))
+    assert isinstance(train.features["image"], datasets.Image)
+    first = train.cast_column("image", datasets.Image(decode=False))[0]["image"]
+    assert first["bytes"][:2] == b"\xff\xd8" and first["path"].endswith(".jpg")  # a JPEG, named for its photograph
+    assert sorted(set(train["label"])) == list(range(len(TASKS["photos"])))
+
+
+@pytest.mark.parametrize("differences, verdict", [
+    ([0.05], "one seed"),
+    ([0.08, 0.10, 0.11], "fine-tuning beats"),
+    ([-0.025, 0.0, -0.045], "training from scratch beats"),
+    ([0.05, -0.04, 0.01], "no measurable difference"),
+])
+def test_a_difference_counts_only_when_its_spread_excludes_zero(differences, verdict):
+    from recipes.hf_finetune import verdict as judge
+
+    assert judge(differences).startswith(verdict)

@@ -23,3 +23,34 @@ def test_quick_run_then_rerun_resumes_from_its_checkpoint(tmp_path):
     assert resumed["run"]["resumed_from"] == QUICK_STEPS and resumed["run"]["step"] == QUICK_STEPS + 10
     assert f"resumed from checkpoint step {QUICK_STEPS}" in stdout
     assert resumed["metrics"]["test_accuracy"] > 0.5
+
+
+def write_digit_folder(root, scale: int = 3) -> None:
+    """scikit-learn's digits as grayscale PNGs, `root/{train,test}/<digit>/<i>.png` (the recipe's 80/20 split)."""
+    import numpy as np
+    from PIL import Image
+
+    from recipes.data import fraction_split, load_digits
+
+    images, labels = load_digits()
+    pixels = np.kron(images[..., 0], np.ones((scale, scale), np.uint8)) * 15  # 0..16 -> 0..240, upscaled
+    for split, indices in zip(("train", "test"), fraction_split(len(labels), 0.2, seed=1234)):
+        for i in indices:
+            folder = root / split / str(labels[i])
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels[i], mode="L").save(folder / f"{i:04d}.png")
+
+
+def test_quick_run_from_an_image_folder(tmp_path):
+    folder = tmp_path / "digits"
+    write_digit_folder(folder)
+    result, stdout = run_recipe("vision", tmp_path / "run", "--image-folder", str(folder))
+    metrics = assert_finite_metrics(result)
+    assert metrics["chance_accuracy"] == 0.1
+    assert metrics["test_accuracy"] > 0.5
+    assert metrics["train_el_per_s"] > 0 and metrics["pipeline_el_per_s"] > 0
+    config = result["config"]
+    assert config["classes"] == [str(d) for d in range(10)] and config["image_folder"] == str(folder)
+    assert config["train_records"] + config["test_records"] == 1797
+    assert_plot(result)
+    assert "digits: " in stdout and "test accuracy" in stdout
