@@ -1,5 +1,7 @@
 """Pipelines: linear stage chains and DAGs, compiled into one program per batch."""
 
+from datarax.pipeline.buckets import BucketedPipeline as BucketedPipeline
+from datarax.pipeline.buckets import SubsetSource as SubsetSource
 from datarax.pipeline.caching import CachingIterator as CachingIterator
 from datarax.pipeline.chain import Chain as Chain
 from datarax.pipeline.dag import DagError as DagError

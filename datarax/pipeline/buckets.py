@@ -1,0 +1,214 @@
+"""Length bucketing: variable-length records in a few fixed shapes, each compiled once.
+
+A pipeline has one element spec, so one shape. `BucketedPipeline` puts each record in the
+smallest bucket that holds its length (longer records go to the last bucket and are cut to it),
+builds one ordinary `Pipeline` per bucket over that bucket's records (its stages made for the
+bucket's length, e.g. `Tokenize(tokenizer, length=L)`), and interleaves their batches in an
+order drawn from `(seed, epoch)`. Each bucket's program compiles once; a batch never mixes
+buckets, so short records are not padded to the longest.
+
+Exact epochs and resume hold as for one pipeline: every record is in exactly one bucket and
+every bucket pipeline covers its records once per epoch. The iterator state is
+`{version, epoch, position, fingerprint}`, `position` counting the epoch's batches so far; each
+bucket's place follows from the epoch's interleave order by arithmetic (how many of the first
+`position` batches came from it), with no replay.
+
+    >>> lengths = [len(tokenizer.encode(d).ids) for d in documents]
+    >>> pipeline = BucketedPipeline(TextSource(documents), lengths, (64, 128, 256),
+    ...                             lambda length: [Tokenize(tokenizer, length=length)], batch_size=32)
+    >>> for batch in pipeline: ...   # batch["text_ids"] is (32, 64), (32, 128) or (32, 256)
+
+Record ids inside a bucket (what keyed randomness folds in) are positions in that bucket's list
+of records, which is fixed by the lengths, so a record's augmentation does not depend on batch
+size, order or resume point here either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from datarax.core.checks import check_bool, check_int, is_int
+from datarax.core.source import DataSourceModule
+from datarax.pipeline.pipeline import Pipeline
+from datarax.pipeline.state import STATE_VERSION, IteratorStateError, fingerprint
+from datarax.samplers.feistel import validate_seed
+from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+
+
+class SubsetSource(DataSourceModule):
+    """The records of `source` at `indices`, as a source of their own (record i is `indices[i]`)."""
+
+    def __init__(self, source: DataSourceModule, indices: np.ndarray, *, shuffle: bool = False, seed: int = 0):
+        if not isinstance(source, DataSourceModule):
+            raise TypeError(f"SubsetSource needs a random-access source, got {type(source).__name__}")
+        indices = np.asarray(indices, np.int64)
+        if indices.ndim != 1 or indices.size == 0 or indices.min() < 0 or indices.max() >= len(source):
+            raise ValueError(f"indices must be a non-empty 1-D array of record ids in [0, {len(source)}), "
+                             f"got shape {indices.shape}")
+        self.source = source
+        self.indices = indices
+        self.shuffle = check_bool(shuffle, "shuffle")
+        self.seed = validate_seed(seed)
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return self.source.element_spec()
+
+    def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        return self.source.get_batch(self.indices[np.asarray(indices, np.int64)], out)
+
+    def describe_record(self, record_id: int) -> str:
+        original = int(self.indices[record_id])
+        return f"{self.source.describe_record(original)} (record {original} of the full source)"
+
+    def default_sampler(self):
+        return ShuffleSampler(len(self), self.seed) if self.shuffle else SequentialSampler(len(self))
+
+    def structure(self) -> str:
+        digest = hashlib.sha256(self.indices.tobytes()).hexdigest()[:12]
+        return f"SubsetSource({self.source.structure()}, n={len(self)}, indices={digest}, shuffle={self.shuffle})"
+
+
+def assign_buckets(lengths: Sequence[int], boundaries: Sequence[int]) -> np.ndarray:
+    """The bucket of each record: the first boundary >= its length (the last for longer ones)."""
+    lengths = np.asarray(lengths)
+    return np.minimum(np.searchsorted(np.asarray(boundaries), lengths, side="left"), len(boundaries) - 1)
+
+
+class BucketedPipeline:
+    """One pipeline per length bucket, interleaved (see the module docstring).
+
+    Args:
+        source: a random-access source of the variable-length records.
+        lengths: each record's length (e.g. its token count), one per record.
+        boundaries: the bucket lengths, increasing (e.g. (64, 128, 256)).
+        make_stages: `make_stages(length) -> stages` for the bucket of that length; the stages'
+            output must have that fixed shape (e.g. `[Tokenize(tokenizer, length=length)]`).
+        batch_size: records per batch (each batch from one bucket).
+        shuffle / seed: shuffle each bucket's records and the interleave order every epoch.
+        drop_remainder, prefetch: as for `Pipeline`, per bucket.
+    """
+
+    def __init__(self, source: DataSourceModule, lengths: Sequence[int], boundaries: Sequence[int],
+                 make_stages: Callable[[int], Sequence[Any]], batch_size: int, *, shuffle: bool = True,
+                 seed: int = 0, drop_remainder: bool = False, prefetch: int = 2):
+        lengths = np.asarray(lengths)
+        if lengths.shape != (len(source),) or not np.issubdtype(lengths.dtype, np.integer) or (lengths < 0).any():
+            raise ValueError(f"lengths must hold one non-negative int per record ({len(source)}), got "
+                             f"shape {lengths.shape} dtype {lengths.dtype}")
+        boundaries = tuple(boundaries)
+        if not boundaries or not all(is_int(b) and b > 0 for b in boundaries) or list(boundaries) != sorted(
+                set(boundaries)):
+            raise ValueError(f"boundaries must be increasing positive ints, e.g. (64, 128, 256), got {boundaries!r}")
+        if not callable(make_stages):
+            raise TypeError("make_stages must be a function length -> stages, e.g. "
+                            "lambda length: [Tokenize(tokenizer, length=length)]")
+        self.seed = validate_seed(seed)
+        self.shuffle = check_bool(shuffle, "shuffle")
+        which = assign_buckets(lengths, boundaries)
+        self.boundaries = tuple(int(b) for b in boundaries)
+        self.pipelines: list[Pipeline] = []
+        self.lengths: list[int] = []
+        for b, length in enumerate(self.boundaries):
+            members = np.flatnonzero(which == b)
+            if members.size == 0:
+                continue
+            subset = SubsetSource(source, members, shuffle=shuffle, seed=(self.seed + b) % 2**63)
+            self.pipelines.append(Pipeline(subset, list(make_stages(length)), batch_size,
+                                           drop_remainder=drop_remainder, prefetch=prefetch))
+            self.lengths.append(length)
+        if not self.pipelines:
+            raise ValueError("no bucket holds any record")
+        self.counts = np.array([len(p) for p in self.pipelines], np.int64)
+        self.fingerprint = fingerprint({"buckets": self.lengths, "shuffle": self.shuffle, "seed": self.seed,
+                                        "pipelines": [p.fingerprint for p in self.pipelines]})
+        self._next_epoch = 0
+
+    def __len__(self) -> int:
+        """Batches per epoch, over all buckets."""
+        return int(self.counts.sum())
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The bucket of each batch of `epoch`, in the order they are yielded."""
+        order = np.repeat(np.arange(len(self.pipelines)), self.counts)
+        if self.shuffle:
+            rng = np.random.Generator(np.random.Philox(key=[self.seed, 0xB0C4E7], counter=[0, 0, epoch, 0]))
+            order = order[rng.permutation(order.size)]
+        return order
+
+    def __iter__(self) -> BucketedIterator:
+        start, self._next_epoch = self._next_epoch, self._next_epoch + 1
+        return BucketedIterator(self, start, start + 1)
+
+    def epochs(self, num_epochs: int | None = None) -> BucketedIterator:
+        """One iterator over `num_epochs` epochs from the next one (None: endless)."""
+        if num_epochs is not None:
+            check_int(num_epochs, "num_epochs", 1)
+        start = self._next_epoch
+        if num_epochs is not None:
+            self._next_epoch = start + num_epochs
+        return BucketedIterator(self, start, None if num_epochs is None else start + num_epochs)
+
+
+class BucketedIterator(Iterator[dict]):
+    """Iterates a `BucketedPipeline`; `get_state`/`set_state` as for a pipeline iterator."""
+
+    def __init__(self, pipeline: BucketedPipeline, epoch: int, end: int | None):
+        self.pipeline = pipeline
+        self._end = end
+        self._iterators = [p.epochs(None) for p in pipeline.pipelines]
+        self._move(epoch, 0)
+
+    def _move(self, epoch: int, position: int) -> None:
+        self._epoch, self._position = epoch, position
+        self._order = self.pipeline.order(epoch)
+        taken = np.bincount(self._order[:position], minlength=len(self._iterators))
+        for it, count, p in zip(self._iterators, taken, self.pipeline.pipelines):
+            it.seek(epoch, int(count) * p.batch_size)
+
+    def __next__(self) -> dict:
+        if self._position == self._order.size:
+            if self._end is not None and self._epoch + 1 >= self._end:
+                raise StopIteration
+            self._move(self._epoch + 1, 0)
+        if self._end is not None and self._epoch >= self._end:
+            raise StopIteration
+        bucket = int(self._order[self._position])
+        batch = next(self._iterators[bucket])
+        self._position += 1
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        """`{version, epoch, position, fingerprint}` after the last batch (JSON-able)."""
+        return {"version": STATE_VERSION, "epoch": int(self._epoch), "position": int(self._position),
+                "fingerprint": self.pipeline.fingerprint}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continues from `state`; a state of another bucketed pipeline changes nothing and raises."""
+        if not isinstance(state, dict) or state.get("fingerprint") != self.pipeline.fingerprint:
+            raise IteratorStateError(f"this state belongs to another bucketed pipeline (fingerprint "
+                                     f"{state.get('fingerprint') if isinstance(state, dict) else state!r}, expected "
+                                     f"{self.pipeline.fingerprint}); restore it into the pipeline that saved it")
+        epoch, position = state.get("epoch"), state.get("position")
+        if not is_int(epoch) or not 0 <= epoch < 2**31 or not is_int(position) or not 0 <= position <= len(
+                self.pipeline):
+            raise IteratorStateError(f"bucketed iterator state has epoch {epoch!r} and position {position!r}; "
+                                     f"expected an epoch in [0, 2**31) and a position in [0, {len(self.pipeline)}]")
+        self._move(int(epoch), int(position))
+
+    def close(self) -> None:
+        for it in self._iterators:
+            it.close()
+
+    def __enter__(self) -> BucketedIterator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
