@@ -26,7 +26,7 @@ def files(tmp_path_factory):
 
 
 def stream(files, **config) -> HFStreamSource:
-    config = {"columns": ("id", "pair"), **config}
+    config = {"fields": ("id", "pair"), **config}
     return HFStreamSource(HFSourceConfig(**config), dataset=load_files(files, streaming=True))
 
 
