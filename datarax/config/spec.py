@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from datarax.config.components import ComponentSpec, Context, component
-from datarax.config.schema import FieldError, Path, build_dataclass, check_keys, convert, is_table, suggestion
+from datarax.config.schema import FieldError, build_dataclass, check_keys, convert, is_table, suggestion
 
 
 def check_positive(name: str, value: Any, minimum: int = 1) -> None:

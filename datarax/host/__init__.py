@@ -14,6 +14,6 @@ from datarax.host.audio import DecodeAudio as DecodeAudio
 from datarax.host.audio import DecodeAudioConfig as DecodeAudioConfig
 from datarax.host.image import DecodeImage as DecodeImage
 from datarax.host.image import DecodeImageConfig as DecodeImageConfig
-from datarax.host.image import SkippedRecordWarning as SkippedRecordWarning
+from datarax.host.stage import SkippedRecordWarning as SkippedRecordWarning
 from datarax.host.text import Tokenize as Tokenize
 from datarax.host.text import TokenizeConfig as TokenizeConfig

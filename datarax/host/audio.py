@@ -36,7 +36,8 @@ import jax
 import numpy as np
 
 from datarax.core.checks import check_choice, check_field_name, check_int, check_positive_int, field, is_int
-from datarax.host.stage import ENCODED, ON_ERROR, BadRecords, HostContext, HostStage, RecordError, RecordPool, Spec
+from datarax.host.stage import (ON_ERROR, BadRecords, HostContext, HostStage, RecordError, RecordPool, Spec,
+                                check_encoded_field)
 
 _CROPS = ("random", "center", "start")
 
@@ -141,13 +142,9 @@ class DecodeAudio(HostStage):
 
     def output_spec(self, input_spec: Spec) -> Spec:
         name = self.config.field
-        if name not in input_spec:
-            raise KeyError(f"DecodeAudio field {name!r} is not in the records (fields: {sorted(input_spec)}); "
-                           "pass DecodeAudio(field=...) naming the column of encoded audio")
-        if input_spec[name].dtype != ENCODED:
-            raise TypeError(f"DecodeAudio field {name!r} holds {input_spec[name].dtype} arrays, not encoded bytes; "
-                            "read the column as bytes (HFSourceConfig(encoded=(...)) or "
-                            "ArrayRecordSourceConfig(encoded=...))")
+        check_encoded_field(input_spec, name, "DecodeAudio", holds="encoded audio (bytes)",
+                            decoded_fix="read the column as bytes (HFSourceConfig(encoded=(...)) or "
+                                        "ArrayRecordSourceConfig(encoded=...))")
         spec = {**input_spec, name: jax.ShapeDtypeStruct(self._shape(), np.float32),
                 f"{name}_length": jax.ShapeDtypeStruct((), np.int32)}
         if self.config.on_error == "skip":

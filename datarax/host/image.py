@@ -32,8 +32,8 @@ import numpy as np
 
 from datarax.core.checks import (check_choice, check_field_name, check_int, check_positive_int, check_range,
                                  check_size, field, set_field)
-from datarax.host.stage import (ENCODED, ON_ERROR, BadRecords, HostContext, HostStage, RecordPool,
-                                 SkippedRecordWarning, Spec)
+from datarax.host.stage import (ON_ERROR, BadRecords, HostContext, HostStage, RecordPool, Spec,
+                                check_encoded_field)
 
 RESIZE_MODES = ("shorter_side", "fixed", "none")
 CROP_MODES = ("center", "random_resized")
@@ -194,14 +194,8 @@ class DecodeImage(HostStage):
         self._transpose = _transposes()
 
     def output_spec(self, input_spec: Spec) -> Spec:
-        name = self.config.field
-        if name not in input_spec:
-            raise KeyError(f"DecodeImage field {name!r} is not in the records (fields {sorted(input_spec)}); "
-                           "set field= to the one holding the encoded images")
-        if input_spec[name].dtype != ENCODED:
-            raise TypeError(f"DecodeImage field {name!r} must hold encoded images (bytes), got "
-                            f"{input_spec[name].dtype} {tuple(input_spec[name].shape)}; it is already decoded, "
-                            "so drop DecodeImage")
+        check_encoded_field(input_spec, self.config.field, "DecodeImage", holds="encoded images (bytes)",
+                            decoded_fix="it is already decoded, so drop DecodeImage")
         h, w = self.config.size
         spec = {**input_spec, self.out_field: jax.ShapeDtypeStruct((h, w, 3), np.uint8)}
         if self.ok_field is not None:

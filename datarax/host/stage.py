@@ -195,6 +195,21 @@ class HostStage(abc.ABC):
         """Releases threads or files the stage holds (idempotent)."""
 
 
+def check_encoded_field(spec: Spec, name: str, stage: str, *, holds: str, decoded_fix: str) -> None:
+    """A decoding stage's input field must exist and be encoded (one object per record).
+
+    Args:
+        holds: what the field should hold, e.g. "encoded images (bytes)".
+        decoded_fix: what to do when it already holds arrays.
+    """
+    if name not in spec:
+        raise KeyError(f"{stage} field {name!r} is not in the records (fields {sorted(spec)}); set {stage}(field=...) "
+                       f"to the one holding {holds}")
+    if spec[name].dtype != ENCODED or spec[name].shape != ():
+        raise TypeError(f"{stage} field {name!r} must hold {holds}, one per record, got {spec[name].dtype} "
+                        f"{tuple(spec[name].shape)}; {decoded_fix}")
+
+
 def check_numeric(spec: Spec, what: str) -> None:
     """Every field of `spec` must be fixed-shape numeric: encoded fields need a host stage."""
     for name, leaf in spec.items():

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from datarax.core.checks import check_bool, check_field_name, check_int, field
-from datarax.host.stage import ENCODED, HostContext, HostStage, RecordError, Spec
+from datarax.host.stage import HostContext, HostStage, RecordError, Spec, check_encoded_field
 
 TEXT_EXTRA = "pip install 'datarax[text]'"
 
@@ -154,11 +154,8 @@ class Tokenize(HostStage):
 
     def output_spec(self, input_spec: Spec) -> Spec:
         name = self.config.field
-        if name not in input_spec:
-            raise KeyError(f"Tokenize field {name!r} is not in the records; fields: {sorted(input_spec)}")
-        if input_spec[name].dtype != ENCODED or input_spec[name].shape != ():
-            raise TypeError(f"Tokenize field {name!r} must hold one str per record (an encoded field), got "
-                            f"{input_spec[name]}")
+        check_encoded_field(input_spec, name, "Tokenize", holds="text (str)",
+                            decoded_fix="read it as text (TextSource, or HFSourceConfig(encoded=(...)))")
         length = self.config.length
         out = {k: v for k, v in input_spec.items() if k != name}
         out[f"{name}_ids"] = jax.ShapeDtypeStruct((length,), np.int32)

@@ -7,7 +7,7 @@ import numpy as np
 
 from datarax.core.checks import is_int
 from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import WORD32_LIMIT, FeistelPermutation, feistel_device, round_keys, validate_seed
+from datarax.samplers.feistel import FeistelPermutation, feistel_device, round_keys, validate_seed
 
 INT32_LIMIT = 2**31 - 1
 

@@ -15,8 +15,6 @@ from datarax.sources.hf import HFStreamSource as HFStreamSource
 from datarax.sources.image_folder import ImageFolderSource as ImageFolderSource
 from datarax.sources.image_folder import ImageFolderSourceConfig as ImageFolderSourceConfig
 from datarax.sources.mix import MixDataSources as MixDataSources
-from datarax.sources.image_folder import ImageFolderSource as ImageFolderSource
-from datarax.sources.image_folder import ImageFolderSourceConfig as ImageFolderSourceConfig
 from datarax.sources.mix import MixDataSourcesConfig as MixDataSourcesConfig
 from datarax.sources.packed_text import PackedTextSource as PackedTextSource
 from datarax.sources.packed_text import PackedTextSourceConfig as PackedTextSourceConfig

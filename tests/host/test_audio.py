@@ -246,7 +246,7 @@ def test_config_errors_name_the_argument(settings, message):
 def test_the_field_must_be_encoded_and_the_fingerprint_ignores_threads(root):
     import jax
 
-    with pytest.raises(TypeError, match=r"DecodeAudio field 'audio' holds float32 arrays, not encoded bytes"):
+    with pytest.raises(TypeError, match=r"DecodeAudio field 'audio' must hold encoded audio \(bytes\), one per record, got float32"):
         DecodeAudio().output_spec({"audio": jax.ShapeDtypeStruct((10,), np.float32)})
     assert build(root, num_threads=1).fingerprint == build(root, num_threads=4).fingerprint
     assert build(root).fingerprint != build(root, seed=6).fingerprint

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from datarax.host import ENCODED, HostStage
+from datarax.host import HostStage
 from datarax.pipeline.buckets import BucketedPipeline, assign_buckets
 from datarax.pipeline.state import IteratorStateError
 from datarax.sources import TextSource

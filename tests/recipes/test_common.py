@@ -6,10 +6,8 @@ import argparse
 import json
 import statistics
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
