@@ -159,7 +159,7 @@ def test_alpha_gradient_matches_finite_differences_of_the_reparameterised_draws(
         partner, onehot = drawn["partner"].astype(int), np.eye(2)[labels]
 
         def loss_reference(raw_value):
-            alpha = float(bounded(raw_value, 0.0, 4.0))
+            alpha = float(bounded(raw_value, *op_class.bounds["alpha"]))
             log_g = np.log(scipy.special.gammaincinv(alpha + 1, cdf)) + drawn["log_boost"] / alpha
             lam = 1 / (1 + np.exp(log_g[:, 1] - log_g[:, 0]))
             if op_class is MixUpOperator:
@@ -179,7 +179,7 @@ def test_alpha_gradient_matches_finite_differences_of_the_reparameterised_draws(
 ERRORS = [
     (lambda: MixUpConfig(), ValueError, r"MixUpConfig.num_classes must be an int >= 2 .*got 0; e.g. num_classes=10"),
     (lambda: CutMixConfig(num_classes=3, alpha=0.0), ValueError,
-     r"CutMixConfig.alpha must be in \(0.0, 4.0\], got 0.0"),
+     r"CutMixConfig.alpha must be in \(0.001, 4.0\], got 0.0"),
     (lambda: MixUpConfig(num_classes=3, label_field=""), ValueError, r"MixUpConfig.label_field must be a non-empty"),
     (lambda: MixUpConfig(num_classes=3, stochastic=False), ValueError, r"stochastic=False\) has nothing to do"),
     (lambda: MixUpOperator(CutMixConfig(num_classes=3), rngs=nnx.Rngs(0)), TypeError,
@@ -205,3 +205,22 @@ def test_batch_errors(data, error, match):
     op = MixUpOperator(MixUpConfig(num_classes=NUM_CLASSES), rngs=nnx.Rngs(0))
     with pytest.raises(error, match=match):
         op(Element({k: jnp.asarray(v) for k, v in data.items()}), BatchContext.for_batch(2))
+
+
+@pytest.mark.parametrize("op_class,config_class", [(MixUpOperator, MixUpConfig), (CutMixOperator, CutMixConfig)])
+@pytest.mark.parametrize("raw", [-60.0, -20.0, 0.0, 20.0])
+def test_learnable_alpha_stays_where_forward_and_backward_are_finite(op_class, config_class, raw):
+    """A learnable alpha driven to either end of its range (raw logit -60 gave alpha ~ 1e-26 and
+    NaN gradients when the range started at 0) keeps finite outputs and gradients."""
+    op = op_class(config_class(alpha=1.0, num_classes=2, learnable=True), rngs=nnx.Rngs(5))
+    op.magnitudes["alpha"].raw[...] = jnp.float32(raw)
+    images = jnp.asarray(np.random.default_rng(0).random((4, 4, 5, 1)), jnp.float32)
+    labels = jnp.array([0, 1, 1, 0], jnp.int32)
+
+    def loss(module):
+        out = module(Element({"image": images, "label": labels}), BatchContext.for_batch(4))
+        return jnp.sum(out.data["image"]) + jnp.sum(out.data["label"] * jnp.arange(2.0))
+
+    value, grads = nnx.value_and_grad(loss)(op)
+    assert np.isfinite(float(value))
+    assert np.isfinite(np.asarray(grads["magnitudes"]["alpha"]["raw"][...])).all()

@@ -45,7 +45,10 @@ class MixConfig(ImageOperatorConfig):
     """Shared by MixUp and CutMix.
 
     Attributes:
-        alpha: the Beta(alpha, alpha) concentration of the mixing weight, in (0, 4].
+        alpha: the Beta(alpha, alpha) concentration of the mixing weight, in (0.001, 4]. Below
+            0.001 Beta(alpha, alpha) is already two point masses at 0 and 1 (no mixing), and
+            its reparameterised draw underflows (NaN gradients below ~1e-19, NaN at 0), so a
+            learnable alpha is bounded there too.
         label_field: the data field holding labels: int class ids (B,) or one-hot/soft labels
             (B, num_classes). The output holds mixed soft labels (B, num_classes).
         num_classes: number of classes (> 1).
@@ -93,7 +96,7 @@ class MixOperator(OperatorModule):
 
     config_class: ClassVar[type[MixConfig]]
     num_uniforms: ClassVar[int]
-    bounds: ClassVar[dict[str, tuple[float, float]]] = {"alpha": (0.0, 4.0)}
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"alpha": (1e-3, 4.0)}
 
     def __init__(self, config: MixConfig, *, rngs: nnx.Rngs | None = None):
         if type(config) is not self.config_class:

@@ -52,10 +52,15 @@ def rgb_to_hsv(image: jax.Array) -> jax.Array:
     r, g, b = image[..., 0], image[..., 1], image[..., 2]
     value = jnp.max(image, axis=-1)
     delta = value - jnp.min(image, axis=-1)
-    has_chroma = delta > 0
-    # Guarded denominators keep the gradient finite on grey pixels, where hue is undefined.
+    # A chroma (or value) below the dtype's epsilon counts as none: hue is undefined there, and the
+    # backward pass of x / delta holds 1 / delta**2, which overflows for the tiny unequal channels
+    # a blur leaves next to black (e.g. 1e-21, 5e-22, 2e-22), so 0 * inf in the untaken branches
+    # would turn every upstream gradient into NaN. Guarded denominators keep both finite.
+    tiny = jnp.finfo(image.dtype).eps
+    has_chroma = delta > tiny
     safe_delta = jnp.where(has_chroma, delta, 1.0)
-    saturation = jnp.where(value > 0, delta / jnp.where(value > 0, value, 1.0), 0.0)
+    lit = value > tiny
+    saturation = jnp.where(lit, delta / jnp.where(lit, value, 1.0), 0.0)
     hue = jnp.where(value == r, (g - b) / safe_delta,
                     jnp.where(value == g, 2.0 + (b - r) / safe_delta, 4.0 + (r - g) / safe_delta))
     hue = jnp.where(has_chroma, (hue / 6.0) % 1.0, 0.0)
@@ -100,7 +105,10 @@ def standardize(image: jax.Array) -> jax.Array:
     The same definition as `tf.image.per_image_standardization`.
     """
     mean = jnp.mean(image)
-    std = jnp.maximum(jnp.std(image), 1.0 / jnp.sqrt(jnp.asarray(image.size, image.dtype)))
+    # The floor is applied to the variance, not the std: sqrt's derivative is infinite at a zero
+    # variance (a flat image), and max() would multiply it by 0 into a NaN gradient.
+    variance = jnp.mean(jnp.square(image - mean))
+    std = jnp.sqrt(jnp.maximum(variance, 1.0 / jnp.asarray(image.size, image.dtype)))
     return (image - mean) / std
 
 
