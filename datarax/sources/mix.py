@@ -4,10 +4,15 @@
 id) plus a `MixSampler` that decides, for every position of an epoch, which component it draws
 from and which of that component's records it gets:
 
-* Positions are grouped in blocks of `block_size`. Each block holds exactly `counts[c]` slots of
-  component c (the weights apportioned to the block by largest remainder), in an order given by
-  a Feistel permutation keyed by (seed, epoch, block). So the mix follows the weights exactly
-  block by block, and position p's component is a function of (seed, epoch, p) alone.
+* The epoch's draws per component are the epoch length apportioned by the weights (largest
+  remainder): with weights proportional to the component sizes they are exactly the sizes, so
+  every epoch holds every record exactly once.
+* Positions are grouped in blocks of `block_size`. The first n positions of an epoch hold
+  `webster(n, draws)` slots of each component (Webster/Sainte-Lague apportionment, which never
+  takes a slot back as n grows), so block k holds the difference at its two ends: within two
+  slots of the weights in every block, with no rounding error carried from block to block. The slots
+  of a block are ordered by a Feistel permutation keyed by (seed, epoch, block), so position p's
+  component is a function of (seed, epoch, p) alone.
 * The k-th draw of component c in an epoch is its draw number `epoch * draws_per_epoch[c] + k`
   in one endless stream over that component, which walks the component's own shuffled epochs
   (Feistel keyed by (seed, c, component epoch)) without repeats or gaps.
@@ -57,6 +62,23 @@ def apportion(total: int, weights: Sequence[float]) -> np.ndarray:
     rest = total - int(counts.sum())
     order = np.lexsort((np.arange(len(w)), -(quota - counts)))
     counts[order[:rest]] += 1
+    return counts
+
+
+def webster(seats: int, weights: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Splits `seats` by `weights` with Webster's divisor method (Sainte-Lague; ties to lower index).
+
+    Divisor methods are house monotone: no component loses a seat when `seats` grows, so the
+    differences between consecutive totals (the slots of one block) are never negative.
+    """
+    w = np.asarray(weights, np.float64)
+    quota = w / w.sum() * seats
+    counts = np.floor(quota + 0.5).astype(np.int64)
+    while counts.sum() > seats:
+        cost = np.where(counts > 0, quota / np.maximum(counts - 0.5, 0.5), np.inf)
+        counts[int(np.argmin(cost))] -= 1
+    while counts.sum() < seats:
+        counts[int(np.argmax(quota / (counts + 0.5)))] += 1
     return counts
 
 
@@ -113,20 +135,23 @@ class MixSampler(Sampler):
         self.epoch_length = sum(self.lengths) if epoch_length is None else int(epoch_length)
         # A block never exceeds the epoch, so a short epoch meets the weights exactly too.
         self.block_size = min(int(block_size), self.epoch_length)
-        self.counts = tuple(int(c) for c in apportion(self.block_size, weights))
-        starved = [i for i, (w, c) in enumerate(zip(weights, self.counts)) if w > 0 and c == 0]
+        self.draws = apportion(self.epoch_length, weights)  # per component and epoch
+        starved = [i for i, (w, c) in enumerate(zip(weights, self.draws)) if w > 0 and c == 0]
         if starved:
             needed = math.ceil(sum(weights) / min(w for w in weights if w > 0))
-            raise ValueError(f"MixSampler weights {weights} give sources {starved} no slot in a block of "
-                             f"{self.block_size}; raise block_size (to at least {needed}) or raise their weights")
+            raise ValueError(f"MixSampler weights {weights} give sources {starved} no draw in an epoch of "
+                             f"{self.epoch_length}; make the epoch longer (at least {needed}) or raise their weights")
         self._offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
-        # A final partial block gets its own apportionment, so the draws per epoch are exact.
-        self._full, rest = divmod(self.epoch_length, self.block_size)
-        rest_counts = apportion(rest, weights) if rest else np.zeros(len(weights), np.int64)
-        self._counts = np.stack([np.asarray(self.counts, np.int64), rest_counts])
-        self._cums = np.concatenate([np.zeros((2, 1), np.int64), np.cumsum(self._counts, axis=1)], axis=1)
-        self._draws = self._counts[0] * self._full + self._counts[1]
         self._perms: dict[tuple, FeistelPermutation] = {}
+        self._starts: dict[int, np.ndarray] = {}
+
+    def block_start(self, block: int) -> np.ndarray:
+        """Each component's draws before block `block` in an epoch (the same in every epoch)."""
+        if block not in self._starts:
+            if len(self._starts) > 256:
+                self._starts.clear()
+            self._starts[block] = webster(min(block * self.block_size, self.epoch_length), self.draws)
+        return self._starts[block]
 
     def __len__(self) -> int:
         return self.epoch_length
@@ -142,17 +167,17 @@ class MixSampler(Sampler):
         positions = np.asarray(positions, np.int64)
         flat = positions.reshape(-1)
         block, offset = np.divmod(flat, self.block_size)
-        partial = (block >= self._full).astype(np.int64)
-        slot = np.empty_like(flat)
         comp = np.empty_like(flat)
+        draw = np.empty_like(flat)
         for b in np.unique(block).tolist():
             sel = block == b
-            kind = int(b >= self._full)
-            size = self.block_size if kind == 0 else int(self._counts[1].sum())
-            slot[sel] = self._perm(size, 0, epoch, b)(offset[sel])
-            comp[sel] = np.searchsorted(self._cums[kind, 1:], slot[sel], side="right")
-        within = slot - self._cums[partial, comp]
-        draw = epoch * self._draws[comp] + block * self._counts[0, comp] + within
+            start, end = self.block_start(b), self.block_start(b + 1)
+            counts = end - start
+            cums = np.concatenate([[0], np.cumsum(counts)])
+            slot = self._perm(int(counts.sum()), 0, epoch, b)(offset[sel])
+            comp[sel] = np.searchsorted(cums[1:], slot, side="right")
+            draw[sel] = start[comp[sel]] + slot - cums[comp[sel]]
+        draw = epoch * self.draws[comp] + draw
         lengths = np.asarray(self.lengths, np.int64)[comp]
         comp_epoch, local = np.divmod(draw, lengths)
         if self.shuffle:

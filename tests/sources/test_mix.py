@@ -6,7 +6,7 @@ from source_checks import check_exact_resume
 
 from datarax import Pipeline
 from datarax.sources import MemorySource
-from datarax.sources.mix import MixDataSources, MixDataSourcesConfig, MixSampler, apportion
+from datarax.sources.mix import MixDataSources, MixDataSourcesConfig, MixSampler, apportion, webster
 
 
 def source(n: int, base: int) -> MemorySource:
@@ -99,9 +99,44 @@ def test_errors():
         MixDataSources(MixDataSourcesConfig(weights=(1,)), sources=[source(5, 0), source(5, 10)])
     with pytest.raises(ValueError, match="weights must be finite, >= 0 and not all 0, got \\(0, 0\\)"):
         MixDataSourcesConfig(weights=(0, 0))
-    with pytest.raises(ValueError, match="give sources \\[1\\] no slot in a block of 10; raise block_size"):
+    with pytest.raises(ValueError, match="give sources \\[1\\] no draw in an epoch of 20; make the epoch longer"):
         MixSampler((10, 10), (0.99, 0.01), block_size=10)
     with pytest.raises(TypeError, match="sources\\[1\\] must be a random-access DataSourceModule"):
         MixDataSources(MixDataSourcesConfig(weights=(1, 1)), sources=[source(5, 0), [1, 2]])
     with pytest.raises(ValueError, match="source_field 'id' is already a field"):
         MixDataSources(MixDataSourcesConfig(weights=(1, 1), source_field="id"), sources=[source(5, 0), source(5, 9)])
+
+
+def test_proportional_weights_give_permutations_every_epoch():
+    """Sizes 7,000 / 3,000 with weights 0.7 / 0.3: each epoch holds every record exactly once
+    (per-block rounding used to draw 7,002 / 2,998, with duplicates growing 2, 6, 10, 14)."""
+    sampler = MixSampler((7000, 3000), (0.7, 0.3), seed=3)
+    for epoch in range(4):
+        ids = sampler.indices(np.arange(len(sampler)), epoch)
+        np.testing.assert_array_equal(np.sort(ids), np.arange(10000))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_block_follows_the_weights_within_two_slots(seed):
+    rng = np.random.default_rng(seed)
+    lengths = tuple(int(n) for n in rng.integers(50, 3000, 3))
+    weights = tuple(float(w) for w in rng.random(3) + 0.05)
+    sampler = MixSampler(lengths, weights, seed=seed, block_size=int(rng.integers(7, 300)))
+    ids = sampler.indices(np.arange(len(sampler)), 1)
+    comp = sampler.component_of(ids)
+    share = np.asarray(sampler.draws) / len(sampler)
+    for start in range(0, len(sampler), sampler.block_size):
+        size = min(sampler.block_size, len(sampler) - start)
+        counts = np.bincount(comp[start:start + size], minlength=3)
+        # a block is the difference of two cumulative totals, each within a slot of its share
+        assert np.all(np.abs(counts - share * size) < 2.0)
+    np.testing.assert_array_equal(np.bincount(comp, minlength=3), sampler.draws)
+
+
+def test_webster_never_takes_a_seat_back_as_the_house_grows():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        weights = rng.random(int(rng.integers(2, 6))) + 1e-3
+        totals = np.array([webster(n, weights) for n in range(0, 400)])
+        assert np.all(totals.sum(axis=1) == np.arange(400))
+        assert np.all(np.diff(totals, axis=0) >= 0)
