@@ -8,7 +8,8 @@
     datarax version
 
 Configuration commands take `--set key.path=value` (repeatable) to override a value; environment
-variables `DATARAX_<KEY>` do the same (see docs/config.md). Bad input exits with status 1 and
+variables `DATARAX_<KEY>` do the same (see docs/config.md). `--allow MODULE` (repeatable) lets the
+file's import paths name that module of yours; nothing else is imported. Bad input exits with status 1 and
 one line per problem on stderr; usage errors exit with status 2.
 """
 
@@ -28,6 +29,9 @@ def _config_parser(sub, name: str, help_text: str) -> argparse.ArgumentParser:
     parser.add_argument("config", help="a TOML configuration file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a value, e.g. --set batch_size=64 --set 'stages[1].brightness.max_delta=0.3'")
+    parser.add_argument("--allow", dest="allow", action="append", default=[], metavar="MODULE",
+                        help="a module of yours (with its submodules) that the file may name by import path, "
+                             "added to its allow list; repeatable or comma-separated")
     return parser
 
 
@@ -40,7 +44,8 @@ def _load_spec(args):
     import datarax.train.config  # noqa: F401  (registers [trainer] and the callback kind)
     from datarax.config import load_spec
 
-    return load_spec(args.config, overrides=args.overrides)
+    allow = [name.strip() for text in args.allow for name in text.split(",") if name.strip()]
+    return load_spec(args.config, overrides=args.overrides, allow=allow)
 
 
 def cmd_validate(args) -> int:

@@ -2,7 +2,7 @@
 
 Example:
     >>> from datarax.config import load_pipeline
-    >>> pipeline = load_pipeline("experiment.toml")
+    >>> pipeline = load_pipeline("experiment.toml", allow=["my_transforms"])
     >>> for batch in pipeline:
     ...     ...
 """
@@ -15,24 +15,39 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from datarax.config import loader
+from datarax.config.allow import AllowList
 from datarax.config.components import ComponentSpec, Context
 from datarax.config.schema import ConfigError, Problems, format_path
 from datarax.config.spec import TOP_LEVEL_KEYS, RunSpec, ShardingSection, validate
 
 
-
 def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
-              overrides: Sequence[str] = ()) -> RunSpec:
+              overrides: Sequence[str] = (), allow: Sequence[str] = ()) -> RunSpec:
     """Reads and validates a configuration file.
 
+    Args:
+        path: the TOML file.
+        environ: where `DATARAX_<KEY>` overrides are read (default `os.environ`).
+        overrides: `key.path=value` overrides, applied last.
+        allow: modules (with their submodules) that the file's import paths may name, added to
+            the file's own top-level `allow` list; nothing else is imported (see
+            `datarax.config.allow`).
+
     Raises:
-        ConfigError: listing every problem found (file, include, override and schema problems).
+        ConfigError: listing every problem found (file, include, override and schema problems,
+            import paths outside the allow-list).
     """
     problems = Problems(os.fspath(path))
+    if isinstance(allow, str):
+        allow = [allow]
+    try:
+        allowed = AllowList(tuple(allow))
+    except ValueError as exc:
+        raise ConfigError([f"allow= {exc}"], os.fspath(path)) from None
     loaded = loader.load(path, top_level=TOP_LEVEL_KEYS, environ=environ, overrides=overrides, problems=problems)
     if problems.items and not loaded.files:
         problems.raise_if_any()  # nothing could be read at all
-    ctx = Context(problems, loaded.base_dir, top_level=TOP_LEVEL_KEYS)
+    ctx = Context(problems, loaded.base_dir, top_level=TOP_LEVEL_KEYS, allow=allowed)
     spec = validate(loaded.raw, ctx, path=os.fspath(path), overrides=loaded.overrides)
     problems.raise_if_any()
     return spec
@@ -103,8 +118,8 @@ def build_pipeline(spec: RunSpec):
 
 
 def load_pipeline(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
-                  overrides: Sequence[str] = ()):
+                  overrides: Sequence[str] = (), allow: Sequence[str] = ()):
     """`build_pipeline(load_spec(path, ...))`."""
-    return build_pipeline(load_spec(path, environ=environ, overrides=overrides))
+    return build_pipeline(load_spec(path, environ=environ, overrides=overrides, allow=allow))
 
 
