@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from datarax.config import loader
+from datarax.config import loader, sizes
 from datarax.config.allow import AllowList
 from datarax.config.components import ComponentSpec, Context
 from datarax.config.schema import ConfigError, Problems, format_path
@@ -57,6 +57,8 @@ def build_component(spec: ComponentSpec, **extra: Any) -> Any:
     """Constructs a component, turning a constructor's complaint into a one-line ConfigError at its path."""
     try:
         return spec.build(**extra)
+    except ConfigError:
+        raise
     except (TypeError, ValueError, KeyError, FileNotFoundError, ImportError) as exc:
         raise ConfigError([f"{format_path(spec.path)} could not be built: {exc}"]) from exc
 
@@ -103,18 +105,26 @@ def build_pipeline(spec: RunSpec):
         kwargs["sampler"] = build_component(spec.sampler, **extra)
     if spec.sharding is not None:
         kwargs["sharding"] = build_sharding(spec.sharding)
+    sizes.check_batch_size(run.batch_size, sizes.epoch_records(source, kwargs.get("sampler")), run.drop_remainder)
+    host_resident = source.device_arrays() is None
+    sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(source.element_spec()), host_resident, "read")
     try:
         if spec.dag is not None:
             nodes = {name: build_component(node) for name, node in spec.dag.nodes.items()}
-            return Pipeline.from_dag(source=source, nodes=nodes, edges=spec.dag.edges, sink=spec.dag.sink,
-                                     batch_size=run.batch_size, **kwargs)
-        stages = [build_component(stage) for stage in spec.stages]
-        return Pipeline(source, stages, run.batch_size, **kwargs)
+            pipeline = Pipeline.from_dag(source=source, nodes=nodes, edges=spec.dag.edges, sink=spec.dag.sink,
+                                         batch_size=run.batch_size, **kwargs)
+        else:
+            stages = [build_component(stage) for stage in spec.stages]
+            pipeline = Pipeline(source, stages, run.batch_size, **kwargs)
     except ConfigError:
         raise
     except (TypeError, ValueError, KeyError) as exc:
         where = "dag" if spec.dag is not None else "stages"
         raise ConfigError([f"{where}: the pipeline could not be built: {exc}"]) from exc
+    # The stages may grow a record (a resize up, a one-hot): check what they output too.
+    sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(pipeline.output_spec()) // run.batch_size,
+                       host_resident, "out of the stages")
+    return pipeline
 
 
 def load_pipeline(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,

@@ -30,8 +30,9 @@ import inspect
 import os
 import types
 import typing
+import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -40,8 +41,8 @@ from flax import nnx
 
 from datarax.config import registry
 from datarax.config.allow import AllowList, NotAllowedError
-from datarax.config.schema import (Path, Problems, build_dataclass, check_keys, convert, format_path, is_table,
-                                   suggestion, type_hints, type_name)
+from datarax.config.schema import (ConfigError, Path, Problems, build_dataclass, check_keys, convert, format_path,
+                                   is_table, suggestion, type_hints, type_name)
 
 RNGS_KEY = "rngs"
 DATA_HELP = ("an import path 'package.module:function' (returning a dict of arrays), a .npz file, or a table "
@@ -102,16 +103,37 @@ class DataSpec:
     target: Any
 
     def load(self) -> Mapping[str, Any]:
+        """The arrays; an unreadable file raises `ConfigError` naming it and its TOML key."""
         if self.kind == "npz":
-            with np.load(self.target, allow_pickle=False) as archive:
-                return {k: archive[k] for k in archive.files}
+            return read_array_file(self.target, self.path, lambda f: {k: f[k] for k in f.files})
         if self.kind == "npy":
-            return {k: np.load(p, allow_pickle=False) for k, p in self.target.items()}
+            return {k: read_array_file(p, (*self.path, k)) for k, p in self.target.items()}
         data = self.target() if callable(self.target) else self.target
         if not isinstance(data, Mapping):
             raise TypeError(f"{format_path(self.path)} must give a dict of arrays, but its callable returned "
                             f"{type(data).__name__}; return {{'field': array, ...}}")
         return data
+
+
+def read_array_file(file: str, path: Path, take: Callable[[Any], Any] | None = None) -> Any:
+    """`np.load(file, allow_pickle=False)` (then `take(archive)` for a .npz, closed after), or a
+    `ConfigError` naming the TOML key at `path` and the file when it cannot be read."""
+    kind = "a .npz archive" if take is not None else "a .npy array"
+    where = f"{format_path(path)} names {os.path.basename(file)!r} ({file}), which"
+    if os.path.getsize(file) == 0:
+        raise ConfigError([f"{where} is empty (0 bytes); write it again with np.save/np.savez"])
+    try:
+        loaded = np.load(file, allow_pickle=False)
+        if take is None:
+            return loaded
+        with loaded:
+            return take(loaded)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        # allow_pickle=False refuses anything that is not an array file, as "pickled data".
+        reason = "numpy could only read it by unpickling, which a configuration never does" \
+            if "pickle" in str(exc) else f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+        raise ConfigError([f"{where} cannot be read as {kind}: {reason}; check that it is the file np.save"
+                           f"{'z' if take is not None else ''} wrote"]) from exc
 
 
 @dataclasses.dataclass

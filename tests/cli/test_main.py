@@ -345,3 +345,68 @@ def test_a_config_cannot_import_or_call_what_it_was_not_allowed(folder, capsys, 
     assert sys.path == path_before
     assert status == 1
     assert f"{path}: {where} names " in err and "allow" in err, err
+
+
+def _one_paragraph_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("datarax: error: ")
+    return err
+
+
+DATA_FILES = {  # name -> (bytes, the words the message must hold besides the file and the key)
+    "garbage.npz": (b"PK\x03\x04" + b"not a zip archive" * 8, "cannot be read as a .npz archive"),
+    "empty.npz": (b"", "is empty"),
+    "pickled.npz": (b"garbage", "cannot be read as a .npz archive"),
+    "empty.npy": (b"", "is empty"),
+    "garbage.npy": (b"\x93NUMPY\x01\x00garbage", "cannot be read as a .npy array"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DATA_FILES))
+def test_an_unreadable_data_file_is_a_message_naming_the_file_and_the_key(folder, capsys, name):
+    content, words = DATA_FILES[name]
+    (folder / name).write_bytes(content)
+    data = f'"{name}"' if name.endswith(".npz") else f'{{ x = "{name}" }}'
+    key = "source.memory.data" + ("" if name.endswith(".npz") else ".x")
+    path = write(folder, f"[source.memory]\ndata = {data}\n")
+    assert main(["run", path, "--no-progress"]) == 1
+    err = _one_paragraph_error(capsys)
+    assert f"{key} names '{name}'" in err and words in err and str(folder / name) in err
+
+
+SIZES = [  # (top-level lines over the 40 records of make_data, the key, words of the message)
+    ("batch_size = 1_000_000_000_000", "batch_size", "larger than the 40 records of an epoch"),
+    ("batch_size = 100_000_000", "batch_size", "larger than the 40 records of an epoch"),
+    ("batch_size = 41\ndrop_remainder = true", "batch_size", "larger than the 40 records of an epoch"),
+    ("prefetch = 1_000_000_000_000", "prefetch", "must be at most 64"),
+]
+
+
+@pytest.mark.parametrize("lines,key,words", SIZES)
+def test_absurd_sizes_are_rejected_up_front_naming_the_key(folder, capsys, lines, key, words):
+    path = write(folder, f'allow = ["cli_helpers"]\n{lines}\n[source.memory]\ndata = "cli_helpers:make_data"\n')
+    for command in ("validate", "run") if key == "prefetch" else ("run", "inspect"):
+        assert main([command, path, "--no-progress"] if command == "run" else [command, path]) == 1
+        err = _one_paragraph_error(capsys)
+        assert f"{path}: {key} " in err and words in err
+
+
+def test_batches_that_would_not_fit_in_memory_are_rejected_naming_the_key(folder, capsys, monkeypatch):
+    from datarax.config import sizes
+
+    # A record is 8*8*3 float32 and an int32 label (772 bytes) plus its int64 id: 16 rows in 2 device
+    # batches need 24,960 bytes.
+    monkeypatch.setattr(sizes, "memory_bytes", lambda: 20_000)
+    path = write(folder, PIPELINE)
+    assert main(["run", path, "--no-progress"]) == 1
+    err = _one_paragraph_error(capsys)
+    assert f"{path}: batch_size 16 needs about 24.4 KiB" in err and "19.5 KiB of memory" in err
+
+
+def test_a_binary_config_file_is_a_message_naming_it(folder, capsys):
+    path = folder / "binary.toml"
+    path.write_bytes(bytes(range(256)))
+    assert main(["validate", str(path)]) == 1
+    err = _one_paragraph_error(capsys)
+    assert f"'{path}' is not a TOML text file" in err

@@ -48,13 +48,13 @@ def test_a_module_that_is_not_allowed_is_never_imported(tmp_path, helper):
     assert not (tmp_path / "IMPORTED").exists() and helper not in sys.modules
 
 
-@pytest.mark.parametrize("how", ["toml", "python", "submodule prefix"])
+@pytest.mark.parametrize("how", ["toml", "python list", "python str"])
 def test_allowing_the_module_in_the_file_or_from_python(tmp_path, helper, how):
-    text = f'[source.memory]\ndata = "{helper}:make_data"\n'
+    text = f'batch_size = 6\n[source.memory]\ndata = "{helper}:make_data"\n'
     if how == "toml":
         text = f'allow = ["{helper}"]\n' + text
     path_before = list(sys.path)
-    pipeline = load_pipeline(write(tmp_path, text), allow=[] if how == "toml" else [helper])
+    pipeline = load_pipeline(write(tmp_path, text), allow={"toml": [], "python list": [helper], "python str": helper}[how])
     assert len(pipeline.source) == 6 and (tmp_path / "IMPORTED").exists()
     assert sys.path == path_before  # the config's folder was on sys.path only while importing
 
