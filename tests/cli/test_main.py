@@ -383,9 +383,18 @@ SIZES = [  # (top-level lines over the 40 records of make_data, the key, words o
 ]
 
 
+def npz_data(folder) -> str:
+    """The 40 records of `make_data` as `data.npz` beside the configs."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    np.savez(folder / "data.npz", image=rng.random((40, 8, 8, 3)).astype(np.float32), label=np.arange(40, dtype=np.int32))
+    return '[source.memory]\ndata = "data.npz"\n'
+
+
 @pytest.mark.parametrize("lines,key,words", SIZES)
 def test_absurd_sizes_are_rejected_up_front_naming_the_key(folder, capsys, lines, key, words):
-    path = write(folder, f'allow = ["cli_helpers"]\n{lines}\n[source.memory]\ndata = "cli_helpers:make_data"\n')
+    path = write(folder, f"{lines}\n" + npz_data(folder))
     for command in ("validate", "run") if key == "prefetch" else ("run", "inspect"):
         assert main([command, path, "--no-progress"] if command == "run" else [command, path]) == 1
         err = _one_paragraph_error(capsys)
@@ -398,7 +407,7 @@ def test_batches_that_would_not_fit_in_memory_are_rejected_naming_the_key(folder
     # A record is 8*8*3 float32 and an int32 label (772 bytes) plus its int64 id: 16 rows in 2 device
     # batches need 24,960 bytes.
     monkeypatch.setattr(sizes, "memory_bytes", lambda: 20_000)
-    path = write(folder, PIPELINE)
+    path = write(folder, "batch_size = 16\n" + npz_data(folder))
     assert main(["run", path, "--no-progress"]) == 1
     err = _one_paragraph_error(capsys)
     assert f"{path}: batch_size 16 needs about 24.4 KiB" in err and "19.5 KiB of memory" in err
