@@ -58,7 +58,7 @@ class Context:
     base_dir: str
     seed: int = 0
     top_level: tuple[str, ...] = ()
-    allow: AllowList = AllowList()
+    allow: AllowList = dataclasses.field(default_factory=AllowList)
 
     @property
     def search_dirs(self) -> list[str]:
@@ -132,8 +132,9 @@ def read_array_file(file: str, path: Path, take: Callable[[Any], Any] | None = N
         # allow_pickle=False refuses anything that is not an array file, as "pickled data".
         reason = "numpy could only read it by unpickling, which a configuration never does" \
             if "pickle" in str(exc) else f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
-        raise ConfigError([f"{where} cannot be read as {kind}: {reason}; check that it is the file np.save"
-                           f"{'z' if take is not None else ''} wrote"]) from exc
+        writer = "np.savez" if take is not None else "np.save"
+        raise ConfigError([f"{where} cannot be read as {kind}: {reason}; check that it is the file {writer} wrote"]) \
+            from exc
 
 
 @dataclasses.dataclass

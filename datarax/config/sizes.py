@@ -41,7 +41,7 @@ def memory_bytes() -> int | None:
         stats = jax.local_devices()[0].memory_stats() or {}
         if stats.get("bytes_limit"):
             limits.append(int(stats["bytes_limit"]))
-    except Exception:  # a backend without memory statistics: the host limit stands
+    except Exception:  # noqa: BLE001, S110  (a backend without memory statistics: the host limit stands)
         pass
     return min(limits) if limits else None
 
@@ -78,8 +78,9 @@ def check_batch_size(batch_size: int, records: int | None, drop_remainder: bool)
         return
     outcome = ("every epoch would hold no batch (drop_remainder = true)" if drop_remainder else
                f"its one batch would be {batch_size - records:,} rows of padding around the data")
-    raise ConfigError([f"batch_size {batch_size:,} is larger than the {records:,} records of an epoch, so {outcome}; "
-                       f"use a batch_size of at most {records:,}"])
+    message = (f"batch_size {batch_size:,} is larger than the {records:,} records of an epoch, so {outcome}; "
+               f"use a batch_size of at most {records:,}")
+    raise ConfigError([message])
 
 
 def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_resident: bool, what: str) -> None:
@@ -94,5 +95,6 @@ def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_residen
     held = f"batch_size {batch_size:,} with prefetch {prefetch}" if host_resident else f"batch_size {batch_size:,}"
     fix = (f"use a batch_size of at most {fit:,}" + (" (or a smaller prefetch)" if host_resident else "")
            if fit >= 1 else "not even one record fits: make the records (or what the stages make of them) smaller")
-    raise ConfigError([f"{held} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} "
-                       f"per record), more than the {human(limit)} of memory here; {fix}"])
+    message = (f"{held} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
+               f"record), more than the {human(limit)} of memory here; {fix}")
+    raise ConfigError([message])

@@ -135,7 +135,7 @@ class RunSpec:
     trainer: Any  # a `datarax.train.config.TrainerSpec` when the kit validated a [trainer] table
     path: str
     overrides: list[str]
-    allow: AllowList = AllowList()
+    allow: AllowList = dataclasses.field(default_factory=AllowList)
 
 
 def _stages(value: Any, ctx: Context) -> list[ComponentSpec]:
