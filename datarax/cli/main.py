@@ -8,7 +8,8 @@
     datarax version
 
 Configuration commands take `--set key.path=value` (repeatable) to override a value; environment
-variables `DATARAX_<KEY>` do the same (see docs/config.md). Bad input exits with status 1 and
+variables `DATARAX_<KEY>` do the same (see docs/config.md). `--allow MODULE` (repeatable) lets the
+file's import paths name that module of yours; nothing else is imported. Bad input exits with status 1 and
 one line per problem on stderr; usage errors exit with status 2.
 """
 
@@ -28,6 +29,9 @@ def _config_parser(sub, name: str, help_text: str) -> argparse.ArgumentParser:
     parser.add_argument("config", help="a TOML configuration file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a value, e.g. --set batch_size=64 --set 'stages[1].brightness.max_delta=0.3'")
+    parser.add_argument("--allow", dest="allow", action="append", default=[], metavar="MODULE",
+                        help="a module of yours (with its submodules) that the file may name by import path, "
+                             "added to its allow list; repeatable or comma-separated")
     return parser
 
 
@@ -40,7 +44,8 @@ def _load_spec(args):
     import datarax.train.config  # noqa: F401  (registers [trainer] and the callback kind)
     from datarax.config import load_spec
 
-    return load_spec(args.config, overrides=args.overrides)
+    allow = [name.strip() for text in args.allow for name in text.split(",") if name.strip()]
+    return load_spec(args.config, overrides=args.overrides, allow=allow)
 
 
 def cmd_validate(args) -> int:
@@ -190,11 +195,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`datarax inspect ... | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (ValueError, TypeError, KeyError, OSError, ImportError, RuntimeError) as exc:
+    except MemoryError as exc:
         if args.traceback:
             raise
+        config = getattr(args, "config", None)
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "an allocation failed"
+        print(f"{PROG}: error: {config + ': ' if config else ''}out of memory ({detail}); lower batch_size or "
+              "prefetch, or the sizes of the stages' outputs", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, KeyError, OSError, ImportError, RuntimeError, EOFError) as exc:
+        if args.traceback:
+            raise
+        # One line, the first of the message, prefixed with the file the command was given.
+        config = getattr(args, "config", None)
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"{PROG}: error: {message}", file=sys.stderr)
+        print(f"{PROG}: error: {config + ': ' if config else ''}{message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 Example:
     >>> from datarax.config import load_pipeline
-    >>> pipeline = load_pipeline("experiment.toml")
+    >>> pipeline = load_pipeline("experiment.toml", allow=["my_transforms"])
     >>> for batch in pipeline:
     ...     ...
 """
@@ -14,25 +14,40 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from datarax.config import loader
+from datarax.config import loader, sizes
+from datarax.config.allow import AllowList
 from datarax.config.components import ComponentSpec, Context
 from datarax.config.schema import ConfigError, Problems, format_path
 from datarax.config.spec import TOP_LEVEL_KEYS, RunSpec, ShardingSection, validate
 
 
-
 def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
-              overrides: Sequence[str] = ()) -> RunSpec:
+              overrides: Sequence[str] = (), allow: Sequence[str] = ()) -> RunSpec:
     """Reads and validates a configuration file.
 
+    Args:
+        path: the TOML file.
+        environ: where `DATARAX_<KEY>` overrides are read (default `os.environ`).
+        overrides: `key.path=value` overrides, applied last.
+        allow: modules (with their submodules) that the file's import paths may name, added to
+            the file's own top-level `allow` list; nothing else is imported (see
+            `datarax.config.allow`).
+
     Raises:
-        ConfigError: listing every problem found (file, include, override and schema problems).
+        ConfigError: listing every problem found (file, include, override and schema problems,
+            import paths outside the allow-list).
     """
     problems = Problems(os.fspath(path))
+    if isinstance(allow, str):
+        allow = [allow]
+    try:
+        allowed = AllowList(tuple(allow))
+    except ValueError as exc:
+        raise ConfigError([f"allow= {exc}"], os.fspath(path)) from None
     loaded = loader.load(path, top_level=TOP_LEVEL_KEYS, environ=environ, overrides=overrides, problems=problems)
     if problems.items and not loaded.files:
         problems.raise_if_any()  # nothing could be read at all
-    ctx = Context(problems, loaded.base_dir, top_level=TOP_LEVEL_KEYS)
+    ctx = Context(problems, loaded.base_dir, top_level=TOP_LEVEL_KEYS, allow=allowed)
     spec = validate(loaded.raw, ctx, path=os.fspath(path), overrides=loaded.overrides)
     problems.raise_if_any()
     return spec
@@ -42,6 +57,8 @@ def build_component(spec: ComponentSpec, **extra: Any) -> Any:
     """Constructs a component, turning a constructor's complaint into a one-line ConfigError at its path."""
     try:
         return spec.build(**extra)
+    except ConfigError:
+        raise
     except (TypeError, ValueError, KeyError, FileNotFoundError, ImportError) as exc:
         raise ConfigError([f"{format_path(spec.path)} could not be built: {exc}"]) from exc
 
@@ -88,23 +105,31 @@ def build_pipeline(spec: RunSpec):
         kwargs["sampler"] = build_component(spec.sampler, **extra)
     if spec.sharding is not None:
         kwargs["sharding"] = build_sharding(spec.sharding)
+    sizes.check_batch_size(run.batch_size, sizes.epoch_records(source, kwargs.get("sampler")), run.drop_remainder)
+    host_resident = source.device_arrays() is None
+    sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(source.element_spec()), host_resident, "read")
     try:
         if spec.dag is not None:
             nodes = {name: build_component(node) for name, node in spec.dag.nodes.items()}
-            return Pipeline.from_dag(source=source, nodes=nodes, edges=spec.dag.edges, sink=spec.dag.sink,
-                                     batch_size=run.batch_size, **kwargs)
-        stages = [build_component(stage) for stage in spec.stages]
-        return Pipeline(source, stages, run.batch_size, **kwargs)
+            pipeline = Pipeline.from_dag(source=source, nodes=nodes, edges=spec.dag.edges, sink=spec.dag.sink,
+                                         batch_size=run.batch_size, **kwargs)
+        else:
+            stages = [build_component(stage) for stage in spec.stages]
+            pipeline = Pipeline(source, stages, run.batch_size, **kwargs)
     except ConfigError:
         raise
     except (TypeError, ValueError, KeyError) as exc:
         where = "dag" if spec.dag is not None else "stages"
         raise ConfigError([f"{where}: the pipeline could not be built: {exc}"]) from exc
+    # The stages may grow a record (a resize up, a one-hot): check what they output too.
+    sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(pipeline.output_spec()) // run.batch_size,
+                       host_resident, "out of the stages")
+    return pipeline
 
 
 def load_pipeline(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
-                  overrides: Sequence[str] = ()):
+                  overrides: Sequence[str] = (), allow: Sequence[str] = ()):
     """`build_pipeline(load_spec(path, ...))`."""
-    return build_pipeline(load_spec(path, environ=environ, overrides=overrides))
+    return build_pipeline(load_spec(path, environ=environ, overrides=overrides, allow=allow))
 
 

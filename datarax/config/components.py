@@ -6,7 +6,9 @@ A component is a table with one key naming what to build, whose value holds its 
     brightness = { max_delta = 0.3, rngs = 7 }
 
 The name is a registered name (see `datarax.config.registry`) or an import path
-(`"mypkg.ops:MyOperator"`). Parameters are the fields of the class's config dataclass plus the
+(`"mypkg.ops:MyOperator"`) into a module the user allowed (`datarax.config.allow`); a class named
+by import path must be of the table's kind (an operator class for a stage), checked before it
+is called. Parameters are the fields of the class's config dataclass plus the
 keyword parameters of its constructor, each checked against its type hint:
 
 * a `Callable` parameter takes an import path (`fn = "mypkg.transforms:augment"`);
@@ -16,7 +18,8 @@ keyword parameters of its constructor, each checked against its type hint:
   `allow_pickle=False`;
 * `rngs = N` seeds the component's `nnx.Rngs(N)` (when its constructor takes `rngs`).
 
-Validation imports what the table names but constructs nothing; `ComponentSpec.build()` does.
+Validation imports the allowed modules the table names but constructs nothing;
+`ComponentSpec.build()` does.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ import inspect
 import os
 import types
 import typing
+import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -36,8 +40,9 @@ import numpy as np
 from flax import nnx
 
 from datarax.config import registry
-from datarax.config.schema import (Path, Problems, build_dataclass, check_keys, convert, format_path, is_table,
-                                   suggestion, type_hints, type_name)
+from datarax.config.allow import AllowList, NotAllowedError
+from datarax.config.schema import (ConfigError, Path, Problems, build_dataclass, check_keys, convert, format_path,
+                                   is_table, suggestion, type_hints, type_name)
 
 RNGS_KEY = "rngs"
 DATA_HELP = ("an import path 'package.module:function' (returning a dict of arrays), a .npz file, or a table "
@@ -46,19 +51,26 @@ DATA_HELP = ("an import path 'package.module:function' (returning a dict of arra
 
 @dataclasses.dataclass
 class Context:
-    """What validation needs besides the table: where problems go and where files are looked up."""
+    """What validation needs besides the table: where problems go, where files are looked up
+    and which modules import paths may name."""
 
     problems: Problems
     base_dir: str
     seed: int = 0
     top_level: tuple[str, ...] = ()
+    allow: AllowList = dataclasses.field(default_factory=AllowList)
 
     @property
     def search_dirs(self) -> list[str]:
         return list(dict.fromkeys([os.path.abspath(self.base_dir), os.getcwd()]))
 
+    def resolve_import(self, value: str, path: Path, problems: Problems | None = None) -> Any:
+        """The object an allowed import path names, or None after reporting why it cannot be had."""
+        return resolve_import(value, path, self.problems if problems is None else problems, self.search_dirs,
+                              self.allow)
+
     def resolve_callable(self, value: str, path: Path, problems: Problems) -> Any:
-        obj = resolve_import(value, path, problems, self.search_dirs)
+        obj = self.resolve_import(value, path, problems)
         if obj is not None and not callable(obj):
             problems.add(path, f"names {value!r}, which is {type_name(obj)} ({type(obj).__name__}), not a callable")
             return None
@@ -68,10 +80,13 @@ class Context:
         return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(name)))
 
 
-def resolve_import(value: str, path: Path, problems: Problems, search_dirs: Sequence[str]) -> Any:
+def resolve_import(value: str, path: Path, problems: Problems, search_dirs: Sequence[str],
+                   allow: AllowList) -> Any:
     """The object an import path names, or None after reporting why it cannot be had."""
     try:
-        return registry.import_object(value, search_dirs)
+        return registry.import_object(value, search_dirs, allow)
+    except NotAllowedError as exc:
+        problems.add(path, str(exc))
     except (ImportError, AttributeError, ValueError) as exc:
         problems.add(path, f"names {value!r}, which cannot be imported: {exc}")
     except Exception as exc:  # the module raised while importing; show what, keep validating
@@ -88,16 +103,38 @@ class DataSpec:
     target: Any
 
     def load(self) -> Mapping[str, Any]:
+        """The arrays; an unreadable file raises `ConfigError` naming it and its TOML key."""
         if self.kind == "npz":
-            with np.load(self.target, allow_pickle=False) as archive:
-                return {k: archive[k] for k in archive.files}
+            return read_array_file(self.target, self.path, lambda f: {k: f[k] for k in f.files})
         if self.kind == "npy":
-            return {k: np.load(p, allow_pickle=False) for k, p in self.target.items()}
+            return {k: read_array_file(p, (*self.path, k)) for k, p in self.target.items()}
         data = self.target() if callable(self.target) else self.target
         if not isinstance(data, Mapping):
             raise TypeError(f"{format_path(self.path)} must give a dict of arrays, but its callable returned "
                             f"{type(data).__name__}; return {{'field': array, ...}}")
         return data
+
+
+def read_array_file(file: str, path: Path, take: Callable[[Any], Any] | None = None) -> Any:
+    """`np.load(file, allow_pickle=False)` (then `take(archive)` for a .npz, closed after), or a
+    `ConfigError` naming the TOML key at `path` and the file when it cannot be read."""
+    kind = "a .npz archive" if take is not None else "a .npy array"
+    where = f"{format_path(path)} names {os.path.basename(file)!r} ({file}), which"
+    if os.path.getsize(file) == 0:
+        raise ConfigError([f"{where} is empty (0 bytes); write it again with np.save/np.savez"])
+    try:
+        loaded = np.load(file, allow_pickle=False)
+        if take is None:
+            return loaded
+        with loaded:
+            return take(loaded)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        # allow_pickle=False refuses anything that is not an array file, as "pickled data".
+        reason = "numpy could only read it by unpickling, which a configuration never does" \
+            if "pickle" in str(exc) else f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+        writer = "np.savez" if take is not None else "np.save"
+        raise ConfigError([f"{where} cannot be read as {kind}: {reason}; check that it is the file {writer} wrote"]) \
+            from exc
 
 
 @dataclasses.dataclass
@@ -177,13 +214,18 @@ def _signature(factory: Any) -> tuple[dict[str, inspect.Parameter], dict[str, An
 
 def _lookup(kind: str, name: str, path: Path, ctx: Context) -> tuple[Any, type | None] | None:
     if registry.is_import_path(name):
-        obj = resolve_import(name, path, ctx.problems, ctx.search_dirs)
+        obj = ctx.resolve_import(name, path)
         if obj is None:
             return None
-        if not callable(obj):
-            ctx.problems.add(path, f"names {name!r}, which is not a class or function that builds a {kind}")
+        if not registry.is_of_kind(obj, kind):
+            what = f"the class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
+            base = registry.KINDS[kind].base.replace(":", ".") if kind in registry.KINDS else f"a {kind} base class"
+            article = "an" if kind[0] in "aeiou" else "a"
+            ctx.problems.add(path, f"names {name!r}, which is {what}, not {article} {kind} class; it was not called. "
+                                   f"{article.capitalize()} {kind} named by import path must be a class deriving from "
+                                   f"{base}")
             return None
-        return obj, registry.config_class_of(obj) if isinstance(obj, type) else None
+        return obj, registry.config_class_of(obj)
     entries, ambiguous, failed = registry.discover(kind)
     if name in entries:
         return entries[name].cls, entries[name].config_cls
@@ -287,7 +329,7 @@ def data_spec(value: Any, path: Path, ctx: Context) -> DataSpec | None:
     """A source's `data`: an import path, a .npz file, or a table of .npy files."""
     problems = ctx.problems
     if isinstance(value, str) and registry.is_import_path(value) and not value.endswith((".npz", ".npy")):
-        target = resolve_import(value, path, problems, ctx.search_dirs)
+        target = ctx.resolve_import(value, path)
         if target is None:
             return None
         if not (callable(target) or isinstance(target, Mapping)):

@@ -73,6 +73,12 @@ def _read_toml(path: str, problems: Problems, where: Path) -> dict[str, Any] | N
         problems.add_line(f"config file {path!r} is a directory; name a .toml file")
     except tomllib.TOMLDecodeError as exc:
         problems.add_line(f"{path!r} is not valid TOML: {exc}")
+    except UnicodeDecodeError as exc:
+        problems.add_line(f"{path!r} is not a TOML text file: byte {exc.start} ({exc.object[exc.start]:#04x}) is not "
+                          "UTF-8; name the .toml file (a binary file, or text saved in another encoding, cannot be "
+                          "read)")
+    except OSError as exc:
+        problems.add_line(f"config file {path!r} cannot be read: {exc.strerror or exc}")
     return None
 
 

@@ -12,8 +12,8 @@ A class's config dataclass is its `config_class` attribute, else `<Name>Config`,
 `<Stem>Config` or `<Stem>OperatorConfig` in its module, else the dataclass named in the type
 hint of its constructor's `config` parameter. New classes appear without editing this file.
 
-Anything else is named by import path, `package.module:attribute`. Importing the module is
-the only code a configuration runs on its own; nothing is evaluated or unpickled.
+Anything else is named by import path, `package.module:attribute`, from a module the user
+allowed (`datarax.config.allow`); nothing is evaluated or unpickled.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 from flax import nnx
 
+from datarax.config.allow import AllowList
 from datarax.config.schema import type_hints
 
 _SNAKE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -168,13 +169,35 @@ def is_import_path(text: str) -> bool:
     return ":" in text
 
 
-def import_object(spec: str, search_dirs: Sequence[str] = ()) -> Any:
+def is_of_kind(obj: Any, kind: str) -> bool:
+    """Whether `obj` is a class that builds a `kind` (a subclass of the kind's base class; for
+    operators also any NNX module, as batch-level DAG nodes are). Functions are not: a
+    configuration calls only what it has checked."""
+    if kind not in KINDS or not isinstance(obj, type):
+        return False
+    try:
+        base = _import_base(KINDS[kind].base)
+    except ImportError:
+        return False
+    return issubclass(obj, base) or ("Node" in KINDS[kind].suffixes and issubclass(obj, nnx.Module))
+
+
+def import_object(spec: str, search_dirs: Sequence[str] = (), allow: AllowList | None = None) -> Any:
     """The object at `package.module:attribute` (attribute may be dotted).
 
     The module is imported from `sys.path`, then from each of `search_dirs` (the config file's
-    directory, the working directory), so a config can name code that sits next to it.
+    directory, the working directory), so a config can name code that sits next to it; `sys.path`
+    is left as it was.
+
+    Args:
+        spec: the import path.
+        search_dirs: folders to look in after `sys.path`.
+        allow: when given, the module must be on it (checked before anything is imported) and the
+            object must be defined in a module on it (see `datarax.config.allow`); None trusts the
+            caller (code, not a configuration file).
 
     Raises:
+        NotAllowedError: `allow` does not permit the module or the object (a ValueError).
         ImportError: the module cannot be imported (its message says which and why).
         AttributeError: the module has no such attribute.
         ValueError: `spec` is not of the form `package.module:attribute`.
@@ -182,15 +205,21 @@ def import_object(spec: str, search_dirs: Sequence[str] = ()) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"import path {spec!r} is not of the form 'package.module:attribute'; {IMPORT_PATH_HELP}")
+    if allow is not None:
+        allow.check_module(spec, module_name)
     module = _import_module(module_name, search_dirs)
-    obj = module
+    obj, via = module, module_name
     for part in attr.split("."):
         if not hasattr(obj, part):
-            public = sorted(n for n in dir(module) if not n.startswith("_"))
+            public = sorted(n for n in dir(obj) if not n.startswith("_"))
             from datarax.config.schema import suggestion
 
-            raise AttributeError(f"module {module_name!r} has no attribute {attr!r}{suggestion(part, public)}")
-        obj = getattr(obj, part)
+            raise AttributeError(f"{via!r} has no attribute {part!r}{suggestion(part, public)}"
+                                 if obj is not module else
+                                 f"module {module_name!r} has no attribute {attr!r}{suggestion(part, public)}")
+        obj, via = getattr(obj, part), f"{via}.{part}"
+        if allow is not None:
+            allow.check_object(spec, obj, via)
     return obj
 
 
@@ -205,14 +234,17 @@ def _import_module(name: str, search_dirs: Sequence[str]):
         directory = os.path.abspath(directory)
         if directory in sys.path:
             continue
-        # Kept on sys.path once it worked, so the module's own later imports of siblings work too.
+        # On sys.path only while importing (the module's own imports of its siblings work), then
+        # removed: a configuration must not change where the rest of the process imports from.
         sys.path.insert(0, directory)
         try:
             return importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            sys.path.remove(directory)
             if not _missing_is(name, exc):
                 raise
+        finally:
+            if directory in sys.path:
+                sys.path.remove(directory)
     raise ModuleNotFoundError(f"{first_error} (looked on sys.path and in {', '.join(search_dirs) or 'no other folder'})",
                               name=first_error.name) from None
 

@@ -207,6 +207,7 @@ def _convert(value, hint, path, problems, resolve_callable):
     if hint is Any or hint is object or isinstance(hint, (str, typing.ForwardRef, typing.TypeVar)):
         return value
     if _is_union(hint):
+        near_miss = None
         for arm in _args(hint):
             if arm is type(None):
                 continue
@@ -217,6 +218,12 @@ def _convert(value, hint, path, problems, resolve_callable):
                 continue
             if not attempt.items:
                 return out
+            near_miss = near_miss or attempt
+        if near_miss is not None:
+            # The value had the right shape for an arm but failed inside it (an import path that is
+            # refused or missing): that explains more than "must be X or Y".
+            problems.items.extend(near_miss.items)
+            return None
         raise Unconvertible
     origin = typing.get_origin(hint)
     if origin is typing.Literal:

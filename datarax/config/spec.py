@@ -26,8 +26,9 @@ or, instead of `stages`, a DAG:
     inputs = ["augment"]
     "mypkg.nodes:Merge" = {}
 
-plus optional `[sampler.<name>]` and `[sharding]` tables, and a `[trainer]` table that the training
-kit (`datarax.train`) validates when it is loaded.
+plus optional `[sampler.<name>]` and `[sharding]` tables, a `[trainer]` table that the training
+kit (`datarax.train`) validates when it is loaded, and `allow = ["mypkg"]`: the user's modules
+that import paths may name (`datarax.config.allow`; nothing else is imported).
 """
 
 from __future__ import annotations
@@ -37,8 +38,13 @@ import graphlib
 from collections.abc import Callable
 from typing import Any
 
+from datarax.config.allow import AllowList
 from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.schema import FieldError, build_dataclass, check_keys, convert, is_table, suggestion
+
+# A prefetched batch is a whole batch held in memory; a few hide the jitter of reading, and past
+# this many the queue only holds memory (the default is 2, no recipe uses more than 8).
+MAX_PREFETCH = 64
 
 
 def check_positive(name: str, value: Any, minimum: int = 1) -> None:
@@ -67,9 +73,13 @@ class RunSection:
         check_positive("seed", self.seed, 0)
         check_positive("prefetch", self.prefetch)
         check_positive("epochs", self.epochs)
+        if self.prefetch > MAX_PREFETCH:
+            raise FieldError("prefetch", f"must be at most {MAX_PREFETCH} (batches held ready in memory), got "
+                                         f"{self.prefetch!r}; a few batches hide reading jitter, use 2-8")
 
 
-TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(RunSection))
+# `allow` is read before everything else (it decides what the other tables may import).
+TOP_LEVEL_KEYS = (*(f.name for f in dataclasses.fields(RunSection)), "allow")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +135,7 @@ class RunSpec:
     trainer: Any  # a `datarax.train.config.TrainerSpec` when the kit validated a [trainer] table
     path: str
     overrides: list[str]
+    allow: AllowList = dataclasses.field(default_factory=AllowList)
 
 
 def _stages(value: Any, ctx: Context) -> list[ComponentSpec]:
@@ -209,11 +220,25 @@ def _section(name: str, value: Any, ctx: Context) -> Any:
     return _SECTIONS[name](value, ctx)
 
 
+def _allow(value: Any, ctx: Context) -> None:
+    """Adds the file's `allow` entries to `ctx.allow` (the caller's own entries stay)."""
+    names = convert(value, list[str], ("allow",), ctx.problems)
+    if names is None:
+        return
+    for i, name in enumerate(names):
+        try:
+            ctx.allow = ctx.allow.extended([name])
+        except ValueError as exc:
+            ctx.problems.add(("allow", i), str(exc))
+
+
 def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>", overrides: list[str] | None = None) -> RunSpec:
     """Checks a loaded configuration; every problem goes to `ctx.problems` (the caller raises)."""
     problems = ctx.problems
+    if "allow" in raw:
+        _allow(raw["allow"], ctx)
     tables = {k: raw[k] for k in ("source", "sampler", "stages", "dag", "sharding", "trainer") if k in raw}
-    scalars = {k: v for k, v in raw.items() if k not in tables}
+    scalars = {k: v for k, v in raw.items() if k not in tables and k != "allow"}
     if "source" not in raw:
         problems.add(("source",), "is required but missing: add a [source.<name>] table, e.g. [source.memory] "
                                   "with data = \"package.module:function\"")
@@ -234,4 +259,4 @@ def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>", overr
         else:
             problems.add(("sharding",), f"must be a table, got {raw['sharding']!r}")
     trainer = _section("trainer", raw["trainer"], ctx) if "trainer" in raw else None
-    return RunSpec(run, source, sampler, stages, dag, sharding, trainer, path, overrides or [])
+    return RunSpec(run, source, sampler, stages, dag, sharding, trainer, path, overrides or [], ctx.allow)

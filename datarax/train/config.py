@@ -46,7 +46,9 @@ class TrainerSection:
         checkpoint_every: save every N steps (a final save always happens).
         callbacks: component tables of `datarax.train.callbacks` classes (by name, e.g.
             `{ goodput = {} }`) or import paths.
-        trainer_class: import path of the trainer class.
+        trainer_class: import path of the trainer class (a `datarax.train.Trainer` subclass).
+
+    Import paths name only modules the configuration allows (`datarax.config.allow`).
     """
 
     model: Callable
@@ -120,6 +122,11 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
         ctx.problems.add(path, f"must be a table, got {value!r}")
         return None
     section = build_dataclass(TrainerSection, value, path, ctx.problems, resolve_callable=ctx.resolve_callable)
+    cls = section.trainer_class if section is not None else None
+    if cls is not None and not (isinstance(cls, type) and issubclass(cls, Trainer)):
+        ctx.problems.add((*path, "trainer_class"), f"names {value['trainer_class']!r}, which is not a subclass of "
+                                                   "datarax.train.Trainer; it was not called")
+        section = None
     optimizer = _validate_optimizer(value["optimizer"], (*path, "optimizer"), ctx) if "optimizer" in value else None
     callbacks = []
     raw = value.get("callbacks", [])
@@ -206,9 +213,12 @@ def run_dir_of(spec: RunSpec) -> str:
 
 
 def load_trainer(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
-                 overrides: Sequence[str] = (), extra_callbacks: Sequence[Any] = ()) -> TrainerRun:
-    """`build_trainer(load_spec(path, ...))`: the pipeline and trainer a configuration file describes."""
-    return build_trainer(load_spec(path, environ=environ, overrides=overrides), extra_callbacks=extra_callbacks)
+                 overrides: Sequence[str] = (), allow: Sequence[str] = (),
+                 extra_callbacks: Sequence[Any] = ()) -> TrainerRun:
+    """`build_trainer(load_spec(path, ...))`: the pipeline and trainer a configuration file describes
+    (`allow` as for `datarax.config.load_spec`)."""
+    return build_trainer(load_spec(path, environ=environ, overrides=overrides, allow=allow),
+                         extra_callbacks=extra_callbacks)
 
 
 register_kind(CALLBACK_KIND)

@@ -39,6 +39,7 @@ def mse(model, batch):
 '''
 
 PIPELINE = """
+    allow = ["cli_helpers"]
     batch_size = 16
     [source.memory]
     data = "cli_helpers:make_data"
@@ -138,7 +139,7 @@ def test_inspect_draws_a_dag(folder, capsys):
         inputs = ["twice", "small"]
         "cli_helpers:Pair" = {}
     """)
-    assert main(["inspect", path]) == 0
+    assert main(["inspect", path, "--allow", "cli_helpers"]) == 0
     out = capsys.readouterr().out.splitlines()
     graph = out[out.index("graph") + 1:-1]
     assert graph == ["  [source] MemorySource",
@@ -167,6 +168,7 @@ def test_run_reports_throughput_goodput_and_the_first_batch(folder, capsys):
 
 def test_train_then_resume_from_the_checkpoint(folder, capsys):
     path = write(folder, """
+        allow = ["cli_helpers"]
         batch_size = 8
         [source.memory]
         data = "cli_helpers:make_regression"
@@ -285,3 +287,135 @@ def test_both_benchmark_entry_points_print_one_schema(monkeypatch, capsys):
     assert [sorted(r) for r in from_cli] == [sorted(r) for r in from_module]
     assert [(r["scenario"], r["framework"]) for r in from_module] == [("tokens", f) for f in
                                                                       ("datarax", "floor", "grain")]
+
+
+# A configuration must not run code it was not allowed to: each attempt below names a standard-library
+# callable (called with TOML arguments that would touch MARKER) or a module that touches MARKER when it
+# is imported. Every command must refuse it at its TOML path, before importing or calling anything.
+EVIL_MODULE = "import pathlib\npathlib.Path({marker!r}).touch()\ndef f(*a, **k):\n    return {{}}\n"
+TRAINER = """
+[trainer]
+model = "cli_helpers:make_model"
+loss = "cli_helpers:mse"
+optimizer = { adam = { learning_rate = 0.01 } }
+steps = 1
+"""
+BASE = 'batch_size = 8\n[source.memory]\ndata = "cli_helpers:make_regression"\n'
+ATTACKS = {
+    "stage": ("stages[0].\"os:system\"", BASE + '[[stages]]\n"os:system" = { command = "touch MARKER" }\n' + TRAINER),
+    "element fn": ("stages[0].element.fn", BASE + '[[stages]]\nelement = { fn = "EVIL:f" }\n' + TRAINER),
+    "source": ("source.\"os:system\"",
+               '[source."os:system"]\ncommand = "touch MARKER"\n' + TRAINER),
+    "source data": ("source.memory.data", '[source.memory]\ndata = "EVIL:f"\n' + TRAINER),
+    "dag node": ("dag.nodes.a.\"subprocess:getoutput\"",
+                 BASE + '[dag]\nsink = "a"\n[dag.nodes.a]\n"subprocess:getoutput" = { cmd = "touch MARKER" }\n'
+                 + TRAINER),
+    "trainer model": ("trainer.model", BASE + TRAINER.replace('"cli_helpers:make_model"', '"os:system"')
+                      + 'model_args = { command = "touch MARKER" }\n'),
+    "trainer loss": ("trainer.loss", BASE + TRAINER.replace('"cli_helpers:mse"', '"EVIL:f"')),
+    "trainer optimizer": ("trainer.optimizer", BASE + TRAINER.replace('{ adam = { learning_rate = 0.01 } }',
+                                                                      '"EVIL:f"')),
+    "trainer metric": ("trainer.metrics.m", BASE + TRAINER + 'metrics = { m = "EVIL:f" }\n'),
+    "trainer class": ("trainer.trainer_class", BASE + TRAINER + 'trainer_class = "EVIL:f"\n'),
+    "callback": ("trainer.callbacks[0].\"subprocess:Popen\"",
+                 BASE + TRAINER + 'callbacks = [{ "subprocess:Popen" = { args = ["touch", "MARKER"] } }]\n'),
+    # An allowed module does not lend out what it imports: cli_helpers imports numpy, not its own code.
+    "through an allowed module": ("stages[0].element.fn",
+                                  'allow = ["cli_helpers"]\n' + BASE
+                                  + '[[stages]]\nelement = { fn = "cli_helpers:np.save" }\n' + TRAINER),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "inspect", "run", "train"])
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_a_config_cannot_import_or_call_what_it_was_not_allowed(folder, capsys, attack, command):
+    import sys
+    import uuid
+
+    marker = folder / "MARKER"
+    evil = f"evil_{uuid.uuid4().hex[:12]}"  # a fresh name: a cached module would hide an import
+    (folder / f"{evil}.py").write_text(EVIL_MODULE.format(marker=str(marker)))
+    where, text = ATTACKS[attack]
+    path = write(folder, text.replace("MARKER", str(marker)).replace("EVIL", evil))
+    path_before = list(sys.path)
+    status = main([command, path] + (["--no-progress"] if command in ("run", "train") else []))
+    err = capsys.readouterr().err
+    assert not marker.exists(), f"{attack}: {command} ran code the configuration was not allowed to run"
+    assert evil not in sys.modules
+    assert sys.path == path_before
+    assert status == 1
+    assert f"{path}: {where} names " in err and "allow" in err, err
+
+
+def _one_paragraph_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("datarax: error: ")
+    return err
+
+
+DATA_FILES = {  # name -> (bytes, the words the message must hold besides the file and the key)
+    "garbage.npz": (b"PK\x03\x04" + b"not a zip archive" * 8, "cannot be read as a .npz archive"),
+    "empty.npz": (b"", "is empty"),
+    "pickled.npz": (b"garbage", "cannot be read as a .npz archive"),
+    "empty.npy": (b"", "is empty"),
+    "garbage.npy": (b"\x93NUMPY\x01\x00garbage", "cannot be read as a .npy array"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DATA_FILES))
+def test_an_unreadable_data_file_is_a_message_naming_the_file_and_the_key(folder, capsys, name):
+    content, words = DATA_FILES[name]
+    (folder / name).write_bytes(content)
+    data = f'"{name}"' if name.endswith(".npz") else f'{{ x = "{name}" }}'
+    key = "source.memory.data" + ("" if name.endswith(".npz") else ".x")
+    path = write(folder, f"[source.memory]\ndata = {data}\n")
+    assert main(["run", path, "--no-progress"]) == 1
+    err = _one_paragraph_error(capsys)
+    assert f"{key} names '{name}'" in err and words in err and str(folder / name) in err
+
+
+SIZES = [  # (top-level lines over the 40 records of make_data, the key, words of the message)
+    ("batch_size = 1_000_000_000_000", "batch_size", "larger than the 40 records of an epoch"),
+    ("batch_size = 100_000_000", "batch_size", "larger than the 40 records of an epoch"),
+    ("batch_size = 41\ndrop_remainder = true", "batch_size", "larger than the 40 records of an epoch"),
+    ("prefetch = 1_000_000_000_000", "prefetch", "must be at most 64"),
+]
+
+
+def npz_data(folder) -> str:
+    """The 40 records of `make_data` as `data.npz` beside the configs."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    np.savez(folder / "data.npz", image=rng.random((40, 8, 8, 3)).astype(np.float32), label=np.arange(40, dtype=np.int32))
+    return '[source.memory]\ndata = "data.npz"\n'
+
+
+@pytest.mark.parametrize("lines,key,words", SIZES)
+def test_absurd_sizes_are_rejected_up_front_naming_the_key(folder, capsys, lines, key, words):
+    path = write(folder, f"{lines}\n" + npz_data(folder))
+    for command in ("validate", "run") if key == "prefetch" else ("run", "inspect"):
+        assert main([command, path, "--no-progress"] if command == "run" else [command, path]) == 1
+        err = _one_paragraph_error(capsys)
+        assert f"{path}: {key} " in err and words in err
+
+
+def test_batches_that_would_not_fit_in_memory_are_rejected_naming_the_key(folder, capsys, monkeypatch):
+    from datarax.config import sizes
+
+    # A record is 8*8*3 float32 and an int32 label (772 bytes) plus its int64 id: 16 rows in 2 device
+    # batches need 24,960 bytes.
+    monkeypatch.setattr(sizes, "memory_bytes", lambda: 20_000)
+    path = write(folder, "batch_size = 16\n" + npz_data(folder))
+    assert main(["run", path, "--no-progress"]) == 1
+    err = _one_paragraph_error(capsys)
+    assert f"{path}: batch_size 16 needs about 24.4 KiB" in err and "19.5 KiB of memory" in err
+
+
+def test_a_binary_config_file_is_a_message_naming_it(folder, capsys):
+    path = folder / "binary.toml"
+    path.write_bytes(bytes(range(256)))
+    assert main(["validate", str(path)]) == 1
+    err = _one_paragraph_error(capsys)
+    assert f"'{path}' is not a TOML text file" in err

@@ -90,7 +90,7 @@ def test_a_toml_equivalent_to_the_quickstart_yields_its_batches(tmp_path, monkey
     monkeypatch.syspath_prepend(EXAMPLES)
     import quickstart  # runs examples/quickstart.py, the README Quick Start, verbatim
 
-    built = load_pipeline(write(tmp_path, QUICKSTART_TOML))
+    built = load_pipeline(write(tmp_path, QUICKSTART_TOML), allow=["quickstart"])
     # The final short batch (1000 = 31 * 32 + 8) is padded inside the program: compare it too.
     assert same_stream(quickstart.pipeline, built) == len(quickstart.pipeline) == 32
 
@@ -113,12 +113,13 @@ def test_a_toml_dag_equivalent_to_the_dag_example_yields_its_batches(tmp_path, m
         [dag.nodes.merge]
         inputs = ["augment", "normalize"]
         "dag:Merge" = {}
-    """))
+    """), allow=["dag"])
     assert same_stream(dag.complex_pipeline, built, max_batches=4) == 4
 
 
 def test_built_in_operators_nested_operators_and_a_sampler(helpers):
     built = load_pipeline(write(helpers, """
+        allow = ["cfg_helpers"]
         batch_size = 16
         drop_remainder = true
         [source.memory]
@@ -164,6 +165,7 @@ def test_source_data_from_npz_and_npy_files(tmp_path):
 
 def test_sharding_lays_batches_over_the_mesh(helpers):
     pipeline = load_pipeline(write(helpers, """
+        allow = ["cfg_helpers"]
         batch_size = 16
         drop_remainder = true
         [source.memory]
@@ -179,7 +181,7 @@ def test_sharding_lays_batches_over_the_mesh(helpers):
 
 
 def test_environment_and_set_overrides_change_the_built_pipeline(helpers):
-    path = write(helpers, 'batch_size = 16\n[source.memory]\ndata = "cfg_helpers:make_data"\n')
+    path = write(helpers, 'allow = ["cfg_helpers"]\nbatch_size = 16\n[source.memory]\ndata = "cfg_helpers:make_data"\n')
     assert load_pipeline(path, environ={"DATARAX_BATCH_SIZE": "8"}).batch_size == 8
     assert load_pipeline(path, environ={"DATARAX_BATCH_SIZE": "8"}, overrides=["batch_size=4"]).batch_size == 4
 
@@ -239,13 +241,13 @@ ERRORS = [
 @pytest.mark.parametrize("toml,pattern", ERRORS)
 def test_every_schema_error_names_its_toml_path(helpers, toml, pattern):
     with pytest.raises(ConfigError, match=pattern):
-        load_spec(write(helpers, toml))
+        load_spec(write(helpers, toml), allow=["cfg_helpers"])
 
 
 def test_all_problems_are_reported_together(helpers):
     path = write(helpers, 'batchsize = 3\nseed = "x"\n' + SOURCE + '[[stages]]\nbrightness = { max_delta = "high" }\n')
     with pytest.raises(ConfigError) as info:
-        load_spec(path)
+        load_spec(path, allow=["cfg_helpers"])
     assert [p.split(" ")[0] for p in info.value.problems] == ["batchsize", "seed", "stages[0].brightness.max_delta"]
     assert str(info.value).startswith(f"{path}: 3 problems:")
 
@@ -253,7 +255,7 @@ def test_all_problems_are_reported_together(helpers):
 def test_a_constructor_error_at_build_names_the_component(helpers):
     path = write(helpers, SOURCE + "[[stages]]\nnormalize = { mean = [0.5, 0.5], std = [1.0] }\n")
     with pytest.raises(ConfigError, match=r"stages\[0\]\.normalize"):
-        load_pipeline(path)
+        load_pipeline(path, allow=["cfg_helpers"])
 
 
 def test_a_trainer_section_builds_the_trainer_with_its_callbacks(helpers):
@@ -268,7 +270,7 @@ def test_a_trainer_section_builds_the_trainer_with_its_callbacks(helpers):
         checkpoint_dir = "ckpt"
         checkpoint_every = 5
         callbacks = [{ early_stopping = { monitor = "train/loss", patience = 7 } }]
-    """.replace("\n        ", "\n")))
+    """.replace("\n        ", "\n")), allow=["cfg_helpers"])
     run = build_trainer(spec)
     kinds = {type(cb).__name__: cb for cb in run.trainer.callbacks}
     assert kinds["EarlyStopping"].patience == 7

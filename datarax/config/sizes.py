@@ -1,0 +1,100 @@
+"""Up-front checks of a configuration's sizes, before anything is allocated for them.
+
+A typo in a size (`batch_size = 10**8` meant as `10**3`) otherwise surfaces as an allocator's
+"Unable to allocate 7.28 TiB" or an XLA out-of-memory that names no key. Two checks, each
+naming the TOML key:
+
+* `batch_size` may not exceed the records of an epoch. With `drop_remainder = true` the epoch
+  would hold no batch at all; without it, the one batch would be padded past the data (more
+  padding rows than records), which no run wants: a fixed compiled shape for a small set is had
+  with a batch_size up to its size.
+* the batches a pipeline holds at once must fit in memory: `batch_size` times the bytes of one
+  record (from the source's element spec, or the output spec once the stages are known), times
+  the batches in flight (`prefetch` + 3 for a host-resident source's ring of buffers, 2 for a
+  device-resident one), against the host's physical memory (and the first device's limit, when
+  the backend reports one).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from datarax.config.schema import ConfigError
+
+
+def memory_bytes() -> int | None:
+    """The memory a batch may use: physical host memory, or the first device's limit if smaller
+    (None when neither is known)."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        import jax
+
+        stats = jax.local_devices()[0].memory_stats() or {}
+        if stats.get("bytes_limit"):
+            limits.append(int(stats["bytes_limit"]))
+    except Exception:  # noqa: BLE001, S110  (a backend without memory statistics: the host limit stands)
+        pass
+    return min(limits) if limits else None
+
+
+def spec_bytes(spec: Any) -> int:
+    """Bytes of the arrays a (nested) dict of `ShapeDtypeStruct`s describes."""
+    if isinstance(spec, Mapping):
+        return sum(spec_bytes(v) for v in spec.values())
+    return math.prod(spec.shape) * np.dtype(spec.dtype).itemsize
+
+
+def human(n: float) -> str:
+    """`97.7 KiB`, `7.28 TiB`."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:,.0f} bytes" if unit == "bytes" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} PiB"
+
+
+def epoch_records(source: Any, sampler: Any) -> int | None:
+    """Records of an epoch: the sampler's, else the source's (None for a stream of unknown length)."""
+    if sampler is not None:
+        return len(sampler)
+    counted = getattr(source, "num_records", None)
+    if callable(counted):
+        return counted()
+    return len(source)
+
+
+def check_batch_size(batch_size: int, records: int | None, drop_remainder: bool) -> None:
+    """Raises `ConfigError` at `batch_size` when one batch is more than an epoch's records."""
+    if records is None or batch_size <= records:
+        return
+    outcome = ("every epoch would hold no batch (drop_remainder = true)" if drop_remainder else
+               f"its one batch would be {batch_size - records:,} rows of padding around the data")
+    message = (f"batch_size {batch_size:,} is larger than the {records:,} records of an epoch, so {outcome}; "
+               f"use a batch_size of at most {records:,}")
+    raise ConfigError([message])
+
+
+def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_resident: bool, what: str) -> None:
+    """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`."""
+    limit = memory_bytes()
+    in_flight = prefetch + 3 if host_resident else 2
+    # Each row also carries its int64 record id through the sampler and the program.
+    needed = batch_size * (record_bytes + 8) * in_flight
+    if limit is None or needed <= limit:
+        return
+    fit = limit // ((record_bytes + 8) * in_flight)
+    held = f"batch_size {batch_size:,} with prefetch {prefetch}" if host_resident else f"batch_size {batch_size:,}"
+    fix = (f"use a batch_size of at most {fit:,}" + (" (or a smaller prefetch)" if host_resident else "")
+           if fit >= 1 else "not even one record fits: make the records (or what the stages make of them) smaller")
+    message = (f"{held} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
+               f"record), more than the {human(limit)} of memory here; {fix}")
+    raise ConfigError([message])
