@@ -110,7 +110,8 @@ def test_integrity_mismatch_names_both_hashes(tmp_path):
     fresh, _ = make_trainer()
     checkpointer = Checkpointer(tmp_path)
     try:
-        with pytest.warns(CorruptCheckpointWarning, match=r"sha256 .* at save time [0-9a-f]{12}.*, read [0-9a-f]{12}"):
+        with pytest.warns(CorruptCheckpointWarning, match=r"model data differs from what was written: "
+                                                          r"sha256 at save time [0-9a-f]{16}\.\.\., read [0-9a-f]{16}"):
             with pytest.raises(CheckpointRestoreError):
                 checkpointer.restore_latest(model=fresh.model, optimizer=fresh.optimizer, iterator=fresh.iterator)
     finally:
@@ -122,12 +123,17 @@ def test_an_all_damaged_directory_keeps_refusing_until_told_to_start_fresh(tmp_p
     first.fit(num_steps=STEPS)
     for step in (EVERY, STEPS):
         damage(tmp_path / str(step), "model", first.model, first.optimizer)
-    for attempt in range(2):  # the same command, run twice: both refuse, neither trains
-        trainer, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=EVERY)])
-        with pytest.warns(CorruptCheckpointWarning):
-            with pytest.raises(CheckpointRestoreError, match=r"on_damaged='start_fresh'"):
-                trainer.fit(num_steps=STEPS)
-        assert trainer.step == 0, attempt
+    trainer, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=EVERY)])
+    with pytest.warns(CorruptCheckpointWarning, match=r"checkpoint step 8 .* model data differs"):
+        with pytest.raises(CheckpointRestoreError, match=r"could be restored \(step 8: .*step 4: .*on_damaged='start_fresh'"):
+            trainer.fit(num_steps=STEPS)
+    assert trainer.step == 0
+    # The same command again: the damaged steps are in corrupt-* now, and it still refuses.
+    trainer, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=EVERY)])
+    with pytest.raises(CheckpointRestoreError, match=r"corrupt-4-.* \(moved aside by an earlier run\).*"
+                                                     r"on_damaged='start_fresh'"):
+        trainer.fit(num_steps=STEPS)
+    assert trainer.step == 0
     ckpt = CheckpointCallback(tmp_path, every_steps=EVERY, on_damaged="start_fresh")
     trainer, setup = make_trainer([ckpt])
     with pytest.warns(CorruptCheckpointWarning, match=r"starting fresh from step 0 .*on_damaged='start_fresh'"):
