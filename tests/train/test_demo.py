@@ -116,6 +116,7 @@ def test_sigkill_at_ten_moments_including_inside_saves_then_rerun_is_bitwise_exa
         # names are per process; the next run's start-up removes them).
         if any(name.endswith(f".orbax-checkpoint-tmp-{proc.pid}") for name in temporary_directories(workdir)):
             inside_saves.append(step)
+    print(f"seed {seed}: killed after checkpoints {kills}, inside the save after {inside_saves}")
     result = run_to_end(workdir, log, cache)
     assert len(kills) >= 2, f"the demo finished before most kills ({kills}, seed {seed}); see {log}"
     assert len(kills) == KILLS, f"only {len(kills)} kills landed ({kills}, seed {seed}); see {log}"
