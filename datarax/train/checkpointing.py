@@ -462,7 +462,8 @@ class Checkpointer:
         self._manager.reload()
         initial_iterator_state = iterator.get_state()
         skipped = []
-        for step in reversed(self.steps()):
+        steps = self.steps()
+        for step in reversed(steps):
             try:
                 metadata = self._restore_step(step, model=model, optimizer=optimizer, iterator=iterator,
                                               pipeline=pipeline, fingerprint=fingerprint)
@@ -474,7 +475,8 @@ class Checkpointer:
                 aside = self._move_aside(step)
                 warnings.warn(
                     f"checkpoint step {step} in {self.directory} could not be restored ({reason:.300}); "
-                    f"moved it to {aside} and falling back to the previous checkpoint",
+                    f"moved it to {aside} and "
+                    + ("falling back to the previous checkpoint" if step != steps[0] else "no earlier checkpoint is left"),
                     CorruptCheckpointWarning, stacklevel=2)
                 continue
             return RestoredCheckpoint(step=step, metadata=metadata, skipped=tuple(skipped))

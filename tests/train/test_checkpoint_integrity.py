@@ -87,7 +87,7 @@ def damage(step_dir: Path, what: str, model, optimizer) -> None:
 ])
 def test_damaged_but_readable_newest_step_falls_back_and_ends_like_an_uninterrupted_run(
         tmp_path, uninterrupted, what, differed):
-    first, first_setup = make_trainer([CheckpointCallback(tmp_path, every_steps=EVERY)])
+    first, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=EVERY)])
     first.fit(num_steps=STEPS)
     damage(tmp_path / str(STEPS), what, first.model, first.optimizer)
 
@@ -104,29 +104,29 @@ def test_damaged_but_readable_newest_step_falls_back_and_ends_like_an_uninterrup
 
 
 def test_integrity_mismatch_names_both_hashes(tmp_path):
-    trainer, setup = make_trainer([CheckpointCallback(tmp_path, every_steps=2)])
+    trainer, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=2)])
     trainer.fit(num_steps=2)
     damage(tmp_path / "2", "model", trainer.model, trainer.optimizer)
     fresh, _ = make_trainer()
     checkpointer = Checkpointer(tmp_path)
     try:
         with pytest.warns(CorruptCheckpointWarning, match=r"model data differs from what was written: "
-                                                          r"sha256 at save time [0-9a-f]{16}\.\.\., read [0-9a-f]{16}"):
-            with pytest.raises(CheckpointRestoreError):
-                checkpointer.restore_latest(model=fresh.model, optimizer=fresh.optimizer, iterator=fresh.iterator)
+                                                          r"sha256 at save time [0-9a-f]{16}\.\.\., read [0-9a-f]{16}"), \
+                pytest.raises(CheckpointRestoreError):
+            checkpointer.restore_latest(model=fresh.model, optimizer=fresh.optimizer, iterator=fresh.iterator)
     finally:
         checkpointer.close()
 
 
 def test_an_all_damaged_directory_keeps_refusing_until_told_to_start_fresh(tmp_path, uninterrupted):
-    first, first_setup = make_trainer([CheckpointCallback(tmp_path, every_steps=EVERY)])
+    first, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=EVERY)])
     first.fit(num_steps=STEPS)
     for step in (EVERY, STEPS):
         damage(tmp_path / str(step), "model", first.model, first.optimizer)
     trainer, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=EVERY)])
-    with pytest.warns(CorruptCheckpointWarning, match=r"checkpoint step 8 .* model data differs"):
-        with pytest.raises(CheckpointRestoreError, match=r"could be restored \(step 8: .*step 4: .*on_damaged='start_fresh'"):
-            trainer.fit(num_steps=STEPS)
+    with pytest.warns(CorruptCheckpointWarning, match=r"checkpoint step 8 .* model data differs"), \
+            pytest.raises(CheckpointRestoreError, match=r"could be restored \(step 8: .*step 4: .*on_damaged='start_fresh'"):
+        trainer.fit(num_steps=STEPS)
     assert trainer.step == 0
     # The same command again: the damaged steps are in corrupt-* now, and it still refuses.
     trainer, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=EVERY)])
