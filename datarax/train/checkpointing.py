@@ -8,19 +8,33 @@ On disk (`<directory>/<step>/`):
     iterator/     process_<i>-of-<n>.json     datarax IteratorSave (epoch, position, fingerprint)
     meta/         metadata                    JSON: step, epoch, pipeline fingerprint, callbacks
 
+    .lock                         pid and host of the process holding the directory (flock)
+
 A step directory appears only when its save is complete (Orbax writes into
-`<step>.orbax-checkpoint-tmp-*` and renames), so a run killed mid-save leaves the previous
-checkpoint as the latest. A complete but unreadable latest checkpoint is reported with a warning,
-moved aside to `corrupt-<step>-<time>`, and the previous one is restored.
+`<step>.orbax-checkpoint-tmp-<pid>` and renames), so a run killed mid-save leaves the previous
+checkpoint as the latest. `meta` carries integrity data written at save time: the sha256 of the
+model, optimizer (and pipeline) arrays as written, and the iterator's epoch, position and the
+sha256 of its state. A latest checkpoint that cannot be read, or reads back other data than was
+written, is reported with a warning, moved aside to `corrupt-<step>-<time>`, and the previous one
+is restored. When no step can be restored, every run refuses until the user chooses
+`on_damaged="start_fresh"` (or copies an intact checkpoint in).
+
+One process at a time: the `Checkpointer` holds an exclusive `flock` on `<directory>/.lock` while
+it is open; the operating system releases it when the process dies, so a killed run's lock never
+blocks the next one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
+import os
+import socket
 import time
 import warnings
+import weakref
 from typing import Any
 
 import jax
@@ -31,8 +45,15 @@ from flax import nnx
 from datarax.core.checks import check_int
 from datarax.checkpoint import IteratorRestore, IteratorSave
 from datarax.pipeline.state import IteratorStateError
+from datarax.train.hashing import tree_sha256
 
-FORMAT_VERSION = 1
+# 2: meta carries "integrity" (array and iterator hashes written at save time).
+FORMAT_VERSION = 2
+ON_DAMAGED = ("refuse", "start_fresh")
+# What `on_damaged=None` falls back to, so a command line run can choose without code changes.
+ON_DAMAGED_ENV = "DATARAX_ON_DAMAGED_CHECKPOINTS"
+LOCK_NAME = ".lock"
+CORRUPT_PREFIX = "corrupt-"
 
 
 class CheckpointMismatchError(ValueError):
@@ -47,8 +68,20 @@ class CheckpointSaveError(RuntimeError):
     """A checkpoint write failed (raised from the next save, `wait` or `close` when asynchronous)."""
 
 
+class CheckpointIntegrityError(RuntimeError):
+    """A checkpoint reads back other data than was written (treated as an unreadable step)."""
+
+
+class CheckpointLockedError(RuntimeError):
+    """Another `Checkpointer` (another run, or another object in this process) holds the directory."""
+
+
 class CorruptCheckpointWarning(UserWarning):
-    """The latest checkpoint could not be read; an earlier one is used instead."""
+    """The latest checkpoint could not be read; an earlier one is used instead (or a fresh start)."""
+
+
+class UnverifiedCheckpointWarning(UserWarning):
+    """A checkpoint written before integrity data existed was restored without verification."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +152,102 @@ def load_into(module: nnx.Module, restored: dict) -> None:
     nnx.update(module, state)
 
 
+def _arrays_sha256(tree: dict) -> str | None:
+    """The integrity hash of a pure dict of arrays; None when this process cannot see every shard.
+
+    Arrays sharded over several hosts are not hashed (no process holds all their bytes); Orbax's
+    own checks are all that guard them.
+    """
+    if not all(getattr(leaf, "is_fully_addressable", True) for leaf in jax.tree.leaves(tree)):
+        return None
+    return tree_sha256(tree)
+
+
+def _iterator_integrity(state: dict) -> dict:
+    text = json.dumps(state, sort_keys=True, separators=(",", ":"))
+    return {"epoch": state.get("epoch"), "position": state.get("position"),
+            "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def _differs(what: str, saved: Any, read: Any) -> CheckpointIntegrityError:
+    if isinstance(saved, str) and len(saved) == 64:
+        saved, read = saved[:16], str(read)[:16]
+        return CheckpointIntegrityError(f"{what} differs from what was written: sha256 at save time {saved}..., "
+                                        f"read {read}...")
+    return CheckpointIntegrityError(f"{what} differs from what was written: {saved!r} at save time, read {read!r}")
+
+
+class _ProcessTemporaryPath(ocp.path.atomicity.AtomicRenameTemporaryPath):
+    """Orbax's atomic-rename temporary directory, named per process: `<step>.orbax-checkpoint-tmp-<pid>`.
+
+    Orbax's default name is `<step>.orbax-checkpoint-tmp` for every process, so two runs that
+    save the same step at once write into one directory. Used only in single-process runs (the
+    processes of a multi-host run must agree on one name).
+    """
+
+    @classmethod
+    def from_final(cls, final_path: epath.Path, **kwargs) -> _ProcessTemporaryPath:
+        suffix = ocp.path.atomicity.TMP_DIR_SUFFIX
+        return cls(final_path.parent / f"{final_path.name}{suffix}-{os.getpid()}", final_path, **kwargs)
+
+
+def _unlock(fd: int, path: str) -> None:
+    try:
+        os.ftruncate(fd, 0)  # the holder's pid is no longer true; the next holder writes its own
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+class _DirectoryLock:
+    """An exclusive `flock` on `<directory>/.lock` holding `{"pid", "host", "since"}` of its holder.
+
+    flock belongs to the open file: a process that dies (even by SIGKILL) releases it, so a stale
+    file only records who held it last and never blocks. Also released when the owning object is
+    garbage-collected without `release()`.
+    """
+
+    def __init__(self, directory: epath.Path, owner: object):
+        name = LOCK_NAME if jax.process_count() == 1 else f"{LOCK_NAME}.process_{jax.process_index()}"
+        self.path = os.path.join(str(directory), name)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointLockedError(self._held_message(directory)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        self._release = weakref.finalize(owner, _unlock, fd, self.path)
+
+    def _held_message(self, directory: epath.Path) -> str:
+        try:
+            with open(self.path) as f:
+                holder = json.loads(f.read() or "{}")
+        except (OSError, ValueError):
+            holder = {}
+        pid, host = holder.get("pid"), holder.get("host", "unknown host")
+        if pid is None:
+            who = "another process (its pid is still being written)"
+        elif pid == os.getpid() and host == socket.gethostname():
+            who = f"process {pid} (this process)"
+        else:
+            who = f"process {pid} on host {host}"
+        hint = ("another Checkpointer or CheckpointCallback on this directory is still open: close() it first"
+                if "this process" in who else
+                "two runs must not share a checkpoint directory: wait for that run to end, stop it, or use "
+                "another directory (a lock left by a process that died is released automatically)")
+        return f"checkpoint directory {directory} is in use by {who} since {holder.get('since', '?')} " \
+               f"(lock {self.path}); {hint}"
+
+    def release(self) -> None:
+        self._release()
+
+
 class Checkpointer:
     """Saves and restores a training run's state through one Orbax `CheckpointManager`.
 
@@ -127,19 +256,61 @@ class Checkpointer:
         max_to_keep: how many of the newest checkpoints to keep (None: all).
         asynchronous: write arrays in the background; errors of a background write are raised
             by the next `save`, by `wait`, or by `close`, never swallowed.
+        on_damaged: what `restore_latest` does when the directory holds checkpoints but none can
+            be restored (all unreadable or failing their integrity check): "refuse" (default:
+            raise `CheckpointRestoreError`, on this and every later run) or "start_fresh" (warn
+            and start from step 0; the damaged steps stay in `corrupt-*`). None reads the
+            environment variable DATARAX_ON_DAMAGED_CHECKPOINTS, else "refuse".
+
+    Raises:
+        CheckpointLockedError: another open `Checkpointer` (in any process) holds `directory`;
+            the message names its pid and host.
     """
 
-    def __init__(self, directory: Any, *, max_to_keep: int | None = 3, asynchronous: bool = True):
+    def __init__(self, directory: Any, *, max_to_keep: int | None = 3, asynchronous: bool = True,
+                 on_damaged: str | None = None):
         check_int(max_to_keep, "max_to_keep", 1, allow_none=True, why=" (keep all)")
+        self.on_damaged = resolve_on_damaged(on_damaged)
         self.directory = epath.Path(directory).absolute()
+        local = "://" not in str(self.directory)
+        if local:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            # Before the manager exists: its start-up deletes temporary directories, which would
+            # destroy a save another run has in flight.
+            self._lock: _DirectoryLock | None = _DirectoryLock(self.directory, self)
+        else:
+            self._lock = None
+            warnings.warn(f"checkpoint directory {self.directory} is not on a local file system: it is not locked "
+                          "against a second run writing to it", UserWarning, stacklevel=2)
         policy = None if max_to_keep is None else ocp.checkpoint_managers.LatestN(max_to_keep)
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                preservation_policy=policy, enable_async_checkpointing=asynchronous,
-                cleanup_tmp_directories=True, create=True),
-        )
+        temporary = _ProcessTemporaryPath if local and jax.process_count() == 1 else None
+        try:
+            self._manager = ocp.CheckpointManager(
+                self.directory,
+                options=ocp.CheckpointManagerOptions(
+                    preservation_policy=policy, enable_async_checkpointing=asynchronous,
+                    cleanup_tmp_directories=True, create=True, temporary_path_class=temporary),
+            )
+        except BaseException:
+            self._release_lock()
+            raise
         self._in_flight: int | None = None
+
+    @property
+    def lock_path(self) -> str | None:
+        """The lock file held while this Checkpointer is open (None on non-local file systems)."""
+        return None if self._lock is None else self._lock.path
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.release()
+
+    def damaged_steps(self) -> list[str]:
+        """Names of the `corrupt-<step>-<time>` directories earlier restores moved aside, oldest first."""
+        if not self.directory.exists():
+            return []
+        return sorted(p.name for p in self.directory.iterdir() if p.name.startswith(CORRUPT_PREFIX))
 
     def steps(self) -> list[int]:
         """Complete checkpoints on disk, oldest first."""
@@ -154,16 +325,18 @@ class Checkpointer:
         self.wait()
         if step in self._manager.all_steps():
             return False
-        items = {
-            "model": ocp.args.StandardSave(savable(model)),
-            "optimizer": ocp.args.StandardSave(savable(optimizer)),
-            "iterator": IteratorSave(_FrozenIteratorState(iterator.get_state())),
-            "meta": ocp.args.JsonSave({**metadata, "step": step, "format_version": FORMAT_VERSION,
-                                       "joint": pipeline is not None,
-                                       "layout": self._layouts(model, optimizer, pipeline)}),
-        }
+        arrays = {"model": savable(model), "optimizer": savable(optimizer)}
         if pipeline is not None:
-            items["pipeline"] = ocp.args.StandardSave(savable(pipeline))
+            arrays["pipeline"] = savable(pipeline)
+        iterator_state = iterator.get_state()
+        # Hashes of exactly the arrays and state handed to Orbax: restore compares what it reads.
+        integrity = {name: _arrays_sha256(tree) for name, tree in arrays.items()}
+        integrity["iterator"] = _iterator_integrity(iterator_state)
+        items = {name: ocp.args.StandardSave(tree) for name, tree in arrays.items()}
+        items["iterator"] = IteratorSave(_FrozenIteratorState(iterator_state))
+        items["meta"] = ocp.args.JsonSave({**metadata, "step": step, "format_version": FORMAT_VERSION,
+                                           "joint": pipeline is not None, "integrity": integrity,
+                                           "layout": self._layouts(model, optimizer, pipeline)})
         try:
             saved = bool(self._manager.save(step, args=ocp.args.Composite(**items), force=True))
         except Exception as exc:
@@ -192,11 +365,14 @@ class Checkpointer:
             ) from exc
 
     def close(self) -> None:
-        """Waits for background writes (raising their error) and releases the manager."""
+        """Waits for background writes (raising their error), releases the manager and the lock."""
         try:
             self.wait()
         finally:
-            self._manager.close()
+            try:
+                self._manager.close()
+            finally:
+                self._release_lock()
 
     def read_metadata(self, step: int) -> tuple[dict, dict]:
         """(metadata, iterator state) of `step`, without touching any arrays."""
@@ -204,8 +380,35 @@ class Checkpointer:
             meta=ocp.args.JsonRestore(), iterator=IteratorRestore(None)))
         return dict(out["meta"]), dict(out["iterator"])
 
+    @staticmethod
+    def _verify_iterator(step: int, metadata: dict, iterator_state: dict) -> None:
+        saved = metadata.get("integrity", {}).get("iterator")
+        if saved is None:
+            return
+        read = _iterator_integrity(iterator_state)
+        for key in ("epoch", "position", "sha256"):
+            if saved.get(key) != read[key]:
+                raise _differs(f"iterator {key}" if key != "sha256" else "iterator state", saved.get(key), read[key])
+
+    def _verify_arrays(self, step: int, metadata: dict, restored: dict) -> None:
+        integrity = metadata.get("integrity")
+        if integrity is None:
+            warnings.warn(
+                f"checkpoint step {step} in {self.directory} carries no integrity data (written by an older "
+                "datarax); restored without verifying its arrays", UnverifiedCheckpointWarning, stacklevel=4)
+            return
+        for name, tree in restored.items():
+            saved = integrity.get(name)
+            if saved is None:  # sharded over hosts at save time: not hashed
+                continue
+            read = _arrays_sha256(tree)
+            if read is not None and read != saved:
+                raise _differs(f"{name} data", saved, read)
+
     def _restore_step(self, step: int, *, model, optimizer, iterator, pipeline, fingerprint) -> dict:
         metadata, iterator_state = self.read_metadata(step)
+        # Before any set-up check: a tampered state must count as damage, not as a foreign run.
+        self._verify_iterator(step, metadata, iterator_state)
         joint = pipeline is not None
         if metadata.get("joint", False) != joint:
             raise CheckpointMismatchError(
@@ -235,6 +438,7 @@ class Checkpointer:
         if joint:
             items["pipeline"] = ocp.args.StandardRestore(abstract_target(pipeline))
         out = self._manager.restore(step, args=ocp.args.Composite(**items))
+        self._verify_arrays(step, metadata, {name: out[name] for name in items})
         load_into(model, out["model"])
         load_into(optimizer, out["optimizer"])
         if joint:
@@ -244,41 +448,76 @@ class Checkpointer:
     def restore_latest(self, *, model: nnx.Module, optimizer: nnx.Optimizer, iterator: Any,
                        pipeline: nnx.Module | None = None, fingerprint: str | None = None
                        ) -> RestoredCheckpoint | None:
-        """Restores the newest readable checkpoint into freshly built objects (None if there is none).
+        """Restores the newest intact checkpoint into freshly built objects (None if there is none).
 
-        A checkpoint that cannot be read is reported with a `CorruptCheckpointWarning`, moved
-        aside, and the previous one is tried. A checkpoint that reads fine but belongs to a
-        different set-up raises `CheckpointMismatchError`.
+        A checkpoint that cannot be read, or whose data differs from the integrity hashes written
+        with it, is reported with a `CorruptCheckpointWarning` naming the step and what differed,
+        moved aside to `corrupt-<step>-<time>`, and the previous one is tried. A checkpoint that
+        reads fine but belongs to a different set-up raises `CheckpointMismatchError`.
+
+        When the directory holds damaged checkpoints (found now or moved aside by an earlier run)
+        and none that can be restored, this raises `CheckpointRestoreError` every time, unless
+        `on_damaged="start_fresh"`: then it warns and returns None (train from step 0).
         """
         self._manager.reload()
+        initial_iterator_state = iterator.get_state()
         skipped = []
-        for step in reversed(self.steps()):
+        steps = self.steps()
+        for step in reversed(steps):
             try:
                 metadata = self._restore_step(step, model=model, optimizer=optimizer, iterator=iterator,
                                               pipeline=pipeline, fingerprint=fingerprint)
             except CheckpointMismatchError:
                 raise
-            except Exception as exc:  # anything unreadable: report it and fall back
+            except Exception as exc:  # anything unreadable or damaged: report it and fall back
                 reason = f"{type(exc).__name__}: {exc}"
                 skipped.append((step, reason))
                 aside = self._move_aside(step)
                 warnings.warn(
                     f"checkpoint step {step} in {self.directory} could not be restored ({reason:.300}); "
-                    f"moved it to {aside} and falling back to the previous checkpoint",
+                    f"moved it to {aside} and "
+                    + ("falling back to the previous checkpoint" if step != steps[0] else "no earlier checkpoint is left"),
                     CorruptCheckpointWarning, stacklevel=2)
                 continue
             return RestoredCheckpoint(step=step, metadata=metadata, skipped=tuple(skipped))
-        if skipped:
-            details = "; ".join(f"step {s}: {r:.200}" for s, r in skipped)
-            raise CheckpointRestoreError(
-                f"no checkpoint in {self.directory} could be restored ({details}); delete the directory "
-                "to start fresh, or point the run at an intact copy")
-        return None
+        moved_earlier = [name for name in self.damaged_steps()
+                         if not any(name.startswith(f"{CORRUPT_PREFIX}{s}-") for s, _ in skipped)]
+        if not skipped and not moved_earlier:
+            return None  # an empty directory: a first run
+        iterator.set_state(initial_iterator_state)  # a damaged step may have set it
+        details = "; ".join([f"step {s}: {r:.200}" for s, r in skipped]
+                            + [f"{name} (moved aside by an earlier run)" for name in moved_earlier])
+        if self.on_damaged == "start_fresh":
+            warnings.warn(
+                f"no checkpoint in {self.directory} could be restored ({details}); starting fresh from step 0 "
+                "because on_damaged='start_fresh'; the damaged steps stay in corrupt-* for inspection",
+                CorruptCheckpointWarning, stacklevel=2)
+            return None
+        raise CheckpointRestoreError(
+            f"no checkpoint in {self.directory} could be restored ({details}); every run on this directory "
+            "refuses to start rather than silently train from step 0. Copy an intact checkpoint into it, or "
+            "start from step 0 on purpose with on_damaged='start_fresh' (an argument of CheckpointCallback and "
+            f"Checkpointer, or the environment variable {ON_DAMAGED_ENV}=start_fresh)")
 
     def _move_aside(self, step: int) -> epath.Path:
         source = self.directory / str(step)
-        target = self.directory / f"corrupt-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        target = self.directory / f"{CORRUPT_PREFIX}{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        n = 1
+        while target.exists():  # the same step damaged twice within a second (after a fresh start)
+            n += 1
+            target = self.directory / f"{CORRUPT_PREFIX}{step}-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
         if source.exists():
             source.rename(target)
         self._manager.reload()
         return target
+
+
+def resolve_on_damaged(on_damaged: str | None) -> str:
+    """`on_damaged` checked; None becomes $DATARAX_ON_DAMAGED_CHECKPOINTS, else "refuse"."""
+    where = "on_damaged"
+    if on_damaged is None:
+        on_damaged = os.environ.get(ON_DAMAGED_ENV) or "refuse"
+        where = f"the environment variable {ON_DAMAGED_ENV}"
+    if on_damaged not in ON_DAMAGED:
+        raise ValueError(f"{where} must be 'refuse' or 'start_fresh', got {on_damaged!r}")
+    return on_damaged

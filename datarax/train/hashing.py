@@ -28,3 +28,19 @@ def state_sha256(module: nnx.Module) -> str:
         digest.update(f"|{array.dtype.str}|{array.shape}|".encode())
         digest.update(array.tobytes())
     return digest.hexdigest()
+
+
+def tree_sha256(tree) -> str:
+    """sha256 over a pytree of arrays, in sorted key-path order: path, dtype, shape, raw bytes.
+
+    The checkpoint's integrity hash: `Checkpointer` hashes the pure dict it writes and the one it
+    reads back, so equal hashes mean the arrays restored are bitwise the arrays saved.
+    """
+    digest = hashlib.sha256()
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    for path, leaf in sorted(flat, key=lambda item: jax.tree_util.keystr(item[0])):
+        array = np.ascontiguousarray(np.asarray(leaf))
+        digest.update(jax.tree_util.keystr(path).encode())
+        digest.update(f"|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()

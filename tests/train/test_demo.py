@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, EVERY, DELAY_MS = 80, 10, 20
+# Every 5 steps: a kill at a random moment lets a run gain at most 2 checkpoints, a kill inside a save
+# at most 1, so 10 kills (5 + 5, worst case 75 steps) always fall before the run's end at 80.
+STEPS, EVERY, DELAY_MS = 80, 5, 20
+KILLS = 10
 ARGS = ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--batch-size", "16", "--num-records", "320",
         "--input-delay-ms", str(DELAY_MS), "--log-every", "1000", "--no-progress", "--no-plot"]
 TIMEOUT = 300
@@ -72,22 +75,52 @@ def reference(tmp_path_factory, cache) -> dict:
     return run_to_end(workdir, workdir / "log.txt", cache)
 
 
-def test_sigkill_at_three_random_points_then_rerun_is_bitwise_exact(tmp_path, reference, cache):
+def temporary_directories(workdir: Path) -> list[str]:
+    directory = workdir / "checkpoints"
+    try:
+        return [name for name in os.listdir(directory) if ".orbax-checkpoint-tmp" in name]
+    except FileNotFoundError:
+        return []
+
+
+def start_and_wait_for_a_save_to_begin(workdir: Path, log: Path, cache: Path) -> subprocess.Popen:
+    """Starts the demo and returns as soon as a save's temporary directory appears (or it exited)."""
+    out = open(log, "a")
+    proc = subprocess.Popen(demo_command(workdir, cache), cwd=REPO, env=environment(), stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    out.close()
+    deadline = time.monotonic() + TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline and not temporary_directories(workdir):
+        time.sleep(0.001)
+    return proc
+
+
+def test_sigkill_at_ten_moments_including_inside_saves_then_rerun_is_bitwise_exact(tmp_path, reference, cache):
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     log = tmp_path / "log.txt"
     workdir = tmp_path / "run"
-    kills = []
-    for _ in range(3):
-        proc, step = start_and_wait_for_a_new_checkpoint(workdir, log, cache)
-        remaining_s = (STEPS - step) * DELAY_MS / 1000
-        time.sleep(rng.uniform(0.0, 0.8 * remaining_s))
+    kills, inside_saves = [], []
+    for attempt in range(KILLS):
+        if attempt % 2:  # inside a save: right after Orbax created the step's temporary directory
+            proc = start_and_wait_for_a_save_to_begin(workdir, log, cache)
+            step = max(checkpoint_steps(workdir) | {0})
+        else:  # at a random moment at most one checkpoint interval after a checkpoint of its own
+            proc, step = start_and_wait_for_a_new_checkpoint(workdir, log, cache)
+            time.sleep(rng.uniform(0.0, 0.9 * EVERY * DELAY_MS / 1000))
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             kills.append(step)
         proc.wait(timeout=TIMEOUT)
+        # A temporary directory of this process left behind: the kill landed inside its save (the
+        # names are per process; the next run's start-up removes them).
+        if any(name.endswith(f".orbax-checkpoint-tmp-{proc.pid}") for name in temporary_directories(workdir)):
+            inside_saves.append(step)
+    print(f"seed {seed}: killed after checkpoints {kills}, inside the save after {inside_saves}")
     result = run_to_end(workdir, log, cache)
     assert len(kills) >= 2, f"the demo finished before most kills ({kills}, seed {seed}); see {log}"
+    assert len(kills) == KILLS, f"only {len(kills)} kills landed ({kills}, seed {seed}); see {log}"
+    assert inside_saves, f"no kill landed inside a save ({kills}, seed {seed}); see {log}"
     assert result["step"] == STEPS
     assert result["resumed_from"] is not None
     assert result["params_sha256"] == reference["params_sha256"], f"seed {seed}, kills after {kills}"

@@ -111,10 +111,13 @@ def test_corrupt_latest_falls_back_to_previous_with_a_warning(tmp_path):
     nnx.update(reference, nnx.state(model))
     advance(model, optimizer, iterator)
     save(ckpt, 2, model, optimizer, iterator)
+    ckpt.close()  # one open Checkpointer per directory (it holds the directory's lock)
     _corrupt(tmp_path / "2")
     fresh_model, fresh_opt, fresh_it = build(seed=3)
+    reader = Checkpointer(tmp_path)
     with pytest.warns(CorruptCheckpointWarning, match=r"checkpoint step 2 .* could not be restored"):
-        restored = Checkpointer(tmp_path).restore_latest(model=fresh_model, optimizer=fresh_opt, iterator=fresh_it)
+        restored = reader.restore_latest(model=fresh_model, optimizer=fresh_opt, iterator=fresh_it)
+    reader.close()
     assert restored.step == 1 and [s for s, _ in restored.skipped] == [2]
     assert_bitwise_equal(reference, fresh_model)
     assert fresh_it.get_state()["position"] == 3 * 8
@@ -143,6 +146,7 @@ def test_all_checkpoints_unreadable_raises(tmp_path):
     model, optimizer, iterator = build()
     ckpt = Checkpointer(tmp_path)
     save(ckpt, 1, model, optimizer, iterator)
+    ckpt.close()
     _corrupt(tmp_path / "1")
     fresh = build()
     with pytest.warns(CorruptCheckpointWarning):
@@ -161,8 +165,9 @@ def test_restore_into_a_different_pipeline_fails_clearly(tmp_path, change, match
     save(ckpt, 3, model, optimizer, iterator)
     other_model, other_opt, other_it = build(**change)
     with pytest.raises(CheckpointMismatchError, match=match):
-        Checkpointer(tmp_path).restore_latest(model=other_model, optimizer=other_opt, iterator=other_it)
-    assert Checkpointer(tmp_path).steps() == [3]  # a foreign checkpoint is never moved aside
+        ckpt.restore_latest(model=other_model, optimizer=other_opt, iterator=other_it)
+    assert ckpt.steps() == [3]  # a foreign checkpoint is never moved aside
+    ckpt.close()
 
 
 def test_restore_into_a_different_model_fails_clearly(tmp_path):
@@ -171,9 +176,9 @@ def test_restore_into_a_different_model_fails_clearly(tmp_path):
     save(ckpt, 1, model, optimizer, iterator)
     wider = nnx.Linear(4, 5, rngs=nnx.Rngs(0))
     with pytest.raises(CheckpointMismatchError, match=r"holds a model state of a different structure"):
-        Checkpointer(tmp_path).restore_latest(model=wider, optimizer=nnx.Optimizer(wider, optax.adam(1e-2),
-                                                                                   wrt=nnx.Param),
-                                              iterator=build()[2])
+        ckpt.restore_latest(model=wider, optimizer=nnx.Optimizer(wider, optax.adam(1e-2),
+                                                                wrt=nnx.Param),
+                            iterator=build()[2])
 
 
 def test_restore_with_a_different_fingerprint_fails_clearly(tmp_path):
@@ -245,7 +250,7 @@ def test_sources_with_other_data_but_same_shape_are_detected(tmp_path):
     source = MemorySource(MemorySourceConfig(shuffle=True, seed=99), data=points(64))
     other = Pipeline(source, batch_size=8, drop_remainder=True).epochs(None)
     with pytest.raises(CheckpointMismatchError, match=r"fingerprint"):
-        Checkpointer(tmp_path).restore_latest(model=model, optimizer=optimizer, iterator=other)
+        ckpt.restore_latest(model=model, optimizer=optimizer, iterator=other)
 
 
 def test_restore_with_a_different_joint_setting_fails_clearly(tmp_path):

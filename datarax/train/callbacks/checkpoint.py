@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from datarax.train.callbacks.base import Callback, Schedule, StepLogs
-from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint
+from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint, resolve_on_damaged
 
 if TYPE_CHECKING:
     from datarax.train.trainer import Trainer
@@ -26,6 +26,13 @@ class CheckpointCallback(Callback):
         max_to_keep: newest checkpoints kept (None: all).
         asynchronous: write arrays in the background (default) or block on every save.
         restore: restore the latest checkpoint when training begins.
+        on_damaged: when the directory holds checkpoints but none can be restored (unreadable, or
+            failing the integrity check): "refuse" (raise `CheckpointRestoreError`, on every run)
+            or "start_fresh" (warn and train from step 0). None: the environment variable
+            DATARAX_ON_DAMAGED_CHECKPOINTS, else "refuse".
+
+    While training, the callback's `Checkpointer` holds an exclusive lock on `directory`: a second
+    run on the same directory fails with `CheckpointLockedError` naming this run's pid.
 
     Example:
         >>> ckpt = CheckpointCallback("run/ckpt", every_steps=500, max_to_keep=3)
@@ -36,12 +43,13 @@ class CheckpointCallback(Callback):
 
     def __init__(self, directory: Any, *, every_steps: int | None = None, every_secs: float | None = None,
                  on_steps: Sequence[int] = (), max_to_keep: int | None = 3, asynchronous: bool = True,
-                 restore: bool = True):
+                 restore: bool = True, on_damaged: str | None = None):
         self.schedule = Schedule(every_steps=every_steps, every_secs=every_secs, on_steps=on_steps)
         self.directory = directory
         self.max_to_keep = max_to_keep
         self.asynchronous = asynchronous
         self.restore = restore
+        self.on_damaged = resolve_on_damaged(on_damaged)
         self.restored: RestoredCheckpoint | None = None
         self._checkpointer: Checkpointer | None = None
         self._restored_once = False
@@ -50,7 +58,7 @@ class CheckpointCallback(Callback):
     def checkpointer(self) -> Checkpointer:
         if self._checkpointer is None:
             self._checkpointer = Checkpointer(self.directory, max_to_keep=self.max_to_keep,
-                                              asynchronous=self.asynchronous)
+                                              asynchronous=self.asynchronous, on_damaged=self.on_damaged)
         return self._checkpointer
 
     def on_train_begin(self, trainer: Trainer) -> None:
