@@ -104,11 +104,12 @@ class PipelineIterator(Iterator[dict]):
             raise TypeError(f"seek cannot move a stream pipeline ({type(p.source).__name__}): its position also "
                             "needs the stream reader's state; restore a saved state with set_state")
         length = len(p.sampler)
-        for name, value, high in (("epoch", epoch, MAX_INT32), ("position", position, length)):
-            if not is_int(value) or value < 0 or value > high:
-                bound = (f"in [0, {high}] (the program holds it as int32)" if name == "epoch"
-                         else f"in [0, {high}] (the epoch has {high} records)")
+        for name, value, high in (("epoch", epoch, None), ("position", position, length)):
+            if not is_int(value) or value < 0 or (high is not None and value > high):
+                bound = ">= 0" if high is None else f"in [0, {high}] (the epoch has {high} records)"
                 raise ValueError(f"seek {name} must be an int {bound}, got {value!r}")
+        if epoch > MAX_INT32:
+            raise ValueError(f"seek epoch must be <= {MAX_INT32} (the program holds it as int32), got {epoch!r}")
         self._move(epoch, position, None)
 
     def _move(self, epoch: int, position: int, stream_state: dict | None) -> None:

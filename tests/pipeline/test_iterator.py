@@ -124,7 +124,7 @@ class FlakyStream(StreamSourceModule):
     """
 
     def __init__(self, fail_reads=(), partial=False):
-        self.calls = nnx.Variable([0])
+        self.calls = ArrayStore({"calls": np.zeros(1, np.int64)})  # mutable in place, outside NNX state
         self.fail_reads, self.partial = frozenset(fail_reads), partial
 
     def element_spec(self):
@@ -139,7 +139,7 @@ class FlakyReader(RecordReader):
         self.source, self.epoch, self.pos = source, epoch, pos
 
     def read(self, out, start, count):
-        calls = self.source.calls.value
+        calls = self.source.calls.arrays["calls"]
         calls[0] += 1
         if calls[0] - 1 in self.source.fail_reads:
             if self.source.partial:  # half the records read, then the error: the reader moved on
@@ -158,7 +158,7 @@ class FlakySource(DataSourceModule):
 
     def __init__(self, n, fail_reads=()):
         self.data = ArrayStore({"id": np.arange(n, dtype=np.int32)})
-        self.calls = nnx.Variable([0])
+        self.calls = ArrayStore({"calls": np.zeros(1, np.int64)})
         self.fail_reads = frozenset(fail_reads)
 
     def __len__(self):
@@ -168,7 +168,7 @@ class FlakySource(DataSourceModule):
         return {"id": jax.ShapeDtypeStruct((), np.int32)}
 
     def get_batch(self, indices, out=None):
-        calls = self.calls.value
+        calls = self.calls.arrays["calls"]
         calls[0] += 1
         if calls[0] - 1 in self.fail_reads:
             raise OSError(f"injected read error (call {calls[0] - 1})")
@@ -202,7 +202,7 @@ def test_a_read_error_in_an_endless_stream_raises_and_the_next_call_continues_ex
 
 
 def test_a_persistent_read_error_raises_on_every_call_and_never_ends_the_stream():
-    it = Pipeline(FlakyStream(fail_reads=set(range(2, 10))), [], batch_size=4, prefetch=1).epochs(None)
+    it = Pipeline(FlakyStream(fail_reads={2, 3, 4}), [], batch_size=4, prefetch=1).epochs(None)
     assert [ids(next(it)) for _ in range(2)] == [stream_ids(0, 0, 4), stream_ids(0, 4, 4)]
     for _ in range(3):
         with pytest.raises(OSError):
@@ -273,7 +273,7 @@ def next_batch_after(it):
 
 
 @pytest.mark.parametrize("resident", [True, False])
-@pytest.mark.parametrize("epoch", [2**31 - 1 + 1, 2**31, 2**40, 2**63])
+@pytest.mark.parametrize("epoch", [2**31, 2**32, 2**40, 2**63])
 def test_set_state_rejects_an_epoch_the_program_cannot_hold_and_changes_nothing(resident, epoch):
     pipeline = build(resident)
     want = build(resident)
@@ -290,7 +290,7 @@ def test_set_state_rejects_an_epoch_the_program_cannot_hold_and_changes_nothing(
 
 @pytest.mark.parametrize("resident", [True, False])
 def test_set_state_accepts_the_largest_epoch_the_program_holds(resident):
-    it = build(resident).epochs(1)
+    it = iter(build(resident))
     state = it.get_state()
     it.set_state({**state, "epoch": 2**31 - 1})
     assert np.asarray(next(it)["id"]).shape == (6,)
