@@ -343,31 +343,31 @@ class Identity(HostStage):
         return dict(batch)
 
 
-def abandoned_loop_pipelines():
-    host = build(resident=False)
-    return {
-        "host": host,
-        "stream": Pipeline(FlakyStream(), [], batch_size=4),
-        "host_stage": Pipeline(FlakySource(40), [Identity()], batch_size=4),
-        "raw_loader": host.raw_loader(),
-    }
+def abandoned_loop_pipeline(kind: str) -> Pipeline:
+    if kind == "host":
+        return build(resident=False)
+    if kind == "stream":
+        return Pipeline(FlakyStream(), [], batch_size=4)
+    if kind == "host_stage":
+        return Pipeline(FlakySource(40), [Identity()], batch_size=4)
+    return build(resident=False).raw_loader()
 
 
 def wait_for_threads(limit: int, timeout_s: float = 60.0) -> int:
     """Polls (no fixed sleep) until at most `limit` threads are alive, or gives up after a generous bound."""
-    deadline = threading.Event()
+    pause = threading.Event()
     for _ in range(int(timeout_s / 0.05)):
-        gc.collect()
         if threading.active_count() <= limit:
             break
-        deadline.wait(0.05)
+        gc.collect()
+        pause.wait(0.05)
     return threading.active_count()
 
 
 @pytest.mark.parametrize("kind", ["host", "stream", "host_stage", "raw_loader"])
 @pytest.mark.parametrize("form", ["break", "dropped_epochs"])
 def test_abandoned_loops_leave_no_thread_and_bounded_memory(kind, form):
-    pipeline = abandoned_loop_pipelines()[kind]
+    pipeline = abandoned_loop_pipeline(kind)
 
     def abandon():
         if form == "break":
@@ -378,12 +378,13 @@ def test_abandoned_loops_leave_no_thread_and_bounded_memory(kind, form):
             next(it)
             del it
 
-    for _ in range(3):  # compile and warm the allocator before measuring
+    gc.collect()
+    start_threads = threading.active_count()
+    for _ in range(3):  # compile and warm the allocator before measuring memory
         abandon()
-    start_threads = wait_for_threads(threading.active_count() - 3)
+    assert wait_for_threads(start_threads + 3) <= start_threads + 3
     start_rss = rss_bytes()
     for _ in range(200):
         abandon()
-    gc.collect()
     assert wait_for_threads(start_threads + 3) <= start_threads + 3
     assert rss_bytes() - start_rss < 100 * 2**20
