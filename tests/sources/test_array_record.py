@@ -1,3 +1,4 @@
+import pathlib
 import sys
 
 import jax
@@ -6,10 +7,14 @@ import pytest
 from source_checks import check_exact_resume, check_shuffled_coverage
 
 from datarax import Pipeline
+from datarax.sources import CorruptFileError
 from datarax.sources._columns import UnsupportedColumnError
 from datarax.sources._records import RecordFormatError, decode_record, encode_record
-from datarax.sources import CorruptFileError
-from datarax.sources.array_record import ArrayRecordSource, ArrayRecordSourceConfig, write_array_records
+from datarax.sources.array_record import (
+    ArrayRecordSource,
+    ArrayRecordSourceConfig,
+    write_array_records,
+)
 
 ar = pytest.importorskip("array_record.python.array_record_module")
 
@@ -202,7 +207,7 @@ def damaged_copy(files, tmp_path, damage):
     """Copies of the shards with the last one damaged by `damage(bytes) -> bytes`."""
     copies = []
     for i, f in enumerate(files):
-        data = open(f, "rb").read()
+        data = pathlib.Path(f).read_bytes()
         path = tmp_path / f"copy-{i}.array_record"
         path.write_bytes(damage(data) if i == len(files) - 1 else data)
         copies.append(str(path))

@@ -1,10 +1,16 @@
+import pathlib
+
 import numpy as np
 import pytest
 from source_checks import check_exact_resume, check_shuffled_coverage
 
 from datarax import Pipeline
 from datarax.sources import CorruptFileError
-from datarax.sources.disk import StreamingDiskSource, StreamingDiskSourceConfig, save_npy_dataset
+from datarax.sources.disk import (
+    StreamingDiskSource,
+    StreamingDiskSourceConfig,
+    save_npy_dataset,
+)
 
 N = 257
 
@@ -84,7 +90,7 @@ NPY_DAMAGE = {  # (damage, what the message says)
 def test_a_damaged_npy_file_fails_naming_the_file(tmp_path, damage):
     paths = save_npy_dataset(tmp_path, make_data(20))
     damage_fn, says = NPY_DAMAGE[damage]
-    data = open(paths["feat"], "rb").read()
-    open(paths["feat"], "wb").write(damage_fn(data))
+    feat = pathlib.Path(paths["feat"])
+    feat.write_bytes(damage_fn(feat.read_bytes()))
     with pytest.raises(CorruptFileError, match=rf"field 'feat' \('.*feat\.npy'\) {says}"):
         StreamingDiskSource(paths=tmp_path)
