@@ -1,5 +1,8 @@
 """A background thread that runs an iterator ahead of its consumer, through a bounded queue.
 
+An error raised by the iterator is raised by the consumer's `next()`, and by every later call:
+a failed producer never looks like one that finished.
+
 `close()` never deadlocks: the producer only ever blocks on `put` with a timeout and checks the
 stop flag between tries, and the consumer side drains the queue while waiting for the thread.
 At interpreter exit every prefetcher still running is closed first (`atexit`): a daemon thread
@@ -49,6 +52,7 @@ class Prefetcher(Iterator[T], Generic[T]):
         self._queue: queue.Queue = queue.Queue(maxsize=buffer_size)
         self._stop = threading.Event()
         self._finished = False
+        self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -72,6 +76,8 @@ class Prefetcher(Iterator[T], Generic[T]):
             self._put(_Failure(exc))
 
     def __next__(self) -> T:
+        if self._failure is not None:
+            raise self._failure  # an error is never followed by a silent end
         if self._finished:
             raise StopIteration
         while True:
@@ -87,6 +93,7 @@ class Prefetcher(Iterator[T], Generic[T]):
             raise StopIteration
         if isinstance(item, _Failure):
             self._finished = True
+            self._failure = item.exc
             raise item.exc
         return item
 

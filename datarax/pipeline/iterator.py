@@ -12,7 +12,7 @@ from flax import nnx
 from datarax.core.checks import is_int
 from datarax.batching import padded_positions, schedule
 from datarax.control.prefetch import Prefetcher
-from datarax.pipeline.state import IteratorStateError, check_state, make_state
+from datarax.pipeline.state import MAX_INT32, IteratorStateError, check_state, make_state
 from datarax.sources.stream import StreamSourceModule, stream_host_batches, to_device
 
 
@@ -30,9 +30,9 @@ def indexed_host_batches(pipeline: nnx.Module, steps: Iterator[tuple[int, int, i
         idx = p.sampler.indices(padded_positions(position, p.compiled.rows, length), epoch)
         slot = i % len(ring)
         if ring[slot] is None:
-            ring[slot] = p.source.read(idx, epoch)
+            ring[slot] = p.retry_policy.call(lambda: p.source.read(idx, epoch))  # noqa: B023 (called at once)
         else:
-            p.source.read(idx, epoch, out=ring[slot])
+            p.retry_policy.call(lambda: p.source.read(idx, epoch, out=ring[slot]))  # noqa: B023
         # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
         # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
         if p.placement is None:
@@ -108,6 +108,8 @@ class PipelineIterator(Iterator[dict]):
             if not is_int(value) or value < 0 or (high is not None and value > high):
                 bound = ">= 0" if high is None else f"in [0, {high}] (the epoch has {high} records)"
                 raise ValueError(f"seek {name} must be an int {bound}, got {value!r}")
+        if epoch > MAX_INT32:
+            raise ValueError(f"seek epoch must be <= {MAX_INT32} (the program holds it as int32), got {epoch!r}")
         self._move(epoch, position, None)
 
     def _move(self, epoch: int, position: int, stream_state: dict | None) -> None:
@@ -126,7 +128,8 @@ class PipelineIterator(Iterator[dict]):
         if isinstance(p.source, StreamSourceModule):
             batches = stream_host_batches(p.source, batch_size=p.batch_size, drop_remainder=p.drop_remainder,
                                           ring_size=p.prefetch + 3, epoch=self._epoch, position=self._position,
-                                          state=self._stream_state, end_epoch=self._end)
+                                          state=self._stream_state, end_epoch=self._end,
+                                          retry_policy=p.retry_policy)
         else:
             batches = indexed_host_batches(p, self.upcoming())
         self._host = Prefetcher(batches, p.prefetch)
@@ -149,9 +152,18 @@ class PipelineIterator(Iterator[dict]):
         if arrays is None:
             if self._host is None:
                 self._start_host()
-            epoch, position, idx, num_valid, batch, stream_state = next(self._host)
-            meta = np.array([position, epoch, num_valid], np.int32)
-            out = p.compiled.run(batch, idx.astype(np.int32), meta)
+            try:
+                epoch, position, idx, num_valid, batch, stream_state = next(self._host)
+                meta = np.array([position, epoch, num_valid], np.int32)
+                out = p.compiled.run(batch, idx.astype(np.int32), meta)
+            except StopIteration:
+                raise
+            except BaseException:
+                # The producer has moved past the failed batch (or stopped): the next call
+                # restarts it at the cursor, so no record is skipped and the stream never
+                # ends because of an error; a persistent error is raised again by every call.
+                self._stop_host()
+                raise
         else:
             if placement is not None:
                 arrays = placement.device_arrays(arrays)
@@ -188,16 +200,37 @@ class PipelineIterator(Iterator[dict]):
                                       batch_size=p.batch_size, epoch_length=len(p.sampler))
         stream_state = None
         if isinstance(p.source, StreamSourceModule):
-            if "stream" not in state:
-                raise IteratorStateError("iterator state has no 'stream' entry, but this pipeline reads a stream "
-                                         "source; restore a state saved from the same stream pipeline")
-            stream_state = state["stream"]
+            stream_state = self._check_stream_state(state, epoch, position)
+        # Everything is checked: only now does the iterator move (a failed set_state changes nothing).
         if self._one_epoch:
             self._end = epoch + 1
         # `for batch in pipeline` after this iterator continues after the epochs it covers.
         p.reserve_epochs(1 if self._end is None else max(1, self._end - epoch), start=epoch)
         self._move(epoch, position, stream_state)
         self._start_host()
+
+    def _check_stream_state(self, state: dict[str, Any], epoch: int, position: int) -> dict[str, Any] | None:
+        """The state's `stream` entry, proven by opening (and closing) a reader at it."""
+        source = self._pipeline.source
+        if "stream" not in state:
+            raise IteratorStateError("iterator state has no 'stream' entry, but this pipeline reads a stream "
+                                     "source; restore a state saved from the same stream pipeline")
+        stream_state = state["stream"]
+        if stream_state is None:
+            if position != 0:
+                raise IteratorStateError(f"iterator state 'stream' entry is None (the start of an epoch) but its "
+                                         f"position is {position}; the state is corrupt")
+            return None
+        try:
+            reader = source.open(epoch, stream_state)
+        except OSError:
+            raise  # the state may be fine and the storage briefly unreachable: not a corrupt state
+        except Exception as exc:
+            raise IteratorStateError(f"iterator state 'stream' entry {stream_state!r:.200} cannot be opened by "
+                                     f"{type(source).__name__}: {exc}; the state is corrupt or from another "
+                                     "source") from exc
+        reader.close()
+        return stream_state
 
     def buffered(self) -> int | None:
         """Batches the background producer has ready (host-resident sources), None when the data is

@@ -18,6 +18,7 @@ from datarax.core.source import DataSourceModule
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
+from datarax.pipeline.retry import NO_RETRY, RetryPolicy
 from datarax.pipeline.state import fingerprint
 from datarax.samplers.base import Sampler
 from datarax.sharding.mesh import DataSharding
@@ -52,6 +53,9 @@ class Pipeline(nnx.Module):
             `datarax.sharding.DataSharding`); `batch_size` is then the global batch size, each
             process computes only its devices' rows, and final short batches keep the full
             shape with a validity mask field.
+        retry_policy: how a host-resident source's reader retries a read that raised `OSError`,
+            at the same position, before raising (see `datarax.pipeline.retry`). None: no
+            retries; the error reaches `next()`, and the next `next()` reads that batch again.
 
     Example:
         >>> pipeline = Pipeline(source=source, stages=[normalize], batch_size=32)
@@ -61,7 +65,8 @@ class Pipeline(nnx.Module):
 
     def __init__(self, source: DataSourceModule, stages: Sequence[OperatorModule] = (), batch_size: int = 32,
                  rngs: nnx.Rngs | None = None, *, sampler: Sampler | None = None, drop_remainder: bool = False,
-                 prefetch: int = 2, program: nnx.Module | None = None, sharding: DataSharding | None = None):
+                 prefetch: int = 2, program: nnx.Module | None = None, sharding: DataSharding | None = None,
+                 retry_policy: RetryPolicy | None = None):
         if not isinstance(source, (DataSourceModule, StreamSourceModule)):
             raise TypeError(f"source must be a DataSourceModule such as MemorySource, got {describe(source)} "
                             "(or a StreamSourceModule for a stream)")
@@ -90,6 +95,10 @@ class Pipeline(nnx.Module):
                 f"{len(self.sampler)} or drop_remainder=False"
             )
         self.prefetch = prefetch
+        if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
+            raise TypeError(f"retry_policy must be a datarax.pipeline.RetryPolicy or None, got {describe(retry_policy)}")
+        # Not part of the fingerprint: retries change when a batch arrives, never what it holds.
+        self.retry_policy = NO_RETRY if retry_policy is None else retry_policy
         self._next_epoch = 0
         # The fingerprint leaves the sharding out on purpose: the stream is the same on any layout.
         self.sharding = sharding
@@ -202,7 +211,7 @@ class Pipeline(nnx.Module):
             raise ValueError("raw_loader() gives unsharded batches for pipeline.transform, but this pipeline was "
                              "built with sharding=...; build the pipeline without sharding to train its stages")
         return Pipeline(self.source, [ContextStage(ids_key, epoch_key)], self.batch_size, sampler=self.sampler,
-                        drop_remainder=self.drop_remainder, prefetch=self.prefetch)
+                        drop_remainder=self.drop_remainder, prefetch=self.prefetch, retry_policy=self.retry_policy)
 
     def transform(self, batch: dict, *, record_ids: Any = None, epoch: Any = 0) -> dict:
         """Runs the stages (everything after the gather) on an already loaded batch.

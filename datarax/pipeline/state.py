@@ -9,6 +9,9 @@ from typing import Any
 from datarax.core.checks import is_int
 
 STATE_VERSION = 1
+# The compiled program receives epoch and position as int32 (the `BatchContext`), so a state past
+# this would be accepted and then fail in `next()`.
+MAX_INT32 = 2**31 - 1
 _KEYS = ("version", "epoch", "position", "fingerprint", "num_records", "batch_size")
 
 
@@ -54,7 +57,15 @@ def check_state(state: Any, *, fingerprint: str, num_records: int, batch_size: i
             "it was saved from a pipeline with a different source, shuffle seed, sampler or stages. "
             "Rebuild the pipeline exactly as it was when the state was saved"
         )
+    for key in ("epoch", "position"):
+        check_program_int(state[key], f"iterator state {key}", "the state is corrupt")
     if state["position"] > epoch_length:
         raise IteratorStateError(f"iterator state position {state['position']} is past the end of the epoch "
                                  f"({epoch_length} records); the state is corrupt")
     return state["epoch"], state["position"]
+
+
+def check_program_int(value: int, name: str, fix: str) -> None:
+    """Raises `IteratorStateError` unless `value` fits the int32 the compiled program holds it in."""
+    if value > MAX_INT32:
+        raise IteratorStateError(f"{name} must be <= {MAX_INT32} (the program holds it as int32), got {value}; {fix}")

@@ -14,6 +14,7 @@ from datarax.sources.hf import HFSourceConfig as HFSourceConfig
 from datarax.sources.hf import HFStreamSource as HFStreamSource
 from datarax.sources.image_folder import ImageFolderSource as ImageFolderSource
 from datarax.sources.image_folder import ImageFolderSourceConfig as ImageFolderSourceConfig
+from datarax.sources._files import CorruptFileError as CorruptFileError
 from datarax.sources.mix import MixDataSources as MixDataSources
 from datarax.sources.mix import MixDataSourcesConfig as MixDataSourcesConfig
 from datarax.sources.packed_text import PackedTextSource as PackedTextSource

@@ -28,6 +28,7 @@ from datarax.host.stage import ENCODED
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
 from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.sources._files import REWRITE, CorruptFileError
 from datarax.sources._columns import Handles, flatten, read_batch, require, spec_of, spec_text, stack_into
 from datarax.sources._records import decode_batch_into, encode_record, parse_layout
 from datarax.sources.memory import seed_from_rngs, validate_arrays
@@ -111,7 +112,14 @@ class ArrayRecordSource(DataSourceModule):
                              "pass one: decode turns records into arrays here, encoded leaves them to a host stage")
         self.config = config
         files = expand_paths(paths, "ArrayRecordSource")
-        readers = [ar.ArrayRecordReader(f, config.reader_options) for f in files]
+        readers = []
+        try:
+            for f in files:
+                readers.append(open_reader(ar, f, config.reader_options))
+        except BaseException:
+            for reader in readers:
+                reader.close()
+            raise
         counts = np.array([r.num_records() for r in readers], np.int64)
         if counts.sum() == 0:
             raise ValueError(f"ArrayRecordSource files {files} hold no records; write at least one record")
@@ -149,9 +157,19 @@ class ArrayRecordSource(DataSourceModule):
         low = 0
         for f, high in enumerate(bounds.tolist()):
             if high > low:
-                records.extend(self._io.readers[f].read((ordered[low:high] - starts[f]).tolist()))
+                records.extend(self._read_file(f, (ordered[low:high] - starts[f]).tolist()))
             low = high
         return list(operator.itemgetter(*np.argsort(order).tolist())(records)) if flat.size > 1 else records
+
+    def _read_file(self, f: int, positions: list[int]) -> list[bytes]:
+        reader = self._io.readers[f]
+        try:
+            return reader.read(positions)
+        except RuntimeError as exc:
+            # Riegeli checks every chunk's hashes; find the first bad record for the message.
+            bad = next((p for p in positions if not _readable(reader, p)), positions[0])
+            raise CorruptFileError(f"ArrayRecordSource cannot read record {bad} of {self._files[f]!r}: {exc}; "
+                                   f"the file is damaged: {REWRITE}") from None
 
     def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
         records = self._records(flat)
@@ -184,6 +202,44 @@ class ArrayRecordSource(DataSourceModule):
         """Closes the file readers; the source cannot read afterwards."""
         for reader in self._io.readers:
             reader.close()
+
+
+def open_reader(ar: Any, path: str, options: str) -> Any:
+    """An ArrayRecord reader of `path` whose index and first and last records were read back.
+
+    A damaged or truncated file opens without an exception but with `ok()` False and zero
+    records; without this check it would silently be an empty shard.
+    """
+    try:
+        reader = ar.ArrayRecordReader(path, options)
+    except (RuntimeError, ValueError) as exc:
+        raise CorruptFileError(f"ArrayRecordSource file {path!r} is not a readable ArrayRecord file ({exc}); "
+                               f"{REWRITE}") from None
+    problem = None
+    if not reader.ok():
+        problem = _read_error(reader, [0]) or "its record index cannot be read"
+    elif reader.num_records():
+        problem = _read_error(reader, [0, reader.num_records() - 1])
+    if problem is not None:
+        try:
+            reader.close()
+        except RuntimeError:
+            pass  # closing a failed reader reports the same failure again
+        raise CorruptFileError(f"ArrayRecordSource file {path!r} is not a readable ArrayRecord file: it is "
+                               f"truncated or damaged ({problem}); {REWRITE}")
+    return reader
+
+
+def _read_error(reader: Any, positions: list[int]) -> str | None:
+    try:
+        reader.read(positions)
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def _readable(reader: Any, position: int) -> bool:
+    return _read_error(reader, [position]) is None
 
 
 def _object_array(values: list) -> np.ndarray:

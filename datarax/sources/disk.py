@@ -21,6 +21,7 @@ from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
 from datarax.samplers.simple import SequentialSampler, ShuffleSampler
 from datarax.sources._columns import batchable, spec_text
+from datarax.sources._files import REWRITE, CorruptFileError
 from datarax.sources.memory import seed_from_rngs, validate_arrays
 
 
@@ -87,6 +88,7 @@ class StreamingDiskSource(DataSourceModule):
         files = _field_files(paths)
         maps = {}
         for name, path in files.items():
+            check_npy_file(path, f"StreamingDiskSource field {name!r}")
             try:
                 arr = np.load(path, mmap_mode="r", allow_pickle=False)
             except ValueError as exc:
@@ -122,6 +124,32 @@ class StreamingDiskSource(DataSourceModule):
 
     def structure(self) -> str:
         return f"StreamingDiskSource(len={len(self)}, spec={spec_text(self.element_spec())}, files={list(self._files)})"
+
+
+def check_npy_file(path: str, owner: str) -> None:
+    """Raises `CorruptFileError` unless `path` is a `.npy` file holding exactly the bytes its header promises.
+
+    A memory map of a truncated file would fail with numpy's "mmap length is greater than file
+    size", and a file with extra bytes would be read as if it were whole; both name the file here.
+    Object arrays pass (the memory map then explains that they cannot be mapped).
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = header(f)
+        except (ValueError, EOFError, SyntaxError) as exc:
+            raise CorruptFileError(f"{owner} ({path!r}) is not a readable .npy file ({exc}); it is damaged or not "
+                                   f"written by np.save: {REWRITE}") from None
+        offset = f.tell()
+    if dtype.hasobject:
+        return
+    expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size != expected:
+        kind = "truncated" if size < expected else "longer than its header says"
+        raise CorruptFileError(f"{owner} ({path!r}) is {kind}: its header promises shape {tuple(shape)} of {dtype} "
+                               f"({expected} bytes with the header), the file has {size} bytes; {REWRITE}")
 
 
 def save_npy_dataset(directory: str | os.PathLike, data: Mapping[str, Any]) -> dict[str, str]:

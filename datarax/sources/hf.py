@@ -48,6 +48,7 @@ from datarax.host.stage import ENCODED
 from datarax.sources._arrow import chunk_view, column_into, column_layout, encoded_kind, encoded_path, encoded_take
 from datarax.sources._columns import (Handles, UnsupportedColumnError, allocate, check_column_config, check_columns,
                                       check_convert_output, read_batch, require, spec_text, unsupported_message)
+from datarax.sources._files import REWRITE, CorruptFileError
 from datarax.sources._hf_stream import HFBlockReader
 from datarax.sources.memory import MemorySource, MemorySourceConfig, seed_from_rngs
 from datarax.sources.stream import StreamSourceModule
@@ -123,8 +124,40 @@ def load_files(paths: str | os.PathLike | Sequence[str | os.PathLike], *, stream
             raise ValueError(f"load_files cannot tell the format of {files} from their extensions; pass "
                              f"file_format= one of {sorted(set(_FORMATS.values()))}")
         file_format = kinds.pop()
+    for f in files:
+        check_table_file(f, file_format)
     return datasets.load_dataset(file_format, data_files=files, split="train", streaming=streaming,
                                  cache_dir=cache_dir)
+
+
+def check_table_file(path: str, file_format: str) -> None:
+    """Raises `CorruptFileError` naming `path` when a parquet or arrow file is truncated or garbled.
+
+    HF reports a truncated parquet file as "An error occurred while generating the dataset" (or,
+    streaming, as pyarrow's "magic bytes not found" once the stream reaches it) without naming it.
+    A parquet footer is one small read; an arrow stream's messages are walked over a memory map
+    (no data copied). Text formats have no structure to check.
+    """
+    import pyarrow as pa
+
+    try:
+        if file_format == "parquet":
+            import pyarrow.parquet as pq
+
+            pq.ParquetFile(path).close()
+        elif file_format == "arrow":
+            with pa.memory_map(path) as data:
+                try:
+                    stream = pa.ipc.open_stream(data)  # HF's .arrow files are IPC streams: no footer
+                except pa.ArrowInvalid:
+                    data.seek(0)
+                    pa.ipc.open_file(data)  # the file format's footer indexes every batch
+                else:
+                    for _ in stream:  # zero-copy over the memory map: checks each message's length
+                        pass
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptFileError(f"load_files: {path!r} is not a readable {file_format} file ({exc}); it is truncated "
+                               f"or damaged: {REWRITE}") from None
 
 
 class TableConverter:

@@ -122,20 +122,53 @@ def _pad(buffers: dict[str, np.ndarray], valid: int) -> None:
         buf[valid:] = buf[valid - 1]
 
 
+class _EpochReader:
+    """One epoch's reader that a failed read closes; the next read reopens it where the batch began.
+
+    The reader may have consumed part of a batch before failing, so a retry (by a retry policy,
+    or by the next `next()` of the iterator) reopens it at the state after the last full batch.
+    """
+
+    def __init__(self, source: StreamSourceModule, epoch: int, state: dict[str, Any] | None):
+        self._source, self._epoch, self._state = source, epoch, state
+        self._reader: RecordReader | None = None
+
+    def read(self, buffers: dict[str, np.ndarray], count: int) -> int:
+        if self._reader is None:
+            self._reader = self._source.open(self._epoch, self._state)
+        try:
+            return self._reader.read(buffers, 0, count)
+        except BaseException:
+            self.close()
+            raise
+
+    def commit(self) -> dict[str, Any]:
+        """The state after the records read so far, where a later failed read restarts."""
+        self._state = self._reader.get_state()
+        return self._state
+
+    def close(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+
+
 def stream_host_batches(source: StreamSourceModule, *, batch_size: int, drop_remainder: bool, ring_size: int,
                         epoch: int, position: int, state: dict[str, Any] | None,
-                        end_epoch: int | None) -> Iterator[tuple]:
+                        end_epoch: int | None, retry_policy: Any = None) -> Iterator[tuple]:
     """Yields `(epoch, position, record_ids, num_valid, device_batch, state_after)` per batch.
 
     Reads from (`epoch`, `position`, `state`) on; each batch is `batch_size` rows (a short final
     batch padded), copied to the device before the next read reuses its host buffer, which is
-    one of `ring_size` buffers (more than the consumer can hold at once).
+    one of `ring_size` buffers (more than the consumer can hold at once). A read that raises
+    is retried at the same state under `retry_policy` (a `datarax.pipeline.RetryPolicy`; None:
+    the error is raised at once).
     """
     spec = source.element_spec()
     ring: list[dict[str, np.ndarray] | None] = [None] * ring_size
     step = 0
     while end_epoch is None or epoch < end_epoch:
-        reader = source.open(epoch, state)
+        reader = _EpochReader(source, epoch, state)
         fresh = state is None and position == 0
         try:
             while True:
@@ -143,14 +176,17 @@ def stream_host_batches(source: StreamSourceModule, *, batch_size: int, drop_rem
                 if ring[slot] is None:
                     ring[slot] = allocate(spec, (batch_size,))
                 buffers = ring[slot]
-                valid = reader.read(buffers, 0, batch_size)
+                if retry_policy is None:
+                    valid = reader.read(buffers, batch_size)
+                else:
+                    valid = retry_policy.call(lambda: reader.read(buffers, batch_size))  # noqa: B023 (called at once)
                 if valid == 0 or (drop_remainder and valid < batch_size):
                     break
                 if valid < batch_size:
                     _pad(buffers, valid)
                 ids = np.minimum(np.arange(position, position + batch_size, dtype=np.int64), position + valid - 1)
                 batch = to_device(buffers)
-                yield epoch, position, ids, valid, batch, reader.get_state()
+                yield epoch, position, ids, valid, batch, reader.commit()
                 step += 1
                 position += valid
                 fresh = False

@@ -25,6 +25,7 @@ from datarax.host.stage import ENCODED
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import validate_seed
 from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.sources._files import CorruptFileError
 from datarax.sources.memory import seed_from_rngs
 
 
@@ -87,14 +88,21 @@ class TextSource(DataSourceModule):
     def from_files(cls, paths: Sequence[str | os.PathLike], config: TextSourceConfig | None = None, *,
                    rngs: nnx.Rngs | None = None) -> TextSource:
         """One document per non-empty line of the UTF-8 text files `paths`, in order."""
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
         documents, origins = [], []
         for path in paths:
-            with open(path, encoding="utf-8") as f:
-                for number, line in enumerate(f, 1):
-                    line = line.rstrip("\n")
-                    if line.strip():
-                        documents.append(line)
-                        origins.append(f"{os.fspath(path)}:{number}")
+            try:
+                with open(path, encoding="utf-8") as f:
+                    for number, line in enumerate(f, 1):
+                        line = line.rstrip("\n")
+                        if line.strip():
+                            documents.append(line)
+                            origins.append(f"{os.fspath(path)}:{number}")
+            except UnicodeDecodeError as exc:
+                raise CorruptFileError(f"TextSource.from_files: {os.fspath(path)!r} is not UTF-8 text ({exc.reason} "
+                                       f"on line {_first_undecodable_line(path)}); convert it to UTF-8 (e.g. iconv -t "
+                                       "utf-8) or leave it out of the paths") from None
         if not documents:
             raise ValueError(f"the files {[os.fspath(p) for p in paths]} hold no non-empty line")
         return cls(documents, config, origins=origins, rngs=rngs)
@@ -132,6 +140,17 @@ class TextSource(DataSourceModule):
 
     def __repr__(self) -> str:
         return f"TextSource({len(self)} documents, field={self.config.field!r})"
+
+
+def _first_undecodable_line(path: str | os.PathLike) -> int:
+    # The text decoder reads ahead in blocks, so the line it was on when it failed is not exact.
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
 
 
 def document_texts(source: Any, indices: np.ndarray, field_name: str) -> list[str]:

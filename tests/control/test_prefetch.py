@@ -79,3 +79,15 @@ def test_close_from_another_thread_while_consumer_waits():
     with pytest.raises(StopIteration):
         next(p)
     t.join()
+
+
+def test_a_producer_error_is_raised_by_every_later_call_not_a_silent_end():
+    def failing():
+        yield 0
+        raise OSError("disk gone")
+
+    with Prefetcher(failing(), buffer_size=2) as p:
+        assert next(p) == 0
+        for _ in range(3):
+            with pytest.raises(OSError, match="disk gone"):
+                next(p)

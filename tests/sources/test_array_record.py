@@ -1,3 +1,4 @@
+import pathlib
 import sys
 
 import jax
@@ -6,9 +7,14 @@ import pytest
 from source_checks import check_exact_resume, check_shuffled_coverage
 
 from datarax import Pipeline
+from datarax.sources import CorruptFileError
 from datarax.sources._columns import UnsupportedColumnError
 from datarax.sources._records import RecordFormatError, decode_record, encode_record
-from datarax.sources.array_record import ArrayRecordSource, ArrayRecordSourceConfig, write_array_records
+from datarax.sources.array_record import (
+    ArrayRecordSource,
+    ArrayRecordSourceConfig,
+    write_array_records,
+)
 
 ar = pytest.importorskip("array_record.python.array_record_module")
 
@@ -195,3 +201,56 @@ def test_encoded_mode_errors(jpeg_files):
         ArrayRecordSource(ArrayRecordSourceConfig(encoded="jpeg"), paths=paths, decode=lambda b: {"x": 0})
     with pytest.raises(TypeError, match=r"field 'jpeg' holds encoded records .* DecodeImage"):
         Pipeline(ArrayRecordSource(ArrayRecordSourceConfig(encoded="jpeg"), paths=paths), [], batch_size=2)
+
+
+def damaged_copy(files, tmp_path, damage):
+    """Copies of the shards with the last one damaged by `damage(bytes) -> bytes`."""
+    copies = []
+    for i, f in enumerate(files):
+        data = pathlib.Path(f).read_bytes()
+        path = tmp_path / f"copy-{i}.array_record"
+        path.write_bytes(damage(data) if i == len(files) - 1 else data)
+        copies.append(str(path))
+    return copies
+
+
+def overwrite(start, length):
+    def damage(data):
+        noise = np.random.default_rng(start).bytes(length)
+        return data[:start] + noise + data[start + length:]
+    return damage
+
+
+UNOPENABLE = {  # damages ArrayRecord's footer or signature: the reader opens but is not ok()
+    "garbled": lambda data: np.random.default_rng(1).bytes(len(data)),
+    "truncated_half": lambda data: data[:len(data) // 2],
+    "truncated_tail": lambda data: data[:-10],
+    "empty": lambda data: b"",
+    "garbled_postscript": overwrite(65600, 30),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(UNOPENABLE))
+def test_a_damaged_shard_among_good_ones_fails_naming_the_file(files, tmp_path, damage):
+    copies = damaged_copy(files, tmp_path, UNOPENABLE[damage])
+    with pytest.raises(CorruptFileError, match=r"copy-2\.array_record"):
+        ArrayRecordSource(paths=copies)
+
+
+def test_a_single_garbled_file_is_reported_as_damaged_not_empty(files, tmp_path):
+    path = tmp_path / "only.array_record"
+    path.write_bytes(np.random.default_rng(2).bytes(131072))
+    with pytest.raises(CorruptFileError, match=r"only\.array_record.*not a readable ArrayRecord file"):
+        ArrayRecordSource(paths=[str(path)])
+
+
+@pytest.mark.parametrize("start", [100, 500, 3000])
+def test_a_garbled_record_fails_the_epoch_naming_the_file_and_record(files, tmp_path, start):
+    copies = damaged_copy(files, tmp_path, overwrite(start, 30))
+    seen = 0
+    # A damaged first or last record is found when the file is opened, any other when it is read.
+    with pytest.raises(CorruptFileError, match=r"copy-2\.array_record.*(record|readable)"):
+        source = ArrayRecordSource(ArrayRecordSourceConfig(shuffle=True, seed=0), paths=copies)
+        for batch in Pipeline(source, [], batch_size=32):
+            seen += len(batch["id"])
+    assert seen < N

@@ -1,9 +1,16 @@
+import pathlib
+
 import numpy as np
 import pytest
 from source_checks import check_exact_resume, check_shuffled_coverage
 
 from datarax import Pipeline
-from datarax.sources.disk import StreamingDiskSource, StreamingDiskSourceConfig, save_npy_dataset
+from datarax.sources import CorruptFileError
+from datarax.sources.disk import (
+    StreamingDiskSource,
+    StreamingDiskSourceConfig,
+    save_npy_dataset,
+)
 
 N = 257
 
@@ -68,3 +75,22 @@ def test_missing_files_and_bad_arrays(tmp_path):
         StreamingDiskSource(paths={"a": tmp_path / "a.npy", "b": tmp_path / "b.npy"})
     with pytest.raises(TypeError, match="StreamingDiskSourceConfig.shuffle must be True or False, got 'yes'"):
         StreamingDiskSourceConfig(shuffle="yes")
+
+
+NPY_DAMAGE = {  # (damage, what the message says)
+    "truncated": (lambda data: data[:len(data) // 2], "is truncated"),
+    "header_only": (lambda data: data[:128], "is truncated"),
+    "extra_bytes": (lambda data: data + b"\0" * 16, "is longer than its header says"),
+    "garbled_magic": (lambda data: b"\0" * 8 + data[8:], "is not a readable .npy file"),
+    "empty": (lambda data: b"", "is not a readable .npy file"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(NPY_DAMAGE))
+def test_a_damaged_npy_file_fails_naming_the_file(tmp_path, damage):
+    paths = save_npy_dataset(tmp_path, make_data(20))
+    damage_fn, says = NPY_DAMAGE[damage]
+    feat = pathlib.Path(paths["feat"])
+    feat.write_bytes(damage_fn(feat.read_bytes()))
+    with pytest.raises(CorruptFileError, match=rf"field 'feat' \('.*feat\.npy'\) {says}"):
+        StreamingDiskSource(paths=tmp_path)

@@ -1,3 +1,4 @@
+import pathlib
 import sys
 
 import numpy as np
@@ -5,6 +6,7 @@ import pytest
 from source_checks import check_exact_resume, check_shuffled_coverage
 
 from datarax import Pipeline
+from datarax.sources import CorruptFileError
 from datarax.sources._columns import UnsupportedColumnError
 from datarax.sources.hf import HFSource, HFSourceConfig, load_files
 
@@ -269,3 +271,14 @@ def test_columns_is_the_deprecated_name_of_fields(parquet_ds):
     assert old == HFSourceConfig(fields=NUMERIC)
     with pytest.raises(ValueError, match=r"both fields=\('id',\) and the deprecated columns"):
         HFSourceConfig(fields=("id",), columns=NUMERIC)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_truncated_table_file_among_good_ones_fails_naming_the_file(files, tmp_path, kind, streaming):
+    good = files[kind][0]
+    bad = tmp_path / f"bad.{kind}"
+    data = pathlib.Path(good).read_bytes()
+    bad.write_bytes(data[:len(data) // 2])
+    with pytest.raises(CorruptFileError, match=rf"'.*bad\.{kind}' is not a readable {kind} file"):
+        load_files([good, str(bad)], streaming=streaming, cache_dir=str(tmp_path / "cache"))

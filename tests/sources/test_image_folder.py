@@ -168,3 +168,12 @@ def test_the_fingerprint_follows_the_files_not_the_root(tmp_path):
     assert ImageFolderSource(tmp_path / "a").structure() == ImageFolderSource(tmp_path / "b").structure()
     (tmp_path / "b" / "c000" / "0000.png").rename(tmp_path / "b" / "c000" / "0000b.png")
     assert ImageFolderSource(tmp_path / "a").structure() != ImageFolderSource(tmp_path / "b").structure()
+
+
+def test_an_unreadable_image_file_fails_the_read_naming_the_file(tmp_path):
+    write_folder(tmp_path, num=4)
+    source = ImageFolderSource(tmp_path)
+    gone = source.paths[2]
+    pathlib.Path(gone).unlink()
+    with pytest.raises(OSError, match=gone):
+        list(Pipeline(source, [DecodeImage(8, field="image")], batch_size=2))
