@@ -124,14 +124,38 @@ def load_files(paths: str | os.PathLike | Sequence[str | os.PathLike], *, stream
             raise ValueError(f"load_files cannot tell the format of {files} from their extensions; pass "
                              f"file_format= one of {sorted(set(_FORMATS.values()))}")
         file_format = kinds.pop()
-    for f in files:
-        check_table_file(f, file_format)
+    schemas = {f: check_table_file(f, file_format) for f in files}
+    check_same_columns(schemas)
     return datasets.load_dataset(file_format, data_files=files, split="train", streaming=streaming,
                                  cache_dir=cache_dir)
 
 
-def check_table_file(path: str, file_format: str) -> None:
-    """Raises `CorruptFileError` naming `path` when a parquet or arrow file is truncated or garbled.
+def check_same_columns(schemas: dict[str, Any]) -> None:
+    """Files read as one split must agree on their columns and types; a ValueError names the first
+    file that differs from the first one and how (HF only says it "couldn't cast" a table)."""
+    known = [(path, schema) for path, schema in schemas.items() if schema is not None]
+    if len(known) < 2:
+        return
+    first_path, first = known[0]
+    for path, schema in known[1:]:
+        if schema.equals(first, check_metadata=False):
+            continue
+        a = {field.name: str(field.type) for field in first}
+        b = {field.name: str(field.type) for field in schema}
+        only_a = {k: v for k, v in a.items() if k not in b}
+        only_b = {k: v for k, v in b.items() if k not in a}
+        typed = {k: (a[k], b[k]) for k in a if k in b and a[k] != b[k]}
+        parts = ([f"columns only in the first: {only_a}"] if only_a else []) + \
+                ([f"columns only in the second: {only_b}"] if only_b else []) + \
+                ([f"types that differ (first, second): {typed}"] if typed else []) or ["column order differs"]
+        raise ValueError(f"load_files: {first_path!r} and {path!r} do not have the same columns ({'; '.join(parts)}); "
+                         "files read as one split must share one schema: rewrite them with the same columns and "
+                         "types, or load them as separate datasets")
+
+
+def check_table_file(path: str, file_format: str) -> Any:
+    """Raises `CorruptFileError` naming `path` when a parquet or arrow file is truncated or garbled;
+    returns its Arrow schema (None for text formats, which have no structure to check).
 
     HF reports a truncated parquet file as "An error occurred while generating the dataset" (or,
     streaming, as pyarrow's "magic bytes not found" once the stream reaches it) without naming it.
@@ -144,17 +168,21 @@ def check_table_file(path: str, file_format: str) -> None:
         if file_format == "parquet":
             import pyarrow.parquet as pq
 
-            pq.ParquetFile(path).close()
-        elif file_format == "arrow":
+            parquet = pq.ParquetFile(path)
+            schema = parquet.schema_arrow
+            parquet.close()
+            return schema
+        if file_format == "arrow":
             with pa.memory_map(path) as data:
                 try:
                     stream = pa.ipc.open_stream(data)  # HF's .arrow files are IPC streams: no footer
                 except pa.ArrowInvalid:
                     data.seek(0)
-                    pa.ipc.open_file(data)  # the file format's footer indexes every batch
-                else:
-                    for _ in stream:  # zero-copy over the memory map: checks each message's length
-                        pass
+                    return pa.ipc.open_file(data).schema  # the file format's footer indexes every batch
+                for _ in stream:  # zero-copy over the memory map: checks each message's length
+                    pass
+                return stream.schema
+        return None
     except (pa.ArrowException, OSError) as exc:
         raise CorruptFileError(f"load_files: {path!r} is not a readable {file_format} file ({exc}); it is truncated "
                                f"or damaged: {REWRITE}") from None

@@ -282,3 +282,17 @@ def test_a_truncated_table_file_among_good_ones_fails_naming_the_file(files, tmp
     bad.write_bytes(data[:len(data) // 2])
     with pytest.raises(CorruptFileError, match=rf"'.*bad\.{kind}' is not a readable {kind} file"):
         load_files([good, str(bad)], streaming=streaming, cache_dir=str(tmp_path / "cache"))
+
+
+def test_parquet_files_with_conflicting_schemas_are_named(tmp_path):
+    """HF reports this as a generic cast error; load_files names both files and the difference."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from datarax.sources.hf import load_files
+
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64()), "x": pa.array([0.5, 1.5])}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": pa.array(["3", "4"]), "x": pa.array([2.5, 3.5])}), tmp_path / "b.parquet")
+    with pytest.raises(ValueError, match=r"a\.parquet' and '.*b\.parquet' do not have the same columns "
+                                         r"\(types that differ \(first, second\): \{'id': \('int64', 'string'\)\}\)"):
+        load_files([tmp_path / "a.parquet", tmp_path / "b.parquet"])
