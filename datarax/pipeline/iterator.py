@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,6 +66,9 @@ class PipelineIterator(Iterator[dict]):
         self._one_epoch = one_epoch
         self._host: Prefetcher | None = None
         self._params, self._params_epoch = None, None
+        self._chunk = None  # (epoch, start, (order, metas)) of the last sampled chunk
+        self._ahead: deque = deque()  # (epoch, position, num_valid, output) dispatched, not yet returned
+        self._ahead_values: list = []
         self._move(start_epoch, 0, None)
 
     @property
@@ -115,6 +119,7 @@ class PipelineIterator(Iterator[dict]):
     def _move(self, epoch: int, position: int, stream_state: dict | None) -> None:
         self._stop_host()
         self._epoch, self._position, self._stream_state = epoch, position, stream_state
+        self._ahead.clear()
         # A device-resident source steps through this schedule on the caller's thread; a
         # host-resident one gets its own in the producer when that starts.
         resident = self._pipeline.source.device_arrays() is not None
@@ -144,6 +149,47 @@ class PipelineIterator(Iterator[dict]):
             self._params, self._params_epoch = self._pipeline.sampler.device_params(epoch), epoch
         return self._params
 
+    def _dispatch(self, arrays, epoch: int, position: int):
+        """Dispatches the device-resident batch at `(epoch, position)`; returns its output (not waited on)."""
+        p = self._pipeline
+        params = self._device_params(epoch)
+        if params is None:  # a host-only sampler: indices from the host, one small copy per batch
+            positions = padded_positions(position, p.compiled.rows, len(p.sampler))
+            idx = p.sampler.indices(positions, epoch).astype(np.int32)
+            num_valid = min(p.batch_size, len(p.sampler) - position)
+            return p.compiled.gather_and_run(arrays, idx, np.array([position, epoch, num_valid], np.int32))
+        chunk = self._chunk
+        k = -1 if chunk is None or chunk[0] != epoch else position - chunk[1]
+        if not (0 <= k < p.compiled.chunk_batches * p.batch_size and k % p.batch_size == 0):
+            self._chunk = chunk = (epoch, position, p.compiled.sample_chunk(params, epoch, position))
+            k = 0
+        return p.compiled.chunk_gather_and_run(arrays, params, chunk[2], k // p.batch_size)
+
+    def _next_device(self, arrays) -> tuple[int, int, int, Any]:
+        """The next device-resident batch, keeping `pipeline.dispatch_ahead` more dispatched behind it."""
+        p = self._pipeline
+        ahead = self._ahead
+        values = p.compiled.values()
+        if ahead and not all(a is b for a, b in zip(values, self._ahead_values)):
+            # A stage's variables changed since those batches were dispatched: they must see the new ones.
+            ahead.clear()
+            self._schedule = self.upcoming()
+        self._ahead_values = values
+        try:
+            while len(ahead) <= p.dispatch_ahead:
+                step = next(self._schedule, None)
+                if step is None:
+                    break
+                ahead.append((*step, self._dispatch(arrays, step[0], step[1])))
+        except BaseException:
+            # Nothing was returned past the cursor: start again from it on the next call.
+            ahead.clear()
+            self._schedule = self.upcoming()
+            raise
+        if not ahead:
+            raise StopIteration
+        return ahead.popleft()
+
     def __next__(self) -> dict:
         p = self._pipeline
         placement = p.placement
@@ -167,15 +213,7 @@ class PipelineIterator(Iterator[dict]):
         else:
             if placement is not None:
                 arrays = placement.device_arrays(arrays)
-            epoch, position, num_valid = next(self._schedule)
-            meta = np.array([position, epoch, num_valid], np.int32)
-            params = self._device_params(epoch)
-            if params is None:
-                positions = padded_positions(position, p.compiled.rows, len(p.sampler))
-                idx = p.sampler.indices(positions, epoch).astype(np.int32)
-                out = p.compiled.gather_and_run(arrays, idx, meta)
-            else:
-                out = p.compiled.sample_gather_and_run(arrays, params, meta)
+            epoch, position, num_valid, out = self._next_device(arrays)
         self._epoch, self._position = epoch, position + num_valid
         self._stream_state = stream_state
         if placement is not None:  # full global shape; padding rows are marked by the mask field
@@ -240,8 +278,9 @@ class PipelineIterator(Iterator[dict]):
         return 0 if self._host is None else self._host.buffered()
 
     def close(self) -> None:
-        """Stops background prefetching (idempotent)."""
+        """Stops background prefetching and drops batches dispatched ahead (idempotent)."""
         self._stop_host()
+        self._ahead.clear()
 
     def __enter__(self) -> PipelineIterator:
         return self

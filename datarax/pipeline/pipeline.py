@@ -25,6 +25,11 @@ from datarax.sharding.mesh import DataSharding
 from datarax.sharding.placement import BatchPlacement
 from datarax.sources.stream import StreamSourceModule
 
+# Batches a device-resident pipeline keeps dispatched behind the one it returns (see `Pipeline`);
+# the default was chosen by measurement (docs/benchmarks.md, `overhead`).
+DISPATCH_AHEAD = 2
+MAX_DISPATCH_AHEAD = 64
+
 
 class Pipeline(nnx.Module):
     """A data pipeline whose stages are NNX modules, fused into one jitted program per batch.
@@ -48,6 +53,13 @@ class Pipeline(nnx.Module):
             source is configured with `shuffle=True`).
         drop_remainder: drop the final short batch of each epoch.
         prefetch: batches a host-resident source prepares ahead on a background thread.
+        dispatch_ahead: batches of a device-resident source the iterator keeps dispatched
+            (queued on the device, not waited on) behind the one it returns, so the host's
+            per-batch work overlaps the device's and a consumer that waits on every step does
+            not leave the device idle while the next batch is dispatched. Each holds one batch
+            of device memory. Batches dispatched ahead are dropped, and dispatched again, when
+            a stage's variables change before they are returned, so every batch sees the
+            current parameters. 0: dispatch each batch when it is asked for.
         program: a stage program (e.g. a DAG) to use instead of a linear chain of `stages`.
         sharding: lay each batch out over a device mesh as global `jax.Array`s (see
             `datarax.sharding.DataSharding`); `batch_size` is then the global batch size, each
@@ -66,7 +78,7 @@ class Pipeline(nnx.Module):
     def __init__(self, source: DataSourceModule, stages: Sequence[OperatorModule] = (), batch_size: int = 32,
                  rngs: nnx.Rngs | None = None, *, sampler: Sampler | None = None, drop_remainder: bool = False,
                  prefetch: int = 2, program: nnx.Module | None = None, sharding: DataSharding | None = None,
-                 retry_policy: RetryPolicy | None = None):
+                 retry_policy: RetryPolicy | None = None, dispatch_ahead: int = DISPATCH_AHEAD):
         if not isinstance(source, (DataSourceModule, StreamSourceModule)):
             raise TypeError(f"source must be a DataSourceModule such as MemorySource, got {describe(source)} "
                             "(or a StreamSourceModule for a stream)")
@@ -79,6 +91,9 @@ class Pipeline(nnx.Module):
             raise TypeError(f"drop_remainder must be True or False, got {drop_remainder!r}")
         if not is_int(prefetch) or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        if not is_int(dispatch_ahead) or not 0 <= dispatch_ahead <= MAX_DISPATCH_AHEAD:
+            raise ValueError(f"dispatch_ahead must be an int in [0, {MAX_DISPATCH_AHEAD}] (batches kept dispatched "
+                             f"on the device), got {dispatch_ahead!r}; the default is {DISPATCH_AHEAD}")
         if sampler is not None and not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be a datarax Sampler, got {describe(sampler)}")
         source, stages = split_host_stages(source, stages)
@@ -95,6 +110,7 @@ class Pipeline(nnx.Module):
                 f"{len(self.sampler)} or drop_remainder=False"
             )
         self.prefetch = prefetch
+        self.dispatch_ahead = int(dispatch_ahead)
         if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
             raise TypeError(f"retry_policy must be a datarax.pipeline.RetryPolicy or None, got {describe(retry_policy)}")
         # Not part of the fingerprint: retries change when a batch arrives, never what it holds.
@@ -211,7 +227,8 @@ class Pipeline(nnx.Module):
             raise ValueError("raw_loader() gives unsharded batches for pipeline.transform, but this pipeline was "
                              "built with sharding=...; build the pipeline without sharding to train its stages")
         return Pipeline(self.source, [ContextStage(ids_key, epoch_key)], self.batch_size, sampler=self.sampler,
-                        drop_remainder=self.drop_remainder, prefetch=self.prefetch, retry_policy=self.retry_policy)
+                        drop_remainder=self.drop_remainder, prefetch=self.prefetch, retry_policy=self.retry_policy,
+                        dispatch_ahead=self.dispatch_ahead)
 
     def transform(self, batch: dict, *, record_ids: Any = None, epoch: Any = 0) -> dict:
         """Runs the stages (everything after the gather) on an already loaded batch.

@@ -6,6 +6,7 @@ import abc
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -31,13 +32,31 @@ class Sampler(nnx.Module, abc.ABC):
         return type(self).__qualname__
 
     def device_params(self, epoch: int) -> Any | None:
-        """Small arrays that let `device_indices` run inside the compiled step for `epoch`.
+        """Small arrays that let the sampler run inside compiled programs for `epoch`.
 
         None (the default) means the sampler runs on the host only; the pipeline then computes
         indices with `indices` and passes them to the step.
         """
         return None
 
+    def device_order(self, positions: jax.Array, params: Any) -> jax.Array:
+        """The item each of `positions` holds in the epoch's order (int32, same shape), in jax.numpy.
+
+        The part of the sampler that may loop (a shuffle's cycle walk): the pipeline runs it for
+        many batches at once in a separate program, so the per-batch program never waits on a
+        data-dependent loop. The default is the identity (storage order).
+        """
+        return positions.astype(jnp.int32)
+
+    def device_expand(self, items: jax.Array, params: Any) -> jax.Array:
+        """Record indices (int32) of `items` from `device_order`: elementwise, without loops.
+
+        The default is the item itself.
+        """
+        return items.astype(jnp.int32)
+
     def device_indices(self, positions: jax.Array, params: Any) -> jax.Array:
         """`indices` in jax.numpy (int32), given `device_params(epoch)`; equal to the host result."""
-        raise TypeError(f"{type(self).__name__} computes indices on the host only (device_params is None)")
+        if type(self).device_params is Sampler.device_params:
+            raise TypeError(f"{type(self).__name__} computes indices on the host only (device_params is None)")
+        return self.device_expand(self.device_order(positions, params), params)

@@ -34,9 +34,6 @@ class SequentialSampler(Sampler):
     def device_params(self, epoch: int):
         return () if self.num_records <= INT32_LIMIT else None
 
-    def device_indices(self, positions, params):
-        return positions.astype(jnp.int32)
-
 
 class ShuffleSampler(Sampler):
     """A fresh pseudo-random order every epoch, keyed by (seed, epoch), in O(1) memory.
@@ -68,7 +65,7 @@ class ShuffleSampler(Sampler):
     def device_params(self, epoch: int):
         return jnp.asarray(round_keys(self.seed, epoch)) if self.num_records <= INT32_LIMIT else None
 
-    def device_indices(self, positions, params):
+    def device_order(self, positions, params):
         return feistel_device(positions, params, self.num_records)
 
     def structure(self) -> str:
@@ -101,9 +98,9 @@ class RangeSampler(Sampler):
         r = self._range
         return () if max(r.start, r.stop, abs(r.step) * len(r)) <= INT32_LIMIT else None
 
-    def device_indices(self, positions, params):
+    def device_expand(self, items, params):
         r = self._range
-        return r.start + positions.astype(jnp.int32) * r.step
+        return r.start + items.astype(jnp.int32) * r.step
 
     def structure(self) -> str:
         r = self._range

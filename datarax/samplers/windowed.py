@@ -83,11 +83,12 @@ class SlidingWindowSampler(Sampler):
             return None
         return jnp.asarray(round_keys(self.seed, epoch)) if self.shuffle else ()
 
-    def device_indices(self, positions, params):
+    def device_order(self, positions, params):
         positions = positions.astype(jnp.int32)
-        if self.shuffle:
-            positions = feistel_device(positions, params, len(self))
-        return positions[..., None] * self.stride + jnp.arange(self.window, dtype=jnp.int32)
+        return feistel_device(positions, params, len(self)) if self.shuffle else positions
+
+    def device_expand(self, items, params):
+        return items.astype(jnp.int32)[..., None] * self.stride + jnp.arange(self.window, dtype=jnp.int32)
 
     def structure(self) -> str:
         return (f"SlidingWindowSampler(window={self.window}, stride={self.stride}, "
