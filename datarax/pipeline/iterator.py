@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -66,7 +67,7 @@ class PipelineIterator(Iterator[dict]):
         self._one_epoch = one_epoch
         self._host: Prefetcher | None = None
         self._params, self._params_epoch = None, None
-        self._chunk = None  # (epoch, start, (order, metas)) of the last sampled chunk
+        self._chunk = None  # (epoch, start, items, metas) of the last sampled chunk
         self._ahead: deque = deque()  # (epoch, position, num_valid, output) dispatched, not yet returned
         self._ahead_values: list = []
         self._move(start_epoch, 0, None)
@@ -149,7 +150,7 @@ class PipelineIterator(Iterator[dict]):
             self._params, self._params_epoch = self._pipeline.sampler.device_params(epoch), epoch
         return self._params
 
-    def _dispatch(self, arrays, epoch: int, position: int):
+    def _dispatch(self, arrays, epoch: int, position: int, values: list):
         """Dispatches the device-resident batch at `(epoch, position)`; returns its output (not waited on)."""
         p = self._pipeline
         params = self._device_params(epoch)
@@ -157,20 +158,21 @@ class PipelineIterator(Iterator[dict]):
             positions = padded_positions(position, p.compiled.rows, len(p.sampler))
             idx = p.sampler.indices(positions, epoch).astype(np.int32)
             num_valid = min(p.batch_size, len(p.sampler) - position)
-            return p.compiled.gather_and_run(arrays, idx, np.array([position, epoch, num_valid], np.int32))
+            return p.compiled.gather_and_run(arrays, idx, np.array([position, epoch, num_valid], np.int32), values)
         chunk = self._chunk
         k = -1 if chunk is None or chunk[0] != epoch else position - chunk[1]
         if not (0 <= k < p.compiled.chunk_batches * p.batch_size and k % p.batch_size == 0):
-            self._chunk = chunk = (epoch, position, p.compiled.sample_chunk(params, epoch, position))
+            self._chunk = chunk = (epoch, position, *p.compiled.sample_chunk(params, epoch, position))
             k = 0
-        return p.compiled.chunk_gather_and_run(arrays, params, chunk[2], k // p.batch_size)
+        k //= p.batch_size
+        return p.compiled.expand_gather_and_run(arrays, params, chunk[2][k], chunk[3][k], values)
 
     def _next_device(self, arrays) -> tuple[int, int, int, Any]:
         """The next device-resident batch, keeping `pipeline.dispatch_ahead` more dispatched behind it."""
         p = self._pipeline
         ahead = self._ahead
         values = p.compiled.values()
-        if ahead and not all(a is b for a, b in zip(values, self._ahead_values)):
+        if ahead and not all(map(operator.is_, values, self._ahead_values)):
             # A stage's variables changed since those batches were dispatched: they must see the new ones.
             ahead.clear()
             self._schedule = self.upcoming()
@@ -180,7 +182,7 @@ class PipelineIterator(Iterator[dict]):
                 step = next(self._schedule, None)
                 if step is None:
                     break
-                ahead.append((*step, self._dispatch(arrays, step[0], step[1])))
+                ahead.append((*step, self._dispatch(arrays, step[0], step[1], values)))
         except BaseException:
             # Nothing was returned past the cursor: start again from it on the next call.
             ahead.clear()
