@@ -22,7 +22,7 @@ from datarax.core.source import gather_device
 # Record positions sampled per chunk (at most): 256 KiB of int32, enough that the sampling
 # program's dispatch (and its loop's round trips on a GPU) is spread over many batches.
 CHUNK_IDS = 65_536
-MAX_CHUNK_BATCHES = 64  # each batch of a chunk is one output of the sampling program
+MAX_CHUNK_BATCHES = 256  # and at most this many batches (one slot scalar each)
 
 
 class InconsistentOutputError(ValueError):
@@ -102,9 +102,8 @@ class CompiledProgram:
         # Sampling runs in its own program, `chunk_batches` batches at a time: a shuffle's cycle
         # walk is a loop whose trip count depends on the data, and on a GPU every trip of such a
         # loop is a device-to-host round trip. Outside the per-batch program it costs those round
-        # trips once per chunk, and the per-batch program has no loop. The chunk program returns
-        # each batch's items and meta as separate arrays, so a batch's inputs are already on the
-        # device when it is dispatched (no copy, no index into the chunk).
+        # trips once per chunk, and the per-batch program has no loop: it reads its batch's row
+        # of the chunk at a slot index held in a device scalar made once (no copy per batch).
         length = max(1, epoch_length)
         step = max(1, batch_size)
         per_epoch = -(-length // step)
@@ -112,25 +111,30 @@ class CompiledProgram:
         chunk = self.chunk_batches
 
         def sample_chunk(params, first):
-            """`first = int32[2] = (start, epoch)`: the items of `chunk` batches from `start` on,
-            and each batch's `meta`. Batches past the epoch's end repeat its last position."""
+            """`first = int32[2] = (start, epoch)`: the items of `chunk` batches from `start` on
+            (`[chunk, rows]`), and each batch's `meta` (`[chunk, 3]`). Batches past the epoch's
+            end repeat its last position."""
             offsets = jnp.arange(len(self.rows), dtype=jnp.int32) if rows is None else rows
             # Written so that no intermediate exceeds the epoch length (no int32 overflow).
             starts = first[0] + jnp.minimum(jnp.arange(chunk, dtype=jnp.int32) * step, length - first[0])
             positions = starts[:, None] + jnp.minimum(offsets[None, :], length - 1 - starts[:, None])
-            items = replicate(sampler.device_order(replicate(positions), params))
+            items = sampler.device_order(replicate(positions), params)
             metas = jnp.stack([starts, jnp.broadcast_to(first[1], starts.shape), jnp.clip(length - starts, 0, step)],
                               axis=1)
-            return [replicate(items[k]) for k in range(chunk)], [replicate(metas[k]) for k in range(chunk)]
+            return replicate(items), replicate(metas)
 
-        def expand_gather_and_run(values, arrays, params, items, meta):
-            return gather_and_run(values, arrays, replicate(sampler.device_expand(items, params)), meta)
+        def chunk_gather_and_run(values, arrays, params, items, metas, slot):
+            row = jax.lax.dynamic_index_in_dim(items, slot, keepdims=False)
+            meta = jax.lax.dynamic_index_in_dim(metas, slot, keepdims=False)
+            return gather_and_run(values, arrays, replicate(sampler.device_expand(row, params)), meta)
 
         jit = jax.jit if placement is None else functools.partial(jax.jit, out_shardings=placement.local_sharding)
         self._run = jit(run)
         self._gather_and_run = jit(gather_and_run)
-        self._expand_gather_and_run = jit(expand_gather_and_run)
+        self._chunk_gather_and_run = jit(chunk_gather_and_run)
         self._sample_chunk = jax.jit(sample_chunk)
+        self._make_slots = jax.jit(lambda: [replicate(jnp.int32(k)) for k in range(chunk)])
+        self._slots: list | None = None
 
     def values(self) -> list:
         return [v.get_raw_value() for v in self._variables]
@@ -143,18 +147,22 @@ class CompiledProgram:
         """Device gather + stages, one program (indices computed on the host)."""
         return self._gather_and_run(self.values() if values is None else values, arrays, indices, meta)
 
-    def sample_chunk(self, params, epoch: int, start: int) -> tuple[list, list]:
+    def sample_chunk(self, params, epoch: int, start: int) -> tuple[jax.Array, jax.Array]:
         """Dispatches the sampling program for the `chunk_batches` batches from `start` of `epoch`.
 
-        Returns `(items, metas)`: for each batch, its sampled items (`Sampler.device_order`)
-        and its `meta`, as device arrays for `expand_gather_and_run`.
+        Returns `(items, metas)`: the batches' sampled items (`Sampler.device_order`) and their
+        `meta`s, one row per batch, for `chunk_gather_and_run`.
         """
         return self._sample_chunk(params, np.array([start, epoch], np.int32))
 
-    def expand_gather_and_run(self, arrays, params, items, meta, values: list | None = None):
-        """One batch of a `sample_chunk`: indices from its items, device gather and stages, one
+    def chunk_gather_and_run(self, arrays, params, chunk: tuple[jax.Array, jax.Array], k: int,
+                             values: list | None = None):
+        """Batch `k` of a `sample_chunk`: indices from its items, device gather and stages, one
         program without loops. `values`: `self.values()`, when the caller has just read them."""
-        return self._expand_gather_and_run(self.values() if values is None else values, arrays, params, items, meta)
+        if self._slots is None:  # device scalars 0..chunk_batches-1, made by one program, once
+            self._slots = self._make_slots()
+        return self._chunk_gather_and_run(self.values() if values is None else values, arrays, params, chunk[0],
+                                          chunk[1], self._slots[k])
 
     def output_spec(self, data: dict, indices: jax.ShapeDtypeStruct) -> dict:
         """What `run` returns for a batch of these shapes, traced abstractly (nothing compiled or run)."""

@@ -67,7 +67,7 @@ class PipelineIterator(Iterator[dict]):
         self._one_epoch = one_epoch
         self._host: Prefetcher | None = None
         self._params, self._params_epoch = None, None
-        self._chunk = None  # (epoch, start, items, metas) of the last sampled chunk
+        self._chunk = None  # (epoch, start, (items, metas)) of the last sampled chunk
         self._ahead: deque = deque()  # (epoch, position, num_valid, output) dispatched, not yet returned
         self._ahead_values: list = []
         self._move(start_epoch, 0, None)
@@ -162,10 +162,9 @@ class PipelineIterator(Iterator[dict]):
         chunk = self._chunk
         k = -1 if chunk is None or chunk[0] != epoch else position - chunk[1]
         if not (0 <= k < p.compiled.chunk_batches * p.batch_size and k % p.batch_size == 0):
-            self._chunk = chunk = (epoch, position, *p.compiled.sample_chunk(params, epoch, position))
+            self._chunk = chunk = (epoch, position, p.compiled.sample_chunk(params, epoch, position))
             k = 0
-        k //= p.batch_size
-        return p.compiled.expand_gather_and_run(arrays, params, chunk[2][k], chunk[3][k], values)
+        return p.compiled.chunk_gather_and_run(arrays, params, chunk[2], k // p.batch_size, values)
 
     def _next_device(self, arrays) -> tuple[int, int, int, Any]:
         """The next device-resident batch, keeping `pipeline.dispatch_ahead` more dispatched behind it."""
