@@ -17,6 +17,7 @@ SCENARIO_MODULES = {
     "sharded": "benchmarks.scenarios.sharded",
     "jpeg": "benchmarks.scenarios.jpeg",
     "text": "benchmarks.scenarios.text",
+    "overhead": "benchmarks.scenarios.overhead",
 }
 
 

@@ -17,6 +17,11 @@ import numpy as np
 
 from datarax.core.checks import is_int
 
+# Batches a device-resident pipeline keeps dispatched behind the one it returns (`Pipeline`'s
+# `dispatch_ahead`); the default was chosen by measurement (docs/benchmarks.md, `overhead`).
+DISPATCH_AHEAD = 2
+MAX_DISPATCH_AHEAD = 64
+
 
 def check_batch_size(batch_size: object) -> int:
     """`batch_size` as an int, or a ValueError naming the bad value."""

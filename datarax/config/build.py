@@ -99,7 +99,8 @@ def build_pipeline(spec: RunSpec):
 
     run = spec.run
     source = build_component(spec.source)
-    kwargs: dict[str, Any] = {"drop_remainder": run.drop_remainder, "prefetch": run.prefetch}
+    kwargs: dict[str, Any] = {"drop_remainder": run.drop_remainder, "prefetch": run.prefetch,
+                              "dispatch_ahead": run.dispatch_ahead}
     if spec.sampler is not None:
         extra = {"num_records": len(source)} if takes_argument(spec.sampler.factory, "num_records") else {}
         kwargs["sampler"] = build_component(spec.sampler, **extra)
@@ -107,7 +108,8 @@ def build_pipeline(spec: RunSpec):
         kwargs["sharding"] = build_sharding(spec.sharding)
     sizes.check_batch_size(run.batch_size, sizes.epoch_records(source, kwargs.get("sampler")), run.drop_remainder)
     host_resident = source.device_arrays() is None
-    sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(source.element_spec()), host_resident, "read")
+    sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(source.element_spec()), host_resident, "read",
+                       run.dispatch_ahead)
     try:
         if spec.dag is not None:
             nodes = {name: build_component(node) for name, node in spec.dag.nodes.items()}
@@ -123,7 +125,7 @@ def build_pipeline(spec: RunSpec):
         raise ConfigError([f"{where}: the pipeline could not be built: {exc}"]) from exc
     # The stages may grow a record (a resize up, a one-hot): check what they output too.
     sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(pipeline.output_spec()) // run.batch_size,
-                       host_resident, "out of the stages")
+                       host_resident, "out of the stages", run.dispatch_ahead)
     return pipeline
 
 

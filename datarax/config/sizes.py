@@ -10,8 +10,8 @@ naming the TOML key:
   with a batch_size up to its size.
 * the batches a pipeline holds at once must fit in memory: `batch_size` times the bytes of one
   record (from the source's element spec, or the output spec once the stages are known), times
-  the batches in flight (`prefetch` + 3 for a host-resident source's ring of buffers, 2 for a
-  device-resident one), against the host's physical memory (and the first device's limit, when
+  the batches in flight (`prefetch` + 3 for a host-resident source's ring of buffers, 2 plus
+  `dispatch_ahead` for a device-resident one), against the host's physical memory (and the first device's limit, when
   the backend reports one).
 """
 
@@ -83,17 +83,20 @@ def check_batch_size(batch_size: int, records: int | None, drop_remainder: bool)
     raise ConfigError([message])
 
 
-def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_resident: bool, what: str) -> None:
+def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_resident: bool, what: str,
+                 dispatch_ahead: int = 0) -> None:
     """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`."""
     limit = memory_bytes()
-    in_flight = prefetch + 3 if host_resident else 2
+    in_flight = prefetch + 3 if host_resident else 2 + dispatch_ahead
     # Each row also carries its int64 record id through the sampler and the program.
     needed = batch_size * (record_bytes + 8) * in_flight
     if limit is None or needed <= limit:
         return
     fit = limit // ((record_bytes + 8) * in_flight)
-    held = f"batch_size {batch_size:,} with prefetch {prefetch}" if host_resident else f"batch_size {batch_size:,}"
-    fix = (f"use a batch_size of at most {fit:,}" + (" (or a smaller prefetch)" if host_resident else "")
+    held = (f"batch_size {batch_size:,} with prefetch {prefetch}" if host_resident
+            else f"batch_size {batch_size:,} with dispatch_ahead {dispatch_ahead}")
+    fix = (f"use a batch_size of at most {fit:,}" + (" (or a smaller prefetch)" if host_resident
+                                                     else " (or a smaller dispatch_ahead)" if dispatch_ahead else "")
            if fit >= 1 else "not even one record fits: make the records (or what the stages make of them) smaller")
     message = (f"{held} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
                f"record), more than the {human(limit)} of memory here; {fix}")

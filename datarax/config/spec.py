@@ -38,6 +38,7 @@ import graphlib
 from collections.abc import Callable
 from typing import Any
 
+from datarax.batching import DISPATCH_AHEAD, MAX_DISPATCH_AHEAD
 from datarax.config.allow import AllowList
 from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.schema import FieldError, build_dataclass, check_keys, convert, is_table, suggestion
@@ -61,6 +62,7 @@ class RunSection:
     seed: int = 0
     drop_remainder: bool = False
     prefetch: int = 2
+    dispatch_ahead: int = DISPATCH_AHEAD
     epochs: int = 1
     sampler: Any = None
     stages: Any = ()
@@ -76,6 +78,10 @@ class RunSection:
         if self.prefetch > MAX_PREFETCH:
             raise FieldError("prefetch", f"must be at most {MAX_PREFETCH} (batches held ready in memory), got "
                                          f"{self.prefetch!r}; a few batches hide reading jitter, use 2-8")
+        check_positive("dispatch_ahead", self.dispatch_ahead, 0)
+        if self.dispatch_ahead > MAX_DISPATCH_AHEAD:
+            raise FieldError("dispatch_ahead", f"must be at most {MAX_DISPATCH_AHEAD} (batches kept dispatched on the "
+                                               f"device), got {self.dispatch_ahead!r}; the default is {DISPATCH_AHEAD}")
 
 
 # `allow` is read before everything else (it decides what the other tables may import).

@@ -137,7 +137,7 @@ class CompiledProgram:
         self._slots: list | None = None
 
     def values(self) -> list:
-        return [v.get_raw_value() for v in self._variables]
+        return list(map(nnx.Variable.get_raw_value, self._variables))
 
     def run(self, data, indices, meta):
         """Stages only, on a batch already on the device."""

@@ -145,15 +145,12 @@ class PipelineIterator(Iterator[dict]):
             self._host.close()
             self._host = None
 
-    def _device_params(self, epoch: int):
-        if self._params_epoch != epoch:
-            self._params, self._params_epoch = self._pipeline.sampler.device_params(epoch), epoch
-        return self._params
-
     def _dispatch(self, arrays, epoch: int, position: int, values: list):
         """Dispatches the device-resident batch at `(epoch, position)`; returns its output (not waited on)."""
         p = self._pipeline
-        params = self._device_params(epoch)
+        if self._params_epoch != epoch:
+            self._params, self._params_epoch = p.sampler.device_params(epoch), epoch
+        params = self._params
         if params is None:  # a host-only sampler: indices from the host, one small copy per batch
             positions = padded_positions(position, p.compiled.rows, len(p.sampler))
             idx = p.sampler.indices(positions, epoch).astype(np.int32)

@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import is_int
-from datarax.batching import check_batch_size, num_batches
+from datarax.batching import DISPATCH_AHEAD, MAX_DISPATCH_AHEAD, check_batch_size, num_batches
 from datarax.core.operator import BatchContext, OperatorModule, describe, distinct_stage_keys
 from datarax.host.stage import check_numeric, split_host_stages
 from datarax.core.source import DataSourceModule
@@ -24,11 +24,6 @@ from datarax.samplers.base import Sampler
 from datarax.sharding.mesh import DataSharding
 from datarax.sharding.placement import BatchPlacement
 from datarax.sources.stream import StreamSourceModule
-
-# Batches a device-resident pipeline keeps dispatched behind the one it returns (see `Pipeline`);
-# the default was chosen by measurement (docs/benchmarks.md, `overhead`).
-DISPATCH_AHEAD = 2
-MAX_DISPATCH_AHEAD = 64
 
 
 class Pipeline(nnx.Module):

@@ -380,6 +380,8 @@ SIZES = [  # (top-level lines over the 40 records of make_data, the key, words o
     ("batch_size = 100_000_000", "batch_size", "larger than the 40 records of an epoch"),
     ("batch_size = 41\ndrop_remainder = true", "batch_size", "larger than the 40 records of an epoch"),
     ("prefetch = 1_000_000_000_000", "prefetch", "must be at most 64"),
+    ("dispatch_ahead = 65", "dispatch_ahead", "must be at most 64"),
+    ("dispatch_ahead = -1", "dispatch_ahead", "must be an integer >= 0"),
 ]
 
 
@@ -395,7 +397,7 @@ def npz_data(folder) -> str:
 @pytest.mark.parametrize("lines,key,words", SIZES)
 def test_absurd_sizes_are_rejected_up_front_naming_the_key(folder, capsys, lines, key, words):
     path = write(folder, f"{lines}\n" + npz_data(folder))
-    for command in ("validate", "run") if key == "prefetch" else ("run", "inspect"):
+    for command in ("validate", "run") if key in ("prefetch", "dispatch_ahead") else ("run", "inspect"):
         assert main([command, path, "--no-progress"] if command == "run" else [command, path]) == 1
         err = _one_paragraph_error(capsys)
         assert f"{path}: {key} " in err and words in err
@@ -405,12 +407,14 @@ def test_batches_that_would_not_fit_in_memory_are_rejected_naming_the_key(folder
     from datarax.config import sizes
 
     # A record is 8*8*3 float32 and an int32 label (772 bytes) plus its int64 id: 16 rows in 2 device
-    # batches need 24,960 bytes.
+    # batches need 24,960 bytes, and 2 more dispatched ahead (the default) 49,920.
     monkeypatch.setattr(sizes, "memory_bytes", lambda: 20_000)
-    path = write(folder, "batch_size = 16\n" + npz_data(folder))
-    assert main(["run", path, "--no-progress"]) == 1
-    err = _one_paragraph_error(capsys)
-    assert f"{path}: batch_size 16 needs about 24.4 KiB" in err and "19.5 KiB of memory" in err
+    for ahead, needed, fits in ((0, "24.4 KiB", 12), (2, "48.8 KiB", 6)):
+        path = write(folder, f"batch_size = 16\ndispatch_ahead = {ahead}\n" + npz_data(folder))
+        assert main(["run", path, "--no-progress"]) == 1
+        err = _one_paragraph_error(capsys)
+        assert f"{path}: batch_size 16 with dispatch_ahead {ahead} needs about {needed}" in err, err
+        assert "19.5 KiB of memory" in err and f"use a batch_size of at most {fits}" in err
 
 
 def test_a_binary_config_file_is_a_message_naming_it(folder, capsys):

@@ -1,0 +1,109 @@
+"""`overhead`: the per-batch host cost of the iterator, on programs too short to hide it.
+
+Two rows, both device-resident, shuffled, batch 8, so the device work per batch is tiny and the
+time per batch is almost all host work (Python, dispatch):
+
+* `overhead_tokens`: 65,536 x 128 int32 tokens, no stages. Floor: a bare jitted gather called
+  with the same inputs (the device-resident tokens and each batch's indices from a precomputed
+  permutation).
+* `overhead_chain4`: 16,384 x 32x32x3 float32 images through a 4-stage chain (random crop with
+  reflect padding 4, horizontal flip, brightness 0.2, contrast 0.2), built from the
+  `datarax.operators.image` classes. Floor: one hand-written jitted function doing the gather,
+  a key per record and the same maths (`keyed_gather_floor`).
+
+Each row's note gives microseconds per batch for datarax and the floor and their difference
+(datarax's overhead beyond the floor). The two sides are timed in alternating epochs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from benchmarks.registry import BenchOptions
+from benchmarks.timing import block, interleaved_rates, keyed_gather_floor, pipeline_vs_floor, row
+from datarax import Pipeline
+from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
+                                     HorizontalFlipConfig, HorizontalFlipOperator, RandomCropConfig,
+                                     RandomCropOperator)
+from datarax.operators.image.functional import color, geometry
+from datarax.sources import MemorySource, MemorySourceConfig
+
+BATCH = 8
+TOKENS = (65_536, 128)
+IMAGES = (16_384, 32)
+PAD, MAX_DELTA = 4, 0.2
+
+
+def tokens_row(options: BenchOptions) -> dict:
+    n = options.records(TOKENS[0])
+    data = {"tokens": np.random.default_rng(0).integers(0, 32_000, (n, TOKENS[1]), dtype=np.int32)}
+    pipeline = Pipeline(source=MemorySource(MemorySourceConfig(shuffle=True, seed=0), data=data), batch_size=BATCH)
+    for _ in pipeline:  # warm-up epoch (compiles)
+        pass
+    tokens = jax.device_put(data["tokens"])
+    step = jax.jit(lambda t, idx: {"tokens": jnp.take(t, idx, axis=0)})
+
+    def epoch_iter(epoch):
+        perm = np.random.default_rng((0, epoch)).permutation(n).astype(np.int32)
+        for s in range(0, n, BATCH):
+            idx = perm[s:s + BATCH]
+            valid = len(idx)
+            if valid < BATCH:
+                idx = np.pad(idx, (0, BATCH - valid), mode="edge")
+            out = step(tokens, idx)
+            yield out if valid == BATCH else jax.tree.map(lambda x: x[:valid], out)
+
+    block(list(epoch_iter(0)))
+    counter = iter(range(1, 10**6))
+    rates = interleaved_rates({"datarax": lambda: pipeline, "floor": lambda: epoch_iter(next(counter))}, n,
+                              options.repeats)
+    return with_overhead(row("overhead_tokens", rates["datarax"], rates["floor"], records=n, batch_size=BATCH))
+
+
+def chain_record(image: jax.Array, key: jax.Array) -> jax.Array:
+    """The four stages for one record, written by hand."""
+    side = image.shape[0]
+    k_crop, k_rest = jax.random.split(key)
+    offsets = jax.random.randint(k_crop, (2,), 0, 2 * PAD + 1)
+    unit = jax.random.uniform(k_rest, (3,))
+    image = geometry.crop(geometry.pad(image, PAD, "reflect"), offsets[0], offsets[1], side, side)
+    image = jnp.where(unit[0] < 0.5, geometry.hflip(image), image)
+    image = color.adjust_brightness(image, 1.0 + MAX_DELTA * (2 * unit[1] - 1))
+    return color.adjust_contrast(image, 1.0 + MAX_DELTA * (2 * unit[2] - 1))
+
+
+def build_chain(data: dict, seed: int = 0) -> Pipeline:
+    side = data["image"].shape[1]
+    stages = [RandomCropOperator(RandomCropConfig(size=side, padding=PAD, pad_mode="reflect"), rngs=nnx.Rngs(seed)),
+              HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(seed + 1)),
+              BrightnessOperator(BrightnessConfig(max_delta=MAX_DELTA), rngs=nnx.Rngs(seed + 2)),
+              ContrastOperator(ContrastConfig(max_delta=MAX_DELTA), rngs=nnx.Rngs(seed + 3))]
+    source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed), data=data)
+    return Pipeline(source=source, stages=stages, batch_size=BATCH)
+
+
+def chain_row(options: BenchOptions) -> dict:
+    n, side = options.records(IMAGES[0]), IMAGES[1]
+    rng = np.random.default_rng(0)
+    data = {"image": rng.random((n, side, side, 3), dtype=np.float32),
+            "label": rng.integers(0, 10, (n,), dtype=np.int32)}
+    floor = keyed_gather_floor(chain_record, n, BATCH)
+    return with_overhead(pipeline_vs_floor("overhead_chain4", lambda: build_chain(data), data, floor, options.repeats,
+                                           batch_size=BATCH))
+
+
+def with_overhead(result: dict) -> dict:
+    """Adds microseconds per batch for each side and datarax's overhead beyond the floor."""
+    ours, floor = (1e6 * BATCH / result[k] for k in ("datarax_el_s", "floor_el_s"))
+    result.update(datarax_us_per_batch=round(ours, 2), floor_us_per_batch=round(floor, 2),
+                  overhead_us_per_batch=round(ours - floor, 2),
+                  settings=f"{ours:.1f} us/batch vs floor {floor:.1f} us ({ours - floor:+.1f} us, "
+                           f"{ours / floor:.2f}x)")
+    return result
+
+
+def run(options: BenchOptions) -> list[dict]:
+    return [tokens_row(options), chain_row(options)]
