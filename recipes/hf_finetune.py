@@ -62,6 +62,9 @@ JPEG_QUALITY = 90
 SIZE = 24  # DecodeImage's output, the network's input
 WIDTHS = (32, 32, 64, 64)
 RANDOM_CROP_SCALE = (0.25, 1.0)
+# Accuracies are float32 means over batches: two equal counts of correct patches can differ by
+# ~1e-8 (359/400 came out as 0.8975 and 0.89749999), far below one patch (1/400 = 0.0025).
+TIE = 1e-6
 
 
 def record_name(photo: str) -> str:
@@ -242,7 +245,7 @@ def verdict(differences: list[float]) -> str:
     """Whether fine-tuning measurably beats scratch, judged on the spread of the per-seed paired differences.
 
     The spread is their range, lowest to highest: a difference counts only when every seed finds
-    it with the same sign (a seed with no difference, 0.0, covers zero). With the few seeds a
+    it with the same sign (a seed with no difference, |d| <= TIE, covers zero). With the few seeds a
     recipe can afford, mean +- one std is a thinner test: it called -0.025, 0.0, -0.045 a win
     for scratch although one seed saw no difference at all.
     """
@@ -250,7 +253,7 @@ def verdict(differences: list[float]) -> str:
     if stats["n"] < 2:
         return "one seed: no spread to judge a difference by"
     spread = f"per-seed differences {signed(stats['min'])} to {signed(stats['max'])}"
-    if stats["min"] <= 0.0 <= stats["max"]:
+    if stats["min"] <= TIE and stats["max"] >= -TIE:
         return f"no measurable difference ({spread} cover zero)"
     winner = ("fine-tuning beats training from scratch" if stats["mean"] > 0
               else "training from scratch beats fine-tuning")
