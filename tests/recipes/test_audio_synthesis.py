@@ -38,12 +38,12 @@ def rendered_noise(notes: dict, seed: int, split: str) -> np.ndarray:
     return np.asarray(batch["noise"])[rows]
 
 
-@pytest.mark.parametrize("seed", [0, 3])
-def test_held_out_noise_is_neither_the_decoders_nor_the_training_noise_and_is_reproducible(seed):
+def test_held_out_noise_is_neither_the_decoders_nor_the_training_noise_and_is_reproducible():
     from datarax.core.element import Element
     from datarax.core.operator import BatchContext
     from recipes import ddsp
 
+    seed = 0  # the recipe's default; the recipe passes its one seed to every pipeline and the decoder
     notes = ddsp.make_notes(4, seed=seed + 1000)
     held_out = rendered_noise(notes, seed, "eval")
     training = rendered_noise(notes, seed, "train")

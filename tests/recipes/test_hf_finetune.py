@@ -38,8 +38,8 @@ def test_the_parquet_holds_an_hf_image_feature_of_jpeg_bytes(tmp_path):
 
 @pytest.mark.parametrize("differences, verdict", [
     ([0.05], "one seed"),
-    ([0.08, 0.10, 0.11], "fine-tuning beats training from scratch on every seed (per-seed differences +0.0800 to "
-                         "+0.1100)"),
+    ([0.08, 0.10, 0.11], ("fine-tuning beats training from scratch on every seed (per-seed differences +0.0800 "
+                          "to +0.1100)")),
     ([-0.02, -0.01, -0.5], "training from scratch beats fine-tuning on every seed"),  # mean +- std covers zero
     ([-0.025, 0.0, -0.045], "no measurable difference (per-seed differences -0.0450 to +0.0000 cover zero)"),
     ([-0.025, -7.15e-9, -0.045], "no measurable difference"),  # 359/400 vs 359/400 in float32: a tie
