@@ -5,6 +5,12 @@ Notes come from a synthetic instrument whose timbre is a fixed function of pitch
 the loudness), so a decoder that sees only (f0, loudness) can recover its controls. The data
 pipeline renders each note with the same datarax synthesiser operators the decoder uses
 (`datarax.operators.audio.synth`) and measures its A-weighted loudness per frame.
+
+Every source of noise has its own stream (`stream_key`): the training notes' breath noise, the
+held-out notes' breath noise, the decoder's own filtered noise and the two rooms' impulse
+responses. The decoder's noise must never equal the noise in the audio it is scored against:
+when it did (both streams came from one seed), a perfect decoder scored exactly 0 on a held-out
+batch and the evaluation measured the leak rather than the decoder.
 """
 
 from __future__ import annotations
@@ -33,6 +39,17 @@ BANDS = 17
 FFT_SIZES = (512, 256, 128, 64)
 TRUE_REVERB = {"decay_s": 0.08, "wet": 0.25}
 LOUDNESS_RANGE_DB = 80.0
+DECODER_REVERB_START = {"decay_s": 0.03, "wet": 0.1}
+CONTROLS = ("f0_hz", "amplitude", "harmonic_distribution", "noise_magnitudes")
+# Who draws noise. The index folds into the recipe's seed, so the streams differ for every seed.
+STREAMS = ("train", "eval", "decoder", "room", "decoder_room")
+
+
+def stream_key(seed: int, stream: str) -> jax.Array:
+    """The base key of one of the recipe's noise streams (`STREAMS`) for `seed`."""
+    if stream not in STREAMS:
+        raise ValueError(f"stream must be one of {STREAMS}, got {stream!r}")
+    return jax.random.fold_in(jax.random.key(seed), STREAMS.index(stream))
 
 
 def make_notes(num: int, seed: int) -> dict[str, np.ndarray]:
@@ -67,22 +84,36 @@ def loudness_feature(element):
     return element.update_data({"loudness": (loudness + LOUDNESS_RANGE_DB) / LOUDNESS_RANGE_DB})
 
 
-def render_stages(seed: int, with_reverb: bool) -> list:
-    """Synthesiser operators that render ground-truth notes, then the loudness feature."""
+def render_stages(seed: int, split: str, with_reverb: bool) -> list:
+    """Synthesiser operators that render ground-truth notes, then the loudness feature.
+
+    The breath noise comes from the `split`'s stream ("train" or "eval"); the room is the same
+    for both splits (the "room" stream).
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     stages = [HarmonicSynthOperator(HarmonicSynthConfig(sample_rate=SAMPLE_RATE, hop_length=HOP)),
-              FilteredNoiseOperator(FilteredNoiseConfig(hop_length=HOP), rngs=nnx.Rngs(augment=seed)),
+              FilteredNoiseOperator(FilteredNoiseConfig(hop_length=HOP),
+                                    rngs=nnx.Rngs(augment=stream_key(seed, split))),
               ElementOperator(ElementOperatorConfig(), fn=mix)]
     if with_reverb:
-        stages.append(ReverbOperator(ReverbConfig(sample_rate=SAMPLE_RATE, **TRUE_REVERB), rngs=nnx.Rngs(seed + 99)))
+        stages.append(ReverbOperator(ReverbConfig(sample_rate=SAMPLE_RATE, **TRUE_REVERB),
+                                     rngs=nnx.Rngs(params=stream_key(seed, "room"))))
     stages += [LoudnessOperator(LoudnessConfig(sample_rate=SAMPLE_RATE, n_fft=256, hop_length=HOP, average="db",
                                                range_db=LOUDNESS_RANGE_DB)),
                ElementOperator(ElementOperatorConfig(), fn=loudness_feature)]
     return stages
 
 
-def note_pipeline(notes: dict, seed: int, batch_size: int, *, shuffle: bool, with_reverb: bool) -> Pipeline:
-    source = MemorySource(MemorySourceConfig(shuffle=shuffle, seed=seed), data=notes)
-    return Pipeline(source, render_stages(seed, with_reverb), batch_size=batch_size, drop_remainder=shuffle)
+def note_pipeline(notes: dict, seed: int, batch_size: int, *, split: str, with_reverb: bool) -> Pipeline:
+    """Renders `notes`: shuffled, in full batches, for "train"; in order, every note, for "eval".
+
+    Each pass over a pipeline is a new epoch with new noise, so an evaluation that must be
+    reproducible takes the first pass of a freshly built "eval" pipeline.
+    """
+    train = split == "train"
+    source = MemorySource(MemorySourceConfig(shuffle=train, seed=seed), data=notes)
+    return Pipeline(source, render_stages(seed, split, with_reverb), batch_size=batch_size, drop_remainder=train)
 
 
 def exp_sigmoid(x: jax.Array) -> jax.Array:
@@ -96,18 +127,24 @@ class Decoder(nnx.Module):
     Args:
         hidden: width of the hidden layers.
         learn_reverb: end with a `ReverbOperator` whose decay and wet gain are learned.
-        seed: initialisation (weights on the host, the noise stream from `nnx.Rngs`).
+        seed: initialisation (weights on the host) and the "decoder" and "decoder_room" noise
+            streams (`stream_key`), which no pipeline of the same seed draws from.
+        reverb_start: the reverb's starting decay and wet gain.
     """
 
-    def __init__(self, hidden: int = 128, *, learn_reverb: bool = False, seed: int = 0):
+    def __init__(self, hidden: int = 128, *, learn_reverb: bool = False, seed: int = 0,
+                 reverb_start: dict[str, float] | None = None):
         rngs, init = nnx.Rngs(seed), host_init(seed)
         self.layers = nnx.List([nnx.Linear(2, hidden, rngs=rngs, **init), nnx.Linear(hidden, hidden, rngs=rngs, **init),
                                 nnx.Linear(hidden, hidden, rngs=rngs, **init)])
         self.out = nnx.Linear(hidden, 1 + HARMONICS + BANDS, rngs=rngs, **init)
         self.harmonic = HarmonicSynthOperator(HarmonicSynthConfig(sample_rate=SAMPLE_RATE, hop_length=HOP))
-        self.noise = FilteredNoiseOperator(FilteredNoiseConfig(hop_length=HOP), rngs=nnx.Rngs(augment=seed + 1))
-        self.reverb = (ReverbOperator(ReverbConfig(sample_rate=SAMPLE_RATE, decay_s=0.03, wet=0.1, learnable=True),
-                                      rngs=nnx.Rngs(seed + 2)) if learn_reverb else None)
+        self.noise = FilteredNoiseOperator(FilteredNoiseConfig(hop_length=HOP),
+                                           rngs=nnx.Rngs(augment=stream_key(seed, "decoder")))
+        self.reverb = (ReverbOperator(ReverbConfig(sample_rate=SAMPLE_RATE, learnable=True,
+                                                   **(reverb_start or DECODER_REVERB_START)),
+                                      rngs=nnx.Rngs(params=stream_key(seed, "decoder_room")))
+                       if learn_reverb else None)
 
     def controls(self, f0_hz: jax.Array, loudness: jax.Array) -> dict[str, jax.Array]:
         """Synthesiser controls `(batch, frames, ...)` for f0 in Hz and loudness in [0, 1]."""
@@ -118,14 +155,22 @@ class Decoder(nnx.Module):
         return {"f0_hz": f0_hz, "amplitude": out[..., 0], "harmonic_distribution": out[..., 1:1 + HARMONICS],
                 "noise_magnitudes": out[..., 1 + HARMONICS:]}
 
-    def __call__(self, f0_hz: jax.Array, loudness: jax.Array) -> tuple[jax.Array, dict]:
-        controls = self.controls(f0_hz, loudness)
-        ctx = BatchContext.for_batch(f0_hz.shape[0])
+    def synthesise(self, controls: dict[str, jax.Array]) -> jax.Array:
+        """Audio `(batch, samples)` of the controls (`CONTROLS`) through the decoder's synthesiser.
+
+        The noise of a batch row depends only on the row's position (the same realisation at
+        every call), so an evaluation of fixed controls is reproducible.
+        """
+        ctx = BatchContext.for_batch(controls["f0_hz"].shape[0])
         elements = self.noise(self.harmonic(Element(controls), ctx), ctx)
         audio = elements.data["harmonic"] + elements.data["noise"]
         if self.reverb is not None:
             audio = self.reverb(Element({"audio": audio}), ctx).data["audio"]
-        return audio, controls
+        return audio
+
+    def __call__(self, f0_hz: jax.Array, loudness: jax.Array) -> tuple[jax.Array, dict]:
+        controls = self.controls(f0_hz, loudness)
+        return self.synthesise(controls), controls
 
 
 def spectral_loss(target: jax.Array, audio: jax.Array) -> jax.Array:
@@ -142,6 +187,28 @@ def loss_fn(model: Decoder, batch: dict):
     return spectral_loss(batch["audio"], audio), controls
 
 
+@nnx.jit
+def _decoder_loss(model: Decoder, batch: dict) -> jax.Array:
+    return loss_fn(model, batch)[0]
+
+
+@nnx.jit
+def _true_controls_loss(model: Decoder, batch: dict) -> jax.Array:
+    return spectral_loss(batch["audio"], model.synthesise({name: batch[name] for name in CONTROLS}))
+
+
+def held_out_loss(model: Decoder, batches: list[dict], *, true_controls: bool = False) -> float:
+    """The batch-size weighted mean spectral loss over `batches` (rendered notes with their true controls).
+
+    With `true_controls`, the decoder's synthesiser plays the ground-truth controls instead of
+    the decoder's predictions: the loss a perfect decoder would get, given that its noise (and
+    room) is a realisation independent of the target's.
+    """
+    losses = [float((_true_controls_loss if true_controls else _decoder_loss)(model, batch)) for batch in batches]
+    sizes = [batch["audio"].shape[0] for batch in batches]
+    return float(np.average(losses, weights=sizes))
+
+
 def audible_distribution(distribution: np.ndarray, f0_hz: np.ndarray) -> np.ndarray:
     """Harmonic weights with those at or above Nyquist removed, renormalised (as the synthesiser plays them)."""
     audible = f0_hz[..., None] * np.arange(1, distribution.shape[-1] + 1) < SAMPLE_RATE / 2
@@ -149,11 +216,11 @@ def audible_distribution(distribution: np.ndarray, f0_hz: np.ndarray) -> np.ndar
     return weights / np.maximum(weights.sum(-1, keepdims=True), 1e-7)
 
 
-def harmonic_correlation(model: Decoder, pipeline: Pipeline) -> float:
+def harmonic_correlation(model: Decoder, batches: list[dict]) -> float:
     """Pearson correlation of recovered and true harmonic weights over the sounding frames of every note."""
     predict = nnx.jit(lambda m, f0, loud: m.controls(f0, loud)["harmonic_distribution"])
     true, pred = [], []
-    for batch in pipeline:
+    for batch in batches:
         batch = jax.device_get(batch)
         sounding = batch["amplitude"] > 0.05 * batch["amplitude"].max(axis=1, keepdims=True)
         p = np.asarray(predict(model, batch["f0_hz"], batch["loudness"]))
