@@ -15,7 +15,10 @@ stage's own `rngs`; a pipeline makes the keys of stages given the same seed dist
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -146,8 +149,42 @@ def distinct_stage_keys(program: nnx.Module) -> list[tuple[Any, Any]]:
     return changed
 
 
+# The keys `planned_record_keys` derived for the program being traced: (ctx, {id(StageKey): keys}).
+_PLAN: contextvars.ContextVar[tuple[BatchContext, dict[int, jax.Array]] | None] = contextvars.ContextVar(
+    "datarax_record_key_plan", default=None)
+
+
+@contextlib.contextmanager
+def planned_record_keys(program: nnx.Module, ctx: BatchContext) -> Iterator[None]:
+    """Derives the per-record keys of every stochastic stage of `program` at once, for `ctx`.
+
+    Inside the block, `record_keys(stage_key, ctx)` for one of those stages returns its share of
+    one batched derivation: two threefry calls for the whole program instead of two per stage.
+    The keys are bitwise the ones each stage would derive itself (the same `fold_in`s, vmapped
+    over the stages); what changes is the program's size: on the CPU backend each threefry is a
+    loop of its own, and a short per-batch program pays for every one (docs/benchmarks.md,
+    `overhead`). A stage called with another context (a sub-batch) derives its own keys.
+    """
+    keys = [v for _, v in nnx.iter_graph(program)
+            if isinstance(v, StageKey) and getattr(v.get_value(), "shape", None) == (2,)]
+    if len(keys) < 2:
+        yield
+        return
+    data = jnp.stack([jnp.asarray(k.get_value(), jnp.uint32) for k in keys])
+    bases = jax.vmap(lambda d: jax.random.fold_in(jax.random.wrap_key_data(d), ctx.epoch))(data)
+    per_record = jax.vmap(lambda b: jax.vmap(lambda r: jax.random.fold_in(b, r))(ctx.record_ids))(bases)
+    token = _PLAN.set((ctx, {id(k): per_record[i] for i, k in enumerate(keys)}))
+    try:
+        yield
+    finally:
+        _PLAN.reset(token)
+
+
 def record_keys(stage_key: StageKey, ctx: BatchContext) -> jax.Array:
     """Per-record typed keys: fold_in(fold_in(stage_key, epoch), record_id)."""
+    plan = _PLAN.get()
+    if plan is not None and plan[0] is ctx and id(stage_key) in plan[1]:
+        return plan[1][id(stage_key)]
     base = jax.random.fold_in(jax.random.wrap_key_data(stage_key[...]), ctx.epoch)
     return jax.vmap(lambda r: jax.random.fold_in(base, r))(ctx.record_ids)
 

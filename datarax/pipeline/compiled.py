@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.element import Element
-from datarax.core.operator import BatchContext, describe
+from datarax.core.operator import BatchContext, describe, planned_record_keys
 from datarax.core.source import gather_device
 
 
@@ -32,7 +32,8 @@ class InconsistentOutputError(ValueError):
 def run_program(program: nnx.Module, data: dict, ctx: BatchContext) -> dict:
     """Runs a stage program on a batch dict and checks what comes out."""
     batch_size = ctx.record_ids.shape[0]
-    out = program(Element(dict(data), {}), ctx)
+    with planned_record_keys(program, ctx):
+        out = program(Element(dict(data), {}), ctx)
     if not isinstance(out, Element):
         raise InconsistentOutputError(
             f"the pipeline's stages must produce an Element, got {describe(out)}; a stage returned "
