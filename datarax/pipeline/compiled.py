@@ -61,8 +61,12 @@ def make_context(record_ids: jax.Array, epoch: jax.Array, num_valid: jax.Array,
 class CompiledProgram:
     """The jitted batch functions of one pipeline (built once).
 
-    Each takes `meta = int32[3] = (start, epoch, num_valid)`, one small array rather than three
-    Python scalars, to keep per-call dispatch cheap.
+    `run` (stages on a batch already on the device) and `gather_and_run` (device gather +
+    stages, indices from the host) take `meta = int32[3] = (start, epoch, num_valid)`, one small
+    array rather than three Python scalars. A device-resident pipeline whose sampler runs on the
+    device uses `sample_chunk` (the sampler, once per `chunk_batches` batches) and
+    `chunk_gather_and_run` (one batch of the chunk: gather + stages, every input already on the
+    device, no data-dependent loop).
 
     A sharded pipeline passes `placement` (a `datarax.sharding.BatchPlacement`): the functions
     then compute only this process's `rows` of each global batch, with outputs laid out over
