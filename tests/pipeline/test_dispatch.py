@@ -238,3 +238,21 @@ def test_python_work_per_batch_does_not_grow_with_the_batch_the_data_or_the_stag
     # The stages add one read per variable of theirs (a flat list, no traversal of the stages).
     assert python_calls_per_next(chain) == base + variables
     assert base <= 12
+
+
+def test_warps_are_separated_by_a_branch_on_the_cpu_only(monkeypatch):
+    """`RotationOperator` keeps XLA:CPU from fusing its gathers with a `cond` on an always-true
+    predicate (`datarax.core.fusion.separately`); on any other backend, where a branch can cost a
+    device-to-host round trip, the per-batch program has none."""
+    from datarax.core import fusion
+    from datarax.operators.image import RotationConfig, RotationOperator
+
+    def rotated() -> Pipeline:
+        data = {"image": np.zeros((40, 8, 8, 3), np.float32)}
+        stage = RotationOperator(RotationConfig(degrees=20.0), rngs=nnx.Rngs(0))
+        return Pipeline(MemorySource(MemorySourceConfig(shuffle=True), data=data), [stage], batch_size=8)
+
+    assert "cond" in {e.primitive.name for e in primitives(per_batch_jaxpr(rotated()))}
+    monkeypatch.setattr(fusion.jax, "default_backend", lambda: "gpu")
+    names = {e.primitive.name for e in primitives(per_batch_jaxpr(rotated()))}
+    assert not names & {"while", "cond"}, sorted(names)
