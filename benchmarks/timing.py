@@ -48,6 +48,20 @@ def row(scenario: str, datarax: dict, floor: dict, **extra: Any) -> dict:
     return out
 
 
+def permuted_batches(n: int, batch: int, seed: int, epoch: int):
+    """`(indices, num_valid)` of each batch of a NumPy permutation of `n` records for `epoch`; the
+    last short batch is padded by repeating its last index (a floor's one compiled shape)."""
+    perm = np.random.default_rng((seed, epoch)).permutation(n).astype(np.int32)
+    for start in range(0, n, batch):
+        idx = perm[start:start + batch]
+        yield (idx if len(idx) == batch else np.pad(idx, (0, batch - len(idx)), mode="edge")), len(idx)
+
+
+def trimmed(out: Any, valid: int, batch: int) -> Any:
+    """A batch's output with only its `valid` rows (every leaf sliced when the batch was padded)."""
+    return out if valid == batch else jax.tree.map(lambda x: x[:valid], out)
+
+
 def keyed_gather_floor(per_record: Callable[[Any, Any], Any] | None, n: int, batch: int, seed: int = 0,
                        batch_fn: Callable[[Any, Any, Any], Any] | None = None):
     """The hand-written floor for an image scenario over device-resident `{"image", "label"}` data.
@@ -73,14 +87,23 @@ def keyed_gather_floor(per_record: Callable[[Any, Any], Any] | None, n: int, bat
                 "label": jnp.take(labels, idx, axis=0)}
 
     def epoch_iter(arrays, epoch):
-        perm = np.random.default_rng((seed, epoch)).permutation(n).astype(np.int32)
-        for start in range(0, n, batch):
-            idx = perm[start:start + batch]
-            valid = len(idx)
-            if valid < batch:
-                idx = np.pad(idx, (0, batch - valid), mode="edge")
-            out = step(arrays["image"], arrays["label"], idx, epoch)
-            yield out if valid == batch else jax.tree.map(lambda x: x[:valid], out)
+        for idx, valid in permuted_batches(n, batch, seed, epoch):
+            yield trimmed(step(arrays["image"], arrays["label"], idx, epoch), valid, batch)
+
+    return epoch_iter
+
+
+def gather_floor(tokens: np.ndarray, batch: int, seed: int = 0):
+    """The floor of an untransformed shuffled pipeline over one device-resident array: one
+    jitted `jnp.take` per batch, fed a NumPy permutation per epoch, the last short batch padded
+    and sliced. Returns `epoch_iter(epoch)`, an iterator over that epoch's `{"tokens": ...}` batches."""
+    n = len(tokens)
+    on_device = jax.device_put(tokens)
+    step = jax.jit(lambda t, idx: {"tokens": jnp.take(t, idx, axis=0)})
+
+    def epoch_iter(epoch):
+        for idx, valid in permuted_batches(n, batch, seed, epoch):
+            yield trimmed(step(on_device, idx), valid, batch)
 
     return epoch_iter
 

@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from benchmarks.registry import BenchOptions
-from benchmarks.timing import block, interleaved_rates, keyed_gather_floor, pipeline_vs_floor, row
+from benchmarks.timing import block, gather_floor, interleaved_rates, keyed_gather_floor, pipeline_vs_floor, row
 from datarax import Pipeline
 from datarax.batching import DISPATCH_AHEAD
 from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
@@ -50,19 +50,7 @@ def tokens_row(options: BenchOptions) -> dict:
     pipeline = Pipeline(source=MemorySource(MemorySourceConfig(shuffle=True, seed=0), data=data), batch_size=BATCH)
     for _ in pipeline:  # warm-up epoch (compiles)
         pass
-    tokens = jax.device_put(data["tokens"])
-    step = jax.jit(lambda t, idx: {"tokens": jnp.take(t, idx, axis=0)})
-
-    def epoch_iter(epoch):
-        perm = np.random.default_rng((0, epoch)).permutation(n).astype(np.int32)
-        for s in range(0, n, BATCH):
-            idx = perm[s:s + BATCH]
-            valid = len(idx)
-            if valid < BATCH:
-                idx = np.pad(idx, (0, BATCH - valid), mode="edge")
-            out = step(tokens, idx)
-            yield out if valid == BATCH else jax.tree.map(lambda x: x[:valid], out)
-
+    epoch_iter = gather_floor(data["tokens"], BATCH)
     block(list(epoch_iter(0)))
     counter = iter(range(1, 10**6))
     rates = interleaved_rates({"datarax": lambda: pipeline, "floor": lambda: epoch_iter(next(counter))}, n,
@@ -120,19 +108,13 @@ def synced_row(options: BenchOptions) -> dict:
     pipelines = {ahead: Pipeline(source=MemorySource(MemorySourceConfig(shuffle=True, seed=0), data=data),
                                  batch_size=BATCH, dispatch_ahead=ahead)
                  for ahead in sorted({0, DISPATCH_AHEAD})}
-    tokens = jax.device_put(data["tokens"])
-    step = jax.jit(lambda t, idx: {"tokens": jnp.take(t, idx, axis=0)})
+    floor_epoch = gather_floor(data["tokens"], BATCH)
 
     def synced(batches):
         for batch in batches:
             loss = consume(weights, batch)
             loss.block_until_ready()  # what float(loss) in a logging loop does
             yield loss
-
-    def floor_epoch(epoch):
-        perm = np.random.default_rng((0, epoch)).permutation(n).astype(np.int32)
-        return (step(tokens, np.pad(perm[s:s + BATCH], (0, max(0, s + BATCH - n)), mode="edge"))
-                for s in range(0, n, BATCH))
 
     for pipeline in pipelines.values():
         for _ in synced(pipeline):  # warm-up epochs (compile)

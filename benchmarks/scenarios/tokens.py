@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from datarax import Pipeline
 from benchmarks.registry import BenchOptions
-from benchmarks.timing import block, first_batch_seconds, interleaved_rates, row
+from benchmarks.timing import block, first_batch_seconds, gather_floor, interleaved_rates, row
 from datarax.sources import MemorySource, MemorySourceConfig
 
 NUM_RECORDS = 200_000
@@ -36,19 +34,7 @@ def run(options: BenchOptions) -> list[dict]:
     for _ in pipeline:
         pass
 
-    tokens = jax.device_put(data["tokens"])
-    step = jax.jit(lambda t, idx: {"tokens": jnp.take(t, idx, axis=0)})
-
-    def epoch_iter(epoch):
-        perm = np.random.default_rng((0, epoch)).permutation(n).astype(np.int32)
-        for s in range(0, n, BATCH):
-            idx = perm[s:s + BATCH]
-            valid = len(idx)
-            if valid < BATCH:
-                idx = np.pad(idx, (0, BATCH - valid), mode="edge")
-            out = step(tokens, idx)
-            yield out if valid == BATCH else jax.tree.map(lambda x: x[:valid], out)
-
+    epoch_iter = gather_floor(data["tokens"], BATCH)
     floor_first = first_batch_seconds(lambda: epoch_iter(0))
     block(list(epoch_iter(0)))
     counter = iter(range(1, 10**6))
