@@ -124,7 +124,7 @@ def policy_values(policy: AugmentationPolicy) -> dict[str, float]:
 
 
 class PolicyTracker(Callback):
-    """Records the policy's magnitudes every `every` steps (and at step 1)."""
+    """Records the policy's magnitudes every `every` steps, at step 1 and at the last step."""
 
     def __init__(self, policy: AugmentationPolicy, every: int):
         self.policy = policy
@@ -133,6 +133,10 @@ class PolicyTracker(Callback):
 
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
         if logs.step % self.every == 0 or logs.step == 1:
+            self.history.append({"step": logs.step, **policy_values(self.policy)})
+
+    def on_train_end(self, trainer: Trainer, logs: StepLogs) -> None:
+        if not self.history or self.history[-1]["step"] != logs.step:
             self.history.append({"step": logs.step, **policy_values(self.policy)})
 
     def get_state(self) -> dict:
