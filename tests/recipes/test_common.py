@@ -9,7 +9,6 @@ import statistics
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from recipes import common
 from recipes.data import fraction_split, load_digits, load_photograph, per_class_split
