@@ -1,12 +1,24 @@
-"""Pieces of a learned augmentation policy: the policy stage, the width-rewarded loss, a tracker.
+"""Augerino (Benton et al. 2020) on datarax stages: the policy stage, the regularised loss, a tracker.
 
 The policy is an ordinary pipeline stage, so `Trainer(..., train_pipeline_params=True)` trains
-its magnitudes with the classifier. Its learnable magnitudes are bounded (`low + (high - low) *
-sigmoid(raw)`, see `datarax.operators.learnable`); it writes their mean *width* (each as the
-fraction of its allowed range it spans) into the batch, and the loss subtracts
-`reward * width` (the Augerino objective, Benton et al. 2020): without the reward the training
-loss alone always prefers no augmentation, with it the widths grow until wider augmentation starts
-to cost more training loss than the reward pays.
+its magnitudes with the classifier. It writes the vector `w` of its learnable widths, each in its
+natural unit (a rotation's half-width in radians), into the batch, and the loss is
+
+    cross-entropy(model(augmented batch)) - lam * ||w||_2
+
+(`augerino_loss`), the objective of the authors' reference code (`unif_aug_loss` in
+github.com/g-benton/learning-invariances: `base_loss - reg * width.norm()`). The regulariser
+*rewards* width: without it the training loss alone always prefers no augmentation (an
+un-augmented batch is the easiest to fit), with it the width grows until widening further
+costs more cross-entropy than `lam` pays per radian. Where the data really is invariant to the
+transform, wider augmentation costs (almost) no cross-entropy, so the width runs to the whole
+group. The reference code's width is the *full* width of the uniform draw (`U(-w/2, w/2)`);
+here it is the half-width (`U(-w, w)`, datarax's `degrees`), so our `lam` equals twice theirs.
+
+The regulariser reads only the magnitude's *value* (`Magnitude.__call__`), so it does not depend
+on how the operator parameterises it internally (datarax's learnable magnitudes are
+`low + (high - low) * sigmoid(raw)`; a rotation's range (0, 180) degrees is the whole rotation
+group, so that bound is the transform's own, not an arbitrary cap).
 """
 
 from __future__ import annotations
@@ -20,37 +32,44 @@ from flax import nnx
 
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorConfig, OperatorModule
-from datarax.operators.strategies import SelectorOperator
-from recipes.models import classification_loss
 from datarax.train.callbacks import Callback, StepLogs
+from recipes.models import classification_loss
 
 if TYPE_CHECKING:
     from datarax.train import Trainer
 
-WIDTH_FIELD = "aug_width"
+WIDTH_FIELD = "aug_widths"
+RADIANS_PER_DEGREE = jnp.pi / 180.0
 
 
 class AugmentationPolicy(OperatorModule):
-    """Applies `operators` in order and adds the mean width of their learnable magnitudes.
+    """Applies `operators` in order and writes their learnable widths, in natural units, into the batch.
 
     Args:
-        operators: image operators (and selectors) to apply; their learnable magnitudes count
-            towards the width.
-        scales: the unit each magnitude's width is measured in, keyed like `magnitudes()`
-            (e.g. `{"Affine.degrees": 15.0}`); a magnitude not listed uses its allowed range.
+        operators: image operators with learnable magnitudes.
+        units: for every learnable magnitude (keyed `Operator.name` as in `magnitudes()`, e.g.
+            `"Rotation.degrees"`), the factor that turns its value into its natural unit (for
+            degrees `RADIANS_PER_DEGREE`). Every learnable magnitude must be listed: a width
+            without a unit would make the regulariser depend on an arbitrary scale.
     """
 
-    def __init__(self, operators: Sequence[OperatorModule], scales: Mapping[str, float] | None = None):
+    def __init__(self, operators: Sequence[OperatorModule], units: Mapping[str, float]):
         self.config = OperatorConfig()
         self.operators = nnx.List(list(operators))
-        self.scales = dict(scales or {})
-        unknown = sorted(set(self.scales) - set(self.magnitudes()))
+        self.units = {k: float(v) for k, v in units.items()}
+        names = set(self.magnitudes())
+        unknown, missing = sorted(set(self.units) - names), sorted(names - set(self.units))
         if unknown:
-            raise ValueError(f"scales names {unknown}, which are not learnable magnitudes of the policy; "
-                             f"choose from {sorted(self.magnitudes())}")
+            raise ValueError(f"units names {unknown}, which are not learnable magnitudes of the policy; "
+                             f"choose from {sorted(names)}")
+        if missing:
+            raise ValueError(f"units gives no unit for the learnable magnitudes {missing}; add e.g. "
+                             f"{{{missing[0]!r}: RADIANS_PER_DEGREE}}")
+        if not names:
+            raise ValueError("the policy has no learnable magnitude: pass operators built with learnable=True")
 
-    def magnitudes(self) -> dict[str, jax.Array]:
-        """Current values of the learnable magnitudes, keyed `Operator.name`."""
+    def magnitudes(self) -> dict[str, nnx.Module]:
+        """The learnable magnitudes of the operators, keyed `Operator.name`."""
         out = {}
         for op in self.operators:
             for name, magnitude in getattr(op, "magnitudes", {}).items():
@@ -59,49 +78,53 @@ class AugmentationPolicy(OperatorModule):
         return out
 
     def widths(self) -> dict[str, jax.Array]:
-        """Each learnable magnitude in units of its scale (`(value - low) / scale`)."""
-        return {k: (m() - m.low) / self.scales.get(k, m.high - m.low) for k, m in self.magnitudes().items()}
+        """Each learnable magnitude's current value times its unit (its width in natural units)."""
+        return {k: m() * self.units[k] for k, m in self.magnitudes().items()}
 
-    def selection_probabilities(self) -> dict[str, list[float]]:
-        """softmax(logits) of every learnable selector (`selection`, `selection1`, ...)."""
-        selectors = [op for op in self.operators if isinstance(op, SelectorOperator) and op.logits is not None]
-        return {f"selection{i or ''}": jax.nn.softmax(op.logits[...]) for i, op in enumerate(selectors)}
+    def values(self) -> dict[str, jax.Array]:
+        """Each learnable magnitude's current value in the operator's own unit (e.g. degrees)."""
+        return {k: m() for k, m in self.magnitudes().items()}
 
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
         for op in self.operators:
             elements = op.apply_batch(elements, ctx)
-        widths = list(self.widths().values())
-        width = jnp.mean(jnp.stack(widths)) if widths else jnp.zeros(())
-        return elements.update_data({WIDTH_FIELD: jnp.broadcast_to(width, ctx.record_ids.shape)})
+        widths = jnp.stack(list(self.widths().values()))
+        # Per-record fields must have the batch as their leading axis; every row is the same vector.
+        return elements.update_data({WIDTH_FIELD: jnp.broadcast_to(widths, (*ctx.record_ids.shape, widths.size))})
 
     def structure(self) -> str:
-        return (f"AugmentationPolicy(scales={sorted(self.scales.items())})["
+        return (f"AugmentationPolicy(units={sorted(self.units.items())})["
                 + ", ".join(op.structure() for op in self.operators) + "]")
 
 
-def width_rewarded_loss(reward: float):
-    """Cross-entropy minus `reward * width` (width from the policy's field; 0 when absent)."""
+def width_regulariser(widths: jax.Array, lam: float) -> jax.Array:
+    """`lam * ||widths||_2`: what the Augerino loss subtracts (widths in natural units)."""
+    return lam * jnp.sqrt(jnp.sum(jnp.square(widths)))
+
+
+def augerino_loss(lam: float):
+    """`loss_fn(model, batch)`: cross-entropy minus `width_regulariser` of the policy's widths.
+
+    The widths come from the batch's `WIDTH_FIELD` (written by `AugmentationPolicy`); a batch
+    without it (evaluation) gets plain cross-entropy.
+    """
 
     def loss_fn(model: nnx.Module, batch: dict):
         loss, logits = classification_loss(model, batch)
         if WIDTH_FIELD in batch:
-            loss = loss - reward * batch[WIDTH_FIELD].mean()
+            loss = loss - width_regulariser(batch[WIDTH_FIELD][0], lam)
         return loss, logits
 
     return loss_fn
 
 
-def policy_values(policy: AugmentationPolicy) -> dict[str, float | list[float]]:
-    """Host values of the policy's magnitudes and selection probabilities."""
-    values: dict = {k: float(m()) for k, m in policy.magnitudes().items()}
-    values.update({k: [float(p) for p in v] for k, v in policy.selection_probabilities().items()})
-    return values
+def policy_values(policy: AugmentationPolicy) -> dict[str, float]:
+    """Host values of the policy's learnable magnitudes, in the operators' own units."""
+    return {k: float(v) for k, v in policy.values().items()}
 
 
 class PolicyTracker(Callback):
-    """Records the policy's magnitudes every `every` steps; the history travels in checkpoints."""
-
-    order = -20  # before the checkpoint callback saves (callback states are saved with it)
+    """Records the policy's magnitudes every `every` steps, at step 1 and at the last step."""
 
     def __init__(self, policy: AugmentationPolicy, every: int):
         self.policy = policy
@@ -110,6 +133,10 @@ class PolicyTracker(Callback):
 
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
         if logs.step % self.every == 0 or logs.step == 1:
+            self.history.append({"step": logs.step, **policy_values(self.policy)})
+
+    def on_train_end(self, trainer: Trainer, logs: StepLogs) -> None:
+        if not self.history or self.history[-1]["step"] != logs.step:
             self.history.append({"step": logs.step, **policy_values(self.policy)})
 
     def get_state(self) -> dict:

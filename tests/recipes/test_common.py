@@ -9,10 +9,8 @@ import statistics
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from recipes import common
-from recipes.augerino import AugmentationPolicy
 from recipes.data import fraction_split, load_digits, load_photograph, per_class_split
 from recipes.models import ConvNet, host_lecun_normal
 
@@ -97,13 +95,3 @@ def test_convnet_shapes_and_bad_pool():
     assert model(jnp.zeros((2, 10, 12, 1))).shape == (2, 6)
     with pytest.raises(ValueError, match="pool must be 'flatten' or 'width', got 'max'"):
         ConvNet(1, 6, pool="max")
-
-
-def test_policy_scales_must_name_learnable_magnitudes():
-    from datarax.operators.image import BrightnessConfig, BrightnessOperator
-
-    op = BrightnessOperator(BrightnessConfig(max_delta=0.2, learnable=True), rngs=nnx.Rngs(0))
-    policy = AugmentationPolicy([op], scales={"Brightness.max_delta": 0.4})
-    assert float(policy.widths()["Brightness.max_delta"]) == pytest.approx(0.5)
-    with pytest.raises(ValueError, match=r"scales names \['Contrast.max_delta'\]"):
-        AugmentationPolicy([op], scales={"Contrast.max_delta": 0.3})
