@@ -22,7 +22,7 @@ from datarax.core.source import gather_device
 # Record positions sampled per chunk (at most): 256 KiB of int32, enough that the sampling
 # program's dispatch (and its loop's round trips on a GPU) is spread over many batches.
 CHUNK_IDS = 65_536
-MAX_CHUNK_BATCHES = 256  # and at most this many batches (one slot scalar each)
+MAX_CHUNK_BATCHES = 64  # and at most this many batches (one output of the sampling program each)
 
 
 class InconsistentOutputError(ValueError):
@@ -65,7 +65,7 @@ class CompiledProgram:
     stages, indices from the host) take `meta = int32[3] = (start, epoch, num_valid)`, one small
     array rather than three Python scalars. A device-resident pipeline whose sampler runs on the
     device uses `sample_chunk` (the sampler, once per `chunk_batches` batches) and
-    `chunk_gather_and_run` (one batch of the chunk: gather + stages, every input already on the
+    `expand_gather_and_run` (one batch of the chunk: gather + stages, every input already on the
     device, no data-dependent loop).
 
     A sharded pipeline passes `placement` (a `datarax.sharding.BatchPlacement`): the functions
@@ -107,8 +107,11 @@ class CompiledProgram:
         # Sampling runs in its own program, `chunk_batches` batches at a time: a shuffle's cycle
         # walk is a loop whose trip count depends on the data, and on a GPU every trip of such a
         # loop is a device-to-host round trip. Outside the per-batch program it costs those round
-        # trips once per chunk, and the per-batch program has no loop: it reads its batch's row
-        # of the chunk at a slot index held in a device scalar made once (no copy per batch).
+        # trips once per chunk, and the per-batch program has no loop. The sampling program
+        # returns one small array per batch, `(start, epoch, num_valid, items...)`, so a batch's
+        # program takes its inputs as they are: indexing a whole chunk inside it (a slot
+        # argument) let XLA:CPU fuse that index into the gathers and cost 30-60 us a batch on a
+        # 4-stage image chain (docs/benchmarks.md, `overhead`).
         length = max(1, epoch_length)
         step = max(1, batch_size)
         per_epoch = -(-length // step)
@@ -116,30 +119,27 @@ class CompiledProgram:
         chunk = self.chunk_batches
 
         def sample_chunk(params, first):
-            """`first = int32[2] = (start, epoch)`: the items of `chunk` batches from `start` on
-            (`[chunk, rows]`), and each batch's `meta` (`[chunk, 3]`). Batches past the epoch's
-            end repeat its last position."""
+            """`first = int32[2] = (start, epoch)`: for each of `chunk` batches from `start` on,
+            `int32[3 + rows] = (start, epoch, num_valid, items...)`. Batches past the epoch's end
+            repeat its last position."""
             offsets = jnp.arange(len(self.rows), dtype=jnp.int32) if rows is None else rows
             # Written so that no intermediate exceeds the epoch length (no int32 overflow).
             starts = first[0] + jnp.minimum(jnp.arange(chunk, dtype=jnp.int32) * step, length - first[0])
             positions = starts[:, None] + jnp.minimum(offsets[None, :], length - 1 - starts[:, None])
-            items = sampler.device_order(replicate(positions), params)
+            items = sampler.device_order(replicate(positions), params).astype(jnp.int32)
             metas = jnp.stack([starts, jnp.broadcast_to(first[1], starts.shape), jnp.clip(length - starts, 0, step)],
                               axis=1)
-            return replicate(items), replicate(metas)
+            table = jnp.concatenate([metas, items], axis=1)
+            return [replicate(table[k]) for k in range(chunk)]
 
-        def chunk_gather_and_run(values, arrays, params, items, metas, slot):
-            row = jax.lax.dynamic_index_in_dim(items, slot, keepdims=False)
-            meta = jax.lax.dynamic_index_in_dim(metas, slot, keepdims=False)
-            return gather_and_run(values, arrays, replicate(sampler.device_expand(row, params)), meta)
+        def expand_gather_and_run(values, arrays, params, row):
+            return gather_and_run(values, arrays, replicate(sampler.device_expand(row[3:], params)), row[:3])
 
         jit = jax.jit if placement is None else functools.partial(jax.jit, out_shardings=placement.local_sharding)
         self._run = jit(run)
         self._gather_and_run = jit(gather_and_run)
-        self._chunk_gather_and_run = jit(chunk_gather_and_run)
+        self._expand_gather_and_run = jit(expand_gather_and_run)
         self._sample_chunk = jax.jit(sample_chunk)
-        self._make_slots = jax.jit(lambda: [replicate(jnp.int32(k)) for k in range(chunk)])
-        self._slots: list | None = None
 
     def values(self) -> list:
         return list(map(nnx.Variable.get_raw_value, self._variables))
@@ -152,22 +152,19 @@ class CompiledProgram:
         """Device gather + stages, one program (indices computed on the host)."""
         return self._gather_and_run(self.values() if values is None else values, arrays, indices, meta)
 
-    def sample_chunk(self, params, epoch: int, start: int) -> tuple[jax.Array, jax.Array]:
+    def sample_chunk(self, params, epoch: int, start: int) -> list[jax.Array]:
         """Dispatches the sampling program for the `chunk_batches` batches from `start` of `epoch`.
 
-        Returns `(items, metas)`: the batches' sampled items (`Sampler.device_order`) and their
-        `meta`s, one row per batch, for `chunk_gather_and_run`.
+        Returns one device array per batch, `int32[3 + rows] = (start, epoch, num_valid,
+        items...)` (items from `Sampler.device_order`), for `expand_gather_and_run`.
         """
         return self._sample_chunk(params, np.array([start, epoch], np.int32))
 
-    def chunk_gather_and_run(self, arrays, params, chunk: tuple[jax.Array, jax.Array], k: int,
-                             values: list | None = None):
-        """Batch `k` of a `sample_chunk`: indices from its items, device gather and stages, one
-        program without loops. `values`: `self.values()`, when the caller has just read them."""
-        if self._slots is None:  # device scalars 0..chunk_batches-1, made by one program, once
-            self._slots = self._make_slots()
-        return self._chunk_gather_and_run(self.values() if values is None else values, arrays, params, chunk[0],
-                                          chunk[1], self._slots[k])
+    def expand_gather_and_run(self, arrays, params, row: jax.Array, values: list | None = None):
+        """One batch of a `sample_chunk`: indices from its items (`Sampler.device_expand`), device
+        gather and stages, one program without loops. `values`: `self.values()`, when the caller
+        has just read them."""
+        return self._expand_gather_and_run(self.values() if values is None else values, arrays, params, row)
 
     def output_spec(self, data: dict, indices: jax.ShapeDtypeStruct) -> dict:
         """What `run` returns for a batch of these shapes, traced abstractly (nothing compiled or run)."""

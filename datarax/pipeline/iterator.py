@@ -67,7 +67,7 @@ class PipelineIterator(Iterator[dict]):
         self._one_epoch = one_epoch
         self._host: Prefetcher | None = None
         self._params, self._params_epoch = None, None
-        self._chunk = None  # (epoch, start, (items, metas)) of the last sampled chunk
+        self._chunk = None  # (epoch, start, [row per batch]) of the last sampled chunk
         self._ahead: deque = deque()  # (epoch, position, num_valid, output) dispatched, not yet returned
         self._ahead_values: list = []
         self._move(start_epoch, 0, None)
@@ -161,7 +161,7 @@ class PipelineIterator(Iterator[dict]):
         if not (0 <= k < p.compiled.chunk_batches * p.batch_size and k % p.batch_size == 0):
             self._chunk = chunk = (epoch, position, p.compiled.sample_chunk(params, epoch, position))
             k = 0
-        return p.compiled.chunk_gather_and_run(arrays, params, chunk[2], k // p.batch_size, values)
+        return p.compiled.expand_gather_and_run(arrays, params, chunk[2][k // p.batch_size], values)
 
     def _next_device(self, arrays) -> tuple[int, int, int, Any]:
         """The next device-resident batch, keeping `pipeline.dispatch_ahead` more dispatched behind it."""

@@ -54,10 +54,9 @@ def primitives(jaxpr) -> list:
 def per_batch_jaxpr(pipeline: Pipeline):
     compiled = pipeline.compiled
     params = pipeline.sampler.device_params(0)
-    items, metas = compiled.sample_chunk(params, 0, 0)
+    rows = compiled.sample_chunk(params, 0, 0)
     arrays = pipeline.source.device_arrays()
-    return jax.make_jaxpr(compiled._chunk_gather_and_run)(compiled.values(), arrays, params, items, metas,
-                                                           np.int32(0)).jaxpr
+    return jax.make_jaxpr(compiled._expand_gather_and_run)(compiled.values(), arrays, params, rows[0]).jaxpr
 
 
 def sample_jaxpr(pipeline: Pipeline):
@@ -174,7 +173,7 @@ def test_batches_dispatched_ahead_see_a_parameter_changed_before_they_are_return
 def test_a_failed_dispatch_loses_no_batch(monkeypatch):
     pipeline = build(50, 8, stochastic=False, dispatch_ahead=2)
     reference = [np.asarray(b["id"]) for b in build(50, 8, stochastic=False).epochs(1)]
-    real = type(pipeline.compiled).chunk_gather_and_run
+    real = type(pipeline.compiled).expand_gather_and_run
     calls = {"n": 0}
 
     def flaky(self, *args):
@@ -183,7 +182,7 @@ def test_a_failed_dispatch_loses_no_batch(monkeypatch):
             raise RuntimeError("device lost")
         return real(self, *args)
 
-    monkeypatch.setattr(type(pipeline.compiled), "chunk_gather_and_run", flaky)
+    monkeypatch.setattr(type(pipeline.compiled), "expand_gather_and_run", flaky)
     it = pipeline.epochs(1)
     got = [np.asarray(next(it)["id"])]  # dispatches batches 0-2
     with pytest.raises(RuntimeError, match="device lost"):

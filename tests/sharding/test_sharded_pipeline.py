@@ -75,7 +75,7 @@ def test_sharded_batches_are_the_unsharded_batches_as_global_arrays(case):
             # Padding rows repeat the epoch's last record (positions are clipped to the epoch's end).
             np.testing.assert_array_equal(ids[valid:], np.full(batch_size - valid, ref["id"][-1]))
     if case["resident"]:  # the padded final batch reuses the compiled step
-        assert pipeline.compiled._chunk_gather_and_run._cache_size() == 1
+        assert pipeline.compiled._expand_gather_and_run._cache_size() == 1
 
 
 def test_each_device_transforms_only_its_rows():
@@ -96,11 +96,10 @@ def test_the_sharded_data_step_has_no_cross_device_collectives():
     resident = build(sharding=DataSharding.data_parallel())
     compiled, arrays = resident.compiled, resident.placement.device_arrays(resident.source.device_arrays())
     params = resident.sampler.device_params(0)
-    items, metas = compiled.sample_chunk(params, 0, 0)
+    rows = compiled.sample_chunk(params, 0, 0)
     programs = {
         "sample": compiled._sample_chunk.lower(params, np.array([0, 0], np.int32)),
-        "chunk+gather+stages": compiled._chunk_gather_and_run.lower(
-            compiled.values(), arrays, params, items, metas, np.int32(0)),
+        "expand+gather+stages": compiled._expand_gather_and_run.lower(compiled.values(), arrays, params, rows[0]),
         "gather+stages": compiled._gather_and_run.lower(compiled.values(), arrays, ids, meta),
     }
     host = build(resident=False, sharding=DataSharding.data_parallel())
