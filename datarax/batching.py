@@ -19,7 +19,7 @@ from datarax.core.checks import is_int
 
 # Batches a device-resident pipeline keeps dispatched behind the one it returns (`Pipeline`'s
 # `dispatch_ahead`); the default was chosen by measurement (docs/benchmarks.md, `overhead`).
-DISPATCH_AHEAD = 2
+DISPATCH_AHEAD = 1
 MAX_DISPATCH_AHEAD = 64
 
 

@@ -49,12 +49,11 @@ class Pipeline(nnx.Module):
         drop_remainder: drop the final short batch of each epoch.
         prefetch: batches a host-resident source prepares ahead on a background thread.
         dispatch_ahead: batches of a device-resident source the iterator keeps dispatched
-            (queued on the device, not waited on) behind the one it returns, so the host's
-            per-batch work overlaps the device's and a consumer that waits on every step does
-            not leave the device idle while the next batch is dispatched. Each holds one batch
-            of device memory. Batches dispatched ahead are dropped, and dispatched again, when
-            a stage's variables change before they are returned, so every batch sees the
-            current parameters. 0: dispatch each batch when it is asked for.
+            (queued on the device, not waited on) behind the one it returns, so that a host
+            hiccup between steps does not leave the device without the next batch's work. Each
+            holds one batch of device memory. Batches dispatched ahead are dropped, and
+            dispatched again, when a stage's variables change before they are returned, so every
+            batch sees the current parameters. 0: dispatch each batch when it is asked for.
         program: a stage program (e.g. a DAG) to use instead of a linear chain of `stages`.
         sharding: lay each batch out over a device mesh as global `jax.Array`s (see
             `datarax.sharding.DataSharding`); `batch_size` is then the global batch size, each
