@@ -66,7 +66,8 @@ class CompiledProgram:
     array rather than three Python scalars. A device-resident pipeline whose sampler runs on the
     device uses `sample_chunk` (the sampler, once per `chunk_batches` batches) and
     `expand_gather_and_run` (one batch of the chunk: gather + stages, every input already on the
-    device, no data-dependent loop).
+    device, no data-dependent loop; its jitted function is `expand_program(values, arrays, params,
+    row)`).
 
     A sharded pipeline passes `placement` (a `datarax.sharding.BatchPlacement`): the functions
     then compute only this process's `rows` of each global batch, with outputs laid out over
@@ -138,7 +139,8 @@ class CompiledProgram:
         jit = jax.jit if placement is None else functools.partial(jax.jit, out_shardings=placement.local_sharding)
         self._run = jit(run)
         self._gather_and_run = jit(gather_and_run)
-        self._expand_gather_and_run = jit(expand_gather_and_run)
+        # Public: the iterator calls it directly, one Python call less per batch.
+        self.expand_program = jit(expand_gather_and_run)
         self._sample_chunk = jax.jit(sample_chunk)
 
     def values(self) -> list:
@@ -164,7 +166,7 @@ class CompiledProgram:
         """One batch of a `sample_chunk`: indices from its items (`Sampler.device_expand`), device
         gather and stages, one program without loops. `values`: `self.values()`, when the caller
         has just read them."""
-        return self._expand_gather_and_run(self.values() if values is None else values, arrays, params, row)
+        return self.expand_program(self.values() if values is None else values, arrays, params, row)
 
     def output_spec(self, data: dict, indices: jax.ShapeDtypeStruct) -> dict:
         """What `run` returns for a batch of these shapes, traced abstractly (nothing compiled or run)."""

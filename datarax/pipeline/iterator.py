@@ -123,8 +123,12 @@ class PipelineIterator(Iterator[dict]):
         self._ahead.clear()
         # A device-resident source steps through this schedule on the caller's thread; a
         # host-resident one gets its own in the producer when that starts.
-        resident = self._pipeline.source.device_arrays() is not None
-        self._schedule = self.upcoming() if resident else None
+        p = self._pipeline
+        arrays = p.source.device_arrays()
+        if arrays is not None and p.placement is not None:
+            arrays = p.placement.device_arrays(arrays)
+        self._arrays = arrays  # the device-resident arrays as the program takes them (None: host-resident)
+        self._schedule = self.upcoming() if arrays is not None else None
 
     def _start_host(self) -> None:
         self._stop_host()
@@ -146,7 +150,8 @@ class PipelineIterator(Iterator[dict]):
             self._host = None
 
     def _dispatch(self, arrays, epoch: int, position: int, values: list):
-        """Dispatches the device-resident batch at `(epoch, position)`; returns its output (not waited on)."""
+        """Dispatches the device-resident batch at `(epoch, position)` when it is not the next row
+        of the current chunk (a new epoch or chunk, or a host-only sampler); returns its output."""
         p = self._pipeline
         if self._params_epoch != epoch:
             self._params, self._params_epoch = p.sampler.device_params(epoch), epoch
@@ -156,18 +161,16 @@ class PipelineIterator(Iterator[dict]):
             idx = p.sampler.indices(positions, epoch).astype(np.int32)
             num_valid = min(p.batch_size, len(p.sampler) - position)
             return p.compiled.gather_and_run(arrays, idx, np.array([position, epoch, num_valid], np.int32), values)
-        chunk = self._chunk
-        k = -1 if chunk is None or chunk[0] != epoch else position - chunk[1]
-        if not (0 <= k < p.compiled.chunk_batches * p.batch_size and k % p.batch_size == 0):
-            self._chunk = chunk = (epoch, position, p.compiled.sample_chunk(params, epoch, position))
-            k = 0
-        return p.compiled.expand_gather_and_run(arrays, params, chunk[2][k // p.batch_size], values)
+        self._chunk = (epoch, position, p.compiled.sample_chunk(params, epoch, position), params)
+        return p.compiled.expand_program(values, arrays, params, self._chunk[2][0])
 
     def _next_device(self, arrays) -> tuple[int, int, int, Any]:
         """The next device-resident batch, keeping `pipeline.dispatch_ahead` more dispatched behind it."""
         p = self._pipeline
+        compiled, batch = p.compiled, p.batch_size
+        span = compiled.chunk_batches * batch
         ahead = self._ahead
-        values = p.compiled.values()
+        values = compiled.values()
         if ahead and not all(map(operator.is_, values, self._ahead_values)):
             # A stage's variables changed since those batches were dispatched: they must see the new ones.
             ahead.clear()
@@ -178,7 +181,13 @@ class PipelineIterator(Iterator[dict]):
                 step = next(self._schedule, None)
                 if step is None:
                     break
-                ahead.append((*step, self._dispatch(arrays, step[0], step[1], values)))
+                chunk = self._chunk
+                k = step[1] - chunk[1] if chunk is not None and chunk[0] == step[0] else -1
+                if 0 <= k < span and k % batch == 0:  # the next row of the chunk sampled ahead
+                    out = compiled.expand_program(values, arrays, chunk[3], chunk[2][k // batch])
+                else:
+                    out = self._dispatch(arrays, step[0], step[1], values)
+                ahead.append((*step, out))
         except BaseException:
             # Nothing was returned past the cursor: start again from it on the next call.
             ahead.clear()
@@ -191,7 +200,7 @@ class PipelineIterator(Iterator[dict]):
     def __next__(self) -> dict:
         p = self._pipeline
         placement = p.placement
-        arrays = p.source.device_arrays()
+        arrays = self._arrays
         stream_state = None
         if arrays is None:
             if self._host is None:
@@ -209,8 +218,6 @@ class PipelineIterator(Iterator[dict]):
                 self._stop_host()
                 raise
         else:
-            if placement is not None:
-                arrays = placement.device_arrays(arrays)
             epoch, position, num_valid, out = self._next_device(arrays)
         self._epoch, self._position = epoch, position + num_valid
         self._stream_state = stream_state

@@ -56,7 +56,7 @@ def per_batch_jaxpr(pipeline: Pipeline):
     params = pipeline.sampler.device_params(0)
     rows = compiled.sample_chunk(params, 0, 0)
     arrays = pipeline.source.device_arrays()
-    return jax.make_jaxpr(compiled._expand_gather_and_run)(compiled.values(), arrays, params, rows[0]).jaxpr
+    return jax.make_jaxpr(compiled.expand_program)(compiled.values(), arrays, params, rows[0]).jaxpr
 
 
 def sample_jaxpr(pipeline: Pipeline):
@@ -173,16 +173,16 @@ def test_batches_dispatched_ahead_see_a_parameter_changed_before_they_are_return
 def test_a_failed_dispatch_loses_no_batch(monkeypatch):
     pipeline = build(50, 8, stochastic=False, dispatch_ahead=2)
     reference = [np.asarray(b["id"]) for b in build(50, 8, stochastic=False).epochs(1)]
-    real = type(pipeline.compiled).expand_gather_and_run
+    real = pipeline.compiled.expand_program
     calls = {"n": 0}
 
-    def flaky(self, *args):
+    def flaky(*args):
         calls["n"] += 1
         if calls["n"] == 4:
             raise RuntimeError("device lost")
-        return real(self, *args)
+        return real(*args)
 
-    monkeypatch.setattr(type(pipeline.compiled), "expand_gather_and_run", flaky)
+    monkeypatch.setattr(pipeline.compiled, "expand_program", flaky)
     it = pipeline.epochs(1)
     got = [np.asarray(next(it)["id"])]  # dispatches batches 0-2
     with pytest.raises(RuntimeError, match="device lost"):

@@ -75,7 +75,7 @@ def test_sharded_batches_are_the_unsharded_batches_as_global_arrays(case):
             # Padding rows repeat the epoch's last record (positions are clipped to the epoch's end).
             np.testing.assert_array_equal(ids[valid:], np.full(batch_size - valid, ref["id"][-1]))
     if case["resident"]:  # the padded final batch reuses the compiled step
-        assert pipeline.compiled._expand_gather_and_run._cache_size() == 1
+        assert pipeline.compiled.expand_program._cache_size() == 1
 
 
 def test_each_device_transforms_only_its_rows():
@@ -99,7 +99,7 @@ def test_the_sharded_data_step_has_no_cross_device_collectives():
     rows = compiled.sample_chunk(params, 0, 0)
     programs = {
         "sample": compiled._sample_chunk.lower(params, np.array([0, 0], np.int32)),
-        "expand+gather+stages": compiled._expand_gather_and_run.lower(compiled.values(), arrays, params, rows[0]),
+        "expand+gather+stages": compiled.expand_program.lower(compiled.values(), arrays, params, rows[0]),
         "gather+stages": compiled._gather_and_run.lower(compiled.values(), arrays, ids, meta),
     }
     host = build(resident=False, sharding=DataSharding.data_parallel())
