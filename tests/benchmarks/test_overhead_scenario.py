@@ -41,3 +41,12 @@ def test_a_tiny_run_reports_each_row_in_microseconds_per_batch():
                                                            abs=0.02)
         assert "us/batch vs floor" in r["settings"]
     assert rows[2]["ahead0_us_per_batch"] > 0 and "dispatch_ahead=0" in rows[2]["settings"]
+
+
+def test_the_dispatch_sweep_reports_every_depth_for_both_consumers():
+    from benchmarks import dispatch_sweep
+
+    results = dispatch_sweep.sweep(repeats=1, records=256)
+    assert set(results) == {"synced", "unsynced"}
+    for by_depth in results.values():
+        assert list(by_depth) == list(dispatch_sweep.DEPTHS) and all(us > 0 for us in by_depth.values())
