@@ -75,12 +75,13 @@ class DataSourceModule(nnx.Module, abc.ABC):
         return f"{type(self).__qualname__}(len={len(self)}, spec={spec})"
 
 
-def gather_device(arrays: dict[str, jax.Array], indices: jax.Array) -> dict[str, jax.Array]:
-    """The device-side gather used inside the pipeline's compiled step.
+def gather_device(arrays: dict[str, jax.Array], indices: jax.Array, mode: str = "fill") -> dict[str, jax.Array]:
+    """The device-side gather used inside the pipeline's compiled programs.
 
-    The indices are always in range (a final short batch repeats its last position), so the mode
-    changes no value; `fill` (jnp.take's default) is the one a hand-written step uses, and on
-    XLA:CPU it measured 20-40 us faster than `clip` per batch for a consumer that waits on every
-    step (docs/benchmarks.md, "Per-batch overhead").
+    The indices are always in range (a final short batch repeats its last position), so `mode`
+    changes no value, only the code XLA makes. `fill` (jnp.take's default, the one a hand-written
+    step uses) measured 20-40 us faster than `clip` per batch on XLA:CPU for a consumer that
+    waits on every step (docs/benchmarks.md, "Per-batch overhead"); `ScanRunner`, one call per
+    epoch, keeps `clip`, with which its compiled epoch was measured.
     """
-    return {k: jax.numpy.take(v, indices, axis=0, mode="fill") for k, v in arrays.items()}
+    return {k: jax.numpy.take(v, indices, axis=0, mode=mode) for k, v in arrays.items()}

@@ -193,7 +193,7 @@ class _Functions:
     def __init__(self, graphdef, train_step: Callable, raw: bool):
         def step(state, arrays, idx, meta, num_valid=None):
             program, *modules = nnx.merge(graphdef, state)
-            data = gather_device(arrays, idx)
+            data = gather_device(arrays, idx, mode="clip")
             ctx = make_context(idx, meta[1], meta[2])
             if raw:
                 if num_valid is not None:
