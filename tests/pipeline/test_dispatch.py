@@ -236,7 +236,7 @@ def test_python_work_per_batch_does_not_grow_with_the_batch_the_data_or_the_stag
     variables = len(chain.compiled.values())
     # The stages add one read per variable of theirs (a flat list, no traversal of the stages).
     assert python_calls_per_next(chain) == base + variables
-    assert base <= 12
+    assert base <= 6  # 4 on CPython 3.11: __next__, _next_device, values, the schedule generator
 
 
 def test_warps_are_separated_by_a_branch_on_the_cpu_only(monkeypatch):
