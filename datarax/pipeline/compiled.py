@@ -65,9 +65,9 @@ class CompiledProgram:
     stages, indices from the host) take `meta = int32[3] = (start, epoch, num_valid)`, one small
     array rather than three Python scalars. A device-resident pipeline whose sampler runs on the
     device uses `sample_chunk` (the sampler, once per `chunk_batches` batches) and
-    `expand_gather_and_run` (one batch of the chunk: gather + stages, every input already on the
-    device, no data-dependent loop; its jitted function is `expand_program(values, arrays, params,
-    row)`).
+    `expand_program(values, arrays, params, row)`, the jitted program for one batch of the chunk:
+    indices from its items (`Sampler.device_expand`), gather and stages, every input already on
+    the device, no data-dependent loop.
 
     A sharded pipeline passes `placement` (a `datarax.sharding.BatchPlacement`): the functions
     then compute only this process's `rows` of each global batch, with outputs laid out over
@@ -139,7 +139,7 @@ class CompiledProgram:
         jit = jax.jit if placement is None else functools.partial(jax.jit, out_shardings=placement.local_sharding)
         self._run = jit(run)
         self._gather_and_run = jit(gather_and_run)
-        # Public: the iterator calls it directly, one Python call less per batch.
+        # Public and called directly by the iterator (no wrapper method): one Python call less per batch.
         self.expand_program = jit(expand_gather_and_run)
         self._sample_chunk = jax.jit(sample_chunk)
 
@@ -158,15 +158,9 @@ class CompiledProgram:
         """Dispatches the sampling program for the `chunk_batches` batches from `start` of `epoch`.
 
         Returns one device array per batch, `int32[3 + rows] = (start, epoch, num_valid,
-        items...)` (items from `Sampler.device_order`), for `expand_gather_and_run`.
+        items...)` (items from `Sampler.device_order`), for `expand_program`.
         """
         return self._sample_chunk(params, np.array([start, epoch], np.int32))
-
-    def expand_gather_and_run(self, arrays, params, row: jax.Array, values: list | None = None):
-        """One batch of a `sample_chunk`: indices from its items (`Sampler.device_expand`), device
-        gather and stages, one program without loops. `values`: `self.values()`, when the caller
-        has just read them."""
-        return self.expand_program(self.values() if values is None else values, arrays, params, row)
 
     def output_spec(self, data: dict, indices: jax.ShapeDtypeStruct) -> dict:
         """What `run` returns for a batch of these shapes, traced abstractly (nothing compiled or run)."""
