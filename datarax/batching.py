@@ -11,6 +11,7 @@ sliced off before the batch is returned. Regrouping records inside a pipeline is
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -60,7 +61,28 @@ def schedule(length: int, batch_size: int, *, drop_remainder: bool = False, epoc
         epoch, position = epoch + 1, 0
 
 
-def padded_positions(start: int, rows: np.ndarray, length: int) -> np.ndarray:
+def chunk_schedule(length: int, batch_size: int, count: int, *, drop_remainder: bool, epoch: int,
+                   position: int) -> np.ndarray:
+    """`int32[count, 3]`: `(position, epoch, num_valid)` of the next `count` batches of `epoch` from
+    `position`, as `schedule` lists them; rows past the epoch's last batch are `(length, epoch, 0)`.
+
+    Example:
+        >>> chunk_schedule(5, 2, 4, drop_remainder=False, epoch=1, position=2).tolist()
+        [[2, 1, 2], [4, 1, 1], [5, 1, 0], [5, 1, 0]]
+    """
+    table = np.tile(np.array([length, epoch, 0], np.int32), (count, 1))
+    steps = itertools.islice(schedule(length, batch_size, drop_remainder=drop_remainder, epoch=epoch,
+                                      position=position, end_epoch=epoch + 1), count)
+    for row, (_, start, valid) in zip(table, steps):
+        row[0], row[2] = start, valid
+    return table
+
+
+def padded_positions(start, rows, length: int, xp=np):
     """The epoch positions of batch rows `rows` for a batch starting at `start`: rows past the
-    end of the epoch repeat its last position (padding, masked out by the iterator)."""
-    return np.minimum(start + rows, length - 1)
+    end of the epoch repeat its last position (padding, masked out by the iterator).
+
+    `xp` is the array module (`jax.numpy` inside a compiled program); no intermediate exceeds
+    `length`, so int32 positions cannot overflow.
+    """
+    return start + xp.minimum(rows, length - 1 - start)

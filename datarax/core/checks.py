@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+MAX_INT32 = 2**31 - 1
+
 
 def describe(value: Any) -> str:
     """A short description of a value for error messages: shape and dtype of arrays, else a clipped repr."""

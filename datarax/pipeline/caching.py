@@ -66,6 +66,7 @@ def build_cache(pipeline: Pipeline, program: nnx.Module) -> dict[str, np.ndarray
     """`program`'s output for every record, in storage order (one compiled call per batch)."""
     source, batch = pipeline.source, pipeline.batch_size
     compiled = CompiledProgram(program)
+    values = compiled.values()
     arrays = source.device_arrays()
     n = len(source)
     parts: list[dict] = []
@@ -73,9 +74,9 @@ def build_cache(pipeline: Pipeline, program: nnx.Module) -> dict[str, np.ndarray
         ids = np.minimum(np.arange(start, start + batch), n - 1).astype(np.int32)
         meta = np.array([start, 0, min(batch, n - start)], np.int32)
         if arrays is None:
-            out = compiled.run(jax.device_put(source.get_batch(ids)), ids, meta)
+            out = compiled.run(values, jax.device_put(source.get_batch(ids)), ids, meta)
         else:
-            out = compiled.gather_and_run(arrays, ids, meta)
+            out = compiled.gather_and_run(values, arrays, ids, meta)
         parts.append(out)
     host = jax.device_get(parts)
     return {k: np.concatenate([p[k] for p in host])[:n] for k in host[0]}

@@ -1,19 +1,21 @@
 """One jitted program per batch: gather (when device-resident) + every stage, fused.
 
-The stage modules' variables are read on every call (a list of arrays, a few microseconds), so
-parameters a training step updates in place are always the ones used, without paying for a
-full NNX graph traversal per batch.
+The stage modules' variables are read on every call as a flat list of arrays, so parameters a
+training step updates in place are always the ones used, without a full NNX graph traversal per
+batch.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from datarax.batching import num_batches, padded_positions
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, describe, planned_record_keys
 from datarax.core.source import gather_device
@@ -59,17 +61,20 @@ def make_context(record_ids: jax.Array, epoch: jax.Array, num_valid: jax.Array,
 
 
 class CompiledProgram:
-    """The jitted batch functions of one pipeline (built once).
+    """The jitted batch programs of one pipeline (built once), called directly (no wrappers):
 
-    `run` (stages on a batch already on the device) and `gather_and_run` (device gather +
-    stages, indices from the host) take `meta = int32[3] = (start, epoch, num_valid)`, one small
-    array rather than three Python scalars. A device-resident pipeline whose sampler runs on the
-    device uses `sample_chunk` (the sampler, once per `chunk_batches` batches) and
-    `expand_program(values, arrays, params, row)`, the jitted program for one batch of the chunk:
-    indices from its items (`Sampler.device_expand`), gather and stages, every input already on
-    the device, no data-dependent loop.
+    - `run(values, data, indices, meta)`: the stages on a batch already on the device;
+    - `gather_and_run(values, arrays, indices, meta)`: device gather + stages, indices from the host;
+    - `sample_chunk(params, metas)`: the sampler (`Sampler.device_order`) for `chunk_batches`
+      batches at once, one `int32[3 + rows] = (start, epoch, num_valid, items...)` row each;
+    - `expand_gather_and_run(values, arrays, params, row)`: one batch of a sampled chunk: indices
+      from its row (`Sampler.device_expand`), gather and stages, no data-dependent loop.
 
-    A sharded pipeline passes `placement` (a `datarax.sharding.BatchPlacement`): the functions
+    `values` are the stage variables (`values()`); `meta = int32[3] = (start, epoch, num_valid)`
+    is one batch of the schedule and `metas` a chunk of them (`datarax.batching.chunk_schedule`),
+    computed on the host and passed down, one small array rather than Python scalars.
+
+    A sharded pipeline passes `placement` (a `datarax.sharding.BatchPlacement`): the programs
     then compute only this process's `rows` of each global batch, with outputs laid out over
     the process's devices, and add the validity field `placement.mask_key` when it is set.
     """
@@ -109,60 +114,41 @@ class CompiledProgram:
         # walk is a loop whose trip count depends on the data, and on a GPU every trip of such a
         # loop is a device-to-host round trip. Outside the per-batch program it costs those round
         # trips once per chunk, and the per-batch program has no loop. The sampling program
-        # returns one small array per batch, `(start, epoch, num_valid, items...)`, so a batch's
-        # program takes its inputs as they are: indexing a whole chunk inside it (a slot
-        # argument) let XLA:CPU fuse that index into the gathers and cost 30-60 us a batch on a
-        # 4-stage image chain (docs/benchmarks.md, `overhead`).
+        # returns one small array per batch, so a batch's program takes its inputs as they are:
+        # indexing a whole chunk inside it (a slot argument) let XLA:CPU fuse that index into the
+        # gathers and cost tens of microseconds a batch (docs/benchmarks.md, `overhead`).
         length = max(1, epoch_length)
-        step = max(1, batch_size)
-        per_epoch = -(-length // step)
+        per_epoch = num_batches(length, max(1, batch_size), drop_remainder=False)
         self.chunk_batches = max(1, min(MAX_CHUNK_BATCHES, -(-CHUNK_IDS // max(1, len(self.rows))), per_epoch))
-        chunk = self.chunk_batches
+        offsets = np.arange(len(self.rows), dtype=np.int32) if rows is None else rows
 
-        def sample_chunk(params, first):
-            """`first = int32[2] = (start, epoch)`: for each of `chunk` batches from `start` on,
-            `int32[3 + rows] = (start, epoch, num_valid, items...)`. Batches past the epoch's end
-            repeat its last position."""
-            offsets = jnp.arange(len(self.rows), dtype=jnp.int32) if rows is None else rows
-            # Written so that no intermediate exceeds the epoch length (no int32 overflow).
-            starts = first[0] + jnp.minimum(jnp.arange(chunk, dtype=jnp.int32) * step, length - first[0])
-            positions = starts[:, None] + jnp.minimum(offsets[None, :], length - 1 - starts[:, None])
+        def sample_chunk(params, metas):
+            positions = padded_positions(metas[:, :1], offsets[None, :], length, jnp)
             items = sampler.device_order(replicate(positions), params).astype(jnp.int32)
-            metas = jnp.stack([starts, jnp.broadcast_to(first[1], starts.shape), jnp.clip(length - starts, 0, step)],
-                              axis=1)
             table = jnp.concatenate([metas, items], axis=1)
-            return [replicate(table[k]) for k in range(chunk)]
+            return [replicate(table[k]) for k in range(self.chunk_batches)]
 
         def expand_gather_and_run(values, arrays, params, row):
             return gather_and_run(values, arrays, replicate(sampler.device_expand(row[3:], params)), row[:3])
 
         jit = jax.jit if placement is None else functools.partial(jax.jit, out_shardings=placement.local_sharding)
-        self._run = jit(run)
-        self._gather_and_run = jit(gather_and_run)
-        # Public and called directly by the iterator (no wrapper method): one Python call less per batch.
-        self.expand_program = jit(expand_gather_and_run)
-        self._sample_chunk = jax.jit(sample_chunk)
+        self.run = jit(run)
+        self.gather_and_run = jit(gather_and_run)
+        self.sample_chunk = jax.jit(sample_chunk)
+        self.expand_gather_and_run = jit(expand_gather_and_run)
+
+    @property
+    def expand_program(self):
+        """Deprecated name of `expand_gather_and_run`."""
+        warnings.warn("CompiledProgram.expand_program is deprecated: it is named expand_gather_and_run now",
+                      DeprecationWarning, stacklevel=2)
+        return self.expand_gather_and_run
 
     def values(self) -> list:
+        """The stage variables' current values, as the programs take them."""
         return list(map(nnx.Variable.get_raw_value, self._variables))
-
-    def run(self, data, indices, meta):
-        """Stages only, on a batch already on the device."""
-        return self._run(self.values(), data, indices, meta)
-
-    def gather_and_run(self, arrays, indices, meta, values: list | None = None):
-        """Device gather + stages, one program (indices computed on the host)."""
-        return self._gather_and_run(self.values() if values is None else values, arrays, indices, meta)
-
-    def sample_chunk(self, params, epoch: int, start: int) -> list[jax.Array]:
-        """Dispatches the sampling program for the `chunk_batches` batches from `start` of `epoch`.
-
-        Returns one device array per batch, `int32[3 + rows] = (start, epoch, num_valid,
-        items...)` (items from `Sampler.device_order`), for `expand_program`.
-        """
-        return self._sample_chunk(params, np.array([start, epoch], np.int32))
 
     def output_spec(self, data: dict, indices: jax.ShapeDtypeStruct) -> dict:
         """What `run` returns for a batch of these shapes, traced abstractly (nothing compiled or run)."""
         meta = jax.ShapeDtypeStruct((3,), jnp.int32)
-        return jax.eval_shape(self._run, self.values(), data, indices, meta)
+        return jax.eval_shape(self.run, self.values(), data, indices, meta)

@@ -5,46 +5,31 @@ from __future__ import annotations
 import operator
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import is_int
-from datarax.batching import padded_positions, schedule
+from datarax.batching import chunk_schedule, padded_positions, schedule
 from datarax.control.prefetch import Prefetcher
-from datarax.pipeline.state import MAX_INT32, IteratorStateError, check_state, make_state
-from datarax.sources.stream import StreamSourceModule, stream_host_batches, to_device
+from datarax.control.producers import indexed_host_batches as indexed_host_batches  # moved; importable here
+from datarax.control.producers import ring_size, stream_host_batches
+from datarax.core.checks import MAX_INT32, check_int
+from datarax.pipeline.state import CheckpointableIterator, IteratorStateError, check_state, make_state
+from datarax.sources.stream import StreamSourceModule
 
 
-def indexed_host_batches(pipeline: nnx.Module, steps: Iterator[tuple[int, int, int]]) -> Iterator[tuple]:
-    """`(epoch, position, indices, num_valid, device_batch, None)` for each of `steps`.
+class Chunk(NamedTuple):
+    """Batches sampled on the device ahead, from `start` of `epoch` (`CompiledProgram.sample_chunk`)."""
 
-    Runs on the prefetch thread. A function of its arguments, not an iterator method, so that
-    the thread does not keep the iterator alive: an iterator dropped without `close()` is
-    collected, and its `__del__` stops the thread.
-    """
-    p = pipeline
-    length = len(p.sampler)
-    ring = [None] * (p.prefetch + 3)
-    for i, (epoch, position, num_valid) in enumerate(steps):
-        idx = p.sampler.indices(padded_positions(position, p.compiled.rows, length), epoch)
-        slot = i % len(ring)
-        if ring[slot] is None:
-            ring[slot] = p.retry_policy.call(lambda: p.source.read(idx, epoch))  # noqa: B023 (called at once)
-        else:
-            p.retry_policy.call(lambda: p.source.read(idx, epoch, out=ring[slot]))  # noqa: B023
-        # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
-        # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
-        if p.placement is None:
-            batch = to_device(ring[slot])
-        else:
-            batch = jax.block_until_ready(p.placement.put({k: v.copy() for k, v in ring[slot].items()}))
-        yield epoch, position, idx, num_valid, batch, None
+    epoch: int
+    start: int
+    rows: list  # one device array per batch, for `CompiledProgram.expand_gather_and_run`
+    params: Any  # the sampler's device parameters for `epoch`
 
 
-class PipelineIterator(Iterator[dict]):
+class PipelineIterator(CheckpointableIterator):
     """Iterates a pipeline over one or more epochs.
 
     Its state, `{"version", "epoch", "position", "fingerprint", "num_records", "batch_size"}`, is
@@ -67,7 +52,7 @@ class PipelineIterator(Iterator[dict]):
         self._one_epoch = one_epoch
         self._host: Prefetcher | None = None
         self._params, self._params_epoch = None, None
-        self._chunk = None  # (epoch, start, [row per batch]) of the last sampled chunk
+        self._chunk: Chunk | None = None  # the last sampled chunk
         self._ahead: deque = deque()  # (epoch, position, num_valid, output) dispatched, not yet returned
         self._ahead_values: list = []
         self._move(start_epoch, 0, None)
@@ -108,13 +93,10 @@ class PipelineIterator(Iterator[dict]):
         if isinstance(p.source, StreamSourceModule):
             raise TypeError(f"seek cannot move a stream pipeline ({type(p.source).__name__}): its position also "
                             "needs the stream reader's state; restore a saved state with set_state")
+        check_int(epoch, "seek epoch", 0)
+        check_int(epoch, "seek epoch", high=MAX_INT32, why=" (the program holds it as int32)")
         length = len(p.sampler)
-        for name, value, high in (("epoch", epoch, None), ("position", position, length)):
-            if not is_int(value) or value < 0 or (high is not None and value > high):
-                bound = ">= 0" if high is None else f"in [0, {high}] (the epoch has {high} records)"
-                raise ValueError(f"seek {name} must be an int {bound}, got {value!r}")
-        if epoch > MAX_INT32:
-            raise ValueError(f"seek epoch must be <= {MAX_INT32} (the program holds it as int32), got {epoch!r}")
+        check_int(position, "seek position", 0, high=length, why=f" (the epoch has {length} records)")
         self._move(epoch, position, None)
 
     def _move(self, epoch: int, position: int, stream_state: dict | None) -> None:
@@ -137,7 +119,7 @@ class PipelineIterator(Iterator[dict]):
             return
         if isinstance(p.source, StreamSourceModule):
             batches = stream_host_batches(p.source, batch_size=p.batch_size, drop_remainder=p.drop_remainder,
-                                          ring_size=p.prefetch + 3, epoch=self._epoch, position=self._position,
+                                          ring_size=ring_size(p.prefetch), epoch=self._epoch, position=self._position,
                                           state=self._stream_state, end_epoch=self._end,
                                           retry_policy=p.retry_policy)
         else:
@@ -149,23 +131,26 @@ class PipelineIterator(Iterator[dict]):
             self._host.close()
             self._host = None
 
-    def _dispatch(self, arrays, epoch: int, position: int, values: list):
+    def _dispatch(self, arrays, epoch: int, position: int, num_valid: int, values: list):
         """Dispatches the device-resident batch at `(epoch, position)` when it is not the next row
         of the current chunk (a new epoch or chunk, or a host-only sampler); returns its output."""
         p = self._pipeline
         if self._params_epoch != epoch:
             self._params, self._params_epoch = p.sampler.device_params(epoch), epoch
         params = self._params
+        meta = np.array([position, epoch, num_valid], np.int32)
         if params is None:  # a host-only sampler: indices from the host, one small copy per batch
             positions = padded_positions(position, p.compiled.rows, len(p.sampler))
             idx = p.sampler.indices(positions, epoch).astype(np.int32)
-            num_valid = min(p.batch_size, len(p.sampler) - position)
-            return p.compiled.gather_and_run(arrays, idx, np.array([position, epoch, num_valid], np.int32), values)
-        self._chunk = (epoch, position, p.compiled.sample_chunk(params, epoch, position), params)
-        return p.compiled.expand_program(values, arrays, params, self._chunk[2][0])
+            return p.compiled.gather_and_run(values, arrays, idx, meta)
+        metas = chunk_schedule(len(p.sampler), p.batch_size, p.compiled.chunk_batches,
+                               drop_remainder=p.drop_remainder, epoch=epoch, position=position)
+        self._chunk = Chunk(epoch, position, p.compiled.sample_chunk(params, metas), params)
+        return p.compiled.expand_gather_and_run(values, arrays, params, self._chunk.rows[0])
 
     def _next_device(self, arrays) -> tuple[int, int, int, Any]:
-        """The next device-resident batch, keeping `pipeline.dispatch_ahead` more dispatched behind it."""
+        """`(epoch, position, num_valid, output)` of the next device-resident batch, keeping
+        `pipeline.dispatch_ahead` more dispatched behind it."""
         p = self._pipeline
         compiled, batch = p.compiled, p.batch_size
         span = compiled.chunk_batches * batch
@@ -181,13 +166,14 @@ class PipelineIterator(Iterator[dict]):
                 step = next(self._schedule, None)
                 if step is None:
                     break
+                epoch, position, num_valid = step
                 chunk = self._chunk
-                k = step[1] - chunk[1] if chunk is not None and chunk[0] == step[0] else -1
+                k = position - chunk.start if chunk is not None and chunk.epoch == epoch else -1
                 if 0 <= k < span and k % batch == 0:  # the next row of the chunk sampled ahead
-                    out = compiled.expand_program(values, arrays, chunk[3], chunk[2][k // batch])
+                    out = compiled.expand_gather_and_run(values, arrays, chunk.params, chunk.rows[k // batch])
                 else:
-                    out = self._dispatch(arrays, step[0], step[1], values)
-                ahead.append((*step, out))
+                    out = self._dispatch(arrays, epoch, position, num_valid, values)
+                ahead.append((epoch, position, num_valid, out))
         except BaseException:
             # Nothing was returned past the cursor: start again from it on the next call.
             ahead.clear()
@@ -206,9 +192,10 @@ class PipelineIterator(Iterator[dict]):
             if self._host is None:
                 self._start_host()
             try:
-                epoch, position, idx, num_valid, batch, stream_state = next(self._host)
-                meta = np.array([position, epoch, num_valid], np.int32)
-                out = p.compiled.run(batch, idx.astype(np.int32), meta)
+                got = next(self._host)
+                meta = np.array([got.position, got.epoch, got.num_valid], np.int32)
+                out = p.compiled.run(p.compiled.values(), got.data, got.indices.astype(np.int32), meta)
+                epoch, position, num_valid, stream_state = got.epoch, got.position, got.num_valid, got.stream_state
             except StopIteration:
                 raise
             except BaseException:
@@ -287,25 +274,7 @@ class PipelineIterator(Iterator[dict]):
         self._stop_host()
         self._ahead.clear()
 
-    def __enter__(self) -> PipelineIterator:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def __del__(self):
         host = getattr(self, "_host", None)
         if host is not None:
             host.stop()
-
-    async def save(self, directory):
-        """Orbax v1 `StatefulCheckpointable` protocol (see `datarax.checkpoint`)."""
-        from datarax.checkpoint.orbax import iterator_save
-
-        return await iterator_save(self, directory)
-
-    async def load(self, directory):
-        """Orbax v1 `StatefulCheckpointable` protocol (see `datarax.checkpoint`)."""
-        from datarax.checkpoint.orbax import iterator_load
-
-        return await iterator_load(self, directory)

@@ -75,7 +75,7 @@ def test_each_bucket_compiles_once_and_the_order_changes_by_epoch():
             pass
     # Host-resident (the records are decoded by a host stage): each bucket's program compiled once,
     # its final short batch padded, over two epochs.
-    assert [p.compiled._run._cache_size() for p in pipeline.pipelines] == [1, 1, 1]
+    assert [p.compiled.run._cache_size() for p in pipeline.pipelines] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("stop", [0, 5, 17, 30])

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from datarax import Pipeline
+from datarax.batching import chunk_schedule
 from datarax.core.operator import OperatorConfig, OperatorModule
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
@@ -51,17 +52,22 @@ def primitives(jaxpr) -> list:
     return found
 
 
+def first_chunk(pipeline: Pipeline) -> np.ndarray:
+    return chunk_schedule(len(pipeline.sampler), pipeline.batch_size, pipeline.compiled.chunk_batches,
+                          drop_remainder=pipeline.drop_remainder, epoch=0, position=0)
+
+
 def per_batch_jaxpr(pipeline: Pipeline):
     compiled = pipeline.compiled
     params = pipeline.sampler.device_params(0)
-    rows = compiled.sample_chunk(params, 0, 0)
+    rows = compiled.sample_chunk(params, first_chunk(pipeline))
     arrays = pipeline.source.device_arrays()
-    return jax.make_jaxpr(compiled.expand_program)(compiled.values(), arrays, params, rows[0]).jaxpr
+    return jax.make_jaxpr(compiled.expand_gather_and_run)(compiled.values(), arrays, params, rows[0]).jaxpr
 
 
 def sample_jaxpr(pipeline: Pipeline):
     params = pipeline.sampler.device_params(0)
-    return jax.make_jaxpr(pipeline.compiled._sample_chunk)(params, np.array([0, 0], np.int32)).jaxpr
+    return jax.make_jaxpr(pipeline.compiled.sample_chunk)(params, first_chunk(pipeline)).jaxpr
 
 
 # Powers of two, one past them, and sizes whose Feistel domain is up to 4x the records (long walks).
@@ -173,7 +179,7 @@ def test_batches_dispatched_ahead_see_a_parameter_changed_before_they_are_return
 def test_a_failed_dispatch_loses_no_batch(monkeypatch):
     pipeline = build(50, 8, stochastic=False, dispatch_ahead=2)
     reference = [np.asarray(b["id"]) for b in build(50, 8, stochastic=False).epochs(1)]
-    real = pipeline.compiled.expand_program
+    real = pipeline.compiled.expand_gather_and_run
     calls = {"n": 0}
 
     def flaky(*args):
@@ -182,7 +188,7 @@ def test_a_failed_dispatch_loses_no_batch(monkeypatch):
             raise RuntimeError("device lost")
         return real(*args)
 
-    monkeypatch.setattr(pipeline.compiled, "expand_program", flaky)
+    monkeypatch.setattr(pipeline.compiled, "expand_gather_and_run", flaky)
     it = pipeline.epochs(1)
     got = [np.asarray(next(it)["id"])]  # dispatches batches 0-2
     with pytest.raises(RuntimeError, match="device lost"):

@@ -105,8 +105,8 @@ def test_final_short_batch_kept_or_dropped_and_never_recompiles():
     sizes = [len(b["id"]) for b in pipeline]
     assert sizes == [8] * 5 + [5]
     assert len(pipeline) == 6
-    assert pipeline.compiled.expand_program._cache_size() == 1
-    assert pipeline.compiled._sample_chunk._cache_size() == 1
+    assert pipeline.compiled.expand_gather_and_run._cache_size() == 1
+    assert pipeline.compiled.sample_chunk._cache_size() == 1
     dropped = build(45, 8, drop_remainder=True)
     assert [len(b["id"]) for b in dropped] == [8] * 5 and len(dropped) == 5
 

@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from datarax import Pipeline
+from datarax.batching import chunk_schedule
 from datarax.core.operator import OperatorConfig, OperatorModule
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.sharding import DataSharding
@@ -75,7 +76,7 @@ def test_sharded_batches_are_the_unsharded_batches_as_global_arrays(case):
             # Padding rows repeat the epoch's last record (positions are clipped to the epoch's end).
             np.testing.assert_array_equal(ids[valid:], np.full(batch_size - valid, ref["id"][-1]))
     if case["resident"]:  # the padded final batch reuses the compiled step
-        assert pipeline.compiled.expand_program._cache_size() == 1
+        assert pipeline.compiled.expand_gather_and_run._cache_size() == 1
 
 
 def test_each_device_transforms_only_its_rows():
@@ -96,15 +97,17 @@ def test_the_sharded_data_step_has_no_cross_device_collectives():
     resident = build(sharding=DataSharding.data_parallel())
     compiled, arrays = resident.compiled, resident.placement.device_arrays(resident.source.device_arrays())
     params = resident.sampler.device_params(0)
-    rows = compiled.sample_chunk(params, 0, 0)
+    metas = chunk_schedule(len(resident.sampler), resident.batch_size, compiled.chunk_batches,
+                           drop_remainder=resident.drop_remainder, epoch=0, position=0)
+    rows = compiled.sample_chunk(params, metas)
     programs = {
-        "sample": compiled._sample_chunk.lower(params, np.array([0, 0], np.int32)),
-        "expand+gather+stages": compiled.expand_program.lower(compiled.values(), arrays, params, rows[0]),
-        "gather+stages": compiled._gather_and_run.lower(compiled.values(), arrays, ids, meta),
+        "sample": compiled.sample_chunk.lower(params, metas),
+        "expand+gather+stages": compiled.expand_gather_and_run.lower(compiled.values(), arrays, params, rows[0]),
+        "gather+stages": compiled.gather_and_run.lower(compiled.values(), arrays, ids, meta),
     }
     host = build(resident=False, sharding=DataSharding.data_parallel())
     batch = host.placement.put(host.source.get_batch(ids))
-    programs["stages"] = host.compiled._run.lower(host.compiled.values(), batch, ids, meta)
+    programs["stages"] = host.compiled.run.lower(host.compiled.values(), batch, ids, meta)
     for name, lowered in programs.items():
         assert COLLECTIVES.findall(lowered.compile().as_text()) == [], name
 

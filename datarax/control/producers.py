@@ -1,0 +1,155 @@
+"""Batch producers: the generators a host-resident pipeline runs on its prefetch thread.
+
+Each yields one `HostBatch` per batch, its data already copied to the device out of one of
+`ring_size(prefetch)` reused host buffers. They are functions of their arguments, not iterator
+methods, so the prefetch thread does not keep the iterator alive: an iterator dropped without
+`close()` is collected, and its `__del__` stops the thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from datarax.batching import padded_positions
+
+
+class HostBatch(NamedTuple):
+    """One batch from a producer, at `(epoch, position)` of the schedule."""
+
+    epoch: int
+    position: int
+    indices: np.ndarray  # the record id of each row (padding rows repeat the last one)
+    num_valid: int
+    data: dict  # the batch on the device
+    stream_state: dict | None  # a stream reader's state after this batch (None: random access)
+
+
+def ring_size(prefetch: int) -> int:
+    """Reused host buffers a producer cycles through for a prefetch queue of `prefetch` batches.
+
+    A buffer is refilled only after every batch that may still be read from it is done: the
+    `prefetch` queued, the one the consumer holds, the one being produced, and one for the
+    copy to the device still in flight.
+    """
+    return prefetch + 3
+
+
+def to_device(buffers: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """Copies reused host buffers to the default device and waits for the copy.
+
+    On CPU, `jax.device_put` may alias a 64-byte-aligned numpy buffer instead of copying it
+    (seen with jax 0.10, also with `may_alias=False`); a ring buffer refilled later would then
+    change a batch already handed out, so the copy is forced there.
+    """
+    if jax.default_backend() == "cpu":
+        return jax.block_until_ready({k: jnp.array(v, copy=True) for k, v in buffers.items()})
+    return jax.block_until_ready(jax.device_put(buffers))
+
+
+def indexed_host_batches(pipeline: Any, steps: Iterator[tuple[int, int, int]]) -> Iterator[HostBatch]:
+    """A random-access source's batches for each `(epoch, position, num_valid)` of `steps`."""
+    p = pipeline
+    length = len(p.sampler)
+    ring = [None] * ring_size(p.prefetch)
+    for i, (epoch, position, num_valid) in enumerate(steps):
+        idx = p.sampler.indices(padded_positions(position, p.compiled.rows, length), epoch)
+        slot = i % len(ring)
+        if ring[slot] is None:
+            ring[slot] = p.retry_policy.call(lambda: p.source.read(idx, epoch))  # noqa: B023 (called at once)
+        else:
+            p.retry_policy.call(lambda: p.source.read(idx, epoch, out=ring[slot]))  # noqa: B023
+        # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
+        # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
+        if p.placement is None:
+            batch = to_device(ring[slot])
+        else:
+            batch = jax.block_until_ready(p.placement.put({k: v.copy() for k, v in ring[slot].items()}))
+        yield HostBatch(epoch, position, idx, num_valid, batch, None)
+
+
+def _pad(buffers: dict[str, np.ndarray], valid: int) -> None:
+    # The padded tail repeats the last record, as the random-access path clips its indices.
+    for buf in buffers.values():
+        buf[valid:] = buf[valid - 1]
+
+
+class _EpochReader:
+    """One epoch's reader that a failed read closes; the next read reopens it where the batch began.
+
+    The reader may have consumed part of a batch before failing, so a retry (by a retry policy,
+    or by the next `next()` of the iterator) reopens it at the state after the last full batch.
+    """
+
+    def __init__(self, source: Any, epoch: int, state: dict[str, Any] | None):
+        self._source, self._epoch, self._state = source, epoch, state
+        self._reader = None
+
+    def read(self, buffers: dict[str, np.ndarray], count: int) -> int:
+        if self._reader is None:
+            self._reader = self._source.open(self._epoch, self._state)
+        try:
+            return self._reader.read(buffers, 0, count)
+        except BaseException:
+            self.close()
+            raise
+
+    def commit(self) -> dict[str, Any]:
+        """The state after the records read so far, where a later failed read restarts."""
+        self._state = self._reader.get_state()
+        return self._state
+
+    def close(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+
+
+def stream_host_batches(source: Any, *, batch_size: int, drop_remainder: bool, ring_size: int,
+                        epoch: int, position: int, state: dict[str, Any] | None,
+                        end_epoch: int | None, retry_policy: Any = None) -> Iterator[HostBatch]:
+    """A `datarax.sources.StreamSourceModule`'s batches from (`epoch`, `position`, `state`) on.
+
+    Each batch is `batch_size` rows (a short final batch padded), copied to the device before
+    the next read reuses its host buffer, which is one of `ring_size` buffers (more than the
+    consumer can hold at once). A read that raises is retried at the same state under
+    `retry_policy` (a `datarax.pipeline.RetryPolicy`; None: the error is raised at once).
+    """
+    spec = source.element_spec()
+    ring: list[dict[str, np.ndarray] | None] = [None] * ring_size
+    step = 0
+    while end_epoch is None or epoch < end_epoch:
+        reader = _EpochReader(source, epoch, state)
+        fresh = state is None and position == 0
+        try:
+            while True:
+                slot = step % ring_size
+                if ring[slot] is None:
+                    ring[slot] = {k: np.empty((batch_size, *s.shape), s.dtype) for k, s in spec.items()}
+                buffers = ring[slot]
+                if retry_policy is None:
+                    valid = reader.read(buffers, batch_size)
+                else:
+                    valid = retry_policy.call(lambda: reader.read(buffers, batch_size))  # noqa: B023 (called at once)
+                if valid == 0 or (drop_remainder and valid < batch_size):
+                    break
+                if valid < batch_size:
+                    _pad(buffers, valid)
+                ids = np.minimum(np.arange(position, position + batch_size, dtype=np.int64), position + valid - 1)
+                yield HostBatch(epoch, position, ids, valid, to_device(buffers), reader.commit())
+                step += 1
+                position += valid
+                fresh = False
+                if valid < batch_size:
+                    break
+        finally:
+            reader.close()
+        if fresh:
+            raise ValueError(f"{type(source).__name__} yielded no {'full ' if drop_remainder else ''}batch in epoch "
+                             f"{epoch}; the stream is empty (or shorter than batch_size={batch_size} with "
+                             "drop_remainder=True)")
+        epoch, position, state = epoch + 1, 0, None
