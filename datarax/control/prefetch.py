@@ -18,6 +18,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
+from datarax.core.checks import check_int
+
 T = TypeVar("T")
 
 _DONE = object()
@@ -46,8 +48,7 @@ class Prefetcher(Iterator[T], Generic[T]):
     """
 
     def __init__(self, source: Iterator[T], buffer_size: int = 2, name: str = "datarax-prefetch"):
-        if not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
+        check_int(buffer_size, "buffer_size", 1)
         self._source = source
         self._queue: queue.Queue = queue.Queue(maxsize=buffer_size)
         self._stop = threading.Event()

@@ -1,7 +1,6 @@
 """Pipelines: linear stage chains and DAGs, compiled into one program per batch."""
 
 from datarax.pipeline.buckets import BucketedPipeline as BucketedPipeline
-from datarax.pipeline.buckets import SubsetSource as SubsetSource
 from datarax.pipeline.caching import CachingIterator as CachingIterator
 from datarax.pipeline.chain import Chain as Chain
 from datarax.pipeline.dag import DagError as DagError
@@ -13,3 +12,4 @@ from datarax.pipeline.scan import ScanBatch as ScanBatch
 from datarax.pipeline.scan import ScanRunner as ScanRunner
 from datarax.pipeline.scan import scan_epoch as scan_epoch
 from datarax.pipeline.state import IteratorStateError as IteratorStateError
+from datarax.sources.subset import SubsetSource as SubsetSource

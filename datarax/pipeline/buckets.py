@@ -11,7 +11,8 @@ Exact epochs and resume hold as for one pipeline: every record is in exactly one
 every bucket pipeline covers its records once per epoch. The iterator state is
 `{version, epoch, position, fingerprint}`, `position` counting the epoch's batches so far; each
 bucket's place follows from the epoch's interleave order by arithmetic (how many of the first
-`position` batches came from it), with no replay.
+`position` batches came from it), with no replay. A `BucketedIterator` goes into an Orbax
+checkpoint (or a `datarax.train.Checkpointer`) like a pipeline iterator.
 
     >>> lengths = [len(tokenizer.encode(d).ids) for d in documents]
     >>> pipeline = BucketedPipeline(TextSource(documents), lengths, (64, 128, 256),
@@ -25,55 +26,17 @@ size, order or resume point here either.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
-from datarax.core.checks import check_bool, check_int, is_int
+from datarax.core.checks import check_bool, check_positive_int
 from datarax.core.source import DataSourceModule
 from datarax.pipeline.pipeline import Pipeline
-from datarax.pipeline.state import STATE_VERSION, IteratorStateError, fingerprint
+from datarax.pipeline.state import CheckpointableIterator, Epochs, check_state, fingerprint, make_state
 from datarax.samplers.feistel import validate_seed
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
-
-
-class SubsetSource(DataSourceModule):
-    """The records of `source` at `indices`, as a source of their own (record i is `indices[i]`)."""
-
-    def __init__(self, source: DataSourceModule, indices: np.ndarray, *, shuffle: bool = False, seed: int = 0):
-        if not isinstance(source, DataSourceModule):
-            raise TypeError(f"SubsetSource needs a random-access source, got {type(source).__name__}")
-        indices = np.asarray(indices, np.int64)
-        if indices.ndim != 1 or indices.size == 0 or indices.min() < 0 or indices.max() >= len(source):
-            raise ValueError(f"indices must be a non-empty 1-D array of record ids in [0, {len(source)}), "
-                             f"got shape {indices.shape}")
-        self.source = source
-        self.indices = indices
-        self.shuffle = check_bool(shuffle, "shuffle")
-        self.seed = validate_seed(seed)
-
-    def __len__(self) -> int:
-        return int(self.indices.size)
-
-    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
-        return self.source.element_spec()
-
-    def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        return self.source.get_batch(self.indices[np.asarray(indices, np.int64)], out)
-
-    def describe_record(self, record_id: int) -> str:
-        original = int(self.indices[record_id])
-        return f"{self.source.describe_record(original)} (record {original} of the full source)"
-
-    def default_sampler(self):
-        return ShuffleSampler(len(self), self.seed) if self.shuffle else SequentialSampler(len(self))
-
-    def structure(self) -> str:
-        digest = hashlib.sha256(self.indices.tobytes()).hexdigest()[:12]
-        return f"SubsetSource({self.source.structure()}, n={len(self)}, indices={digest}, shuffle={self.shuffle})"
+from datarax.sources.subset import SubsetSource as SubsetSource  # moved to datarax.sources; importable here
 
 
 def assign_buckets(lengths: Sequence[int], boundaries: Sequence[int]) -> np.ndarray:
@@ -82,7 +45,14 @@ def assign_buckets(lengths: Sequence[int], boundaries: Sequence[int]) -> np.ndar
     return np.minimum(np.searchsorted(np.asarray(boundaries), lengths, side="left"), len(boundaries) - 1)
 
 
-class BucketedPipeline:
+def interleave_permutation(seed: int, epoch: int, size: int) -> np.ndarray:
+    """The shuffled interleave order of an epoch's `size` batches: a permutation keyed by
+    `(seed, epoch)` (Philox, under its own key word so it draws apart from other streams)."""
+    rng = np.random.Generator(np.random.Philox(key=[seed, 0xB0C4E7], counter=[0, 0, epoch, 0]))
+    return rng.permutation(size)
+
+
+class BucketedPipeline(Epochs):
     """One pipeline per length bucket, interleaved (see the module docstring).
 
     Args:
@@ -104,8 +74,9 @@ class BucketedPipeline:
             raise ValueError(f"lengths must hold one non-negative int per record ({len(source)}), got "
                              f"shape {lengths.shape} dtype {lengths.dtype}")
         boundaries = tuple(boundaries)
-        if not boundaries or not all(is_int(b) and b > 0 for b in boundaries) or list(boundaries) != sorted(
-                set(boundaries)):
+        for i, b in enumerate(boundaries):
+            check_positive_int(b, f"boundaries[{i}]")
+        if not boundaries or list(boundaries) != sorted(set(boundaries)):
             raise ValueError(f"boundaries must be increasing positive ints, e.g. (64, 128, 256), got {boundaries!r}")
         if not callable(make_stages):
             raise TypeError("make_stages must be a function length -> stages, e.g. "
@@ -129,7 +100,6 @@ class BucketedPipeline:
         self.counts = np.array([len(p) for p in self.pipelines], np.int64)
         self.fingerprint = fingerprint({"buckets": self.lengths, "shuffle": self.shuffle, "seed": self.seed,
                                         "pipelines": [p.fingerprint for p in self.pipelines]})
-        self._next_epoch = 0
 
     def __len__(self) -> int:
         """Batches per epoch, over all buckets."""
@@ -139,26 +109,22 @@ class BucketedPipeline:
         """The bucket of each batch of `epoch`, in the order they are yielded."""
         order = np.repeat(np.arange(len(self.pipelines)), self.counts)
         if self.shuffle:
-            rng = np.random.Generator(np.random.Philox(key=[self.seed, 0xB0C4E7], counter=[0, 0, epoch, 0]))
-            order = order[rng.permutation(order.size)]
+            order = order[interleave_permutation(self.seed, epoch, order.size)]
         return order
 
     def __iter__(self) -> BucketedIterator:
-        start, self._next_epoch = self._next_epoch, self._next_epoch + 1
+        start = self.reserve_epochs(1)
         return BucketedIterator(self, start, start + 1)
 
     def epochs(self, num_epochs: int | None = None) -> BucketedIterator:
         """One iterator over `num_epochs` epochs from the next one (None: endless)."""
-        if num_epochs is not None:
-            check_int(num_epochs, "num_epochs", 1)
-        start = self._next_epoch
-        if num_epochs is not None:
-            self._next_epoch = start + num_epochs
+        check_positive_int(num_epochs, "num_epochs", allow_none=True)
+        start = self.reserve_epochs(num_epochs)
         return BucketedIterator(self, start, None if num_epochs is None else start + num_epochs)
 
 
-class BucketedIterator(Iterator[dict]):
-    """Iterates a `BucketedPipeline`; `get_state`/`set_state` as for a pipeline iterator."""
+class BucketedIterator(CheckpointableIterator):
+    """Iterates a `BucketedPipeline`; `get_state`/`set_state` (and `save`/`load`) as for a pipeline iterator."""
 
     def __init__(self, pipeline: BucketedPipeline, epoch: int, end: int | None):
         self.pipeline = pipeline
@@ -187,28 +153,14 @@ class BucketedIterator(Iterator[dict]):
 
     def get_state(self) -> dict[str, Any]:
         """`{version, epoch, position, fingerprint}` after the last batch (JSON-able)."""
-        return {"version": STATE_VERSION, "epoch": int(self._epoch), "position": int(self._position),
-                "fingerprint": self.pipeline.fingerprint}
+        return make_state(epoch=self._epoch, position=self._position, fingerprint=self.pipeline.fingerprint)
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continues from `state`; a state of another bucketed pipeline changes nothing and raises."""
-        if not isinstance(state, dict) or state.get("fingerprint") != self.pipeline.fingerprint:
-            raise IteratorStateError(f"this state belongs to another bucketed pipeline (fingerprint "
-                                     f"{state.get('fingerprint') if isinstance(state, dict) else state!r}, expected "
-                                     f"{self.pipeline.fingerprint}); restore it into the pipeline that saved it")
-        epoch, position = state.get("epoch"), state.get("position")
-        if not is_int(epoch) or not 0 <= epoch < 2**31 or not is_int(position) or not 0 <= position <= len(
-                self.pipeline):
-            raise IteratorStateError(f"bucketed iterator state has epoch {epoch!r} and position {position!r}; "
-                                     f"expected an epoch in [0, 2**31) and a position in [0, {len(self.pipeline)}]")
-        self._move(int(epoch), int(position))
+        epoch, position = check_state(state, fingerprint=self.pipeline.fingerprint, epoch_length=len(self.pipeline),
+                                      owner="bucketed pipeline", unit="batches")
+        self._move(epoch, position)
 
     def close(self) -> None:
         for it in self._iterators:
             it.close()
-
-    def __enter__(self) -> BucketedIterator:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -21,20 +21,19 @@ parameters change: call `refresh()` after changing them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import is_int
+from datarax.core.checks import check_int, check_positive_int
 from datarax.core.operator import StageKey, describe
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram
 from datarax.pipeline.iterator import PipelineIterator
 from datarax.pipeline.pipeline import Pipeline
-from datarax.pipeline.state import check_state, make_state
+from datarax.pipeline.state import CheckpointableIterator, check_state, make_state
 from datarax.sources.memory import MemorySource, MemorySourceConfig
 
 
@@ -45,10 +44,8 @@ def _check_prefix(pipeline: Pipeline, num_cached_stages: object) -> int:
         raise TypeError(f"CachingIterator caches a prefix of a linear pipeline's stages, but this pipeline's program "
                         f"is a {type(pipeline.program).__name__}; build it with Pipeline(stages=[...])")
     stages = pipeline.program.stages
-    k = num_cached_stages
-    if not is_int(k) or not 1 <= k <= len(stages):
-        raise ValueError(f"num_cached_stages must be an int in [1, {len(stages)}] (the pipeline has {len(stages)} "
-                         f"stages), got {k!r}")
+    k = check_int(num_cached_stages, "num_cached_stages", 1, high=len(stages),
+                  why=f" (the pipeline has {len(stages)} stages)")
     for i, stage in enumerate(stages[:k]):
         if nnx.state(stage, StageKey):
             raise ValueError(
@@ -82,7 +79,7 @@ def build_cache(pipeline: Pipeline, program: nnx.Module) -> dict[str, np.ndarray
     return {k: np.concatenate([p[k] for p in host])[:n] for k in host[0]}
 
 
-class CachingIterator(Iterator[dict]):
+class CachingIterator(CheckpointableIterator):
     """Iterates `pipeline` for `num_epochs` epochs (None: endlessly) with its first stages cached.
 
     Like `pipeline.epochs(num_epochs)`, it starts at the pipeline's next epoch. The cache is
@@ -97,8 +94,7 @@ class CachingIterator(Iterator[dict]):
 
     def __init__(self, pipeline: Pipeline, *, num_cached_stages: int, num_epochs: int | None = None):
         k = _check_prefix(pipeline, num_cached_stages)
-        if num_epochs is not None and (not is_int(num_epochs) or num_epochs < 1):
-            raise ValueError(f"num_epochs must be a positive int or None (endless), got {num_epochs!r}")
+        check_positive_int(num_epochs, "num_epochs", allow_none=True)
         self._pipeline = pipeline
         self._prefix = Chain(list(pipeline.program.stages[:k]))
         self._suffix = list(pipeline.program.stages[k:])
@@ -169,21 +165,3 @@ class CachingIterator(Iterator[dict]):
         """Stops background prefetching (idempotent); the cache is kept."""
         if self._inner is not None:
             self._inner.close()
-
-    def __enter__(self) -> CachingIterator:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    async def save(self, directory):
-        """Orbax v1 `StatefulCheckpointable` protocol (see `datarax.checkpoint`)."""
-        from datarax.checkpoint.orbax import iterator_save
-
-        return await iterator_save(self, directory)
-
-    async def load(self, directory):
-        """Orbax v1 `StatefulCheckpointable` protocol (see `datarax.checkpoint`)."""
-        from datarax.checkpoint.orbax import iterator_load
-
-        return await iterator_load(self, directory)

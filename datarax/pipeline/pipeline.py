@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import is_int
+from datarax.core.checks import check_bool, check_int, check_positive_int
 from datarax.batching import DISPATCH_AHEAD, MAX_DISPATCH_AHEAD, check_batch_size, num_batches
 from datarax.core.operator import BatchContext, OperatorModule, describe, distinct_stage_keys
 from datarax.host.stage import check_numeric, split_host_stages
@@ -19,14 +19,14 @@ from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
 from datarax.pipeline.retry import NO_RETRY, RetryPolicy
-from datarax.pipeline.state import fingerprint
+from datarax.pipeline.state import Epochs, fingerprint
 from datarax.samplers.base import Sampler
 from datarax.sharding.mesh import DataSharding
 from datarax.sharding.placement import BatchPlacement
 from datarax.sources.stream import StreamSourceModule
 
 
-class Pipeline(nnx.Module):
+class Pipeline(nnx.Module, Epochs):
     """A data pipeline whose stages are NNX modules, fused into one jitted program per batch.
 
     Iterating the pipeline yields one epoch; iterating again yields the next epoch (new order,
@@ -81,13 +81,10 @@ class Pipeline(nnx.Module):
                             f"sharding must be None, got sampler={describe(sampler)}, sharding={describe(sharding)}; "
                             "shuffle with the source's own config, and give each process its own stream")
         self.batch_size = check_batch_size(batch_size)
-        if not isinstance(drop_remainder, bool):
-            raise TypeError(f"drop_remainder must be True or False, got {drop_remainder!r}")
-        if not is_int(prefetch) or prefetch < 1:
-            raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
-        if not is_int(dispatch_ahead) or not 0 <= dispatch_ahead <= MAX_DISPATCH_AHEAD:
-            raise ValueError(f"dispatch_ahead must be an int in [0, {MAX_DISPATCH_AHEAD}] (batches kept dispatched "
-                             f"on the device), got {dispatch_ahead!r}; the default is {DISPATCH_AHEAD}")
+        check_bool(drop_remainder, "drop_remainder")
+        prefetch = check_int(prefetch, "prefetch", 1)
+        check_int(dispatch_ahead, "dispatch_ahead", 0, high=MAX_DISPATCH_AHEAD,
+                  why=" (batches kept dispatched on the device)", hint=f"; the default is {DISPATCH_AHEAD}")
         if sampler is not None and not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be a datarax Sampler, got {describe(sampler)}")
         source, stages = split_host_stages(source, stages)
@@ -109,7 +106,6 @@ class Pipeline(nnx.Module):
             raise TypeError(f"retry_policy must be a datarax.pipeline.RetryPolicy or None, got {describe(retry_policy)}")
         # Not part of the fingerprint: retries change when a batch arrives, never what it holds.
         self.retry_policy = NO_RETRY if retry_policy is None else retry_policy
-        self._next_epoch = 0
         # The fingerprint leaves the sharding out on purpose: the stream is the same on any layout.
         self.sharding = sharding
         self.placement = None if sharding is None else BatchPlacement(sharding, self.batch_size, drop_remainder)
@@ -164,38 +160,12 @@ class Pipeline(nnx.Module):
                             "has no len(); iterate it instead")
         return num_batches(len(self.sampler), self.batch_size, self.drop_remainder)
 
-    @property
-    def next_epoch(self) -> int:
-        """The epoch the next `iter(pipeline)` or `pipeline.epochs(...)` starts at."""
-        return self._next_epoch
-
-    def reserve_epochs(self, num_epochs: int | None, *, start: int | None = None) -> int:
-        """Claims epochs for an iterator and returns the first; later iterators start after them.
-
-        Claims `[start, start + num_epochs)`, from the next epoch when `start` is None.
-        `num_epochs=None` is an endless iterator, which claims none (an iterator made after it
-        starts at the same epoch). A restored iterator claims from its state's epoch, so
-        `for batch in pipeline` afterwards continues after the epochs it covers.
-
-        Example:
-            >>> first = pipeline.reserve_epochs(3)  # what pipeline.epochs(3) does
-            >>> pipeline.next_epoch == first + 3
-            True
-        """
-        for name, value in (("num_epochs", num_epochs), ("start", start)):
-            if value is not None and (not is_int(value) or value < 0):
-                raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
-        first = self._next_epoch if start is None else start
-        self._next_epoch = first + (num_epochs or 0)
-        return first
-
     def __iter__(self) -> PipelineIterator:
         return PipelineIterator(self, self.reserve_epochs(1), 1, one_epoch=True)
 
     def epochs(self, num_epochs: int | None = None) -> PipelineIterator:
         """One iterator over `num_epochs` epochs from the next one (None: endless)."""
-        if num_epochs is not None and (not is_int(num_epochs) or num_epochs < 1):
-            raise ValueError(f"num_epochs must be a positive int or None (endless), got {num_epochs!r}")
+        check_positive_int(num_epochs, "num_epochs", allow_none=True)
         return PipelineIterator(self, self.reserve_epochs(num_epochs), num_epochs, one_epoch=False)
 
     def raw_loader(self, *, ids_key: str = "record_ids", epoch_key: str = "epoch") -> Pipeline:

@@ -12,12 +12,11 @@ retried; any other error is a bug or bad data, and retrying would only repeat it
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from datarax.core.checks import is_int
+from datarax.core.checks import check_int, check_number, field
 
 T = TypeVar("T")
 
@@ -40,12 +39,12 @@ class RetryPolicy:
     max_backoff_s: float = 30.0
 
     def __post_init__(self):
-        if not is_int(self.max_retries) or self.max_retries < 0:
-            raise ValueError(f"RetryPolicy.max_retries must be an int >= 0, got {self.max_retries!r}")
+        check_int(*field(self, "max_retries"), 0)
         for name in ("backoff_s", "max_backoff_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"RetryPolicy.{name} must be a finite number of seconds >= 0, got {value!r}")
+            try:
+                check_number(*field(self, name), 0.0)
+            except TypeError as exc:  # a bad number of seconds has always been a ValueError here
+                raise ValueError(str(exc)) from None
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (0-based)."""

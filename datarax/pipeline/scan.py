@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import is_int
+from datarax.core.checks import check_bool, check_int
 from datarax.batching import padded_positions
 from datarax.core.operator import BatchContext, describe
 from datarax.core.source import gather_device
@@ -113,10 +113,8 @@ class ScanRunner:
     def __init__(self, train_step: Callable[..., Any], *, steps_per_call: int, raw: bool = False):
         if not callable(train_step):
             raise TypeError(f"train_step must be callable, got {describe(train_step)}")
-        if not is_int(steps_per_call) or steps_per_call < 1:
-            raise ValueError(f"steps_per_call must be an int >= 1, got {steps_per_call!r}")
-        if not isinstance(raw, bool):
-            raise TypeError(f"raw must be True or False, got {raw!r}")
+        check_int(steps_per_call, "steps_per_call", 1)
+        check_bool(raw, "raw")
         self.train_step = train_step
         self.steps_per_call = steps_per_call
         self.raw = raw
@@ -248,8 +246,7 @@ def _check_run(iterator, modules, num_steps) -> Pipeline:
         raise ValueError("ScanRunner needs a device-resident source (the whole epoch's data is gathered inside "
                          "the compiled scan), but this pipeline's source is host-resident; use "
                          "MemorySourceConfig(device_resident=True), or the per-step loop")
-    if num_steps is not None and (not is_int(num_steps) or num_steps < 0):
-        raise ValueError(f"num_steps must be an int >= 0 or None (until the iterator ends), got {num_steps!r}")
+    check_int(num_steps, "num_steps", 0, allow_none=True, why=" (until the iterator ends)")
     if num_steps is None and iterator.end_epoch is None:
         raise ValueError("this iterator is endless (pipeline.epochs(None)), so run() needs num_steps=...; or "
                          "iterate one epoch with iter(pipeline)")
