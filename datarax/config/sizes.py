@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from datarax.config.schema import ConfigError
+from datarax.control.producers import ring_size
 
 
 def memory_bytes() -> int | None:
@@ -87,7 +88,7 @@ def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_residen
                  dispatch_ahead: int = 0) -> None:
     """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`."""
     limit = memory_bytes()
-    in_flight = prefetch + 3 if host_resident else 2 + dispatch_ahead
+    in_flight = ring_size(prefetch) if host_resident else 2 + dispatch_ahead
     # Each row also carries its int64 record id through the sampler and the program.
     needed = batch_size * (record_bytes + 8) * in_flight
     if limit is None or needed <= limit:

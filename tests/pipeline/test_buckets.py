@@ -110,3 +110,46 @@ def test_argument_errors():
         BucketedPipeline(TextSource(docs), lengths, (16, 8), lambda n: [PadTo(n)], 4)
     with pytest.raises(ValueError, match="one non-negative int per record"):
         BucketedPipeline(TextSource(docs), lengths[:3], (8,), lambda n: [PadTo(n)], 4)
+
+
+def test_a_trainer_checkpoint_restores_a_bucketed_iterator_exactly(tmp_path):
+    """Saved beside a model and optimizer by `datarax.train.Checkpointer`, restored into a fresh
+    iterator, it continues with the batches an uninterrupted iterator gives, bitwise."""
+    import optax
+    from flax import nnx
+
+    from datarax.train import Checkpointer
+
+    def model_and_optimizer():
+        model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
+        return model, nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    uninterrupted = build().epochs(2)
+    want = [np.asarray(b["ids"]) for b in uninterrupted]
+    it = build().epochs(2)
+    for _ in range(len(want) // 2 + 3):  # into the second epoch
+        next(it)
+    model, optimizer = model_and_optimizer()
+    checkpointer = Checkpointer(tmp_path)
+    assert checkpointer.save(7, model=model, optimizer=optimizer, iterator=it, metadata={})
+    checkpointer.close()
+    fresh = build().epochs(2)
+    model, optimizer = model_and_optimizer()
+    restored = Checkpointer(tmp_path).restore_latest(model=model, optimizer=optimizer, iterator=fresh)
+    assert restored.step == 7 and fresh.get_state() == it.get_state()
+    got = [np.asarray(b["ids"]) for b in fresh]
+    assert len(got) == len(want) - (len(want) // 2 + 3)
+    for g, w in zip(got, want[len(want) - len(got):]):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_bucketed_iterator_is_an_orbax_v1_checkpointable(tmp_path):
+    v1 = pytest.importorskip("orbax.checkpoint.experimental.v1")
+    it = build().epochs(2)
+    for _ in range(5):
+        next(it)
+    v1.save_checkpointables(tmp_path / "v1", {"dataset": it})
+    want = next(it)
+    fresh = build().epochs(2)
+    v1.load_checkpointables(tmp_path / "v1", {"dataset": fresh})
+    np.testing.assert_array_equal(np.asarray(next(fresh)["ids"]), np.asarray(want["ids"]))
