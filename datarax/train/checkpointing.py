@@ -21,20 +21,17 @@ is restored. When no step can be restored, every run refuses until the user choo
 
 One process at a time: the `Checkpointer` holds an exclusive `flock` on `<directory>/.lock` while
 it is open; the operating system releases it when the process dies, so a killed run's lock never
-blocks the next one.
+blocks the next one (`datarax.train.locking`). The integrity hashes are `datarax.train.integrity`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
-import socket
 import time
 import warnings
-import weakref
 from typing import Any
 
 import jax
@@ -45,14 +42,18 @@ from flax import nnx
 from datarax.core.checks import check_int
 from datarax.checkpoint import IteratorRestore, IteratorSave
 from datarax.pipeline.state import IteratorStateError
-from datarax.train.hashing import tree_sha256
+from datarax.train.integrity import CheckpointIntegrityError as CheckpointIntegrityError
+from datarax.train.integrity import UnverifiedCheckpointWarning as UnverifiedCheckpointWarning
+from datarax.train.integrity import arrays_sha256, iterator_integrity, verify_arrays, verify_iterator
+from datarax.train.locking import LOCK_NAME as LOCK_NAME
+from datarax.train.locking import CheckpointLockedError as CheckpointLockedError
+from datarax.train.locking import DirectoryLock, ProcessTemporaryPath
 
 # 2: meta carries "integrity" (array and iterator hashes written at save time).
 FORMAT_VERSION = 2
 ON_DAMAGED = ("refuse", "start_fresh")
 # What `on_damaged=None` falls back to, so a command line run can choose without code changes.
 ON_DAMAGED_ENV = "DATARAX_ON_DAMAGED_CHECKPOINTS"
-LOCK_NAME = ".lock"
 CORRUPT_PREFIX = "corrupt-"
 
 
@@ -68,20 +69,8 @@ class CheckpointSaveError(RuntimeError):
     """A checkpoint write failed (raised from the next save, `wait` or `close` when asynchronous)."""
 
 
-class CheckpointIntegrityError(RuntimeError):
-    """A checkpoint reads back other data than was written (treated as an unreadable step)."""
-
-
-class CheckpointLockedError(RuntimeError):
-    """Another `Checkpointer` (another run, or another object in this process) holds the directory."""
-
-
 class CorruptCheckpointWarning(UserWarning):
     """The latest checkpoint could not be read; an earlier one is used instead (or a fresh start)."""
-
-
-class UnverifiedCheckpointWarning(UserWarning):
-    """A checkpoint written before integrity data existed was restored without verification."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,102 +141,6 @@ def load_into(module: nnx.Module, restored: dict) -> None:
     nnx.update(module, state)
 
 
-def _arrays_sha256(tree: dict) -> str | None:
-    """The integrity hash of a pure dict of arrays; None when this process cannot see every shard.
-
-    Arrays sharded over several hosts are not hashed (no process holds all their bytes); Orbax's
-    own checks are all that guard them.
-    """
-    if not all(getattr(leaf, "is_fully_addressable", True) for leaf in jax.tree.leaves(tree)):
-        return None
-    return tree_sha256(tree)
-
-
-def _iterator_integrity(state: dict) -> dict:
-    text = json.dumps(state, sort_keys=True, separators=(",", ":"))
-    return {"epoch": state.get("epoch"), "position": state.get("position"),
-            "sha256": hashlib.sha256(text.encode()).hexdigest()}
-
-
-def _differs(what: str, saved: Any, read: Any) -> CheckpointIntegrityError:
-    if isinstance(saved, str) and len(saved) == 64:
-        saved, read = saved[:16], str(read)[:16]
-        return CheckpointIntegrityError(f"{what} differs from what was written: sha256 at save time {saved}..., "
-                                        f"read {read}...")
-    return CheckpointIntegrityError(f"{what} differs from what was written: {saved!r} at save time, read {read!r}")
-
-
-class _ProcessTemporaryPath(ocp.path.atomicity.AtomicRenameTemporaryPath):
-    """Orbax's atomic-rename temporary directory, named per process: `<step>.orbax-checkpoint-tmp-<pid>`.
-
-    Orbax's default name is `<step>.orbax-checkpoint-tmp` for every process, so two runs that
-    save the same step at once write into one directory. Used only in single-process runs (the
-    processes of a multi-host run must agree on one name).
-    """
-
-    @classmethod
-    def from_final(cls, final_path: epath.Path, **kwargs) -> _ProcessTemporaryPath:
-        suffix = ocp.path.atomicity.TMP_DIR_SUFFIX
-        return cls(final_path.parent / f"{final_path.name}{suffix}-{os.getpid()}", final_path, **kwargs)
-
-
-def _unlock(fd: int, path: str) -> None:
-    try:
-        os.ftruncate(fd, 0)  # the holder's pid is no longer true; the next holder writes its own
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-class _DirectoryLock:
-    """An exclusive `flock` on `<directory>/.lock` holding `{"pid", "host", "since"}` of its holder.
-
-    flock belongs to the open file: a process that dies (even by SIGKILL) releases it, so a stale
-    file only records who held it last and never blocks. Also released when the owning object is
-    garbage-collected without `release()`.
-    """
-
-    def __init__(self, directory: epath.Path, owner: object):
-        name = LOCK_NAME if jax.process_count() == 1 else f"{LOCK_NAME}.process_{jax.process_index()}"
-        self.path = os.path.join(str(directory), name)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CheckpointLockedError(self._held_message(directory)) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
-        self._release = weakref.finalize(owner, _unlock, fd, self.path)
-
-    def _held_message(self, directory: epath.Path) -> str:
-        try:
-            with open(self.path) as f:
-                holder = json.loads(f.read() or "{}")
-        except (OSError, ValueError):
-            holder = {}
-        pid, host = holder.get("pid"), holder.get("host", "unknown host")
-        if pid is None:
-            who = "another process (its pid is still being written)"
-        elif pid == os.getpid() and host == socket.gethostname():
-            who = f"process {pid} (this process)"
-        else:
-            who = f"process {pid} on host {host}"
-        hint = ("another Checkpointer or CheckpointCallback on this directory is still open: close() it first"
-                if "this process" in who else
-                "two runs must not share a checkpoint directory: wait for that run to end, stop it, or use "
-                "another directory (a lock left by a process that died is released automatically)")
-        return f"checkpoint directory {directory} is in use by {who} since {holder.get('since', '?')} " \
-               f"(lock {self.path}); {hint}"
-
-    def release(self) -> None:
-        self._release()
-
-
 class Checkpointer:
     """Saves and restores a training run's state through one Orbax `CheckpointManager`.
 
@@ -277,13 +170,13 @@ class Checkpointer:
             self.directory.mkdir(parents=True, exist_ok=True)
             # Before the manager exists: its start-up deletes temporary directories, which would
             # destroy a save another run has in flight.
-            self._lock: _DirectoryLock | None = _DirectoryLock(self.directory, self)
+            self._lock: DirectoryLock | None = DirectoryLock(self.directory, self)
         else:
             self._lock = None
             warnings.warn(f"checkpoint directory {self.directory} is not on a local file system: it is not locked "
                           "against a second run writing to it", UserWarning, stacklevel=2)
         policy = None if max_to_keep is None else ocp.checkpoint_managers.LatestN(max_to_keep)
-        temporary = _ProcessTemporaryPath if local and jax.process_count() == 1 else None
+        temporary = ProcessTemporaryPath if local and jax.process_count() == 1 else None
         try:
             self._manager = ocp.CheckpointManager(
                 self.directory,
@@ -330,8 +223,8 @@ class Checkpointer:
             arrays["pipeline"] = savable(pipeline)
         iterator_state = iterator.get_state()
         # Hashes of exactly the arrays and state handed to Orbax: restore compares what it reads.
-        integrity = {name: _arrays_sha256(tree) for name, tree in arrays.items()}
-        integrity["iterator"] = _iterator_integrity(iterator_state)
+        integrity = {name: arrays_sha256(tree) for name, tree in arrays.items()}
+        integrity["iterator"] = iterator_integrity(iterator_state)
         items = {name: ocp.args.StandardSave(tree) for name, tree in arrays.items()}
         items["iterator"] = IteratorSave(_FrozenIteratorState(iterator_state))
         items["meta"] = ocp.args.JsonSave({**metadata, "step": step, "format_version": FORMAT_VERSION,
@@ -380,35 +273,10 @@ class Checkpointer:
             meta=ocp.args.JsonRestore(), iterator=IteratorRestore(None)))
         return dict(out["meta"]), dict(out["iterator"])
 
-    @staticmethod
-    def _verify_iterator(step: int, metadata: dict, iterator_state: dict) -> None:
-        saved = metadata.get("integrity", {}).get("iterator")
-        if saved is None:
-            return
-        read = _iterator_integrity(iterator_state)
-        for key in ("epoch", "position", "sha256"):
-            if saved.get(key) != read[key]:
-                raise _differs(f"iterator {key}" if key != "sha256" else "iterator state", saved.get(key), read[key])
-
-    def _verify_arrays(self, step: int, metadata: dict, restored: dict) -> None:
-        integrity = metadata.get("integrity")
-        if integrity is None:
-            warnings.warn(
-                f"checkpoint step {step} in {self.directory} carries no integrity data (written by an older "
-                "datarax); restored without verifying its arrays", UnverifiedCheckpointWarning, stacklevel=4)
-            return
-        for name, tree in restored.items():
-            saved = integrity.get(name)
-            if saved is None:  # sharded over hosts at save time: not hashed
-                continue
-            read = _arrays_sha256(tree)
-            if read is not None and read != saved:
-                raise _differs(f"{name} data", saved, read)
-
     def _restore_step(self, step: int, *, model, optimizer, iterator, pipeline, fingerprint) -> dict:
         metadata, iterator_state = self.read_metadata(step)
         # Before any set-up check: a tampered state must count as damage, not as a foreign run.
-        self._verify_iterator(step, metadata, iterator_state)
+        verify_iterator(metadata, iterator_state)
         joint = pipeline is not None
         if metadata.get("joint", False) != joint:
             raise CheckpointMismatchError(
@@ -438,7 +306,7 @@ class Checkpointer:
         if joint:
             items["pipeline"] = ocp.args.StandardRestore(abstract_target(pipeline))
         out = self._manager.restore(step, args=ocp.args.Composite(**items))
-        self._verify_arrays(step, metadata, {name: out[name] for name in items})
+        verify_arrays(metadata, {name: out[name] for name in items}, f"checkpoint step {step} in {self.directory}")
         load_into(model, out["model"])
         load_into(optimizer, out["optimizer"])
         if joint:
