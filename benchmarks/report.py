@@ -9,11 +9,11 @@ import dataclasses
 import json
 import os
 import platform
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.peers.runner import ratio
-from datarax.cli.progress import bar
 
 _DETAIL_KEYS = ("records", "batch_size", "first_batch_s", "backend")
 
@@ -60,6 +60,13 @@ def machine() -> dict[str, Any]:
             "devices": len(jax.devices()), "platform": platform.platform()}
 
 
+def _progress(enabled: bool | None) -> Callable[[str], None]:
+    """`show(text)`: rewrites one status line on stderr when it is a terminal (or `enabled=True`)."""
+    if not (sys.stderr.isatty() if enabled is None else enabled):
+        return lambda text: None
+    return lambda text: print(f"\r\033[K{text}", end="" if text else "\n", file=sys.stderr, flush=True)
+
+
 def run_bench(names: Sequence[str], options: Any, *, progress: bool | None = None,
               emit: Callable[[dict], None] | None = None) -> list[dict]:
     """Runs `names` (and `options.peers`); returns framework rows, passing each to `emit` as it lands."""
@@ -67,7 +74,7 @@ def run_bench(names: Sequence[str], options: Any, *, progress: bool | None = Non
     from benchmarks.registry import load
 
     steps = len(names) * (1 + len(options.peers))
-    progress_bar = bar(steps, desc="datarax bench", unit="run", enabled=progress)
+    show = _progress(progress)
     rows: list[dict] = []
 
     def land(new: list[dict]) -> None:
@@ -76,18 +83,19 @@ def run_bench(names: Sequence[str], options: Any, *, progress: bool | None = Non
             if emit is not None:
                 emit(row)
 
+    done = 0
     try:
         for name in names:
-            progress_bar.set_description(f"{name}: datarax")
+            show(f"datarax bench {done}/{steps} runs, {name}: datarax")
             results = load(name)(options)
             land(framework_rows(name, results))
-            progress_bar.update(1)
+            done += 1
             for peer in options.peers:
-                progress_bar.set_description(f"{name}: {peer}")
+                show(f"datarax bench {done}/{steps} runs, {name}: {peer}")
                 land(peer_rows(name, results, dataclasses.replace(options, peers=(peer,))))
-                progress_bar.update(1)
+                done += 1
     finally:
-        progress_bar.close()
+        show("")
     return rows
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import glob
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -133,4 +134,31 @@ def test_no_module_touches_another_objects_private_attributes(package):
         for access in private_accesses(path):
             if (rel, access) not in PRIVATE_ACCESS_ALLOWED:
                 offenders.append(f"{rel}: {access}")
+    assert offenders == []
+
+
+DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
+def imported_names(path: Path) -> list[tuple[int, str]]:
+    """`(line, module)` of every import in `path`, and of every string literal spelling a dotted
+    module path (an import through `importlib` or `runpy` counts too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.fullmatch(node.value):
+            found.append((node.lineno, node.value))
+    return found
+
+
+def test_no_arrow_between_datarax_and_the_benchmark_suite_in_either_direction():
+    """datarax names no `benchmarks` module (the CLI runs `python -m benchmarks` as a program), and
+    the suite uses nothing from `datarax.cli` (it is a user of the library, not of its command line)."""
+    offenders = [f"{p.relative_to(REPO)}:{line} names {name}" for p in sorted((REPO / "datarax").rglob("*.py"))
+                 for line, name in imported_names(p) if name.split(".")[0] == "benchmarks"]
+    offenders += [f"{p.relative_to(REPO)}:{line} imports {name}" for p in sorted((REPO / "benchmarks").rglob("*.py"))
+                  for line, name in imported_names(p) if name.startswith("datarax.cli")]
     assert offenders == []

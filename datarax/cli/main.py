@@ -105,21 +105,16 @@ def _benchmarks_folder() -> str:
 
     candidates = [os.getcwd(), os.path.dirname(os.path.dirname(os.path.abspath(datarax.__file__)))]
     for root in candidates:
-        if os.path.isfile(os.path.join(root, "benchmarks", "__init__.py")):
+        if os.path.isfile(os.path.join(root, "benchmarks", "__main__.py")):
             return root
     raise RuntimeError(BENCH_FROM_CHECKOUT)
 
 
 def cmd_bench(argv: Sequence[str]) -> int:
-    """Runs `python -m benchmarks ARGV` in this process (its parser, its help, its rows)."""
-    import importlib
+    """Runs `python -m benchmarks ARGV` in the checkout, as its own process (its parser, help and rows)."""
+    import subprocess
 
-    root = _benchmarks_folder()
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    suite = importlib.import_module("benchmarks.__main__")
-    args = suite.build_parser(f"{PROG} bench").parse_args(argv)
-    return suite.run(args)
+    return subprocess.run([sys.executable, "-m", "benchmarks", *argv], cwd=_benchmarks_folder()).returncode
 
 
 def version_text() -> str:
