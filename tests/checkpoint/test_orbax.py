@@ -7,6 +7,7 @@ from flax import nnx
 from datarax import Pipeline
 from datarax.checkpoint import IteratorRestore, IteratorSave
 from datarax.operators import ElementOperator, ElementOperatorConfig
+from datarax.pipeline import BucketedPipeline
 from datarax.sources import MemorySource, MemorySourceConfig
 
 
@@ -62,7 +63,14 @@ def test_iterator_state_file_is_small_json(tmp_path):
     assert state == it.get_state()
 
 
-def test_orbax_v1_checkpointables_protocol(tmp_path):
+def bucketed():
+    data = {"x": np.arange(60, dtype=np.float32).reshape(30, 2)}
+    source = MemorySource(MemorySourceConfig(), data=data)
+    return BucketedPipeline(source, np.arange(30) % 7, (2, 4, 8), lambda length: [], batch_size=4, seed=3)
+
+
+@pytest.mark.parametrize("build", [build, bucketed], ids=["pipeline", "bucketed"])
+def test_orbax_v1_checkpointables_protocol(tmp_path, build):
     v1 = pytest.importorskip("orbax.checkpoint.experimental.v1")
     it = build().epochs(2)
     for _ in range(5):

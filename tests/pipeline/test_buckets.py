@@ -141,15 +141,3 @@ def test_a_trainer_checkpoint_restores_a_bucketed_iterator_exactly(tmp_path):
     assert len(got) == len(want) - (len(want) // 2 + 3)
     for g, w in zip(got, want[len(want) - len(got):]):
         np.testing.assert_array_equal(g, w)
-
-
-def test_a_bucketed_iterator_is_an_orbax_v1_checkpointable(tmp_path):
-    v1 = pytest.importorskip("orbax.checkpoint.experimental.v1")
-    it = build().epochs(2)
-    for _ in range(5):
-        next(it)
-    v1.save_checkpointables(tmp_path / "v1", {"dataset": it})
-    want = next(it)
-    fresh = build().epochs(2)
-    v1.load_checkpointables(tmp_path / "v1", {"dataset": fresh})
-    np.testing.assert_array_equal(np.asarray(next(fresh)["ids"]), np.asarray(want["ids"]))
