@@ -6,8 +6,9 @@ the output row. The warp's matrix maps each output pixel centre to the box's sub
 in the reduced image and applies the EXIF orientation in the same step, so there is no crop to
 round, no transpose to copy, and the box is the one the Pillow path resizes. The DCT scale is
 the largest power of two that keeps the box at least as large as the output, so what remains of
-the downscale is under 2x and bilinear sampling aliases little (bigger factors, from photographs
-far larger than the output, are first block-averaged by an integer factor).
+the downscale is under 2x and bilinear sampling aliases little; an axis that still shrinks by 2x
+or more (photographs far larger than the output, or a box of another aspect ratio) is first
+block-averaged by that whole factor.
 
 Measured on the `jpeg` benchmark's files (docs/benchmarks.md): about 1.6x Pillow's `draft` +
 `resize(box=...)` per core, at a higher PSNR against a Lanczos reference of the same boxes.
@@ -25,10 +26,10 @@ from typing import Any
 import numpy as np
 
 BACKENDS = ("auto", "turbo", "pillow")
+FINE_FROM = 1.5
 TURBO_HINT = "pip install simplejpeg opencv-python-headless (or pip install 'datarax[image]')"
 _JPEG_MAGIC = b"\xff\xd8"
 _COLOURS = {"Gray": "GRAY", "YCbCr": "RGB", "RGB": "RGB"}  # header colorspace -> decode target
-_SCALES = (8, 4, 2, 1)
 
 
 def turbo_modules() -> tuple[Any, Any] | None:
@@ -139,25 +140,38 @@ class TurboDecoder:
         out_h, out_w = out.shape[:2]
         left, top, right, bottom = box
         factor = min((right - left) / out_w, (bottom - top) / out_h)
-        scale = next(s for s in _SCALES if s <= factor or s == 1)
+        eighths = next((e for e in (1, 2, 4) if 8 / e <= factor), 8)  # the SIMD scales: 1/8, 1/4, 1/2, 1
+        if factor * eighths / 8 >= FINE_FROM:  # what remains would alias: the finest scale that covers the box
+            eighths = max(1, min(8, math.ceil(8 / factor - 1e-9)))
+        size = (math.ceil(raw_h * eighths / 8), math.ceil(raw_w * eighths / 8))
         try:
-            image = self.simplejpeg.decode_jpeg(data, colorspace=colour, min_height=math.ceil(raw_h / scale),
-                                                min_width=math.ceil(raw_w / scale))
+            image = self.simplejpeg.decode_jpeg(data, colorspace=colour, min_height=size[0], min_width=size[1])
         except ValueError:
             return False
-        if image.shape[0] != math.ceil(raw_h / scale) or image.shape[1] != math.ceil(raw_w / scale):
+        if image.shape[:2] != size:
             return False  # libjpeg-turbo chose another scale: let Pillow decode it
-        remaining = int(factor / scale)
-        if remaining >= 2:  # far larger than the output: an exact k x k block average first
-            rows, cols = image.shape[0] // remaining, image.shape[1] // remaining
-            image = self.cv2.resize(image[:rows * remaining, :cols * remaining], (cols, rows),
-                                    interpolation=self.cv2.INTER_AREA)
-            scale *= remaining
-        # output pixel centre (j + 0.5, i + 0.5) -> upright -> raw -> reduced-image pixel index
+        scale = 8 / eighths
+        # Edge coordinates throughout (pixel i spans [i, i + 1)): output -> upright -> raw -> reduced.
         kx, ky = (right - left) / out_w, (bottom - top) / out_h
-        to_upright = np.array([[kx, 0.0, left + 0.5 * kx], [0.0, ky, top + 0.5 * ky], [0.0, 0.0, 1.0]])
-        to_reduced = np.array([[1.0 / scale, 0.0, -0.5], [0.0, 1.0 / scale, -0.5], [0.0, 0.0, 1.0]])
-        matrix = (to_reduced @ _upright_to_raw(orientation, raw_h, raw_w) @ to_upright)[:2]
+        to_upright = np.array([[kx, 0.0, left], [0.0, ky, top], [0.0, 0.0, 1.0]])
+        to_reduced = np.diag([1.0 / scale, 1.0 / scale, 1.0])
+        matrix = to_reduced @ _upright_to_raw(orientation, raw_h, raw_w) @ to_upright
+        corners = matrix @ np.array([[0.0, out_w, 0.0, out_w], [0.0, 0.0, out_h, out_h], [1.0, 1.0, 1.0, 1.0]])
+        (x0, y0), (x1, y1) = corners[:2].min(axis=1), corners[:2].max(axis=1)
+        shrink_x, shrink_y = (x1 - x0) / (out_h if orientation >= 5 else out_w), \
+            (y1 - y0) / (out_w if orientation >= 5 else out_h)
+        step_x, step_y = max(1, int(shrink_x)), max(1, int(shrink_y))
+        if step_x > 1 or step_y > 1:
+            # Still 2x or more to shrink on an axis (an image over 8x the output, or a box of
+            # another aspect): exact block averages of whole pixels first, so the bilinear warp,
+            # which skips pixels past 2x, is left under 2x.
+            rows, cols = image.shape[0] // step_y, image.shape[1] // step_x
+            image = self.cv2.resize(image[:rows * step_y, :cols * step_x], (cols, rows),
+                                    interpolation=self.cv2.INTER_AREA)
+            matrix = np.diag([1.0 / step_x, 1.0 / step_y, 1.0]) @ matrix
+        # the warp's maps take pixel indices (centres at integers) on both sides
+        centre = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
+        matrix = (np.linalg.inv(centre) @ matrix @ centre)[:2]
         cv2 = self.cv2
         flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
         if colour == "GRAY":
