@@ -109,6 +109,8 @@ def format_table(rows: Sequence[dict]) -> str:
     body = []
     for r in rows:
         note = r.get("error") or r.get("skipped") or r.get("settings") or ""
+        if r.get("psnr_db") is not None:
+            note = f"PSNR {r['psnr_db']:.1f} dB (p10 {r['psnr_p10_db']:.1f}); {note}"
         body.append((str(r.get("scenario")), str(r.get("framework")), _number(r.get("el_s"), ",.0f"),
                      _number(r.get("ratio_to_datarax"), ".3f", "x"), _number(r.get("ratio_to_floor"), ".3f", "x"),
                      note))

@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,10 +57,14 @@ class Loader:
     Attributes:
         epoch: returns an iterable over the next epoch's batches (dicts of numpy arrays).
         settings: a one-line description of the loader configuration, for the report.
+        quality: for image workloads, the loader's own decode + crop + resize of one file's box
+            `(top, left, h, w)` to a uint8 HWC image (no flip, no normalisation), so its output
+            can be compared with an accurate reference on the same boxes (`jpeg_psnr`).
     """
 
     epoch: Callable[[], Iterable[dict[str, np.ndarray]]]
     settings: str
+    quality: Callable[[str, tuple[int, int, int, int]], np.ndarray] | None = None
 
 
 class MissingPeerError(ImportError):
@@ -116,6 +120,62 @@ _JPEG_SCALE = np.float32(1 / 255) / np.asarray(JPEG_STD, np.float32)
 _JPEG_OFFSET = np.asarray(JPEG_MEAN, np.float32) / np.asarray(JPEG_STD, np.float32)
 
 
+QUALITY_FILES = 256
+
+
+def jpeg_quality_boxes(paths: Sequence[str]) -> list[tuple[int, int, int, int]]:
+    """The boxes every side is measured on: record i's RandomResizedCrop box for seed 0, epoch 0."""
+    from PIL import Image
+
+    from datarax.host import record_generator
+    from datarax.host.image import random_resized_box
+
+    boxes = []
+    for record, path in enumerate(paths):
+        with Image.open(path) as image:
+            width, height = image.size
+        boxes.append(random_resized_box(height, width, JPEG_SCALE, JPEG_RATIO, record_generator(0, 0, 0, record)))
+    return boxes
+
+
+def jpeg_reference(path: str, box: tuple[int, int, int, int]) -> np.ndarray:
+    """The accurate reference for a box: a full (accurate-DCT) decode, the box, a Lanczos resize."""
+    from PIL import Image
+
+    top, left, h, w = box
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+    return np.asarray(image.resize((JPEG_SIZE, JPEG_SIZE), Image.Resampling.LANCZOS,
+                                   box=(left, top, left + w, top + h)))
+
+
+def psnr(image: np.ndarray, reference: np.ndarray) -> float:
+    """Peak signal-to-noise ratio in dB of two uint8 images."""
+    mse = float(np.mean((image.astype(np.float64) - reference.astype(np.float64)) ** 2))
+    return 99.0 if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+
+def jpeg_psnr(crop_resize: Callable[[str, tuple[int, int, int, int]], np.ndarray], paths: Sequence[str],
+              count: int = QUALITY_FILES) -> dict[str, float]:
+    """Median and 10th-percentile PSNR of `crop_resize` against `jpeg_reference` on the first
+    `count` files' boxes (the same boxes for every side)."""
+    paths = [str(p) for p in paths[:count]]
+    values = [psnr(crop_resize(path, box), jpeg_reference(path, box))
+              for path, box in zip(paths, jpeg_quality_boxes(paths))]
+    return {"psnr_db": round(float(np.median(values)), 2), "psnr_p10_db": round(float(np.percentile(values, 10)), 2)}
+
+
+def pillow_crop_resize(path: str, box: tuple[int, int, int, int]) -> np.ndarray:
+    """`jpeg_pillow`'s resampling of a given box: a full decode, one bilinear (antialiased) resize."""
+    from PIL import Image
+
+    top, left, h, w = box
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+    return np.asarray(image.resize((JPEG_SIZE, JPEG_SIZE), Image.Resampling.BILINEAR,
+                                   box=(left, top, left + w, top + h)))
+
+
 def jpeg_pillow(path: str, rng: np.random.Generator) -> np.ndarray:
     """The jpeg work on one file as a torchvision pipeline does it with Pillow: a full decode,
     `RandomResizedCrop.get_params`, one bilinear resize of the box, flip, normalise (float32 HWC)."""
@@ -128,6 +188,44 @@ def jpeg_pillow(path: str, rng: np.random.Generator) -> np.ndarray:
     top, left, h, w = random_resized_box(image.height, image.width, JPEG_SCALE, JPEG_RATIO, rng)
     image = image.resize((JPEG_SIZE, JPEG_SIZE), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
     out = np.asarray(image)
+    if rng.random() < 0.5:
+        out = out[:, ::-1]
+    out = out.astype(np.float32)
+    out *= _JPEG_SCALE
+    out -= _JPEG_OFFSET
+    return out
+
+
+def turbo_crop_resize(path: str, box: tuple[int, int, int, int]) -> np.ndarray:
+    """How a user plugs libjpeg-turbo into a loader: `simplejpeg` at the DCT scale the box allows
+    (1/2, 1/4, 1/8), the box cropped at that scale (rounded outwards) and `cv2.resize` bilinear."""
+    with open(path, "rb") as f:
+        return _turbo_box(f.read(), box)
+
+
+def _turbo_box(data: bytes, box: tuple[int, int, int, int]) -> np.ndarray:
+    import cv2
+    import simplejpeg
+
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    top, left, h, w = box
+    factor = min(h, w) / JPEG_SIZE
+    scale = next(s for s in (8, 4, 2, 1) if s <= factor or s == 1)
+    image = simplejpeg.decode_jpeg(data, min_height=-(-height // scale), min_width=-(-width // scale))
+    crop = image[top // scale:-(-(top + h) // scale), left // scale:-(-(left + w) // scale)]
+    return cv2.resize(crop, (JPEG_SIZE, JPEG_SIZE), interpolation=cv2.INTER_LINEAR)
+
+
+def jpeg_turbo(path: str, rng: np.random.Generator) -> np.ndarray:
+    """`turbo_crop_resize` of a RandomResizedCrop box, flip, normalise (float32 HWC)."""
+    import simplejpeg
+
+    from datarax.host.image import random_resized_box
+
+    with open(path, "rb") as f:
+        data = f.read()
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    out = _turbo_box(data, random_resized_box(height, width, JPEG_SCALE, JPEG_RATIO, rng))
     if rng.random() < 0.5:
         out = out[:, ::-1]
     out = out.astype(np.float32)
@@ -176,9 +274,13 @@ def to_device(batch: dict[str, Any]) -> dict[str, Any]:
     return jax.device_put(batch)
 
 
-def time_loader(loader: Loader, repeats: int, *, warmup: int = 1) -> dict:
-    """`time_epochs` of a Loader, with its settings in the result."""
-    return {**time_epochs(loader.epoch, repeats, warmup=warmup), "settings": loader.settings}
+def time_loader(loader: Loader, repeats: int, *, warmup: int = 1, paths: Sequence[str] | None = None) -> dict:
+    """`time_epochs` of a Loader, with its settings in the result (and its `jpeg_psnr` on `paths`
+    when it has a `quality` function; measured after the timing)."""
+    result = {**time_epochs(loader.epoch, repeats, warmup=warmup), "settings": loader.settings}
+    if loader.quality is not None and paths is not None:
+        result.update(jpeg_psnr(loader.quality, paths))
+    return result
 
 
 def time_epochs(run_epoch: Callable[[], Iterable[dict]], repeats: int, *, warmup: int = 1) -> dict:

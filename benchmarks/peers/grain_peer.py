@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks.peers.common import (CIFAR_PAD, Loader, PeerOptions, augment_chain_numpy, cifar_augment_numpy,
-                                        jpeg_pillow, require)
+                                        jpeg_pillow, jpeg_turbo, pillow_crop_resize, require, turbo_crop_resize)
 
 NAME = "grain"
 INSTALL = "pip install grain"
+LABELS = {"jpeg_variant": "grain[simplejpeg]"}  # the framework column of a variant's row
 MODULE = "grain"
 
 
@@ -100,7 +101,23 @@ def augment_chain(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
 
 
 def jpeg(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
-    return _loader(data, options, jpeg_random_map)
+    loader = _loader(data, options, jpeg_random_map)
+    loader.quality = pillow_crop_resize
+    return loader
 
 
-WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain, "jpeg": jpeg}
+def jpeg_variant_random_map(element: dict, rng: np.random.Generator) -> dict:
+    """The jpeg work with the fastest decoder a Grain user can plug in (`jpeg_turbo`)."""
+    return {"image": jpeg_turbo(str(element["path"]), rng), "label": element["label"]}
+
+
+def jpeg_variant(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    require("simplejpeg", NAME, "pip install simplejpeg opencv-python-headless")
+    loader = _loader(data, options, jpeg_variant_random_map)
+    loader.settings += ", random_map: simplejpeg at DCT scale + cv2.resize(INTER_LINEAR)"
+    loader.quality = turbo_crop_resize
+    return loader
+
+
+WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain, "jpeg": jpeg,
+             "jpeg_variant": jpeg_variant}

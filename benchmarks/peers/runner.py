@@ -97,7 +97,7 @@ def run_peer(peer: str, scenario: str, data: dict, options: Any) -> dict:
     if fn is None:
         raise KeyError(f"the {peer} peer has no workload for scenario {scenario!r}; it has "
                        f"{sorted(peer_module(peer).WORKLOADS)}")
-    return time_loader(fn(data, options), options.repeats)
+    return time_loader(fn(data, options), options.repeats, paths=data.get("path"))
 
 
 def installed(peer: str) -> bool:
@@ -172,7 +172,8 @@ def peer_rows(scenario: str, rows: Sequence[dict], options: Any,
         name = recipe.row_name if recipe is not None else scenario
         base = next((r for r in rows if r.get("scenario") == name), {})
         for peer in check_peers(options.peers):
-            row: dict[str, Any] = {"scenario": name, "framework": peer, "el_s": None, "ratio_to_datarax": None,
+            label = getattr(peer_module(peer), "LABELS", {}).get(recipe.workload, peer) if recipe else peer
+            row: dict[str, Any] = {"scenario": name, "framework": label, "el_s": None, "ratio_to_datarax": None,
                                    "ratio_to_floor": None}
             if recipe is None or workload(peer, recipe.workload) is None:
                 row["skipped"] = (f"no {peer} workload for scenario {scenario!r} yet (see "
@@ -188,6 +189,7 @@ def peer_rows(scenario: str, rows: Sequence[dict], options: Any,
                                ratio_to_datarax=ratio(result["el_s"], base.get("datarax_el_s")),
                                ratio_to_floor=ratio(result["el_s"], base.get("floor_el_s")),
                                el_s_runs=result.get("el_s_runs"), settings=result.get("settings"),
+                               **{k: result[k] for k in ("psnr_db", "psnr_p10_db") if k in result},
                                records=recipe.num_records, batch_size=recipe.batch_size)
             out.append(row)
     return out

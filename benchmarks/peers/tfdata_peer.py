@@ -19,6 +19,7 @@ from benchmarks.peers.common import (CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, JPEG_MEAN
 
 NAME = "tfdata"
 INSTALL = "pip install tensorflow-cpu"
+LABELS = {"jpeg_variant": "tfdata[antialias]"}  # the framework column of a variant's row
 MODULE = "tensorflow"
 
 
@@ -106,8 +107,9 @@ def augment_chain(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     return _mapped(tf, data, options, augment, "tf.image ops + projective rotation")
 
 
-def jpeg(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
-    """The Inception/ResNet reference preprocessing: a sampled window decoded with decode_and_crop_jpeg."""
+def _jpeg(data: dict[str, np.ndarray], options: PeerOptions, antialias: bool) -> Loader:
+    """The Inception/ResNet reference preprocessing: a sampled window decoded with
+    decode_and_crop_jpeg, resized with `tf.image.resize` (antialias=False is tf's default)."""
     tf = _tf()
     tf.random.set_seed(options.seed)
     mean, std = tf.constant(JPEG_MEAN), tf.constant(JPEG_STD)
@@ -121,11 +123,30 @@ def jpeg(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
         top, left, _ = tf.unstack(begin)
         height, width, _ = tf.unstack(size)
         image = tf.io.decode_and_crop_jpeg(contents, tf.stack([top, left, height, width]), channels=3)
-        image = tf.image.resize(image, [JPEG_SIZE, JPEG_SIZE], method="bilinear", antialias=True)
+        image = tf.image.resize(image, [JPEG_SIZE, JPEG_SIZE], method="bilinear", antialias=antialias)
         image = tf.image.random_flip_left_right(image)
         return {"image": (image / 255.0 - mean) / std, "label": element["label"]}
 
-    return _mapped(tf, data, options, load, "sample_distorted_bounding_box + decode_and_crop_jpeg + resize")
+    def quality(path: str, box: tuple[int, int, int, int]) -> np.ndarray:
+        image = tf.io.decode_and_crop_jpeg(tf.io.read_file(path), tf.constant(box, tf.int32), channels=3)
+        image = tf.image.resize(image, [JPEG_SIZE, JPEG_SIZE], method="bilinear", antialias=antialias)
+        return np.clip(np.round(image.numpy()), 0, 255).astype(np.uint8)
+
+    resize = f"resize(bilinear, antialias={antialias})"
+    loader = _mapped(tf, data, options, load, f"sample_distorted_bounding_box + decode_and_crop_jpeg + {resize}")
+    loader.quality = quality
+    return loader
 
 
-WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain, "jpeg": jpeg}
+def jpeg(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    """As tf.data users run it: `tf.image.resize` at its default, antialias=False."""
+    return _jpeg(data, options, antialias=False)
+
+
+def jpeg_variant(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    """The same with antialias=True (slower, no better here; see the PSNR column)."""
+    return _jpeg(data, options, antialias=True)
+
+
+WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain, "jpeg": jpeg,
+             "jpeg_variant": jpeg_variant}

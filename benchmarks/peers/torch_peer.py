@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.peers.common import CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, Loader, PeerOptions, jpeg_pillow, require
+from benchmarks.peers.common import (CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, JPEG_MEAN, JPEG_RATIO, JPEG_SCALE, JPEG_SIZE,
+                                     JPEG_STD, Loader, PeerOptions, jpeg_pillow, pillow_crop_resize, require)
 
 NAME = "torch"
 INSTALL = "pip install torch"
+LABELS = {"jpeg_variant": "torch[torchvision]"}  # the framework column of a variant's row
 MODULE = "torch"
 
 
@@ -144,7 +146,53 @@ def jpeg(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
     workers = (os.cpu_count() or 1) if options.workers is None else options.workers
     loader = _loader(torch, JpegFiles(data, options.seed), options, workers)
     return Loader(_numpy_epochs(loader), f"Dataset.__getitem__ Pillow decode+crop, DataLoader(shuffle=True, "
-                                         f"num_workers={workers}, persistent_workers=True, prefetch_factor=4)")
+                                         f"num_workers={workers}, persistent_workers=True, prefetch_factor=4)",
+                  quality=pillow_crop_resize)
 
 
-WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain, "jpeg": jpeg}
+class TorchvisionJpegFiles:
+    """A map-style dataset as torchvision's current docs write it: `torchvision.io.decode_jpeg`
+    of the file's bytes, then `transforms.v2` (RandomResizedCrop with its default antialias=True,
+    RandomHorizontalFlip, ToDtype(float32, scale=True), Normalize); HWC out like every peer."""
+
+    def __init__(self, data: dict):
+        self.paths, self.labels = [str(p) for p in data["path"]], data["label"]
+        self.transform = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict:
+        import torch
+        from torchvision import io
+        from torchvision.transforms import v2
+
+        if self.transform is None:
+            self.transform = v2.Compose([v2.RandomResizedCrop(JPEG_SIZE, scale=JPEG_SCALE, ratio=JPEG_RATIO),
+                                         v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                                         v2.Normalize(list(JPEG_MEAN), list(JPEG_STD))])
+        image = io.decode_jpeg(io.read_file(self.paths[index]), mode=io.ImageReadMode.RGB)
+        return {"image": self.transform(image).permute(1, 2, 0), "label": int(self.labels[index])}
+
+
+def torchvision_crop_resize(path: str, box: tuple[int, int, int, int]) -> np.ndarray:
+    from torchvision import io
+    from torchvision.transforms.v2 import functional
+
+    image = io.decode_jpeg(io.read_file(path), mode=io.ImageReadMode.RGB)
+    top, left, h, w = box
+    return functional.resized_crop(image, top, left, h, w, [JPEG_SIZE, JPEG_SIZE]).permute(1, 2, 0).numpy()
+
+
+def jpeg_variant(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
+    torch = require(MODULE, NAME, INSTALL)
+    require("torchvision", NAME, "pip install torchvision")
+    workers = (os.cpu_count() or 1) if options.workers is None else options.workers
+    loader = _loader(torch, TorchvisionJpegFiles(data), options, workers)
+    return Loader(_numpy_epochs(loader), f"torchvision.io.decode_jpeg + transforms.v2.RandomResizedCrop, "
+                                         f"DataLoader(shuffle=True, num_workers={workers}, persistent_workers=True, "
+                                         f"prefetch_factor=4)", quality=torchvision_crop_resize)
+
+
+WORKLOADS = {"cifar": cifar, "tokens": tokens, "augment_chain": augment_chain, "jpeg": jpeg,
+             "jpeg_variant": jpeg_variant}

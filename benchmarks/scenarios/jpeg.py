@@ -4,17 +4,31 @@ Data: 4,000 JPEGs (`--scale` scales the count) of 200-500 px, random crops and r
 scikit-image's photographs, in ten class folders, written once into a cache folder under the
 system temp dir keyed by the count and seed.
 
-* datarax: `ImageFolderSource` + `DecodeImage(128, crop="random_resized")` (Pillow with
-  `draft`, on a thread per core, into one buffer per batch) + float, `HorizontalFlipOperator`
-  and `NormalizeOperator` in the compiled program.
-* floor: the same crops (the same per-record boxes) with no framework: Pillow with `draft` on a
-  pool of `os.cpu_count()` threads writing into a preallocated batch, the next batch's decodes
-  queued before this batch's numpy flip and normalise, then `jax.device_put`.
+Rows, all timed in this process with their epochs interleaved:
 
-Peers (`python -m benchmarks jpeg --vs tfdata,torch,grain`, each in its own process): tf.data
-with `tf.image.sample_distorted_bounding_box` + `tf.io.decode_and_crop_jpeg`; the torch
-DataLoader with Pillow in a `Dataset` and `os.cpu_count()` workers; Grain with a Pillow
-`random_map` on its reader threads (see `benchmarks.peers.common.JPEG_*`).
+* `datarax`: `ImageFolderSource` + `DecodeImage(128, crop="random_resized")` at its default
+  backend (libjpeg-turbo at DCT scale + one bilinear warp of the box when `simplejpeg` and OpenCV
+  are installed, else Pillow), a thread per core, then float, `HorizontalFlipOperator` and
+  `NormalizeOperator` in the compiled program.
+* `floor`: the same per-record work (the same boxes, the same decoder) with no framework: a pool
+  of `os.cpu_count()` threads writing into a preallocated batch, the next batch's decodes queued
+  before this batch's numpy flip and normalise, then `jax.device_put`.
+* `datarax[pillow]`: the pipeline with `DecodeImage(backend="pillow")` (Pillow `draft` + resize).
+* `decode_limit`: the hardware's limit for this data: each file read and decoded by
+  libjpeg-turbo at the DCT scale its box allows, on all cores, nothing else (no resize, no flip,
+  no normalisation, no device copy).
+* `floor[full_scale]`: the floor with every file decoded at full size (no DCT scaling): what
+  decoding only what the crop needs is worth.
+
+`psnr_db` (median; `psnr_p10_db`, 10th percentile) compares each side's uint8 crops with an
+accurate reference of the same boxes (full decode, the box, Lanczos), on the first 256 files.
+
+Peers (`python -m benchmarks jpeg --vs tfdata,torch,grain`, each in its own process), each at
+its users' default and with one variant: tf.data `sample_distorted_bounding_box` +
+`decode_and_crop_jpeg` + `tf.image.resize` at its default (antialias=False) and antialiased;
+the torch DataLoader with Pillow in a `Dataset`, and with `torchvision.io.decode_jpeg` +
+`transforms.v2.RandomResizedCrop`; Grain with a Pillow `random_map`, and with simplejpeg at DCT
+scale + `cv2.resize` (see `benchmarks.peers.common`).
 """
 
 from __future__ import annotations
@@ -30,12 +44,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from benchmarks.peers.common import JPEG_MEAN, JPEG_RATIO, JPEG_SCALE, JPEG_SIZE, JPEG_STD
+from benchmarks.peers.common import JPEG_MEAN, JPEG_RATIO, JPEG_SCALE, JPEG_SIZE, JPEG_STD, jpeg_psnr
+from benchmarks.peers.runner import Recipe
 from benchmarks.registry import BenchOptions
 from benchmarks.timing import block, first_batch_seconds, interleaved_rates, row
 from datarax import Pipeline
 from datarax.host import DecodeImage, record_generator
 from datarax.host.image import random_resized_box
+from datarax.host.jpeg import TurboDecoder
 from datarax.operators import MapOperator, MapOperatorConfig
 from datarax.operators.image import HorizontalFlipConfig, HorizontalFlipOperator, NormalizeConfig, NormalizeOperator
 from datarax.sources import ImageFolderSource
@@ -91,46 +107,66 @@ def to_float(x: jax.Array) -> jax.Array:
     return x.astype(jnp.float32) / 255.0
 
 
-def build_pipeline(root: str, seed: int = 0) -> Pipeline:
-    stages = [DecodeImage(JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, seed=seed),
+def build_pipeline(root: str, seed: int = 0, backend: str = "auto") -> Pipeline:
+    stages = [DecodeImage(JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, seed=seed,
+                          backend=backend),
               MapOperator(MapOperatorConfig(fields=("image",)), fn=to_float),
               HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(seed)),
               NormalizeOperator(NormalizeConfig(mean=JPEG_MEAN, std=JPEG_STD))]
     return Pipeline(ImageFolderSource(root, shuffle=True, seed=seed), stages, batch_size=BATCH)
 
 
+def dct_scale(box_h: int, box_w: int) -> int:
+    """The largest of 8, 4, 2, 1 that keeps the box at least the output size (DecodeImage's rule)."""
+    factor = min(box_h, box_w) / JPEG_SIZE
+    return next(s for s in (8, 4, 2, 1) if s <= factor or s == 1)
+
+
 class Floor:
-    """The decode floor: Pillow with draft on a thread per core, numpy flip and normalise, no framework."""
+    """The work with no framework: per-record decode on a thread per core into a preallocated
+    batch, numpy flip and normalise, `jax.device_put`; the next batch's decodes queued first.
 
-    def __init__(self, paths: list[str], labels: np.ndarray, seed: int = 0):
-        from PIL import Image
+    `full_scale` decodes every file at full size; `decode_only` stops after the decode at the
+    box's DCT scale (`decode_limit`: no resize, flip, normalisation or device copy).
+    """
 
-        self.image, self.paths, self.labels, self.seed = Image, paths, labels, seed
+    def __init__(self, paths: list[str], labels: np.ndarray, seed: int = 0, *, full_scale: bool = False,
+                 decode_only: bool = False):
+        self.paths, self.labels, self.seed = paths, labels, seed
+        self.full_scale, self.decode_only = full_scale, decode_only
+        self.turbo = TurboDecoder()
         self.pool = concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1)
         self.scale = np.float32(1 / 255) / np.asarray(JPEG_STD, np.float32)
         self.offset = np.asarray(JPEG_MEAN, np.float32) / np.asarray(JPEG_STD, np.float32)
 
     def decode(self, path: str, record: int, epoch: int, out: np.ndarray) -> None:
-        image = self.image.open(path)
-        width, height = image.size
-        top, left, h, w = random_resized_box(height, width, JPEG_SCALE, JPEG_RATIO,
+        with open(path, "rb") as f:
+            data = f.read()
+        header = self.turbo.header(data)
+        top, left, h, w = random_resized_box(header[0], header[1], JPEG_SCALE, JPEG_RATIO,
                                              record_generator(self.seed, 0, epoch, record))
-        factor = min(w, h) / JPEG_SIZE
-        reduce = next(s for s in (8, 4, 2, 1) if s <= factor or s == 1)
-        if reduce > 1:
-            image.draft(None, (width // reduce, height // reduce))
-        box = (left / reduce, top / reduce, (left + w) / reduce, (top + h) / reduce)
-        image = image.convert("RGB").resize((JPEG_SIZE, JPEG_SIZE), self.image.Resampling.BILINEAR, box=box)
-        out[...] = np.asarray(image)
+        if self.decode_only:
+            scale = dct_scale(h, w)
+            self.turbo.simplejpeg.decode_jpeg(data, min_height=-(-header[0] // scale),
+                                              min_width=-(-header[1] // scale))
+            return
+        if self.full_scale:
+            image = self.turbo.simplejpeg.decode_jpeg(data)
+            out[...] = self.turbo.cv2.resize(image[top:top + h, left:left + w], (JPEG_SIZE, JPEG_SIZE),
+                                             interpolation=self.turbo.cv2.INTER_LINEAR)
+            return
+        self.turbo.decode_into(data, header, (left, top, left + w, top + h), out)
 
     def submit(self, ids: np.ndarray, epoch: int):
         out = np.empty((len(ids), JPEG_SIZE, JPEG_SIZE, 3), np.uint8)
         futures = [self.pool.submit(self.decode, self.paths[r], r, epoch, out[i]) for i, r in enumerate(ids.tolist())]
         return ids, out, futures
 
-    def finish(self, ids: np.ndarray, out: np.ndarray, futures, epoch: int) -> dict:
+    def finish(self, ids: np.ndarray, out: np.ndarray, futures, epoch: int) -> dict | None:
         for f in futures:
             f.result()
+        if self.decode_only:
+            return None
         flips = np.random.default_rng((self.seed, epoch, int(ids[0]))).random(len(ids)) < 0.5
         out[flips] = out[flips, :, ::-1]
         image = out.astype(np.float32)
@@ -147,6 +183,29 @@ class Floor:
             yield self.finish(*pending, epoch)
             pending = queued
 
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def peer_recipe(options: BenchOptions) -> list[Recipe]:
+    """Each peer at its users' default (`jpeg`) and one variant (`jpeg_variant`), beside `jpeg`."""
+    n = options.records(NUM_RECORDS)
+    return [Recipe(workload, f"{__name__}:make_data", n, BATCH, row="jpeg") for workload in ("jpeg", "jpeg_variant")]
+
+
+def decode_image_psnr(paths: list[str], backend: str) -> dict[str, float]:
+    """`jpeg_psnr` of `DecodeImage`'s crop of the given boxes."""
+    stage = DecodeImage(JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, backend=backend)
+    record_of = {path: record for record, path in enumerate(paths)}
+
+    def crop_resize(path: str, box: tuple[int, int, int, int]) -> np.ndarray:
+        with open(path, "rb") as f:  # the box is record `record_of[path]`'s for seed 0, epoch 0
+            return stage.decode(f.read(), record_generator(0, 0, 0, record_of[path]))
+
+    result = jpeg_psnr(crop_resize, paths)
+    stage.close()
+    return result
+
 
 def run(options: BenchOptions) -> list[dict]:
     n = options.records(NUM_RECORDS)
@@ -157,13 +216,40 @@ def run(options: BenchOptions) -> list[dict]:
     first = first_batch_seconds(lambda: pipeline)
     for _ in pipeline:  # the rest of the warm-up epoch
         pass
+    pillow = build_pipeline(root, backend="pillow")
     source = ImageFolderSource(root)
-    floor = Floor(list(source.paths), np.asarray(source.labels))
-    floor_first = first_batch_seconds(lambda: floor.epoch(0))
-    block(list(floor.epoch(0)))
-    counter = iter(range(1, 10**6))
-    rates = interleaved_rates({"datarax": lambda: pipeline, "floor": lambda: floor.epoch(next(counter))}, n,
-                              options.repeats)
-    floor.pool.shutdown()
-    return [row("jpeg", rates["datarax"], rates["floor"], records=n, first_batch_s=round(build_s + first, 3),
-                floor_first_batch_s=round(floor_first, 3), batch_size=BATCH, threads=os.cpu_count())]
+    paths, labels = list(source.paths), np.asarray(source.labels)
+    floors = {"floor": Floor(paths, labels), "floor[full_scale]": Floor(paths, labels, full_scale=True),
+              "decode_limit": Floor(paths, labels, decode_only=True)}
+    floor_first = first_batch_seconds(lambda: floors["floor"].epoch(0))
+    for floor in floors.values():
+        block(list(floor.epoch(0)))
+    for _ in pillow:
+        pass
+    counters = {name: iter(range(1, 10**6)) for name in floors}
+    sides = {"datarax": lambda: pipeline, "datarax[pillow]": lambda: pillow,
+             **{name: (lambda name=name: floors[name].epoch(next(counters[name]))) for name in floors}}
+    rates = interleaved_rates(sides, n, options.repeats)
+    for floor in floors.values():
+        floor.close()
+    quality = {"datarax": decode_image_psnr(paths, pipeline_backend(pipeline)),
+               "datarax[pillow]": decode_image_psnr(paths, "pillow")}
+    quality["floor"] = quality["datarax"]  # the same boxes through the same decoder (tested)
+    main = row("jpeg", rates["datarax"], rates["floor"], records=n, first_batch_s=round(build_s + first, 3),
+               floor_first_batch_s=round(floor_first, 3), batch_size=BATCH, threads=os.cpu_count(),
+               decoder=pipeline_backend(pipeline), **quality["datarax"])
+    extra = []
+    notes = {"datarax[pillow]": "DecodeImage(backend='pillow'): Pillow draft + resize(box), bilinear",
+             "decode_limit": "libjpeg-turbo at the box's DCT scale on all cores; no resize, no framework",
+             "floor[full_scale]": "the floor decoding every file at full size (no DCT scaling)"}
+    for name in ("datarax[pillow]", "decode_limit", "floor[full_scale]"):
+        extra.append({"scenario": "jpeg", "framework": name, "el_s": round(rates[name]["el_s"], 1),
+                      "ratio_to_datarax": round(rates[name]["el_s"] / rates["datarax"]["el_s"], 3),
+                      "ratio_to_floor": round(rates[name]["el_s"] / rates["floor"]["el_s"], 3),
+                      "el_s_runs": rates[name]["el_s_runs"], "settings": notes[name], **quality.get(name, {})})
+    return [main, *extra]
+
+
+def pipeline_backend(pipeline: Pipeline) -> str:
+    """The JPEG backend the pipeline's DecodeImage resolved to."""
+    return next(s.backend for s in pipeline.source.stages if isinstance(s, DecodeImage))

@@ -25,6 +25,7 @@ import dataclasses
 import io
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -32,6 +33,7 @@ import numpy as np
 
 from datarax.core.checks import (check_choice, check_field_name, check_int, check_positive_int, check_range,
                                  check_size, field, set_field)
+from datarax.host.jpeg import BACKENDS, TurboDecoder, resolve_backend
 from datarax.host.stage import (ON_ERROR, BadRecords, HostContext, HostStage, RecordPool, Spec,
                                 check_encoded_field)
 
@@ -72,6 +74,13 @@ class DecodeImageConfig:
             `<out_field>_ok` to False, count in `DecodeImage.skipped` and warn once per record
             with a `SkippedRecordWarning`).
         seed: the crop seed (the record generator's key, with the stage position).
+        backend: the JPEG decoder: "turbo" (libjpeg-turbo at DCT scale through `simplejpeg`, and
+            an exact bilinear warp of the box with OpenCV; see `datarax.host.jpeg`), "pillow"
+            (Pillow's `draft` + `resize(box=...)`), or "auto" (turbo when both wheels are
+            installed, as `pip install 'datarax[image]'` does). Non-JPEG, CMYK and damaged
+            files always go through Pillow. The two decoders differ by a few grey levels, so the
+            backend is part of the stage's fingerprint: a state saved under one does not resume
+            under the other; pass the saved one explicitly to resume on another machine.
     """
 
     size: int | tuple[int, int]
@@ -84,6 +93,7 @@ class DecodeImageConfig:
     num_threads: int | None = None
     on_error: str = "raise"
     seed: int = 0
+    backend: str = "auto"
 
     def __post_init__(self):
         set_field(self, "size", check_size(*field(self, "size")))
@@ -99,6 +109,7 @@ class DecodeImageConfig:
         check_positive_int(*field(self, "num_threads"), allow_none=True, unit="threads")
         check_choice(*field(self, "on_error"), ON_ERROR)
         check_int(*field(self, "seed"), 0, high=2**63 - 1)
+        check_choice(*field(self, "backend"), BACKENDS)
 
 
 def shorter_side_box(height: int, width: int, out_h: int, out_w: int) -> Box:
@@ -169,9 +180,10 @@ class DecodeImage(HostStage):
     def __init__(self, size: int | tuple[int, int], *, resize: str = "shorter_side", crop: str = "center",
                  scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
                  field: str = "image", out_field: str | None = None, num_threads: int | None = None,
-                 on_error: str = "raise", seed: int = 0):
+                 on_error: str = "raise", seed: int = 0, backend: str = "auto"):
         self._setup(DecodeImageConfig(size=size, resize=resize, crop=crop, scale=scale, ratio=ratio, field=field,
-                                      out_field=out_field, num_threads=num_threads, on_error=on_error, seed=seed))
+                                      out_field=out_field, num_threads=num_threads, on_error=on_error, seed=seed,
+                                      backend=backend))
 
     @classmethod
     def from_config(cls, config: DecodeImageConfig) -> DecodeImage:
@@ -192,6 +204,8 @@ class DecodeImage(HostStage):
                                       "Remove or replace the file (corrupt, truncated or not an image)")
         self._image = _pillow()
         self._transpose = _transposes()
+        self.backend = resolve_backend(config.backend)
+        self._turbo = TurboDecoder() if self.backend == "turbo" else None
 
     def output_spec(self, input_spec: Spec) -> Spec:
         check_encoded_field(input_spec, self.config.field, "DecodeImage", holds="encoded images (bytes)",
@@ -204,8 +218,12 @@ class DecodeImage(HostStage):
 
     def structure(self) -> str:
         # num_threads changes no output; keeping it out lets a run resume on a machine with other cores.
+        # The Pillow backend keeps the fingerprint it had before backends existed, so old states resume.
         config = dataclasses.replace(self.config, num_threads=None)
-        return f"DecodeImage({config})"
+        settings = ", ".join(f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
+                             if f.name != "backend")
+        suffix = "" if self.backend == "pillow" else f"[backend={self.backend}]"
+        return f"DecodeImage(DecodeImageConfig({settings})){suffix}"
 
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         data = batch[self.config.field]
@@ -216,7 +234,7 @@ class DecodeImage(HostStage):
         def decode(row: int) -> Exception | None:
             try:
                 rng = ctx.generator(self.seed, row) if self.stochastic else None
-                out[row] = self.decode(data[row], rng)
+                self.decode_into(data[row], rng, out[row])
             except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for bad bytes; all name the record
                 return exc
             return None
@@ -235,6 +253,34 @@ class DecodeImage(HostStage):
 
     def decode(self, data: bytes, rng: np.random.Generator | None = None) -> np.ndarray:
         """One record: encoded bytes to a `(h, w, 3)` uint8 array (`rng` draws a random-resized box)."""
+        out = np.empty((*self.config.size, 3), np.uint8)
+        self.decode_into(data, rng, out)
+        return out
+
+    def decode_into(self, data: bytes, rng: np.random.Generator | None, out: np.ndarray) -> None:
+        """One record decoded into `out`, an `(h, w, 3)` uint8 row: the turbo path where it reads
+        the file, else Pillow."""
+        if self._turbo is not None:
+            header = self._turbo.header(data)
+            if header is not None:
+                drawn = self._box(header[0], header[1], rng)
+                if drawn is None:  # resize="none": the whole image, which must already have the size
+                    self._check_unresized(header[0], header[1])
+                box = drawn or (0, 0, header[1], header[0])
+                if self._turbo.decode_into(data, header, box, out):
+                    return
+                # libjpeg-turbo refused it: Pillow decodes it (or reports it) with the box already drawn
+                out[...] = self._decode_pillow(data, lambda height, width: drawn)
+                return
+        out[...] = self._decode_pillow(data, lambda height, width: self._box(height, width, rng))
+
+    def _check_unresized(self, height: int, width: int) -> None:
+        out_h, out_w = self.config.size
+        if (height, width) != (out_h, out_w):
+            raise ValueError(f"the image is {height}x{width} (h x w) but resize='none' needs {out_h}x{out_w}; "
+                             "pick resize='shorter_side' or 'fixed'")
+
+    def _decode_pillow(self, data: bytes, draw_box: Callable[[int, int], Box | None]) -> np.ndarray:
         image_module = self._image
         image = image_module.open(io.BytesIO(data))
         orientation = image.getexif().get(_ORIENTATION_TAG, 1)
@@ -242,7 +288,7 @@ class DecodeImage(HostStage):
         width, height = image.size
         if transpose is not None and orientation >= 5:  # a quarter turn: the upright image is height x width
             width, height = height, width
-        box = self._box(height, width, rng)
+        box = draw_box(height, width)
         out_h, out_w = self.config.size
         reduce = 1
         if box is not None:
@@ -261,9 +307,8 @@ class DecodeImage(HostStage):
             if reduce != 1:
                 box = (box[0] / reduce, box[1] / reduce, box[2] / reduce, box[3] / reduce)
             image = image.resize((out_w, out_h), image_module.Resampling.BILINEAR, box=box)
-        elif image.size != (out_w, out_h):
-            raise ValueError(f"the image is {image.size[1]}x{image.size[0]} (h x w) but resize='none' needs "
-                             f"{out_h}x{out_w}; pick resize='shorter_side' or 'fixed'")
+        else:
+            self._check_unresized(image.size[1], image.size[0])
         if image.mode == "L":  # replicating gray after the resize is the same and a third of the work
             image = image.convert("RGB")
         return np.asarray(image)

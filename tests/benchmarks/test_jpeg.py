@@ -23,8 +23,11 @@ def temp_cache(tmp_path, monkeypatch):
 
 def test_the_scenario_runs_and_reports_its_row(temp_cache):
     rows = jpeg.run(BenchOptions(repeats=1, scale=0.01))
-    assert len(rows) == 1 and rows[0]["scenario"] == "jpeg" and rows[0]["records"] == 40
-    assert rows[0]["datarax_el_s"] > 0 and rows[0]["floor_el_s"] > 0
+    assert [r.get("framework", "datarax") for r in rows] == ["datarax", "datarax[pillow]", "decode_limit",
+                                                             "floor[full_scale]"]
+    assert all(r["scenario"] == "jpeg" for r in rows) and rows[0]["records"] == 40
+    assert rows[0]["datarax_el_s"] > 0 and rows[0]["floor_el_s"] > 0 and all(r["el_s"] > 0 for r in rows[1:])
+    assert rows[0]["decoder"] == "turbo" and 30 < rows[0]["psnr_db"] < 60 and 30 < rows[1]["psnr_db"] < 60
     assert jpeg.image_folder(40) == jpeg.image_folder(40)  # cached
 
 
@@ -34,7 +37,7 @@ def test_the_floor_crops_exactly_as_decode_image(temp_cache):
     stage = DecodeImage(JPEG_SIZE, crop="random_resized")
     for record in range(16):
         out = np.empty((JPEG_SIZE, JPEG_SIZE, 3), np.uint8)
-        floor.decode(data["path"][record], record, 3, out)
+        floor.decode(data["path"][record], record, 3, out)  # the floor uses the turbo path's own primitive
         with open(data["path"][record], "rb") as f:
             want = stage.decode(f.read(), record_generator(0, 0, 3, record))
         np.testing.assert_array_equal(out, want)
@@ -55,3 +58,28 @@ def test_peer_jpeg_loader_delivers_each_record_once(temp_cache, peer):
     assert sorted(labels.tolist()) == sorted(data["label"].tolist())
     assert images.shape == (12, JPEG_SIZE, JPEG_SIZE, 3) and images.dtype == np.float32
     assert -3 < images.mean() < 3 and images.std() > 0.1  # normalised photographs, not zeros
+
+
+@pytest.mark.parametrize("peer", PEERS)
+def test_peer_jpeg_variant_delivers_each_record_once_and_measures_its_quality(temp_cache, peer):
+    from benchmarks.peers.common import jpeg_psnr
+
+    data = jpeg.make_data(12)
+    try:
+        loader = runner.workload(peer, "jpeg_variant")(data, PeerOptions(batch_size=4, workers=0))
+    except ImportError as exc:  # torchvision's compiled ops need the torch build they were made for
+        pytest.skip(f"{peer}'s variant cannot run here: {exc}")
+    labels = np.concatenate([b["label"] for b in loader.epoch()])
+    assert sorted(labels.tolist()) == sorted(data["label"].tolist())
+    quality = jpeg_psnr(loader.quality, list(data["path"]), count=4)
+    assert 25 < quality["psnr_db"] < 60
+
+
+def test_the_psnr_of_the_reference_itself_is_perfect_and_a_shift_lowers_it(temp_cache):
+    from benchmarks.peers.common import jpeg_psnr, jpeg_reference
+
+    paths = list(jpeg.make_data(4)["path"])
+    assert jpeg_psnr(jpeg_reference, paths)["psnr_db"] == 99.0
+    shifted = jpeg_psnr(lambda p, b: jpeg_reference(p, (max(b[0] - 2, 0) if b[0] else 2, b[1], b[2] - 2, b[3])),
+                        paths)["psnr_db"]
+    assert shifted < 35

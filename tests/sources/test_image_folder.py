@@ -22,8 +22,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 NUM = 40
 
 
-def write_folder(root: pathlib.Path, num: int = NUM, per_class: int = 1) -> list[np.ndarray]:
-    """`num` PNG crops of a photograph, `per_class` per class folder `c000`, `c001`, ...; their pixels."""
+def write_folder(root: pathlib.Path, num: int = NUM, per_class: int = 1, suffix: str = ".png") -> list[np.ndarray]:
+    """`num` PNG (or JPEG) crops of a photograph, `per_class` per class folder `c000`, `c001`, ...; their pixels."""
     photo = photos.astronaut()
     rng = np.random.default_rng(0)
     images = []
@@ -33,15 +33,16 @@ def write_folder(root: pathlib.Path, num: int = NUM, per_class: int = 1) -> list
         image = photo[top:top + h, left:left + w]
         folder = root / f"c{i // per_class:03d}"
         folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(image).save(folder / f"{i:04d}.png")
+        Image.fromarray(image).save(folder / f"{i:04d}{suffix}")
         images.append(image)
     return images
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
+@pytest.fixture(scope="module", params=[".png", ".jpg"])
+def folder(tmp_path_factory, request):
+    """PNGs (decoded by Pillow) and JPEGs (by DecodeImage's default backend: libjpeg-turbo when installed)."""
     root = tmp_path_factory.mktemp("folder")
-    write_folder(root)
+    write_folder(root, suffix=request.param)
     return root
 
 
