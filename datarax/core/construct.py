@@ -24,7 +24,8 @@ def _article(name: str) -> str:
 
 
 def resolve_config(config_class: type[C], config: Any, settings: dict[str, Any], owner: str, *,
-                   accept: type | None = None, exact: bool = False, positional: str | None = None) -> C:
+                   accept: type | None = None, exact: bool = False,
+                   positional: tuple[str, type | tuple[type, ...]] | None = None) -> C:
     """The config an `owner(config, **settings)` call describes.
 
     Args:
@@ -34,13 +35,14 @@ def resolve_config(config_class: type[C], config: Any, settings: dict[str, Any],
         owner: the class name shown in errors.
         accept: the type a given config must be an instance of (default `config_class`).
         exact: require `type(config) is config_class` (operators whose configs subclass each other).
-        positional: the setting a non-config first argument stands for, the former positional
-            spelling (`DecodeImage(128)` for `size`): moved into `settings` with a DeprecationWarning.
+        positional: `(setting, types)`: a first argument of one of `types` stands for that setting,
+            the former positional spelling (`DecodeImage(128)` for `size`); it is moved into
+            `settings` with a DeprecationWarning.
     """
     name = config_class.__name__
-    if positional is not None and config is not None and not isinstance(config, accept or config_class):
-        warn_positional(owner, positional, config)
-        config, settings = None, {positional: config, **settings}
+    if positional is not None and isinstance(config, positional[1]):
+        warn_positional(owner, positional[0], config)
+        config, settings = None, {positional[0]: config, **settings}
     if config is None:
         known = {f.name for f in dataclasses.fields(config_class) if f.init}
         unknown = sorted(set(settings) - known)

@@ -164,7 +164,8 @@ class DecodeImage(HostStage):
     """
 
     def __init__(self, config: DecodeImageConfig | None = None, **settings: Any):
-        self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage", positional="size"))
+        self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage",
+                                   positional=("size", (int, tuple, list))))
 
     @classmethod
     def from_config(cls, config: DecodeImageConfig) -> DecodeImage:

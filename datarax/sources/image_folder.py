@@ -116,7 +116,7 @@ class ImageFolderSource(DataSourceModule):
     def __init__(self, config: ImageFolderSourceConfig | None = None, *, rngs: nnx.Rngs | None = None,
                  **settings: Any):
         self.config = resolve_config(ImageFolderSourceConfig, config, settings, "ImageFolderSource",
-                                     positional="root")
+                                     positional=("root", (str, os.PathLike)))
         classes, paths, labels = scan_image_folder(self.config.root, self.config.extensions)
         self.class_names = tuple(classes)
         self.seed = seed_from_rngs(self.config.seed, rngs)
