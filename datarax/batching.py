@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from datarax.core.checks import is_int
+from datarax.core.checks import check_positive_int
 
 # Batches a device-resident pipeline keeps dispatched behind the one it returns (`Pipeline`'s
 # `dispatch_ahead`); the default was chosen by measurement (docs/benchmarks.md, `overhead`).
@@ -26,9 +26,7 @@ MAX_DISPATCH_AHEAD = 64
 
 def check_batch_size(batch_size: object) -> int:
     """`batch_size` as an int, or a ValueError naming the bad value."""
-    if not is_int(batch_size) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    return int(batch_size)
+    return check_positive_int(batch_size, "batch_size")
 
 
 def num_batches(length: int, batch_size: int, drop_remainder: bool) -> int:

@@ -37,7 +37,7 @@ def shortcut(operator: type, config_class: type | None = None) -> Callable[..., 
     fields = [f for f in dataclasses.fields(config_class) if f.init]
     own = [f.name for f in fields if f.name not in _SHARED]
     extra = [p for name, p in inspect.signature(operator.__init__).parameters.items()
-             if name not in ("self", "config", "rngs")]
+             if name not in ("self", "config", "rngs") and p.kind is not p.VAR_KEYWORD]
 
     def default(f: dataclasses.Field) -> Any:
         if f.default is not dataclasses.MISSING:

@@ -6,7 +6,7 @@ system temp dir keyed by the count and seed.
 
 Rows, all timed in this process with their epochs interleaved:
 
-* `datarax`: `ImageFolderSource` + `DecodeImage(128, crop="random_resized")` at its default
+* `datarax`: `ImageFolderSource` + `DecodeImage(size=128, crop="random_resized")` at its default
   backend (libjpeg-turbo at DCT scale + one bilinear warp of the box when `simplejpeg` and OpenCV
   are installed, else Pillow), a thread per core, then float, `HorizontalFlipOperator` and
   `NormalizeOperator` in the compiled program.
@@ -99,7 +99,7 @@ def image_folder(n: int, seed: int = 0) -> str:
 
 def make_data(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     """The peers' data: every file's path and label, in the source's record order."""
-    source = ImageFolderSource(image_folder(n, seed))
+    source = ImageFolderSource(root=image_folder(n, seed))
     return {"path": np.array(source.paths), "label": np.asarray(source.labels)}
 
 
@@ -108,12 +108,12 @@ def to_float(x: jax.Array) -> jax.Array:
 
 
 def build_pipeline(root: str, seed: int = 0, backend: str = "auto") -> Pipeline:
-    stages = [DecodeImage(JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, seed=seed,
+    stages = [DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, seed=seed,
                           backend=backend),
               MapOperator(MapOperatorConfig(fields=("image",)), fn=to_float),
               HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(seed)),
               NormalizeOperator(NormalizeConfig(mean=JPEG_MEAN, std=JPEG_STD))]
-    return Pipeline(ImageFolderSource(root, shuffle=True, seed=seed), stages, batch_size=BATCH)
+    return Pipeline(ImageFolderSource(root=root, shuffle=True, seed=seed), stages, batch_size=BATCH)
 
 
 def dct_scale(box_h: int, box_w: int) -> int:
@@ -195,7 +195,7 @@ def peer_recipe(options: BenchOptions) -> list[Recipe]:
 
 def decode_image_psnr(paths: list[str], backend: str) -> dict[str, float]:
     """`jpeg_psnr` of `DecodeImage`'s crop of the given boxes."""
-    stage = DecodeImage(JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, backend=backend)
+    stage = DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, backend=backend)
     record_of = {path: record for record, path in enumerate(paths)}
 
     def crop_resize(path: str, box: tuple[int, int, int, int]) -> np.ndarray:
@@ -217,7 +217,7 @@ def run(options: BenchOptions) -> list[dict]:
     for _ in pipeline:  # the rest of the warm-up epoch
         pass
     pillow = build_pipeline(root, backend="pillow")
-    source = ImageFolderSource(root)
+    source = ImageFolderSource(root=root)
     paths, labels = list(source.paths), np.asarray(source.labels)
     floors = {"floor": Floor(paths, labels), "floor[full_scale]": Floor(paths, labels, full_scale=True),
               "decode_limit": Floor(paths, labels, decode_only=True)}

@@ -106,7 +106,7 @@ def build_pipeline(spec: RunSpec):
         kwargs["sampler"] = build_component(spec.sampler, **extra)
     if spec.sharding is not None:
         kwargs["sharding"] = build_sharding(spec.sharding)
-    sizes.check_batch_size(run.batch_size, sizes.epoch_records(source, kwargs.get("sampler")), run.drop_remainder)
+    sizes.check_batch_fits_epoch(run.batch_size, sizes.epoch_records(source, kwargs.get("sampler")), run.drop_remainder)
     host_resident = source.device_arrays() is None
     sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(source.element_spec()), host_resident, "read",
                        run.dispatch_ahead)

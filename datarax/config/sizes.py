@@ -73,7 +73,7 @@ def epoch_records(source: Any, sampler: Any) -> int | None:
     return len(source)
 
 
-def check_batch_size(batch_size: int, records: int | None, drop_remainder: bool) -> None:
+def check_batch_fits_epoch(batch_size: int, records: int | None, drop_remainder: bool) -> None:
     """Raises `ConfigError` at `batch_size` when one batch is more than an epoch's records."""
     if records is None or batch_size <= records:
         return

@@ -10,16 +10,15 @@ through `datarax.sources.grain_interop.GrainStreamSource`.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, wait
-
 import jax
 import numpy as np
 
+from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_int
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
-from datarax.sources._columns import Handles, allocate
+from datarax.sources._columns import allocate
 
 
 class ThreadedSource(DataSourceModule):
@@ -41,11 +40,9 @@ class ThreadedSource(DataSourceModule):
         if source.device_arrays() is not None:
             raise ValueError("ThreadedSource source is device-resident (its gather runs inside the compiled step); "
                              "threads only help host-resident sources")
-        for name, value in (("num_threads", num_threads), ("min_chunk", min_chunk)):
-            check_int(value, f"ThreadedSource {name}", 1)
         self.source = source
-        self.num_threads, self.min_chunk = num_threads, min_chunk
-        self._pool = Handles(executor=ThreadPoolExecutor(num_threads, thread_name_prefix="datarax-read"))
+        self.min_chunk = check_int(min_chunk, "ThreadedSource min_chunk", 1)
+        self._pool = ThreadPool(check_int(num_threads, "ThreadedSource num_threads", 1), "datarax-read")
 
     def __len__(self) -> int:
         return len(self.source)
@@ -62,16 +59,17 @@ class ThreadedSource(DataSourceModule):
         flat_out = {k: out[k].reshape((flat.size,) + tuple(spec[k].shape)) for k in spec}
         parts = max(1, min(self.num_threads, flat.size // self.min_chunk))
         bounds = np.linspace(0, flat.size, parts + 1).astype(np.int64)
-        if parts == 1:
-            self.source.get_batch(flat, out=flat_out)
-            return out
-        pool = self._pool.executor
-        futures = [pool.submit(self.source.get_batch, flat[a:b], {k: v[a:b] for k, v in flat_out.items()})
-                   for a, b in zip(bounds[:-1], bounds[1:])]
-        wait(futures)
-        for f in futures:
-            f.result()  # re-raises a reader's exception here
+
+        def read(chunk: tuple[int, int]) -> None:
+            a, b = chunk
+            self.source.get_batch(flat[a:b], {k: v[a:b] for k, v in flat_out.items()})
+
+        self._pool.map(read, zip(bounds[:-1], bounds[1:]))
         return out
+
+    @property
+    def num_threads(self) -> int:
+        return self._pool.num_threads
 
     def default_sampler(self) -> Sampler:
         return self.source.default_sampler()
@@ -82,4 +80,4 @@ class ThreadedSource(DataSourceModule):
 
     def close(self) -> None:
         """Stops the thread pool (idempotent)."""
-        self._pool.executor.shutdown(wait=True)
+        self._pool.close()

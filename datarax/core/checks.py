@@ -13,6 +13,7 @@ False explicitly: `batch_size=True` is a mistake, not a batch of one.
 
 from __future__ import annotations
 
+import importlib
 import math
 import warnings
 from collections.abc import Sequence
@@ -20,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-MAX_INT32 = 2**31 - 1
+MAX_INT32 = 2**31 - 1  # the largest index, position or epoch an int32 (jax's default int) holds
+MAX_SEED = 2**63 - 1
 
 
 def describe(value: Any) -> str:
@@ -105,6 +107,17 @@ def check_number(value: Any, name: str, low: float = -math.inf, high: float = ma
     if value > high or value < low or (open_low and value == low):
         raise ValueError(f"{name} must be in {interval}, got {value!r}; pick a value in that range")
     return float(value)
+
+
+def check_seed(value: Any, name: str = "seed", *, allow_none: bool = False) -> int | None:
+    """A seed: an int in [0, 2**63 - 1] (or None when `allow_none`). TypeError for a non-int."""
+    if value is None and allow_none:
+        return None
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int in [0, 2**63 - 1], got {value!r} ({type(value).__name__})")
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{name} must be in [0, 2**63 - 1], got {value}; pick a non-negative seed below 2**63")
+    return int(value)
 
 
 def check_probability(value: Any, name: str) -> float:
@@ -194,3 +207,13 @@ def take_renamed(config: Any, old: str, new: str) -> None:
                   f"write {owner}({new}={value!r})", DeprecationWarning, stacklevel=4)
     object.__setattr__(config, new, value)
     object.__setattr__(config, old, None)
+
+
+def require(module: str, *, owner: str, extra: str, package: str | None = None) -> Any:
+    """Imports an optional dependency, or fails naming the owner, the package and the pip extra:
+    "HFSource needs the `datasets` package: pip install 'datarax[data]'"."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{owner} needs the `{package or module.split('.')[0]}` package: "
+                          f"pip install 'datarax[{extra}]'") from exc

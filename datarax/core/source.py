@@ -9,23 +9,78 @@ function as arguments, never closed over, which would bake them into the program
 from __future__ import annotations
 
 import abc
-from typing import Any
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 from flax import nnx
 
-from datarax.samplers.base import Sampler
+from datarax.core.checks import MAX_INT32, check_bool, check_seed, field
+
+if TYPE_CHECKING:
+    from datarax.samplers.base import Sampler
 
 
-class ArrayStore:
-    """Holds a source's arrays outside NNX state, so `nnx.state(pipeline)` never copies the data."""
+class Handles:
+    """Holds what a source keeps outside NNX state and graph: its arrays, readers, tables, datasets.
 
-    def __init__(self, arrays: dict[str, Any]):
-        self.arrays = arrays
+    NNX walks a module's dicts and lists as graph nodes and copies arrays into `nnx.state`; behind
+    a `Handles` they stay put, so `nnx.state(pipeline)` never copies the data.
+    """
+
+    def __init__(self, **objects: Any):
+        self.__dict__.update(objects)
 
     def __repr__(self) -> str:
-        return f"ArrayStore({sorted(self.arrays)})"
+        return f"Handles({sorted(self.__dict__)})"
+
+
+def ArrayStore(arrays: dict[str, Any]) -> Handles:  # noqa: N802 - the former class name
+    """Deprecated: `Handles(arrays=arrays)`."""
+    warnings.warn("ArrayStore(arrays) is deprecated: write Handles(arrays=arrays) (datarax.core.source)",
+                  DeprecationWarning, stacklevel=2)
+    return Handles(arrays=arrays)
+
+
+# (num_records, shuffle, seed) -> Sampler, registered by `datarax.samplers` when it is imported:
+# core sits below the samplers, so it is handed the choice rather than importing it.
+_sampler_choice: list[Callable[[int, bool, int], Sampler]] = []
+
+
+def register_sampler_choice(choose: Callable[[int, bool, int], Sampler]) -> None:
+    """Sets the function `DataSourceModule.default_sampler` builds samplers with (`datarax.samplers` does)."""
+    _sampler_choice[:] = [choose]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShuffleConfig:
+    """The shuffling fields every shuffling source's config has (keyword-only, after its own).
+
+    Attributes:
+        shuffle: a fresh record order every epoch (Feistel permutation keyed by (seed, epoch)).
+        seed: the shuffle seed; None draws it from the source's `rngs` (stream "shuffle",
+            falling back to `default`), or uses 0 without rngs.
+    """
+
+    shuffle: bool = dataclasses.field(default=False, kw_only=True)
+    seed: int | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self):
+        check_bool(*field(self, "shuffle"))
+        check_seed(*field(self, "seed"), allow_none=True)
+
+
+def seed_from_rngs(seed: int | None, rngs: nnx.Rngs | None, stream: str = "shuffle") -> int:
+    """An explicit seed, else one drawn deterministically from `rngs`, else 0."""
+    if seed is not None:
+        return seed
+    if rngs is None:
+        return 0
+    key = getattr(rngs, stream)()
+    return int(jax.random.randint(key, (), 0, MAX_INT32))
 
 
 class DataSourceModule(nnx.Module, abc.ABC):
@@ -64,10 +119,14 @@ class DataSourceModule(nnx.Module, abc.ABC):
         return None
 
     def default_sampler(self) -> Sampler:
-        """The sampler a pipeline uses unless it is given one."""
-        from datarax.samplers.simple import SequentialSampler
-
-        return SequentialSampler(len(self))
+        """The sampler a pipeline uses unless it is given one: a fresh order every epoch, keyed by
+        `(self.seed, epoch)`, when the source's config has `shuffle=True` (a `ShuffleConfig`),
+        else storage order."""
+        if not _sampler_choice:
+            raise RuntimeError("no sampler is registered: import datarax.samplers (a Pipeline does) before "
+                               "asking a source for its default sampler")
+        shuffle = bool(getattr(getattr(self, "config", None), "shuffle", False))
+        return _sampler_choice[0](len(self), shuffle, getattr(self, "seed", 0))
 
     def structure(self) -> str:
         """Identifies the source for iterator fingerprints: class, length and element spec."""

@@ -35,19 +35,18 @@ from typing import Any
 import jax
 import numpy as np
 
-from datarax.core.checks import check_choice, check_field_name, check_int, check_positive_int, field, is_int
-from datarax.host.stage import (ON_ERROR, BadRecords, HostContext, HostStage, RecordError, RecordPool, Spec,
-                                check_encoded_field)
+from datarax.control.pool import ThreadPool
+from datarax.core.checks import check_choice, check_field_name, check_int, check_positive_int, field, is_int, require
+from datarax.core.construct import resolve_config
+from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, RecordError, Spec, check_encoded_field
 
 _CROPS = ("random", "center", "start")
 
 
-def _soundfile(owner: str) -> Any:
-    try:
-        import soundfile
-    except ImportError as exc:  # libsndfile comes with the wheel; the package is the optional part
-        raise ImportError(f"{owner} needs the `soundfile` package: pip install 'datarax[audio]'") from exc
-    return soundfile
+def _soundfile() -> Any:
+    # libsndfile comes with the wheel; the package is the optional part. Not kept on the stage:
+    # a module neither copies nor pickles.
+    return require("soundfile", owner="DecodeAudio", extra="audio")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,17 +115,12 @@ class DecodeAudio(HostStage):
         config: the stage's settings; or pass them as keywords (`DecodeAudio(length=16000)`).
     """
 
-    def __init__(self, config: DecodeAudioConfig | None = None, **kwargs: Any):
-        if config is not None and kwargs:
-            raise TypeError("DecodeAudio takes a DecodeAudioConfig or keyword settings, not both")
-        config = DecodeAudioConfig(**kwargs) if config is None else config
-        if not isinstance(config, DecodeAudioConfig):
-            raise TypeError(f"config must be a DecodeAudioConfig, got {type(config).__name__}")
-        self.config = config
+    def __init__(self, config: DecodeAudioConfig | None = None, **settings: Any):
+        self.config = config = resolve_config(DecodeAudioConfig, config, settings, "DecodeAudio")
         self.seed = config.seed
         self.stochastic = config.crop == "random"
-        self._soundfile = _soundfile("DecodeAudio")
-        self.pool = RecordPool(config.num_threads, "DecodeAudio")
+        _soundfile()
+        self.pool = ThreadPool(config.num_threads, "DecodeAudio")
         ok_field = f"{config.field}_ok" if config.on_error == "skip" else None
         self.bad_records = BadRecords(config.on_error, "DecodeAudio", config.field, ok_field,
                                       "Remove or replace the file (corrupt, truncated or not audio)")
@@ -157,7 +151,7 @@ class DecodeAudio(HostStage):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise RecordError(f"DecodeAudio: {ctx.where(row)} holds {type(data).__name__}, not the bytes of an "
                               "audio file")
-        sf = self._soundfile
+        sf = _soundfile()
         try:
             with sf.SoundFile(io.BytesIO(data)) as f:
                 rate, channels, frames = f.samplerate, f.channels, f.frames
@@ -188,30 +182,16 @@ class DecodeAudio(HostStage):
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         c = self.config
         records = batch[c.field].reshape(-1)
-        n = len(records)
-        waves = np.zeros((n,) + self._shape(), np.float32)
-        lengths = np.zeros(n, np.int32)
+        waves = np.zeros((len(records),) + self._shape(), np.float32)
+        lengths = np.zeros(len(records), np.int32)
 
-        def work(row: int) -> RecordError | None:
-            try:
-                lengths[row] = self._decode(records[row], ctx, row, waves[row])
-            except RecordError as exc:
-                return exc
-            return None
+        def work(row: int) -> None:
+            lengths[row] = self._decode(records[row], ctx, row, waves[row])
 
-        failures = self.pool.map(work, n)
-        ok = self.bad_records.resolve(failures, ctx, [waves, lengths])
-        out = {**batch, c.field: waves, f"{c.field}_length": lengths}
-        if ok is not None:
-            out[f"{c.field}_ok"] = ok
-        return out
+        return self.decode_rows(batch, ctx, {c.field: waves, f"{c.field}_length": lengths}, work, RecordError)
 
     def structure(self) -> str:
         # The thread count changes how fast records decode, never what they decode to, so a state
         # saved with one count restores with another: it is left out of the fingerprint.
         settings = {k: v for k, v in dataclasses.asdict(self.config).items() if k != "num_threads"}
         return "DecodeAudio(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"
-
-    def close(self) -> None:
-        """Stops the decoding threads (idempotent)."""
-        self.pool.close()

@@ -25,33 +25,30 @@ import dataclasses
 import io
 import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
-from datarax.core.checks import (check_choice, check_field_name, check_int, check_positive_int, check_range,
-                                 check_size, field, set_field)
+from datarax.control.pool import ThreadPool
+from datarax.core.checks import (check_choice, check_field_name, check_int, check_positive_int, check_range, check_size,
+                                 field, require, set_field)
+from datarax.core.construct import resolve_config
 from datarax.host.jpeg import BACKENDS, TurboDecoder, resolve_backend
-from datarax.host.stage import (ON_ERROR, BadRecords, HostContext, HostStage, RecordPool, Spec,
-                                check_encoded_field)
+from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, Spec, check_encoded_field
 
 RESIZE_MODES = ("shorter_side", "fixed", "none")
 CROP_MODES = ("center", "random_resized")
 
-PILLOW_HINT = "pip install pillow (or pip install 'datarax[image]')"
 _ORIENTATION_TAG = 0x0112
 _DRAFT_SCALES = (8, 4, 2, 1)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's order
 
 
 def _pillow() -> Any:
-    try:
-        from PIL import Image
-    except ImportError as exc:
-        raise ImportError(f"DecodeImage needs the `pillow` package: {PILLOW_HINT}") from exc
-    return Image
+    return require("PIL.Image", owner="DecodeImage", extra="image", package="pillow")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,28 +166,24 @@ class DecodeImage(HostStage):
     `<out_field>_ok` when `on_error="skip"`.
 
     Example:
-        >>> stages = [DecodeImage(128, crop="random_resized", seed=0),
+        >>> stages = [DecodeImage(size=128, crop="random_resized", seed=0),
         ...           HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(0))]
-        >>> pipeline = Pipeline(ImageFolderSource("photos/train", shuffle=True), stages, batch_size=64)
+        >>> pipeline = Pipeline(ImageFolderSource(root="photos/train", shuffle=True), stages, batch_size=64)
 
     Attributes:
         skipped: records replaced by zeros so far (`on_error="skip"`; a record counts each time).
     """
 
-    def __init__(self, size: int | tuple[int, int], *, resize: str = "shorter_side", crop: str = "center",
-                 scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
-                 field: str = "image", out_field: str | None = None, num_threads: int | None = None,
-                 on_error: str = "raise", seed: int = 0, backend: str = "auto"):
-        self._setup(DecodeImageConfig(size=size, resize=resize, crop=crop, scale=scale, ratio=ratio, field=field,
-                                      out_field=out_field, num_threads=num_threads, on_error=on_error, seed=seed,
-                                      backend=backend))
+    def __init__(self, config: DecodeImageConfig | None = None, **settings: Any):
+        self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage",
+                                   positional=("size", (int, tuple, list))))
 
     @classmethod
     def from_config(cls, config: DecodeImageConfig) -> DecodeImage:
-        """The stage a `DecodeImageConfig` describes."""
-        if not isinstance(config, DecodeImageConfig):
-            raise TypeError(f"config must be a DecodeImageConfig, got {type(config).__name__}")
-        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+        """Deprecated: `DecodeImage(config)`."""
+        warnings.warn("DecodeImage.from_config(config) is deprecated: write DecodeImage(config)", DeprecationWarning,
+                      stacklevel=2)
+        return cls(config)
 
     def _setup(self, config: DecodeImageConfig) -> None:
         self.config = config
@@ -199,7 +192,7 @@ class DecodeImage(HostStage):
         self.out_field = config.out_field or config.field
         self.ok_field = f"{self.out_field}_ok" if config.on_error == "skip" else None
         self.num_threads = config.num_threads or os.cpu_count() or 1
-        self.pool = RecordPool(self.num_threads, "datarax-decode-image")
+        self.pool = ThreadPool(self.num_threads, "datarax-decode-image")
         self.bad_records = BadRecords(config.on_error, "DecodeImage", config.field, self.ok_field,
                                       "Remove or replace the file (corrupt, truncated or not an image)")
         self._image = _pillow()
@@ -227,24 +220,12 @@ class DecodeImage(HostStage):
 
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         data = batch[self.config.field]
-        count = len(data)
-        h, w = self.config.size
-        out = np.empty((count, h, w, 3), np.uint8)
+        out = np.empty((len(data), *self.config.size, 3), np.uint8)
 
-        def decode(row: int) -> Exception | None:
-            try:
-                rng = ctx.generator(self.seed, row) if self.stochastic else None
-                self.decode_into(data[row], rng, out[row])
-            except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for bad bytes; all name the record
-                return exc
-            return None
+        def decode(row: int) -> None:
+            self.decode_into(data[row], ctx.generator(self.seed, row) if self.stochastic else None, out[row])
 
-        failures = self.pool.map(decode, count)
-        result = {**batch, self.out_field: out}
-        ok = self.bad_records.resolve(failures, ctx, [out])
-        if ok is not None:
-            result[self.ok_field] = ok
-        return result
+        return self.decode_rows(batch, ctx, {self.out_field: out}, decode)
 
     @property
     def skipped(self) -> int:
@@ -324,10 +305,6 @@ class DecodeImage(HostStage):
         if config.resize == "shorter_side":
             return shorter_side_box(height, width, *config.size)
         return None
-
-    def close(self) -> None:
-        """Shuts the decoding threads down (a later call starts them again)."""
-        self.pool.close()
 
     def __getstate__(self) -> dict[str, Any]:
         # Modules do not copy or pickle; a copy imports them again, and its pool starts on first use.

@@ -20,7 +20,6 @@ A pipeline takes host stages at the head of its `stages`:
 from __future__ import annotations
 
 import abc
-import concurrent.futures
 import dataclasses
 import threading
 import warnings
@@ -81,39 +80,6 @@ class RecordError(ValueError):
 
 class SkippedRecordWarning(UserWarning):
     """A host stage replaced a record it could not decode by zeros (`on_error="skip"`)."""
-
-
-class RecordPool:
-    """Runs one function per record on a thread pool started on first use (decoders such as Pillow
-    and libsndfile release the GIL); with one thread, or one record, it runs inline."""
-
-    def __init__(self, num_threads: int, name: str):
-        self.num_threads, self.name = num_threads, name
-        self._lock = threading.Lock()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-    def map(self, work: Callable[[int], Any], count: int) -> list[Any]:
-        """`[work(0), ..., work(count - 1)]`, in row order."""
-        if self.num_threads == 1 or count == 1:
-            return [work(row) for row in range(count)]
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(self.num_threads, thread_name_prefix=self.name)
-            pool = self._pool
-        return list(pool.map(work, range(count)))
-
-    def close(self) -> None:
-        """Stops the threads (idempotent; a later `map` starts them again)."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-
-    def __getstate__(self) -> dict[str, Any]:  # threads and locks neither copy nor pickle
-        return {"num_threads": self.num_threads, "name": self.name}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["num_threads"], state["name"])
 
 
 ON_ERROR = ("raise", "skip")
@@ -193,6 +159,34 @@ class HostStage(abc.ABC):
 
     def close(self) -> None:
         """Releases threads or files the stage holds (idempotent)."""
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.close()
+
+    def decode_rows(self, batch: dict[str, np.ndarray], ctx: HostContext, outputs: dict[str, np.ndarray],
+                    work: Callable[[int], None], catch: type[BaseException] | tuple = Exception
+                    ) -> dict[str, np.ndarray]:
+        """The per-row decode skeleton of decoding stages (which hold `pool` and `bad_records`).
+
+        Runs `work(row)` for every row of the preallocated `outputs` on the stage's thread pool,
+        resolves the rows that raised `catch` through `bad_records` (raise, or zeros and an
+        `ok` flag), and returns `batch` with `outputs` (and the flags) added.
+        """
+
+        def guarded(row: int) -> BaseException | None:
+            try:
+                work(row)
+            except catch as exc:  # noqa: BLE001 - decoders raise many kinds for bad bytes; all name the record
+                return exc
+            return None
+
+        count = len(next(iter(outputs.values())))
+        failures = self.pool.map(guarded, range(count))
+        ok = self.bad_records.resolve(failures, ctx, list(outputs.values()))
+        result = {**batch, **outputs}
+        if ok is not None:
+            result[self.bad_records.ok_field] = ok
+        return result
 
 
 def check_encoded_field(spec: Spec, name: str, stage: str, *, holds: str, decoded_fix: str) -> None:

@@ -22,19 +22,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from datarax.core.checks import check_bool, check_field_name, check_int, field
+from datarax.core.checks import check_bool, check_field_name, check_int, field, require
+from datarax.core.construct import resolve_config, take_positional
 from datarax.host.stage import HostContext, HostStage, RecordError, Spec, check_encoded_field
-
-TEXT_EXTRA = "pip install 'datarax[text]'"
-
-
-def require_tokenizers(owner: str) -> Any:
-    try:
-        import tokenizers
-    except ImportError as exc:
-        raise ImportError(f"{owner} needs the `tokenizers` package: {TEXT_EXTRA}") from exc
-    return tokenizers
-
 
 def load_tokenizer(tokenizer: Any, owner: str) -> tuple[Any, str]:
     """`(a private copy of the tokenizer, a hash of its JSON)` from a `tokenizers.Tokenizer` or a path.
@@ -42,7 +32,7 @@ def load_tokenizer(tokenizer: Any, owner: str) -> tuple[Any, str]:
     The copy has padding and truncation turned off, so the caller sees every token and does its
     own fixed-length layout; the caller's tokenizer object is left as it was.
     """
-    tokenizers = require_tokenizers(owner)
+    tokenizers = require("tokenizers", owner=owner, extra="text")
     if isinstance(tokenizer, (str, os.PathLike)):
         try:
             tokenizer = tokenizers.Tokenizer.from_file(os.fspath(tokenizer))
@@ -136,20 +126,18 @@ class Tokenize(HostStage):
     `<field>_length` int32 (real tokens after truncation); other fields pass through.
 
     Args:
-        tokenizer: a `tokenizers.Tokenizer` or the path of a `tokenizer.json`.
         config: a `TokenizeConfig`; or give its fields as keywords.
+        tokenizer: a `tokenizers.Tokenizer` or the path of a `tokenizer.json`.
 
     Example:
-        >>> stage = Tokenize("tokenizer.json", length=64, field="text")
+        >>> stage = Tokenize(tokenizer="tokenizer.json", length=64, field="text")
     """
 
-    def __init__(self, tokenizer: Any, config: TokenizeConfig | None = None, **kwargs: Any):
-        if config is not None and kwargs:
-            raise TypeError(f"Tokenize takes a config or keyword fields, not both; got config and {sorted(kwargs)}")
-        config = TokenizeConfig(**kwargs) if config is None else config
-        if not isinstance(config, TokenizeConfig):
-            raise TypeError(f"config must be a TokenizeConfig, got {type(config).__name__}")
-        self.config = config
+    def __init__(self, config: TokenizeConfig | None = None, *legacy: Any, tokenizer: Any = None, **settings: Any):
+        data = {"tokenizer": tokenizer}
+        config = take_positional("Tokenize", TokenizeConfig, (config, *legacy), data)
+        self.config = resolve_config(TokenizeConfig, config, settings, "Tokenize")
+        tokenizer = data["tokenizer"]
         self.tokenizer, self.tokenizer_hash = load_tokenizer(tokenizer, "Tokenize")
 
     def output_spec(self, input_spec: Spec) -> Spec:

@@ -9,12 +9,14 @@ step between them: an integer field is divided by its dtype's largest value (255
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from datarax.core.checks import check_choice, check_field_name, check_number, field
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator, read_field
 
@@ -57,10 +59,8 @@ class ToFloatOperator(PerRecordOperator):
 
     config_class = ToFloatConfig
 
-    def __init__(self, config: ToFloatConfig | None = None, *, rngs: nnx.Rngs | None = None):
-        config = ToFloatConfig() if config is None else config
-        if not isinstance(config, ToFloatConfig):
-            raise TypeError(f"ToFloatOperator takes a ToFloatConfig, got {type(config).__name__}")
+    def __init__(self, config: ToFloatConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(ToFloatConfig, config, settings, "ToFloatOperator")
         self._init_rng(config, rngs)
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from typing import Any
 from collections.abc import Callable
 
 import jax
 from flax import nnx
 
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator, describe
 
@@ -32,15 +34,6 @@ def accepts_key(fn: Callable, owner: str) -> bool:
 
 def fn_name(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def checked_config(config: OperatorConfig | None, default: type[OperatorConfig]) -> OperatorConfig:
-    """`config`, or `default()` when None; a TypeError naming `default` for anything else."""
-    config = default() if config is None else config
-    if not isinstance(config, OperatorConfig):
-        raise TypeError(f"config must be a{'n' if default.__name__[0] in 'AEIOU' else ''} {default.__name__}, got "
-                        f"{type(config).__name__}")
-    return config
 
 
 def takes_key(fn: Callable, config: OperatorConfig, owner: str, role: str) -> bool:
@@ -85,8 +78,8 @@ class ElementOperator(PerRecordOperator):
     """
 
     def __init__(self, config: ElementOperatorConfig | None = None, *, fn: Callable[..., Element],
-                 rngs: nnx.Rngs | None = None):
-        config = checked_config(config, ElementOperatorConfig)
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(ElementOperatorConfig, config, settings, "ElementOperator", accept=OperatorConfig)
         self._takes_key = takes_key(fn, config, "ElementOperator", "fn")
         self.fn = fn
         self._init_rng(config, rngs)

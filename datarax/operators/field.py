@@ -26,12 +26,12 @@ from typing import Any, ClassVar
 import jax
 from flax import nnx
 
-from datarax.core.checks import check_field_name, check_number, describe, field
+from datarax.core.checks import check_field_name, check_number, field
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.fusion import separately
 from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, record_keys
-from datarax.operators.learnable import (ChannelMagnitude, Learnable, check_learnable_field, learnable_names,
-                                         magnitudes)
+from datarax.operators.learnable import ChannelMagnitude, Learnable, check_learnable_field, learnable_names, magnitudes
 
 Bounds = dict[str, tuple[float, float]]
 
@@ -78,10 +78,8 @@ class FieldOperator(PerRecordOperator):
     # Bilinear warps: computed as their own XLA computation on CPU (see `datarax.core.fusion`).
     separate_on_cpu: ClassVar[bool] = False
 
-    def __init__(self, config: FieldOperatorConfig | None = None, *, rngs: nnx.Rngs | None = None):
-        config = self.config_class() if config is None else config
-        if type(config) is not self.config_class:
-            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, got {describe(config)}")
+    def __init__(self, config: FieldOperatorConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(self.config_class, config, settings, type(self).__name__, exact=True)
         owner = self.config_class.__name__
         bounds = self.active_bounds(config)
         available = [*bounds, *self.channel_bounds]

@@ -10,6 +10,7 @@ import jax
 from flax import nnx
 
 from datarax.core.checks import take_renamed
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator
 from datarax.operators.element import accepts_key, fn_name
@@ -69,10 +70,8 @@ class MapOperator(PerRecordOperator):
     """
 
     def __init__(self, config: MapOperatorConfig | None = None, *, fn: Callable[..., Any],
-                 rngs: nnx.Rngs | None = None):
-        config = MapOperatorConfig() if config is None else config
-        if not isinstance(config, MapOperatorConfig):
-            raise TypeError(f"config must be a MapOperatorConfig, got {type(config).__name__}")
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(MapOperatorConfig, config, settings, "MapOperator")
         self._takes_key = accepts_key(fn, "MapOperator")
         if config.stochastic and not self._takes_key:
             raise TypeError(f"MapOperator is stochastic but fn {fn_name(fn)} takes no key; define fn(x, key)")

@@ -16,24 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.core.checks import is_int
+from datarax.core.checks import check_seed as validate_seed  # the name samplers and sources import
 from datarax.core.noise import lowbias32
 
 MAX_RECORDS = 2**62
-MAX_SEED = 2**63 - 1
 WORD32_LIMIT = 2**32
 ROUNDS = 6
 _M64 = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
-
-
-def validate_seed(seed: object, name: str = "seed") -> int:
-    """Checks that `seed` is an int in [0, 2**63 - 1] and returns it."""
-    if not is_int(seed):
-        raise TypeError(f"{name} must be an int in [0, 2**63 - 1], got {seed!r} ({type(seed).__name__})")
-    seed = int(seed)
-    if not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"{name} must be in [0, 2**63 - 1], got {seed}; pick a non-negative seed below 2**63")
-    return seed
 
 
 def round_keys(seed: int, epoch: int, dtype=np.uint32) -> np.ndarray:

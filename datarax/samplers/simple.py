@@ -5,18 +5,14 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.core.checks import is_int
+from datarax.core.checks import MAX_INT32, check_positive_int, is_int
+from datarax.core.source import register_sampler_choice
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import FeistelPermutation, feistel_device, round_keys, validate_seed
 
-INT32_LIMIT = 2**31 - 1
-
-
 def check_num_records(num_records: object) -> int:
     """`num_records` as an int, or a ValueError naming the bad value."""
-    if not is_int(num_records) or num_records <= 0:
-        raise ValueError(f"num_records must be a positive int, got {num_records!r}")
-    return int(num_records)
+    return check_positive_int(num_records, "num_records")
 
 
 class SequentialSampler(Sampler):
@@ -32,7 +28,7 @@ class SequentialSampler(Sampler):
         return np.asarray(positions, dtype=np.int64)
 
     def device_params(self, epoch: int):
-        return () if self.num_records <= INT32_LIMIT else None
+        return () if self.num_records <= MAX_INT32 else None
 
 
 class ShuffleSampler(Sampler):
@@ -63,7 +59,7 @@ class ShuffleSampler(Sampler):
         return self.permutation(epoch)(positions)
 
     def device_params(self, epoch: int):
-        return jnp.asarray(round_keys(self.seed, epoch)) if self.num_records <= INT32_LIMIT else None
+        return jnp.asarray(round_keys(self.seed, epoch)) if self.num_records <= MAX_INT32 else None
 
     def device_order(self, positions, params):
         return feistel_device(positions, params, self.num_records)
@@ -96,7 +92,7 @@ class RangeSampler(Sampler):
 
     def device_params(self, epoch: int):
         r = self._range
-        return () if max(r.start, r.stop, abs(r.step) * len(r)) <= INT32_LIMIT else None
+        return () if max(r.start, r.stop, abs(r.step) * len(r)) <= MAX_INT32 else None
 
     def device_expand(self, items, params):
         r = self._range
@@ -105,3 +101,11 @@ class RangeSampler(Sampler):
     def structure(self) -> str:
         r = self._range
         return f"RangeSampler({r.start}, {r.stop}, {r.step})"
+
+
+def default_sampler(num_records: int, shuffle: bool, seed: int) -> Sampler:
+    """A source's default sampler: shuffled by `(seed, epoch)` when `shuffle`, else storage order."""
+    return ShuffleSampler(num_records, seed=seed) if shuffle else SequentialSampler(num_records)
+
+
+register_sampler_choice(default_sampler)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.core.checks import is_int
+from datarax.core.checks import MAX_INT32, check_positive_int
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import FeistelPermutation, round_keys, feistel_device, validate_seed
-from datarax.samplers.simple import INT32_LIMIT, check_num_records
+from datarax.samplers.simple import check_num_records
 
 
 class EpochAwareSampler(Sampler):
@@ -23,9 +23,7 @@ class EpochAwareSampler(Sampler):
         self.num_records = check_num_records(num_records)
         self.seed = validate_seed(seed)
         self.shuffle = bool(shuffle)
-        if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs <= 0):
-            raise ValueError(f"num_epochs must be a positive int or None, got {num_epochs!r}")
-        self.num_epochs = num_epochs
+        self.num_epochs = check_positive_int(num_epochs, "num_epochs", allow_none=True)
 
     def __len__(self) -> int:
         if self.num_epochs is None:
@@ -60,9 +58,8 @@ class SlidingWindowSampler(Sampler):
 
     def __init__(self, num_records: int, window: int, stride: int = 1, *, shuffle: bool = False, seed: int = 0):
         self.num_records = check_num_records(num_records)
-        for name, v in (("window", window), ("stride", stride)):
-            if not is_int(v) or v <= 0:
-                raise ValueError(f"SlidingWindowSampler {name} must be a positive int, got {v!r}")
+        window = check_positive_int(window, "SlidingWindowSampler window")
+        stride = check_positive_int(stride, "SlidingWindowSampler stride")
         if window > self.num_records:
             raise ValueError(f"window ({window}) is longer than the data ({self.num_records} records); "
                              "use a smaller window")
@@ -79,7 +76,7 @@ class SlidingWindowSampler(Sampler):
         return positions[..., None] * self.stride + np.arange(self.window, dtype=np.int64)
 
     def device_params(self, epoch: int):
-        if self.num_records > INT32_LIMIT:
+        if self.num_records > MAX_INT32:
             return None
         return jnp.asarray(round_keys(self.seed, epoch)) if self.shuffle else ()
 

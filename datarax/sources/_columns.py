@@ -8,7 +8,6 @@ arrays by a user function (`convert=`); otherwise the source fails at constructi
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,31 +16,11 @@ import numpy as np
 
 from datarax.core.operator import describe
 
-EXTRA = "pip install 'datarax[data]'"
-
 FlatReader = Callable[[np.ndarray, dict[str, np.ndarray]], None]
 
 
 class UnsupportedColumnError(TypeError):
     """A column that cannot become a fixed-shape numeric array, and no `convert` was given."""
-
-
-class Handles:
-    """Holds a source's foreign objects (readers, tables, datasets) outside NNX state and graph."""
-
-    def __init__(self, **objects: Any):
-        self.__dict__.update(objects)
-
-    def __repr__(self) -> str:
-        return f"Handles({sorted(self.__dict__)})"
-
-
-def require(module: str, owner: str, package: str | None = None) -> Any:
-    """Imports an optional dependency, or fails naming the package and the pip extra."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"{owner} needs the `{package or module}` package: {EXTRA}") from exc
 
 
 def unsupported_message(owner: str, problems: Mapping[str, str]) -> str:

@@ -22,43 +22,36 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_field_name, check_int, field
-from datarax.core.source import DataSourceModule
+from datarax.core.checks import check_field_name, check_int, field, require
+from datarax.core.construct import resolve_config
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.host.stage import ENCODED
-from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import validate_seed
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.sources._columns import flatten, read_batch, spec_of, spec_text, stack_into
 from datarax.sources._files import REWRITE, CorruptFileError
-from datarax.sources._columns import Handles, flatten, read_batch, require, spec_of, spec_text, stack_into
 from datarax.sources._records import decode_batch_into, encode_record, parse_layout
-from datarax.sources.memory import seed_from_rngs, validate_arrays
+from datarax.sources.memory import validate_arrays
 
 RANDOM_ACCESS_OPTIONS = "readahead_buffer_size:0"
+ARRAY_RECORD = "array_record.python.array_record_module"
 Decoder = Callable[[bytes], Mapping[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
-class ArrayRecordSourceConfig:
+class ArrayRecordSourceConfig(ShuffleConfig):
     """Configuration of an `ArrayRecordSource`.
 
     Attributes:
-        shuffle: a fresh record order every epoch (Feistel permutation keyed by (seed, epoch)).
-        seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
         reader_options: ArrayRecord reader options; the default turns read-ahead off, which is
             what random access wants.
         encoded: a field name: each record's raw bytes become that one field (an `ENCODED`
             object array of `bytes`), for a host stage to decode; None decodes the records here.
     """
 
-    shuffle: bool = False
-    seed: int | None = None
     reader_options: str = RANDOM_ACCESS_OPTIONS
     encoded: str | None = None
 
     def __post_init__(self):
-        check_bool(*field(self, "shuffle"))
-        if self.seed is not None:
-            validate_seed(self.seed, "ArrayRecordSourceConfig.seed")
+        super().__post_init__()
         if not isinstance(self.reader_options, str):
             raise TypeError(f"ArrayRecordSourceConfig.reader_options must be a string such as "
                             f"{RANDOM_ACCESS_OPTIONS!r}, got {self.reader_options!r}")
@@ -100,11 +93,9 @@ class ArrayRecordSource(DataSourceModule):
     """
 
     def __init__(self, config: ArrayRecordSourceConfig | None = None, *, paths: Any, decode: Decoder | None = None,
-                 rngs: nnx.Rngs | None = None):
-        ar = require("array_record.python.array_record_module", "ArrayRecordSource", "array_record")
-        config = ArrayRecordSourceConfig() if config is None else config
-        if not isinstance(config, ArrayRecordSourceConfig):
-            raise TypeError(f"config must be an ArrayRecordSourceConfig, got {type(config).__name__}")
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        ar = require(ARRAY_RECORD, owner="ArrayRecordSource", extra="data", package="array_record")
+        config = resolve_config(ArrayRecordSourceConfig, config, settings, "ArrayRecordSource")
         if decode is not None and not callable(decode):
             raise TypeError(f"ArrayRecordSource decode must be a function bytes -> dict of arrays, got {decode!r}")
         if decode is not None and config.encoded is not None:
@@ -189,11 +180,6 @@ class ArrayRecordSource(DataSourceModule):
         f = int(np.searchsorted(np.asarray(self._ends), record_id, side="right"))
         return f"record {record_id - int(self._io.starts[f])} of {self._files[f]}"
 
-    def default_sampler(self) -> Sampler:
-        if self.config.shuffle:
-            return ShuffleSampler(len(self), seed=self.seed)
-        return SequentialSampler(len(self))
-
     def structure(self) -> str:
         return (f"ArrayRecordSource(len={len(self)}, spec={spec_text(self._io.spec)}, files={list(self._names)}, "
                 f"decode={self._decode_name}, encoded={self.config.encoded})")
@@ -257,7 +243,7 @@ def write_array_records(prefix: str | os.PathLike, data: Mapping[str, Any], *, n
     contiguous ranges. `group_size:1` (the default) makes every record its own chunk, which is
     what random access wants. Returns the file paths in order.
     """
-    ar = require("array_record.python.array_record_module", "write_array_records", "array_record")
+    ar = require(ARRAY_RECORD, owner="write_array_records", extra="data", package="array_record")
     arrays = validate_arrays(data, "write_array_records")
     check_int(num_shards, "write_array_records num_shards", 1)
     n = len(next(iter(arrays.values())))

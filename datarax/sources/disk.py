@@ -15,32 +15,16 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, field
-from datarax.core.source import ArrayStore, DataSourceModule
-from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import validate_seed
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.core.construct import resolve_config
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.sources._columns import batchable, spec_text
 from datarax.sources._files import REWRITE, CorruptFileError
-from datarax.sources.memory import seed_from_rngs, validate_arrays
+from datarax.sources.memory import validate_arrays
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamingDiskSourceConfig:
-    """Configuration of a `StreamingDiskSource`.
-
-    Attributes:
-        shuffle: a fresh record order every epoch (Feistel permutation keyed by (seed, epoch)).
-        seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
-    """
-
-    shuffle: bool = False
-    seed: int | None = None
-
-    def __post_init__(self):
-        check_bool(*field(self, "shuffle"))
-        if self.seed is not None:
-            validate_seed(self.seed, "StreamingDiskSourceConfig.seed")
+class StreamingDiskSourceConfig(ShuffleConfig):
+    """Configuration of a `StreamingDiskSource`: its shuffling (see `ShuffleConfig`)."""
 
 
 def _field_files(paths: Any) -> dict[str, str]:
@@ -80,11 +64,8 @@ class StreamingDiskSource(DataSourceModule):
     """
 
     def __init__(self, config: StreamingDiskSourceConfig | None = None, *, paths: Any,
-                 rngs: nnx.Rngs | None = None):
-        config = StreamingDiskSourceConfig() if config is None else config
-        if not isinstance(config, StreamingDiskSourceConfig):
-            raise TypeError(f"config must be a StreamingDiskSourceConfig, got {type(config).__name__}")
-        self.config = config
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        self.config = config = resolve_config(StreamingDiskSourceConfig, config, settings, "StreamingDiskSource")
         files = _field_files(paths)
         maps = {}
         for name, path in files.items():
@@ -99,7 +80,7 @@ class StreamingDiskSource(DataSourceModule):
                                 "and bool arrays can be batched")
             maps[name] = arr
         validate_arrays(maps, "StreamingDiskSource")
-        self._maps = ArrayStore(maps)
+        self._maps = Handles(arrays=maps)
         self._files = tuple((name, os.path.basename(p)) for name, p in files.items())
         self._length = len(next(iter(maps.values())))
         self.seed = seed_from_rngs(config.seed, rngs)
@@ -116,11 +97,6 @@ class StreamingDiskSource(DataSourceModule):
         for k, v in self._maps.arrays.items():
             np.take(v, indices, axis=0, out=out[k], mode="clip")
         return out
-
-    def default_sampler(self) -> Sampler:
-        if self.config.shuffle:
-            return ShuffleSampler(len(self), seed=self.seed)
-        return SequentialSampler(len(self))
 
     def structure(self) -> str:
         return f"StreamingDiskSource(len={len(self)}, spec={spec_text(self.element_spec())}, files={list(self._files)})"

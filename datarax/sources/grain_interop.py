@@ -26,14 +26,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, field
+from datarax.core.checks import check_bool, check_positive_int, field, require
+from datarax.core.construct import resolve_config
 from datarax.core.operator import describe
-from datarax.core.source import DataSourceModule
-from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import validate_seed
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
-from datarax.sources._columns import Handles, flatten, read_batch, require, spec_of, spec_text, stack_into
-from datarax.sources.memory import seed_from_rngs
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
+from datarax.sources._columns import flatten, read_batch, spec_of, spec_text, stack_into
 from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
 
 Decoder = Callable[[Any], Mapping[str, Any]]
@@ -53,16 +50,8 @@ def as_record(element: Any, decode: Decoder | None, owner: str) -> dict[str, Any
 
 
 @dataclasses.dataclass(frozen=True)
-class GrainSourceConfig:
+class GrainSourceConfig(ShuffleConfig):
     """Configuration of a `GrainSource`: shuffling by the pipeline's Feistel permutation."""
-
-    shuffle: bool = False
-    seed: int | None = None
-
-    def __post_init__(self):
-        check_bool(*field(self, "shuffle"))
-        if self.seed is not None:
-            validate_seed(self.seed, "GrainSourceConfig.seed")
 
 
 class GrainSource(DataSourceModule):
@@ -74,10 +63,8 @@ class GrainSource(DataSourceModule):
     """
 
     def __init__(self, config: GrainSourceConfig | None = None, *, source: Any, decode: Decoder | None = None,
-                 rngs: nnx.Rngs | None = None):
-        config = GrainSourceConfig() if config is None else config
-        if not isinstance(config, GrainSourceConfig):
-            raise TypeError(f"config must be a GrainSourceConfig, got {type(config).__name__}")
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(GrainSourceConfig, config, settings, "GrainSource")
         if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
             raise TypeError(f"GrainSource source must be a grain RandomAccessDataSource or MapDataset (with __len__ "
                             f"and __getitem__), got {describe(source)}; wrap an IterDataset in GrainStreamSource")
@@ -109,11 +96,6 @@ class GrainSource(DataSourceModule):
         return read_batch(indices, out, self._io.spec, self._length,
                           lambda flat, o: stack_into(self._records(flat), o, "GrainSource"))
 
-    def default_sampler(self) -> Sampler:
-        if self.config.shuffle:
-            return ShuffleSampler(len(self), seed=self.seed)
-        return SequentialSampler(len(self))
-
     def structure(self) -> str:
         return f"GrainSource(len={len(self)}, spec={spec_text(self.element_spec())}, source={self._name})"
 
@@ -144,11 +126,9 @@ class GrainStreamSource(StreamSourceModule):
         >>> source = GrainStreamSource(GrainStreamSourceConfig(batched=True), dataset=ds)
     """
 
-    def __init__(self, config: GrainStreamSourceConfig | None = None, *, dataset: Any):
-        require("grain", "GrainStreamSource")
-        config = GrainStreamSourceConfig() if config is None else config
-        if not isinstance(config, GrainStreamSourceConfig):
-            raise TypeError(f"config must be a GrainStreamSourceConfig, got {type(config).__name__}")
+    def __init__(self, config: GrainStreamSourceConfig | None = None, *, dataset: Any, **settings: Any):
+        require("grain", owner="GrainStreamSource", extra="data")
+        config = resolve_config(GrainStreamSourceConfig, config, settings, "GrainStreamSource")
         if not (callable(dataset) or hasattr(dataset, "__iter__")):
             raise TypeError(f"GrainStreamSource dataset must be a grain IterDataset/MapDataset or a function "
                             f"epoch -> dataset, got {describe(dataset)}")
@@ -264,7 +244,7 @@ class GrainDataSource:
 
 def to_grain(source: DataSourceModule) -> Any:
     """A datarax source as a grain `MapDataset` (batched reads go through `get_batch`)."""
-    grain = require("grain", "to_grain")
+    grain = require("grain", owner="to_grain", extra="data")
     return grain.MapDataset.source(GrainDataSource(source))
 
 
@@ -274,7 +254,7 @@ def to_grain_iter_dataset(pipeline: Any, num_epochs: int | None = None) -> Any:
     Each `iter()` starts a fresh `pipeline.epochs(num_epochs)` iterator; its `get_state` and
     `set_state` are the pipeline iterator's, so grain-based checkpointing resumes exactly.
     """
-    grain = require("grain", "to_grain_iter_dataset")
+    grain = require("grain", owner="to_grain_iter_dataset", extra="data")
     return _pipeline_dataset_class(grain)(pipeline, num_epochs)
 
 

@@ -39,18 +39,16 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, field, take_renamed
-from datarax.core.source import DataSourceModule
-from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import validate_seed
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.core.checks import check_bool, check_positive_int, field, require, take_renamed
+from datarax.core.construct import resolve_config
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.host.stage import ENCODED
 from datarax.sources._arrow import chunk_view, column_into, column_layout, encoded_kind, encoded_path, encoded_take
-from datarax.sources._columns import (Handles, UnsupportedColumnError, allocate, check_column_config, check_columns,
-                                      check_convert_output, read_batch, require, spec_text, unsupported_message)
+from datarax.sources._columns import (UnsupportedColumnError, allocate, check_column_config, check_columns,
+                                      check_convert_output, read_batch, spec_text, unsupported_message)
 from datarax.sources._files import REWRITE, CorruptFileError
 from datarax.sources._hf_stream import HFBlockReader
-from datarax.sources.memory import MemorySource, MemorySourceConfig, seed_from_rngs
+from datarax.sources.memory import MemorySource, MemorySourceConfig
 from datarax.sources.stream import StreamSourceModule
 
 Convert = Callable[[dict[str, Any]], Mapping[str, Any]]
@@ -59,7 +57,7 @@ _FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "js
 
 
 @dataclasses.dataclass(frozen=True)
-class HFSourceConfig:
+class HFSourceConfig(ShuffleConfig):
     """Configuration of `HFSource` and `HFStreamSource`.
 
     Attributes:
@@ -67,8 +65,6 @@ class HFSourceConfig:
             handled by `convert`).
         encoded: `HFSource` only: columns read as raw `bytes` or `str` records (HF Image/Audio
             features, binary, string) for a host stage to decode; see the module docstring.
-        shuffle: a fresh order every epoch (see the module docstring for streams).
-        seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
         mode: map-style only: "eager" converts the whole dataset to arrays once, "lazy" reads
             rows from the Arrow table per batch, "auto" is eager up to `eager_max_bytes`.
         eager_max_bytes: the Arrow size up to which "auto" is eager.
@@ -79,8 +75,6 @@ class HFSourceConfig:
 
     fields: tuple[str, ...] | None = None
     encoded: tuple[str, ...] = ()
-    shuffle: bool = False
-    seed: int | None = None
     mode: str = "auto"
     eager_max_bytes: int = 2**30
     device_resident: bool | None = None
@@ -88,14 +82,12 @@ class HFSourceConfig:
     columns: tuple[str, ...] | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         take_renamed(self, "columns", "fields")
         check_column_config(self.fields, "HFSourceConfig")
         if not isinstance(self.encoded, tuple) or not all(isinstance(c, str) and c for c in self.encoded):
             raise TypeError(f"HFSourceConfig.encoded must be a tuple of column names, e.g. ('image',), got "
                             f"{self.encoded!r}")
-        check_bool(*field(self, "shuffle"))
-        if self.seed is not None:
-            validate_seed(self.seed, "HFSourceConfig.seed")
         if self.mode not in _MODES:
             raise ValueError(f"HFSourceConfig.mode must be one of {_MODES}, got {self.mode!r}")
         for name in ("eager_max_bytes", "block_size"):
@@ -110,7 +102,7 @@ def load_files(paths: str | os.PathLike | Sequence[str | os.PathLike], *, stream
     Returns a `datasets.Dataset`, or a `datasets.IterableDataset` (one shard per file) when
     `streaming`. The format comes from the file extension unless `file_format` is given.
     """
-    datasets = require("datasets", "load_files")
+    datasets = require("datasets", owner="load_files", extra="data")
     files = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     if not files:
         raise ValueError("load_files needs at least one file path, got none")
@@ -262,12 +254,11 @@ def _unsupported(owner: str, bad: Mapping[str, str], sample: Any) -> str:
     return message
 
 
-def _check_arguments(config: Any, dataset: Any, convert: Any, owner: str, want: str) -> HFSourceConfig:
+def _check_arguments(config: Any, settings: dict[str, Any], dataset: Any, convert: Any, owner: str,
+                     want: str) -> HFSourceConfig:
     """The shared constructor checks of HFSource and HFStreamSource; returns the config to use."""
-    datasets = require("datasets", owner)
-    config = HFSourceConfig() if config is None else config
-    if not isinstance(config, HFSourceConfig):
-        raise TypeError(f"config must be an HFSourceConfig, got {type(config).__name__}")
+    datasets = require("datasets", owner=owner, extra="data")
+    config = resolve_config(HFSourceConfig, config, settings, owner)
     if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         raise TypeError(f"{owner} dataset is a dict of splits {list(dataset)}; pass one split, e.g. dataset['train']")
     if not isinstance(dataset, getattr(datasets, want)):
@@ -293,8 +284,8 @@ class HFSource(DataSourceModule):
     """
 
     def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
-                 rngs: nnx.Rngs | None = None):
-        config = _check_arguments(config, dataset, convert, "HFSource", "Dataset")
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config = _check_arguments(config, settings, dataset, convert, "HFSource", "Dataset")
         self.config = config
         names = check_columns(config.fields, dataset.column_names, "HFSource")
         check_columns(config.encoded or None, dataset.column_names, "HFSource encoded")
@@ -394,11 +385,6 @@ class HFSource(DataSourceModule):
         paths = [(n, encoded_path(chunk.column(n), local)) for n in self._io.converter.encoded]
         return f"row {row} of {self._origin}" + "".join(f", {n} {p!r}" for n, p in paths if p)
 
-    def default_sampler(self) -> Sampler:
-        if self.config.shuffle:
-            return ShuffleSampler(len(self), seed=self.seed)
-        return SequentialSampler(len(self))
-
     def structure(self) -> str:
         name, split, files = self._identity
         convert = self._io.converter.convert
@@ -419,8 +405,8 @@ class HFStreamSource(StreamSourceModule):
     """
 
     def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
-                 rngs: nnx.Rngs | None = None):
-        config = _check_arguments(config, dataset, convert, "HFStreamSource", "IterableDataset")
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config = _check_arguments(config, settings, dataset, convert, "HFStreamSource", "IterableDataset")
         if config.encoded:
             raise ValueError(f"HFStreamSource cannot read encoded columns {config.encoded}: the host stages that "
                              "decode them need random access. Use HFSource on a map-style dataset (load_files(...) "

@@ -14,21 +14,23 @@ bytes (an encoded field, decoded by a host stage such as `DecodeImage`) and its 
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import os
-import threading
+import warnings
 import zlib
+from typing import Any
+
 import jax
 import numpy as np
+from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, field
-from datarax.core.source import DataSourceModule
+from datarax.control.pool import ThreadPool
+from datarax.core.checks import check_positive_int, field
+from datarax.core.construct import resolve_config
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.host.stage import ENCODED
-from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import validate_seed
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
-from datarax.sources._columns import Handles, read_batch
+from datarax.sources._columns import read_batch
+
 
 # torchvision's IMG_EXTENSIONS, compared without case.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -36,24 +38,21 @@ READ_THREADS = 4  # file reads are short syscalls that release the GIL; a few th
 
 
 @dataclasses.dataclass(frozen=True)
-class ImageFolderSourceConfig:
+class ImageFolderSourceConfig(ShuffleConfig):
     """Configuration of an `ImageFolderSource`.
 
     Attributes:
         root: the folder holding one sub-folder per class.
         extensions: file name endings that count as images (compared without case).
-        shuffle: a fresh record order every epoch (Feistel permutation keyed by (seed, epoch)).
-        seed: the shuffle seed.
         num_threads: threads reading files.
     """
 
     root: str
     extensions: tuple[str, ...] = IMAGE_EXTENSIONS
-    shuffle: bool = False
-    seed: int = 0
     num_threads: int = READ_THREADS
 
     def __post_init__(self):
+        super().__post_init__()
         if not isinstance(self.root, (str, os.PathLike)) or not os.fspath(self.root):
             raise TypeError(f"ImageFolderSourceConfig.root must be a folder path, got {self.root!r}")
         object.__setattr__(self, "root", os.fspath(self.root))
@@ -63,8 +62,6 @@ class ImageFolderSourceConfig:
             raise ValueError(f"ImageFolderSourceConfig.extensions must be a tuple of endings such as ('.jpg', '.png'), "
                              f"got {self.extensions!r}")
         object.__setattr__(self, "extensions", tuple(e.lower() for e in extensions))
-        check_bool(*field(self, "shuffle"))
-        validate_seed(self.seed, "ImageFolderSourceConfig.seed")
         check_positive_int(*field(self, "num_threads"), unit="threads")
 
 
@@ -104,37 +101,35 @@ class ImageFolderSource(DataSourceModule):
     """Serves the files of an image folder as `{"image": bytes, "label": int32}` records.
 
     Args:
-        root: the folder holding one sub-folder per class (see the module docstring).
-        extensions: file name endings that count as images.
-        shuffle: a fresh record order every epoch.
-        seed: the shuffle seed.
-        num_threads: threads reading files.
+        config: an `ImageFolderSourceConfig`; or its fields as keywords (`root=` names the folder
+            holding one sub-folder per class, see the module docstring).
+        rngs: where an unset shuffle seed is drawn from.
 
     Attributes:
         class_names: the class sub-folder names; label i is `class_names[i]`.
 
     Example:
-        >>> source = ImageFolderSource("photos/train", shuffle=True, seed=0)
-        >>> pipeline = Pipeline(source, [DecodeImage(224, crop="random_resized")], batch_size=64)
+        >>> source = ImageFolderSource(root="photos/train", shuffle=True, seed=0)
+        >>> pipeline = Pipeline(source, [DecodeImage(size=224, crop="random_resized")], batch_size=64)
     """
 
-    def __init__(self, root: str | os.PathLike, *, extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
-                 shuffle: bool = False, seed: int = 0, num_threads: int = READ_THREADS):
-        self.config = ImageFolderSourceConfig(root=root, extensions=extensions, shuffle=shuffle, seed=seed,
-                                              num_threads=num_threads)
+    def __init__(self, config: ImageFolderSourceConfig | None = None, *, rngs: nnx.Rngs | None = None,
+                 **settings: Any):
+        self.config = resolve_config(ImageFolderSourceConfig, config, settings, "ImageFolderSource",
+                                     positional=("root", (str, os.PathLike)))
         classes, paths, labels = scan_image_folder(self.config.root, self.config.extensions)
         self.class_names = tuple(classes)
-        self.seed = self.config.seed
+        self.seed = seed_from_rngs(self.config.seed, rngs)
         # A plain holder keeps the (possibly million-entry) file list out of NNX state and graph.
-        self._files = Handles(paths=paths, labels=labels, pool=None, lock=threading.Lock())
+        self._files = Handles(paths=paths, labels=labels)
+        self._pool = ThreadPool(self.config.num_threads, "datarax-image-folder")
 
     @classmethod
     def from_config(cls, config: ImageFolderSourceConfig) -> ImageFolderSource:
-        """The source an `ImageFolderSourceConfig` describes."""
-        if not isinstance(config, ImageFolderSourceConfig):
-            raise TypeError(f"config must be an ImageFolderSourceConfig, got {type(config).__name__}")
-        return cls(config.root, extensions=config.extensions, shuffle=config.shuffle, seed=config.seed,
-                   num_threads=config.num_threads)
+        """Deprecated: `ImageFolderSource(config)`."""
+        warnings.warn("ImageFolderSource.from_config(config) is deprecated: write ImageFolderSource(config)",
+                      DeprecationWarning, stacklevel=2)
+        return cls(config)
 
     def __len__(self) -> int:
         return len(self._files.paths)
@@ -163,26 +158,10 @@ class ImageFolderSource(DataSourceModule):
     def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
         paths = self._files.paths
         np.take(self._files.labels, flat, out=out["label"])
-        chosen = [paths[i] for i in flat.tolist()]
-        if len(chosen) == 1 or self.config.num_threads == 1:
-            contents = list(map(_read, chosen))
-        else:
-            contents = list(self._executor().map(_read, chosen))
+        contents = self._pool.map(_read, [paths[i] for i in flat.tolist()])
         images = out["image"]
         for i, content in enumerate(contents):  # item by item: numpy must not read bytes as sequences
             images[i] = content
-
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        files = self._files
-        with files.lock:
-            if files.pool is None:
-                files.pool = concurrent.futures.ThreadPoolExecutor(self.config.num_threads, "datarax-image-folder")
-            return files.pool
-
-    def default_sampler(self) -> Sampler:
-        if self.config.shuffle:
-            return ShuffleSampler(len(self), seed=self.seed)
-        return SequentialSampler(len(self))
 
     def structure(self) -> str:
         # The file list relative to the root, not the root itself: a moved copy of the folder resumes.
@@ -192,11 +171,7 @@ class ImageFolderSource(DataSourceModule):
 
     def close(self) -> None:
         """Shuts the reading threads down (a later read starts them again)."""
-        files = self._files
-        with files.lock:
-            pool, files.pool = files.pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        self._pool.close()
 
 
 def _read(path: str) -> bytes:

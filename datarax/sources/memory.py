@@ -11,37 +11,28 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import check_bool, check_int, field
+from datarax.core.construct import resolve_config
 from datarax.core.operator import describe
-from datarax.core.source import ArrayStore, DataSourceModule
-from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import validate_seed
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 
 DEFAULT_MAX_DEVICE_BYTES = 2 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
-class MemorySourceConfig:
+class MemorySourceConfig(ShuffleConfig):
     """Configuration of a `MemorySource`.
 
     Attributes:
-        shuffle: a fresh record order every epoch (Feistel permutation keyed by (seed, epoch)).
-        seed: the shuffle seed; when None it is drawn from the source's `rngs` (stream
-            `"shuffle"`, falling back to `default`), or 0 without rngs.
         device_resident: keep the arrays on the device and gather inside the compiled step;
             None decides by size (up to `max_device_bytes`).
         max_device_bytes: the size limit for automatic device residency.
     """
 
-    shuffle: bool = False
-    seed: int | None = None
     device_resident: bool | None = None
     max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES
 
     def __post_init__(self):
-        check_bool(*field(self, "shuffle"))
-        if self.seed is not None:
-            validate_seed(self.seed, "MemorySourceConfig.seed")
+        super().__post_init__()
         check_bool(*field(self, "device_resident"), allow_none=True)
         check_int(*field(self, "max_device_bytes"), 0)
 
@@ -77,16 +68,6 @@ def validate_arrays(data: Any, owner: str) -> dict[str, np.ndarray]:
     return arrays
 
 
-def seed_from_rngs(seed: int | None, rngs: nnx.Rngs | None, stream: str = "shuffle") -> int:
-    """An explicit seed, else one drawn deterministically from `rngs`, else 0."""
-    if seed is not None:
-        return seed
-    if rngs is None:
-        return 0
-    key = getattr(rngs, stream)()
-    return int(jax.random.randint(key, (), 0, 2**31 - 1))
-
-
 class MemorySource(DataSourceModule):
     """Serves a dict of arrays held in memory.
 
@@ -97,20 +78,17 @@ class MemorySource(DataSourceModule):
     """
 
     def __init__(self, config: MemorySourceConfig | None = None, *, data: Mapping[str, Any],
-                 rngs: nnx.Rngs | None = None):
-        config = MemorySourceConfig() if config is None else config
-        if not isinstance(config, MemorySourceConfig):
-            raise TypeError(f"config must be a MemorySourceConfig, got {type(config).__name__}")
-        self.config = config
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        self.config = config = resolve_config(MemorySourceConfig, config, settings, "MemorySource")
         arrays = validate_arrays(data, "MemorySource")
-        self._host = ArrayStore(arrays)
+        self._host = Handles(arrays=arrays)
         self._length = len(next(iter(arrays.values())))
         self.seed = seed_from_rngs(config.seed, rngs)
         nbytes = sum(a.nbytes for a in arrays.values())
         resident = config.device_resident
         if resident is None:
             resident = nbytes <= config.max_device_bytes
-        self._device = ArrayStore({k: jax.device_put(v) for k, v in arrays.items()}) if resident else None
+        self._device = Handles(arrays={k: jax.device_put(v) for k, v in arrays.items()}) if resident else None
 
     def __len__(self) -> int:
         return self._length
@@ -131,8 +109,3 @@ class MemorySource(DataSourceModule):
     @property
     def device_resident(self) -> bool:
         return self._device is not None
-
-    def default_sampler(self) -> Sampler:
-        if self.config.shuffle:
-            return ShuffleSampler(len(self), seed=self.seed)
-        return SequentialSampler(len(self))

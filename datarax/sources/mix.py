@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 from collections.abc import Sequence
 
 import jax
@@ -37,12 +38,12 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import check_bool, check_positive_int, field
+from datarax.core.construct import resolve_config
 from datarax.core.operator import describe
-from datarax.core.source import DataSourceModule
+from datarax.core.source import DataSourceModule, seed_from_rngs
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import FeistelPermutation, validate_seed
 from datarax.sources._columns import allocate, spec_text
-from datarax.sources.memory import seed_from_rngs
 
 
 def _check_weights(weights: object, owner: str) -> tuple[float, ...]:
@@ -207,10 +208,9 @@ class MixDataSources(DataSourceModule):
         >>> pipeline = Pipeline(source=mix, batch_size=256)
     """
 
-    def __init__(self, config: MixDataSourcesConfig, *, sources: Sequence[DataSourceModule],
-                 rngs: nnx.Rngs | None = None):
-        if not isinstance(config, MixDataSourcesConfig):
-            raise TypeError(f"config must be a MixDataSourcesConfig, got {type(config).__name__}")
+    def __init__(self, config: MixDataSourcesConfig | None = None, *, sources: Sequence[DataSourceModule],
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(MixDataSourcesConfig, config, settings, "MixDataSources")
         if not isinstance(sources, Sequence) or not sources:
             raise TypeError(f"MixDataSources sources must be a non-empty list of sources, got {describe(sources)}")
         for i, s in enumerate(sources):

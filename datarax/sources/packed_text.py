@@ -38,11 +38,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from datarax.core.checks import check_bool, check_field_name, check_int, field
+from datarax.core.checks import check_bool, check_field_name, check_int, check_seed, field
+from datarax.core.construct import resolve_config, take_positional
 from datarax.core.source import DataSourceModule
 from datarax.host.stage import ENCODED, HostContext
 from datarax.host.text import as_texts, encode, load_tokenizer
-from datarax.samplers.feistel import validate_seed
 from datarax.samplers.simple import ShuffleSampler
 from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
 from datarax.sources.text import document_texts
@@ -84,7 +84,7 @@ class PackedTextSourceConfig:
         check_int(*field(self, "seq_len"), 1)
         check_field_name(*field(self, "field"))
         check_bool(*field(self, "shuffle"))
-        validate_seed(self.seed, "PackedTextSourceConfig.seed")
+        check_seed(*field(self, "seed"))
         check_int(*field(self, "eos_id"), 0, allow_none=True)
         check_int(*field(self, "pad_id"), 0)
         check_bool(*field(self, "truncate"))
@@ -97,24 +97,22 @@ class PackedTextSource(StreamSourceModule):
     """Documents of a text source, tokenized and packed into fixed rows (see the module docstring).
 
     Args:
+        config: a `PackedTextSourceConfig`; or give its fields as keywords.
         source: a random-access source with a str field (e.g. `TextSource`); its own shuffle
             setting is ignored: the packer draws the order.
         tokenizer: a `tokenizers.Tokenizer` or the path of a `tokenizer.json`.
-        config: a `PackedTextSourceConfig`; or give its fields as keywords.
 
     Example:
-        >>> packed = PackedTextSource(TextSource(docs), tokenizer, seq_len=512, eos_id=0)
+        >>> packed = PackedTextSource(source=TextSource(documents=docs), tokenizer=tokenizer, seq_len=512, eos_id=0)
         >>> pipeline = Pipeline(packed, [], batch_size=8)
     """
 
-    def __init__(self, source: DataSourceModule, tokenizer: Any, config: PackedTextSourceConfig | None = None,
-                 **kwargs: Any):
-        if config is not None and kwargs:
-            raise TypeError(f"PackedTextSource takes a config or keyword fields, not both; got config and "
-                            f"{sorted(kwargs)}")
-        config = PackedTextSourceConfig(**kwargs) if config is None else config
-        if not isinstance(config, PackedTextSourceConfig):
-            raise TypeError(f"config must be a PackedTextSourceConfig, got {type(config).__name__}")
+    def __init__(self, config: PackedTextSourceConfig | None = None, *legacy: Any,
+                 source: DataSourceModule | None = None, tokenizer: Any = None, **settings: Any):
+        data = {"source": source, "tokenizer": tokenizer}
+        config = take_positional("PackedTextSource", PackedTextSourceConfig, (config, *legacy), data)
+        source, tokenizer = data["source"], data["tokenizer"]
+        config = resolve_config(PackedTextSourceConfig, config, settings, "PackedTextSource")
         if not isinstance(source, DataSourceModule):
             raise TypeError(f"PackedTextSource reads a random-access source (e.g. TextSource), got "
                             f"{type(source).__name__}")

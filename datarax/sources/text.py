@@ -4,7 +4,7 @@ Its one field holds a `str` per record (an encoded field, `datarax.host.ENCODED`
 over it starts with a host stage that turns text into numbers (`datarax.host.Tokenize`), or it is
 packed into fixed rows by `datarax.sources.PackedTextSource`.
 
-    >>> source = TextSource(["a first document", "a second one"])
+    >>> source = TextSource(documents=["a first document", "a second one"])
     >>> source = TextSource.from_files(["train.txt"])  # one document per non-empty line
 """
 
@@ -19,35 +19,26 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_field_name, field
-from datarax.core.source import ArrayStore, DataSourceModule
+from datarax.core.checks import check_field_name, field
+from datarax.core.construct import resolve_config, take_positional
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.host.stage import ENCODED
-from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import validate_seed
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
 from datarax.sources._files import CorruptFileError
-from datarax.sources.memory import seed_from_rngs
 
 
 @dataclasses.dataclass(frozen=True)
-class TextSourceConfig:
+class TextSourceConfig(ShuffleConfig):
     """Configuration of a `TextSource`.
 
     Attributes:
         field: the name of the text field.
-        shuffle: a fresh document order every epoch (Feistel permutation keyed by (seed, epoch)).
-        seed: the shuffle seed; None draws it from `rngs` (stream "shuffle"), or 0.
     """
 
     field: str = "text"
-    shuffle: bool = False
-    seed: int | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         check_field_name(*field(self, "field"))
-        check_bool(*field(self, "shuffle"))
-        if self.seed is not None:
-            validate_seed(self.seed, "TextSourceConfig.seed")
 
 
 class TextSource(DataSourceModule):
@@ -60,11 +51,12 @@ class TextSource(DataSourceModule):
         rngs: where an unset shuffle seed is drawn from.
     """
 
-    def __init__(self, documents: Sequence[str], config: TextSourceConfig | None = None, *,
-                 origins: Sequence[str] | None = None, rngs: nnx.Rngs | None = None):
-        config = TextSourceConfig() if config is None else config
-        if not isinstance(config, TextSourceConfig):
-            raise TypeError(f"config must be a TextSourceConfig, got {type(config).__name__}")
+    def __init__(self, config: TextSourceConfig | None = None, *legacy: Any, documents: Sequence[str] | None = None,
+                 origins: Sequence[str] | None = None, rngs: nnx.Rngs | None = None, **settings: Any):
+        data = {"documents": documents}
+        config = take_positional("TextSource", TextSourceConfig, (config, *legacy), data)
+        documents = data["documents"]
+        config = resolve_config(TextSourceConfig, config, settings, "TextSource")
         if isinstance(documents, (str, bytes)) or not isinstance(documents, (Sequence, np.ndarray)):
             raise TypeError(f"documents must be a sequence of str, got {type(documents).__name__}; wrap one "
                             "document in a list")
@@ -80,9 +72,9 @@ class TextSource(DataSourceModule):
         self.seed = seed_from_rngs(config.seed, rngs)
         texts = np.empty(len(docs), dtype=object)
         texts[:] = docs
-        self._store = ArrayStore({config.field: texts})
+        self._store = Handles(arrays={config.field: texts})
         # Held outside NNX state, like the texts: a module attribute tuple would be walked as a graph node.
-        self._origins = ArrayStore({"origins": None if origins is None else list(origins)})
+        self._origins = Handles(origins=None if origins is None else list(origins))
 
     @classmethod
     def from_files(cls, paths: Sequence[str | os.PathLike], config: TextSourceConfig | None = None, *,
@@ -105,7 +97,7 @@ class TextSource(DataSourceModule):
                                        "utf-8) or leave it out of the paths") from None
         if not documents:
             raise ValueError(f"the files {[os.fspath(p) for p in paths]} hold no non-empty line")
-        return cls(documents, config, origins=origins, rngs=rngs)
+        return cls(config, documents=documents, origins=origins, rngs=rngs)
 
     def __len__(self) -> int:
         return len(self._store.arrays[self.config.field])
@@ -125,15 +117,10 @@ class TextSource(DataSourceModule):
         return np.take(self._store.arrays[self.config.field], indices, mode="clip").tolist()
 
     def describe_record(self, record_id: int) -> str:
-        origins = self._origins.arrays["origins"]
+        origins = self._origins.origins
         if origins is None or not 0 <= record_id < len(origins):
             return f"record {record_id}"
         return origins[record_id]
-
-    def default_sampler(self) -> Sampler:
-        if self.config.shuffle:
-            return ShuffleSampler(len(self), seed=self.seed)
-        return SequentialSampler(len(self))
 
     def structure(self) -> str:
         return f"TextSource(len={len(self)}, field={self.config.field!r})"

@@ -16,15 +16,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, field, take_renamed
-from datarax.core.source import DataSourceModule
-from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import validate_seed
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
-from datarax.sources._columns import (Handles, UnsupportedColumnError, batchable, check_column_config, check_columns,
-                                      check_convert_output, flatten, read_batch, require, spec_text, stack_into,
+from datarax.core.checks import check_bool, field, require, take_renamed
+from datarax.core.construct import resolve_config
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
+from datarax.sources._columns import (UnsupportedColumnError, batchable, check_column_config, check_columns,
+                                      check_convert_output, flatten, read_batch, spec_text, stack_into,
                                       unsupported_message)
-from datarax.sources.memory import MemorySource, MemorySourceConfig, seed_from_rngs
+from datarax.sources.memory import MemorySource, MemorySourceConfig
 
 Convert = Callable[[dict[str, Any]], Mapping[str, Any]]
 _READS = ("data_source", "load")
@@ -33,7 +31,7 @@ NEEDS_TF = ("TFDSSource(read='load') needs TensorFlow: pip install tensorflow; t
 
 
 @dataclasses.dataclass(frozen=True)
-class TFDSSourceConfig:
+class TFDSSourceConfig(ShuffleConfig):
     """Configuration of a `TFDSSource`.
 
     Attributes:
@@ -41,8 +39,6 @@ class TFDSSourceConfig:
         split: the split (TFDS slicing such as "train[:10%]" works).
         data_dir: where the prepared dataset lives (None: the TFDS default).
         fields: the features to read (nested ones as "a/b"); None reads all.
-        shuffle: a fresh record order every epoch (Feistel permutation keyed by (seed, epoch)).
-        seed: the shuffle seed; None draws it from the source's `rngs` (or uses 0).
         read: "data_source" (random access, no TensorFlow) or "load" (needs TensorFlow).
         download: let TFDS download and prepare the dataset if it is missing.
         columns: the former name of `fields` (deprecated; moved to `fields` with a warning).
@@ -52,23 +48,19 @@ class TFDSSourceConfig:
     split: str = "train"
     data_dir: str | None = None
     fields: tuple[str, ...] | None = None
-    shuffle: bool = False
-    seed: int | None = None
     read: str = "data_source"
     download: bool = False
     columns: tuple[str, ...] | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"TFDSSourceConfig.name must be a dataset name such as 'mnist', got {self.name!r}")
         if not isinstance(self.split, str) or not self.split:
             raise TypeError(f"TFDSSourceConfig.split must be a split name such as 'train', got {self.split!r}")
         take_renamed(self, "columns", "fields")
         check_column_config(self.fields, "TFDSSourceConfig")
-        check_bool(*field(self, "shuffle"))
         check_bool(*field(self, "download"))
-        if self.seed is not None:
-            validate_seed(self.seed, "TFDSSourceConfig.seed")
         if self.read not in _READS:
             raise ValueError(f"TFDSSourceConfig.read must be one of {_READS}, got {self.read!r}")
 
@@ -118,17 +110,17 @@ class TFDSSource(DataSourceModule):
         >>> source = TFDSSource(TFDSSourceConfig(name="mnist", split="train", shuffle=True, seed=0))
     """
 
-    def __init__(self, config: TFDSSourceConfig, *, convert: Convert | None = None, rngs: nnx.Rngs | None = None):
-        if not isinstance(config, TFDSSourceConfig):
-            raise TypeError(f"config must be a TFDSSourceConfig, got {type(config).__name__}")
+    def __init__(self, config: TFDSSourceConfig | None = None, *, convert: Convert | None = None,
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(TFDSSourceConfig, config, settings, "TFDSSource")
         if convert is not None and not callable(convert):
             raise TypeError(f"TFDSSource convert must be a function batch -> dict of arrays, got {convert!r}")
-        tfds = require("tensorflow_datasets", "TFDSSource", "tensorflow-datasets")
+        tfds = require("tensorflow_datasets", owner="TFDSSource", extra="data", package="tensorflow-datasets")
         self.config = config
         self.seed = seed_from_rngs(config.seed, rngs)
         if config.read == "load":
             try:
-                require("tensorflow", "TFDSSource(read='load')")
+                require("tensorflow", owner="TFDSSource(read='load')", extra="data")
             except ImportError:
                 raise ImportError(NEEDS_TF) from None
             self.memory = self._load(tfds, config, convert)
@@ -203,11 +195,6 @@ class TFDSSource(DataSourceModule):
         if self.memory is not None:
             return self.memory.get_batch(indices, out)
         return read_batch(indices, out, self._io.spec, self._length, self._read_flat)
-
-    def default_sampler(self) -> Sampler:
-        if self.config.shuffle:
-            return ShuffleSampler(len(self), seed=self.seed)
-        return SequentialSampler(len(self))
 
     def structure(self) -> str:
         name, split = self._identity

@@ -34,7 +34,7 @@ def test_the_scenario_runs_and_reports_its_row(temp_cache):
 def test_the_floor_crops_exactly_as_decode_image(temp_cache):
     data = jpeg.make_data(16)
     floor = jpeg.Floor(list(data["path"]), data["label"])
-    stage = DecodeImage(JPEG_SIZE, crop="random_resized")
+    stage = DecodeImage(size=JPEG_SIZE, crop="random_resized")
     for record in range(16):
         out = np.empty((JPEG_SIZE, JPEG_SIZE, 3), np.uint8)
         floor.decode(data["path"][record], record, 3, out)  # the floor uses the turbo path's own primitive

@@ -39,3 +39,34 @@ def test_messages_name_argument_and_value(call, error, match):
 ])
 def test_valid_values_come_back_normalised(call, expected):
     assert call() == expected
+
+
+def hand_rolled_int_checks(path) -> list[str]:
+    """`isinstance(x, bool) ... isinstance(x, int)` in one boolean expression, or `isinstance(x, int)` /
+    `isinstance(x, (int, ...))` compared or negated: int checks that bypass `core/checks.py`."""
+    import ast
+
+    def isinstance_of(node, name):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2):
+            return False
+        kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+        return any(getattr(k, "id", None) == name for k in kinds)
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.BoolOp):
+            calls = [n for v in node.values for n in ast.walk(v)]
+            if any(isinstance_of(c, "bool") for c in calls) and any(isinstance_of(c, "int") for c in calls):
+                found.append(f"{path}:{node.lineno}: {ast.unparse(node)[:80]}")
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and isinstance_of(node.operand, "int"):
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_no_int_check_is_hand_rolled_outside_core_checks():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "datarax"
+    offenders = [hit for path in sorted(root.rglob("*.py")) if path != root / "core" / "checks.py"
+                 for hit in hand_rolled_int_checks(path)]
+    assert offenders == []

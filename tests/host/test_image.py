@@ -80,7 +80,7 @@ CASES = ["rgb.jpg", "rgb.png", "rgb.webp", "gray.jpg", "gray.png", "rgba.png", "
 @pytest.mark.parametrize("name", CASES)
 def test_decode_equals_pillow_after_exif_transpose(cases, name):
     want = np.asarray(reference(cases[name]))
-    got = run(DecodeImage(want.shape[:2], resize="none"), [cases[name]])["image"]
+    got = run(DecodeImage(size=want.shape[:2], resize="none"), [cases[name]])["image"]
     assert got.shape == (1, *want.shape) and got.dtype == np.uint8
     np.testing.assert_array_equal(got[0], want)
 
@@ -114,19 +114,19 @@ def assert_close(got, want, atol=1):
 @pytest.mark.parametrize("name", LOSSLESS)
 @pytest.mark.parametrize("size", [64, 200])
 def test_shorter_side_is_resize_then_center_crop(cases, name, size):
-    got = run(DecodeImage(size, resize="shorter_side"), [cases[name]])["image"][0]
+    got = run(DecodeImage(size=size, resize="shorter_side"), [cases[name]])["image"][0]
     assert_close(got, by_hand_shorter_side(reference(cases[name]), size, size))
 
 
 @pytest.mark.parametrize("name", LOSSLESS)
 def test_fixed_is_one_resize(cases, name):
-    got = run(DecodeImage((48, 80), resize="fixed"), [cases[name]])["image"][0]
+    got = run(DecodeImage(size=(48, 80), resize="fixed"), [cases[name]])["image"][0]
     np.testing.assert_array_equal(got, np.asarray(reference(cases[name]).resize((80, 48), BILINEAR)))
 
 
 @pytest.mark.parametrize("name", LOSSLESS + ["exif6.jpg"])
 def test_random_resized_resizes_the_record_box(cases, name):
-    stage = DecodeImage((40, 56), crop="random_resized", seed=3)
+    stage = DecodeImage(size=(40, 56), crop="random_resized", seed=3)
     ids = [5, 77, 1234]
     got = run(stage, [cases[name]] * 3, record_ids=ids, epoch=2)["image"]
     image = reference(cases[name])
@@ -157,7 +157,7 @@ def by_hand_draft(path: str, box, size) -> np.ndarray:
 
 @pytest.mark.parametrize("size", [32, 96, 200])
 def test_jpeg_decodes_at_reduced_scale_then_resizes_the_box(cases, size):
-    got = run(DecodeImage(size, backend="pillow"), [cases["rgb.jpg"]])["image"][0]
+    got = run(DecodeImage(size=size, backend="pillow"), [cases["rgb.jpg"]])["image"][0]
     want, scale = by_hand_draft(cases["rgb.jpg"], shorter_side_box(400, 600, size, size), (size, size))
     assert scale == {32: 8, 96: 4, 200: 2}[size]
     np.testing.assert_array_equal(got, want)
@@ -224,24 +224,24 @@ def test_fallback_is_the_clamped_center_crop():
 @pytest.mark.parametrize("threads", [1, 4])
 def test_threads_change_nothing(cases, threads):
     paths = [cases[n] for n in CASES]
-    base = run(DecodeImage(32, crop="random_resized", num_threads=2), paths)["image"]
-    np.testing.assert_array_equal(run(DecodeImage(32, crop="random_resized", num_threads=threads), paths)["image"],
+    base = run(DecodeImage(size=32, crop="random_resized", num_threads=2), paths)["image"]
+    np.testing.assert_array_equal(run(DecodeImage(size=32, crop="random_resized", num_threads=threads), paths)["image"],
                                   base)
 
 
 def test_the_crop_follows_seed_epoch_and_record(cases):
     paths = [cases["rgb.png"]] * 2
-    stage = DecodeImage(32, crop="random_resized")
+    stage = DecodeImage(size=32, crop="random_resized")
     a = run(stage, paths, record_ids=[0, 1])["image"]
     assert not np.array_equal(a[0], a[1])
     assert not np.array_equal(run(stage, paths, record_ids=[0, 1], epoch=1)["image"], a)
-    assert not np.array_equal(run(DecodeImage(32, crop="random_resized", seed=1), paths, [0, 1])["image"], a)
+    assert not np.array_equal(run(DecodeImage(size=32, crop="random_resized", seed=1), paths, [0, 1])["image"], a)
     np.testing.assert_array_equal(run(stage, paths[::-1], record_ids=[1, 0])["image"], a[::-1])
-    assert stage.stochastic and not DecodeImage(32).stochastic
+    assert stage.stochastic and not DecodeImage(size=32).stochastic
 
 
 def test_out_field_keeps_the_encoded_field_for_a_second_view(cases):
-    out = run(DecodeImage(16, out_field="view"), [cases["rgb.png"]])
+    out = run(DecodeImage(size=16, out_field="view"), [cases["rgb.png"]])
     assert out["image"].dtype == object and out["view"].shape == (1, 16, 16, 3)
 
 
@@ -259,13 +259,13 @@ def test_bad_bytes_raise_naming_the_record_and_path(tmp_path, cases, bad):
     paths = bad_files(tmp_path, cases)
     files = [paths["good.jpg"], paths[bad]]
     with pytest.raises(RecordError, match=rf"record 1 \({paths[bad]}\).*on_error='skip'"):
-        run(DecodeImage(32), files)
+        run(DecodeImage(size=32), files)
 
 
 def test_skip_writes_zeros_flags_counts_and_warns_once_per_record(tmp_path, cases):
     paths = bad_files(tmp_path, cases)
     files = [paths["good.jpg"], paths["truncated.jpg"], paths["corrupt.jpg"]]
-    stage = DecodeImage(32, on_error="skip")
+    stage = DecodeImage(size=32, on_error="skip")
     assert stage.output_spec({"image": jax.ShapeDtypeStruct((), object)})["image_ok"].dtype == np.bool_
     with pytest.warns(SkippedRecordWarning) as caught:
         out = run(stage, files)
@@ -279,11 +279,11 @@ def test_skip_writes_zeros_flags_counts_and_warns_once_per_record(tmp_path, case
         warnings.simplefilter("error")
         run(stage, files)  # the same records again: counted, not warned again
     assert stage.skipped == 4
-    assert "image_ok" not in run(DecodeImage(32), files[:1])
+    assert "image_ok" not in run(DecodeImage(size=32), files[:1])
 
 
 def test_a_copy_or_pickle_and_close_leave_a_working_stage(cases):
-    stage = DecodeImage(32, num_threads=2)
+    stage = DecodeImage(size=32, num_threads=2)
     base = run(stage, [cases["rgb.png"]] * 3)["image"]
     for other in (copy.deepcopy(stage), pickle.loads(pickle.dumps(stage))):
         np.testing.assert_array_equal(run(other, [cases["rgb.png"]] * 3)["image"], base)
@@ -294,14 +294,14 @@ def test_a_copy_or_pickle_and_close_leave_a_working_stage(cases):
 
 
 def test_structure_names_every_output_setting_but_not_threads_and_the_backend():
-    assert DecodeImage(32).structure() != DecodeImage(32, seed=1).structure()
-    assert DecodeImage(32).structure() != DecodeImage(32, crop="random_resized").structure()
-    assert DecodeImage(32, num_threads=1).structure() == DecodeImage(32, num_threads=8).structure()
+    assert DecodeImage(size=32).structure() != DecodeImage(size=32, seed=1).structure()
+    assert DecodeImage(size=32).structure() != DecodeImage(size=32, crop="random_resized").structure()
+    assert DecodeImage(size=32, num_threads=1).structure() == DecodeImage(size=32, num_threads=8).structure()
     config = DecodeImageConfig(size=(8, 16), crop="random_resized")
-    assert DecodeImage.from_config(config).config == config and config.size == (8, 16)
-    assert DecodeImage(32, backend="turbo").structure() != DecodeImage(32, backend="pillow").structure()
+    assert DecodeImage(config).config == config and config.size == (8, 16)
+    assert DecodeImage(size=32, backend="turbo").structure() != DecodeImage(size=32, backend="pillow").structure()
     # the Pillow backend keeps the fingerprint states were saved under before backends existed
-    assert DecodeImage(32, backend="pillow").structure() == (
+    assert DecodeImage(size=32, backend="pillow").structure() == (
         "DecodeImage(DecodeImageConfig(size=(32, 32), resize='shorter_side', crop='center', scale=(0.08, 1.0), "
         "ratio=(0.75, 1.3333333333333333), field='image', out_field=None, num_threads=None, on_error='raise', "
         "seed=0))")
@@ -325,9 +325,9 @@ def test_bad_settings_name_the_argument(kwargs, match):
 
 def test_output_spec_checks_the_field():
     with pytest.raises(KeyError, match=r"field 'jpeg' is not in the records"):
-        DecodeImage(8, field="jpeg").output_spec({"image": jax.ShapeDtypeStruct((), object)})
+        DecodeImage(size=8, field="jpeg").output_spec({"image": jax.ShapeDtypeStruct((), object)})
     with pytest.raises(TypeError, match=r"must hold encoded images .* drop DecodeImage"):
-        DecodeImage(8).output_spec({"image": jax.ShapeDtypeStruct((8, 8, 3), np.uint8)})
+        DecodeImage(size=8).output_spec({"image": jax.ShapeDtypeStruct((8, 8, 3), np.uint8)})
 
 
 JPEGS = [n for n in CASES if n.endswith(".jpg")]
@@ -409,17 +409,17 @@ def test_bad_bytes_name_the_record_on_the_turbo_backend_too(tmp_path, cases):
     paths = bad_files(tmp_path, cases)
     for bad in ("truncated.jpg", "corrupt.jpg"):
         with pytest.raises(RecordError, match=rf"record 1 \({paths[bad]}\)"):
-            run(DecodeImage(32, backend="turbo"), [paths["good.jpg"], paths[bad]])
+            run(DecodeImage(size=32, backend="turbo"), [paths["good.jpg"], paths[bad]])
 
 
 def test_auto_picks_turbo_when_installed_and_pillow_otherwise(monkeypatch):
     from datarax.host import jpeg
 
-    assert DecodeImage(32).backend == "turbo"
+    assert DecodeImage(size=32).backend == "turbo"
     monkeypatch.setattr(jpeg, "turbo_modules", lambda: None)
-    assert DecodeImage(32).backend == "pillow"
+    assert DecodeImage(size=32).backend == "pillow"
     with pytest.raises(ImportError, match=r"backend='turbo'\) needs the `simplejpeg`.*backend='pillow'"):
-        DecodeImage(32, backend="turbo")
+        DecodeImage(size=32, backend="turbo")
 
 
 def test_a_state_saved_under_one_backend_does_not_resume_under_the_other(tmp_path, cases):
@@ -432,7 +432,7 @@ def test_a_state_saved_under_one_backend_does_not_resume_under_the_other(tmp_pat
         (tmp_path / "c" / f"{i}.jpg").write_bytes(pathlib.Path(cases["rgb.jpg"]).read_bytes())
 
     def pipeline(backend):
-        return Pipeline(ImageFolderSource(tmp_path), [DecodeImage(16, backend=backend)], batch_size=2)
+        return Pipeline(ImageFolderSource(root=tmp_path), [DecodeImage(size=16, backend=backend)], batch_size=2)
 
     it = iter(pipeline("turbo"))
     next(it)

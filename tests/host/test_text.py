@@ -61,8 +61,8 @@ def collect(pipeline):
 @pytest.mark.parametrize("add_special_tokens", [True, False])
 def test_tokenize_equals_encode_batch_padded_by_hand(tokenizer, length, add_special_tokens):
     docs = documents()
-    stage = Tokenize(tokenizer, length=length, pad_id=7, add_special_tokens=add_special_tokens)
-    out = collect(Pipeline(TextSource(docs), [stage], batch_size=16))
+    stage = Tokenize(tokenizer=tokenizer, length=length, pad_id=7, add_special_tokens=add_special_tokens)
+    out = collect(Pipeline(TextSource(documents=docs), [stage], batch_size=16))
     ids, lengths = by_hand(tokenizer, docs, length, 7, add_special_tokens)
     np.testing.assert_array_equal(out["text_ids"], ids)
     np.testing.assert_array_equal(out["text_length"], lengths)
@@ -74,7 +74,7 @@ def test_tokenize_equals_encode_batch_padded_by_hand(tokenizer, length, add_spec
 @pytest.mark.parametrize("batch_size", [7, 64])
 def test_every_shuffled_epoch_tokenizes_each_document_once_whatever_the_batch_size(tokenizer, batch_size):
     docs = [f"document number {i} " * (1 + i % 5) for i in range(100)]
-    pipeline = Pipeline(TextSource(docs, TextSourceConfig(shuffle=True, seed=3)), [Tokenize(tokenizer, length=32)],
+    pipeline = Pipeline(TextSource(TextSourceConfig(shuffle=True, seed=3), documents=docs), [Tokenize(tokenizer=tokenizer, length=32)],
                         batch_size=batch_size)
     expected, _ = by_hand(tokenizer, docs, 32)
     orders = []
@@ -89,7 +89,7 @@ def test_every_shuffled_epoch_tokenizes_each_document_once_whatever_the_batch_si
 
 def test_other_fields_pass_through_and_bytes_are_decoded(tokenizer):
     batch = {"text": np.array([b"caf\xc3\xa9 au lait", "tea"], object), "label": np.array([3, 4])}
-    out = Tokenize(tokenizer, length=8)(batch, HostContext(np.arange(2), 0))
+    out = Tokenize(tokenizer=tokenizer, length=8)(batch, HostContext(np.arange(2), 0))
     np.testing.assert_array_equal(out["label"], [3, 4])
     ids, _ = by_hand(tokenizer, ["café au lait", "tea"], 8)
     np.testing.assert_array_equal(out["text_ids"], ids)
@@ -102,10 +102,10 @@ def test_a_tokenizer_file_is_the_same_tokenizer_and_the_callers_object_is_left_a
     padded.enable_padding(length=99)
     padded.enable_truncation(max_length=3)
     docs = documents(20)
-    outs = [collect(Pipeline(TextSource(docs), [Tokenize(t, length=40)], batch_size=8)) for t in (tokenizer, path)]
+    outs = [collect(Pipeline(TextSource(documents=docs), [Tokenize(tokenizer=t, length=40)], batch_size=8)) for t in (tokenizer, path)]
     np.testing.assert_array_equal(outs[0]["text_ids"], outs[1]["text_ids"])
     # Padding and truncation of the caller's tokenizer are not the stage's: it pads and truncates itself.
-    out = collect(Pipeline(TextSource(docs), [Tokenize(padded, length=40)], batch_size=8))
+    out = collect(Pipeline(TextSource(documents=docs), [Tokenize(tokenizer=padded, length=40)], batch_size=8))
     np.testing.assert_array_equal(out["text_ids"], outs[0]["text_ids"])
     assert padded.padding["length"] == 99 and padded.truncation["max_length"] == 3
 
@@ -113,10 +113,10 @@ def test_a_tokenizer_file_is_the_same_tokenizer_and_the_callers_object_is_left_a
 def test_the_tokenizer_is_part_of_the_fingerprint(tokenizer):
     docs = documents(10)
     other = train_tokenizer(vocab_size=300)
-    prints = {Pipeline(TextSource(docs), [Tokenize(t, length=16)], batch_size=4).fingerprint
+    prints = {Pipeline(TextSource(documents=docs), [Tokenize(tokenizer=t, length=16)], batch_size=4).fingerprint
               for t in (tokenizer, tokenizer, other)}
     assert len(prints) == 2
-    assert Tokenize(tokenizer, length=16).structure() != Tokenize(tokenizer, length=17).structure()
+    assert Tokenize(tokenizer=tokenizer, length=16).structure() != Tokenize(tokenizer=tokenizer, length=17).structure()
 
 
 def test_text_source_from_files_names_each_line(tmp_path):
@@ -135,21 +135,21 @@ def test_text_source_from_files_names_each_line(tmp_path):
 ])
 def test_config_errors_name_the_field(tokenizer, kwargs, error, match):
     with pytest.raises(error, match=match):
-        Tokenize(tokenizer, **kwargs)
+        Tokenize(tokenizer=tokenizer, **kwargs)
 
 
 def test_errors_name_the_problem(tokenizer, tmp_path):
     with pytest.raises(TypeError, match="tokenizers.Tokenizer or a path"):
-        Tokenize(object(), length=4)
+        Tokenize(tokenizer=object(), length=4)
     with pytest.raises(ValueError, match="could not load a tokenizer"):
-        Tokenize(tmp_path / "missing.json", length=4)
+        Tokenize(tokenizer=tmp_path / "missing.json", length=4)
     with pytest.raises(TypeError, match="config or keyword fields"):
-        Tokenize(tokenizer, TokenizeConfig(), length=4)
+        Tokenize(TokenizeConfig(), tokenizer=tokenizer, length=4)
     with pytest.raises(KeyError, match="'body' is not in the records"):
-        Pipeline(TextSource(["a"]), [Tokenize(tokenizer, field="body")], batch_size=1)
-    source = TextSource(["ok", "bad"], origins=["a.txt:1", "a.txt:2"])
+        Pipeline(TextSource(documents=["a"]), [Tokenize(tokenizer=tokenizer, field="body")], batch_size=1)
+    source = TextSource(documents=["ok", "bad"], origins=["a.txt:1", "a.txt:2"])
     batch = {"text": np.array(["ok", b"\xff\xfe"], object)}
     with pytest.raises(RecordError, match=r"record 1 \(a.txt:2\).*not UTF-8"):
-        Tokenize(tokenizer, length=4)(batch, HostContext(np.arange(2), 0, 0, source.describe_record))
+        Tokenize(tokenizer=tokenizer, length=4)(batch, HostContext(np.arange(2), 0, 0, source.describe_record))
     with pytest.raises(TypeError, match="documents\\[1\\] is int"):
-        TextSource(["a", 3])
+        TextSource(documents=["a", 3])

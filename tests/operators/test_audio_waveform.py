@@ -165,7 +165,7 @@ def test_operators_on_a_batch():
     (lambda: GainOperator(GainConfig(stochastic=False, learnable=("max_delta_db",))), ValueError,
      r"GainConfig.learnable names \['max_delta_db'\], which are not learnable magnitudes"),
     (lambda: GainOperator(GainConfig(stochastic=True)), ValueError, r"GainOperator is stochastic but got rngs=None"),
-    (lambda: GainOperator(AddNoiseConfig()), TypeError, r"GainOperator takes a GainConfig, got AddNoiseConfig"),
+    (lambda: GainOperator(AddNoiseConfig()), TypeError, r"GainOperator config must be a GainConfig, got AddNoiseConfig"),
     (lambda: GainOperator(GainConfig(max_delta_db=0.0, learnable=True), rngs=nnx.Rngs(0)), ValueError,
      r"learnable GainConfig.max_delta_db must lie strictly inside \(0.0, 60.0\), got 0.0"),
     (lambda: waveform.time_shift(jnp.zeros(4), 1.0, "edge"), ValueError, r"mode must be one of .*'edge'"),

@@ -151,7 +151,7 @@ ERRORS = [
     (lambda: NormalizeConfig(mean=(0.5,), std=(0.0,)), ValueError, r"std > 0, got mean=\(0.5,\), std=\(0.0,\)"),
     (lambda: NormalizeConfig(mean="x"), ValueError, r"NormalizeConfig.mean must be a tuple of numbers"),
     (lambda: BrightnessConfig(field=""), ValueError, r"BrightnessConfig.field must be a non-empty field name"),
-    (lambda: BrightnessOperator(ContrastConfig()), TypeError, r"BrightnessOperator takes a BrightnessConfig"),
+    (lambda: BrightnessOperator(ContrastConfig()), TypeError, r"BrightnessOperator config must be a BrightnessConfig"),
     (lambda: BrightnessOperator(BrightnessConfig()), ValueError, r"is stochastic but got rngs=None"),
 ]
 

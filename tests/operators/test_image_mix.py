@@ -183,7 +183,7 @@ ERRORS = [
     (lambda: MixUpConfig(num_classes=3, label_field=""), ValueError, r"MixUpConfig.label_field must be a non-empty"),
     (lambda: MixUpConfig(num_classes=3, stochastic=False), ValueError, r"stochastic=False\) has nothing to do"),
     (lambda: MixUpOperator(CutMixConfig(num_classes=3), rngs=nnx.Rngs(0)), TypeError,
-     r"MixUpOperator takes a MixUpConfig"),
+     r"MixUpOperator config must be a MixUpConfig"),
 ]
 
 

@@ -52,7 +52,7 @@ def test_classes_labels_order_and_paths(tmp_path):
         for f in files:
             (tmp_path / name / f).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / name / f).write_bytes(f"{name}/{f}".encode())
-    source = ImageFolderSource(tmp_path)
+    source = ImageFolderSource(root=tmp_path)
     assert source.class_names == ("cat", "dog") and len(source) == 4
     relative = [str(pathlib.Path(p).relative_to(tmp_path)) for p in source.paths]
     assert relative == ["cat/z.jpeg", "dog/a.PNG", "dog/b.jpg", "dog/nested/c.webp"]
@@ -63,29 +63,29 @@ def test_classes_labels_order_and_paths(tmp_path):
     np.testing.assert_array_equal(batch["label"], [[1, 0], [1, 1]])
     assert source.describe_record(2) == source.paths[2]
     assert source.element_spec()["label"] == jax.ShapeDtypeStruct((), np.int32)
-    assert len(ImageFolderSource(tmp_path, extensions=(".jpg", ".jpeg"))) == 2
+    assert len(ImageFolderSource(root=tmp_path, extensions=(".jpg", ".jpeg"))) == 2
     source.close()
 
 
 def test_missing_or_empty_roots_say_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"is not a folder; give the folder that holds one sub-folder"):
-        ImageFolderSource(tmp_path / "missing")
+        ImageFolderSource(root=tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match=r"has no class sub-folders; put the images in root/<class>/<image>"):
-        ImageFolderSource(tmp_path)
+        ImageFolderSource(root=tmp_path)
     (tmp_path / "cat").mkdir()
     (tmp_path / "cat" / "readme.txt").write_text("x")
     with pytest.raises(FileNotFoundError, match=r"class folder\(s\) \['cat'\] .* hold no files ending in"):
-        ImageFolderSource(tmp_path)
+        ImageFolderSource(root=tmp_path)
     with pytest.raises(ValueError, match=r"extensions must be a tuple of endings"):
-        ImageFolderSource(tmp_path, extensions=("jpg",))
+        ImageFolderSource(root=tmp_path, extensions=("jpg",))
     config = ImageFolderSourceConfig(root=str(tmp_path), extensions=(".TXT",), shuffle=True, seed=3)
-    source = ImageFolderSource.from_config(config)
+    source = ImageFolderSource(config)
     assert source.config == config and len(source) == 1
 
 
 def test_every_shuffled_epoch_has_each_record_once(tmp_path):
     images = write_folder(tmp_path, num=30, per_class=4)
-    pipeline = Pipeline(ImageFolderSource(tmp_path, shuffle=True, seed=1), [DecodeImage(16, resize="fixed")],
+    pipeline = Pipeline(ImageFolderSource(root=tmp_path, shuffle=True, seed=1), [DecodeImage(size=16, resize="fixed")],
                         batch_size=7)
     orders = []
     for _ in range(2):
@@ -104,8 +104,8 @@ def test_every_shuffled_epoch_has_each_record_once(tmp_path):
 
 
 def build(root, batch_size=8, threads=2):
-    source = ImageFolderSource(root, shuffle=True, seed=4)
-    return Pipeline(source, [DecodeImage(24, crop="random_resized", num_threads=threads, seed=9)],
+    source = ImageFolderSource(root=root, shuffle=True, seed=4)
+    return Pipeline(source, [DecodeImage(size=24, crop="random_resized", num_threads=threads, seed=9)],
                     batch_size=batch_size)
 
 
@@ -158,7 +158,7 @@ def test_a_corrupt_file_fails_the_pipeline_naming_its_path(tmp_path):
     write_folder(tmp_path, num=6)
     bad = tmp_path / "c003" / "0003.png"
     bad.write_bytes(bad.read_bytes()[:100])
-    pipeline = Pipeline(ImageFolderSource(tmp_path), [DecodeImage(16)], batch_size=4)
+    pipeline = Pipeline(ImageFolderSource(root=tmp_path), [DecodeImage(size=16)], batch_size=4)
     with pytest.raises(RecordError, match=rf"record 3 \({bad}\)"):
         list(pipeline)
 
@@ -166,15 +166,15 @@ def test_a_corrupt_file_fails_the_pipeline_naming_its_path(tmp_path):
 def test_the_fingerprint_follows_the_files_not_the_root(tmp_path):
     write_folder(tmp_path / "a", num=4)
     write_folder(tmp_path / "b", num=4)
-    assert ImageFolderSource(tmp_path / "a").structure() == ImageFolderSource(tmp_path / "b").structure()
+    assert ImageFolderSource(root=tmp_path / "a").structure() == ImageFolderSource(root=tmp_path / "b").structure()
     (tmp_path / "b" / "c000" / "0000.png").rename(tmp_path / "b" / "c000" / "0000b.png")
-    assert ImageFolderSource(tmp_path / "a").structure() != ImageFolderSource(tmp_path / "b").structure()
+    assert ImageFolderSource(root=tmp_path / "a").structure() != ImageFolderSource(root=tmp_path / "b").structure()
 
 
 def test_an_unreadable_image_file_fails_the_read_naming_the_file(tmp_path):
     write_folder(tmp_path, num=4)
-    source = ImageFolderSource(tmp_path)
+    source = ImageFolderSource(root=tmp_path)
     gone = source.paths[2]
     pathlib.Path(gone).unlink()
     with pytest.raises(OSError, match=gone):
-        list(Pipeline(source, [DecodeImage(8, field="image")], batch_size=2))
+        list(Pipeline(source, [DecodeImage(size=8, field="image")], batch_size=2))

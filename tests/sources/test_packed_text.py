@@ -81,7 +81,7 @@ def reference_rows(docs: list[list[int]], cfg: PackedTextSourceConfig) -> dict[s
 
 
 def packed(docs, batch_size=3, **kwargs) -> tuple[PackedTextSource, Pipeline]:
-    source = PackedTextSource(TextSource(texts(docs)), word_tokenizer(), **kwargs)
+    source = PackedTextSource(source=TextSource(documents=texts(docs)), tokenizer=word_tokenizer(), **kwargs)
     return source, Pipeline(source, [], batch_size=batch_size)
 
 
@@ -168,7 +168,7 @@ import numpy as np
 from datarax import Pipeline
 from datarax.sources import PackedTextSource, TextSource
 root = sys.argv[1]
-source = PackedTextSource(TextSource.from_files([root + "/corpus.txt"]), root + "/tokenizer.json", seq_len=24,
+source = PackedTextSource(source=TextSource.from_files([root + "/corpus.txt"]), tokenizer=root + "/tokenizer.json", seq_len=24,
                           eos_id=50, block_size=8, seed=9)
 iterator = Pipeline(source, [], batch_size=4).epochs(None)
 iterator.set_state(json.load(open(root + "/state.json")))
@@ -182,7 +182,7 @@ def test_a_state_saved_mid_epoch_resumes_in_a_fresh_process(tmp_path):
     docs = corpus(120, "mixed", seed=2)
     (tmp_path / "corpus.txt").write_text("\n".join(texts([d or [0] for d in docs])) + "\n")
     word_tokenizer().save(str(tmp_path / "tokenizer.json"))
-    source = PackedTextSource(TextSource.from_files([tmp_path / "corpus.txt"]), tmp_path / "tokenizer.json",
+    source = PackedTextSource(source=TextSource.from_files([tmp_path / "corpus.txt"]), tokenizer=tmp_path / "tokenizer.json",
                               seq_len=24, eos_id=EOS, block_size=8, seed=9)
     iterator = Pipeline(source, [], batch_size=4).epochs(None)
     for _ in range(5):
@@ -234,7 +234,7 @@ def test_a_state_of_another_packing_is_refused_and_the_iterator_is_unchanged():
 ])
 def test_config_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
-        PackedTextSource(TextSource(["w1 w2"]), word_tokenizer(), **kwargs)
+        PackedTextSource(source=TextSource(documents=["w1 w2"]), tokenizer=word_tokenizer(), **kwargs)
 
 
 def test_an_epoch_of_unknown_length_has_no_len():
@@ -267,7 +267,7 @@ def test_a_document_that_is_not_text_is_named():
         def describe_record(self, record_id):
             return f"docs.bin:{record_id}"
 
-    source = PackedTextSource(Documents(), word_tokenizer(), seq_len=4, shuffle=False, block_size=2)
+    source = PackedTextSource(source=Documents(), tokenizer=word_tokenizer(), seq_len=4, shuffle=False, block_size=2)
     reader = source.open(0, None)
     out = {k: np.zeros((4,) + v.shape, v.dtype) for k, v in source.element_spec().items()}
     with pytest.raises(RecordError, match=r"record 2 \(docs.bin:2\).*not UTF-8"):

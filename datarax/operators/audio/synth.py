@@ -12,12 +12,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 from flax import nnx
 
 from datarax.core.checks import (check_field_name, check_number, check_positive_int, describe, field, is_number,
                                  require_deterministic, require_stochastic)
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator, read_field
 from datarax.operators.audio.functional.synth import decaying_noise_ir, filtered_noise, harmonic_synth, reverb
@@ -64,10 +66,8 @@ def _read(op: PerRecordOperator, element: Element, arg: str, ndim: int) -> jax.A
 class HarmonicSynthOperator(PerRecordOperator):
     """Writes `harmonic_synth` of the record's control fields to `out_field`."""
 
-    def __init__(self, config: HarmonicSynthConfig | None = None, *, rngs: nnx.Rngs | None = None):
-        config = HarmonicSynthConfig() if config is None else config
-        if not isinstance(config, HarmonicSynthConfig):
-            raise TypeError(f"HarmonicSynthOperator takes a HarmonicSynthConfig, got {describe(config)}")
+    def __init__(self, config: HarmonicSynthConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(HarmonicSynthConfig, config, settings, "HarmonicSynthOperator")
         self._init_rng(config, rngs)
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:
@@ -104,10 +104,8 @@ class FilteredNoiseConfig(OperatorConfig):
 class FilteredNoiseOperator(PerRecordOperator):
     """Writes uniform white noise in [-1, 1) shaped by the record's band magnitudes (`filtered_noise`)."""
 
-    def __init__(self, config: FilteredNoiseConfig | None = None, *, rngs: nnx.Rngs | None = None):
-        config = FilteredNoiseConfig() if config is None else config
-        if not isinstance(config, FilteredNoiseConfig):
-            raise TypeError(f"FilteredNoiseOperator takes a FilteredNoiseConfig, got {describe(config)}")
+    def __init__(self, config: FilteredNoiseConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(FilteredNoiseConfig, config, settings, "FilteredNoiseOperator")
         self._init_rng(config, rngs)
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:
@@ -167,10 +165,8 @@ class ReverbOperator(PerRecordOperator):
     through the same room.
     """
 
-    def __init__(self, config: ReverbConfig | None = None, *, rngs: nnx.Rngs):
-        config = ReverbConfig() if config is None else config
-        if not isinstance(config, ReverbConfig):
-            raise TypeError(f"ReverbOperator takes a ReverbConfig, got {describe(config)}")
+    def __init__(self, config: ReverbConfig | None = None, *, rngs: nnx.Rngs, **settings: Any):
+        config = resolve_config(ReverbConfig, config, settings, "ReverbOperator")
         if not isinstance(rngs, nnx.Rngs):
             raise TypeError(f"ReverbOperator needs rngs=nnx.Rngs(...) to draw its room noise, got {describe(rngs)}")
         self._init_rng(config, None)

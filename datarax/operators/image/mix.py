@@ -30,8 +30,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from datarax.core.element import Element
 from datarax.core.checks import check_field_name, check_int, describe, field, require_stochastic
+from datarax.core.construct import resolve_config
+from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule, record_keys, stage_key_from_rngs
 from datarax.operators.field import check_magnitudes
 from datarax.operators.image.base import ImageOperatorConfig
@@ -98,9 +99,8 @@ class MixOperator(OperatorModule):
     num_uniforms: ClassVar[int]
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"alpha": (1e-3, 4.0)}
 
-    def __init__(self, config: MixConfig, *, rngs: nnx.Rngs | None = None):
-        if type(config) is not self.config_class:
-            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, got {describe(config)}")
+    def __init__(self, config: MixConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(self.config_class, config, settings, type(self).__name__, exact=True)
         self.config = config
         self.key = stage_key_from_rngs(type(self).__name__, config, rngs)
         self.magnitudes = magnitudes(config, self.bounds, owner=self.config_class.__name__)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 
 from datarax.core.checks import check_bool, check_int, field
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
-from datarax.core.operator import BatchContext, OperatorModule, describe
+from datarax.core.operator import BatchContext, OperatorModule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +44,8 @@ class RebatchNode(OperatorModule):
         >>> ungroup = RebatchNode(RebatchNodeConfig(group_size=4, inverse=True))  # and back
     """
 
-    def __init__(self, config: RebatchNodeConfig):
-        if not isinstance(config, RebatchNodeConfig):
-            raise TypeError(f"config must be a RebatchNodeConfig, got {describe(config)}")
+    def __init__(self, config: RebatchNodeConfig | None = None, **settings: Any):
+        config = resolve_config(RebatchNodeConfig, config, settings, "RebatchNode")
         self.config = config
 
     def _group(self, path, x: jax.Array) -> jax.Array:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule, describe
 from datarax.operators.strategies.common import check_fields
@@ -40,9 +42,9 @@ class SplitField(OperatorModule):
         >>> augment_image = SplitField(SplitFieldConfig(fields=("image",)), operator=augmenter)
     """
 
-    def __init__(self, config: SplitFieldConfig, *, operator: OperatorModule | None = None):
-        if not isinstance(config, SplitFieldConfig):
-            raise TypeError(f"config must be a SplitFieldConfig, got {describe(config)}")
+    def __init__(self, config: SplitFieldConfig | None = None, *, operator: OperatorModule | None = None,
+                 **settings: Any):
+        config = resolve_config(SplitFieldConfig, config, settings, "SplitField")
         if operator is not None and not isinstance(operator, OperatorModule):
             raise TypeError(f"SplitField operator must be an operator (an OperatorModule) or None, "
                             f"got {describe(operator)}")

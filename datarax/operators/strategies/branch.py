@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
-from datarax.core.operator import BatchContext, OperatorConfig, OperatorModule, describe, record_keys, stage_key_from_rngs
-from datarax.operators.element import checked_config, fn_name, takes_key
+from datarax.core.operator import (BatchContext, OperatorConfig, OperatorModule, describe, record_keys,
+                                   stage_key_from_rngs)
+from datarax.operators.element import fn_name, takes_key
 from datarax.operators.strategies.common import check_operators, check_same_structure, run_all, select_records
 
 
@@ -39,8 +42,8 @@ class BranchOperator(OperatorModule):
     """
 
     def __init__(self, config: BranchOperatorConfig | None = None, *, router: Callable[..., jax.Array],
-                 branches: Sequence[OperatorModule], rngs: nnx.Rngs | None = None):
-        config = checked_config(config, BranchOperatorConfig)
+                 branches: Sequence[OperatorModule], rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(BranchOperatorConfig, config, settings, "BranchOperator", accept=OperatorConfig)
         self._takes_key = takes_key(router, config, "BranchOperator", "router")
         self.config = config
         self.router = router

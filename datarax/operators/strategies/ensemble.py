@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from collections.abc import Sequence
 
 from datarax.core.checks import check_choice, field
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule
 from datarax.operators.strategies import merge
@@ -39,10 +41,9 @@ class EnsembleOperator(OperatorModule):
         >>> avg = EnsembleOperator(EnsembleOperatorConfig(reduce="mean"), operators=[blur, sharpen])
     """
 
-    def __init__(self, config: EnsembleOperatorConfig | None = None, *, operators: Sequence[OperatorModule]):
-        config = EnsembleOperatorConfig() if config is None else config
-        if not isinstance(config, EnsembleOperatorConfig):
-            raise TypeError(f"config must be an EnsembleOperatorConfig, got {type(config).__name__}")
+    def __init__(self, config: EnsembleOperatorConfig | None = None, *, operators: Sequence[OperatorModule],
+                 **settings: Any):
+        config = resolve_config(EnsembleOperatorConfig, config, settings, "EnsembleOperator")
         self.config = config
         self.operators = check_operators(operators, "EnsembleOperator")
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from collections.abc import Sequence
 
 from datarax.core.checks import check_choice, field, is_int
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule
 from datarax.operators.strategies import merge
@@ -49,10 +51,9 @@ class ParallelOperator(OperatorModule):
         ...                         operators=[augment, normalize])  # channels doubled
     """
 
-    def __init__(self, config: ParallelOperatorConfig | None = None, *, operators: Sequence[OperatorModule]):
-        config = ParallelOperatorConfig() if config is None else config
-        if not isinstance(config, ParallelOperatorConfig):
-            raise TypeError(f"config must be a ParallelOperatorConfig, got {type(config).__name__}")
+    def __init__(self, config: ParallelOperatorConfig | None = None, *, operators: Sequence[OperatorModule],
+                 **settings: Any):
+        config = resolve_config(ParallelOperatorConfig, config, settings, "ParallelOperator")
         self.config = config
         self.operators = check_operators(operators, "ParallelOperator")
         if config.names is not None and len(config.names) != len(self.operators):

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from datarax.core.checks import check_probability, field
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
-from datarax.core.operator import BatchContext, OperatorConfig, OperatorModule, describe, record_keys, stage_key_from_rngs
+from datarax.core.operator import (BatchContext, OperatorConfig, OperatorModule, describe, record_keys,
+                                   stage_key_from_rngs)
 from datarax.operators.strategies.common import check_same_structure, select_records
 
 
@@ -44,10 +47,8 @@ class ProbabilisticOperator(OperatorModule):
     """
 
     def __init__(self, config: ProbabilisticOperatorConfig | None = None, *, operator: OperatorModule,
-                 rngs: nnx.Rngs | None = None):
-        config = ProbabilisticOperatorConfig() if config is None else config
-        if not isinstance(config, ProbabilisticOperatorConfig):
-            raise TypeError(f"config must be a ProbabilisticOperatorConfig, got {type(config).__name__}")
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(ProbabilisticOperatorConfig, config, settings, "ProbabilisticOperator")
         if not isinstance(operator, OperatorModule):
             raise TypeError(f"ProbabilisticOperator operator must be an operator (an OperatorModule such as "
                             f"ElementOperator), got {describe(operator)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 from collections.abc import Sequence
 
 import jax
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from datarax.core.checks import check_bool, field, is_number
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorConfig, OperatorModule, record_keys, stage_key_from_rngs
 from datarax.operators.strategies import merge
@@ -61,10 +63,8 @@ class SelectorOperator(OperatorModule):
     """
 
     def __init__(self, config: SelectorOperatorConfig | None = None, *, operators: Sequence[OperatorModule],
-                 rngs: nnx.Rngs | None = None):
-        config = SelectorOperatorConfig() if config is None else config
-        if not isinstance(config, SelectorOperatorConfig):
-            raise TypeError(f"config must be a SelectorOperatorConfig, got {type(config).__name__}")
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(SelectorOperatorConfig, config, settings, "SelectorOperator")
         self.config = config
         self.operators = check_operators(operators, "SelectorOperator", minimum=2)
         count = len(self.operators)

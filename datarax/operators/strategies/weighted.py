@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from collections.abc import Sequence
 
 import jax
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from datarax.core.checks import check_bool, field, is_number
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule
 from datarax.operators.strategies import merge
@@ -59,10 +61,8 @@ class WeightedParallelOperator(OperatorModule):
     """
 
     def __init__(self, config: WeightedParallelOperatorConfig | None = None, *,
-                 operators: Sequence[OperatorModule]):
-        config = WeightedParallelOperatorConfig() if config is None else config
-        if not isinstance(config, WeightedParallelOperatorConfig):
-            raise TypeError(f"config must be a WeightedParallelOperatorConfig, got {type(config).__name__}")
+                 operators: Sequence[OperatorModule], **settings: Any):
+        config = resolve_config(WeightedParallelOperatorConfig, config, settings, "WeightedParallelOperator")
         self.config = config
         self.operators = check_operators(operators, "WeightedParallelOperator")
         count = len(self.operators)

@@ -1,0 +1,94 @@
+"""One way to build a source, host stage or operator: a config *or* keyword settings, never both.
+
+Every constructor reads `X(config=None, *, <required data>, rngs=None, **settings)` and turns its
+config and settings into one config here, so both spellings give the same object:
+
+    >>> MemorySource(MemorySourceConfig(shuffle=True), data=data)   # a config (TOML files build these)
+    >>> MemorySource(shuffle=True, data=data)                       # the same source from settings
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import warnings
+from typing import Any, TypeVar
+
+from datarax.core.checks import describe
+
+C = TypeVar("C")
+
+
+def _article(name: str) -> str:
+    return "an" if name[0] in "AEIOU" else "a"
+
+
+def resolve_config(config_class: type[C], config: Any, settings: dict[str, Any], owner: str, *,
+                   accept: type | None = None, exact: bool = False,
+                   positional: tuple[str, type | tuple[type, ...]] | None = None) -> C:
+    """The config an `owner(config, **settings)` call describes.
+
+    Args:
+        config_class: the owner's config dataclass; built from `settings` when `config` is None.
+        config: the config given (or None).
+        settings: the keyword settings given (fields of `config_class`).
+        owner: the class name shown in errors.
+        accept: the type a given config must be an instance of (default `config_class`).
+        exact: require `type(config) is config_class` (operators whose configs subclass each other).
+        positional: `(setting, types)`: a first argument of one of `types` stands for that setting,
+            the former positional spelling (`DecodeImage(128)` for `size`); it is moved into
+            `settings` with a DeprecationWarning.
+    """
+    name = config_class.__name__
+    if positional is not None and isinstance(config, positional[1]):
+        warn_positional(owner, positional[0], config)
+        config, settings = None, {positional[0]: config, **settings}
+    if config is None:
+        known = {f.name for f in dataclasses.fields(config_class) if f.init}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise TypeError(f"{owner} got unknown settings {unknown}; its settings are the fields of {name}: "
+                            f"{sorted(known)}")
+        return config_class(**settings)
+    if settings:
+        raise TypeError(f"{owner} takes a config or keyword fields, not both; got config={config!r} and "
+                        f"{sorted(settings)}: pass {owner}({name}(...)) or {owner}({', '.join(sorted(settings))}=...)")
+    ok = type(config) is config_class if exact else isinstance(config, accept or config_class)
+    if not ok:
+        raise TypeError(f"{owner} config must be {_article(name)} {name}, got {type(config).__name__} "
+                        f"({describe(config)}); pass {name}(...) or its fields as keywords")
+    return config
+
+
+def warn_positional(owner: str, name: str, value: Any) -> None:
+    """The DeprecationWarning of a former positional argument, now the keyword `name`, shown at the
+    user's line (the first frame outside datarax and flax, whose module metaclass calls `__init__`)."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("datarax", "flax"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"{owner}({describe(value)}, ...) by position is deprecated: the first argument is the config; "
+                  f"write {owner}({name}=...)", DeprecationWarning, stacklevel=level)
+
+
+def take_positional(owner: str, config_class: type, args: tuple[Any, ...], data: dict[str, Any]) -> Any:
+    """The config of a constructor that once took its required data by position.
+
+    `args` is `(config, *extra positional arguments)` as received and `data` the required data
+    given by keyword (None when not). The former spelling `owner(*data, config)` still works with a
+    DeprecationWarning: its values are written into `data`, which the caller reads back.
+    """
+    config, *rest = args
+    names = list(data)
+    if config is not None and not isinstance(config, config_class) and all(v is None for v in data.values()):
+        warn_positional(owner, names[0], config)
+        values = [config, *rest]
+        data.update(zip(names, values))
+        rest = values[len(names):]
+        config = rest.pop(0) if rest else None
+    if rest:
+        raise TypeError(f"{owner} takes one positional argument, the config ({config_class.__name__}); got "
+                        f"{len(rest) + 1}: pass {', '.join(f'{n}=' for n in names)} by keyword")
+    missing = [n for n, v in data.items() if v is None]
+    if missing:
+        raise TypeError(f"{owner} needs {', '.join(f'{n}=...' for n in missing)}")
+    return config
