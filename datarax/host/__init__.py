@@ -17,3 +17,8 @@ from datarax.host.image import DecodeImageConfig as DecodeImageConfig
 from datarax.host.stage import SkippedRecordWarning as SkippedRecordWarning
 from datarax.host.text import Tokenize as Tokenize
 from datarax.host.text import TokenizeConfig as TokenizeConfig
+from datarax.host.decode_once import materialize as materialize
+from datarax.host.decode_once import materialize_main as materialize_main
+from datarax.host.materialized import MaterializeConfig as MaterializeConfig
+from datarax.host.materialized import MaterializedSource as MaterializedSource
+from datarax.host.materialized import StaleCacheError as StaleCacheError
