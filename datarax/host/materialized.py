@@ -178,7 +178,10 @@ class MaterializedSource(DataSourceModule):
             if size != entry["bytes"]:
                 raise _corrupt(directory, f"shard {entry['name']!r} has {size} bytes, the manifest says "
                                           f"{entry['bytes']} (missing or truncated)")
-        found = _shard_counts(shards)
+        try:
+            found = _shard_counts(shards)
+        except CorruptFileError as exc:
+            raise _corrupt(directory, str(exc)) from None
         promised = [s["records"] for s in manifest["shards"]]
         if found != promised:
             raise _corrupt(directory, f"its shards hold {found} records, the manifest says {promised}")
