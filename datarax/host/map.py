@@ -158,7 +158,7 @@ class RecordJob:
         for row in range(len(ids)):
             rng = record_generator(seed, stage, epoch, int(ids[row])) if stochastic else None
             record = {k: v[row] for k, v in inputs.items()}
-            failures.append(self._store(lambda: self.fn(record, rng), outputs, row, None))  # noqa: B023
+            failures.append(self._store(lambda: self.fn(record, rng), outputs, slice(row, row + 1), None))  # noqa: B023
         return failures
 
     def _store(self, call: Callable[[], Any], outputs: dict[str, np.ndarray], where: Any,
@@ -179,7 +179,7 @@ class RecordJob:
                 if value.shape != want:
                     raise ValueError(f"HostMap function {self.name} returned {name!r} with shape {value.shape}, "
                                      f"outputs= declares {want}; return that shape or change outputs=")
-                np.copyto(outputs[name][where], value, casting="same_kind")
+                np.copyto(outputs[name][where], value if rows is not None else value[np.newaxis], casting="same_kind")
         except Exception as exc:  # noqa: BLE001 - a record's failure, reported with its record by BadRecords
             return picklable(exc)
         return None

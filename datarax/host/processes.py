@@ -26,6 +26,7 @@ import multiprocessing
 import multiprocessing.connection
 import pickle
 import signal
+import sys
 import threading
 import traceback
 import weakref
@@ -43,8 +44,19 @@ class WorkerCrashError(RuntimeError):
     """A worker process died (not an exception in the job: those are reported per record)."""
 
 
-def start_method() -> str:
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+def context() -> Any:
+    """The forkserver context (spawn where there is none), its server preloading datarax.
+
+    Without the preload every worker imports JAX and Flax itself (seconds each); with it the
+    server imports them once and workers fork from it ready. This sets the process-wide
+    forkserver preload, which takes effect only if the server has not started yet, and keeps
+    `__main__` (multiprocessing's default).
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["__main__", "datarax.host.map"])
+    return ctx
 
 
 class SharedOutputs:
@@ -161,10 +173,10 @@ class WorkerPool:
             return results
 
     def _start(self, count: int) -> None:
-        context = multiprocessing.get_context(start_method())
+        ctx = context()
         while len(self._workers) < count:
-            parent, child = context.Pipe()
-            process = context.Process(target=worker_main, args=(child, self.payload), daemon=True,
+            parent, child = ctx.Pipe()
+            process = ctx.Process(target=worker_main, args=(child, self.payload, list(sys.path)), daemon=True,
                                       name=f"{self.name}-{len(self._workers)}")
             process.start()
             child.close()
@@ -208,9 +220,14 @@ def stop_workers(workers: list[tuple[Any, Any]]) -> None:
     workers.clear()
 
 
-def worker_main(conn: Any, payload: bytes) -> None:
-    """A worker's loop: load the job once, then run one task per message until told to stop."""
+def worker_main(conn: Any, payload: bytes, path: list[str]) -> None:
+    """A worker's loop: load the job once, then run one task per message until told to stop.
+
+    `path` is the parent's `sys.path` now: a forkserver started earlier holds an older one, and
+    the job's function may live in a folder added since (a notebook's, pytest's).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.path[:] = path
     try:
         job = pickle.loads(payload)
     except BaseException:  # noqa: BLE001 - any failure to load the job is reported, then the worker ends
