@@ -37,7 +37,7 @@ Executors:
   into shared memory, for GIL-bound pure-Python functions. The function must be picklable by
   reference (defined at module level, not a lambda or a closure), and a script must build and
   iterate its pipeline under `if __name__ == "__main__":`. Workers start with the first batch
-  and stop at `close()` (or `pipeline.close()`); a crashed worker is a `WorkerCrashError`.
+  and stop at `close()` (or `pipeline.source.close()`); a crashed worker is a `WorkerCrashError`.
 """
 
 from __future__ import annotations

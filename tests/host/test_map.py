@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import os
 import pickle
-import warnings
 
 import jax
 import numpy as np
