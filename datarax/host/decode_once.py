@@ -21,8 +21,8 @@ scale keeps every crop at full resolution; smaller caches make small crops softe
 Why the longer side: it bounds every record's size (a panorama cannot blow up a shard), and it
 is FFCV's choice. Why `format="raw"` by default: uncompressed RGB (binary PPM, which Pillow and
 OpenCV open with no decode at all) is lossless and, measured here, decodes faster than PNG,
-WebP-lossless or JPEG at quality 90-95; `format="jpeg"` (quality 90 by default) stores about a tenth
-of the bytes, for caches bounded by disk or network rather than CPU. A JPEG source image already
+WebP-lossless or JPEG at quality 90-95; `format="jpeg"` (quality 90 by default) stores several
+times fewer bytes, for caches bounded by disk or network rather than CPU. A JPEG source image already
 within `max_side` keeps its original bytes under `format="jpeg"` (no second generation loss).
 
 A cache is tied to what made it: its `manifest.json` holds the source's `structure()`, a hash of

@@ -44,7 +44,7 @@ class MaterializeConfig:
         max_side: the longest side, in pixels, of a stored image; larger images are reduced
             (aspect kept, Lanczos), smaller ones are never enlarged.
         format: "raw" (uncompressed RGB or gray as binary PPM/PGM: lossless, fastest to decode)
-            or "jpeg" (about a tenth of the bytes, lossy at `quality`).
+            or "jpeg" (several times fewer bytes, lossy at `quality`).
         quality: the JPEG quality (1-100) of `format="jpeg"`; ignored by "raw".
         field: the field holding the encoded images; the other fields are copied as they are.
     """
