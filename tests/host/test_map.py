@@ -215,3 +215,17 @@ def test_output_spec_and_structure():
 def test_bad_settings_name_the_argument(kwargs, error, match):
     with pytest.raises(error, match=match):
         HostMapConfig(**kwargs)
+
+
+def byte_sum(record, rng):
+    return {"total": np.array(sum(record["payload"]), np.int64)}
+
+
+def test_encoded_fields_travel_to_worker_processes():
+    payload = np.empty(5, object)
+    payload[:] = [bytes(range(i + 1)) for i in range(5)]
+    stage = HostMap(byte_sum, outputs={"total": ((), np.int64)}, fields=("payload",), executor="processes",
+                    num_workers=2)
+    out = stage({"payload": payload}, HostContext(np.arange(5), 0))
+    np.testing.assert_array_equal(out["total"], [sum(range(i + 1)) for i in range(5)])
+    stage.close()
