@@ -23,8 +23,6 @@ from datarax.samplers.base import Sampler
 from datarax.samplers.simple import SequentialSampler, ShuffleSampler
 from datarax.sources._columns import Handles, read_batch, require
 from datarax.sources._files import CorruptFileError
-from datarax.sources.array_record import (RANDOM_ACCESS_OPTIONS, ArrayRecordSource, ArrayRecordSourceConfig,
-                                          open_reader)
 
 FORMATS = ("raw", "jpeg")
 FORMAT_VERSION = 1
@@ -187,6 +185,9 @@ class MaterializedSource(DataSourceModule):
             raise _corrupt(directory, f"its shards hold {found} records, the manifest says {promised}")
         self.config, self.directory, self.shuffle, self.seed = config, directory, shuffle, seed
         self.source = source
+        # Imported here: datarax.sources imports datarax.host, which re-exports this module.
+        from datarax.sources.array_record import ArrayRecordSource, ArrayRecordSourceConfig
+
         self.images = ArrayRecordSource(ArrayRecordSourceConfig(encoded=config.field), paths=shards)
         arrays = {}
         for name, entry in manifest["fields"].items():
@@ -240,6 +241,8 @@ class MaterializedSource(DataSourceModule):
 
 def _shard_counts(paths: Sequence[str]) -> list[int]:
     """Each shard's record count, read from its index (its first and last records are read back)."""
+    from datarax.sources.array_record import RANDOM_ACCESS_OPTIONS, open_reader
+
     ar = require("array_record.python.array_record_module", "MaterializedSource", "array_record")
     counts = []
     for path in paths:
