@@ -16,6 +16,8 @@ SCENARIO_MODULES = {
     "hf_parquet": "benchmarks.scenarios.hf_parquet",
     "sharded": "benchmarks.scenarios.sharded",
     "jpeg": "benchmarks.scenarios.jpeg",
+    "jpeg_cache": "benchmarks.scenarios.jpeg_cache",
+    "host_map": "benchmarks.scenarios.host_map",
     "text": "benchmarks.scenarios.text",
     "overhead": "benchmarks.scenarios.overhead",
 }

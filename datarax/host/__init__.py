@@ -1,7 +1,9 @@
 """datarax.host: stages that run on the host before the compiled program (decoding encoded data).
 
 See `datarax.host.stage` for the contract and the record-keyed randomness; `DecodeImage` decodes
-images (`datarax.host.image`); `datarax.sources.ImageFolderSource` reads image folders.
+images (`datarax.host.image`); `datarax.sources.ImageFolderSource` reads image folders;
+`materialize` decodes an image source once into a reduced cache (`datarax.host.decode_once`);
+`HostMap` runs any Python function as a host stage, on threads or processes (`datarax.host.map`).
 """
 
 from datarax.host.stage import ENCODED as ENCODED
@@ -17,3 +19,11 @@ from datarax.host.image import DecodeImageConfig as DecodeImageConfig
 from datarax.host.stage import SkippedRecordWarning as SkippedRecordWarning
 from datarax.host.text import Tokenize as Tokenize
 from datarax.host.text import TokenizeConfig as TokenizeConfig
+from datarax.host.decode_once import materialize as materialize
+from datarax.host.decode_once import materialize_main as materialize_main
+from datarax.host.materialized import MaterializeConfig as MaterializeConfig
+from datarax.host.materialized import MaterializedSource as MaterializedSource
+from datarax.host.materialized import StaleCacheError as StaleCacheError
+from datarax.host.map import HostMap as HostMap
+from datarax.host.map import HostMapConfig as HostMapConfig
+from datarax.host.processes import WorkerCrashError as WorkerCrashError

@@ -1,0 +1,256 @@
+"""Decode once: a reduced copy of an image source in ArrayRecord shards, for epochs that repeat.
+
+Decoding a full-size JPEG every epoch repeats work whose result never changes: the decode and
+the downscale are deterministic, only the crop is random. `materialize` runs that deterministic
+prefix once (decode, EXIF orientation, RGB, the longer side reduced to at most `max_side`,
+re-encode) and writes the small images, in record order, into ArrayRecord shards beside the
+source's other fields (the idea of FFCV's `max_resolution` and tf.data's `snapshot`). Later
+epochs read the small records and keep their random crops:
+
+    >>> cache = materialize(ImageFolderSource("photos/train", shuffle=True), "/data/photos-160",
+    ...                     max_side=160)
+    >>> pipeline = Pipeline(cache, [DecodeImage(128, crop="random_resized"), ...], batch_size=64)
+
+A random-resized crop is drawn in relative terms (a fraction of the area, an aspect ratio, a
+position), so on a uniformly downscaled image it covers the same part of the scene: the box
+distribution is the source's, up to integer rounding at the smaller size (and a record draws
+the same numbers from its generator on either path). What a crop loses is resolution where it
+magnifies: a `max_side` of about the output size over the square root of the smallest crop
+scale keeps every crop at full resolution; smaller caches make small crops softer.
+
+Why the longer side: it bounds every record's size (a panorama cannot blow up a shard), and it
+is FFCV's choice. Why `format="raw"` by default: uncompressed RGB (binary PPM, which Pillow and
+OpenCV open with no decode at all) is lossless and, measured here, decodes faster than PNG,
+WebP-lossless or JPEG at quality 90-95; `format="jpeg"` (quality 90 by default) stores several
+times fewer bytes, for caches bounded by disk or network rather than CPU. A JPEG source image already
+within `max_side` keeps its original bytes under `format="jpeg"` (no second generation loss).
+
+A cache is tied to what made it: its `manifest.json` holds the source's `structure()`, a hash of
+its files' sizes and modification times (for sources listing `paths`, such as
+`ImageFolderSource`), the prefix settings, the per-shard record counts and byte sizes, and a
+format version; `MaterializedSource` (`datarax.host.materialized`) refuses a cache that no
+longer matches. Writing goes to a hidden temporary folder beside the target, renamed into place
+when complete, so a crash never leaves a half cache that looks whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+from datarax.core.checks import check_int, check_positive_int
+from datarax.core.source import DataSourceModule
+from datarax.host.image import PILLOW_HINT
+from datarax.host.materialized import (FORMAT_VERSION, FORMATS, KIND, MANIFEST, MaterializeConfig, MaterializedSource,
+                                       StaleCacheError, source_stamp)
+from datarax.host.stage import ENCODED, RecordError, RecordPool
+from datarax.sources._columns import require
+from datarax.sources._files import CorruptFileError
+
+SHARD_RECORDS = 8192
+# One record per chunk (random access) and no compression: raw pixels barely compress and JPEG
+# not at all, while decompressing brotli (ArrayRecord's default) doubled the read time of a record.
+WRITER_OPTIONS = "group_size:1,uncompressed"
+ORIENTATION_TAG = 0x0112  # the EXIF tag
+READ_CHUNK = 256  # records read and shrunk per step: enough to keep every thread busy
+def shrink_image(data: bytes, config: MaterializeConfig) -> bytes:
+    """One record of the prefix: encoded image bytes to the stored bytes (see `MaterializeConfig`).
+
+    The result is upright (the EXIF orientation applied, none stored), RGB or gray, with its
+    longer side at most `config.max_side`.
+    """
+    image_module, image_ops = _pillow()
+    image = image_module.open(io.BytesIO(data))
+    raw_w, raw_h = image.size
+    quarter_turn = image.getexif().get(ORIENTATION_TAG, 1) >= 5  # the upright image is raw_h x raw_w
+    factor = config.max_side / max(raw_w, raw_h)
+    if factor >= 1 and config.format == "jpeg" and image.format == "JPEG":
+        return bytes(data)  # already small: the original bytes decode to exactly what the source gives
+    if factor < 1:
+        image.draft(None, (math.ceil(raw_w * factor), math.ceil(raw_h * factor)))  # JPEG: decode at a DCT scale
+    image = image_ops.exif_transpose(image)
+    if image.mode not in ("RGB", "L"):
+        image = image.convert("RGB")  # as DecodeImage converts: before resizing (palettes, alpha)
+    if factor < 1:
+        upright_w, upright_h = (raw_h, raw_w) if quarter_turn else (raw_w, raw_h)
+        target = (max(1, round(upright_w * factor)), max(1, round(upright_h * factor)))
+        image = image.resize(target, image_module.Resampling.LANCZOS)
+    out = io.BytesIO()
+    if config.format == "raw":
+        image.save(out, format="PPM")
+    else:
+        image.save(out, format="JPEG", quality=config.quality)
+    return out.getvalue()
+
+
+def materialize(source: DataSourceModule, directory: str | os.PathLike, *, max_side: int, format: str = "raw",
+                quality: int = 90, field: str = "image", num_threads: int | None = None,
+                shard_records: int = SHARD_RECORDS) -> MaterializedSource:
+    """Writes (or reuses) the decode-once cache of `source` in `directory` and opens it.
+
+    A cache already there that matches the source and the settings is opened as it is (no
+    work); a stale or damaged one is rewritten, with a warning saying why. A non-empty
+    directory that is not a cache is refused, never deleted.
+
+    Args:
+        source: a random-access source whose `field` holds encoded images and whose other
+            fields are fixed-shape numeric arrays (e.g. `ImageFolderSource`).
+        directory: the cache folder (created; its parent must be writable).
+        max_side, format, quality, field: the prefix (see `MaterializeConfig`).
+        num_threads: threads decoding and re-encoding (None: `os.cpu_count()`).
+        shard_records: records per ArrayRecord shard.
+
+    Returns:
+        The cache as a `MaterializedSource` (its sampler follows `source.default_sampler()`).
+
+    Example:
+        >>> cache = materialize(ImageFolderSource(root, shuffle=True), "/data/cache-160", max_side=160)
+    """
+    config = MaterializeConfig(max_side=max_side, format=format, quality=quality, field=field)
+    if not isinstance(source, DataSourceModule):
+        raise TypeError(f"materialize source must be a random-access DataSourceModule such as ImageFolderSource, "
+                        f"got {type(source).__name__}")
+    check_positive_int(num_threads, "materialize num_threads", allow_none=True, unit="threads")
+    check_int(shard_records, "materialize shard_records", 1)
+    directory = os.fspath(directory)
+    settings = {"max_side": max_side, "format": format, "quality": quality, "field": field}
+    if os.path.isfile(os.path.join(directory, MANIFEST)):
+        try:
+            return MaterializedSource(directory, source=source, **settings)
+        except (StaleCacheError, CorruptFileError) as exc:
+            warnings.warn(f"{exc}; materialize is rewriting it", stacklevel=2)
+    elif os.path.isdir(directory) and os.listdir(directory):
+        raise FileExistsError(f"materialize directory {directory!r} holds files but no {MANIFEST}, so it is not a "
+                              "datarax cache; give a new or empty directory (materialize replaces only its caches)")
+    parent = os.path.dirname(os.path.abspath(directory))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.writing-", dir=parent)
+    try:
+        write_cache(source, staging, config, num_threads or os.cpu_count() or 1, shard_records)
+        _replace(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return MaterializedSource(directory, source=source, **settings)
+
+
+def write_cache(source: DataSourceModule, folder: str, config: MaterializeConfig, num_threads: int,
+                shard_records: int) -> dict:
+    """Writes the shards, the other fields and (last) the manifest of `source` into `folder`."""
+    ar = require("array_record.python.array_record_module", "materialize", "array_record")
+    spec = source.element_spec()
+    if config.field not in spec or spec[config.field].dtype != ENCODED:
+        raise KeyError(f"materialize field {config.field!r} must be a field of encoded images; the source's fields "
+                       f"are {sorted(spec)}; set field= to the one holding the image bytes")
+    others = {k: v for k, v in spec.items() if k != config.field}
+    encoded = [k for k, v in others.items() if v.dtype == ENCODED]
+    if encoded:
+        raise TypeError(f"materialize stores one encoded field ({config.field!r}), but {encoded} are encoded too; "
+                        "materialize a source without them (or decode them into arrays first)")
+    start = time.perf_counter()
+    stamp, stats = source_stamp(source)
+    n = len(source)
+    arrays = {k: np.empty((n,) + tuple(v.shape), v.dtype) for k, v in others.items()}
+    num_shards = math.ceil(n / shard_records)
+    shards = []
+    pool = RecordPool(num_threads, "datarax-materialize")
+    try:
+        for shard in range(num_shards):
+            name = f"records-{shard:05d}-of-{num_shards:05d}.array_record"
+            low, high = shard * shard_records, min(n, (shard + 1) * shard_records)
+            writer = ar.ArrayRecordWriter(os.path.join(folder, name), WRITER_OPTIONS)
+            for chunk in range(low, high, READ_CHUNK):
+                ids = np.arange(chunk, min(high, chunk + READ_CHUNK))
+                batch = source.get_batch(ids)
+                for k, v in arrays.items():
+                    v[ids] = batch[k]
+                for record in _shrink_batch(source, batch[config.field], ids, config, pool):
+                    writer.write(record)
+            writer.close()
+            shards.append({"name": name, "records": high - low, "bytes": os.path.getsize(os.path.join(folder, name))})
+    finally:
+        pool.close()
+    fields = {}
+    for k, v in arrays.items():
+        np.save(os.path.join(folder, f"field-{k}.npy"), v)  # np.save adds nothing else to the name
+        fields[k] = {"file": f"field-{k}.npy", "bytes": os.path.getsize(os.path.join(folder, f"field-{k}.npy"))}
+    if stats is not None:
+        np.save(os.path.join(folder, "source_files.npy"), stats)
+    manifest = {"kind": KIND, "format_version": FORMAT_VERSION, "source": stamp, "prefix": config.settings(),
+                "records": n, "shards": shards, "fields": fields,
+                "seconds": round(time.perf_counter() - start, 3)}
+    with open(os.path.join(folder, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    return manifest
+
+
+def _shrink_batch(source: DataSourceModule, data: np.ndarray, ids: np.ndarray, config: MaterializeConfig,
+                  pool: RecordPool) -> list[bytes]:
+    def shrink(row: int) -> bytes | Exception:
+        try:
+            return shrink_image(data[row], config)
+        except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for bad bytes; all name the record
+            return exc
+
+    results = pool.map(shrink, len(ids))
+    for row, result in enumerate(results):
+        if isinstance(result, Exception):
+            raise RecordError(f"materialize could not decode record {int(ids[row])} "
+                              f"({source.describe_record(int(ids[row]))}): {type(result).__name__}: {result}; "
+                              "remove or replace the file and run materialize again") from result
+    return results
+
+
+def _replace(staging: str, directory: str) -> None:
+    """Puts the finished `staging` folder at `directory`, moving an old cache aside first."""
+    old = None
+    if os.path.exists(directory):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.old-", dir=os.path.dirname(staging))
+        os.rename(directory, os.path.join(old, "cache"))
+    os.rename(staging, directory)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def materialize_main(argv: Sequence[str] | None = None) -> int:
+    """`datarax materialize ROOT DIRECTORY --max-side N [--format raw|jpeg] [--quality Q] [--threads T]`.
+
+    Materializes an image folder (`ImageFolderSource(ROOT)`) into DIRECTORY and prints the
+    manifest's summary as one JSON line. Returns the exit status.
+    """
+    from datarax.sources.image_folder import ImageFolderSource
+
+    parser = argparse.ArgumentParser(prog="datarax materialize",
+                                     description="Decode an image folder once into a reduced ArrayRecord cache.")
+    parser.add_argument("root", help="the image folder (root/<class>/<image>)")
+    parser.add_argument("directory", help="the cache folder to write (an existing cache is reused or rewritten)")
+    parser.add_argument("--max-side", type=int, required=True, help="the longest side of a stored image, in pixels")
+    parser.add_argument("--format", choices=FORMATS, default="raw", help="raw (lossless, fastest) or jpeg (smaller)")
+    parser.add_argument("--quality", type=int, default=90, help="JPEG quality for --format jpeg")
+    parser.add_argument("--threads", type=int, default=None, help="decoding threads (default: all cores)")
+    args = parser.parse_args(argv)
+    cache = materialize(ImageFolderSource(args.root), args.directory, max_side=args.max_side, format=args.format,
+                        quality=args.quality, num_threads=args.threads)
+    manifest = cache.manifest
+    print(json.dumps({"directory": args.directory, "records": manifest["records"], "shards": len(manifest["shards"]),
+                      "bytes": sum(s["bytes"] for s in manifest["shards"]), "seconds": manifest["seconds"]}))
+    cache.close()
+    return 0
+
+
+def _pillow():
+    try:
+        from PIL import Image, ImageOps
+    except ImportError as exc:
+        raise ImportError(f"materialize needs the `pillow` package: {PILLOW_HINT}") from exc
+    return Image, ImageOps

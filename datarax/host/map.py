@@ -1,0 +1,331 @@
+"""`HostMap`: any Python function as a host stage, per record or per batch, on threads or processes.
+
+A host stage for what no built-in stage does: a custom decoder, a parser, a feature computed
+in Python. The function sees numpy arrays (or the `bytes` of an encoded field) and returns
+numpy arrays of declared shapes, which the pipeline's compiled program then receives:
+
+    def spectral_peaks(record, rng):          # module level, so worker processes can import it
+        x = np.frombuffer(record["payload"], np.float32)
+        return {"peaks": top_k_in_python(x, 16).astype(np.float32)}
+
+    stage = HostMap(spectral_peaks, outputs={"peaks": ((16,), np.float32)}, fields=("payload",),
+                    executor="processes", num_workers=4)
+    pipeline = Pipeline(source, [stage, ...], batch_size=64)
+
+The function's contract:
+
+* per record (`batched=False`, the default): `fn(record, rng) -> dict`, where `record` maps each
+  of `fields` (default: all) to that record's value (a numpy array, numpy scalar, or `bytes`/`str`
+  for an encoded field) and `rng` is the record's `numpy.random.Generator` when `stochastic=True`
+  (else None);
+* per batch (`batched=True`): `fn(batch, rngs) -> dict`, `batch` holding a block of rows (a
+  leading axis), `rngs` the list of those rows' generators (or None); the block is a slice of
+  the batch (one per worker), so the function must treat rows independently;
+* it returns every field of `outputs` (record shapes, no batch axis; values cast to the
+  declared dtype under numpy's "same_kind" rule); outputs replace input fields of the same name,
+  the other input fields pass through.
+
+Randomness is the host engine's: a record's generator is `record_generator(seed, stage, epoch,
+record id)`, drawn from only by that record. Outputs are therefore bitwise the same for any
+executor, worker count, batch size, order or resume point.
+
+Executors:
+
+* `"threads"` (default): a thread pool of `num_workers`, for functions that release the GIL
+  (numpy on large arrays, C decoders);
+* `"processes"`: `num_workers` worker processes (`datarax.host.processes`) that write straight
+  into shared memory, for GIL-bound pure-Python functions. The function must be picklable by
+  reference (defined at module level, not a lambda or a closure), and a script must build and
+  iterate its pipeline under `if __name__ == "__main__":`. Workers start with the first batch
+  and stop at `close()` (or `pipeline.source.close()`); a crashed worker is a `WorkerCrashError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from datarax.core.checks import (check_bool, check_choice, check_field_name, check_int, check_positive_int, describe,
+                                 field)
+from datarax.host.processes import SharedOutputs, WorkerPool
+from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, RecordPool, Spec, record_generator
+
+EXECUTORS = ("threads", "processes")
+OutputSpec = tuple[tuple[str, tuple[int, ...], str], ...]  # (field, record shape, dtype)
+
+
+def output_spec_of(outputs: Any, owner: str = "HostMap outputs") -> OutputSpec:
+    """`{"x": ((3,), np.float32), "y": jax.ShapeDtypeStruct((), np.int32)}` as plain data."""
+    if isinstance(outputs, tuple) and all(isinstance(o, tuple) and len(o) == 3 for o in outputs):
+        outputs = {name: (shape, dtype) for name, shape, dtype in outputs}
+    if not isinstance(outputs, Mapping) or not outputs:
+        raise TypeError(f"{owner} must be a non-empty dict of field -> (shape, dtype) or jax.ShapeDtypeStruct, "
+                        f"got {describe(outputs)}; e.g. outputs={{'image': ((64, 64, 3), np.uint8)}}")
+    spec = []
+    for name, leaf in outputs.items():
+        check_field_name(name, f"{owner} field")
+        shape, dtype = (leaf.shape, leaf.dtype) if hasattr(leaf, "shape") else leaf
+        try:
+            shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"{owner}[{name!r}] must be (shape, dtype) or a jax.ShapeDtypeStruct, got "
+                            f"{leaf!r}") from None
+        if dtype == object or not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+            raise TypeError(f"{owner}[{name!r}] has dtype {dtype}; outputs enter the compiled program, so they "
+                            "must be numeric or bool arrays")
+        spec.append((name, shape, dtype.str))
+    return tuple(spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMapConfig:
+    """Configuration of `HostMap` (everything but the function, so it stays plain data).
+
+    Attributes:
+        outputs: the fields the function returns, with their record shapes and dtypes; a dict
+            of field -> `(shape, dtype)` or `jax.ShapeDtypeStruct` is normalised to a tuple of
+            `(field, shape, dtype string)`.
+        fields: the input fields the function sees (None: all); in processes only these travel.
+        batched: the function takes a block of rows (`fn(batch, rngs)`) instead of one record.
+        stochastic: the function draws random numbers from the generator it is given.
+        seed: the generators' seed (with the stage position, the epoch and the record id).
+        on_error: "raise" (a `RecordError` naming the record) or "skip" (zeros, a bool
+            `<first output>_ok` False, counted in `HostMap.skipped`, warned once per record);
+            "skip" needs `batched=False` (a batch function's failure is not one record's).
+        executor: "threads" or "processes" (see the module docstring).
+        num_workers: threads or processes (None: `os.cpu_count()`); it changes no output.
+    """
+
+    outputs: OutputSpec
+    fields: tuple[str, ...] | None = None
+    batched: bool = False
+    stochastic: bool = False
+    seed: int = 0
+    on_error: str = "raise"
+    executor: str = "threads"
+    num_workers: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "outputs", output_spec_of(self.outputs, "HostMapConfig.outputs"))
+        if self.fields is not None:
+            fields = (self.fields,) if isinstance(self.fields, str) else self.fields
+            if not isinstance(fields, (tuple, list)) or not fields:
+                raise TypeError(f"HostMapConfig.fields must be None (all) or a non-empty tuple of field names, got "
+                                f"{self.fields!r}")
+            object.__setattr__(self, "fields", tuple(check_field_name(f, "HostMapConfig.fields") for f in fields))
+        check_bool(*field(self, "batched"))
+        check_bool(*field(self, "stochastic"))
+        check_int(*field(self, "seed"), 0, high=2**63 - 1)
+        check_choice(*field(self, "on_error"), ON_ERROR)
+        if self.batched and self.on_error == "skip":
+            raise ValueError("HostMapConfig(on_error='skip') zeros the records that fail, but with batched=True a "
+                             "failure belongs to a block of rows, not to one record; use batched=False to skip "
+                             "records, or on_error='raise'")
+        check_choice(*field(self, "executor"), EXECUTORS)
+        check_positive_int(*field(self, "num_workers"), allow_none=True, unit="threads or processes")
+
+
+def function_name(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+class RecordJob:
+    """The work of one block of rows, the same in a thread and in a worker process.
+
+    Called as `job((inputs, record_ids, epoch, stage), outputs)`: computes the rows of `inputs`
+    into the same rows of `outputs`, and returns one entry per row (per block when batched):
+    None, or the exception that row raised.
+    """
+
+    def __init__(self, fn: Callable, config: HostMapConfig):
+        self.fn, self.config = fn, config
+        self.name = function_name(fn)
+
+    def __call__(self, task: tuple, outputs: dict[str, np.ndarray]) -> list[BaseException | None]:
+        inputs, ids, epoch, stage = task
+        seed, stochastic = self.config.seed, self.config.stochastic
+        if self.config.batched:
+            rngs = [record_generator(seed, stage, epoch, int(r)) for r in ids] if stochastic else None
+            return [self._store(lambda: self.fn(inputs, rngs), outputs, slice(None), len(ids))]
+        failures = []
+        for row in range(len(ids)):
+            rng = record_generator(seed, stage, epoch, int(ids[row])) if stochastic else None
+            record = {k: v[row] for k, v in inputs.items()}
+            failures.append(self._store(lambda: self.fn(record, rng), outputs, slice(row, row + 1), None))  # noqa: B023
+        return failures
+
+    def _store(self, call: Callable[[], Any], outputs: dict[str, np.ndarray], where: Any,
+               rows: int | None) -> BaseException | None:
+        try:
+            result = call()
+            if not isinstance(result, Mapping):
+                raise TypeError(f"HostMap function {self.name} must return a dict of arrays, got {describe(result)}")
+            extra = sorted(set(result) - {name for name, _, _ in self.config.outputs})
+            if extra:
+                raise ValueError(f"HostMap function {self.name} returned fields {extra} that outputs= does not "
+                                 "declare; declare them or leave them out")
+            for name, shape, _ in self.config.outputs:
+                if name not in result:
+                    raise KeyError(f"HostMap function {self.name} did not return field {name!r} of outputs=")
+                value = np.asarray(result[name])
+                want = shape if rows is None else (rows,) + shape
+                if value.shape != want:
+                    raise ValueError(f"HostMap function {self.name} returned {name!r} with shape {value.shape}, "
+                                     f"outputs= declares {want}; return that shape or change outputs=")
+                np.copyto(outputs[name][where], value if rows is not None else value[np.newaxis], casting="same_kind")
+        except Exception as exc:  # noqa: BLE001 - a record's failure, reported with its record by BadRecords
+            return picklable(exc)
+        return None
+
+
+def picklable(exc: BaseException) -> BaseException:
+    """`exc`, or a RuntimeError with its text when it cannot travel back from a worker process."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any exception that does not round-trip
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+class HostMap(HostStage):
+    """A Python function applied on the host to each record (or block of rows) of a batch.
+
+    Args:
+        fn: `fn(record, rng) -> dict` (or `fn(batch, rngs) -> dict` with `batched=True`); see
+            the module docstring. With `executor="processes"` it must be picklable.
+        outputs, fields, batched, stochastic, seed, on_error, executor, num_workers: see
+            `HostMapConfig`.
+
+    Example:
+        >>> stage = HostMap(parse, outputs={"tokens": ((128,), np.int32)}, fields=("text",),
+        ...                 executor="processes", num_workers=2)
+
+    Attributes:
+        skipped: records replaced by zeros so far (`on_error="skip"`).
+    """
+
+    def __init__(self, fn: Callable[..., Mapping[str, Any]], *, outputs: Any, fields: tuple[str, ...] | None = None,
+                 batched: bool = False, stochastic: bool = False, seed: int = 0, on_error: str = "raise",
+                 executor: str = "threads", num_workers: int | None = None):
+        self._setup(fn, HostMapConfig(outputs=output_spec_of(outputs), fields=fields, batched=batched,
+                                      stochastic=stochastic, seed=seed, on_error=on_error, executor=executor,
+                                      num_workers=num_workers))
+
+    @classmethod
+    def from_config(cls, config: HostMapConfig, fn: Callable[..., Mapping[str, Any]]) -> HostMap:
+        """The stage a `HostMapConfig` describes, running `fn`."""
+        if not isinstance(config, HostMapConfig):
+            raise TypeError(f"config must be a HostMapConfig, got {type(config).__name__}")
+        return cls(fn, **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+    def _setup(self, fn: Callable, config: HostMapConfig) -> None:
+        if not callable(fn):
+            raise TypeError(f"HostMap fn must be a function fn(record, rng) -> dict of arrays, got {describe(fn)}")
+        if config.executor == "processes":
+            try:
+                pickle.loads(pickle.dumps(fn))
+            except Exception as exc:  # noqa: BLE001 - PicklingError, AttributeError, TypeError: all mean the same
+                raise TypeError(
+                    f"HostMap fn {function_name(fn)} cannot be sent to worker processes ({type(exc).__name__}: "
+                    f"{exc}); define it with `def` at module level in an importable module (not a lambda, a nested "
+                    "function or a bound method of an unpicklable object), or use executor='threads'") from None
+        self.fn, self.config = fn, config
+        self.seed, self.stochastic = config.seed, config.stochastic
+        self.num_workers = config.num_workers or os.cpu_count() or 1
+        first = config.outputs[0][0]
+        self.ok_field = f"{first}_ok" if config.on_error == "skip" else None
+        self.bad_records = BadRecords(config.on_error, f"HostMap({function_name(fn)})", first, self.ok_field,
+                                      "Fix the function or the record")
+        self.job = RecordJob(fn, config)
+        self._lock = threading.Lock()
+        self.threads = RecordPool(self.num_workers, "datarax-host-map")
+        self.processes = WorkerPool(self.job, self.num_workers, "datarax-host-map") \
+            if config.executor == "processes" else None
+        self._shared = SharedOutputs(config.outputs)
+
+    def output_spec(self, input_spec: Spec) -> Spec:
+        missing = [f for f in (self.config.fields or ()) if f not in input_spec]
+        if missing:
+            raise KeyError(f"HostMap fields {missing} are not in the records (fields {sorted(input_spec)}); set "
+                           "HostMap(fields=...) to fields the source or an earlier host stage provides")
+        spec = {**input_spec}
+        spec.update({name: jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for name, shape, dtype in self.config.outputs})
+        if self.ok_field is not None:
+            spec[self.ok_field] = jax.ShapeDtypeStruct((), np.bool_)
+        return spec
+
+    def structure(self) -> str:
+        # The executor and the worker count change no output; leaving them out lets a run resume on other cores.
+        config = dataclasses.replace(self.config, executor="threads", num_workers=None)
+        return f"HostMap(fn={function_name(self.fn)}, {config})"
+
+    @property
+    def skipped(self) -> int:
+        """Records replaced by zeros so far (`on_error="skip"`; a record counts each time)."""
+        return self.bad_records.skipped
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The worker processes' ids (`executor="processes"`; empty until the first batch, and after close)."""
+        return [] if self.processes is None else self.processes.pids
+
+    def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
+        names = self.config.fields or tuple(batch)
+        inputs = {k: batch[k] for k in names}
+        ids = np.asarray(ctx.record_ids, np.int64)
+        count = len(ids)
+        blocks = np.linspace(0, count, min(self.num_workers, count) + 1).astype(np.int64)
+        chunks = [(int(a), int(b), ({k: v[a:b] for k, v in inputs.items()}, ids[a:b], int(ctx.epoch), ctx.stage))
+                  for a, b in zip(blocks[:-1], blocks[1:])]
+        if self.processes is not None:
+            with self._lock:  # one batch at a time through the workers and the shared segment
+                self._shared.ensure(count)
+                results = self.processes.run(self._shared, chunks)
+                outputs = {k: v.copy() for k, v in self._shared.views(count).items()}  # the segment is reused
+        else:
+            outputs = {name: np.empty((count,) + shape, dtype) for name, shape, dtype in self.config.outputs}
+
+            def block(low: int, high: int) -> list[BaseException | None]:
+                task = ({k: v[low:high] for k, v in inputs.items()}, ids[low:high], int(ctx.epoch), ctx.stage)
+                return self.job(task, {k: v[low:high] for k, v in outputs.items()})
+
+            if self.config.batched:
+                results = self.threads.map(lambda i: block(*chunks[i][:2]), len(chunks))
+            else:  # a row per task: the pool balances uneven records
+                results = [self.threads.map(lambda row: block(row, row + 1)[0], count)]
+        failures = self._failures(results, chunks, count)
+        ok = self.bad_records.resolve(failures, ctx, list(outputs.values()))
+        result = {**batch, **outputs}
+        if ok is not None:
+            result[self.ok_field] = ok
+        return result
+
+    def _failures(self, results: list, chunks: list, count: int) -> list[BaseException | None]:
+        if not self.config.batched:
+            return [f for block in results for f in block]
+        failures: list[BaseException | None] = [None] * count
+        for (low, _, _), block in zip(chunks, results):
+            failures[low] = block[0]  # a failed block is reported at its first record
+        return failures
+
+    def close(self) -> None:
+        """Stops the threads or worker processes and frees the shared memory (a later batch restarts them)."""
+        self.threads.close()
+        if self.processes is not None:
+            self.processes.close()
+        with self._lock:
+            self._shared.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fn": self.fn, "config": self.config, "bad_records": self.bad_records}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["fn"], state["config"])
+        self.bad_records = state["bad_records"]
