@@ -21,7 +21,7 @@ same error, from the same decoder, as on the Pillow path).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -106,8 +106,42 @@ def _upright_to_raw(orientation: int, raw_h: int, raw_w: int) -> np.ndarray:
     return np.array([rows[0], rows[1], (0.0, 0.0, 1.0)])
 
 
+class Header(NamedTuple):
+    """What the fast path needs to know of a file before decoding it (upright height and width)."""
+
+    height: int
+    width: int
+    orientation: int
+    colour: str  # "RGB" or "GRAY"
+    pixels: int = -1  # where a raw (PPM/PGM) file's pixels start; -1 for a JPEG
+
+
+def raw_header(data: bytes) -> Header | None:
+    """The header of a binary PPM (P6) or PGM (P5) with 8-bit samples and no comments (what
+    `materialize(format="raw")` and Pillow write), else None."""
+    if data[:2] not in (b"P6", b"P5"):
+        return None
+    fields, pos = [], 2
+    while len(fields) < 3:
+        while pos < len(data) and data[pos:pos + 1].isspace():
+            pos += 1
+        end = pos
+        while end < len(data) and data[end:end + 1].isdigit():
+            end += 1
+        if end == pos:
+            return None  # a comment, or not a number: Pillow reads it
+        fields.append(int(data[pos:end]))
+        pos = end
+    width, height, maxval = fields
+    channels = 3 if data[:2] == b"P6" else 1
+    if maxval != 255 or not data[pos:pos + 1].isspace() or len(data) < pos + 1 + width * height * channels:
+        return None
+    return Header(height, width, 1, "RGB" if channels == 3 else "GRAY", pos + 1)
+
+
 class TurboDecoder:
-    """Decodes one JPEG's box into an output row; `decode_into` returns False for what it cannot read."""
+    """Decodes one JPEG's (or raw PPM's) box into an output row; `decode_into` returns False for
+    what it cannot read."""
 
     def __init__(self):
         modules = turbo_modules()
@@ -115,10 +149,12 @@ class TurboDecoder:
             raise ImportError(f"the turbo JPEG backend needs simplejpeg and OpenCV: {TURBO_HINT}")
         self.simplejpeg, self.cv2 = modules
 
-    def header(self, data: bytes) -> tuple[int, int, int, str] | None:
-        """`(height, width, orientation, colour)` in upright terms, or None when this path cannot read it."""
-        if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:2]) != _JPEG_MAGIC:
+    def header(self, data: bytes) -> Header | None:
+        """The file's `Header`, or None when this path cannot read it."""
+        if not isinstance(data, bytes):
             return None
+        if data[:2] != _JPEG_MAGIC:
+            return raw_header(data)
         try:
             height, width, colorspace, _ = self.simplejpeg.decode_jpeg_header(data)
         except ValueError:
@@ -129,16 +165,20 @@ class TurboDecoder:
         orientation = exif_orientation(data)
         if orientation >= 5:
             height, width = width, height
-        return height, width, orientation, colour
+        return Header(height, width, orientation, colour)
 
-    def decode_into(self, data: bytes, header: tuple[int, int, int, str], box: tuple[float, float, float, float],
+    def decode_into(self, data: bytes, header: Header, box: tuple[float, float, float, float],
                     out: np.ndarray) -> bool:
         """Writes the upright `box` (left, top, right, bottom) of the image, resampled to `out`'s
         (h, w, 3) shape, into `out`; False when libjpeg-turbo refuses the file."""
-        height, width, orientation, colour = header
+        height, width, orientation, colour, pixels = header
         raw_h, raw_w = (width, height) if orientation >= 5 else (height, width)
         out_h, out_w = out.shape[:2]
         left, top, right, bottom = box
+        if pixels >= 0:  # raw pixels: nothing to decode
+            shape = (raw_h, raw_w, 3) if colour == "RGB" else (raw_h, raw_w)
+            image = np.frombuffer(data, np.uint8, count=math.prod(shape), offset=pixels).reshape(shape)
+            return self._warp_into(image, 1.0, orientation, (raw_h, raw_w), box, out)
         factor = min((right - left) / out_w, (bottom - top) / out_h)
         eighths = next((e for e in (1, 2, 4) if 8 / e <= factor), 8)  # the SIMD scales: 1/8, 1/4, 1/2, 1
         if factor * eighths / 8 >= FINE_FROM:  # what remains would alias: the finest scale that covers the box
@@ -150,7 +190,14 @@ class TurboDecoder:
             return False
         if image.shape[:2] != size:
             return False  # libjpeg-turbo chose another scale: let Pillow decode it
-        scale = 8 / eighths
+        return self._warp_into(image, 8 / eighths, orientation, (raw_h, raw_w), box, out)
+
+    def _warp_into(self, image: np.ndarray, scale: float, orientation: int, raw_size: tuple[int, int],
+                   box: tuple[float, float, float, float], out: np.ndarray) -> bool:
+        """Resamples the upright `box` of `image` (the stored `raw_size` image reduced by `scale`) into `out`."""
+        raw_h, raw_w = raw_size
+        out_h, out_w = out.shape[:2]
+        left, top, right, bottom = box
         # Edge coordinates throughout (pixel i spans [i, i + 1)): output -> upright -> raw -> reduced.
         kx, ky = (right - left) / out_w, (bottom - top) / out_h
         to_upright = np.array([[kx, 0.0, left], [0.0, ky, top], [0.0, 0.0, 1.0]])
@@ -174,7 +221,7 @@ class TurboDecoder:
         matrix = (np.linalg.inv(centre) @ matrix @ centre)[:2]
         cv2 = self.cv2
         flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
-        if colour == "GRAY":
+        if image.ndim == 2:
             gray = cv2.warpAffine(image, matrix, (out_w, out_h), flags=flags, borderMode=cv2.BORDER_REPLICATE)
             out[...] = gray.reshape(out_h, out_w, 1)
         else:

@@ -442,3 +442,26 @@ def test_a_state_saved_under_one_backend_does_not_resume_under_the_other(tmp_pat
     resumed = iter(pipeline("turbo"))
     resumed.set_state(state)
     np.testing.assert_array_equal(np.asarray(next(resumed)["image"]), np.asarray(next(it)["image"]))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_raw_ppm_records_take_the_fast_path_and_agree_with_pillow(tmp_path, cases, mode):
+    """`materialize(format="raw")` stores binary PPM/PGM: the turbo backend warps its pixels with no
+    decode, as close to the reference as Pillow's resize."""
+    import io as _io
+
+    from datarax.host.jpeg import TurboDecoder
+
+    buffer = _io.BytesIO()
+    reference(cases["rgb.png"]).convert(mode).save(buffer, format="PPM")
+    path = tmp_path / "image.ppm"
+    path.write_bytes(buffer.getvalue())
+    assert TurboDecoder().header(buffer.getvalue()) is not None
+    for settings in SETTINGS:
+        got, want, refs = backend_outputs({"x": str(path)}, "x", settings)
+        for row, ref in enumerate(refs):
+            assert psnr(got[row], want[row]) > 25
+            assert psnr(got[row], ref) > psnr(want[row], ref) - 4.0
+    exact = DecodeImage(size=(300, 451), resize="none", backend="turbo")
+    np.testing.assert_array_equal(run(exact, [str(path)])["image"][0],
+                                  np.asarray(reference(cases["rgb.png"]).convert(mode).convert("RGB")))
