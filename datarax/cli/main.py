@@ -4,6 +4,7 @@
     datarax train CONFIG      run the configured trainer (resumes from its checkpoints)
     datarax validate CONFIG   check a configuration; every problem, by TOML path
     datarax inspect CONFIG    element spec, per-stage shapes and dtypes, the graph, the fingerprint
+    datarax materialize ROOT DIRECTORY --max-side N   decode an image folder once into a reduced cache
     datarax bench [SCENARIO ...] [--vs grain,tfdata,torch] [--json] [--plot FILE]   (from a checkout)
     datarax version
 
@@ -117,6 +118,13 @@ def cmd_bench(argv: Sequence[str]) -> int:
     return subprocess.run([sys.executable, "-m", "benchmarks", *argv], cwd=_benchmarks_folder()).returncode
 
 
+def cmd_materialize(argv: Sequence[str]) -> int:
+    """`datarax materialize ...`: `datarax.host.decode_once.materialize_main` (its parser, help and summary)."""
+    from datarax.host.decode_once import materialize_main
+
+    return materialize_main(argv)
+
+
 def version_text() -> str:
     """`datarax 0.1.0 (jax 0.10.2, flax 0.12.8, python 3.11.7)`, read from package metadata, so
     answering it imports neither JAX nor Flax."""
@@ -158,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_parser(sub, "validate", "check a configuration file").set_defaults(handler=cmd_validate)
     _config_parser(sub, "inspect", "show element spec, per-stage shapes, the graph and the fingerprint"
                    ).set_defaults(handler=cmd_inspect)
-    # Listed for --help only: main() hands everything after `bench` to the suite's own parser.
+    # Listed for --help only: main() hands everything after `materialize` or `bench` to its own parser.
+    sub.add_parser("materialize", add_help=False, help="decode an image folder once into a reduced ArrayRecord cache "
+                                                       "(datarax materialize --help lists its options)")
     sub.add_parser("bench", add_help=False, help="run the benchmark suite from a checkout (datarax bench --help "
                                                  "lists its scenarios and options)")
     sub.add_parser("version", help="print versions").set_defaults(handler=cmd_version)
@@ -171,10 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     words = [i for i, word in enumerate(argv) if not word.startswith("-")]
-    if words and argv[words[0]] == "bench":
+    if words and argv[words[0]] in ("bench", "materialize"):
         args = build_parser().parse_args(argv[:words[0]] + ["version"])  # datarax's own options, e.g. --traceback
-        bench_argv = argv[words[0] + 1:]
-        args.handler = lambda _: cmd_bench(bench_argv)
+        rest = argv[words[0] + 1:]
+        args.handler = (lambda _: cmd_bench(rest)) if argv[words[0]] == "bench" else (lambda _: cmd_materialize(rest))
     else:
         args = build_parser().parse_args(argv)
     try:
