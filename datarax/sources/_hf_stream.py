@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from datarax.samplers.keyed import SHARD_ORDER_WORD, keyed_permutation
 from datarax.sources.stream import RecordReader, check_stream_state
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class HFBlockReader(RecordReader):
         self._shuffle, self._block_size = config.shuffle, config.block_size
         shards = source.num_shards
         if self._shuffle and shards > 1:
-            self._order = np.random.default_rng([source.seed, self._epoch, 0x5EED]).permutation(shards).tolist()
+            self._order = keyed_permutation(shards, source.seed, self._epoch, words=(SHARD_ORDER_WORD,)).tolist()
         else:
             self._order = None
         self._parts = len(self._order) if self._order is not None else 1
@@ -82,7 +83,7 @@ class HFBlockReader(RecordReader):
         n = len(table)
         if self._shuffle:
             shard = self._order[self._part] if self._order is not None else 0
-            self._perm = np.random.default_rng([self._source.seed, self._epoch, shard, index]).permutation(n)
+            self._perm = keyed_permutation(n, self._source.seed, self._epoch, words=(shard, index))
         else:
             self._perm = np.arange(n)
         return True
