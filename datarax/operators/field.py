@@ -90,7 +90,7 @@ class FieldOperator(PerRecordOperator):
 
     def __init__(self, config: FieldOperatorConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
         first = first_setting(self.config_class)
-        former = None if first is None or config is None or isinstance(config, OperatorConfig) else (first, object)
+        former = None if first is None else (first, (int, float, str, tuple, list))  # `T.RandomCrop(32)`
         config = resolve_config(self.config_class, config, settings, type(self).__name__, exact=True, positional=former)
         owner = self.config_class.__name__
         bounds = self.active_bounds(config)
