@@ -1,8 +1,6 @@
-"""datarax.transforms: one-call constructors equal to the config form, for every operator they name."""
+"""datarax.transforms: short names for the operator classes, whose keyword form equals the config form."""
 
 from __future__ import annotations
-
-import inspect
 
 import jax
 import numpy as np
@@ -11,10 +9,11 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax import transforms as T
+from datarax.core.operator import OperatorModule
+from datarax.operators.image import RandomCropOperator
 from datarax.sources import MemorySource, MemorySourceConfig
 
-NAMES = sorted(n for n, v in vars(T).items() if callable(v) and getattr(v, "__module__", "") == T.__name__
-               and n[0].isupper())
+NAMES = sorted(n for n, v in vars(T).items() if isinstance(v, type) and issubclass(v, OperatorModule))
 
 
 # Settings that have no default (the config form needs them too).
@@ -46,12 +45,16 @@ def test_the_keyword_form_builds_the_config_form(name):
         np.testing.assert_array_equal(np.asarray(made.key[...]), np.asarray(config_form.key[...]))
 
 
-def test_positional_settings_and_errors_read_like_torchvision():
-    crop = T.RandomCrop(32, padding=4, field="image", rngs=nnx.Rngs(0))
+def test_names_are_the_classes_and_errors_name_the_settings():
+    assert T.RandomCrop is RandomCropOperator and all(getattr(T, n).__name__ == n + "Operator" for n in NAMES)
+    with pytest.warns(DeprecationWarning, match=r"RandomCropOperator\(int 32, ...\) by position is deprecated"):
+        crop = T.RandomCrop(32, padding=4, field="image", rngs=nnx.Rngs(0))
     assert (crop.config.size, crop.config.padding, crop.config.field) == ((32, 32), 4, "image")
-    assert list(inspect.signature(T.RandomCrop).parameters)[:2] == ["size", "padding"]
-    with pytest.raises(TypeError, match=r"RandomCrop\(size=32, .*unexpected keyword argument 'paddin'"):
-        T.RandomCrop(32, paddin=4)
+    assert crop.config == T.RandomCrop(size=32, padding=4, field="image", rngs=nnx.Rngs(0)).config
+    with pytest.raises(TypeError, match=r"RandomCropOperator got unknown settings \['paddin'\]; .*'padding'"):
+        T.RandomCrop(size=32, paddin=4)
+    with pytest.warns(DeprecationWarning, match=r"shortcut\(RandomCropOperator\) is deprecated"):
+        assert T.shortcut(RandomCropOperator) is RandomCropOperator
 
 
 def test_to_float_scales_integers_by_their_dtype_and_casts_floats():

@@ -30,21 +30,14 @@ import jax
 import numpy as np
 
 from datarax.core.source import DataSourceModule
+from datarax.samplers.keyed import keyed_generator
 
 Spec = dict[str, jax.ShapeDtypeStruct]
 ENCODED = np.dtype(object)  # the dtype of an encoded field (one bytes or str object per record)
-_MASK64 = (1 << 64) - 1
-
-
 def record_generator(seed: int, stage: int, epoch: int, record_id: int) -> np.random.Generator:
-    """The Philox generator of one record in one epoch for one host stage.
-
-    Philox advances the lowest counter word as it draws, so the record id and the epoch sit in
-    the two highest words: each record owns 2**128 draws before its stream could meet another's.
-    """
-    bit_generator = np.random.Philox(key=[seed & _MASK64, stage & _MASK64],
-                                     counter=[0, 0, epoch & _MASK64, record_id & _MASK64])
-    return np.random.Generator(bit_generator)
+    """The Philox generator of one record in one epoch for one host stage: `keyed_generator` with
+    the stage's position as its stream and the record id as its index."""
+    return keyed_generator(seed, stage, epoch, record_id)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,6 +64,16 @@ def check_magnitudes(config: FieldOperatorConfig, bounds: Bounds, *, open_low: t
         check_number(*field(config, name), low, high, open_low=name in open_low)
 
 
+def first_setting(config_class: type[FieldOperatorConfig]) -> str | None:
+    """The setting a bare first argument once stood for (`T.RandomCrop(32)` for `size`, deprecated):
+    the first own field without a default, else the first own field."""
+    shared = {f.name for f in dataclasses.fields(FieldOperatorConfig)}
+    own = [f for f in dataclasses.fields(config_class) if f.init and f.name not in shared]
+    required = [f for f in own if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    chosen = required or own
+    return chosen[0].name if chosen else None
+
+
 class FieldOperator(PerRecordOperator):
     """Abstract base of the image and audio operators (see the module docstring).
 
@@ -79,7 +89,9 @@ class FieldOperator(PerRecordOperator):
     separate_on_cpu: ClassVar[bool] = False
 
     def __init__(self, config: FieldOperatorConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
-        config = resolve_config(self.config_class, config, settings, type(self).__name__, exact=True)
+        first = first_setting(self.config_class)
+        former = None if first is None else (first, (int, float, str, tuple, list))  # `T.RandomCrop(32)`
+        config = resolve_config(self.config_class, config, settings, type(self).__name__, exact=True, positional=former)
         owner = self.config_class.__name__
         bounds = self.active_bounds(config)
         available = [*bounds, *self.channel_bounds]

@@ -36,6 +36,7 @@ from datarax.core.source import DataSourceModule
 from datarax.pipeline.pipeline import Pipeline
 from datarax.pipeline.state import CheckpointableIterator, Epochs, check_state, fingerprint, make_state
 from datarax.samplers.feistel import validate_seed
+from datarax.samplers.keyed import INTERLEAVE_STREAM, keyed_permutation
 from datarax.sources.subset import SubsetSource as SubsetSource  # moved to datarax.sources; importable here
 
 
@@ -46,10 +47,8 @@ def assign_buckets(lengths: Sequence[int], boundaries: Sequence[int]) -> np.ndar
 
 
 def interleave_permutation(seed: int, epoch: int, size: int) -> np.ndarray:
-    """The shuffled interleave order of an epoch's `size` batches: a permutation keyed by
-    `(seed, epoch)` (Philox, under its own key word so it draws apart from other streams)."""
-    rng = np.random.Generator(np.random.Philox(key=[seed, 0xB0C4E7], counter=[0, 0, epoch, 0]))
-    return rng.permutation(size)
+    """The shuffled interleave order of an epoch's `size` batches, keyed by `(seed, epoch)`."""
+    return keyed_permutation(size, seed, epoch, stream=INTERLEAVE_STREAM)
 
 
 class BucketedPipeline(Epochs):

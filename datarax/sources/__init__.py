@@ -20,6 +20,7 @@ from datarax.sources.mix import MixDataSourcesConfig as MixDataSourcesConfig
 from datarax.sources.packed_text import PackedTextSource as PackedTextSource
 from datarax.sources.packed_text import PackedTextSourceConfig as PackedTextSourceConfig
 from datarax.sources.stream import StreamSourceModule as StreamSourceModule
+from datarax.sources.subset import SubsetSource as SubsetSource
 from datarax.sources.text import TextSource as TextSource
 from datarax.sources.text import TextSourceConfig as TextSourceConfig
 from datarax.sources.tfds import TFDSSource as TFDSSource

@@ -13,11 +13,15 @@ features) are not batched here: `encoded_take` gives their rows as an object arr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
-from datarax.sources._columns import UnsupportedColumnError
+from datarax.host.stage import ENCODED
+from datarax.sources._columns import (UnsupportedColumnError, allocate, check_convert_output,
+                                      unsupported_message)
 
 
 def _storage(array: Any) -> Any:
@@ -144,3 +148,77 @@ def encoded_path(chunk: Any, row: int) -> str | None:
     if encoded_kind(chunk.type) != "file":
         return None
     return _file_parts(chunk)[1][row].as_py()
+
+
+class TableConverter:
+    """Turns rows of the selected Arrow columns into the source's arrays (`convert` included)."""
+
+    def __init__(self, sample: Any, names: tuple[str, ...], convert: Callable[[dict[str, Any]], Mapping[str, Any]] | None, owner: str,
+                 encoded: tuple[str, ...] = ()):
+        self.owner, self.convert, self.encoded = owner, convert, encoded
+        self.names = tuple(n for n in names if n not in encoded)
+        not_encodable = {n: str(sample.column(n).type) for n in encoded if encoded_kind(sample.column(n).type) is None}
+        if not_encodable:
+            raise UnsupportedColumnError(
+                f"{owner} encoded columns {not_encodable} are not bytes, text or encoded files; encoded= names "
+                "HF Image/Audio feature, binary or string columns (numeric columns are read as arrays without it)")
+        layouts, bad = {}, {}
+        for name in self.names:
+            layout = column_layout(sample.column(name))
+            (bad if isinstance(layout, str) else layouts)[name] = layout
+        if bad and convert is None:
+            raise UnsupportedColumnError(_unsupported(owner, bad, sample))
+        self.numeric = {k: jax.ShapeDtypeStruct(*v) for k, v in layouts.items()}
+        self.passthrough = tuple(self.numeric)
+        self.spec = dict(self.numeric)
+        self.spec.update({n: jax.ShapeDtypeStruct((), ENCODED) for n in encoded})
+        if convert is not None:
+            head = sample.slice(0, min(2, len(sample)))
+            out = self._run_convert(self.numeric_arrays(head), lambda n: head.column(n).to_pylist(), len(head))
+            self.passthrough = tuple(k for k in self.numeric if k not in out)
+            self.spec.update({k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in out.items()})
+
+    def numeric_arrays(self, table: Any) -> dict[str, np.ndarray]:
+        """The numeric columns of an Arrow table as new arrays."""
+        out = {}
+        for name, s in self.numeric.items():
+            out[name] = np.empty((len(table),) + tuple(s.shape), s.dtype)
+            column_into(table.column(name), out[name], name, self.owner)
+        return out
+
+    def _run_convert(self, numeric: Mapping[str, np.ndarray], others: Callable[[str], list], size: int) -> dict:
+        raw = {n: numeric[n] if n in self.numeric else others(n) for n in self.names}
+        return check_convert_output(self.convert(raw), size, f"{self.owner} convert")
+
+    def write_converted(self, numeric: Mapping[str, np.ndarray], others: Callable[[str], list], size: int,
+                        out: Mapping[str, np.ndarray]) -> None:
+        """Runs `convert` on one batch (numeric columns as arrays, `others(name)` as lists) into `out`."""
+        for name, value in self._run_convert(numeric, others, size).items():
+            if name not in out or value.shape[1:] != out[name].shape[1:]:
+                raise UnsupportedColumnError(
+                    f"{self.owner} convert returned {name!r} with rows of shape {value.shape[1:]}, but the first "
+                    f"batch set its spec to {self.spec.get(name)}; convert must return the same fields and shapes "
+                    "for every batch (pad to a fixed length)")
+            out[name][...] = value
+
+    def arrays(self, table: Any) -> dict[str, np.ndarray]:
+        """All of the source's fields for the rows of an Arrow table."""
+        numeric = self.numeric_arrays(table)
+        if self.convert is None:
+            return numeric
+        out = allocate(self.spec, (len(table),))
+        for name in self.passthrough:
+            out[name] = numeric[name]
+        self.write_converted(numeric, lambda n: table.column(n).to_pylist(), len(table), out)
+        return out
+
+
+def _unsupported(owner: str, bad: Mapping[str, str], sample: Any) -> str:
+    """The unsupported-column message, plus how to read bytes and text columns as encoded records."""
+    message = unsupported_message(owner, bad)
+    readable = [n for n in bad if encoded_kind(sample.column(n).type) is not None]
+    if readable:
+        message += (f". Column(s) {readable} hold encoded files, bytes or text: read them unchanged with "
+                    f"HFSourceConfig(encoded={tuple(readable)!r}) and decode them with a host stage at the head "
+                    "of the pipeline's stages (DecodeImage, DecodeAudio, Tokenize)")
+    return message

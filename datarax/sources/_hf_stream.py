@@ -1,4 +1,4 @@
-"""The reader behind `HFStreamSource`: block-shuffled, resumable reading of an IterableDataset.
+"""`HFStreamSource` and its reader: block-shuffled, resumable reading of an IterableDataset.
 
 An epoch visits "parts" in order: the dataset's shards in a seeded per-epoch order when
 shuffling (each opened with `dataset.shard(num_shards, index)`), or the whole dataset as one
@@ -14,14 +14,18 @@ the block is replayed beyond what HF itself skips inside a shard.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import jax
 import numpy as np
+from flax import nnx
 
-from datarax.sources.stream import RecordReader, check_stream_state
-
-if TYPE_CHECKING:
-    from datarax.sources.hf import HFStreamSource
+from datarax.core.source import Handles, seed_from_rngs
+from datarax.samplers.keyed import SHARD_ORDER_WORD, keyed_permutation
+from datarax.sources._arrow import TableConverter
+from datarax.sources._columns import check_columns, spec_text
+from datarax.sources._hf_config import Convert, HFSourceConfig, check_arguments
+from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
 
 _KEYS = ("part", "block", "offset")
 
@@ -35,7 +39,7 @@ class HFBlockReader(RecordReader):
         self._shuffle, self._block_size = config.shuffle, config.block_size
         shards = source.num_shards
         if self._shuffle and shards > 1:
-            self._order = np.random.default_rng([source.seed, self._epoch, 0x5EED]).permutation(shards).tolist()
+            self._order = keyed_permutation(shards, source.seed, self._epoch, words=(SHARD_ORDER_WORD,)).tolist()
         else:
             self._order = None
         self._parts = len(self._order) if self._order is not None else 1
@@ -82,7 +86,7 @@ class HFBlockReader(RecordReader):
         n = len(table)
         if self._shuffle:
             shard = self._order[self._part] if self._order is not None else 0
-            self._perm = np.random.default_rng([self._source.seed, self._epoch, shard, index]).permutation(n)
+            self._perm = keyed_permutation(n, self._source.seed, self._epoch, words=(shard, index))
         else:
             self._perm = np.arange(n)
         return True
@@ -107,3 +111,69 @@ class HFBlockReader(RecordReader):
     def close(self) -> None:
         self._blocks = iter(())
         self._arrays = None
+
+
+class HFStreamSource(StreamSourceModule):
+    """A streaming `datasets.IterableDataset` as a stream source with exact resume.
+
+    Args:
+        config: columns, shuffling and the block size (the shuffle window).
+        dataset: one split of a streaming dataset (e.g. `load_files(..., streaming=True)`). Do not
+            apply HF's `.shuffle()` to it: its buffer is lost on restore; use `config.shuffle`.
+        convert: optional function turning a batch of non-numeric columns into arrays.
+        rngs: draws the shuffle seed when `config.seed` is None.
+    """
+
+    def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config = check_arguments(config, settings, dataset, convert, "HFStreamSource", "IterableDataset")
+        if config.encoded:
+            raise ValueError(f"HFStreamSource cannot read encoded columns {config.encoded}: the host stages that "
+                             "decode them need random access. Use HFSource on a map-style dataset (load_files(...) "
+                             "without streaming=True)")
+        self.config = config
+        probe = dataset.with_format("arrow")
+        sample = next(iter(probe.iter(batch_size=min(config.block_size, 256))), None)
+        if sample is None:
+            raise ValueError("HFStreamSource dataset yields no rows; give it at least one")
+        names = check_columns(config.fields, sample.column_names, "HFStreamSource")
+        if list(names) != sample.column_names:
+            dataset = dataset.select_columns(list(names))
+        converter = TableConverter(sample.select(list(names)), names, convert, "HFStreamSource")
+        self._io = Handles(dataset=dataset, converter=converter)
+        self.seed = seed_from_rngs(config.seed, rngs)
+        self._names, self._shards = names, int(dataset.num_shards)
+        splits = getattr(dataset.info, "splits", None) or {}
+        split = splits.get(str(dataset.split)) if dataset.split is not None else None
+        self._num_records = None if split is None or not split.num_examples else int(split.num_examples)
+        self._identity = (getattr(dataset.info, "dataset_name", None), str(dataset.split))
+
+    def num_records(self) -> int | None:
+        return self._num_records
+
+    @property
+    def num_shards(self) -> int:
+        """The stream's shards (files or HF shards), the unit of the seeded shard order."""
+        return self._shards
+
+    @property
+    def dataset(self) -> Any:
+        """The HF `IterableDataset` read, restricted to the selected columns."""
+        return self._io.dataset
+
+    @property
+    def converter(self) -> TableConverter:
+        """Turns an Arrow table of the selected columns into the source's arrays."""
+        return self._io.converter
+
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return dict(self._io.converter.spec)
+
+    def open(self, epoch: int, state: dict[str, Any] | None) -> HFBlockReader:
+        return HFBlockReader(self, epoch, state)
+
+    def structure(self) -> str:
+        name, split = self._identity
+        return (f"HFStreamSource(records={self._num_records}, spec={spec_text(self.element_spec())}, dataset={name}, "
+                f"split={split}, shards={self._shards}, columns={list(self._names)}, shuffle={self.config.shuffle}, "
+                f"seed={self.seed}, block_size={self.config.block_size})")

@@ -30,69 +30,27 @@ stages need random access.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, field, require, take_renamed
-from datarax.core.construct import resolve_config
-from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.host.stage import ENCODED
-from datarax.sources._arrow import chunk_view, column_into, column_layout, encoded_kind, encoded_path, encoded_take
-from datarax.sources._columns import (UnsupportedColumnError, allocate, check_column_config, check_columns,
-                                      check_convert_output, read_batch, spec_text, unsupported_message)
+from datarax.core.checks import require
+from datarax.core.source import DataSourceModule, Handles, seed_from_rngs
+from datarax.sources._arrow import TableConverter as TableConverter
+from datarax.sources._arrow import chunk_view, encoded_path, encoded_take
+from datarax.sources._columns import allocate, check_columns, read_batch, spec_text
 from datarax.sources._files import REWRITE, CorruptFileError
-from datarax.sources._hf_stream import HFBlockReader
+from datarax.sources._hf_config import Convert as Convert
+from datarax.sources._hf_config import HFSourceConfig as HFSourceConfig
+from datarax.sources._hf_config import check_arguments
+from datarax.sources._hf_stream import HFStreamSource as HFStreamSource
 from datarax.sources.memory import MemorySource, MemorySourceConfig
-from datarax.sources.stream import StreamSourceModule
 
-Convert = Callable[[dict[str, Any]], Mapping[str, Any]]
-_MODES = ("auto", "eager", "lazy")
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
-
-
-@dataclasses.dataclass(frozen=True)
-class HFSourceConfig(ShuffleConfig):
-    """Configuration of `HFSource` and `HFStreamSource`.
-
-    Attributes:
-        fields: the columns to read; None reads all (each must then be numeric, encoded or
-            handled by `convert`).
-        encoded: `HFSource` only: columns read as raw `bytes` or `str` records (HF Image/Audio
-            features, binary, string) for a host stage to decode; see the module docstring.
-        mode: map-style only: "eager" converts the whole dataset to arrays once, "lazy" reads
-            rows from the Arrow table per batch, "auto" is eager up to `eager_max_bytes`.
-        eager_max_bytes: the Arrow size up to which "auto" is eager.
-        device_resident: eager only: keep the arrays on the device (None decides by size).
-        block_size: streams only: records read (and shuffled together) per block.
-        columns: the former name of `fields` (deprecated; moved to `fields` with a warning).
-    """
-
-    fields: tuple[str, ...] | None = None
-    encoded: tuple[str, ...] = ()
-    mode: str = "auto"
-    eager_max_bytes: int = 2**30
-    device_resident: bool | None = None
-    block_size: int = 1024
-    columns: tuple[str, ...] | None = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        take_renamed(self, "columns", "fields")
-        check_column_config(self.fields, "HFSourceConfig")
-        if not isinstance(self.encoded, tuple) or not all(isinstance(c, str) and c for c in self.encoded):
-            raise TypeError(f"HFSourceConfig.encoded must be a tuple of column names, e.g. ('image',), got "
-                            f"{self.encoded!r}")
-        if self.mode not in _MODES:
-            raise ValueError(f"HFSourceConfig.mode must be one of {_MODES}, got {self.mode!r}")
-        for name in ("eager_max_bytes", "block_size"):
-            check_positive_int(*field(self, name))
-        check_bool(*field(self, "device_resident"), allow_none=True)
 
 
 def load_files(paths: str | os.PathLike | Sequence[str | os.PathLike], *, streaming: bool = False,
@@ -180,95 +138,6 @@ def check_table_file(path: str, file_format: str) -> Any:
                                f"or damaged: {REWRITE}") from None
 
 
-class TableConverter:
-    """Turns rows of the selected Arrow columns into the source's arrays (`convert` included)."""
-
-    def __init__(self, sample: Any, names: tuple[str, ...], convert: Convert | None, owner: str,
-                 encoded: tuple[str, ...] = ()):
-        self.owner, self.convert, self.encoded = owner, convert, encoded
-        self.names = tuple(n for n in names if n not in encoded)
-        not_encodable = {n: str(sample.column(n).type) for n in encoded if encoded_kind(sample.column(n).type) is None}
-        if not_encodable:
-            raise UnsupportedColumnError(
-                f"{owner} encoded columns {not_encodable} are not bytes, text or encoded files; encoded= names "
-                "HF Image/Audio feature, binary or string columns (numeric columns are read as arrays without it)")
-        layouts, bad = {}, {}
-        for name in self.names:
-            layout = column_layout(sample.column(name))
-            (bad if isinstance(layout, str) else layouts)[name] = layout
-        if bad and convert is None:
-            raise UnsupportedColumnError(_unsupported(owner, bad, sample))
-        self.numeric = {k: jax.ShapeDtypeStruct(*v) for k, v in layouts.items()}
-        self.passthrough = tuple(self.numeric)
-        self.spec = dict(self.numeric)
-        self.spec.update({n: jax.ShapeDtypeStruct((), ENCODED) for n in encoded})
-        if convert is not None:
-            head = sample.slice(0, min(2, len(sample)))
-            out = self._run_convert(self.numeric_arrays(head), lambda n: head.column(n).to_pylist(), len(head))
-            self.passthrough = tuple(k for k in self.numeric if k not in out)
-            self.spec.update({k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in out.items()})
-
-    def numeric_arrays(self, table: Any) -> dict[str, np.ndarray]:
-        """The numeric columns of an Arrow table as new arrays."""
-        out = {}
-        for name, s in self.numeric.items():
-            out[name] = np.empty((len(table),) + tuple(s.shape), s.dtype)
-            column_into(table.column(name), out[name], name, self.owner)
-        return out
-
-    def _run_convert(self, numeric: Mapping[str, np.ndarray], others: Callable[[str], list], size: int) -> dict:
-        raw = {n: numeric[n] if n in self.numeric else others(n) for n in self.names}
-        return check_convert_output(self.convert(raw), size, f"{self.owner} convert")
-
-    def write_converted(self, numeric: Mapping[str, np.ndarray], others: Callable[[str], list], size: int,
-                        out: Mapping[str, np.ndarray]) -> None:
-        """Runs `convert` on one batch (numeric columns as arrays, `others(name)` as lists) into `out`."""
-        for name, value in self._run_convert(numeric, others, size).items():
-            if name not in out or value.shape[1:] != out[name].shape[1:]:
-                raise UnsupportedColumnError(
-                    f"{self.owner} convert returned {name!r} with rows of shape {value.shape[1:]}, but the first "
-                    f"batch set its spec to {self.spec.get(name)}; convert must return the same fields and shapes "
-                    "for every batch (pad to a fixed length)")
-            out[name][...] = value
-
-    def arrays(self, table: Any) -> dict[str, np.ndarray]:
-        """All of the source's fields for the rows of an Arrow table."""
-        numeric = self.numeric_arrays(table)
-        if self.convert is None:
-            return numeric
-        out = allocate(self.spec, (len(table),))
-        for name in self.passthrough:
-            out[name] = numeric[name]
-        self.write_converted(numeric, lambda n: table.column(n).to_pylist(), len(table), out)
-        return out
-
-
-def _unsupported(owner: str, bad: Mapping[str, str], sample: Any) -> str:
-    """The unsupported-column message, plus how to read bytes and text columns as encoded records."""
-    message = unsupported_message(owner, bad)
-    readable = [n for n in bad if encoded_kind(sample.column(n).type) is not None]
-    if readable:
-        message += (f". Column(s) {readable} hold encoded files, bytes or text: read them unchanged with "
-                    f"HFSourceConfig(encoded={tuple(readable)!r}) and decode them with a host stage at the head "
-                    "of the pipeline's stages (DecodeImage, DecodeAudio, Tokenize)")
-    return message
-
-
-def _check_arguments(config: Any, settings: dict[str, Any], dataset: Any, convert: Any, owner: str,
-                     want: str) -> HFSourceConfig:
-    """The shared constructor checks of HFSource and HFStreamSource; returns the config to use."""
-    datasets = require("datasets", owner=owner, extra="data")
-    config = resolve_config(HFSourceConfig, config, settings, owner)
-    if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
-        raise TypeError(f"{owner} dataset is a dict of splits {list(dataset)}; pass one split, e.g. dataset['train']")
-    if not isinstance(dataset, getattr(datasets, want)):
-        other = "HFStreamSource" if want == "Dataset" else "HFSource"
-        raise TypeError(f"{owner} dataset must be a datasets.{want}, got {type(dataset).__name__}; use {other} for it")
-    if convert is not None and not callable(convert):
-        raise TypeError(f"{owner} convert must be a function batch -> dict of arrays, got {convert!r}")
-    return config
-
-
 class HFSource(DataSourceModule):
     """A map-style `datasets.Dataset` as a random-access source.
 
@@ -285,7 +154,7 @@ class HFSource(DataSourceModule):
 
     def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
                  rngs: nnx.Rngs | None = None, **settings: Any):
-        config = _check_arguments(config, settings, dataset, convert, "HFSource", "Dataset")
+        config = check_arguments(config, settings, dataset, convert, "HFSource", "Dataset")
         self.config = config
         names = check_columns(config.fields, dataset.column_names, "HFSource")
         check_columns(config.encoded or None, dataset.column_names, "HFSource encoded")
@@ -391,69 +260,3 @@ class HFSource(DataSourceModule):
         return (f"HFSource(len={len(self)}, spec={spec_text(self.element_spec())}, dataset={name}, split={split}, "
                 f"files={files}, columns={list(self._names)}, encoded={list(self.config.encoded)}, "
                 f"convert={None if convert is None else getattr(convert, '__qualname__', repr(convert))})")
-
-
-class HFStreamSource(StreamSourceModule):
-    """A streaming `datasets.IterableDataset` as a stream source with exact resume.
-
-    Args:
-        config: columns, shuffling and the block size (the shuffle window).
-        dataset: one split of a streaming dataset (e.g. `load_files(..., streaming=True)`). Do not
-            apply HF's `.shuffle()` to it: its buffer is lost on restore; use `config.shuffle`.
-        convert: optional function turning a batch of non-numeric columns into arrays.
-        rngs: draws the shuffle seed when `config.seed` is None.
-    """
-
-    def __init__(self, config: HFSourceConfig | None = None, *, dataset: Any, convert: Convert | None = None,
-                 rngs: nnx.Rngs | None = None, **settings: Any):
-        config = _check_arguments(config, settings, dataset, convert, "HFStreamSource", "IterableDataset")
-        if config.encoded:
-            raise ValueError(f"HFStreamSource cannot read encoded columns {config.encoded}: the host stages that "
-                             "decode them need random access. Use HFSource on a map-style dataset (load_files(...) "
-                             "without streaming=True)")
-        self.config = config
-        probe = dataset.with_format("arrow")
-        sample = next(iter(probe.iter(batch_size=min(config.block_size, 256))), None)
-        if sample is None:
-            raise ValueError("HFStreamSource dataset yields no rows; give it at least one")
-        names = check_columns(config.fields, sample.column_names, "HFStreamSource")
-        if list(names) != sample.column_names:
-            dataset = dataset.select_columns(list(names))
-        converter = TableConverter(sample.select(list(names)), names, convert, "HFStreamSource")
-        self._io = Handles(dataset=dataset, converter=converter)
-        self.seed = seed_from_rngs(config.seed, rngs)
-        self._names, self._shards = names, int(dataset.num_shards)
-        splits = getattr(dataset.info, "splits", None) or {}
-        split = splits.get(str(dataset.split)) if dataset.split is not None else None
-        self._num_records = None if split is None or not split.num_examples else int(split.num_examples)
-        self._identity = (getattr(dataset.info, "dataset_name", None), str(dataset.split))
-
-    def num_records(self) -> int | None:
-        return self._num_records
-
-    @property
-    def num_shards(self) -> int:
-        """The stream's shards (files or HF shards), the unit of the seeded shard order."""
-        return self._shards
-
-    @property
-    def dataset(self) -> Any:
-        """The HF `IterableDataset` read, restricted to the selected columns."""
-        return self._io.dataset
-
-    @property
-    def converter(self) -> TableConverter:
-        """Turns an Arrow table of the selected columns into the source's arrays."""
-        return self._io.converter
-
-    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
-        return dict(self._io.converter.spec)
-
-    def open(self, epoch: int, state: dict[str, Any] | None) -> HFBlockReader:
-        return HFBlockReader(self, epoch, state)
-
-    def structure(self) -> str:
-        name, split = self._identity
-        return (f"HFStreamSource(records={self._num_records}, spec={spec_text(self.element_spec())}, dataset={name}, "
-                f"split={split}, shards={self._shards}, columns={list(self._names)}, shuffle={self.config.shuffle}, "
-                f"seed={self.seed}, block_size={self.config.block_size})")

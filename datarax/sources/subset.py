@@ -7,14 +7,16 @@ import hashlib
 import jax
 import numpy as np
 
-from datarax.core.checks import check_bool
-from datarax.core.source import DataSourceModule
-from datarax.samplers.feistel import validate_seed
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
+from datarax.core.checks import check_seed
+from datarax.core.source import DataSourceModule, ShuffleConfig
 
 
 class SubsetSource(DataSourceModule):
-    """The records of `source` at `indices`, as a source of their own (record i is `indices[i]`)."""
+    """The records of `source` at `indices`, as a source of their own (record i is `indices[i]`).
+
+    A view, so it takes its data and the two shuffle settings directly; they are kept as a
+    `ShuffleConfig`, which `DataSourceModule.default_sampler` reads.
+    """
 
     def __init__(self, source: DataSourceModule, indices: np.ndarray, *, shuffle: bool = False, seed: int = 0):
         if not isinstance(source, DataSourceModule):
@@ -25,8 +27,8 @@ class SubsetSource(DataSourceModule):
                              f"got shape {indices.shape}")
         self.source = source
         self.indices = indices
-        self.shuffle = check_bool(shuffle, "shuffle")
-        self.seed = validate_seed(seed)
+        self.seed = check_seed(seed, "seed")
+        self.config = ShuffleConfig(shuffle=shuffle, seed=self.seed)
 
     def __len__(self) -> int:
         return int(self.indices.size)
@@ -41,8 +43,9 @@ class SubsetSource(DataSourceModule):
         original = int(self.indices[record_id])
         return f"{self.source.describe_record(original)} (record {original} of the full source)"
 
-    def default_sampler(self):
-        return ShuffleSampler(len(self), self.seed) if self.shuffle else SequentialSampler(len(self))
+    @property
+    def shuffle(self) -> bool:
+        return self.config.shuffle
 
     def structure(self) -> str:
         digest = hashlib.sha256(self.indices.tobytes()).hexdigest()[:12]

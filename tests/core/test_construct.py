@@ -21,7 +21,7 @@ from datarax.sources.stream import StreamSourceModule
 NO_CONFIG = {
     "ThreadedSource": "wraps a source; its thread count changes no record",
     "HostStageSource": "built by Pipeline from a source and its host stages",
-    "SubsetSource": "a view of another source (pipeline/buckets.py)",
+    "SubsetSource": "a view of another source (sources/subset.py)",
     "SequentialOperator": "a list of operators, nothing to configure",
     "ContextStage": "a raw-pipeline adapter (pipeline/raw.py)",
     "StreamSourceModule": "abstract base",

@@ -1,0 +1,69 @@
+"""The config and the shared constructor checks of `HFSource` and `HFStreamSource`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from datarax.core.checks import check_bool, check_positive_int, field, require, take_renamed
+from datarax.core.construct import resolve_config
+from datarax.core.source import ShuffleConfig
+from datarax.sources._columns import check_column_config
+
+Convert = Callable[[dict[str, Any]], Mapping[str, Any]]
+_MODES = ("auto", "eager", "lazy")
+
+
+@dataclasses.dataclass(frozen=True)
+class HFSourceConfig(ShuffleConfig):
+    """Configuration of `HFSource` and `HFStreamSource`.
+
+    Attributes:
+        fields: the columns to read; None reads all (each must then be numeric, encoded or
+            handled by `convert`).
+        encoded: `HFSource` only: columns read as raw `bytes` or `str` records (HF Image/Audio
+            features, binary, string) for a host stage to decode; see the module docstring.
+        mode: map-style only: "eager" converts the whole dataset to arrays once, "lazy" reads
+            rows from the Arrow table per batch, "auto" is eager up to `eager_max_bytes`.
+        eager_max_bytes: the Arrow size up to which "auto" is eager.
+        device_resident: eager only: keep the arrays on the device (None decides by size).
+        block_size: streams only: records read (and shuffled together) per block.
+        columns: the former name of `fields` (deprecated; moved to `fields` with a warning).
+    """
+
+    fields: tuple[str, ...] | None = None
+    encoded: tuple[str, ...] = ()
+    mode: str = "auto"
+    eager_max_bytes: int = 2**30
+    device_resident: bool | None = None
+    block_size: int = 1024
+    columns: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        take_renamed(self, "columns", "fields")
+        check_column_config(self.fields, "HFSourceConfig")
+        if not isinstance(self.encoded, tuple) or not all(isinstance(c, str) and c for c in self.encoded):
+            raise TypeError(f"HFSourceConfig.encoded must be a tuple of column names, e.g. ('image',), got "
+                            f"{self.encoded!r}")
+        if self.mode not in _MODES:
+            raise ValueError(f"HFSourceConfig.mode must be one of {_MODES}, got {self.mode!r}")
+        for name in ("eager_max_bytes", "block_size"):
+            check_positive_int(*field(self, name))
+        check_bool(*field(self, "device_resident"), allow_none=True)
+
+
+def check_arguments(config: Any, settings: dict[str, Any], dataset: Any, convert: Any, owner: str,
+                     want: str) -> HFSourceConfig:
+    """The shared constructor checks of HFSource and HFStreamSource; returns the config to use."""
+    datasets = require("datasets", owner=owner, extra="data")
+    config = resolve_config(HFSourceConfig, config, settings, owner)
+    if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        raise TypeError(f"{owner} dataset is a dict of splits {list(dataset)}; pass one split, e.g. dataset['train']")
+    if not isinstance(dataset, getattr(datasets, want)):
+        other = "HFStreamSource" if want == "Dataset" else "HFSource"
+        raise TypeError(f"{owner} dataset must be a datasets.{want}, got {type(dataset).__name__}; use {other} for it")
+    if convert is not None and not callable(convert):
+        raise TypeError(f"{owner} convert must be a function batch -> dict of arrays, got {convert!r}")
+    return config
