@@ -262,7 +262,8 @@ class MaterializedSource(DataSourceModule):
 
     def structure(self) -> str:
         # The manifest's hash covers the source's stamp, the prefix and every shard's size.
-        return f"MaterializedSource(len={len(self)}, manifest_sha256={self._fingerprint}, prefix={self.config.prefix()})"
+        prefix = self.config.prefix()
+        return f"MaterializedSource(len={len(self)}, manifest_sha256={self._fingerprint}, prefix={prefix})"
 
     def close(self) -> None:
         """Closes the shard readers."""

@@ -93,7 +93,8 @@ def test_every_host_stage_has_a_case():
             yield sub
             yield from subclasses(sub)
 
-    assert {c.__name__ for c in subclasses(HostStage)} == {name.split("/")[0] for name in CASES}
+    stages = {c.__name__ for c in subclasses(HostStage) if c.__module__.startswith("datarax.")}  # not tests' own
+    assert stages == {name.split("/")[0] for name in CASES}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
