@@ -4,7 +4,7 @@ Data: 2,000 records of 4,096 int32 (`--scale` scales the count) in a host-reside
 `MemorySource`, batch 64. The function walks each record's values in a Python loop (a rolling
 hash and a running maximum), the kind of per-record Python a custom decoder or parser runs.
 
-* datarax: `HostMap(fn, executor="processes", num_workers=2)` (worker processes writing into
+* datarax: `HostMap(fn=fn, executor="processes", num_workers=2)` (worker processes writing into
   shared memory);
 * floor: the same stage with `executor="threads", num_workers=2`.
 
@@ -42,7 +42,7 @@ def python_summary(record: dict, rng: None) -> dict:
 
 def build(data: dict, executor: str) -> Pipeline:
     source = MemorySource(MemorySourceConfig(shuffle=True, seed=0, device_resident=False), data=data)
-    stage = HostMap(python_summary, outputs=OUTPUTS, fields=("x",), executor=executor, num_workers=WORKERS)
+    stage = HostMap(fn=python_summary, outputs=OUTPUTS, fields=("x",), executor=executor, num_workers=WORKERS)
     return Pipeline(source, [stage], batch_size=BATCH)
 
 

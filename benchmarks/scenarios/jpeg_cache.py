@@ -1,7 +1,7 @@
 """`jpeg_cache`: the `jpeg` scenario's epochs read from a decode-once cache vs from the JPEG files.
 
 Data: the `jpeg` scenario's folder of 4,000 JPEGs of 200-500 px (`--scale` scales the count).
-Both sides run the same stages (`DecodeImage(128, crop="random_resized", scale=(0.08, 1),
+Both sides run the same stages (`DecodeImage(size=128, crop="random_resized", scale=(0.08, 1),
 ratio=(3/4, 4/3))` + float + flip + ImageNet normalisation, batch 64) in a datarax `Pipeline`:
 
 * datarax (cached): `materialize(ImageFolderSource(...), max_side=MAX_SIDE, format=FORMAT)` once,
@@ -37,7 +37,7 @@ FORMAT = "raw"
 
 
 def build(source, seed: int = 0) -> Pipeline:
-    stages = [DecodeImage(JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, seed=seed),
+    stages = [DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, seed=seed),
               MapOperator(MapOperatorConfig(fields=("image",)), fn=to_float),
               HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(seed)),
               NormalizeOperator(NormalizeConfig(mean=JPEG_MEAN, std=JPEG_STD))]
@@ -46,7 +46,7 @@ def build(source, seed: int = 0) -> Pipeline:
 
 def run(options: BenchOptions, max_side: int = MAX_SIDE, fmt: str = FORMAT) -> list[dict]:
     n = options.records(NUM_RECORDS)
-    source = ImageFolderSource(image_folder(n), shuffle=True, seed=0)
+    source = ImageFolderSource(root=image_folder(n), shuffle=True, seed=0)
     directory = os.path.join(tempfile.gettempdir(), f"datarax-bench-jpeg-cache-n{n}-{max_side}-{fmt}")
     shutil.rmtree(directory, ignore_errors=True)
     start = time.perf_counter()

@@ -23,6 +23,7 @@ from datarax.host.decode_once import materialize as materialize
 from datarax.host.decode_once import materialize_main as materialize_main
 from datarax.host.materialized import MaterializeConfig as MaterializeConfig
 from datarax.host.materialized import MaterializedSource as MaterializedSource
+from datarax.host.materialized import MaterializedSourceConfig as MaterializedSourceConfig
 from datarax.host.materialized import StaleCacheError as StaleCacheError
 from datarax.host.map import HostMap as HostMap
 from datarax.host.map import HostMapConfig as HostMapConfig

@@ -7,9 +7,9 @@ re-encode) and writes the small images, in record order, into ArrayRecord shards
 source's other fields (the idea of FFCV's `max_resolution` and tf.data's `snapshot`). Later
 epochs read the small records and keep their random crops:
 
-    >>> cache = materialize(ImageFolderSource("photos/train", shuffle=True), "/data/photos-160",
+    >>> cache = materialize(ImageFolderSource(root="photos/train", shuffle=True), "/data/photos-160",
     ...                     max_side=160)
-    >>> pipeline = Pipeline(cache, [DecodeImage(128, crop="random_resized"), ...], batch_size=64)
+    >>> pipeline = Pipeline(cache, [DecodeImage(size=128, crop="random_resized"), ...], batch_size=64)
 
 A random-resized crop is drawn in relative terms (a fraction of the area, an aspect ratio, a
 position), so on a uniformly downscaled image it covers the same part of the scene: the box
@@ -48,13 +48,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from datarax.core.checks import check_int, check_positive_int
+from datarax.control.pool import ThreadPool
+from datarax.core.checks import check_positive_int, require
 from datarax.core.source import DataSourceModule
-from datarax.host.image import PILLOW_HINT
 from datarax.host.materialized import (FORMAT_VERSION, FORMATS, KIND, MANIFEST, MaterializeConfig, MaterializedSource,
-                                       StaleCacheError, source_stamp)
-from datarax.host.stage import ENCODED, RecordError, RecordPool
-from datarax.sources._columns import require
+                                       MaterializedSourceConfig, StaleCacheError, source_stamp)
+from datarax.host.stage import ENCODED, RecordError
 from datarax.sources._files import CorruptFileError
 
 SHARD_RECORDS = 8192
@@ -69,7 +68,8 @@ def shrink_image(data: bytes, config: MaterializeConfig) -> bytes:
     The result is upright (the EXIF orientation applied, none stored), RGB or gray, with its
     longer side at most `config.max_side`.
     """
-    image_module, image_ops = _pillow()
+    image_module = require("PIL.Image", owner="materialize", extra="image", package="pillow")
+    image_ops = require("PIL.ImageOps", owner="materialize", extra="image", package="pillow")
     image = image_module.open(io.BytesIO(data))
     raw_w, raw_h = image.size
     quarter_turn = image.getexif().get(ORIENTATION_TAG, 1) >= 5  # the upright image is raw_h x raw_w
@@ -114,19 +114,19 @@ def materialize(source: DataSourceModule, directory: str | os.PathLike, *, max_s
         The cache as a `MaterializedSource` (its sampler follows `source.default_sampler()`).
 
     Example:
-        >>> cache = materialize(ImageFolderSource(root, shuffle=True), "/data/cache-160", max_side=160)
+        >>> cache = materialize(ImageFolderSource(root=root, shuffle=True), "/data/cache-160", max_side=160)
     """
-    config = MaterializeConfig(max_side=max_side, format=format, quality=quality, field=field)
+    opened = MaterializedSourceConfig(max_side=max_side, format=format, quality=quality, field=field)
+    config = opened.prefix()
     if not isinstance(source, DataSourceModule):
         raise TypeError(f"materialize source must be a random-access DataSourceModule such as ImageFolderSource, "
                         f"got {type(source).__name__}")
     check_positive_int(num_threads, "materialize num_threads", allow_none=True, unit="threads")
-    check_int(shard_records, "materialize shard_records", 1)
+    check_positive_int(shard_records, "materialize shard_records", unit="records")
     directory = os.fspath(directory)
-    settings = {"max_side": max_side, "format": format, "quality": quality, "field": field}
     if os.path.isfile(os.path.join(directory, MANIFEST)):
         try:
-            return MaterializedSource(directory, source=source, **settings)
+            return MaterializedSource(opened, directory=directory, source=source)
         except (StaleCacheError, CorruptFileError) as exc:
             warnings.warn(f"{exc}; materialize is rewriting it", stacklevel=2)
     elif os.path.isdir(directory) and os.listdir(directory):
@@ -141,13 +141,15 @@ def materialize(source: DataSourceModule, directory: str | os.PathLike, *, max_s
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return MaterializedSource(directory, source=source, **settings)
+    return MaterializedSource(opened, directory=directory, source=source)
 
 
 def write_cache(source: DataSourceModule, folder: str, config: MaterializeConfig, num_threads: int,
                 shard_records: int) -> dict:
     """Writes the shards, the other fields and (last) the manifest of `source` into `folder`."""
-    ar = require("array_record.python.array_record_module", "materialize", "array_record")
+    from datarax.sources.array_record import ARRAY_RECORD  # datarax.sources imports datarax.host
+
+    ar = require(ARRAY_RECORD, owner="materialize", extra="data", package="array_record")
     spec = source.element_spec()
     if config.field not in spec or spec[config.field].dtype != ENCODED:
         raise KeyError(f"materialize field {config.field!r} must be a field of encoded images; the source's fields "
@@ -163,7 +165,7 @@ def write_cache(source: DataSourceModule, folder: str, config: MaterializeConfig
     arrays = {k: np.empty((n,) + tuple(v.shape), v.dtype) for k, v in others.items()}
     num_shards = math.ceil(n / shard_records)
     shards = []
-    pool = RecordPool(num_threads, "datarax-materialize")
+    pool = ThreadPool(num_threads, "datarax-materialize")
     try:
         for shard in range(num_shards):
             name = f"records-{shard:05d}-of-{num_shards:05d}.array_record"
@@ -195,14 +197,14 @@ def write_cache(source: DataSourceModule, folder: str, config: MaterializeConfig
 
 
 def _shrink_batch(source: DataSourceModule, data: np.ndarray, ids: np.ndarray, config: MaterializeConfig,
-                  pool: RecordPool) -> list[bytes]:
+                  pool: ThreadPool) -> list[bytes]:
     def shrink(row: int) -> bytes | Exception:
         try:
             return shrink_image(data[row], config)
         except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for bad bytes; all name the record
             return exc
 
-    results = pool.map(shrink, len(ids))
+    results = pool.map(shrink, range(len(ids)))
     for row, result in enumerate(results):
         if isinstance(result, Exception):
             raise RecordError(f"materialize could not decode record {int(ids[row])} "
@@ -239,7 +241,7 @@ def materialize_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality for --format jpeg")
     parser.add_argument("--threads", type=int, default=None, help="decoding threads (default: all cores)")
     args = parser.parse_args(argv)
-    cache = materialize(ImageFolderSource(args.root), args.directory, max_side=args.max_side, format=args.format,
+    cache = materialize(ImageFolderSource(root=args.root), args.directory, max_side=args.max_side, format=args.format,
                         quality=args.quality, num_threads=args.threads)
     manifest = cache.manifest
     print(json.dumps({"directory": args.directory, "records": manifest["records"], "shards": len(manifest["shards"]),
@@ -247,10 +249,3 @@ def materialize_main(argv: Sequence[str] | None = None) -> int:
     cache.close()
     return 0
 
-
-def _pillow():
-    try:
-        from PIL import Image, ImageOps
-    except ImportError as exc:
-        raise ImportError(f"materialize needs the `pillow` package: {PILLOW_HINT}") from exc
-    return Image, ImageOps

@@ -8,7 +8,7 @@ numpy arrays of declared shapes, which the pipeline's compiled program then rece
         x = np.frombuffer(record["payload"], np.float32)
         return {"peaks": top_k_in_python(x, 16).astype(np.float32)}
 
-    stage = HostMap(spectral_peaks, outputs={"peaks": ((16,), np.float32)}, fields=("payload",),
+    stage = HostMap(fn=spectral_peaks, outputs={"peaks": ((16,), np.float32)}, fields=("payload",),
                     executor="processes", num_workers=4)
     pipeline = Pipeline(source, [stage, ...], batch_size=64)
 
@@ -52,10 +52,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from datarax.core.checks import (check_bool, check_choice, check_field_name, check_int, check_positive_int, describe,
-                                 field)
+from datarax.control.pool import ThreadPool
+from datarax.core.checks import (check_bool, check_choice, check_field_name, check_int, check_positive_int, check_seed,
+                                 describe, field, set_field)
+from datarax.core.construct import resolve_config
 from datarax.host.processes import SharedOutputs, WorkerPool
-from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, RecordPool, Spec, record_generator
+from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, Spec, record_generator
 
 EXECUTORS = ("threads", "processes")
 OutputSpec = tuple[tuple[str, tuple[int, ...], str], ...]  # (field, record shape, dtype)
@@ -73,7 +75,8 @@ def output_spec_of(outputs: Any, owner: str = "HostMap outputs") -> OutputSpec:
         check_field_name(name, f"{owner} field")
         shape, dtype = (leaf.shape, leaf.dtype) if hasattr(leaf, "shape") else leaf
         try:
-            shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+            shape = tuple(check_int(d, f"{owner}[{name!r}] shape", 0) for d in shape)
+            dtype = np.dtype(dtype)
         except TypeError:
             raise TypeError(f"{owner}[{name!r}] must be (shape, dtype) or a jax.ShapeDtypeStruct, got "
                             f"{leaf!r}") from None
@@ -113,16 +116,16 @@ class HostMapConfig:
     num_workers: int | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "outputs", output_spec_of(self.outputs, "HostMapConfig.outputs"))
+        set_field(self, "outputs", output_spec_of(self.outputs, "HostMapConfig.outputs"))
         if self.fields is not None:
             fields = (self.fields,) if isinstance(self.fields, str) else self.fields
             if not isinstance(fields, (tuple, list)) or not fields:
                 raise TypeError(f"HostMapConfig.fields must be None (all) or a non-empty tuple of field names, got "
                                 f"{self.fields!r}")
-            object.__setattr__(self, "fields", tuple(check_field_name(f, "HostMapConfig.fields") for f in fields))
+            set_field(self, "fields", tuple(check_field_name(f, "HostMapConfig.fields") for f in fields))
         check_bool(*field(self, "batched"))
         check_bool(*field(self, "stochastic"))
-        check_int(*field(self, "seed"), 0, high=2**63 - 1)
+        check_seed(*field(self, "seed"))
         check_choice(*field(self, "on_error"), ON_ERROR)
         if self.batched and self.on_error == "skip":
             raise ValueError("HostMapConfig(on_error='skip') zeros the records that fail, but with batched=True a "
@@ -198,32 +201,22 @@ class HostMap(HostStage):
     """A Python function applied on the host to each record (or block of rows) of a batch.
 
     Args:
+        config: everything but the function (or give its fields as keywords: `outputs`,
+            `fields`, `batched`, `stochastic`, `seed`, `on_error`, `executor`, `num_workers`).
         fn: `fn(record, rng) -> dict` (or `fn(batch, rngs) -> dict` with `batched=True`); see
             the module docstring. With `executor="processes"` it must be picklable.
-        outputs, fields, batched, stochastic, seed, on_error, executor, num_workers: see
-            `HostMapConfig`.
 
     Example:
-        >>> stage = HostMap(parse, outputs={"tokens": ((128,), np.int32)}, fields=("text",),
+        >>> stage = HostMap(fn=parse, outputs={"tokens": ((128,), np.int32)}, fields=("text",),
         ...                 executor="processes", num_workers=2)
 
     Attributes:
         skipped: records replaced by zeros so far (`on_error="skip"`).
     """
 
-    def __init__(self, fn: Callable[..., Mapping[str, Any]], *, outputs: Any, fields: tuple[str, ...] | None = None,
-                 batched: bool = False, stochastic: bool = False, seed: int = 0, on_error: str = "raise",
-                 executor: str = "threads", num_workers: int | None = None):
-        self._setup(fn, HostMapConfig(outputs=output_spec_of(outputs), fields=fields, batched=batched,
-                                      stochastic=stochastic, seed=seed, on_error=on_error, executor=executor,
-                                      num_workers=num_workers))
-
-    @classmethod
-    def from_config(cls, config: HostMapConfig, fn: Callable[..., Mapping[str, Any]]) -> HostMap:
-        """The stage a `HostMapConfig` describes, running `fn`."""
-        if not isinstance(config, HostMapConfig):
-            raise TypeError(f"config must be a HostMapConfig, got {type(config).__name__}")
-        return cls(fn, **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+    def __init__(self, config: HostMapConfig | None = None, *, fn: Callable[..., Mapping[str, Any]],
+                 **settings: Any):
+        self._setup(fn, resolve_config(HostMapConfig, config, settings, "HostMap"))
 
     def _setup(self, fn: Callable, config: HostMapConfig) -> None:
         if not callable(fn):
@@ -240,12 +233,12 @@ class HostMap(HostStage):
         self.seed, self.stochastic = config.seed, config.stochastic
         self.num_workers = config.num_workers or os.cpu_count() or 1
         first = config.outputs[0][0]
-        self.ok_field = f"{first}_ok" if config.on_error == "skip" else None
-        self.bad_records = BadRecords(config.on_error, f"HostMap({function_name(fn)})", first, self.ok_field,
+        self.bad_records = BadRecords(config.on_error, f"HostMap({function_name(fn)})", first,
+                                      f"{first}_ok" if config.on_error == "skip" else None,
                                       "Fix the function or the record")
         self.job = RecordJob(fn, config)
         self._lock = threading.Lock()
-        self.threads = RecordPool(self.num_workers, "datarax-host-map")
+        self.pool = ThreadPool(self.num_workers, "datarax-host-map")
         self.processes = WorkerPool(self.job, self.num_workers, "datarax-host-map") \
             if config.executor == "processes" else None
         self._shared = SharedOutputs(config.outputs)
@@ -257,8 +250,8 @@ class HostMap(HostStage):
                            "HostMap(fields=...) to fields the source or an earlier host stage provides")
         spec = {**input_spec}
         spec.update({name: jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for name, shape, dtype in self.config.outputs})
-        if self.ok_field is not None:
-            spec[self.ok_field] = jax.ShapeDtypeStruct((), np.bool_)
+        if self.bad_records.ok_field is not None:
+            spec[self.bad_records.ok_field] = jax.ShapeDtypeStruct((), np.bool_)
         return spec
 
     def structure(self) -> str:
@@ -278,46 +271,47 @@ class HostMap(HostStage):
 
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         names = self.config.fields or tuple(batch)
-        inputs = {k: batch[k] for k in names}
         ids = np.asarray(ctx.record_ids, np.int64)
         count = len(ids)
-        blocks = np.linspace(0, count, min(self.num_workers, count) + 1).astype(np.int64)
-        chunks = [(int(a), int(b), ({k: v[a:b] for k, v in inputs.items()}, ids[a:b], int(ctx.epoch), ctx.stage))
-                  for a, b in zip(blocks[:-1], blocks[1:])]
+
+        def task(low: int, high: int) -> tuple:
+            return {k: batch[k][low:high] for k in names}, ids[low:high], int(ctx.epoch), ctx.stage
+
+        if self.processes is None and not self.config.batched:  # a row per task: the pool balances uneven records
+            outputs = self._allocate(count)
+
+            def work(row: int) -> None:
+                failure = self.job(task(row, row + 1), {k: v[row:row + 1] for k, v in outputs.items()})[0]
+                if failure is not None:
+                    raise failure
+
+            return self.decode_rows(batch, ctx, outputs, work)
+        blocks = np.linspace(0, count, min(self.num_workers, count) + 1).astype(np.int64).tolist()
+        chunks = [(low, high, task(low, high)) for low, high in zip(blocks[:-1], blocks[1:])]
         if self.processes is not None:
             with self._lock:  # one batch at a time through the workers and the shared segment
                 self._shared.ensure(count)
                 results = self.processes.run(self._shared, chunks)
                 outputs = {k: v.copy() for k, v in self._shared.views(count).items()}  # the segment is reused
         else:
-            outputs = {name: np.empty((count,) + shape, dtype) for name, shape, dtype in self.config.outputs}
-
-            def block(low: int, high: int) -> list[BaseException | None]:
-                task = ({k: v[low:high] for k, v in inputs.items()}, ids[low:high], int(ctx.epoch), ctx.stage)
-                return self.job(task, {k: v[low:high] for k, v in outputs.items()})
-
-            if self.config.batched:
-                results = self.threads.map(lambda i: block(*chunks[i][:2]), len(chunks))
-            else:  # a row per task: the pool balances uneven records
-                results = [self.threads.map(lambda row: block(row, row + 1)[0], count)]
-        failures = self._failures(results, chunks, count)
+            outputs = self._allocate(count)
+            results = self.pool.map(lambda chunk: self.job(chunk[2], {k: v[chunk[0]:chunk[1]]
+                                                                      for k, v in outputs.items()}), chunks)
+        failures: list[BaseException | None] = [None] * count
+        for (low, _, _), block in zip(chunks, results):
+            failures[low:low + len(block)] = block  # a batched block reports one failure, at its first record
         ok = self.bad_records.resolve(failures, ctx, list(outputs.values()))
         result = {**batch, **outputs}
         if ok is not None:
-            result[self.ok_field] = ok
+            result[self.bad_records.ok_field] = ok
         return result
 
-    def _failures(self, results: list, chunks: list, count: int) -> list[BaseException | None]:
-        if not self.config.batched:
-            return [f for block in results for f in block]
-        failures: list[BaseException | None] = [None] * count
-        for (low, _, _), block in zip(chunks, results):
-            failures[low] = block[0]  # a failed block is reported at its first record
-        return failures
+    def _allocate(self, count: int) -> dict[str, np.ndarray]:
+        return {name: np.empty((count,) + shape, dtype) for name, shape, dtype in self.config.outputs}
 
     def close(self) -> None:
         """Stops the threads or worker processes and frees the shared memory (a later batch restarts them)."""
-        self.threads.close()
+        self.pool.close()
         if self.processes is not None:
             self.processes.close()
         with self._lock:

@@ -15,13 +15,14 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 
-from datarax.core.checks import check_choice, check_field_name, check_int, check_positive_int, field
-from datarax.core.source import DataSourceModule
+from datarax.core.checks import (check_bool, check_choice, check_field_name, check_int, check_positive_int, check_seed,
+                                 field, require)
+from datarax.core.construct import resolve_config
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.host.stage import ENCODED
-from datarax.samplers.base import Sampler
-from datarax.samplers.simple import SequentialSampler, ShuffleSampler
-from datarax.sources._columns import Handles, read_batch, require
+from datarax.sources._columns import read_batch
 from datarax.sources._files import CorruptFileError
 
 FORMATS = ("raw", "jpeg")
@@ -64,6 +65,36 @@ class MaterializeConfig:
         if self.format == "raw":
             out["quality"] = None
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class MaterializedSourceConfig(ShuffleConfig):
+    """Configuration of a `MaterializedSource`: the prefix the cache must hold, and its order.
+
+    Attributes:
+        max_side, format, quality, field: the prefix asked for, checked against the cache's
+            manifest (see `MaterializeConfig`, which `prefix()` builds and which checks them).
+        shuffle: None (the default) follows the source the cache was made from (its
+            `default_sampler()`; storage order when no source is given); True or False
+            overrides it, as in `ShuffleConfig`.
+        seed: the shuffle seed when `shuffle=True` (see `ShuffleConfig`).
+    """
+
+    max_side: int
+    format: str = "raw"
+    quality: int = 90
+    field: str = "image"
+    shuffle: bool | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self):
+        # ShuffleConfig's checks, with None allowed for "follow the source".
+        check_bool(*field(self, "shuffle"), allow_none=True)
+        check_seed(*field(self, "seed"), allow_none=True)
+        self.prefix()
+
+    def prefix(self) -> MaterializeConfig:
+        """The prefix fields as the `MaterializeConfig` they describe."""
+        return MaterializeConfig(max_side=self.max_side, format=self.format, quality=self.quality, field=self.field)
 
 
 def source_stamp(source: DataSourceModule) -> tuple[dict[str, Any], np.ndarray | None]:
@@ -143,29 +174,27 @@ class MaterializedSource(DataSourceModule):
     (`CorruptFileError`); a shard damaged inside is named when a batch reads it.
 
     Args:
+        config: the prefix asked for and the record order (or give its fields as keywords).
         directory: the cache folder.
         source: the source the cache was made from, checked against the manifest; None skips
             that check (for when the originals are gone) and keeps only the cache's own checks.
-        max_side, format, quality, field: the prefix asked for (see `MaterializeConfig`).
-        shuffle: None follows `source.default_sampler()` (sequential without a source);
-            True or False overrides it.
-        seed: the shuffle seed when `shuffle=True`.
+        rngs: draws the shuffle seed when `shuffle=True` and `config.seed` is None.
+
+    Example:
+        >>> cache = MaterializedSource(directory="/data/photos-160", source=source, max_side=160)
     """
 
-    def __init__(self, directory: str | os.PathLike, *, source: DataSourceModule | None = None, max_side: int,
-                 format: str = "raw", quality: int = 90, field: str = "image", shuffle: bool | None = None,
-                 seed: int = 0):
-        config = MaterializeConfig(max_side=max_side, format=format, quality=quality, field=field)
+    def __init__(self, config: MaterializedSourceConfig | None = None, *, directory: str | os.PathLike,
+                 source: DataSourceModule | None = None, rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(MaterializedSourceConfig, config, settings, "MaterializedSource")
+        prefix = config.prefix()
         if source is not None and not isinstance(source, DataSourceModule):
             raise TypeError(f"MaterializedSource source must be the DataSourceModule the cache was made from (or "
                             f"None), got {type(source).__name__}")
-        if shuffle is not None and not isinstance(shuffle, bool):
-            raise TypeError(f"MaterializedSource shuffle must be None (follow the source), True or False, got "
-                            f"{shuffle!r}")
         directory = os.fspath(directory)
         manifest = read_manifest(directory)
         differences = [f"{name} is {manifest['prefix'].get(name)!r} in the cache, {value!r} asked"
-                       for name, value in config.settings().items() if manifest["prefix"].get(name) != value]
+                       for name, value in prefix.settings().items() if manifest["prefix"].get(name) != value]
         if source is not None:
             differences += _source_differences(directory, manifest, source)
         if differences:
@@ -183,8 +212,8 @@ class MaterializedSource(DataSourceModule):
         promised = [s["records"] for s in manifest["shards"]]
         if found != promised:
             raise _corrupt(directory, f"its shards hold {found} records, the manifest says {promised}")
-        self.config, self.directory, self.shuffle, self.seed = config, directory, shuffle, seed
-        self.source = source
+        self.config, self.directory, self.source = config, directory, source
+        self.seed = seed_from_rngs(config.seed, rngs)
         # Imported here: datarax.sources imports datarax.host, which re-exports this module.
         from datarax.sources.array_record import ArrayRecordSource, ArrayRecordSourceConfig
 
@@ -225,14 +254,16 @@ class MaterializedSource(DataSourceModule):
         cached = self.images.describe_record(record_id)
         return cached if self.source is None else f"{cached}, from {self.source.describe_record(record_id)}"
 
-    def default_sampler(self) -> Sampler:
-        if self.shuffle is None:
-            return self.source.default_sampler() if self.source is not None else SequentialSampler(len(self))
-        return ShuffleSampler(len(self), seed=self.seed) if self.shuffle else SequentialSampler(len(self))
+    def default_sampler(self):
+        """The source's sampler under `shuffle=None` (given a source), else the usual choice."""
+        if self.config.shuffle is None and self.source is not None:
+            return self.source.default_sampler()
+        return super().default_sampler()
 
     def structure(self) -> str:
         # The manifest's hash covers the source's stamp, the prefix and every shard's size.
-        return f"MaterializedSource(len={len(self)}, manifest_sha256={self._fingerprint}, prefix={self.config})"
+        prefix = self.config.prefix()
+        return f"MaterializedSource(len={len(self)}, manifest_sha256={self._fingerprint}, prefix={prefix})"
 
     def close(self) -> None:
         """Closes the shard readers."""
@@ -241,9 +272,9 @@ class MaterializedSource(DataSourceModule):
 
 def _shard_counts(paths: Sequence[str]) -> list[int]:
     """Each shard's record count, read from its index (its first and last records are read back)."""
-    from datarax.sources.array_record import RANDOM_ACCESS_OPTIONS, open_reader
+    from datarax.sources.array_record import ARRAY_RECORD, RANDOM_ACCESS_OPTIONS, open_reader
 
-    ar = require("array_record.python.array_record_module", "MaterializedSource", "array_record")
+    ar = require(ARRAY_RECORD, owner="MaterializedSource", extra="data", package="array_record")
     counts = []
     for path in paths:
         reader = open_reader(ar, path, RANDOM_ACCESS_OPTIONS)

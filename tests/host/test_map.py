@@ -80,7 +80,7 @@ def stages():
 def stage_for(stages, executor, workers, fn=python_feature, **kwargs):
     key = (executor, workers, fn.__name__, tuple(sorted(kwargs.items())))
     if key not in stages:
-        stages[key] = HostMap(fn, outputs=OUTPUTS, fields=("id", "x"), stochastic=True, executor=executor,
+        stages[key] = HostMap(fn=fn, outputs=OUTPUTS, fields=("id", "x"), stochastic=True, executor=executor,
                               num_workers=workers, **kwargs)
     return stages[key]
 
@@ -118,8 +118,8 @@ def test_in_a_pipeline_every_executor_gives_the_same_epochs(executor):
         source = MemorySource(MemorySourceConfig(shuffle=True, seed=3), data=data())
         return Pipeline(source, [stage], batch_size=8)
 
-    threads = pipeline(HostMap(python_feature, outputs=OUTPUTS, stochastic=True, executor="threads", num_workers=1))
-    other = pipeline(HostMap(python_feature, outputs=OUTPUTS, stochastic=True, executor=executor, num_workers=2))
+    threads = pipeline(HostMap(fn=python_feature, outputs=OUTPUTS, stochastic=True, executor="threads", num_workers=1))
+    other = pipeline(HostMap(fn=python_feature, outputs=OUTPUTS, stochastic=True, executor=executor, num_workers=2))
     assert threads.fingerprint == other.fingerprint  # the executor changes no output
     for _ in range(2):
         for a, b in zip(threads, other, strict=True):
@@ -150,7 +150,7 @@ def test_a_wrong_output_shape_names_the_declaration(stages, executor):
 
 
 def test_a_crashed_worker_is_an_error_then_a_fresh_pool():
-    stage = HostMap(dies_on_five, outputs=OUTPUTS, fields=("id", "x"), stochastic=True, executor="processes",
+    stage = HostMap(fn=dies_on_five, outputs=OUTPUTS, fields=("id", "x"), stochastic=True, executor="processes",
                     num_workers=2)
     with pytest.raises(WorkerCrashError, match="died \\(exit code 3\\)"):
         run(stage, np.arange(8))
@@ -161,7 +161,7 @@ def test_a_crashed_worker_is_an_error_then_a_fresh_pool():
 
 
 def test_close_leaves_no_worker_processes():
-    stage = HostMap(python_feature, outputs=OUTPUTS, stochastic=True, executor="processes", num_workers=2)
+    stage = HostMap(fn=python_feature, outputs=OUTPUTS, stochastic=True, executor="processes", num_workers=2)
     assert stage.worker_pids == []  # started lazily
     run(stage, np.arange(6))
     pids = stage.worker_pids
@@ -176,13 +176,13 @@ def test_close_leaves_no_worker_processes():
 
 def test_a_function_workers_cannot_import_is_refused_by_name():
     with pytest.raises(TypeError, match="HostMap fn .*<lambda>.*module level.*executor='threads'"):
-        HostMap(lambda record, rng: {}, outputs=OUTPUTS, executor="processes")
-    HostMap(lambda record, rng: {}, outputs=OUTPUTS)  # threads take any function
+        HostMap(fn=lambda record, rng: {}, outputs=OUTPUTS, executor="processes")
+    HostMap(fn=lambda record, rng: {}, outputs=OUTPUTS)  # threads take any function
 
 
 @pytest.mark.parametrize("clone", [copy.deepcopy, lambda s: pickle.loads(pickle.dumps(s))])
 def test_a_copy_or_pickle_is_a_working_stage(clone):
-    stage = HostMap(python_feature, outputs=OUTPUTS, fields=("id", "x"), stochastic=True, executor="processes",
+    stage = HostMap(fn=python_feature, outputs=OUTPUTS, fields=("id", "x"), stochastic=True, executor="processes",
                     num_workers=2)
     first = run(stage, np.arange(5))
     twin = clone(stage)
@@ -193,16 +193,16 @@ def test_a_copy_or_pickle_is_a_working_stage(clone):
 
 
 def test_output_spec_and_structure():
-    stage = HostMap(python_feature, outputs={"feat": jax.ShapeDtypeStruct((3,), np.float32), "code": ((), "int64")},
+    stage = HostMap(fn=python_feature, outputs={"feat": jax.ShapeDtypeStruct((3,), np.float32), "code": ((), "int64")},
                     fields=("x",), executor="processes", num_workers=3)
     spec = stage.output_spec({"x": jax.ShapeDtypeStruct((50,), np.int32)})
     assert spec["feat"].shape == (3,) and spec["code"].dtype == np.int64 and spec["x"].shape == (50,)
     with pytest.raises(KeyError, match=r"HostMap fields \['x'\] are not in the records"):
         stage.output_spec({"y": jax.ShapeDtypeStruct((), np.int32)})
-    threads = HostMap(python_feature, outputs=OUTPUTS, fields=("x",))
+    threads = HostMap(fn=python_feature, outputs=OUTPUTS, fields=("x",))
     assert stage.structure() == threads.structure() and "test_map.python_feature" in stage.structure()
     config = HostMapConfig(outputs=OUTPUTS, fields=("x",))
-    assert HostMap.from_config(config, python_feature).structure() == threads.structure()
+    assert HostMap(config, fn=python_feature).structure() == threads.structure()
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
@@ -224,7 +224,7 @@ def byte_sum(record, rng):
 def test_encoded_fields_travel_to_worker_processes():
     payload = np.empty(5, object)
     payload[:] = [bytes(range(i + 1)) for i in range(5)]
-    stage = HostMap(byte_sum, outputs={"total": ((), np.int64)}, fields=("payload",), executor="processes",
+    stage = HostMap(fn=byte_sum, outputs={"total": ((), np.int64)}, fields=("payload",), executor="processes",
                     num_workers=2)
     out = stage({"payload": payload}, HostContext(np.arange(5), 0))
     np.testing.assert_array_equal(out["total"], [sum(range(i + 1)) for i in range(5)])

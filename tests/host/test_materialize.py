@@ -66,7 +66,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.mark.parametrize("fmt,min_psnr", [("raw", 30.0), ("jpeg", 28.0)])
 def test_round_trip_is_the_reduced_source(tmp_path, folder, fmt, min_psnr):
-    source = ImageFolderSource(folder)
+    source = ImageFolderSource(root=folder)
     cache = materialize(source, tmp_path / "cache", max_side=96, format=fmt, shard_records=4)
     assert len(cache) == len(source) and len(cache.manifest["shards"]) == 6
     batch = cache.get_batch(np.arange(len(source)))
@@ -82,25 +82,25 @@ def test_round_trip_is_the_reduced_source(tmp_path, folder, fmt, min_psnr):
 
 
 def test_reopening_checks_and_reuses(tmp_path, folder):
-    source = ImageFolderSource(folder)
+    source = ImageFolderSource(root=folder)
     first = materialize(source, tmp_path / "cache", max_side=64)
     stamp = os.path.getmtime(tmp_path / "cache" / "manifest.json")
     again = materialize(source, tmp_path / "cache", max_side=64)  # a fresh cache: opened, not rewritten
     assert os.path.getmtime(tmp_path / "cache" / "manifest.json") == stamp
     assert again.structure() == first.structure()
-    opened = MaterializedSource(tmp_path / "cache", max_side=64)  # without the source: its own checks only
+    opened = MaterializedSource(directory=tmp_path / "cache", max_side=64)  # without the source: its own checks only
     assert opened.structure() == first.structure()
 
 
 def raw_pipeline(source, seed: int = 1):
-    stages = [DecodeImage(8, crop="random_resized", seed=seed)]
+    stages = [DecodeImage(size=8, crop="random_resized", seed=seed)]
     return Pipeline(source, stages, batch_size=7).raw_loader()
 
 
 def test_every_epoch_is_a_permutation_of_the_cache_and_resumes(tmp_path, folder):
-    source = ImageFolderSource(folder, shuffle=True, seed=4)
+    source = ImageFolderSource(root=folder, shuffle=True, seed=4)
     cache = materialize(source, tmp_path / "cache", max_side=64, shard_records=5)
-    decode = DecodeImage(8, crop="random_resized", seed=1)
+    decode = DecodeImage(size=8, crop="random_resized", seed=1)
     orders = []
     loader = raw_pipeline(cache)
     for epoch in range(2):
@@ -119,7 +119,7 @@ def test_every_epoch_is_a_permutation_of_the_cache_and_resumes(tmp_path, folder)
         next(it)
     state = json.loads(json.dumps(it.get_state()))
     rest = np.concatenate([np.asarray(b["image"]) for b in it])
-    fresh = raw_pipeline(MaterializedSource(tmp_path / "cache", source=source, max_side=64)).epochs(2)
+    fresh = raw_pipeline(MaterializedSource(directory=tmp_path / "cache", source=source, max_side=64)).epochs(2)
     fresh.set_state(state)
     np.testing.assert_array_equal(np.concatenate([np.asarray(b["image"]) for b in fresh]), rest)
     with pytest.raises(IteratorStateError):  # a state of the uncached pipeline is another pipeline's
@@ -135,7 +135,7 @@ def boxes(images: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def crops(source, epochs, scale=(0.08, 1.0)) -> dict[str, np.ndarray]:
-    stage = DecodeImage(16, crop="random_resized", scale=scale, seed=2)
+    stage = DecodeImage(size=16, crop="random_resized", scale=scale, seed=2)
     ids = np.arange(len(source))
     out = np.concatenate([stage(source.get_batch(ids), HostContext(ids, e))["image"] for e in epochs])
     return boxes(out.astype(np.float64))
@@ -147,7 +147,7 @@ def test_random_crops_on_the_cache_follow_the_uncached_distribution(tmp_path):
         h, w = SIZES[i % len(SIZES)]
         os.makedirs(root / f"c{i % 2}", exist_ok=True)
         Image.fromarray(gradient(h * 2, w * 2)).save(root / f"c{i % 2}" / f"{i:03d}.png")
-    source = ImageFolderSource(root)
+    source = ImageFolderSource(root=root)
     cache = materialize(source, tmp_path / "cache", max_side=120)
     uncached = crops(source, range(0, 12))  # independent draws: other epochs on each side
     cached = crops(cache, range(12, 24))
@@ -176,17 +176,17 @@ def add_a_file(source):
     (add_a_file, "records, the cache"),
 ])
 def test_a_changed_source_is_refused_naming_the_cache(tmp_path, folder, change, says):
-    source = ImageFolderSource(folder)
+    source = ImageFolderSource(root=folder)
     materialize(source, tmp_path / "cache", max_side=64)
     change(source)
-    changed = ImageFolderSource(folder)
+    changed = ImageFolderSource(root=folder)
     with pytest.raises(StaleCacheError, match=says) as info:
-        MaterializedSource(tmp_path / "cache", source=changed, max_side=64)
+        MaterializedSource(directory=tmp_path / "cache", source=changed, max_side=64)
     assert str(tmp_path / "cache") in str(info.value) and "Delete the directory" in str(info.value)
     with pytest.warns(UserWarning, match="rewriting"):
         rewritten = materialize(changed, tmp_path / "cache", max_side=64)
     assert len(rewritten) == len(changed)
-    MaterializedSource(tmp_path / "cache", source=changed, max_side=64)  # fresh again
+    MaterializedSource(directory=tmp_path / "cache", source=changed, max_side=64)  # fresh again
 
 
 @pytest.mark.parametrize("settings,says", [
@@ -194,10 +194,10 @@ def test_a_changed_source_is_refused_naming_the_cache(tmp_path, folder, change, 
     ({"max_side": 64, "format": "jpeg"}, "format is 'raw' in the cache, 'jpeg' asked"),
 ])
 def test_a_changed_prefix_is_refused_naming_the_cache(tmp_path, folder, settings, says):
-    source = ImageFolderSource(folder)
+    source = ImageFolderSource(root=folder)
     materialize(source, tmp_path / "cache", max_side=64)
     with pytest.raises(StaleCacheError, match=says) as info:
-        MaterializedSource(tmp_path / "cache", source=source, **settings)
+        MaterializedSource(directory=tmp_path / "cache", source=source, **settings)
     assert str(tmp_path / "cache") in str(info.value)
 
 
@@ -207,15 +207,15 @@ def truncate(path):
 
 
 def test_a_truncated_shard_is_refused(tmp_path, folder):
-    source = ImageFolderSource(folder)
+    source = ImageFolderSource(root=folder)
     materialize(source, tmp_path / "cache", max_side=64, shard_records=8)
     truncate(tmp_path / "cache" / "records-00001-of-00003.array_record")
     with pytest.raises(CorruptFileError, match="records-00001-of-00003.array_record.*truncated"):
-        MaterializedSource(tmp_path / "cache", source=source, max_side=64)
+        MaterializedSource(directory=tmp_path / "cache", source=source, max_side=64)
 
 
 def test_a_garbled_shard_is_named_when_read_never_shortened(tmp_path, folder):
-    source = ImageFolderSource(folder)
+    source = ImageFolderSource(root=folder)
     cache_dir = tmp_path / "cache"
     materialize(source, cache_dir, max_side=64, shard_records=8)
     shard = cache_dir / "records-00000-of-00003.array_record"
@@ -223,7 +223,7 @@ def test_a_garbled_shard_is_named_when_read_never_shortened(tmp_path, folder):
     inside = [i for i in range(len(data)) if data[i:i + 3] == b"P6\n"][3] + 100  # the pixels of record 3
     data[inside:inside + 64] = bytes(64)  # same size: only the chunk hashes can tell
     shard.write_bytes(bytes(data))
-    cache = MaterializedSource(cache_dir, source=source, max_side=64)  # its first and last records are intact
+    cache = MaterializedSource(directory=cache_dir, source=source, max_side=64)  # its first and last records are intact
     assert len(cache) == len(source)
     with pytest.raises(CorruptFileError, match="record 3 of .*records-00000-of-00003.*hash mismatch"):
         cache.get_batch(np.arange(8))
@@ -233,18 +233,18 @@ def test_a_folder_that_is_not_a_cache_is_never_replaced(tmp_path, folder):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(FileExistsError, match="not a datarax cache"):
-        materialize(ImageFolderSource(folder), tmp_path / "mine", max_side=64)
+        materialize(ImageFolderSource(root=folder), tmp_path / "mine", max_side=64)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
     with pytest.raises(FileNotFoundError, match="materialize"):
-        MaterializedSource(tmp_path / "mine", max_side=64)
+        MaterializedSource(directory=tmp_path / "mine", max_side=64)
 
 
 def test_a_bad_image_names_the_file_and_leaves_no_cache(tmp_path, folder):
-    source = ImageFolderSource(folder)
+    source = ImageFolderSource(root=folder)
     with open(source.paths[2], "wb") as f:
         f.write(b"not an image")
     with pytest.raises(Exception, match=os.path.basename(source.paths[2])):
-        materialize(ImageFolderSource(folder), tmp_path / "cache", max_side=64)
+        materialize(ImageFolderSource(root=folder), tmp_path / "cache", max_side=64)
     assert not (tmp_path / "cache").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".cache")]
 
 
@@ -256,12 +256,12 @@ def test_a_bad_image_names_the_file_and_leaves_no_cache(tmp_path, folder):
 ])
 def test_bad_settings_name_the_argument(tmp_path, folder, kwargs, match):
     with pytest.raises((ValueError, KeyError), match=match):
-        materialize(ImageFolderSource(folder), tmp_path / "cache", **kwargs)
+        materialize(ImageFolderSource(root=folder), tmp_path / "cache", **kwargs)
 
 
 def test_materialize_main(tmp_path, folder, capsys):
     assert materialize_main([folder, str(tmp_path / "cache"), "--max-side", "48", "--format", "jpeg"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["records"] == len(ImageFolderSource(folder))
-    MaterializedSource(tmp_path / "cache", source=ImageFolderSource(folder), max_side=48, format="jpeg")
+    assert summary["records"] == len(ImageFolderSource(root=folder))
+    MaterializedSource(directory=tmp_path / "cache", source=ImageFolderSource(root=folder), max_side=48, format="jpeg")
     shutil.rmtree(tmp_path / "cache")
