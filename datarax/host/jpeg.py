@@ -196,6 +196,8 @@ class TurboDecoder:
                    box: tuple[float, float, float, float], out: np.ndarray) -> bool:
         """Resamples the upright `box` of `image` (the stored `raw_size` image reduced by `scale`) into `out`."""
         raw_h, raw_w = raw_size
+        if image.ndim == 3 and image.shape[2] == 1:  # libjpeg-turbo's grayscale: one plane
+            image = image[..., 0]
         out_h, out_w = out.shape[:2]
         left, top, right, bottom = box
         # Edge coordinates throughout (pixel i spans [i, i + 1)): output -> upright -> raw -> reduced.
