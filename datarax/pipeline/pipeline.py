@@ -109,13 +109,22 @@ class Pipeline(nnx.Module, Epochs):
         # The fingerprint leaves the sharding out on purpose: the stream is the same on any layout.
         self.sharding = sharding
         self.placement = None if sharding is None else BatchPlacement(sharding, self.batch_size, drop_remainder)
-        self.compiled = CompiledProgram(self.program, self.sampler, len(self.sampler), self.batch_size,
-                                        self.placement)
+        self.compiled = self._compile()
         self.fingerprint = fingerprint({
             "source": source.structure(), "sampler": self.sampler.structure(), "num_records": len(source),
             "batch_size": self.batch_size, "drop_remainder": drop_remainder, "stages": self.program.structure(),
         })
         self._output_spec = self._compute_output_spec()
+
+    def _compile(self) -> CompiledProgram:
+        return CompiledProgram(self.program, self.sampler, len(self.sampler), self.batch_size, self.placement)
+
+    def __deepcopy__(self, memo=None) -> Pipeline:
+        # NNX copies an attribute that is no graph node (the compiled programs) apart from the
+        # graph, so the copy's programs would read the variables of a stage copy nobody trains.
+        copied = super().__deepcopy__(memo)
+        copied.compiled = copied._compile()
+        return copied
 
     @classmethod
     def from_dag(cls, *, source: DataSourceModule, nodes: dict, edges: dict, sink: str, batch_size: int,

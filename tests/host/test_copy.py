@@ -80,7 +80,9 @@ def test_every_host_stage_has_a_case():
             yield sub
             yield from subclasses(sub)
 
-    assert {c.__name__ for c in subclasses(HostStage)} == set(CASES)
+    # Test modules define HostStage subclasses of their own; only the package's stages need a case.
+    ours = {c.__name__ for c in subclasses(HostStage) if c.__module__.split(".")[0] == "datarax"}
+    assert ours == set(CASES)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -99,12 +101,8 @@ def test_a_copied_stage_gives_the_same_output(name, clone):
     stage.close(), copied.close()
 
 
-PIPELINE_PICKLE = pytest.mark.xfail(strict=True, raises=AttributeError,
-                                    reason="Pipeline's CompiledProgram holds a local function (pipeline/compiled.py)")
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("clone", ["deepcopy", pytest.param("pickle", marks=PIPELINE_PICKLE)])
+@pytest.mark.parametrize("clone", sorted(CLONES))
 def test_a_copied_pipeline_holding_the_stage_gives_the_same_batches(name, clone):
     make, batch = CASES[name]
     pipeline = Pipeline(EncodedSource(*batch()), [make()], batch_size=2)
