@@ -10,7 +10,7 @@ config and settings into one config here, so both spellings give the same object
 from __future__ import annotations
 
 import dataclasses
-import sys
+import inspect
 import warnings
 from typing import Any, TypeVar
 
@@ -63,7 +63,7 @@ def resolve_config(config_class: type[C], config: Any, settings: dict[str, Any],
 def warn_positional(owner: str, name: str, value: Any) -> None:
     """The DeprecationWarning of a former positional argument, now the keyword `name`, shown at the
     user's line (the first frame outside datarax and flax, whose module metaclass calls `__init__`)."""
-    frame, level = sys._getframe(1), 2
+    frame, level = inspect.currentframe().f_back, 2
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("datarax", "flax"):
         frame, level = frame.f_back, level + 1
     warnings.warn(f"{owner}({describe(value)}, ...) by position is deprecated: the first argument is the config; "
