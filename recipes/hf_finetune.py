@@ -158,8 +158,8 @@ def hf_pipeline(path: Path, cache: Path, batch_size: int, *, seed: int, train: b
     source = HFSource(HFSourceConfig(fields=("label",), encoded=("image",), shuffle=train, seed=seed),
                       dataset=dataset)
     # Training sees a random-resized crop of each patch (a new one each epoch); testing, the whole patch.
-    decode = (DecodeImage(SIZE, crop="random_resized", scale=RANDOM_CROP_SCALE, seed=seed) if train
-              else DecodeImage(SIZE))
+    decode = (DecodeImage(size=SIZE, crop="random_resized", scale=RANDOM_CROP_SCALE, seed=seed) if train
+              else DecodeImage(size=SIZE))
     return Pipeline(source, [decode, ElementOperator(ElementOperatorConfig(), fn=to_float)],
                     batch_size=batch_size, drop_remainder=train)
 

@@ -77,8 +77,8 @@ def train_tokenizer(texts: list[str], vocab_size: int, path: Path):
 
 
 def packed_pipeline(texts: list[str], tokenizer, cfg: dict, *, seed: int, train: bool) -> Pipeline:
-    source = PackedTextSource(TextSource(texts), tokenizer, seq_len=cfg["seq_len"], eos_id=EOS, pad_id=PAD,
-                              shuffle=train, seed=seed)
+    source = PackedTextSource(source=TextSource(documents=texts), tokenizer=tokenizer, seq_len=cfg["seq_len"],
+                              eos_id=EOS, pad_id=PAD, shuffle=train, seed=seed)
     return Pipeline(source, [], batch_size=cfg["batch_size"] if train else 32, drop_remainder=train)
 
 

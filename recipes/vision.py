@@ -88,17 +88,17 @@ def folder_splits(root: str) -> tuple[Path, Path]:
 def build_folder_pipelines(root: str, seed: int, batch_size: int, size: int) -> tuple[Pipeline, Pipeline, dict]:
     """Pipelines over an image folder: `ImageFolderSource` records decoded by `DecodeImage` on the host."""
     train_dir, test_dir = folder_splits(root)
-    train = ImageFolderSource(train_dir, shuffle=True, seed=seed)
-    test = ImageFolderSource(test_dir)
+    train = ImageFolderSource(root=train_dir, shuffle=True, seed=seed)
+    test = ImageFolderSource(root=test_dir)
     if test.class_names != train.class_names:
         raise SystemExit(f"--image-folder {root}: the class folders differ between {train_dir} "
                          f"{list(train.class_names)} and {test_dir} {list(test.class_names)}; give both the same "
                          "classes")
-    decode = DecodeImage(size, crop="random_resized", scale=FOLDER_CROP_SCALE, seed=seed)
+    decode = DecodeImage(size=size, crop="random_resized", scale=FOLDER_CROP_SCALE, seed=seed)
     train_pipeline = Pipeline(train, [decode, *augmentation_stages(seed, bytes_to_float)], batch_size=batch_size,
                               drop_remainder=True)
-    eval_pipeline = Pipeline(test, [DecodeImage(size), ElementOperator(ElementOperatorConfig(), fn=bytes_to_float)],
-                             batch_size=256)
+    eval_stages = [DecodeImage(size=size), ElementOperator(ElementOperatorConfig(), fn=bytes_to_float)]
+    eval_pipeline = Pipeline(test, eval_stages, batch_size=256)
     return train_pipeline, eval_pipeline, {"train_records": len(train), "test_records": len(test),
                                            "classes": list(train.class_names), "image_size": size}
 

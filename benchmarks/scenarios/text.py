@@ -7,7 +7,7 @@ greedily (a document that does not fit continues on the next row), giving `token
 `segment_ids`, `positions` and `loss_mask` per row; every batch ends as `jax.Array`s on the
 default device. Rates are documents per second.
 
-* datarax: `Pipeline(PackedTextSource(TextSource(docs), tokenizer, seq_len=512))`, no device
+* datarax: `Pipeline(PackedTextSource(source=TextSource(documents=docs), tokenizer=tokenizer, seq_len=512))`, no device
   stages: tokenized in blocks of 512 documents with `encode_batch_fast` on the reader thread.
 * datasets (the baseline): `Dataset.from_dict({"text": docs}).shuffle(seed=epoch)
   .map(tokenize, batched=True)` with `encode_batch`, then a numpy greedy packer (concatenate,
@@ -129,7 +129,8 @@ def run(options: BenchOptions) -> list[dict]:
     docs = make_documents(n)
     tokenizer = train_tokenizer()
     start = time.perf_counter()
-    source = PackedTextSource(TextSource(docs), tokenizer, seq_len=SEQ_LEN, eos_id=EOS, seed=0)
+    source = PackedTextSource(source=TextSource(documents=docs), tokenizer=tokenizer, seq_len=SEQ_LEN, eos_id=EOS,
+                              seed=0)
     pipeline = Pipeline(source, [], batch_size=BATCH)
     first = time.perf_counter() - start + first_batch_seconds(lambda: pipeline)
     for _ in pipeline:  # the rest of the warm-up epoch

@@ -42,6 +42,7 @@ from datarax.batching import DISPATCH_AHEAD, MAX_DISPATCH_AHEAD
 from datarax.config.allow import AllowList
 from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.schema import FieldError, build_dataclass, check_keys, convert, is_table, suggestion
+from datarax.core.checks import is_int
 
 # A prefetched batch is a whole batch held in memory; a few hide the jitter of reading, and past
 # this many the queue only holds memory (the default is 2, no recipe uses more than 8).
@@ -49,7 +50,8 @@ MAX_PREFETCH = 64
 
 
 def check_positive(name: str, value: Any, minimum: int = 1) -> None:
-    if value is not None and value < minimum:
+    """`core.checks.is_int` and a lower bound, worded in TOML terms ("an integer") at the key `name`."""
+    if value is not None and not (is_int(value) and value >= minimum):
         raise FieldError(name, f"must be an integer >= {minimum}, got {value!r}")
 
 
@@ -107,7 +109,7 @@ class ShardingSection:
 
     def __post_init__(self):
         if self.mesh_shape is not None:
-            if any(n < 1 for n in self.mesh_shape):
+            if not all(is_int(n) and n >= 1 for n in self.mesh_shape):
                 raise FieldError("mesh_shape", f"must hold positive integers, got {list(self.mesh_shape)}")
             if len(self.mesh_shape) != len(self.axis_names):
                 raise FieldError("axis_names", f"must name every mesh axis: mesh_shape {list(self.mesh_shape)} has "

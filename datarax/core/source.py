@@ -138,9 +138,9 @@ def gather_device(arrays: dict[str, jax.Array], indices: jax.Array, mode: str = 
     """The device-side gather used inside the pipeline's compiled programs.
 
     The indices are always in range (a final short batch repeats its last position), so `mode`
-    changes no value, only the code XLA makes. `fill` (jnp.take's default, the one a hand-written
-    step uses) measured 20-40 us faster than `clip` per batch on XLA:CPU for a consumer that
-    waits on every step (docs/benchmarks.md, "Per-batch overhead"); `ScanRunner`, one call per
-    epoch, keeps `clip`, with which its compiled epoch was measured.
+    changes no value, only the code XLA makes. The per-batch programs use `fill` (jnp.take's
+    default, the one a hand-written step uses), which XLA:CPU runs faster for a consumer that
+    waits on every step (docs/benchmarks.md, "Per-batch overhead", "The gather's mode");
+    `ScanRunner`, one call per epoch, keeps `clip`, with which its compiled epoch was measured.
     """
     return {k: jax.numpy.take(v, indices, axis=0, mode=mode) for k, v in arrays.items()}

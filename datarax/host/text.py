@@ -4,7 +4,7 @@
 (`Tokenizer.encode_batch_fast`, which spreads the batch over the tokenizer's own threads); the
 ragged ids become one padded array with numpy, without a Python loop over the tokens.
 
-    >>> pipeline = Pipeline(TextSource(documents), [Tokenize(tokenizer, length=128)], batch_size=32)
+    >>> pipeline = Pipeline(TextSource(documents=documents), [Tokenize(tokenizer=tokenizer, length=128)], batch_size=32)
     >>> batch = next(iter(pipeline))  # text_ids int32[32, 128], text_mask bool, text_length int32
 
 The tokenizer is part of the pipeline's identity: a hash of its JSON goes into `structure()`, so

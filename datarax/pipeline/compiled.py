@@ -77,10 +77,15 @@ class CompiledProgram:
     A sharded pipeline passes `placement` (a `datarax.sharding.BatchPlacement`): the programs
     then compute only this process's `rows` of each global batch, with outputs laid out over
     the process's devices, and add the validity field `placement.mask_key` when it is set.
+
+    A copy or pickle holds what the programs are built from and builds them again (jitted
+    functions close over their program and do not pickle); the copy compiles on first use.
     """
 
     def __init__(self, program: nnx.Module, sampler=None, epoch_length: int = 0, batch_size: int = 0,
                  placement=None):
+        self._built_from = dict(program=program, sampler=sampler, epoch_length=epoch_length, batch_size=batch_size,
+                                placement=placement)
         self._graphdef, state = nnx.split(program)
         self._paths = [p for p, _ in nnx.to_flat_state(state)]
         by_path = {p: v for p, v in nnx.iter_graph(program) if isinstance(v, nnx.Variable)}
@@ -136,6 +141,12 @@ class CompiledProgram:
         self.gather_and_run = jit(gather_and_run)
         self.sample_chunk = jax.jit(sample_chunk)
         self.expand_gather_and_run = jit(expand_gather_and_run)
+
+    def __getstate__(self) -> dict:
+        return self._built_from
+
+    def __setstate__(self, built_from: dict) -> None:
+        self.__init__(**built_from)
 
     @property
     def expand_program(self):

@@ -26,6 +26,12 @@ from datarax.sharding.placement import BatchPlacement
 from datarax.sources.stream import StreamSourceModule
 
 
+def compile_stages(pipeline: Pipeline) -> CompiledProgram:
+    """The jitted batch programs over `pipeline`'s own stages, sampler and layout."""
+    return CompiledProgram(pipeline.program, pipeline.sampler, len(pipeline.sampler), pipeline.batch_size,
+                           pipeline.placement)
+
+
 class Pipeline(nnx.Module, Epochs):
     """A data pipeline whose stages are NNX modules, fused into one jitted program per batch.
 
@@ -109,13 +115,19 @@ class Pipeline(nnx.Module, Epochs):
         # The fingerprint leaves the sharding out on purpose: the stream is the same on any layout.
         self.sharding = sharding
         self.placement = None if sharding is None else BatchPlacement(sharding, self.batch_size, drop_remainder)
-        self.compiled = CompiledProgram(self.program, self.sampler, len(self.sampler), self.batch_size,
-                                        self.placement)
+        self.compiled = compile_stages(self)
         self.fingerprint = fingerprint({
             "source": source.structure(), "sampler": self.sampler.structure(), "num_records": len(source),
             "batch_size": self.batch_size, "drop_remainder": drop_remainder, "stages": self.program.structure(),
         })
         self._output_spec = self._compute_output_spec()
+
+    def __deepcopy__(self, memo=None) -> Pipeline:
+        # NNX copies an attribute that is no graph node (the compiled programs) apart from the
+        # graph, so the copy's programs would read the variables of a stage copy nobody trains.
+        copied = super().__deepcopy__(memo)
+        copied.compiled = compile_stages(copied)
+        return copied
 
     @classmethod
     def from_dag(cls, *, source: DataSourceModule, nodes: dict, edges: dict, sink: str, batch_size: int,

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, field
+from datarax.core.checks import check_bool, check_positive_int, field, is_number
 from datarax.core.construct import resolve_config
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule, seed_from_rngs
@@ -49,10 +49,9 @@ from datarax.sources._columns import allocate, spec_text
 def _check_weights(weights: object, owner: str) -> tuple[float, ...]:
     if not isinstance(weights, (tuple, list)) or not weights:
         raise TypeError(f"{owner} weights must be a non-empty tuple of numbers, got {weights!r}")
-    w = tuple(float(x) for x in weights)
-    if not all(math.isfinite(x) and x >= 0 for x in w) or sum(w) <= 0:
+    if not all(is_number(x) and x >= 0 for x in weights) or sum(weights) <= 0:
         raise ValueError(f"{owner} weights must be finite, >= 0 and not all 0, got {weights!r}")
-    return w
+    return tuple(float(x) for x in weights)
 
 
 def apportion(total: int, weights: Sequence[float]) -> np.ndarray:

@@ -15,7 +15,8 @@ def test_the_baselines_packer_packs_like_packed_text_source():
     tokenizer = text.train_tokenizer(vocab_size=300)
     ids = [e.ids for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
     expected = text.pack_numpy(ids, 64, text.EOS)
-    source = PackedTextSource(TextSource(docs), tokenizer, seq_len=64, eos_id=text.EOS, shuffle=False)
+    source = PackedTextSource(source=TextSource(documents=docs), tokenizer=tokenizer, seq_len=64, eos_id=text.EOS,
+                              shuffle=False)
     batches = list(Pipeline(source, [], batch_size=16))
     for name, value in expected.items():
         np.testing.assert_array_equal(np.concatenate([np.asarray(b[name]) for b in batches]), value, err_msg=name)

@@ -113,12 +113,8 @@ def test_a_copied_stage_gives_the_same_output(name, clone):
     stage.close(), copied.close()
 
 
-PIPELINE_PICKLE = pytest.mark.xfail(strict=True, raises=AttributeError,
-                                    reason="Pipeline's CompiledProgram holds a local function (pipeline/compiled.py)")
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("clone", ["deepcopy", pytest.param("pickle", marks=PIPELINE_PICKLE)])
+@pytest.mark.parametrize("clone", sorted(CLONES))
 def test_a_copied_pipeline_holding_the_stage_gives_the_same_batches(name, clone):
     make, batch = CASES[name]
     pipeline = Pipeline(EncodedSource(*batch()), [make()], batch_size=2)

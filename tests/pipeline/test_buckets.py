@@ -43,7 +43,7 @@ def documents(n=203, seed=0):
 
 def build(batch_size=8, seed=0, boundaries=(8, 16, 32), drop_remainder=False):
     docs, lengths = documents()
-    return BucketedPipeline(TextSource(docs), lengths, boundaries, lambda length: [PadTo(length)], batch_size,
+    return BucketedPipeline(TextSource(documents=docs), lengths, boundaries, lambda length: [PadTo(length)], batch_size,
                             seed=seed, drop_remainder=drop_remainder)
 
 
@@ -107,9 +107,9 @@ def test_foreign_or_corrupt_states_change_nothing():
 def test_argument_errors():
     docs, lengths = documents(10)
     with pytest.raises(ValueError, match="increasing positive ints"):
-        BucketedPipeline(TextSource(docs), lengths, (16, 8), lambda n: [PadTo(n)], 4)
+        BucketedPipeline(TextSource(documents=docs), lengths, (16, 8), lambda n: [PadTo(n)], 4)
     with pytest.raises(ValueError, match="one non-negative int per record"):
-        BucketedPipeline(TextSource(docs), lengths[:3], (8,), lambda n: [PadTo(n)], 4)
+        BucketedPipeline(TextSource(documents=docs), lengths[:3], (8,), lambda n: [PadTo(n)], 4)
 
 
 def test_a_trainer_checkpoint_restores_a_bucketed_iterator_exactly(tmp_path):

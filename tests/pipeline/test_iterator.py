@@ -11,7 +11,7 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.batching import schedule
-from datarax.core.source import ArrayStore, DataSourceModule
+from datarax.core.source import DataSourceModule, Handles
 from datarax.host.stage import HostStage
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.pipeline.retry import RetryPolicy
@@ -124,7 +124,7 @@ class FlakyStream(StreamSourceModule):
     """
 
     def __init__(self, fail_reads=(), partial=False):
-        self.calls = ArrayStore({"calls": np.zeros(1, np.int64)})  # mutable in place, outside NNX state
+        self.calls = Handles(arrays={"calls": np.zeros(1, np.int64)})  # mutable in place, outside NNX state
         self.fail_reads, self.partial = frozenset(fail_reads), partial
 
     def element_spec(self):
@@ -157,8 +157,8 @@ class FlakySource(DataSourceModule):
     """A host-resident random-access source whose listed `get_batch` calls raise `OSError`."""
 
     def __init__(self, n, fail_reads=()):
-        self.data = ArrayStore({"id": np.arange(n, dtype=np.int32)})
-        self.calls = ArrayStore({"calls": np.zeros(1, np.int64)})
+        self.data = Handles(arrays={"id": np.arange(n, dtype=np.int32)})
+        self.calls = Handles(arrays={"calls": np.zeros(1, np.int64)})
         self.fail_reads = frozenset(fail_reads)
 
     def __len__(self):

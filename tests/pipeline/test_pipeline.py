@@ -100,6 +100,20 @@ def test_host_and_device_paths_agree_batch_by_batch():
             assert_same_up_to_rounding(a[k], b[k])
 
 
+@pytest.mark.parametrize("resident", [True, False])
+@pytest.mark.parametrize("clone", ["deepcopy", "pickle"])
+def test_a_copied_pipeline_continues_with_the_same_batches(resident, clone):
+    import copy
+    import pickle
+
+    pipeline = build(21, 8, resident=resident)
+    list(pipeline)  # compiled and one epoch in: the copy carries the epoch and builds its programs again
+    copied = copy.deepcopy(pipeline) if clone == "deepcopy" else pickle.loads(pickle.dumps(pipeline))
+    for a, b in zip(list(pipeline), list(copied), strict=True):
+        for k in a:
+            np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
+
+
 def test_final_short_batch_kept_or_dropped_and_never_recompiles():
     pipeline = build(45, 8)
     sizes = [len(b["id"]) for b in pipeline]
