@@ -13,7 +13,7 @@ new one the next epoch; two host stages never share a stream, even with the same
 
 A pipeline takes host stages at the head of its `stages`:
 
-    >>> pipeline = Pipeline(ImageFolderSource(root), [DecodeImage(size=128, crop="random_resized"),
+    >>> pipeline = Pipeline(ImageFolderSource(root=root), [DecodeImage(size=128, crop="random_resized"),
     ...                                               HorizontalFlipOperator(...)], batch_size=64)
 """
 

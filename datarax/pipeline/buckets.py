@@ -3,7 +3,7 @@
 A pipeline has one element spec, so one shape. `BucketedPipeline` puts each record in the
 smallest bucket that holds its length (longer records go to the last bucket and are cut to it),
 builds one ordinary `Pipeline` per bucket over that bucket's records (its stages made for the
-bucket's length, e.g. `Tokenize(tokenizer, length=L)`), and interleaves their batches in an
+bucket's length, e.g. `Tokenize(tokenizer=tokenizer, length=L)`), and interleaves their batches in an
 order drawn from `(seed, epoch)`. Each bucket's program compiles once; a batch never mixes
 buckets, so short records are not padded to the longest.
 
@@ -15,8 +15,8 @@ bucket's place follows from the epoch's interleave order by arithmetic (how many
 checkpoint (or a `datarax.train.Checkpointer`) like a pipeline iterator.
 
     >>> lengths = [len(tokenizer.encode(d).ids) for d in documents]
-    >>> pipeline = BucketedPipeline(TextSource(documents), lengths, (64, 128, 256),
-    ...                             lambda length: [Tokenize(tokenizer, length=length)], batch_size=32)
+    >>> pipeline = BucketedPipeline(TextSource(documents=documents), lengths, (64, 128, 256),
+    ...                             lambda length: [Tokenize(tokenizer=tokenizer, length=length)], batch_size=32)
     >>> for batch in pipeline: ...   # batch["text_ids"] is (32, 64), (32, 128) or (32, 256)
 
 Record ids inside a bucket (what keyed randomness folds in) are positions in that bucket's list
@@ -35,7 +35,7 @@ from datarax.core.checks import check_bool, check_positive_int
 from datarax.core.source import DataSourceModule
 from datarax.pipeline.pipeline import Pipeline
 from datarax.pipeline.state import CheckpointableIterator, Epochs, check_state, fingerprint, make_state
-from datarax.samplers.feistel import validate_seed
+from datarax.core.checks import check_seed
 from datarax.samplers.keyed import INTERLEAVE_STREAM, keyed_permutation
 from datarax.sources.subset import SubsetSource as SubsetSource  # moved to datarax.sources; importable here
 
@@ -59,7 +59,7 @@ class BucketedPipeline(Epochs):
         lengths: each record's length (e.g. its token count), one per record.
         boundaries: the bucket lengths, increasing (e.g. (64, 128, 256)).
         make_stages: `make_stages(length) -> stages` for the bucket of that length; the stages'
-            output must have that fixed shape (e.g. `[Tokenize(tokenizer, length=length)]`).
+            output must have that fixed shape (e.g. `[Tokenize(tokenizer=tokenizer, length=length)]`).
         batch_size: records per batch (each batch from one bucket).
         shuffle / seed: shuffle each bucket's records and the interleave order every epoch.
         drop_remainder, prefetch: as for `Pipeline`, per bucket.
@@ -79,8 +79,8 @@ class BucketedPipeline(Epochs):
             raise ValueError(f"boundaries must be increasing positive ints, e.g. (64, 128, 256), got {boundaries!r}")
         if not callable(make_stages):
             raise TypeError("make_stages must be a function length -> stages, e.g. "
-                            "lambda length: [Tokenize(tokenizer, length=length)]")
-        self.seed = validate_seed(seed)
+                            "lambda length: [Tokenize(tokenizer=tokenizer, length=length)]")
+        self.seed = check_seed(seed)
         self.shuffle = check_bool(shuffle, "shuffle")
         which = assign_buckets(lengths, boundaries)
         self.boundaries = tuple(int(b) for b in boundaries)

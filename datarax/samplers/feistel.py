@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.core.checks import check_seed as validate_seed  # the name samplers and sources import
+from datarax.core.checks import check_seed
 from datarax.core.noise import lowbias32
 
 MAX_RECORDS = 2**62
@@ -76,7 +76,7 @@ class FeistelPermutation:
         self._dtype = np.uint64 if wide else np.uint32
         self._half = self._dtype(bits // 2)
         self._mask = self._dtype((1 << (bits // 2)) - 1)
-        self._keys = list(round_keys(validate_seed(seed), int(epoch), self._dtype))
+        self._keys = list(round_keys(check_seed(seed), int(epoch), self._dtype))
         self._mix = _mix64 if wide else lowbias32
 
     def _walk(self, step, x: np.ndarray) -> np.ndarray:

@@ -8,7 +8,8 @@ import numpy as np
 from datarax.core.checks import MAX_INT32, check_positive_int, is_int
 from datarax.core.source import register_sampler_choice
 from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import FeistelPermutation, feistel_device, round_keys, validate_seed
+from datarax.core.checks import check_seed
+from datarax.samplers.feistel import FeistelPermutation, feistel_device, round_keys
 
 def check_num_records(num_records: object) -> int:
     """`num_records` as an int, or a ValueError naming the bad value."""
@@ -42,7 +43,7 @@ class ShuffleSampler(Sampler):
 
     def __init__(self, num_records: int, seed: int = 0):
         self.num_records = check_num_records(num_records)
-        self.seed = validate_seed(seed)
+        self.seed = check_seed(seed)
         self._perm_epoch = -1
         self._perm: FeistelPermutation | None = None
 

@@ -7,7 +7,8 @@ import numpy as np
 
 from datarax.core.checks import MAX_INT32, check_positive_int
 from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import FeistelPermutation, round_keys, feistel_device, validate_seed
+from datarax.core.checks import check_seed
+from datarax.samplers.feistel import FeistelPermutation, feistel_device, round_keys
 from datarax.samplers.simple import check_num_records
 
 
@@ -21,7 +22,7 @@ class EpochAwareSampler(Sampler):
 
     def __init__(self, num_records: int, *, seed: int = 0, shuffle: bool = True, num_epochs: int | None = None):
         self.num_records = check_num_records(num_records)
-        self.seed = validate_seed(seed)
+        self.seed = check_seed(seed)
         self.shuffle = bool(shuffle)
         self.num_epochs = check_positive_int(num_epochs, "num_epochs", allow_none=True)
 
@@ -64,7 +65,7 @@ class SlidingWindowSampler(Sampler):
             raise ValueError(f"window ({window}) is longer than the data ({self.num_records} records); "
                              "use a smaller window")
         self.window, self.stride = window, stride
-        self.shuffle, self.seed = bool(shuffle), validate_seed(seed)
+        self.shuffle, self.seed = bool(shuffle), check_seed(seed)
 
     def __len__(self) -> int:
         return (self.num_records - self.window) // self.stride + 1

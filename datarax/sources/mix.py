@@ -42,7 +42,8 @@ from datarax.core.construct import resolve_config
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule, seed_from_rngs
 from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import FeistelPermutation, validate_seed
+from datarax.core.checks import check_seed
+from datarax.samplers.feistel import FeistelPermutation
 from datarax.sources._columns import allocate, spec_text
 
 
@@ -112,7 +113,7 @@ class MixDataSourcesConfig:
     def __post_init__(self):
         _check_weights(self.weights, "MixDataSourcesConfig")
         if self.seed is not None:
-            validate_seed(self.seed, "MixDataSourcesConfig.seed")
+            check_seed(self.seed, "MixDataSourcesConfig.seed")
         check_bool(*field(self, "shuffle"))
         for name in ("epoch_length", "block_size"):
             check_positive_int(*field(self, name), allow_none=True)
@@ -131,7 +132,7 @@ class MixSampler(Sampler):
         if len(weights) != len(self.lengths):
             raise ValueError(f"MixSampler needs one weight per source: {len(weights)} weights for "
                              f"{len(self.lengths)} sources")
-        self.seed, self.shuffle = validate_seed(seed), bool(shuffle)
+        self.seed, self.shuffle = check_seed(seed), bool(shuffle)
         self.epoch_length = sum(self.lengths) if epoch_length is None else int(epoch_length)
         # A block never exceeds the epoch, so a short epoch meets the weights exactly too.
         self.block_size = min(int(block_size), self.epoch_length)

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from datarax.samplers.feistel import FeistelPermutation, feistel_device, round_keys, validate_seed
+from datarax.core.checks import check_seed
+from datarax.samplers.feistel import FeistelPermutation, feistel_device, round_keys
 
 SIZES = [1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 100, 255, 256, 257, 1000, 4097, 65535, 65536, 65537]
 
@@ -79,4 +80,4 @@ def test_wide_domains_above_two_to_the_32():
 ])
 def test_bad_seeds_are_rejected(seed, exc, match):
     with pytest.raises(exc, match=match):
-        validate_seed(seed)
+        check_seed(seed)
