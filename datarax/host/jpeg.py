@@ -10,8 +10,8 @@ the downscale is under 2x and bilinear sampling aliases little; an axis that sti
 or more (photographs far larger than the output, or a box of another aspect ratio) is first
 block-averaged by that whole factor.
 
-Measured on the `jpeg` benchmark's files (docs/benchmarks.md): about 1.6x Pillow's `draft` +
-`resize(box=...)` per core, at a higher PSNR against a Lanczos reference of the same boxes.
+Its speed and quality beside Pillow's `draft` + `resize(box=...)`, tf.data, torchvision and the
+decoder's own limit: docs/benchmarks.md, `jpeg`.
 
 What this path does not read falls back to Pillow, record by record: files that are not JPEG,
 CMYK and YCCK JPEGs, and anything libjpeg-turbo reports as damaged (so a bad file raises the
@@ -21,14 +21,15 @@ same error, from the same decoder, as on the Pillow path).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, NamedTuple
 
 import numpy as np
 
 BACKENDS = ("auto", "turbo", "pillow")
-FINE_FROM = 1.5
 TURBO_HINT = "pip install simplejpeg opencv-python-headless (or pip install 'datarax[image]')"
 _JPEG_MAGIC = b"\xff\xd8"
+_RAW_HEADER = re.compile(rb"P([56])\s+(\d+)\s+(\d+)\s+255\s")
 _COLOURS = {"Gray": "GRAY", "YCbCr": "RGB", "RGB": "RGB"}  # header colorspace -> decode target
 
 
@@ -90,8 +91,9 @@ def _tiff_orientation(tiff: bytes) -> int:
     return 1
 
 
-def _upright_to_raw(orientation: int, raw_h: int, raw_w: int) -> np.ndarray:
-    """The 3x3 affine map from upright image coordinates to the stored (raw) image's.
+def _upright_to_raw(orientation: int, raw_h: int, raw_w: int) -> tuple[tuple[float, float, float], ...]:
+    """The affine map from upright image coordinates to the stored (raw) image's, as the rows
+    `(a, b, c)` of raw x and raw y = `a * x + b * y + c`.
 
     Continuous coordinates, pixel i spanning [i, i + 1); the inverse of the transpose Pillow's
     `ImageOps.exif_transpose` applies for each orientation.
@@ -103,7 +105,7 @@ def _upright_to_raw(orientation: int, raw_h: int, raw_w: int) -> np.ndarray:
         5: (y, x), 6: (y, (-1.0, 0.0, raw_h)), 7: ((0.0, -1.0, raw_w), (-1.0, 0.0, raw_h)),
         8: ((0.0, -1.0, raw_w), x),
     }[orientation]
-    return np.array([rows[0], rows[1], (0.0, 0.0, 1.0)])
+    return rows
 
 
 class Header(NamedTuple):
@@ -119,24 +121,14 @@ class Header(NamedTuple):
 def raw_header(data: bytes) -> Header | None:
     """The header of a binary PPM (P6) or PGM (P5) with 8-bit samples and no comments (what
     `materialize(format="raw")` and Pillow write), else None."""
-    if data[:2] not in (b"P6", b"P5"):
+    match = _RAW_HEADER.match(data)
+    if match is None:
+        return None  # a comment, 16-bit samples, or not a PPM: Pillow reads it
+    width, height = int(match[2]), int(match[3])
+    channels = 3 if match[1] == b"6" else 1
+    if len(data) < match.end() + width * height * channels:
         return None
-    fields, pos = [], 2
-    while len(fields) < 3:
-        while pos < len(data) and data[pos:pos + 1].isspace():
-            pos += 1
-        end = pos
-        while end < len(data) and data[end:end + 1].isdigit():
-            end += 1
-        if end == pos:
-            return None  # a comment, or not a number: Pillow reads it
-        fields.append(int(data[pos:end]))
-        pos = end
-    width, height, maxval = fields
-    channels = 3 if data[:2] == b"P6" else 1
-    if maxval != 255 or not data[pos:pos + 1].isspace() or len(data) < pos + 1 + width * height * channels:
-        return None
-    return Header(height, width, 1, "RGB" if channels == 3 else "GRAY", pos + 1)
+    return Header(height, width, 1, "RGB" if channels == 3 else "GRAY", match.end())
 
 
 class TurboDecoder:
@@ -180,9 +172,9 @@ class TurboDecoder:
             image = np.frombuffer(data, np.uint8, count=math.prod(shape), offset=pixels).reshape(shape)
             return self._warp_into(image, 1.0, orientation, (raw_h, raw_w), box, out)
         factor = min((right - left) / out_w, (bottom - top) / out_h)
-        eighths = next((e for e in (1, 2, 4) if 8 / e <= factor), 8)  # the SIMD scales: 1/8, 1/4, 1/2, 1
-        if factor * eighths / 8 >= FINE_FROM:  # what remains would alias: the finest scale that covers the box
-            eighths = max(1, min(8, math.ceil(8 / factor - 1e-9)))
+        # libjpeg-turbo's SIMD scales, 1/8, 1/4, 1/2 or 1: the k/8 between them decode in plain C,
+        # and measured slower for a gain under 0.2 dB (docs/benchmarks.md, `jpeg`)
+        eighths = next((e for e in (1, 2, 4) if 8 / e <= factor), 8)
         size = (math.ceil(raw_h * eighths / 8), math.ceil(raw_w * eighths / 8))
         try:
             image = self.simplejpeg.decode_jpeg(data, colorspace=colour, min_height=size[0], min_width=size[1])
@@ -200,27 +192,25 @@ class TurboDecoder:
             image = image[..., 0]
         out_h, out_w = out.shape[:2]
         left, top, right, bottom = box
-        # Edge coordinates throughout (pixel i spans [i, i + 1)): output -> upright -> raw -> reduced.
+        # Edge coordinates (pixel i spans [i, i + 1)): output (j, i) -> upright -> raw -> reduced,
+        # composed by hand: a handful of floats, not 3x3 numpy products, on a per-record path.
         kx, ky = (right - left) / out_w, (bottom - top) / out_h
-        to_upright = np.array([[kx, 0.0, left], [0.0, ky, top], [0.0, 0.0, 1.0]])
-        to_reduced = np.diag([1.0 / scale, 1.0 / scale, 1.0])
-        matrix = to_reduced @ _upright_to_raw(orientation, raw_h, raw_w) @ to_upright
-        corners = matrix @ np.array([[0.0, out_w, 0.0, out_w], [0.0, 0.0, out_h, out_h], [1.0, 1.0, 1.0, 1.0]])
-        (x0, y0), (x1, y1) = corners[:2].min(axis=1), corners[:2].max(axis=1)
-        shrink_x, shrink_y = (x1 - x0) / (out_h if orientation >= 5 else out_w), \
-            (y1 - y0) / (out_w if orientation >= 5 else out_h)
-        step_x, step_y = max(1, int(shrink_x)), max(1, int(shrink_y))
-        if step_x > 1 or step_y > 1:
+        (ax, bx, cx), (ay, by, cy) = _upright_to_raw(orientation, raw_h, raw_w)
+        rows = [(a * kx / scale, b * ky / scale, (a * left + b * top + c) / scale)
+                for a, b, c in ((ax, bx, cx), (ay, by, cy))]
+        spans = [abs(r[0]) * out_w + abs(r[1]) * out_h for r in rows]  # the box's extent in the reduced image
+        steps = [max(1, int(span / (out_h if (orientation >= 5) != (axis == 1) else out_w)))
+                 for axis, span in enumerate(spans)]
+        if steps[0] > 1 or steps[1] > 1:
             # Still 2x or more to shrink on an axis (an image over 8x the output, or a box of
             # another aspect): exact block averages of whole pixels first, so the bilinear warp,
             # which skips pixels past 2x, is left under 2x.
-            rows, cols = image.shape[0] // step_y, image.shape[1] // step_x
-            image = self.cv2.resize(image[:rows * step_y, :cols * step_x], (cols, rows),
+            height, width = image.shape[0] // steps[1], image.shape[1] // steps[0]
+            image = self.cv2.resize(image[:height * steps[1], :width * steps[0]], (width, height),
                                     interpolation=self.cv2.INTER_AREA)
-            matrix = np.diag([1.0 / step_x, 1.0 / step_y, 1.0]) @ matrix
-        # the warp's maps take pixel indices (centres at integers) on both sides
-        centre = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
-        matrix = (np.linalg.inv(centre) @ matrix @ centre)[:2]
+            rows = [tuple(v / step for v in row) for row, step in zip(rows, steps)]
+        # the warp maps pixel indices (centres at integers) on both sides
+        matrix = np.array([(a, b, c + 0.5 * (a + b) - 0.5) for a, b, c in rows])
         cv2 = self.cv2
         flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
         if image.ndim == 2:
