@@ -162,3 +162,30 @@ def test_no_arrow_between_datarax_and_the_benchmark_suite_in_either_direction():
     offenders += [f"{p.relative_to(REPO)}:{line} imports {name}" for p in sorted((REPO / "benchmarks").rglob("*.py"))
                   for line, name in imported_names(p) if name.startswith("datarax.cli")]
     assert offenders == []
+
+
+# What datarax/core (the contracts every package builds on) may import from datarax: itself only.
+CORE_MAY_IMPORT = ("datarax.core",)
+
+
+def test_core_imports_nothing_above_it_not_even_inside_functions():
+    """No arrow runs back up: `core` names no sampler, source, pipeline or host module at run time,
+    at module level or inside a function (samplers register their choice with core instead);
+    imports for type annotations only (`if TYPE_CHECKING:`) never run."""
+    offenders = []
+    for path in sorted((REPO / "datarax" / "core").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("datarax"):
+                name = node.module
+            elif isinstance(node, ast.Import):
+                name = next((a.name for a in node.names if a.name.startswith("datarax")), None)
+            else:
+                continue
+            if name is not None and name != "datarax" and not name.startswith(CORE_MAY_IMPORT):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} imports {name}")
+    assert offenders == []

@@ -140,13 +140,7 @@ def jpeg_quality_boxes(paths: Sequence[str]) -> list[tuple[int, int, int, int]]:
 
 def jpeg_reference(path: str, box: tuple[int, int, int, int]) -> np.ndarray:
     """The accurate reference for a box: a full (accurate-DCT) decode, the box, a Lanczos resize."""
-    from PIL import Image
-
-    top, left, h, w = box
-    with Image.open(path) as image:
-        image = image.convert("RGB")
-    return np.asarray(image.resize((JPEG_SIZE, JPEG_SIZE), Image.Resampling.LANCZOS,
-                                   box=(left, top, left + w, top + h)))
+    return _full_decode_resize(path, box, "LANCZOS")
 
 
 def psnr(image: np.ndarray, reference: np.ndarray) -> float:
@@ -167,12 +161,16 @@ def jpeg_psnr(crop_resize: Callable[[str, tuple[int, int, int, int]], np.ndarray
 
 def pillow_crop_resize(path: str, box: tuple[int, int, int, int]) -> np.ndarray:
     """`jpeg_pillow`'s resampling of a given box: a full decode, one bilinear (antialiased) resize."""
+    return _full_decode_resize(path, box, "BILINEAR")
+
+
+def _full_decode_resize(path: str, box: tuple[int, int, int, int], method: str) -> np.ndarray:
     from PIL import Image
 
     top, left, h, w = box
     with Image.open(path) as image:
         image = image.convert("RGB")
-    return np.asarray(image.resize((JPEG_SIZE, JPEG_SIZE), Image.Resampling.BILINEAR,
+    return np.asarray(image.resize((JPEG_SIZE, JPEG_SIZE), Image.Resampling[method],
                                    box=(left, top, left + w, top + h)))
 
 
