@@ -68,3 +68,12 @@ def test_to_float_scales_integers_by_their_dtype_and_casts_floats():
     assert batch["image"].dtype == jax.numpy.float32 and batch["x"].dtype == jax.numpy.float32
     with pytest.raises(ValueError, match="draws nothing"):
         T.ToFloat(stochastic=True)
+
+
+def test_several_settings_by_position_still_work_with_a_deprecation_warning():
+    """`T.Normalize(mean, std)`, the spelling the former keyword builders documented."""
+    with pytest.warns(DeprecationWarning, match=r"write NormalizeOperator\(mean=\.\.\., std=\.\.\.\)"):
+        old = T.Normalize((0.5, 0.4, 0.3), (0.2, 0.2, 0.2), field="image")
+    assert old.config == T.Normalize(mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2), field="image").config
+    with pytest.raises(TypeError, match="positional arguments"):
+        T.Normalize((0.5,), (0.2,), std=(0.3,))
