@@ -185,10 +185,14 @@ def jpeg_pillow(path: str, rng: np.random.Generator) -> np.ndarray:
         image = image.convert("RGB")
     top, left, h, w = random_resized_box(image.height, image.width, JPEG_SCALE, JPEG_RATIO, rng)
     image = image.resize((JPEG_SIZE, JPEG_SIZE), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
-    out = np.asarray(image)
+    return _flip_normalise(np.asarray(image), rng)
+
+
+def _flip_normalise(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The jpeg work after the crop: a random horizontal flip, then ImageNet normalisation (float32)."""
     if rng.random() < 0.5:
-        out = out[:, ::-1]
-    out = out.astype(np.float32)
+        image = image[:, ::-1]
+    out = image.astype(np.float32)
     out *= _JPEG_SCALE
     out -= _JPEG_OFFSET
     return out
@@ -223,13 +227,7 @@ def jpeg_turbo(path: str, rng: np.random.Generator) -> np.ndarray:
     with open(path, "rb") as f:
         data = f.read()
     height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-    out = _turbo_box(data, random_resized_box(height, width, JPEG_SCALE, JPEG_RATIO, rng))
-    if rng.random() < 0.5:
-        out = out[:, ::-1]
-    out = out.astype(np.float32)
-    out *= _JPEG_SCALE
-    out -= _JPEG_OFFSET
-    return out
+    return _flip_normalise(_turbo_box(data, random_resized_box(height, width, JPEG_SCALE, JPEG_RATIO, rng)), rng)
 
 
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
