@@ -36,7 +36,7 @@ from datarax.control.pool import ThreadPool
 from datarax.core.checks import (check_choice, check_field_name, check_int, check_positive_int, check_range, check_size,
                                  field, require, set_field)
 from datarax.core.construct import resolve_config
-from datarax.host.jpeg import BACKENDS, TurboDecoder, resolve_backend
+from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend
 from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, Spec, check_encoded_field
 
 RESIZE_MODES = ("shorter_side", "fixed", "none")
@@ -215,7 +215,7 @@ class DecodeImage(HostStage):
         config = dataclasses.replace(self.config, num_threads=None)
         settings = ", ".join(f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
                              if f.name != "backend")
-        suffix = "" if self.backend == "pillow" else f"[backend={self.backend}]"
+        suffix = "" if self.backend == "pillow" else f"[backend={self.backend}, revision={TURBO_REVISION}]"
         return f"DecodeImage(DecodeImageConfig({settings})){suffix}"
 
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:

@@ -6,9 +6,9 @@ the output row. The warp's matrix maps each output pixel centre to the box's sub
 in the reduced image and applies the EXIF orientation in the same step, so there is no crop to
 round, no transpose to copy, and the box is the one the Pillow path resizes. The DCT scale is
 the largest power of two that keeps the box at least as large as the output, so what remains of
-the downscale is under 2x and bilinear sampling aliases little; an axis that still shrinks by 2x
-or more (photographs far larger than the output, or a box of another aspect ratio) is first
-block-averaged by that whole factor.
+the downscale is under 2x and bilinear sampling aliases little; an output axis that still shrinks
+by 2x or more (photographs far larger than the output, or a box of another aspect ratio) is
+supersampled: warped at that whole multiple of the output, then averaged back in blocks.
 
 Its speed and quality beside Pillow's `draft` + `resize(box=...)`, tf.data, torchvision and the
 decoder's own limit: docs/benchmarks.md, `jpeg`.
@@ -27,6 +27,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 BACKENDS = ("auto", "turbo", "pillow")
+# Bumped whenever the turbo path's pixels change, so a state saved under another revision is
+# refused (it is in `DecodeImage`'s fingerprint) rather than resumed on other crops.
+# 2: an axis shrinking 2x or more is supersampled (was: block-averaged before the warp).
+TURBO_REVISION = 2
 TURBO_HINT = "pip install simplejpeg opencv-python-headless (or pip install 'datarax[image]')"
 _JPEG_MAGIC = b"\xff\xd8"
 _RAW_HEADER = re.compile(rb"P([56])\s+(\d+)\s+(\d+)\s+255\s")
@@ -198,24 +202,28 @@ class TurboDecoder:
         (ax, bx, cx), (ay, by, cy) = _upright_to_raw(orientation, raw_h, raw_w)
         rows = [(a * kx / scale, b * ky / scale, (a * left + b * top + c) / scale)
                 for a, b, c in ((ax, bx, cx), (ay, by, cy))]
-        spans = [abs(r[0]) * out_w + abs(r[1]) * out_h for r in rows]  # the box's extent in the reduced image
-        steps = [max(1, int(span / (out_h if (orientation >= 5) != (axis == 1) else out_w)))
-                 for axis, span in enumerate(spans)]
-        if steps[0] > 1 or steps[1] > 1:
-            # Still 2x or more to shrink on an axis (an image over 8x the output, or a box of
-            # another aspect): exact block averages of whole pixels first, so the bilinear warp,
-            # which skips pixels past 2x, is left under 2x.
-            height, width = image.shape[0] // steps[1], image.shape[1] // steps[0]
-            image = self.cv2.resize(image[:height * steps[1], :width * steps[0]], (width, height),
-                                    interpolation=self.cv2.INTER_AREA)
-            rows = [tuple(v / step for v in row) for row, step in zip(rows, steps)]
+        # What is left to shrink along each output axis: an axis with 2x or more (an image over
+        # 8x the output, or a box of another aspect ratio than the output's) is supersampled,
+        # warped at that whole multiple of the output and then averaged back in blocks, so the
+        # bilinear warp, which skips pixels past 2x, is always left under 2x.
+        ux = max(1, int(abs(rows[0][0]) + abs(rows[1][0])))
+        uy = max(1, int(abs(rows[0][1]) + abs(rows[1][1])))
         # the warp maps pixel indices (centres at integers) on both sides
-        matrix = np.array([(a, b, c + 0.5 * (a + b) - 0.5) for a, b, c in rows])
+        matrix = np.array([(a / ux, b / uy, c + 0.5 * (a / ux + b / uy) - 0.5) for a, b, c in rows])
         cv2 = self.cv2
         flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
-        if image.ndim == 2:
-            gray = cv2.warpAffine(image, matrix, (out_w, out_h), flags=flags, borderMode=cv2.BORDER_REPLICATE)
-            out[...] = gray.reshape(out_h, out_w, 1)
-        else:
-            cv2.warpAffine(image, matrix, (out_w, out_h), dst=out, flags=flags, borderMode=cv2.BORDER_REPLICATE)
+        border = cv2.BORDER_REPLICATE
+        if ux == 1 and uy == 1:
+            if image.ndim == 2:
+                out[...] = cv2.warpAffine(image, matrix, (out_w, out_h), flags=flags,
+                                          borderMode=border).reshape(out_h, out_w, 1)
+            else:
+                cv2.warpAffine(image, matrix, (out_w, out_h), dst=out, flags=flags, borderMode=border)
+            return True
+        dense = cv2.warpAffine(image, matrix, (out_w * ux, out_h * uy), flags=flags, borderMode=border)
+        # Block means: a bilinear resize by exactly 2 weighs each pair 1/2 and 1/2, so it is the
+        # 2-pixel mean, and many times faster than OpenCV's area resize off the 2x2 case.
+        exact_pairs = ux <= 2 and uy <= 2
+        small = cv2.resize(dense, (out_w, out_h), interpolation=cv2.INTER_LINEAR if exact_pairs else cv2.INTER_AREA)
+        out[...] = small.reshape(out_h, out_w, -1)
         return True

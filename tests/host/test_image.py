@@ -364,7 +364,7 @@ def test_turbo_and_pillow_backends_agree(cases, name, settings):
     """The stated tolerance, per image: the backends' outputs within 25 dB PSNR of each other, and
     the turbo output at most 4 dB further than Pillow's from an accurate reference of the box
     (full decode, Lanczos): 3.4 dB is the worst seen, a 16x downscale of fine texture to 24 px, where
-    Pillow's antialiasing triangle filter beats a block average + bilinear; files the turbo path does not read (PNG, WebP, CMYK) are Pillow's exactly."""
+    Pillow's antialiasing triangle filter beats a supersampled bilinear warp; files the turbo path does not read (PNG, WebP, CMYK) are Pillow's exactly."""
     got, want, refs = backend_outputs(cases, name, settings)
     if not name.endswith(".jpg") or name == "cmyk.jpg":
         np.testing.assert_array_equal(got, want)
@@ -465,3 +465,21 @@ def test_raw_ppm_records_take_the_fast_path_and_agree_with_pillow(tmp_path, case
     exact = DecodeImage(size=(300, 451), resize="none", backend="turbo")
     np.testing.assert_array_equal(run(exact, [str(path)])["image"][0],
                                   np.asarray(reference(cases["rgb.png"]).convert(mode).convert("RGB")))
+
+
+@pytest.mark.parametrize("factors", [(2, 1), (1, 2), (4, 1), (3, 2), (2, 2), (16, 1)], ids=str)
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_turbo_averages_every_pixel_an_output_pixel_covers(tmp_path, factors, mode):
+    """A box shrinking an axis by a whole factor of 2 or more: each output pixel is the mean of
+    the block it covers (numpy's block mean of random pixels, within one grey level), not a
+    bilinear sample that skips pixels."""
+    fx, fy = factors
+    out_h, out_w = 12, 10
+    pixels = np.random.default_rng(fx * 10 + fy).integers(0, 256, (out_h * fy, out_w * fx, 3), np.uint8)
+    image = Image.fromarray(pixels).convert(mode)
+    path = tmp_path / "image.ppm"
+    image.save(path, format="PPM")
+    values = np.asarray(image.convert("RGB")).astype(float)
+    want = values.reshape(out_h, fy, out_w, fx, 3).mean(axis=(1, 3))
+    got = run(DecodeImage(size=(out_h, out_w), resize="fixed", backend="turbo"), [str(path)])["image"][0]
+    assert np.abs(got - want).max() <= 1.0
