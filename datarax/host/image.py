@@ -174,6 +174,8 @@ class DecodeImage(HostStage):
         skipped: records replaced by zeros so far (`on_error="skip"`; a record counts each time).
     """
 
+    work = "image_decode"
+
     def __init__(self, config: DecodeImageConfig | None = None, **settings: Any):
         self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage",
                                    positional=("size", (int, tuple, list))))

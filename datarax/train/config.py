@@ -47,6 +47,9 @@ class TrainerSection:
         callbacks: component tables of `datarax.train.callbacks` classes (by name, e.g.
             `{ goodput = {} }`) or import paths.
         trainer_class: import path of the trainer class (a `datarax.train.Trainer` subclass).
+        compilation_cache: JAX's persistent compilation cache: true (default) keeps it in
+            `<run_dir>/jax_cache`, so a rerun loads its compiled steps instead of compiling; a
+            path puts it there (relative to the config file); false leaves JAX's setting alone.
 
     Import paths name only modules the configuration allows (`datarax.config.allow`).
     """
@@ -65,6 +68,7 @@ class TrainerSection:
     train_pipeline_params: bool = False
     callbacks: list[Any] = dataclasses.field(default_factory=list)
     trainer_class: Callable | None = None
+    compilation_cache: bool | str = True
 
     def __post_init__(self):
         if (self.steps is None) == (self.epochs is None):
@@ -193,10 +197,15 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
         callbacks.insert(0, CheckpointCallback(checkpoint_dir, every_steps=section.checkpoint_every,
                                        max_to_keep=section.max_to_keep))
     trainer_cls = section.trainer_class or Trainer
+    cache = section.compilation_cache
+    if cache is True:
+        cache = os.path.join(run_dir_of(spec), "jax_cache")
+    elif isinstance(cache, str):
+        cache = os.path.normpath(os.path.join(base_dir, os.path.expanduser(cache)))
     try:
         trainer = trainer_cls(model, _build_optimizer(spec.trainer), pipeline, section.loss, metrics=section.metrics,
                               callbacks=[*callbacks, *extra_callbacks],
-                              train_pipeline_params=section.train_pipeline_params)
+                              train_pipeline_params=section.train_pipeline_params, compilation_cache=cache)
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
     return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec))

@@ -56,9 +56,17 @@ def test_ledger_arithmetic_matches_a_hand_computation():
     assert steady["step_consumes_el_s"] == pytest.approx(12 / 0.9)
     assert steady["pipeline_delivers_el_s"] == pytest.approx(12 / 1.4)
     assert s["window"]["steps"] == 2
-    assert s["diagnosis"].startswith("input-bound: the device was idle 33% of wall time waiting for data; "
-                                     "the pipeline delivers 9 el/s, the step consumes 13 el/s")
-    assert "largest other badput: first_batch 24%" in s["diagnosis"]
+    # Each sentence names its denominator: the headline the whole wall, the verdict the steady steps.
+    assert s["headline"] == ("goodput 31.0% of the run's 4.2 s wall time (3 steps; device busy with training steps); "
+                             "badput: first batch 23.8%, data stall 11.9%, compile 11.9%, checkpoint saves 11.0%, "
+                             "other 10.5%")
+    assert s["diagnosis"].startswith("input-bound: the device was idle waiting for data 33% of the 1.50 s of steady "
+                                     "training (steps 2-3, timed from step 1's result; 36% of the run's 4.20 s wall "
+                                     "time); the pipeline delivers 9 el/s, the step consumes 13 el/s; remedies, in "
+                                     "order: 1) decode once: `datarax materialize")
+    assert "largest other badput: first batch 24% of the run's wall time" in s["diagnosis"]
+    assert s["compiles"] == [{"step": 1, "seconds": 0.5, "batch_size": 8, "cause": "the first step"}]
+    assert "recompiles" not in s["diagnosis"]  # the first step's compile is expected, not a recompile
 
 
 def test_steps_still_in_flight_are_left_out():
@@ -69,16 +77,18 @@ def test_steps_still_in_flight_are_left_out():
     assert ledger.summary()["steps"] == 1
 
 
+SPAN = "of the 8.00 s of steady training (steps 2-41, timed from step 1's result; 80% of the run's 10.00 s wall time)"
 DIAGNOSIS_CASES = [
     # (data stall %, exposed idle %, host in next() %, expected start)
-    (37.0, 40.0, 50.0, "input-bound: the device was idle 37% of wall time waiting for data; the pipeline "
-                       "delivers 2,100 el/s, the step consumes 3,400 el/s"),
-    (12.0, 60.0, 15.0, "host-bound: the device was idle 48% of wall time between steps while the host did other "
-                       "work (checkpoint saves 30%, loop overhead (callbacks, logging, dispatch) 18%), 12% waiting "
-                       "for data; the step takes 2.50 ms"),
-    (0.4, 3.0, 60.0, "compute-bound: exposed data stall 0.4%; the step consumes 3,400 el/s and the pipeline keeps "
-                     "up (the host waited in next() 60% of the time, overlapped with device work"),
-    (4.0, 9.0, 5.0, "compute-bound: exposed data stall 4.0%; the step consumes 3,400 el/s and the pipeline keeps up"),
+    (37.0, 40.0, 50.0, f"input-bound: the device was idle waiting for data 37% {SPAN}; the pipeline "
+                       "delivers 2,100 el/s, the step consumes 3,400 el/s; remedies, in order: 1) decode once"),
+    (12.0, 60.0, 15.0, f"host-bound: the device was idle between steps 48% {SPAN} while the host did other "
+                       "work (checkpoint saves 30%, loop overhead (callbacks, logging, dispatch) 18%), and waited "
+                       "for data 12%; the step takes 2.50 ms"),
+    (0.4, 3.0, 60.0, f"compute-bound: exposed data stall 0.4% {SPAN}; the step consumes 3,400 el/s and the pipeline "
+                     "keeps up (the host waited in next() 60% of that time, overlapped with device work"),
+    (4.0, 9.0, 5.0, f"compute-bound: exposed data stall 4.0% {SPAN}; the step consumes 3,400 el/s and the pipeline "
+                    "keeps up"),
 ]
 
 
@@ -86,7 +96,8 @@ DIAGNOSIS_CASES = [
 def test_diagnosis_table(stall, idle, host, expected):
     steady = {"data_stall_pct": stall, "exposed_idle_pct": idle, "host_next_pct": host, "step_time_s": 0.0025,
               "step_consumes_el_s": 3400.0, "pipeline_delivers_el_s": 2100.0, "checkpoint_idle_pct": 30.0,
-              "eval_idle_pct": 0.0, "compile_idle_pct": 0.0, "loop_idle_pct": idle - stall - 30.0}
+              "eval_idle_pct": 0.0, "compile_idle_pct": 0.0, "loop_idle_pct": idle - stall - 30.0,
+              "span_s": 8.0, "first_step": 2, "last_step": 41}
     text = diagnose(steady, {"goodput": 9.0, "data_stall": 0.0, "compile": 0.5, "other": 0.5}, 10.0)
     assert text.startswith(expected)
     assert "largest other badput" not in text

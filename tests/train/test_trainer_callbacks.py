@@ -156,7 +156,7 @@ def test_tensorboard_writer_writes_readable_events(tmp_path):
 def test_progress_bar_shows_steps_and_throughput():
     pytest.importorskip("tqdm")
     stream = io.StringIO()
-    bar = ProgressBar(file=stream, mininterval=0)
+    bar = ProgressBar(mode="bar", file=stream, mininterval=0)
     trainer = FakeTrainer(step=4, target=8)
     bar.on_train_begin(trainer)
     for i, step in enumerate(range(5, 9)):
@@ -232,7 +232,7 @@ def test_learning_rate_logger_rejects_a_non_callable_schedule():
 
 
 @pytest.mark.parametrize("blocked, make, match", [
-    (("tqdm",), lambda tmp: ProgressBar(), r"ProgressBar needs tqdm: pip install tqdm"),
+    (("tqdm",), lambda tmp: ProgressBar(mode="bar"), r"ProgressBar\(mode='bar'\) needs tqdm: pip install tqdm"),
     (("tensorboardX", "torch"), lambda tmp: TensorBoardWriter(tmp),
      r"TensorBoardWriter needs a TensorBoard event writer: pip install tensorboardX"),
 ])
