@@ -93,12 +93,15 @@ def check_training_pipeline(pipeline: Any, name: str = "train_pipeline") -> None
 
 def short_final_batch(pipeline: Any) -> int:
     """Records in the training epoch's short final batch as the step sees it (0: none, or padded to
-    the full shape as a sharded pipeline's is, or unknown for a stream of unknown length)."""
+    the full shape as a sharded pipeline's is, or every batch of that size, or unknown for a stream
+    of unknown length)."""
     if pipeline.drop_remainder or pipeline.sharding is not None:
         return 0
     if isinstance(pipeline.source, StreamSourceModule) and pipeline.source.num_records() is None:
         return 0
-    return len(pipeline.sampler) % pipeline.batch_size
+    records = len(pipeline.sampler)
+    # An epoch shorter than one batch is all one shape: nothing compiles twice.
+    return records % pipeline.batch_size if records > pipeline.batch_size else 0
 
 
 def epoch_length_known(pipeline: Any) -> bool:
