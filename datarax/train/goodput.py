@@ -283,7 +283,8 @@ def eval_summary(ledgers: list[GoodputLedger], reader: dict | None = None) -> di
     other = max(wall - busy - data - compile_s, 0.0)
     steps = int(sum(s["steps"] for s in summaries))
     elements = float(sum(s["per_step"]["batch_size"].sum() for s in summaries))
-    span = f"of the {len(summaries)} evaluations' {wall:.2f} s"
+    span = f"of the evaluation's {wall:.2f} s" if len(summaries) == 1 else \
+        f"of the {len(summaries)} evaluations' {wall:.2f} s"
     verdict = diagnose_steady(stall_pct=_pct(data, wall), idle_pct=_pct(wall - busy, wall),
                               step_s=busy / steps if steps else 0.0,
                               consumes_el_s=elements / busy if busy > 0 else math.inf,
