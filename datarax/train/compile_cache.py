@@ -10,11 +10,12 @@ JAX's thresholds (`jax_persistent_cache_min_compile_time_secs` = 0 and
 Where the cache goes:
 
 * `Trainer(compilation_cache=True)` (the default): `$DATARAX_COMPILATION_CACHE` if set, else
-  `$XDG_CACHE_HOME/datarax/jax` (`~/.cache/datarax/jax`); the environment variable set to
-  `off` (or `0`, `false`, `no`) turns the default off;
-* `datarax train`: `<run_dir>/jax_cache` (`[trainer] compilation_cache = false` turns it off,
-  a path puts it elsewhere);
-* `Trainer(compilation_cache="path")`: that directory; `False`: JAX's own setting is left alone.
+  `$XDG_CACHE_HOME/datarax/jax` (`~/.cache/datarax/jax`);
+* `datarax train`: `$DATARAX_COMPILATION_CACHE` if set, else `<run_dir>/jax_cache`
+  (`[trainer] compilation_cache = false` turns it off, a path puts it elsewhere);
+* `Trainer(compilation_cache="path")`: that directory; `False`: JAX's own setting is left alone;
+* `DATARAX_COMPILATION_CACHE=off` (or `0`, `false`, `no`) turns both defaults off (an explicit
+  directory still applies).
 
 A cache directory the user already gave JAX (`jax.config.update("jax_compilation_cache_dir",
 ...)` or `JAX_COMPILATION_CACHE_DIR`) is kept: the trainer never overrides it. The cache is
@@ -36,13 +37,16 @@ OFF = ("off", "0", "false", "no")
 _ours: list[str] = []
 
 
-def default_cache_dir() -> Path | None:
-    """`$DATARAX_COMPILATION_CACHE`, else `$XDG_CACHE_HOME/datarax/jax` (None when the variable says off)."""
+def default_cache_dir(fallback: str | os.PathLike | None = None) -> Path | None:
+    """The default cache directory: `$DATARAX_COMPILATION_CACHE`, else `fallback` (`datarax train`
+    gives `<run_dir>/jax_cache`), else `$XDG_CACHE_HOME/datarax/jax`; None when the variable says off."""
     value = os.environ.get(ENV, "").strip()
     if value.lower() in OFF:
         return None
     if value:
         return Path(value).expanduser()
+    if fallback is not None:
+        return Path(fallback).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "datarax" / "jax"
 

@@ -23,6 +23,7 @@ from datarax.config.registry import Kind, register_kind
 from datarax.config.schema import ConfigError, FieldError, Path, build_dataclass, check_keys, is_table, suggestion
 from datarax.config.spec import RunSpec, check_positive, register_section
 from datarax.train.callbacks import CheckpointCallback
+from datarax.train.compile_cache import default_cache_dir
 from datarax.train.trainer import Trainer
 
 CALLBACK_KIND = Kind("callback", ("datarax.train.callbacks",), "datarax.train.callbacks.base:Callback", ("Callback",))
@@ -48,8 +49,9 @@ class TrainerSection:
             `{ goodput = {} }`) or import paths.
         trainer_class: import path of the trainer class (a `datarax.train.Trainer` subclass).
         compilation_cache: JAX's persistent compilation cache: true (default) keeps it in
-            `<run_dir>/jax_cache`, so a rerun loads its compiled steps instead of compiling; a
-            path puts it there (relative to the config file); false leaves JAX's setting alone.
+            `<run_dir>/jax_cache` (or `$DATARAX_COMPILATION_CACHE`; `off` there turns it off), so a
+            rerun loads its compiled steps instead of compiling; a path puts it there (relative
+            to the config file); false leaves JAX's setting alone.
 
     Import paths name only modules the configuration allows (`datarax.config.allow`).
     """
@@ -199,7 +201,7 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     trainer_cls = section.trainer_class or Trainer
     cache = section.compilation_cache
     if cache is True:
-        cache = os.path.join(run_dir_of(spec), "jax_cache")
+        cache = default_cache_dir(os.path.join(run_dir_of(spec), "jax_cache")) or False
     elif isinstance(cache, str):
         cache = os.path.normpath(os.path.join(base_dir, os.path.expanduser(cache)))
     try:
