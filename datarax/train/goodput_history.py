@@ -122,7 +122,8 @@ def cumulative(segments: list[dict]) -> dict:
             restarts.append({"resumed_from": resumed, "lost_steps": 0, "lost_s": 0.0,
                              "killed_at_step": prev["last_step"], "finished": bool(prev.get("finished"))})
     useful = max(busy - lost_busy, 0.0)
-    text = (f"across {len(segments)} runs ({wall:.1f} s inside fit, plus {between:.1f} s between runs): goodput "
+    runs = f"{len(segments)} runs" if len(segments) != 1 else "1 run"
+    text = (f"across {runs} ({wall:.1f} s inside fit, plus {between:.1f} s between runs): goodput "
             f"{_pct(useful, wall):.1f}% of the runs' time inside fit")
     if lost_steps:
         text += (f"; {lost_steps} steps (at least; {lost_s:.1f} s, {_pct(lost_s, wall):.1f}% of that time) were "
