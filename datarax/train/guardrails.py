@@ -75,8 +75,8 @@ def check_training_pipeline(pipeline: Any, name: str = "train_pipeline") -> None
             f"{name} reads {source} in the same order every epoch (its sampler, "
             f"{type(pipeline.sampler).__name__}, does not shuffle): each epoch's batches are the same, and data "
             "stored sorted (by class, by length, by file) trains badly. Fix: build the source with shuffle=True "
-            f"(e.g. {source}(shuffle=True, seed=0, ...)), or pass Pipeline(..., sampler=ShuffleSampler(len(source), "
-            "seed=0))", UnshuffledTrainingWarning, stacklevel=3)
+            f"(e.g. {source}(shuffle=True, seed=0, ...), or `shuffle = true` in a config file's source table), or "
+            "pass Pipeline(..., sampler=ShuffleSampler(len(source), seed=0))", UnshuffledTrainingWarning, stacklevel=3)
     short = short_final_batch(pipeline)
     if short:
         records = len(pipeline.sampler)
