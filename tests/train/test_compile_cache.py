@@ -146,3 +146,45 @@ def test_datarax_train_keeps_the_cache_in_the_run_directory_and_prints_progress_
     rerun = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert entries(cache) == written  # the rerun loaded every program from the run's cache
+
+
+def test_the_trainer_table_switches_the_cache_off_and_names_a_bad_value(tmp_path):
+    from datarax.config import ConfigError, load_spec
+    from datarax.train import build_trainer
+
+    (tmp_path / "cc_helpers.py").write_text(textwrap.dedent("""
+        import numpy as np
+        import jax.numpy as jnp
+        from flax import nnx
+
+        def make_data():
+            return {"x": np.ones((16, 4), np.float32), "y": np.zeros(16, np.float32)}
+
+        def make_model(rngs):
+            return nnx.Linear(4, 1, rngs=rngs)
+
+        def mse(model, batch):
+            return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
+    """))
+    base = textwrap.dedent("""
+        allow = ["cc_helpers"]
+        batch_size = 8
+        [source.memory]
+        data = "cc_helpers:make_data"
+        shuffle = true
+        [trainer]
+        model = "cc_helpers:make_model"
+        loss = "cc_helpers:mse"
+        optimizer = { sgd = { learning_rate = 0.1 } }
+        steps = 1
+    """)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        (tmp_path / "off.toml").write_text(base + "compilation_cache = false\n")
+        run = build_trainer(load_spec(tmp_path / "off.toml"))
+        assert run.trainer.compilation_cache_dir is None  # JAX left alone (no cache in this test process)
+        (tmp_path / "bad.toml").write_text(base + "compilation_cache = 3\n")
+        with pytest.raises(ConfigError, match=r"trainer\.compilation_cache"):
+            load_spec(tmp_path / "bad.toml")
+    finally:
+        sys.path.remove(str(tmp_path))
