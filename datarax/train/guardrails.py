@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 
+from datarax.host.stage import HostStageSource
 from datarax.samplers.base import Sampler
 from datarax.samplers.simple import RangeSampler, SequentialSampler, ShuffleSampler
 from datarax.sources.stream import StreamSampler, StreamSourceModule
@@ -63,8 +64,8 @@ def shuffles(sampler: Sampler, source: Any) -> bool | None:
 
 def _source_name(pipeline: Any) -> str:
     source = pipeline.source
-    inner = getattr(source, "source", None)  # a HostStageSource names the source it decodes
-    return type(inner if inner is not None and hasattr(source, "stages") else source).__name__
+    # Host stages fold into a HostStageSource; the user knows the source it reads.
+    return type(source.source if isinstance(source, HostStageSource) else source).__name__
 
 
 def check_training_pipeline(pipeline: Any, name: str = "train_pipeline") -> None:

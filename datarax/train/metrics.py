@@ -200,7 +200,8 @@ class PerClassAccuracy(_ClassMetric):
         labels, predictions, weights = self._inputs(batch, aux)
         label = jnp.clip(labels, 0, self.num_classes - 1)
         zeros = jnp.zeros(self.num_classes, jnp.float32)
-        return {"correct": zeros.at[label].add(weights * (predictions == labels)), "count": zeros.at[label].add(weights)}
+        return {"correct": zeros.at[label].add(weights * (predictions == labels)),
+                "count": zeros.at[label].add(weights)}
 
     def result(self, totals: Mapping[str, np.ndarray]) -> np.ndarray:
         count = np.asarray(totals["count"], np.float64)

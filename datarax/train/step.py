@@ -128,7 +128,10 @@ def step_metrics(metric_fns: Any, batch: Any, aux: Any, loss: jax.Array) -> dict
         metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in computed.items() if k != "loss"})
     else:
         for name, fn in metric_fns.items():
-            metrics[name] = fn.update(batch, aux) if isinstance(fn, Metric) else jnp.asarray(fn(batch, aux), jnp.float32)
+            if isinstance(fn, Metric):
+                metrics[name] = fn.update(batch, aux)
+            else:
+                metrics[name] = jnp.asarray(fn(batch, aux), jnp.float32)
     return metrics
 
 

@@ -62,7 +62,8 @@ def test_stage_times_on_a_fake_clock():
     before = times.snapshot()
     with times.measure("source read", records=4, work="read"):
         clock.advance(0.02)
-    assert before == [{"name": "source read", "work": "read", "seconds": pytest.approx(0.03), "calls": 3, "records": 24},
+    assert before == [{"name": "source read", "work": "read", "seconds": pytest.approx(0.03), "calls": 3,
+                       "records": 24},
                       {"name": "decode", "work": "image_decode", "seconds": pytest.approx(0.3), "calls": 3,
                        "records": 24}]
     assert since(times.snapshot(), before) == [{"name": "source read", "work": "read", "seconds": pytest.approx(0.02),

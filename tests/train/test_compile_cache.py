@@ -31,7 +31,9 @@ if mode == "user":  # the user configured JAX's cache themselves: the trainer ke
 setting = True if mode in ("default", "user") else sys.argv[3]
 pipeline = Pipeline(MemorySource(shuffle=True, data=points(32)), batch_size=8)
 model = nnx.Linear(4, width, rngs=nnx.Rngs(0))
-loss = lambda model, batch: optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"] % width).mean()
+def loss(model, batch):
+    return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"] % width).mean()
+
 trainer = Trainer(model, optax.sgd(0.1), pipeline, loss, compilation_cache=setting)
 trainer.fit(num_steps=3)
 print(trainer.compilation_cache_dir)
