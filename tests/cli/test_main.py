@@ -70,7 +70,9 @@ def test_version(capsys):
 def test_validate_accepts_a_good_file(folder, capsys):
     path = write(folder, PIPELINE)
     assert main(["validate", path]) == 0
-    assert capsys.readouterr().out.strip() == f"{path}: OK (memory source, 2 stage(s), batch_size 16)"
+    # It builds what it checks: the batch spec is the pipeline's (resize 8x8 -> 4x6, batch 16).
+    assert capsys.readouterr().out.strip().splitlines() == [
+        f"{path}: OK (memory source, 2 stage(s), batch_size 16)", "  batch: image: float32 (16, 4, 6, 3), label: int32 (16,)"]
 
 
 def test_validate_exits_non_zero_with_one_line_per_problem(folder, capsys):
