@@ -126,7 +126,7 @@ def _count(source: Any, pipeline: Any) -> tuple[str, str]:
     from datarax.sources.stream import StreamSourceModule
 
     if isinstance(source, StreamSourceModule) and source.num_records() is None:
-        return "a stream of unknown length", "known only after reading an epoch"
+        return "a stream of unknown length", "an unknown number (known only after reading an epoch) per epoch"
     return f"{len(source):,} records", f"{len(pipeline):,} per epoch"
 
 

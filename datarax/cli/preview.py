@@ -8,8 +8,8 @@ records are in hand; one field of each is drawn as a tile:
   linearly from their 1st to their 99th percentile over the records shown to 0..255, one map for
   every tile so that tiles compare;
 * an audio field (a float record of shape (T,) or (C, T), T >= 64; channels are averaged) as its
-  spectrogram: a Hann-windowed STFT (`n_fft` the largest power of two up to min(512, T / 2), hop
-  `n_fft / 4`) in numpy, the log-magnitude `20 log10 |X|` clipped to the 80 dB below the loudest
+  spectrogram: a Hann-windowed STFT in numpy (`n_fft` the largest power of two up to
+  `sqrt(4 T)`, between 16 and 512, hop `n_fft / 4`: about as many frames as frequency bins), the log-magnitude `20 log10 |X|` clipped to the 80 dB below the loudest
   bin of the records shown, low frequencies at the bottom.
 
 Tiles are scaled up by a whole factor (nearest neighbour) until their shorter side is at least
@@ -91,7 +91,8 @@ def spectrograms(waves: np.ndarray) -> np.ndarray:
         waves = waves.mean(axis=1)
     waves = waves.astype(np.float64)
     length = waves.shape[-1]
-    n_fft = 2 ** int(math.floor(math.log2(max(4, min(512, length // 2)))))
+    n_fft = 2 ** int(math.floor(math.log2(min(512, max(16, math.sqrt(4 * length))))))
+    n_fft = min(n_fft, 2 ** int(math.floor(math.log2(length))))
     hop = max(1, n_fft // 4)
     frames = 1 + (length - n_fft) // hop
     starts = np.arange(frames) * hop

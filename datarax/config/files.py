@@ -9,8 +9,9 @@ built:
   `allow_pickle=False`;
 * `files = [...]` instead of the object read from files: for `hf` and `hf_stream`, parquet,
   arrow, json or csv files opened with `datasets.load_dataset(<format>, data_files=...)`, offline
-  (`file_format` when the extension does not say); for `text`, UTF-8 text files, one document per
-  non-empty line (`TextSource.from_files`). Glob patterns (`"train-*.parquet"`) are expanded;
+  (`file_format` when the extension does not say; `cache_dir` for the Arrow cache `datasets`
+  writes, default its own); for `text`, UTF-8 text files, one document per non-empty line
+  (`TextSource.from_files`). Glob patterns (`"train-*.parquet"`) are expanded;
 * a source's `dataset` (`hf`, `hf_stream`, `grain_stream`) or `source` (`grain`): an import path
   to a function returning it, or to the object itself;
 * `tokenizer` (`tokenize`, `packed_text`): the path of a `tokenizers` JSON file, or an import path;
@@ -45,7 +46,7 @@ from datarax.config.schema import ConfigError, Path, format_path, is_table
 DATA_HELP = ("an import path 'package.module:function' (returning a dict of arrays), a .npz file, or a table "
              "of field = \"file.npy\"")
 # Keys of a source table naming folders or file patterns: relative ones are taken from the config's folder.
-PATH_KEYS = ("root", "directory", "paths")
+PATH_KEYS = ("root", "directory", "paths", "cache_dir")
 # Arguments of sources that are objects made by a function of yours, named by import path.
 IMPORTED = ("dataset", "source")
 
@@ -283,7 +284,7 @@ def _hf_dataset(cls: type, paths: list[str], options: dict[str, Any], kwargs: di
     if rows is not None and not streaming:
         dataset = probe_parquet(paths, file_format, rows)
     if dataset is None:
-        dataset = load_files(paths, streaming=streaming, file_format=file_format)
+        dataset = load_files(paths, streaming=streaming, file_format=file_format, cache_dir=options.get("cache_dir"))
     return cls(dataset=dataset, **kwargs)
 
 
@@ -300,7 +301,7 @@ def route_for(cls: Any) -> FilesRoute | None:
     if not isinstance(cls, type):
         return None
     if issubclass(cls, (HFSource, HFStreamSource)):
-        return FilesRoute(("dataset",), ("file_format",), _hf_dataset)
+        return FilesRoute(("dataset",), ("file_format", "cache_dir"), _hf_dataset)
     if issubclass(cls, TextSource):
         return FilesRoute(("documents", "origins"), (), _text_files)
     return None
