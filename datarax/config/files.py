@@ -21,9 +21,9 @@ Relative paths are relative to the configuration file. Named files must exist wh
 validated; a failure while making an object is a `ConfigError` naming its key.
 
 `datarax validate` builds what it checks, but reads files only as far as checking needs:
-inside `probing(rows)`, parquet files given by `files` are read up to the first `rows` records
-(their row groups), so the source, its element spec and the stages after it are built without
-reading the whole dataset.
+inside `probing(rows)`, parquet files given by `files` are read up to their first `rows` records
+(the row groups that hold them), so the source, its element spec and the stages after it are
+built without reading the whole dataset (or writing `datasets`' Arrow cache).
 """
 
 from __future__ import annotations
@@ -328,10 +328,11 @@ class RouteFactory:
 
 
 def probe_parquet(paths: list[str], file_format: str | None, rows: int) -> Any:
-    """A `datasets.Dataset` of the first `rows` records (whole row groups) of parquet `paths`, with
-    the HF features their schema declares; None when the files are not parquet.
+    """A `datasets.Dataset` of the first `rows` records of parquet `paths` (all of them when there
+    are fewer), with the HF features their schema declares; None when the files are not parquet.
 
-    The schemas of all files are checked (a footer read each), as `load_files` checks them.
+    Only the row groups holding those records are read; the schemas of all files are checked (a
+    footer read each), as `load_files` checks them.
     """
     if (file_format or "").lower() not in ("", "parquet") or \
             (file_format is None and not all(p.lower().endswith(".parquet") for p in paths)):
@@ -358,6 +359,6 @@ def probe_parquet(paths: list[str], file_format: str | None, rows: int) -> Any:
             reader.close()
         if have >= rows:
             break
-    table = pa.Table.from_batches(batches, schema=schema)
+    table = pa.Table.from_batches(batches, schema=schema).slice(0, rows)
     features = datasets.Features.from_arrow_schema(schema)
     return datasets.Dataset(datasets.table.InMemoryTable(table), info=datasets.DatasetInfo(features=features))
