@@ -64,7 +64,7 @@ def check_arguments(config: Any, settings: dict[str, Any], dataset: Any, convert
     if not isinstance(dataset, getattr(datasets, want)):
         other_kind, other = ("IterableDataset", "HFStreamSource") if want == "Dataset" else ("Dataset", "HFSource")
         if isinstance(dataset, getattr(datasets, other_kind)):
-            raise TypeError(f"{owner} dataset must be a datasets.{want}, got a datasets.{other_kind}; use {other} for it")
+            raise TypeError(f"{owner} dataset must be a datasets.{want}, got {other_kind}; use {other} for it")
         streaming = ", streaming=True" if want == "IterableDataset" else ""
         raise TypeError(f"{owner} dataset must be a datasets.{want}, got {type(dataset).__name__} ({dataset!r:.60}); "
                         f"load one first, e.g. datarax.sources.hf.load_files(['train.parquet']{streaming}) or "
