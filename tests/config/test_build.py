@@ -430,3 +430,36 @@ def test_host_stages_run_before_a_dag(tmp_path):
     assert same_stream(reference, built) == 2
     first = next(iter(built))["image"]
     np.testing.assert_allclose(np.asarray(first)[:, 0, 0, 0], 2 * 40 * np.arange(3) / 255.0, rtol=1e-6)
+
+
+def test_a_host_map_stage_names_an_allowed_function(tmp_path):
+    from datarax.host import HostMap
+
+    (tmp_path / "map_helpers.py").write_text(textwrap.dedent("""
+        import numpy as np
+
+        def data():
+            return {"x": np.arange(40, dtype=np.int32).reshape(10, 4)}
+
+        def summary(record, rng):
+            return {"summary": np.array([record["x"].sum(), record["x"].max(), rng.integers(0, 100)], np.int64)}
+    """))
+    path = write(tmp_path, """
+        allow = ["map_helpers"]
+        batch_size = 4
+        [source.memory]
+        data = "map_helpers:data"
+        device_resident = false
+        [[stages]]
+        host_map = { fn = "map_helpers:summary", outputs = [["summary", [3], "int64"]], fields = ["x"], stochastic = true, seed = 2 }
+    """)
+    built = load_pipeline(path)
+    import map_helpers
+
+    reference = Pipeline(MemorySource(MemorySourceConfig(device_resident=False), data=map_helpers.data()),
+                         [HostMap(fn=map_helpers.summary, outputs={"summary": ((3,), np.int64)}, fields=("x",),
+                                  stochastic=True, seed=2)], batch_size=4)
+    assert same_stream(reference, built) == 3
+    x = map_helpers.data()["x"]
+    first = next(iter(built))["summary"]
+    np.testing.assert_array_equal(np.asarray(first)[:, :2], np.stack([x[:4].sum(1), x[:4].max(1)], 1))
