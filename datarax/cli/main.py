@@ -65,7 +65,8 @@ def cmd_validate(args) -> int:
     shape = (f"DAG of {len(spec.dag.nodes)} nodes" if spec.dag is not None else f"{len(spec.stages)} stage(s)")
     hosts = len(spec.host_stages)
     if hosts:
-        shape = f"{hosts} host stage(s) + " + (shape if spec.dag is not None else f"{len(spec.stages) - hosts} stage(s)")
+        device = shape if spec.dag is not None else f"{len(spec.stages) - hosts} stage(s)"
+        shape = f"{hosts} host stage(s) + {device}"
     extras = [name for name, present in (("sampler", spec.sampler), ("sharding", spec.sharding),
                                          ("eval", spec.eval), ("trainer", spec.trainer)) if present is not None]
     print(f"{args.config}: OK ({spec.source.name} source, {shape}, batch_size {spec.run.batch_size}"

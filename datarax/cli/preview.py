@@ -9,8 +9,9 @@ records are in hand; one field of each is drawn as a tile:
   every tile so that tiles compare;
 * an audio field (a float record of shape (T,) or (C, T), T >= 64; channels are averaged) as its
   spectrogram: a Hann-windowed STFT in numpy (`n_fft` the largest power of two up to
-  `sqrt(4 T)`, between 16 and 512, hop `n_fft / 4`: about as many frames as frequency bins), the log-magnitude `20 log10 |X|` clipped to the 80 dB below the loudest
-  bin of the records shown, low frequencies at the bottom.
+  `sqrt(4 T)`, between 16 and 512, hop `n_fft / 4`: about as many frames as frequency bins),
+  the log-magnitude `20 log10 |X|` clipped to the 80 dB below the loudest bin of the records
+  shown, low frequencies at the bottom.
 
 Tiles are scaled up by a whole factor (nearest neighbour) until their shorter side is at least
 `MIN_TILE` pixels, and laid out in `ceil(sqrt(count))` columns with `GAP` pixels between and

@@ -110,8 +110,8 @@ def _host_outputs(spec: RunSpec, source: Any, hosts: list[Any]) -> None:
     if encoded:
         after = "after the host stages, " if hosts else ""
         raise ConfigError([f"stages: {after}the records of {format_path(spec.source.path)} still hold encoded fields "
-                           f"{encoded} (bytes or text), which the compiled stages cannot take; decode them first with a "
-                           "host stage at the head of [[stages]]: decode_image = { field = ..., size = 224 }, "
+                           f"{encoded} (bytes or text), which the compiled stages cannot take; decode them first with "
+                           "a host stage at the head of [[stages]]: decode_image = { field = ..., size = 224 }, "
                            "decode_audio = { field = ..., length = 16000 }, tokenize = { field = ..., tokenizer = "
                            "\"tokenizer.json\" } or host_map = { fn = \"pkg.mod:fn\", outputs = [...] }"])
 

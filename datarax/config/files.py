@@ -240,7 +240,8 @@ def expand_files(value: Any, path: Path, ctx: Any) -> list[str] | None:
     """`files`: a path, a glob pattern or a list of them, each matching at least one file."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
-        ctx.problems.add(path, f"must be a file path or a non-empty list of them (glob patterns allowed), got {value!r}")
+        ctx.problems.add(path, "must be a file path or a non-empty list of them (glob patterns allowed), got "
+                               f"{value!r}")
         return None
     found: list[str] = []
     for i, name in enumerate(items):

@@ -338,7 +338,8 @@ def _eval(raw: dict[str, Any], ctx: Context, path: str) -> RunSpec | None:
     return spec
 
 
-def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>", overrides: list[str] | None = None) -> RunSpec:
+def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>",
+             overrides: list[str] | None = None) -> RunSpec:
     """Checks a loaded configuration; every problem goes to `ctx.problems` (the caller raises)."""
     problems = ctx.problems
     ctx.root = raw

@@ -72,7 +72,8 @@ def test_validate_accepts_a_good_file(folder, capsys):
     assert main(["validate", path]) == 0
     # It builds what it checks: the batch spec is the pipeline's (resize 8x8 -> 4x6, batch 16).
     assert capsys.readouterr().out.strip().splitlines() == [
-        f"{path}: OK (memory source, 2 stage(s), batch_size 16)", "  batch: image: float32 (16, 4, 6, 3), label: int32 (16,)"]
+        f"{path}: OK (memory source, 2 stage(s), batch_size 16)",
+        "  batch: image: float32 (16, 4, 6, 3), label: int32 (16,)"]
 
 
 def test_validate_exits_non_zero_with_one_line_per_problem(folder, capsys):
@@ -559,7 +560,8 @@ def test_train_over_a_materialized_cache(folder, capsys):
     for label in ("a", "b"):
         (folder / "photos" / label).mkdir(parents=True)
         for i in range(6):
-            Image.fromarray(rng.integers(0, 256, (40, 30, 3), dtype=np.uint8)).save(folder / "photos" / label / f"{i}.png")
+            photo = Image.fromarray(rng.integers(0, 256, (40, 30, 3), dtype=np.uint8))
+            photo.save(folder / "photos" / label / f"{i}.png")
     assert main(["materialize", str(folder / "photos"), str(folder / "cache"), "--max-side", "16"]) == 0
     capsys.readouterr()
     (folder / "cache_helpers.py").write_text('''

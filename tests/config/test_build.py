@@ -451,7 +451,12 @@ def test_a_host_map_stage_names_an_allowed_function(tmp_path):
         data = "map_helpers:data"
         device_resident = false
         [[stages]]
-        host_map = { fn = "map_helpers:summary", outputs = [["summary", [3], "int64"]], fields = ["x"], stochastic = true, seed = 2 }
+        [stages.host_map]
+        fn = "map_helpers:summary"
+        outputs = [["summary", [3], "int64"]]
+        fields = ["x"]
+        stochastic = true
+        seed = 2
     """)
     built = load_pipeline(path)
     import map_helpers
