@@ -28,3 +28,5 @@ from datarax.sources.text import TextSourceConfig as TextSourceConfig
 from datarax.sources.tfds import TFDSSource as TFDSSource
 from datarax.sources.tfds import TFDSSourceConfig as TFDSSourceConfig
 from datarax.sources.hf_write import write_hf_parquet as write_hf_parquet
+from datarax.sources.sharded import ShardedSource as ShardedSource
+from datarax.sources.sharded import ShardedSourceConfig as ShardedSourceConfig
