@@ -237,3 +237,55 @@ def test_bad_settings_name_the_setting(tmp_path):
     source = ShardedSource(urls=f"memory://{tmp_path.name}/shard-*.parquet", fields=("x",),
                            manifest_dir=str(tmp_path / "m"))
     assert len(source) == TOTAL
+
+
+def test_hf_image_parquet_shards_decode_through_decode_image(tmp_path):
+    """JPEG records of HF `Image` parquet shards on memory:// reach DecodeImage as the files' bytes:
+    each image equals the same stage's decode of the original file, and the record-keyed random
+    crops are identical after a resume."""
+    from PIL import Image
+    from skimage import data as photos
+
+    from datarax.host import DecodeImage
+    from datarax.sources import write_hf_parquet
+
+    photo = photos.astronaut()
+    jpegs = []
+    for i in range(30):
+        buf = io.BytesIO()
+        Image.fromarray(photo[i * 8:i * 8 + 64, i * 5:i * 5 + 80]).save(buf, format="JPEG", quality=90)
+        jpegs.append(buf.getvalue())
+    urls = []
+    for shard in range(3):
+        path = tmp_path / f"img-{shard}.parquet"
+        write_hf_parquet(path, {"image": jpegs[shard * 10:(shard + 1) * 10], "label": list(range(shard * 10, shard * 10 + 10))},
+                         images=("image",))
+        url = f"memory://{tmp_path.name}/img-{shard}.parquet"
+        fsspec.filesystem("memory").pipe(url, path.read_bytes())
+        urls.append(url)
+
+    def make(crop="center"):
+        source = ShardedSource(urls=urls, encoded=("image",), fields=("label",), shuffle=True, seed=2,
+                               manifest_dir=str(tmp_path / "m"))
+        return Pipeline(source, [DecodeImage(size=32, resize="fixed", crop=crop, backend="pillow", seed=1)],
+                        batch_size=4)
+
+    batches = list(make())
+    labels = np.concatenate([np.asarray(b["label"]) for b in batches])
+    images = np.concatenate([np.asarray(b["image"]) for b in batches])
+    assert sorted(labels.tolist()) == list(range(30))
+    local = DecodeImage(size=32, resize="fixed", backend="pillow")
+    for label, image in zip(labels.tolist(), images):
+        np.testing.assert_array_equal(image, local.decode(jpegs[label]))
+    from sources.source_checks import check_exact_resume
+
+    check_exact_resume(lambda: make("random_resized"), None, seed=4)
+
+
+def test_hf_stream_source_points_encoded_columns_to_sharded_source():
+    datasets = pytest.importorskip("datasets")
+    from datarax.sources import HFStreamSource
+
+    stream = datasets.Dataset.from_dict({"image": [b"x"], "label": [0]}).to_iterable_dataset()
+    with pytest.raises(ValueError, match=r"use datarax.sources.ShardedSource\(urls=\[...\], encoded=\('image',\)\)"):
+        HFStreamSource(dataset=stream, encoded=("image",))
