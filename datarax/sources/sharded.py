@@ -43,6 +43,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import threading
 import zlib
@@ -67,6 +68,12 @@ FORMATS = ("auto", "parquet", "tar", "array_record")
 MANIFEST_VERSION = 1
 _SUFFIXES = {".parquet": "parquet", ".tar": "tar", ".array_record": "array_record"}
 _TAR_BLOCK = 512
+_FIXED_LIST = re.compile(r"fixed_size_list<(?:item|element): (\w+)>\[(\d+)\]")
+# Arrow's type names -> the field dtype (int64 becomes int32, as the other sources' integers do)
+_NUMERIC = {"int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
+            "int64": np.dtype(np.int32), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
+            "uint32": np.dtype(np.uint32), "halffloat": np.dtype(np.float16), "float": np.dtype(np.float32),
+            "double": np.dtype(np.float64), "bool": np.dtype(np.bool_)}
 
 
 class ShardChangedError(ValueError):
@@ -489,19 +496,21 @@ class ShardedSource(DataSourceModule):
             raise KeyError(f"ShardedSource fields {missing} are not in the shards (they have {sorted(columns)}); "
                            "pick from those")
         for name in dict.fromkeys([*names, *config.encoded]):
-            kind = columns[name]
+            kind, shape = columns[name], ()
+            fixed = _FIXED_LIST.fullmatch(kind)
+            if fixed:  # fixed_size_list<item: float>[3]: a (3,) field
+                kind, shape = fixed.group(1), (int(fixed.group(2)),)
             if self._format != "parquet":
                 dtype = np.dtype(np.int32) if name in config.int_fields else ENCODED
             elif name in config.encoded:
                 dtype = ENCODED
-            elif kind in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "float", "double", "bool",
-                          "halffloat"):
-                dtype = {"float": np.dtype(np.float32), "double": np.dtype(np.float64),
-                         "halffloat": np.dtype(np.float16), "int64": np.dtype(np.int32)}.get(kind, np.dtype(kind))
+            elif kind in _NUMERIC:
+                dtype = _NUMERIC[kind]
             else:
-                raise TypeError(f"ShardedSource column {name!r} is {kind}, which is not a number; list it in "
-                                f"encoded=(...) to read it as bytes/str for a host stage, or leave it out of fields")
-            spec[name] = jax.ShapeDtypeStruct((), dtype)
+                raise TypeError(f"ShardedSource column {name!r} is {columns[name]}, which is not a number or a fixed-size "
+                                f"list of numbers; list it in encoded=(...) to read it as bytes/str for a host stage, or "
+                                "leave it out of fields")
+            spec[name] = jax.ShapeDtypeStruct(shape, dtype)
         return spec
 
     def __len__(self) -> int:
@@ -596,8 +605,12 @@ class ShardedSource(DataSourceModule):
         rows = {}
         for name, spec in self._spec.items():
             column = table.column(name).combine_chunks()
-            rows[name] = _encoded_column(column, name) if spec.dtype == ENCODED else \
-                column.to_numpy(zero_copy_only=False).astype(spec.dtype)
+            if spec.dtype == ENCODED:
+                rows[name] = _encoded_column(column, name)
+            elif spec.shape:
+                rows[name] = column.flatten().to_numpy(zero_copy_only=False).astype(spec.dtype).reshape(-1, *spec.shape)
+            else:
+                rows[name] = column.to_numpy(zero_copy_only=False).astype(spec.dtype)
         return rows
 
     def _tar_rows(self, data: bytes, count: int, where: str) -> dict[str, Any]:

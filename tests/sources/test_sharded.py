@@ -34,7 +34,10 @@ def ids_of(shard: int, n: int) -> np.ndarray:
 
 
 def parquet_bytes(shard: int, n: int) -> bytes:
-    table = pa.table({"x": ids_of(shard, n), "payload": [f"rec{shard}-{i}".encode() for i in range(n)]})
+    vectors = pa.array((ids_of(shard, n)[:, None] * 3 + np.arange(3)).astype(np.float32).tolist(),
+                       type=pa.list_(pa.float32(), 3))
+    table = pa.table({"x": ids_of(shard, n), "payload": [f"rec{shard}-{i}".encode() for i in range(n)],
+                      "vec": vectors})
     buf = io.BytesIO()
     pq.write_table(table, buf, row_group_size=9)
     return buf.getvalue()
@@ -124,6 +127,8 @@ def test_records_and_encoded_fields_match_the_shards(tmp_path):
     batch = source.get_batch(np.array([0, 40, 139, 86, 87]))
     assert batch["payload"].tolist() == [b"rec0-0", b"rec1-0", b"rec2-52", b"rec1-46", b"rec2-0"]
     assert batch["x"].tolist() == [0, 1000, 2052, 1046, 2000] and batch["x"].dtype == np.int32
+    np.testing.assert_array_equal(batch["vec"], batch["x"][:, None] * 3.0 + np.arange(3))  # fixed-size lists
+    assert batch["vec"].dtype == np.float32 and source.element_spec()["vec"].shape == (3,)
     assert source.describe_record(41) == f"record 1 of row group 0 of {urls[1]}"
     tar = ShardedSource(urls=write_shards("tar", "file", tmp_path), manifest_dir=str(tmp_path / "m"), block_records=7)
     got = tar.get_batch(np.array([3, 41]))
@@ -226,7 +231,7 @@ def test_bad_settings_name_the_setting(tmp_path):
     urls = write_shards("parquet", "memory", tmp_path)
     with pytest.raises(KeyError, match=r"fields \['y'\] are not in the shards"):
         ShardedSource(urls=urls, fields=("y",), manifest_dir=str(tmp_path / "m"))
-    with pytest.raises(TypeError, match=r"column 'payload' is binary, which is not a number; list it in encoded"):
+    with pytest.raises(TypeError, match=r"column 'payload' is binary, which is not a number or a fixed-size list of numbers; list it in encoded"):
         ShardedSource(urls=urls, manifest_dir=str(tmp_path / "m"))
     with pytest.raises(ValueError, match=r"prefetch_blocks \(8\) must be below cache_blocks \(4\)"):
         ShardedSource(urls=urls, cache_blocks=4, manifest_dir=str(tmp_path / "m"))
