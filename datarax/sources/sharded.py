@@ -65,7 +65,7 @@ from datarax.sources._files import CorruptFileError
 from datarax.sources.mix import derive_seed
 
 FORMATS = ("auto", "parquet", "tar", "array_record")
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: each block's decoded size
 _SUFFIXES = {".parquet": "parquet", ".tar": "tar", ".array_record": "array_record"}
 _TAR_BLOCK = 512
 _FIXED_LIST = re.compile(r"fixed_size_list<(?:item|element): (\w+)>\[(\d+)\]")
@@ -278,7 +278,7 @@ def _parquet_index(fs: Any, path: str, size: int) -> tuple[list[list[int]], dict
                 col.data_page_offset
             starts.append(start)
             ends.append(start + col.total_compressed_size)
-        blocks.append([group.num_rows, min(starts), max(ends), g])
+        blocks.append([group.num_rows, min(starts), max(ends), g, int(group.total_byte_size)])
     return blocks, {f.name: str(f.type) for f in schema}
 
 
@@ -313,7 +313,7 @@ def _tar_index(fs: Any, path: str, url: str, block_records: int) -> tuple[list[l
     blocks = []
     for i in range(0, len(samples), block_records):
         run = samples[i:i + block_records]
-        blocks.append([len(run), run[0][1], run[-1][2], i])
+        blocks.append([len(run), run[0][1], run[-1][2], i, run[-1][2] - run[0][1]])
     return blocks, {ext: "bytes" for ext in fields}
 
 
@@ -327,7 +327,7 @@ def _array_record_index(path: str, url: str, block_records: int) -> tuple[list[l
         reader.close()
     if n == 0:
         raise CorruptFileError(f"ShardedSource shard {url!r} holds no records")
-    return [[min(block_records, n - i), i, min(n, i + block_records), i] for i in range(0, n, block_records)], \
+    return [[min(block_records, n - i), i, min(n, i + block_records), i, 0] for i in range(0, n, block_records)], \
         {"record": "bytes"}
 
 
@@ -526,7 +526,7 @@ class ShardedSource(DataSourceModule):
 
     def describe_record(self, record_id: int) -> str:
         b = int(np.searchsorted(self._io.starts, record_id, side="right") - 1)
-        shard, _, _, _, native = self._io.blocks[b]
+        shard, _, _, _, native, _ = self._io.blocks[b]
         unit = "row group" if self._format == "parquet" else "block"
         return (f"record {record_id - int(self._io.starts[b])} of {unit} {native} of "
                 f"{self._io.manifest['shards'][shard]['url']}")
@@ -558,7 +558,7 @@ class ShardedSource(DataSourceModule):
                 del self._io.cache[b]
 
     def _fetch(self, b: int) -> dict[str, Any]:
-        shard_index, count, start, end, native = self._io.blocks[b]
+        shard_index, count, start, end, native, _ = self._io.blocks[b]
         shard = self._io.manifest["shards"][shard_index]
         fs, path = _filesystem(shard["url"], self.config.storage_options)
         if self._format == "array_record":
@@ -683,6 +683,12 @@ class ShardedSource(DataSourceModule):
         ahead = range(last + 1, min(len(self._io.blocks), max(window_end, last + 1 + self.config.prefetch_blocks)))
         for r in list(ahead)[:self.config.prefetch_blocks]:
             self._block(int(order[r]) if order is not None else r)
+
+    def held_bytes(self) -> int:
+        """Memory the block cache may hold at most: `cache_blocks` of the largest decoded block
+        (ArrayRecord: records are read per block and not counted here; each is one record's bytes)."""
+        largest = max((b[5] for b in self._io.blocks), default=0)
+        return self.config.cache_blocks * int(largest)
 
     def structure(self) -> str:
         fields = {k: str(v.dtype) for k, v in self._spec.items()}

@@ -294,3 +294,13 @@ def test_hf_stream_source_points_encoded_columns_to_sharded_source():
     stream = datasets.Dataset.from_dict({"image": [b"x"], "label": [0]}).to_iterable_dataset()
     with pytest.raises(ValueError, match=r"use datarax.sources.ShardedSource\(urls=\[...\], encoded=\('image',\)\)"):
         HFStreamSource(dataset=stream, encoded=("image",))
+
+
+def test_held_bytes_bound_the_block_cache(tmp_path):
+    urls = write_shards("parquet", "file", tmp_path)
+    largest = max(pq.ParquetFile(u.removeprefix("file://")).metadata.row_group(g).total_byte_size
+                  for u in urls for g in range(pq.ParquetFile(u.removeprefix("file://")).metadata.num_row_groups))
+    source = ShardedSource(urls=urls, fields=("x",), cache_blocks=12, prefetch_blocks=3, manifest_dir=str(tmp_path / "m"))
+    assert source.held_bytes() == 12 * largest
+    Pipeline(source, [], batch_size=8).epochs(1).__next__()
+    assert len(source._io.cache) <= 12
