@@ -239,6 +239,24 @@ def webdataset_side(urls: list[str]):
     return epoch
 
 
+def amplification_by_hosts(sampler, source, hosts=(1, 2, 4, 8)) -> dict[int, float]:
+    """Bytes the hosts fetch over the bytes stored, per host count, from the epoch's order: each
+    host takes its contiguous rows of every global batch (64 rows a host, as `DataSharding`
+    splits them) and fetches each block its rows touch once (the cache holds a window)."""
+    ids = sampler.indices(np.arange(len(sampler)), 0)
+    starts = source._io.starts
+    blocks = np.searchsorted(starts, ids, side="right") - 1
+    sizes = np.array([b[3] - b[2] for b in source._io.blocks], np.float64)
+    out = {}
+    for h in hosts:
+        batch = BATCH * h
+        full = len(ids) // batch * batch
+        per_host = blocks[:full].reshape(-1, h, BATCH)
+        fetched = sum(sizes[np.unique(per_host[:, k])].sum() for k in range(h))
+        out[h] = round(float(fetched / sizes.sum()), 3)
+    return out
+
+
 def rank_correlation(pipeline) -> float:
     from scipy import stats
 
@@ -289,6 +307,7 @@ def run(options: BenchOptions) -> list[dict]:
     main = row("remote", rates["datarax"], rates["floor"], records=n, batch_size=BATCH, latency_ms=LATENCY_S * 1e3,
                bandwidth_mb_s=BANDWIDTH / 1e6, first_batch_s=firsts["datarax"], floor_first_batch_s=firsts["floor"],
                rank_correlation=round(rank_correlation(pipeline), 4), window=pipeline.source.source.config.window,
+               read_amplification_by_hosts=amplification_by_hosts(pipeline.sampler, pipeline.source.source),
                requests=fetched.get("datarax", (0, 0))[0],
                read_amplification=round(fetched.get("datarax", (0, 0))[1] / shard_bytes["parquet"], 3))
     extra = []
