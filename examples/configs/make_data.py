@@ -9,9 +9,8 @@
 * `topics.txt`: the help topics of Python's `pydoc_data` (one document per line) and
   `tokenizer.json`, a 512-token BPE trained on them with `tokenizers`.
 
-HF `datasets` needs `torchcodec` to *encode* audio itself; none is needed here: a parquet whose
-column is the struct `{bytes: binary, path: string}` and whose schema metadata declares the HF
-feature (`datasets.Features(...).arrow_schema` carries it) is what `datasets` writes.
+The parquet files are written with `datarax.sources.write_hf_parquet`, which needs no `torchcodec`
+(HF `datasets` needs it to encode audio itself).
 """
 
 from __future__ import annotations
@@ -28,16 +27,12 @@ TONES_HZ = (220.0, 330.0, 495.0, 742.5)
 SAMPLE_RATE = 8000
 
 
-def write_hf_parquet(path: str, column: str, kind: str, files: list[tuple[str, bytes]], labels: np.ndarray) -> None:
+def write_parquet(path: str, column: str, files: list[tuple[str, bytes]], labels: np.ndarray) -> None:
     """A parquet of `column` (an HF `Image` or `Audio` feature holding each file's bytes) and `label`."""
-    import datasets
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from datarax.sources import write_hf_parquet
 
-    feature = datasets.Image() if kind == "image" else datasets.Audio()
-    schema = datasets.Features({column: feature, "label": datasets.Value("int64")}).arrow_schema
-    encoded = pa.array([{"bytes": data, "path": name} for name, data in files], type=schema.field(column).type)
-    pq.write_table(pa.table({column: encoded, "label": pa.array(labels, pa.int64())}, schema=schema), path)
+    kind = {"images": (column,)} if column == "image" else {"audio": (column,)}
+    write_hf_parquet(path, {column: [data for _, data in files], "label": labels.astype(np.int64)}, **kind)
 
 
 def digits(folder: str) -> None:
@@ -53,8 +48,8 @@ def digits(folder: str) -> None:
         files.append((f"digit-{i:04d}.jpg", buffer.getvalue()))
     labels = loaded.target.astype(np.int64)
     split = 1500
-    write_hf_parquet(os.path.join(folder, "digits-train.parquet"), "image", "image", files[:split], labels[:split])
-    write_hf_parquet(os.path.join(folder, "digits-test.parquet"), "image", "image", files[split:], labels[split:])
+    write_parquet(os.path.join(folder, "digits-train.parquet"), "image", files[:split], labels[:split])
+    write_parquet(os.path.join(folder, "digits-test.parquet"), "image", files[split:], labels[split:])
 
 
 def wav_bytes(samples: np.ndarray) -> bytes:
@@ -75,7 +70,7 @@ def tones(folder: str, count: int = 256) -> None:
     for i, label in enumerate(labels):
         wave_ = rng.uniform(0.2, 0.8) * np.sin(2 * np.pi * TONES_HZ[label] * t + rng.uniform(0, 2 * np.pi))
         files.append((f"tone-{i:03d}.wav", wav_bytes(wave_ + 0.02 * rng.standard_normal(t.size))))
-    write_hf_parquet(os.path.join(folder, "tones.parquet"), "audio", "audio", files, labels)
+    write_parquet(os.path.join(folder, "tones.parquet"), "audio", files, labels)
 
 
 def text(folder: str, vocab: int = 512) -> None:

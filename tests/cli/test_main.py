@@ -441,25 +441,14 @@ def test_bench_outside_a_checkout_says_where_to_run_it(monkeypatch, tmp_path, ca
 
 
 def write_image_parquet(path, count: int = 12) -> None:
-    """`count` 16x16 PNGs in an HF `Image` column and an int64 `label`, written with pyarrow."""
-    import io
-
-    import datasets
+    """`count` 16x16 PNGs in an HF `Image` column and an int64 `label`."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from PIL import Image
+
+    from datarax.sources import write_hf_parquet
 
     rng = np.random.default_rng(0)
-    files = []
-    for i in range(count):
-        buffer = io.BytesIO()
-        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(buffer, format="PNG")
-        files.append({"bytes": buffer.getvalue(), "path": f"img{i}.png"})
-    schema = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")}).arrow_schema
-    table = pa.table({"image": pa.array(files, type=schema.field("image").type),
-                      "label": pa.array(np.arange(count) % 3, pa.int64())}, schema=schema)
-    pq.write_table(table, path)
+    images = [rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in range(count)]
+    write_hf_parquet(path, {"image": images, "label": np.arange(count, dtype=np.int64) % 3}, images=["image"])
 
 
 TRIAL_HELPERS = '''

@@ -38,15 +38,16 @@ def png(seed: int, shape=(20, 16, 3)) -> bytes:
 
 
 def write_parquet(path, count: int, row_group_size: int | None = None, start: int = 0) -> None:
-    import datasets
-    import pyarrow as pa
+    """`count` PNGs in an HF `Image` column and an int64 `label` (start, start + 1, ...), in row
+    groups of `row_group_size` (rewritten with pyarrow after `write_hf_parquet` when given)."""
     import pyarrow.parquet as pq
 
-    schema = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")}).arrow_schema
-    images = pa.array([{"bytes": png(start + i), "path": f"{start + i}.png"} for i in range(count)],
-                      type=schema.field("image").type)
-    table = pa.table({"image": images, "label": pa.array(np.arange(start, start + count), pa.int64())}, schema=schema)
-    pq.write_table(table, path, row_group_size=row_group_size)
+    from datarax.sources import write_hf_parquet
+
+    write_hf_parquet(path, {"image": [png(start + i) for i in range(count)],
+                            "label": np.arange(start, start + count, dtype=np.int64)}, images=["image"])
+    if row_group_size is not None:
+        pq.write_table(pq.read_table(path), path, row_group_size=row_group_size)
 
 
 def same_batches(a: Pipeline, b: Pipeline, batches: int | None = None) -> int:
@@ -124,13 +125,14 @@ def test_packed_text_with_a_nested_text_source(tmp_path, tokenizer_file):
         [source.packed_text]
         seq_len = 16
         eos_id = 1
+        shuffle = true
         seed = 2
         tokenizer = "tokenizer.json"
         source = { text = { files = ["docs.txt"] } }
     """)
     built = load_pipeline(path)
     reference = Pipeline(PackedTextSource(source=TextSource(documents=DOCUMENTS), tokenizer=str(tokenizer_file),
-                                          seq_len=16, eos_id=1, seed=2), [], batch_size=3)
+                                          seq_len=16, eos_id=1, shuffle=True, seed=2), [], batch_size=3)
     assert same_batches(reference, built) > 3
 
 
@@ -185,7 +187,7 @@ PROBLEMS = [  # (source table, the words of the problem)
      r"stages\[0\]\.tokenize\.tokenizer is required by 'tokenize' but missing"),
     ('[source.text]\ndocuments = ["a"]\n[[stages]]\ntokenize = { tokenizer = "tok.json" }\n',
      r"stages\[0\]\.tokenize\.tokenizer names 'tok\.json', which does not exist"),
-    ('[source.packed_text]\ntokenizer = "a.parquet"\n',
+    ('[source.packed_text]\ntokenizer = "a.parquet"\nshuffle = false\n',
      r"source\.packed_text could not be built: PackedTextSource needs source=\.\.\."),
 ]
 
