@@ -126,6 +126,8 @@ def build_pipeline(spec: RunSpec):
                               "dispatch_ahead": run.dispatch_ahead}
     if spec.sampler is not None:
         extra = {"num_records": len(source)} if takes_argument(spec.sampler.factory, "num_records") else {}
+        extra.update({k: files.record_field(source, v) for k, v in spec.sampler.kwargs.items()
+                      if isinstance(v, files.FieldRef)})
         kwargs["sampler"] = build_component(spec.sampler, **extra)
     if spec.sharding is not None:
         kwargs["sharding"] = build_sharding(spec.sharding)

@@ -15,7 +15,10 @@ built:
 * a source's `dataset` (`hf`, `hf_stream`, `grain_stream`) or `source` (`grain`): an import path
   to a function returning it, or to the object itself;
 * `tokenizer` (`tokenize`, `packed_text`): the path of a `tokenizers` JSON file, or an import path;
-* the folders and file patterns a source reads (`root`, `directory`, `paths`).
+* the folders, file patterns and shard URLs a source reads (`root`, `directory`, `paths`,
+  `urls`, `manifest_dir`, `cache_dir`; a URL with a scheme, `s3://...`, is left as it is);
+* a sampler's `groups` (`weighted`): an array of ints, or the name of a field of the source
+  (`groups = "label"`), read from the source when the pipeline is built (`record_field`).
 
 Relative paths are relative to the configuration file. Named files must exist when the file is
 validated; a failure while making an object is a `ConfigError` naming its key.
@@ -34,6 +37,7 @@ import contextvars
 import dataclasses
 import glob
 import os
+import re
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -45,8 +49,10 @@ from datarax.config.schema import ConfigError, Path, format_path, is_table
 
 DATA_HELP = ("an import path 'package.module:function' (returning a dict of arrays), a .npz file, or a table "
              "of field = \"file.npy\"")
-# Keys of a source table naming folders or file patterns: relative ones are taken from the config's folder.
-PATH_KEYS = ("root", "directory", "paths", "cache_dir")
+# Keys of a source table naming folders, file patterns or shard URLs: relative local ones are taken
+# from the config's folder.
+PATH_KEYS = ("root", "directory", "paths", "urls", "manifest_dir", "cache_dir")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # Arguments of sources that are objects made by a function of yours, named by import path.
 IMPORTED = ("dataset", "source")
 
@@ -211,10 +217,35 @@ def tokenizer(value: Any, path: Path, ctx: Any) -> str | Imported | None:
     return existing(value, path, ctx)
 
 
+@dataclasses.dataclass
+class FieldRef:
+    """A sampler argument read from a field of the pipeline's source (`groups = "label"`)."""
+
+    path: Path
+    field: str
+
+
+def record_field(source: Any, ref: FieldRef) -> np.ndarray:
+    """Every record's value of `ref.field`, in record order: a folder source's `labels` for its
+    `label` field, else read from the source (`get_batch`) in blocks of 8,192 records."""
+    spec = source.element_spec()
+    if ref.field not in spec:
+        raise ConfigError([f"{format_path(ref.path)} names the field {ref.field!r}, which the source's records do "
+                           f"not hold (fields: {', '.join(sorted(spec))})"])
+    labels = getattr(source, "labels", None)
+    if ref.field == "label" and labels is not None:
+        return np.asarray(labels)
+    n = len(source)
+    return np.concatenate([np.asarray(source.get_batch(np.arange(i, min(i + 8192, n)))[ref.field])
+                           for i in range(0, n, 8192)])
+
+
 def object_parameter(kind: str, name: str, hint: Any, value: Any, path: Path, ctx: Any) -> tuple[bool, Any]:
     """`(True, value)` for an argument this module reads (see the module docstring), else `(False, None)`."""
     if name == "tokenizer":
         return True, tokenizer(value, path, ctx)
+    if kind == "sampler" and name == "groups" and isinstance(value, str):
+        return True, FieldRef(path, value)
     if kind != "source":
         return False, None
     if name == "data":
@@ -227,12 +258,16 @@ def object_parameter(kind: str, name: str, hint: Any, value: Any, path: Path, ct
 def resolve_paths(params: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
     """A source's `PATH_KEYS` with relative paths taken from the config's folder."""
     out = dict(params)
+
+    def local(value: str) -> str:
+        return value if _URL.match(value) else ctx.path_of(value)
+
     for key in PATH_KEYS:
         value = out.get(key)
         if isinstance(value, str):
-            out[key] = ctx.path_of(value)
+            out[key] = local(value)
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            out[key] = [ctx.path_of(v) for v in value]
+            out[key] = [local(v) for v in value]
     return out
 
 

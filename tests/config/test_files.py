@@ -233,3 +233,40 @@ def test_validate_probes_instead_of_loading_the_whole_files(tmp_path):
     full = load_pipeline(path)
     assert len(full.source) == 40 and (tmp_path / "hf-cache").exists()
     assert probed.output_spec() == full.output_spec()
+
+
+def test_a_weighted_sampler_takes_its_groups_from_a_field_of_the_source(tmp_path):
+    from datarax.samplers.weighted import WeightedSampler
+    from datarax.sources import MemorySource
+
+    labels = (np.arange(40) % 5 == 0).astype(np.int32)  # 8 of one class, 32 of the other
+    np.savez(tmp_path / "d.npz", x=np.arange(40, dtype=np.float32), label=labels)
+    path = write(tmp_path, """
+        batch_size = 8
+        [source.memory]
+        data = "d.npz"
+        [sampler.weighted]
+        groups = "label"     # class-balanced over the source's labels
+        seed = 1
+    """)
+    built = load_pipeline(path)
+    reference = Pipeline(MemorySource(data={"x": np.arange(40, dtype=np.float32), "label": labels}), [],
+                         sampler=WeightedSampler(groups=labels, seed=1), batch_size=8)
+    assert same_batches(reference, built) == 5
+    seen = np.concatenate([np.asarray(b["label"]) for b in built])
+    assert np.bincount(seen).tolist() == [20, 20]  # each class an exact half of the epoch
+    with pytest.raises(ConfigError, match=r"sampler\.weighted\.groups names the field 'labels', which the source's "
+                                          r"records do not hold \(fields: label, x\)"):
+        load_pipeline(path, overrides=['sampler.weighted.groups="labels"'])
+
+
+def test_shard_urls_with_a_scheme_are_left_as_they_are(tmp_path):
+    from datarax.config.components import Context
+    from datarax.config.files import resolve_paths
+    from datarax.config.schema import Problems
+
+    ctx = Context(Problems(), str(tmp_path))
+    out = resolve_paths({"urls": ["memory://bucket/a.parquet", "shards/b.parquet"], "root": "/abs/photos",
+                         "seed": 3}, ctx)
+    assert out == {"urls": ["memory://bucket/a.parquet", str(tmp_path / "shards" / "b.parquet")],
+                   "root": "/abs/photos", "seed": 3}
