@@ -135,8 +135,9 @@ def build_pipeline(spec: RunSpec):
     _host_outputs(spec, source, hosts)
     sizes.check_batch_fits_epoch(run.batch_size, sizes.epoch_records(source, kwargs.get("sampler")), run.drop_remainder)
     host_resident = source.device_arrays() is None
+    held = sizes.held_bytes(source, *hosts)
     sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(source.element_spec()), host_resident, "read",
-                       run.dispatch_ahead)
+                       run.dispatch_ahead, held)
     try:
         if spec.dag is not None:
             nodes = {name: build_component(node) for name, node in spec.dag.nodes.items()}
@@ -152,7 +153,7 @@ def build_pipeline(spec: RunSpec):
         raise ConfigError([f"{where}: the pipeline could not be built: {files.first_line(exc)}"]) from exc
     # The stages may grow a record (a resize up, a one-hot): check what they output too.
     sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(pipeline.output_spec()) // run.batch_size,
-                       host_resident, "out of the stages", run.dispatch_ahead)
+                       host_resident, "out of the stages", run.dispatch_ahead, held)
     return pipeline
 
 
