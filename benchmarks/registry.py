@@ -15,6 +15,7 @@ SCENARIO_MODULES = {
     "arrayrecord": "benchmarks.scenarios.arrayrecord",
     "hf_parquet": "benchmarks.scenarios.hf_parquet",
     "sharded": "benchmarks.scenarios.sharded",
+    "remote": "benchmarks.scenarios.remote",
     "jpeg": "benchmarks.scenarios.jpeg",
     "jpeg_cache": "benchmarks.scenarios.jpeg_cache",
     "host_map": "benchmarks.scenarios.host_map",

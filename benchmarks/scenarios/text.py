@@ -130,7 +130,7 @@ def run(options: BenchOptions) -> list[dict]:
     tokenizer = train_tokenizer()
     start = time.perf_counter()
     source = PackedTextSource(source=TextSource(documents=docs), tokenizer=tokenizer, seq_len=SEQ_LEN, eos_id=EOS,
-                              seed=0)
+                              seed=0, shuffle=True)
     pipeline = Pipeline(source, [], batch_size=BATCH)
     first = time.perf_counter() - start + first_batch_seconds(lambda: pipeline)
     for _ in pipeline:  # the rest of the warm-up epoch

@@ -2,8 +2,9 @@
 
     datarax run CONFIG        iterate the configured pipeline; throughput, goodput, a sample batch
     datarax train CONFIG      run the configured trainer (resumes from its checkpoints)
-    datarax validate CONFIG   check a configuration; every problem, by TOML path
-    datarax inspect CONFIG    element spec, per-stage shapes and dtypes, the graph, the fingerprint
+    datarax validate CONFIG   check a configuration and build it (reading little data); every problem, by TOML path
+    datarax inspect CONFIG    element spec, host stages, per-stage shapes and dtypes, the graph, the fingerprint
+    datarax preview CONFIG [--out grid.png] [--n 16]   a PNG grid of the pipeline's output images or spectrograms
     datarax materialize ROOT DIRECTORY --max-side N   decode an image folder once into a reduced cache
     datarax bench [SCENARIO ...] [--vs grain,tfdata,torch] [--json] [--plot FILE]   (from a checkout)
     datarax version
@@ -50,12 +51,29 @@ def _load_spec(args):
 
 
 def cmd_validate(args) -> int:
+    """Checks the file, then builds what it describes as `train` would (`check_pipeline`: files
+    read only as far as checking needs; the model abstractly, the loss traced on the batch)."""
+    from datarax.cli.describe import spec_text
+    from datarax.config.build import check_pipeline
+
     spec = _load_spec(args)
+    pipelines = check_pipeline(spec)
+    if spec.trainer is not None:
+        from datarax.train.config import check_trainer
+
+        check_trainer(spec, pipelines[0])
     shape = (f"DAG of {len(spec.dag.nodes)} nodes" if spec.dag is not None else f"{len(spec.stages)} stage(s)")
+    hosts = len(spec.host_stages)
+    if hosts:
+        device = shape if spec.dag is not None else f"{len(spec.stages) - hosts} stage(s)"
+        shape = f"{hosts} host stage(s) + {device}"
     extras = [name for name, present in (("sampler", spec.sampler), ("sharding", spec.sharding),
-                                         ("trainer", spec.trainer)) if present is not None]
+                                         ("eval", spec.eval), ("trainer", spec.trainer)) if present is not None]
     print(f"{args.config}: OK ({spec.source.name} source, {shape}, batch_size {spec.run.batch_size}"
           + (f", with {', '.join(extras)}" if extras else "") + ")")
+    print(f"  batch: {spec_text(pipelines[0].output_spec())}")
+    if len(pipelines) > 1:
+        print(f"  eval batch: {spec_text(pipelines[1].output_spec())}")
     for line in spec.overrides:
         print(f"  override: {line}")
     return 0
@@ -67,8 +85,25 @@ def cmd_inspect(args) -> int:
 
     spec = _load_spec(args)
     pipeline = build_pipeline(spec)
-    labels = None if spec.dag is not None else [f"stages[{i}] {s.name}" for i, s in enumerate(spec.stages)]
-    print(describe(pipeline, config_path=args.config, stage_labels=labels))
+    labels = [f"stages[{i}] {s.name}" for i, s in enumerate(spec.stages)]
+    text = describe(pipeline, config_path=args.config, stage_labels=labels, dag=spec.dag is not None)
+    if spec.eval is not None:
+        evaluation = build_pipeline(spec.eval)
+        labels = [f"eval.stages[{i}] {s.name}" for i, s in enumerate(spec.eval.stages)]
+        text += "\n\n[eval]\n" + describe(evaluation, stage_labels=labels, dag=spec.eval.dag is not None)
+    print(text)
+    return 0
+
+
+def cmd_preview(args) -> int:
+    from datarax.cli.preview import write_preview
+    from datarax.config import build_pipeline
+
+    spec = _load_spec(args)
+    pipeline = build_pipeline(spec)
+    out = args.out if args.out is not None else os.path.splitext(args.config)[0] + "-preview.png"
+    report = write_preview(pipeline, out, count=args.n, field=args.field)
+    print(report)
     return 0
 
 
@@ -164,8 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(handler=cmd_train)
     _config_parser(sub, "validate", "check a configuration file").set_defaults(handler=cmd_validate)
-    _config_parser(sub, "inspect", "show element spec, per-stage shapes, the graph and the fingerprint"
+    _config_parser(sub, "inspect", "show element spec, host stages, per-stage shapes, the graph and the fingerprint"
                    ).set_defaults(handler=cmd_inspect)
+    preview = _config_parser(sub, "preview", "write a PNG grid of the pipeline's output images (or spectrograms of "
+                                             "its audio) for a look at the augmentation")
+    preview.add_argument("--out", default=None, help="the PNG to write (default: CONFIG's name + -preview.png)")
+    preview.add_argument("--n", type=int, default=16, help="records to show (default 16)")
+    preview.add_argument("--field", default=None, help="the field to draw (default: the first image-like field, "
+                                                       "else the first audio-like one)")
+    preview.set_defaults(handler=cmd_preview)
     # Listed for --help only: main() hands everything after `materialize` or `bench` to its own parser.
     sub.add_parser("materialize", add_help=False, help="decode an image folder once into a reduced ArrayRecord cache "
                                                        "(datarax materialize --help lists its options)")

@@ -2,8 +2,10 @@
 the `[trainer]` table is validated and built by the training kit (`datarax.train.config`).
 
 See docs/config.md. `load_pipeline(path)` reads, validates and builds; `load_spec(path)` only
-validates (raising `ConfigError` with every problem found). The names are imported on first use,
-so `datarax.config.schema` (and the command line's error handling) does not import JAX.
+validates (raising `ConfigError` with every problem found); `check_pipeline(spec)` builds what
+`datarax validate` checks (the pipeline and the `[eval]` one, reading files only as far as
+checking needs). The names are imported on first use, so `datarax.config.schema` (and the
+command line's error handling) does not import JAX.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from datarax.config.build import build_pipeline as build_pipeline
+    from datarax.config.build import check_pipeline as check_pipeline
     from datarax.config.build import load_pipeline as load_pipeline
     from datarax.config.build import load_spec as load_spec
     from datarax.config.schema import ConfigError as ConfigError
     from datarax.config.spec import RunSpec as RunSpec
 
-_EXPORTS = {"build_pipeline": "datarax.config.build", "load_pipeline": "datarax.config.build",
+_EXPORTS = {"build_pipeline": "datarax.config.build", "check_pipeline": "datarax.config.build",
+            "load_pipeline": "datarax.config.build",
             "load_spec": "datarax.config.build", "ConfigError": "datarax.config.schema",
             "RunSpec": "datarax.config.spec"}
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from datarax.config import loader, sizes
+from datarax.config import files, loader, sizes
 from datarax.config.allow import AllowList
 from datarax.config.components import ComponentSpec, Context
 from datarax.config.schema import ConfigError, Problems, format_path
@@ -60,7 +60,7 @@ def build_component(spec: ComponentSpec, **extra: Any) -> Any:
     except ConfigError:
         raise
     except (TypeError, ValueError, KeyError, FileNotFoundError, ImportError) as exc:
-        raise ConfigError([f"{format_path(spec.path)} could not be built: {exc}"]) from exc
+        raise ConfigError([f"{format_path(spec.path)} could not be built: {files.first_line(exc)}"]) from exc
 
 
 def takes_argument(factory: Any, name: str) -> bool:
@@ -93,6 +93,29 @@ def build_sharding(section: ShardingSection) -> Any:
         raise ConfigError([f"sharding could not be built: {exc}"]) from exc
 
 
+def _host_outputs(spec: RunSpec, source: Any, hosts: list[Any]) -> None:
+    """Each host stage's output spec from the one before it, a `ConfigError` at the stage that
+    cannot take its input (a decoder over a field that is not encoded, a field that is not there);
+    without host stages, encoded source fields are an error at `stages`."""
+    from datarax.host.stage import ENCODED
+
+    record = dict(source.element_spec())
+    for stage_spec, stage in zip(spec.host_stages, hosts):
+        try:
+            record = stage.output_spec(dict(record))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError([f"{format_path(stage_spec.path)} cannot take the records of "
+                               f"{format_path(spec.source.path)}: {files.first_line(exc)}"]) from exc
+    encoded = sorted(k for k, v in record.items() if v.dtype == ENCODED)
+    if encoded:
+        after = "after the host stages, " if hosts else ""
+        raise ConfigError([f"stages: {after}the records of {format_path(spec.source.path)} still hold encoded fields "
+                           f"{encoded} (bytes or text), which the compiled stages cannot take; decode them first with "
+                           "a host stage at the head of [[stages]]: decode_image = { field = ..., size = 224 }, "
+                           "decode_audio = { field = ..., length = 16000 }, tokenize = { field = ..., tokenizer = "
+                           "\"tokenizer.json\" } or host_map = { fn = \"pkg.mod:fn\", outputs = [...] }"])
+
+
 def build_pipeline(spec: RunSpec):
     """The `Pipeline` a validated configuration describes."""
     from datarax.pipeline.pipeline import Pipeline
@@ -103,30 +126,52 @@ def build_pipeline(spec: RunSpec):
                               "dispatch_ahead": run.dispatch_ahead}
     if spec.sampler is not None:
         extra = {"num_records": len(source)} if takes_argument(spec.sampler.factory, "num_records") else {}
+        extra.update({k: files.record_field(source, v) for k, v in spec.sampler.kwargs.items()
+                      if isinstance(v, files.FieldRef)})
         kwargs["sampler"] = build_component(spec.sampler, **extra)
     if spec.sharding is not None:
         kwargs["sharding"] = build_sharding(spec.sharding)
+    hosts = [build_component(stage) for stage in spec.host_stages]
+    _host_outputs(spec, source, hosts)
     sizes.check_batch_fits_epoch(run.batch_size, sizes.epoch_records(source, kwargs.get("sampler")), run.drop_remainder)
     host_resident = source.device_arrays() is None
+    held = sizes.held_bytes(source, *hosts)
     sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(source.element_spec()), host_resident, "read",
-                       run.dispatch_ahead)
+                       run.dispatch_ahead, held)
     try:
         if spec.dag is not None:
             nodes = {name: build_component(node) for name, node in spec.dag.nodes.items()}
             pipeline = Pipeline.from_dag(source=source, nodes=nodes, edges=spec.dag.edges, sink=spec.dag.sink,
-                                         batch_size=run.batch_size, **kwargs)
+                                         batch_size=run.batch_size, host_stages=hosts, **kwargs)
         else:
-            stages = [build_component(stage) for stage in spec.stages]
-            pipeline = Pipeline(source, stages, run.batch_size, **kwargs)
+            stages = [build_component(stage) for stage in spec.device_stages]
+            pipeline = Pipeline(source, [*hosts, *stages], run.batch_size, **kwargs)
     except ConfigError:
         raise
     except (TypeError, ValueError, KeyError) as exc:
         where = "dag" if spec.dag is not None else "stages"
-        raise ConfigError([f"{where}: the pipeline could not be built: {exc}"]) from exc
+        raise ConfigError([f"{where}: the pipeline could not be built: {files.first_line(exc)}"]) from exc
     # The stages may grow a record (a resize up, a one-hot): check what they output too.
     sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(pipeline.output_spec()) // run.batch_size,
-                       host_resident, "out of the stages", run.dispatch_ahead)
+                       host_resident, "out of the stages", run.dispatch_ahead, held)
     return pipeline
+
+
+def check_pipeline(spec: RunSpec) -> list[Any]:
+    """What `datarax validate` builds: the pipeline (and the `[eval]` one), as `build_pipeline`
+    builds them, with files read only as far as checking needs (`datarax.config.files.probing`:
+    parquet `files` up to one batch of records). Returns the pipelines, closed."""
+    pipelines = []
+    for part in (spec, spec.eval):
+        if part is None:
+            continue
+        with files.probing(part.run.batch_size):
+            pipeline = build_pipeline(part)
+        close = getattr(pipeline.source, "close", None)
+        if close is not None:
+            close()
+        pipelines.append(pipeline)
+    return pipelines
 
 
 def load_pipeline(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,

@@ -12,12 +12,13 @@ is called. Parameters are the fields of the class's config dataclass plus the
 keyword parameters of its constructor, each checked against its type hint:
 
 * a `Callable` parameter takes an import path (`fn = "mypkg.transforms:augment"`);
-* an operator parameter (`operator`, `operators`, `branches`) takes nested component tables;
-* a source's `data` takes an import path (a function returning a dict of arrays, or the dict
-  itself), a `.npz` file, or a table `{field = "file.npy"}`; files are read with
-  `allow_pickle=False`;
+* an operator or source parameter (`operator`, `operators`, `branches`, `source`, `sources`)
+  takes nested component tables;
+* objects given by where they are (a source's `data`, `files`, `dataset`, a `tokenizer`, the
+  folders a source reads): see `datarax.config.files`;
 * `rngs = N` seeds the component's `nnx.Rngs(N)` (when its constructor takes `rngs`).
 
+A `[[stages]]` table names a host stage (`decode_image`, `tokenize`, ...) or an operator.
 Validation imports the allowed modules the table names but constructs nothing;
 `ComponentSpec.build()` does.
 """
@@ -30,23 +31,21 @@ import inspect
 import os
 import types
 import typing
-import zipfile
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
 
-from datarax.config import registry
+from datarax.config import files, registry
 from datarax.config.allow import AllowList, NotAllowedError
-from datarax.config.schema import (ConfigError, Path, Problems, build_dataclass, check_keys, convert, format_path,
-                                   is_table, suggestion, type_hints, type_name)
+from datarax.config.schema import (Path, Problems, build_dataclass, check_keys, convert, format_path, is_table,
+                                   suggestion, type_hints, type_name)
 
 RNGS_KEY = "rngs"
-DATA_HELP = ("an import path 'package.module:function' (returning a dict of arrays), a .npz file, or a table "
-             "of field = \"file.npy\"")
+# A `[[stages]]` table names one of these kinds: host stages run first, on the background reader.
+STAGE_KINDS = ("host_stage", "operator")
 
 
 @dataclasses.dataclass
@@ -59,6 +58,7 @@ class Context:
     seed: int = 0
     top_level: tuple[str, ...] = ()
     allow: AllowList = dataclasses.field(default_factory=AllowList)
+    root: dict[str, Any] = dataclasses.field(default_factory=dict)  # the whole loaded configuration
 
     @property
     def search_dirs(self) -> list[str]:
@@ -95,49 +95,6 @@ def resolve_import(value: str, path: Path, problems: Problems, search_dirs: Sequ
 
 
 @dataclasses.dataclass
-class DataSpec:
-    """Where a source's arrays come from (see the module docstring)."""
-
-    path: Path
-    kind: str  # "import" (a callable or a mapping), "npz" (a path) or "npy" ({field: path})
-    target: Any
-
-    def load(self) -> Mapping[str, Any]:
-        """The arrays; an unreadable file raises `ConfigError` naming it and its TOML key."""
-        if self.kind == "npz":
-            return read_array_file(self.target, self.path, lambda f: {k: f[k] for k in f.files})
-        if self.kind == "npy":
-            return {k: read_array_file(p, (*self.path, k)) for k, p in self.target.items()}
-        data = self.target() if callable(self.target) else self.target
-        if not isinstance(data, Mapping):
-            raise TypeError(f"{format_path(self.path)} must give a dict of arrays, but its callable returned "
-                            f"{type(data).__name__}; return {{'field': array, ...}}")
-        return data
-
-
-def read_array_file(file: str, path: Path, take: Callable[[Any], Any] | None = None) -> Any:
-    """`np.load(file, allow_pickle=False)` (then `take(archive)` for a .npz, closed after), or a
-    `ConfigError` naming the TOML key at `path` and the file when it cannot be read."""
-    kind = "a .npz archive" if take is not None else "a .npy array"
-    where = f"{format_path(path)} names {os.path.basename(file)!r} ({file}), which"
-    if os.path.getsize(file) == 0:
-        raise ConfigError([f"{where} is empty (0 bytes); write it again with np.save/np.savez"])
-    try:
-        loaded = np.load(file, allow_pickle=False)
-        if take is None:
-            return loaded
-        with loaded:
-            return take(loaded)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        # allow_pickle=False refuses anything that is not an array file, as "pickled data".
-        reason = "numpy could only read it by unpickling, which a configuration never does" \
-            if "pickle" in str(exc) else f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
-        writer = "np.savez" if take is not None else "np.save"
-        raise ConfigError([f"{where} cannot be read as {kind}: {reason}; check that it is the file {writer} wrote"]) \
-            from exc
-
-
-@dataclasses.dataclass
 class ComponentSpec:
     """A validated component: what to construct, with what, and its default randomness."""
 
@@ -149,6 +106,7 @@ class ComponentSpec:
     rngs: int | None
     takes_rngs: bool
     seed: int = 0
+    kind: str = "operator"
 
     def make_rngs(self) -> nnx.Rngs:
         """`nnx.Rngs(rngs)` when set, else keyed by the config seed and this component's TOML path."""
@@ -171,7 +129,7 @@ class ComponentSpec:
 def _build_value(value: Any) -> Any:
     if isinstance(value, ComponentSpec):
         return value.build()
-    if isinstance(value, DataSpec):
+    if isinstance(value, files.Deferred):
         return value.load()
     if isinstance(value, list) and value and all(isinstance(v, ComponentSpec) for v in value):
         return [v.build() for v in value]
@@ -179,14 +137,20 @@ def _build_value(value: Any) -> Any:
 
 
 def _kind_of(cls: Any) -> str | None:
-    """The component kind a parameter of class `cls` takes (None: not a module)."""
-    if not isinstance(cls, type) or not issubclass(cls, nnx.Module):
+    """The component kind a parameter of class `cls` takes (None: not a component)."""
+    if not isinstance(cls, type):
         return None
     from datarax.core.source import DataSourceModule
+    from datarax.host.stage import HostStage
     from datarax.samplers.base import Sampler
+    from datarax.sources.stream import StreamSourceModule
 
-    if issubclass(cls, DataSourceModule):
+    if issubclass(cls, (DataSourceModule, StreamSourceModule)):
         return "source"
+    if issubclass(cls, HostStage):
+        return "host_stage"
+    if not issubclass(cls, nnx.Module):
+        return None
     return "sampler" if issubclass(cls, Sampler) else "operator"
 
 
@@ -212,31 +176,44 @@ def _signature(factory: Any) -> tuple[dict[str, inspect.Parameter], dict[str, An
     return params, type_hints(target)
 
 
-def _lookup(kind: str, name: str, path: Path, ctx: Context) -> tuple[Any, type | None] | None:
+def _kinds_text(kinds: Sequence[str]) -> str:
+    return "stage" if tuple(kinds) == STAGE_KINDS else kinds[0].replace("_", " ")
+
+
+def _lookup(kinds: Sequence[str], name: str, path: Path, ctx: Context) -> tuple[Any, type | None, str] | None:
+    """`(class, its config dataclass, its kind)` for a registered name or an import path of `kinds`."""
+    what = _kinds_text(kinds)
     if registry.is_import_path(name):
         obj = ctx.resolve_import(name, path)
         if obj is None:
             return None
-        if not registry.is_of_kind(obj, kind):
-            what = f"the class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
-            base = registry.KINDS[kind].base.replace(":", ".") if kind in registry.KINDS else f"a {kind} base class"
-            article = "an" if kind[0] in "aeiou" else "a"
-            ctx.problems.add(path, f"names {name!r}, which is {what}, not {article} {kind} class; it was not called. "
-                                   f"{article.capitalize()} {kind} named by import path must be a class deriving from "
-                                   f"{base}")
+        kind = next((k for k in kinds if registry.is_of_kind(obj, k)), None)
+        if kind is None:
+            found = f"the class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
+            bases = " or ".join(b.replace(":", ".") for k in kinds if k in registry.KINDS
+                                for b in registry.KINDS[k].bases) or f"a {what} base class"
+            article = "an" if what[0] in "aeiou" else "a"
+            ctx.problems.add(path, f"names {name!r}, which is {found}, not {article} {what} class; it was not called. "
+                                   f"{article.capitalize()} {what} named by import path must be a class deriving from "
+                                   f"{bases}")
             return None
-        return obj, registry.config_class_of(obj)
-    entries, ambiguous, failed = registry.discover(kind)
-    if name in entries:
-        return entries[name].cls, entries[name].config_cls
-    if name in ambiguous:
-        ctx.problems.add(path, f"is ambiguous: several built-in {kind}s are called {name!r} "
-                               f"({', '.join(ambiguous[name])}); name one by import path instead")
-        return None
-    hint = suggestion(name, entries)
-    broken = f"; modules that failed to import: {', '.join(m for m, _ in failed)}" if failed else ""
-    ctx.problems.add(path, f"is not a known {kind}{hint} (built-in {kind}s: {', '.join(sorted(entries))}; "
-                           f"or name one by import path 'package.module:Class'){broken}")
+        return obj, registry.config_class_of(obj), kind
+    listed, broken = [], []
+    for kind in kinds:
+        entries, ambiguous, failed = registry.discover(kind)
+        if name in entries:
+            return entries[name].cls, entries[name].config_cls, kind
+        if name in ambiguous:
+            ctx.problems.add(path, f"is ambiguous: several built-in {kind}s are called {name!r} "
+                                   f"({', '.join(ambiguous[name])}); name one by import path instead")
+            return None
+        listed.append((kind, entries))
+        broken.extend(m for m, _ in failed)
+    hint = suggestion(name, [n for _, entries in listed for n in entries])
+    known = "; ".join(f"built-in {kind.replace('_', ' ')}s: {', '.join(sorted(entries))}" for kind, entries in listed)
+    failed_text = f"; modules that failed to import: {', '.join(broken)}" if broken else ""
+    ctx.problems.add(path, f"is not a known {what}{hint} ({known}; or name one by import path "
+                           f"'package.module:Class'){failed_text}")
     return None
 
 
@@ -252,16 +229,23 @@ def _misplaced(keys: Sequence[str], path: Path, ctx: Context) -> list[str]:
     return found
 
 
+# Constructor arguments that default to None but that the class cannot do without.
+REQUIRED = ("tokenizer",)
+EXAMPLES = {"operator": "brightness = { max_delta = 0.2 }", "stage": "brightness = { max_delta = 0.2 }",
+            "source": "memory = { data = \"pkg.mod:fn\" }", "sampler": "shuffle = { seed = 0 }"}
+
+
 def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Sequence[str] = (),
               filled: Sequence[str] = ()) -> ComponentSpec | None:
     """Validates a one-key component table of `kind` at `path`.
 
-    `extra_keys` may sit beside the component key (a DAG node's `inputs`); `filled` are
-    constructor parameters the builder supplies itself (a sampler's `num_records`).
+    `kind` "stage" takes a host stage or an operator (`STAGE_KINDS`). `extra_keys` may sit beside
+    the component key (a DAG node's `inputs`); `filled` are constructor parameters the builder
+    supplies itself (a sampler's `num_records`).
     """
     problems = ctx.problems
-    example = {"operator": "brightness = { max_delta = 0.2 }", "source": "memory = { data = \"pkg.mod:fn\" }",
-               "sampler": "shuffle = { seed = 0 }"}.get(kind, "name = { ... }")
+    kinds = STAGE_KINDS if kind == "stage" else (kind,)
+    example = EXAMPLES.get(kind, "name = { ... }")
     if not is_table(table):
         problems.add(path, f"must be a table naming one {kind}, e.g. {example}; got {table!r}")
         return None
@@ -277,10 +261,12 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
     if not is_table(params):
         problems.add(here, f"must be a table of parameters (use {{}} for none), got {params!r}")
         return None
-    found = _lookup(kind, name, here, ctx)
+    found = _lookup(kinds, name, here, ctx)
     if found is None:
         return None
-    factory, config_cls = found
+    factory, config_cls, kind = found
+    if kind == "source":
+        params = files.resolve_paths(params, ctx)
     signature, hints = _signature(factory)
     if "config" not in signature:
         config_cls = None
@@ -288,17 +274,35 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
     ctor = {n: p for n, p in signature.items()
             if n not in ("config", RNGS_KEY, *filled) and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     config_fields = [f.name for f in dataclasses.fields(config_cls) if f.init] if config_cls else []
-    known = [*config_fields, *ctor, *([RNGS_KEY] if takes_rngs else [])]
+    route = files.route_for(factory) if kind == "source" else None
+    route_keys = ("files", *route.options) if route is not None else ()
+    known = [*config_fields, *ctor, *route_keys, *([RNGS_KEY] if takes_rngs else [])]
     misplaced = _misplaced([k for k in params if k not in known], here, ctx)
     check_keys({k: v for k, v in params.items() if k not in misplaced}, known, here, problems,
                what=f"parameter of {name!r}")
+    replaced: tuple[str, ...] = ()
+    if route is not None and "files" in params:
+        replaced = route.replaces
+        for other in [k for k in replaced if k in params]:
+            problems.add((*here, other), f"cannot be combined with files: {name!r} reads its "
+                                         f"{' and '.join(replaced)} from the files; give one of the two")
+        paths = files.expand_files(params["files"], (*here, "files"), ctx)
+        options = {k: convert(params[k], str, (*here, k), problems) for k in route.options if k in params}
+        if paths is not None:
+            factory = files.RouteFactory(factory, route, paths, options, here)
+    elif route is not None:
+        for k in route.options:
+            if k in params:
+                problems.add((*here, k), "is an option of files = [...], which is not given")
     kwargs: dict[str, Any] = {}
     for pname, param in ctor.items():
-        if pname in config_fields:
+        if pname in config_fields or pname in replaced:
             continue
         if pname not in params:
-            if param.default is inspect.Parameter.empty:
-                problems.add((*here, pname), f"is required by {name!r} but missing")
+            if param.default is inspect.Parameter.empty or pname in REQUIRED:
+                also = f" (or files = [...], which {name!r} reads it from)" if route is not None and \
+                    pname in route.replaces else ""
+                problems.add((*here, pname), f"is required by {name!r} but missing{also}")
             continue
         kwargs[pname] = _parameter(params[pname], pname, hints.get(pname, Any), kind, (*here, pname), ctx)
     rngs = None
@@ -308,7 +312,7 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
     if config_cls is not None:
         config_table = {k: v for k, v in params.items() if k in config_fields}
         config = build_dataclass(config_cls, config_table, here, problems, resolve_callable=ctx.resolve_callable)
-    return ComponentSpec(here, name, factory, config, kwargs, rngs, takes_rngs, ctx.seed)
+    return ComponentSpec(here, name, factory, config, kwargs, rngs, takes_rngs, ctx.seed, kind)
 
 
 def _parameter(value: Any, name: str, hint: Any, kind: str, path: Path, ctx: Context) -> Any:
@@ -320,51 +324,7 @@ def _parameter(value: Any, name: str, hint: Any, kind: str, path: Path, ctx: Con
             ctx.problems.add(path, f"must be an array of {nested[1]} tables, got {value!r}")
             return None
         return [component(v, nested[1], (*path, i), ctx) for i, v in enumerate(value)]
-    if kind == "source" and name == "data":
-        return data_spec(value, path, ctx)
+    handled, out = files.object_parameter(kind, name, hint, value, path, ctx)
+    if handled:
+        return out
     return convert(value, hint, path, ctx.problems, resolve_callable=ctx.resolve_callable)
-
-
-def data_spec(value: Any, path: Path, ctx: Context) -> DataSpec | None:
-    """A source's `data`: an import path, a .npz file, or a table of .npy files."""
-    problems = ctx.problems
-    if isinstance(value, str) and registry.is_import_path(value) and not value.endswith((".npz", ".npy")):
-        target = ctx.resolve_import(value, path)
-        if target is None:
-            return None
-        if not (callable(target) or isinstance(target, Mapping)):
-            problems.add(path, f"names {value!r}, which is {type(target).__name__}; name a function returning a "
-                               "dict of arrays (or the dict itself)")
-            return None
-        return DataSpec(path, "import", target)
-    if isinstance(value, str):
-        if value.endswith(".npy"):
-            problems.add(path, f"names one array file {value!r}; a source needs named fields: write "
-                               f"data = {{ x = {value!r} }} or save them together in a .npz")
-            return None
-        if not value.endswith(".npz"):
-            problems.add(path, f"must be {DATA_HELP}, got {value!r}")
-            return None
-        found = _existing(value, path, ctx)
-        return DataSpec(path, "npz", found) if found else None
-    if is_table(value):
-        files = {}
-        for field, file in value.items():
-            if not isinstance(file, str) or not file.endswith(".npy"):
-                problems.add((*path, field), f"must be the path of a .npy file, got {file!r}")
-                continue
-            found = _existing(file, (*path, field), ctx)
-            if found:
-                files[field] = found
-        return DataSpec(path, "npy", files) if len(files) == len(value) and files else None
-    problems.add(path, f"must be {DATA_HELP}, got {value!r}")
-    return None
-
-
-def _existing(name: str, path: Path, ctx: Context) -> str | None:
-    full = ctx.path_of(name)
-    if not os.path.isfile(full):
-        ctx.problems.add(path, f"names {name!r}, which does not exist (looked for {full}; relative paths are "
-                               "relative to the config file)")
-        return None
-    return full

@@ -1,11 +1,13 @@
 """Names for the built-in classes a configuration can use, discovered from the packages that hold them.
 
 Every concrete operator in `datarax.operators` (and its subpackages: image, audio, strategies,
-nodes), every source in `datarax.sources` and every sampler in `datarax.samplers` gets a
-snake_case name from its class name, with the kind's suffix dropped:
+nodes), every source in `datarax.sources` (random-access and streams) and `datarax.host.materialized`,
+every host stage in `datarax.host` and every sampler in `datarax.samplers` gets a snake_case name
+from its class name, with the kind's suffix dropped:
 
     BrightnessOperator -> "brightness"      RandomResizedCropOperator -> "random_resized_crop"
-    MemorySource       -> "memory"          ArrayRecordSource         -> "array_record"
+    MemorySource       -> "memory"          PackedTextSource          -> "packed_text"
+    DecodeImage        -> "decode_image"    HostMap                   -> "host_map"
     RebatchNode        -> "rebatch"         ShuffleSampler            -> "shuffle"
 
 A class's config dataclass is its `config_class` attribute, else `<Name>Config`,
@@ -49,17 +51,31 @@ class Entry:
 
 @dataclasses.dataclass(frozen=True)
 class Kind:
-    """One family of configurable classes and where to find them."""
+    """One family of configurable classes and where to find them.
+
+    Attributes:
+        name: the kind's name in messages ("operator", "source", ...).
+        packages: packages (walked with their subpackages) or single modules holding the classes.
+        base: the base class as "module:Class", or several when the kind has more than one root
+            (a source is a random-access `DataSourceModule` or a `StreamSourceModule`).
+        suffixes: class-name suffixes dropped from registered names.
+    """
 
     name: str
     packages: tuple[str, ...]
-    base: str
+    base: str | tuple[str, ...]
     suffixes: tuple[str, ...]
+
+    @property
+    def bases(self) -> tuple[str, ...]:
+        return (self.base,) if isinstance(self.base, str) else tuple(self.base)
 
 
 KINDS = {
     "operator": Kind("operator", ("datarax.operators",), "datarax.core.operator:OperatorModule", ("Operator", "Node")),
-    "source": Kind("source", ("datarax.sources",), "datarax.core.source:DataSourceModule", ("Source",)),
+    "source": Kind("source", ("datarax.sources", "datarax.host.materialized"),
+                   ("datarax.core.source:DataSourceModule", "datarax.sources.stream:StreamSourceModule"), ("Source",)),
+    "host_stage": Kind("host_stage", ("datarax.host",), "datarax.host.stage:HostStage", ()),
     "sampler": Kind("sampler", ("datarax.samplers",), "datarax.samplers.base:Sampler", ("Sampler",)),
 }
 
@@ -107,16 +123,20 @@ def config_class_of(cls: type) -> type | None:
     return None
 
 
-def _import_base(spec: str) -> type:
-    module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)
+def _import_bases(kind: Kind) -> tuple[type, ...]:
+    bases = []
+    for spec in kind.bases:
+        module, _, attr = spec.partition(":")
+        bases.append(getattr(importlib.import_module(module), attr))
+    return tuple(bases)
 
 
 def _modules(package: str) -> tuple[list[Any], list[tuple[str, str]]]:
-    """Every module under `package` (imported), and (module, error) for those that failed to import."""
+    """Every module under `package` (imported; a plain module is itself), and (module, error) for
+    those that failed to import."""
     root = importlib.import_module(package)
     modules, failed = [root], []
-    for info in pkgutil.walk_packages(root.__path__, package + "."):
+    for info in pkgutil.walk_packages(getattr(root, "__path__", []), package + "."):
         try:
             modules.append(importlib.import_module(info.name))
         except Exception as exc:  # an optional dependency missing: report it, keep the rest usable
@@ -124,8 +144,8 @@ def _modules(package: str) -> tuple[list[Any], list[tuple[str, str]]]:
     return modules, failed
 
 
-def _wanted(obj: Any, module_name: str, base: type, suffixes: Sequence[str]) -> bool:
-    if not isinstance(obj, type) or obj is base or obj.__module__ != module_name or obj.__name__.startswith("_"):
+def _wanted(obj: Any, module_name: str, base: tuple[type, ...], suffixes: Sequence[str]) -> bool:
+    if not isinstance(obj, type) or obj in base or obj.__module__ != module_name or obj.__name__.startswith("_"):
         return False
     if inspect.isabstract(obj):
         return False
@@ -142,9 +162,9 @@ def discover(kind: str) -> tuple[dict[str, Entry], dict[str, list[str]], tuple[t
         return {}, {}, ((kind, f"no package that provides {kind}s is loaded (for callbacks: import datarax.train)"),)
     spec = KINDS[kind]
     try:
-        base = _import_base(spec.base)
+        base = _import_bases(spec)
     except ImportError as exc:
-        return {}, {}, ((spec.base, f"{type(exc).__name__}: {exc}"),)
+        return {}, {}, ((", ".join(spec.bases), f"{type(exc).__name__}: {exc}"),)
     found: dict[str, list[Entry]] = {}
     failed: list[tuple[str, str]] = []
     for package in spec.packages:
@@ -176,10 +196,10 @@ def is_of_kind(obj: Any, kind: str) -> bool:
     if kind not in KINDS or not isinstance(obj, type):
         return False
     try:
-        base = _import_base(KINDS[kind].base)
+        bases = _import_bases(KINDS[kind])
     except ImportError:
         return False
-    return issubclass(obj, base) or ("Node" in KINDS[kind].suffixes and issubclass(obj, nnx.Module))
+    return issubclass(obj, bases) or ("Node" in KINDS[kind].suffixes and issubclass(obj, nnx.Module))
 
 
 def import_object(spec: str, search_dirs: Sequence[str] = (), allow: AllowList | None = None) -> Any:

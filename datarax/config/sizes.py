@@ -84,21 +84,29 @@ def check_batch_fits_epoch(batch_size: int, records: int | None, drop_remainder:
     raise ConfigError([message])
 
 
+def held_bytes(*components: Any) -> int:
+    """What components keep in memory besides the batches: the sum of their `held_bytes()` (a
+    `ShardedSource`'s block cache, a stage's decode budget); 0 for those without one."""
+    return sum(int(c.held_bytes()) for c in components if callable(getattr(c, "held_bytes", None)))
+
+
 def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_resident: bool, what: str,
-                 dispatch_ahead: int = 0) -> None:
-    """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`."""
+                 dispatch_ahead: int = 0, held: int = 0) -> None:
+    """Raises `ConfigError` at `batch_size` when the batches held at once, plus `held` bytes the
+    source and stages keep (`held_bytes`), exceed `memory_bytes()`."""
     limit = memory_bytes()
     in_flight = ring_size(prefetch) if host_resident else 2 + dispatch_ahead
     # Each row also carries its int64 record id through the sampler and the program.
-    needed = batch_size * (record_bytes + 8) * in_flight
+    needed = batch_size * (record_bytes + 8) * in_flight + held
     if limit is None or needed <= limit:
         return
-    fit = limit // ((record_bytes + 8) * in_flight)
-    held = (f"batch_size {batch_size:,} with prefetch {prefetch}" if host_resident
-            else f"batch_size {batch_size:,} with dispatch_ahead {dispatch_ahead}")
+    fit = max(0, limit - held) // ((record_bytes + 8) * in_flight)
+    holder = (f"batch_size {batch_size:,} with prefetch {prefetch}" if host_resident
+              else f"batch_size {batch_size:,} with dispatch_ahead {dispatch_ahead}")
+    caches = f" plus {human(held)} the source and stages keep (their caches and budgets)" if held else ""
     fix = (f"use a batch_size of at most {fit:,}" + (" (or a smaller prefetch)" if host_resident
                                                      else " (or a smaller dispatch_ahead)" if dispatch_ahead else "")
            if fit >= 1 else "not even one record fits: make the records (or what the stages make of them) smaller")
-    message = (f"{held} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
-               f"record), more than the {human(limit)} of memory here; {fix}")
+    message = (f"{holder} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
+               f"record{caches}), more than the {human(limit)} of memory here; {fix}")
     raise ConfigError([message])

@@ -26,7 +26,11 @@ or, instead of `stages`, a DAG:
     inputs = ["augment"]
     "mypkg.nodes:Merge" = {}
 
-plus optional `[sampler.<name>]` and `[sharding]` tables, a `[trainer]` table that the training
+Host stages (`decode_image`, `decode_audio`, `tokenize`, `host_map`) come first in `stages`; with
+a `[dag]`, `stages` holds only host stages, which run before it.
+
+plus optional `[sampler.<name>]` and `[sharding]` tables, an `[eval]` table (the evaluation
+pipeline, as overrides of this one: see `eval_table`), a `[trainer]` table that the training
 kit (`datarax.train`) validates when it is loaded, and `allow = ["mypkg"]`: the user's modules
 that import paths may name (`datarax.config.allow`; nothing else is imported).
 """
@@ -39,9 +43,11 @@ from collections.abc import Callable
 from typing import Any
 
 from datarax.batching import DISPATCH_AHEAD, MAX_DISPATCH_AHEAD
+from datarax.config import registry
 from datarax.config.allow import AllowList
 from datarax.config.components import ComponentSpec, Context, component
-from datarax.config.schema import FieldError, build_dataclass, check_keys, convert, is_table, suggestion
+from datarax.config.loader import merge
+from datarax.config.schema import FieldError, Problems, build_dataclass, check_keys, convert, is_table, suggestion
 from datarax.core.checks import is_int
 
 # A prefetched batch is a whole batch held in memory; a few hide the jitter of reading, and past
@@ -71,6 +77,7 @@ class RunSection:
     dag: Any = None
     sharding: Any = None
     trainer: Any = None
+    eval: Any = None
 
     def __post_init__(self):
         check_positive("batch_size", self.batch_size)
@@ -144,13 +151,37 @@ class RunSpec:
     path: str
     overrides: list[str]
     allow: AllowList = dataclasses.field(default_factory=AllowList)
+    eval: RunSpec | None = None  # the evaluation pipeline, when the file has an [eval] table
+
+    @property
+    def host_stages(self) -> list[ComponentSpec]:
+        """The leading host stages of `stages` (they run on the background reader)."""
+        out = []
+        for stage in self.stages:
+            if stage.kind != "host_stage":
+                break
+            out.append(stage)
+        return out
+
+    @property
+    def device_stages(self) -> list[ComponentSpec]:
+        """The stages after the host stages (the compiled program)."""
+        return self.stages[len(self.host_stages):]
 
 
 def _stages(value: Any, ctx: Context) -> list[ComponentSpec]:
     if not isinstance(value, (list, tuple)):
-        ctx.problems.add(("stages",), f"must be an array of operator tables ([[stages]] blocks), got {value!r}")
+        ctx.problems.add(("stages",), f"must be an array of stage tables ([[stages]] blocks), got {value!r}")
         return []
-    return [component(stage, "operator", ("stages", i), ctx) for i, stage in enumerate(value)]
+    specs = [component(stage, "stage", ("stages", i), ctx) for i, stage in enumerate(value)]
+    first_device = next((i for i, s in enumerate(specs) if s is not None and s.kind != "host_stage"), None)
+    for i, stage in enumerate(specs):
+        if stage is not None and stage.kind == "host_stage" and first_device is not None and i > first_device:
+            device = specs[first_device]
+            ctx.problems.add(stage.path, f"is a host stage after the device stage stages[{first_device}] "
+                                         f"({device.name}); host stages run on the background reader before the "
+                                         f"compiled program, so move it above stages[{first_device}]")
+    return specs
 
 
 def _dag(value: Any, ctx: Context) -> DagSpec | None:
@@ -175,7 +206,11 @@ def _dag(value: Any, ctx: Context) -> DagSpec | None:
                 problems.add((*here, "inputs", i), f"names unknown node {pred!r}{suggestion(pred, names)} (nodes: "
                                                    f"{', '.join(names)}; inputs = [] reads the source batch)")
         edges[name] = inputs
-        nodes[name] = component(node, "operator", here, ctx, extra_keys=("inputs",))
+        nodes[name] = component(node, "stage", here, ctx, extra_keys=("inputs",))
+        if nodes[name] is not None and nodes[name].kind == "host_stage":
+            problems.add(nodes[name].path, "is a host stage, which cannot be a DAG node (a DAG runs in the compiled "
+                                           "program); list host stages in [[stages]], where they run before the DAG")
+            nodes[name] = None
     sink = value.get("sink")
     if not isinstance(sink, str):
         problems.add((*path, "sink"), f"must name the node whose output is the batch, got {sink!r}")
@@ -240,12 +275,77 @@ def _allow(value: Any, ctx: Context) -> None:
             ctx.problems.add(("allow", i), str(exc))
 
 
-def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>", overrides: list[str] | None = None) -> RunSpec:
+# The keys an [eval] table may override: the pipeline's, not the run's (epochs, trainer, allow).
+EVAL_KEYS = ("source", "sampler", "stages", "dag", "sharding", "batch_size", "seed", "drop_remainder", "prefetch",
+             "dispatch_ahead")
+
+
+def eval_table(raw: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
+    """The evaluation pipeline's configuration: `[eval]` merged over the training pipeline's keys.
+
+    Tables merge key by key and anything else is replaced, as for includes, with these rules:
+
+    * `[eval.source.<name>]` merges over the training source when it names the same source, and
+      replaces it otherwise; a source with a `shuffle` setting reads in stored order (`shuffle =
+      false`) unless `[eval.source.<name>]` sets it;
+    * the training `sampler` is not inherited (an evaluation visits every record once); `[eval]`
+      may give its own;
+    * `stages` replaces the training stages and a training `[dag]`; `[eval.dag]` replaces the
+      training `[dag]`.
+    """
+    value = raw["eval"]
+    if not is_table(value):
+        ctx.problems.add(("eval",), f"must be a table of pipeline keys to override, e.g. [eval.source.hf] with "
+                                    f"files = [\"test.parquet\"], got {value!r}")
+        return None
+    check_keys(value, EVAL_KEYS, ("eval",), ctx.problems)
+    out = {k: v for k, v in raw.items() if k in EVAL_KEYS and k != "sampler"}
+    if "stages" in value:
+        out.pop("dag", None)
+    for key in ("stages", "dag", "sampler", "batch_size", "seed", "drop_remainder", "prefetch", "dispatch_ahead"):
+        if key in value:
+            out[key] = value[key]
+    if "sharding" in value:
+        out["sharding"] = merge(out.get("sharding", {}), value["sharding"]) \
+            if is_table(value["sharding"]) and is_table(out.get("sharding")) else value["sharding"]
+    train_source, eval_source = out.get("source"), value.get("source")
+    if eval_source is not None:
+        same = is_table(train_source) and is_table(eval_source) and len(train_source) == 1 and \
+            list(train_source) == list(eval_source)
+        out["source"] = merge(train_source, eval_source) if same else eval_source
+    source = out.get("source")
+    if is_table(source) and len(source) == 1:
+        (name, params), = source.items()
+        given = eval_source.get(name, {}) if is_table(eval_source) else {}
+        entry = registry.discover("source")[0].get(name)
+        takes_shuffle = entry is not None and entry.config_cls is not None and \
+            "shuffle" in {f.name for f in dataclasses.fields(entry.config_cls)}
+        if takes_shuffle and is_table(params) and not (is_table(given) and "shuffle" in given):
+            out["source"] = {name: {**params, "shuffle": False}}
+    return out
+
+
+def _eval(raw: dict[str, Any], ctx: Context, path: str) -> RunSpec | None:
+    """The `[eval]` pipeline, validated; its problems are reported under `eval.` unless the same
+    problem was already reported for the training pipeline (a key both inherit)."""
+    table = eval_table(raw, ctx)
+    if table is None:
+        return None
+    own = Problems(ctx.problems.source)
+    spec = validate(table, dataclasses.replace(ctx, problems=own, root=table), path=path)
+    seen = set(ctx.problems.items)
+    ctx.problems.items.extend(f"eval.{item}" for item in own.items if item not in seen)
+    return spec
+
+
+def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>",
+             overrides: list[str] | None = None) -> RunSpec:
     """Checks a loaded configuration; every problem goes to `ctx.problems` (the caller raises)."""
     problems = ctx.problems
+    ctx.root = raw
     if "allow" in raw:
         _allow(raw["allow"], ctx)
-    tables = {k: raw[k] for k in ("source", "sampler", "stages", "dag", "sharding", "trainer") if k in raw}
+    tables = {k: raw[k] for k in ("source", "sampler", "stages", "dag", "sharding", "trainer", "eval") if k in raw}
     scalars = {k: v for k, v in raw.items() if k not in tables and k != "allow"}
     if "source" not in raw:
         problems.add(("source",), "is required but missing: add a [source.<name>] table, e.g. [source.memory] "
@@ -258,13 +358,17 @@ def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>", overr
         if "sampler" in raw else None
     stages = _stages(raw["stages"], ctx) if "stages" in raw else []
     dag = _dag(raw["dag"], ctx) if "dag" in raw else None
-    if "stages" in raw and "dag" in raw:
-        problems.add(("dag",), "cannot be combined with stages; describe the pipeline with one of them")
+    device = [s for s in stages if s is not None and s.kind != "host_stage"]
+    if device and "dag" in raw:
+        problems.add(("dag",), f"cannot be combined with device stages (stages[{stages.index(device[0])}] "
+                               f"{device[0].name}); describe the compiled part with one of them (with a [dag], "
+                               "stages may hold only host stages, which run before it)")
     sharding = None
     if "sharding" in raw:
         if is_table(raw["sharding"]):
             sharding = build_dataclass(ShardingSection, raw["sharding"], ("sharding",), problems)
         else:
             problems.add(("sharding",), f"must be a table, got {raw['sharding']!r}")
+    evaluation = _eval(raw, ctx, path) if "eval" in raw else None
     trainer = _section("trainer", raw["trainer"], ctx) if "trainer" in raw else None
-    return RunSpec(run, source, sampler, stages, dag, sharding, trainer, path, overrides or [], ctx.allow)
+    return RunSpec(run, source, sampler, stages, dag, sharding, trainer, path, overrides or [], ctx.allow, evaluation)

@@ -60,14 +60,20 @@ def resolve_config(config_class: type[C], config: Any, settings: dict[str, Any],
     return config
 
 
-def warn_positional(owner: str, name: str, value: Any) -> None:
-    """The DeprecationWarning of a former positional argument, now the keyword `name`, shown at the
-    user's line (the first frame outside datarax and flax, whose module metaclass calls `__init__`)."""
+def warn_at_caller(message: str, category: type[Warning]) -> None:
+    """Warns at the user's line: the first frame outside datarax, flax (whose module metaclass calls
+    `__init__`) and dataclasses (whose `__init__` calls `__post_init__`)."""
     frame, level = inspect.currentframe().f_back, 2
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("datarax", "flax"):
+    while frame is not None and (frame.f_globals.get("__name__", "").split(".")[0] in ("datarax", "flax")
+                                 or frame.f_code.co_filename == "<string>"):  # a dataclass's generated __init__
         frame, level = frame.f_back, level + 1
-    warnings.warn(f"{owner}({describe(value)}, ...) by position is deprecated: the first argument is the config; "
-                  f"write {owner}({name}=...)", DeprecationWarning, stacklevel=level)
+    warnings.warn(message, category, stacklevel=level)
+
+
+def warn_positional(owner: str, name: str, value: Any) -> None:
+    """The DeprecationWarning of a former positional argument, now the keyword `name`, at the user's line."""
+    warn_at_caller(f"{owner}({describe(value)}, ...) by position is deprecated: the first argument is the config; "
+                   f"write {owner}({name}=...)", DeprecationWarning)
 
 
 def take_positional(owner: str, config_class: type, args: tuple[Any, ...], data: dict[str, Any]) -> Any:

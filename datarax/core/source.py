@@ -73,6 +73,18 @@ class ShuffleConfig:
         check_seed(*field(self, "seed"), allow_none=True)
 
 
+def default_shuffle(config: Any, owner: str) -> None:
+    """Resolves a `shuffle=None` (not given) of a source that shuffled by default before sources
+    agreed on `shuffle=False`: True, as before, with a FutureWarning at the user's line."""
+    if config.shuffle is None:
+        from datarax.core.construct import warn_at_caller
+
+        warn_at_caller(f"{owner} shuffles by default today, but every other source keeps storage order unless "
+                       f"given shuffle=True, and {owner} will too in a future release; pass shuffle=True to keep "
+                       "shuffling (or shuffle=False for storage order) and silence this warning", FutureWarning)
+        object.__setattr__(config, "shuffle", True)
+
+
 def seed_from_rngs(seed: int | None, rngs: nnx.Rngs | None, stream: str = "shuffle") -> int:
     """An explicit seed, else one drawn deterministically from `rngs`, else 0."""
     if seed is not None:

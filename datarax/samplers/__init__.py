@@ -7,3 +7,4 @@ from datarax.samplers.simple import SequentialSampler as SequentialSampler
 from datarax.samplers.simple import ShuffleSampler as ShuffleSampler
 from datarax.samplers.windowed import EpochAwareSampler as EpochAwareSampler
 from datarax.samplers.windowed import SlidingWindowSampler as SlidingWindowSampler
+from datarax.samplers.weighted import WeightedSampler as WeightedSampler

@@ -12,6 +12,8 @@ from datarax.sources.grain_interop import GrainStreamSource as GrainStreamSource
 from datarax.sources.hf import HFSource as HFSource
 from datarax.sources.hf import HFSourceConfig as HFSourceConfig
 from datarax.sources.hf import HFStreamSource as HFStreamSource
+from datarax.sources.file_folder import FileFolderSource as FileFolderSource
+from datarax.sources.file_folder import FileFolderSourceConfig as FileFolderSourceConfig
 from datarax.sources.image_folder import ImageFolderSource as ImageFolderSource
 from datarax.sources.image_folder import ImageFolderSourceConfig as ImageFolderSourceConfig
 from datarax.sources._files import CorruptFileError as CorruptFileError
@@ -25,3 +27,6 @@ from datarax.sources.text import TextSource as TextSource
 from datarax.sources.text import TextSourceConfig as TextSourceConfig
 from datarax.sources.tfds import TFDSSource as TFDSSource
 from datarax.sources.tfds import TFDSSourceConfig as TFDSSourceConfig
+from datarax.sources.hf_write import write_hf_parquet as write_hf_parquet
+from datarax.sources.sharded import ShardedSource as ShardedSource
+from datarax.sources.sharded import ShardedSourceConfig as ShardedSourceConfig

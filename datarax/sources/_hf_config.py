@@ -62,8 +62,13 @@ def check_arguments(config: Any, settings: dict[str, Any], dataset: Any, convert
     if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         raise TypeError(f"{owner} dataset is a dict of splits {list(dataset)}; pass one split, e.g. dataset['train']")
     if not isinstance(dataset, getattr(datasets, want)):
-        other = "HFStreamSource" if want == "Dataset" else "HFSource"
-        raise TypeError(f"{owner} dataset must be a datasets.{want}, got {type(dataset).__name__}; use {other} for it")
+        other_kind, other = ("IterableDataset", "HFStreamSource") if want == "Dataset" else ("Dataset", "HFSource")
+        if isinstance(dataset, getattr(datasets, other_kind)):
+            raise TypeError(f"{owner} dataset must be a datasets.{want}, got {other_kind}; use {other} for it")
+        streaming = ", streaming=True" if want == "IterableDataset" else ""
+        raise TypeError(f"{owner} dataset must be a datasets.{want}, got {type(dataset).__name__} ({dataset!r:.60}); "
+                        f"load one first, e.g. datarax.sources.hf.load_files(['train.parquet']{streaming}) or "
+                        f"datasets.load_dataset(...{streaming})['train']")
     if convert is not None and not callable(convert):
         raise TypeError(f"{owner} convert must be a function batch -> dict of arrays, got {convert!r}")
     return config

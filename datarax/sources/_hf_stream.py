@@ -129,8 +129,10 @@ class HFStreamSource(StreamSourceModule):
         config = check_arguments(config, settings, dataset, convert, "HFStreamSource", "IterableDataset")
         if config.encoded:
             raise ValueError(f"HFStreamSource cannot read encoded columns {config.encoded}: the host stages that "
-                             "decode them need random access. Use HFSource on a map-style dataset (load_files(...) "
-                             "without streaming=True)")
+                             "decode them need random access. For shards on a remote store or the Hub (parquet "
+                             "with Image/Audio columns), use datarax.sources.ShardedSource(urls=[...], "
+                             f"encoded={tuple(config.encoded)!r}), which reads them by byte range with exact resume; "
+                             "for local files, HFSource on a map-style dataset (load_files(...) without streaming=True)")
         self.config = config
         probe = dataset.with_format("arrow")
         sample = next(iter(probe.iter(batch_size=min(config.block_size, 256))), None)

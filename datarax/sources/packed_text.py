@@ -40,7 +40,7 @@ import numpy as np
 
 from datarax.core.checks import check_bool, check_field_name, check_int, check_seed, field
 from datarax.core.construct import resolve_config, take_positional
-from datarax.core.source import DataSourceModule
+from datarax.core.source import DataSourceModule, default_shuffle
 from datarax.host.stage import ENCODED, HostContext
 from datarax.host.text import as_texts, encode, load_tokenizer
 from datarax.samplers.simple import ShuffleSampler
@@ -58,6 +58,8 @@ class PackedTextSourceConfig:
         seq_len: tokens per row.
         field: the source's text field.
         shuffle: visit documents in a fresh order every epoch (Feistel, keyed by (seed, epoch)).
+            Not given, it is True with a FutureWarning: every other source keeps storage order
+            unless asked, and this one will too (docs/sources.md, "Shuffling").
         seed: the shuffle seed.
         eos_id: a token appended to every document (a separator between packed documents), or
             None for none.
@@ -71,7 +73,7 @@ class PackedTextSourceConfig:
 
     seq_len: int = 512
     field: str = "text"
-    shuffle: bool = True
+    shuffle: bool | None = None
     seed: int = 0
     eos_id: int | None = None
     pad_id: int = 0
@@ -83,7 +85,7 @@ class PackedTextSourceConfig:
     def __post_init__(self):
         check_int(*field(self, "seq_len"), 1)
         check_field_name(*field(self, "field"))
-        check_bool(*field(self, "shuffle"))
+        check_bool(*field(self, "shuffle"), allow_none=True)
         check_seed(*field(self, "seed"))
         check_int(*field(self, "eos_id"), 0, allow_none=True)
         check_int(*field(self, "pad_id"), 0)
@@ -91,6 +93,7 @@ class PackedTextSourceConfig:
         check_bool(*field(self, "mask_document_start"))
         check_bool(*field(self, "add_special_tokens"))
         check_int(*field(self, "block_size"), 1)
+        default_shuffle(self, "PackedTextSource")
 
 
 class PackedTextSource(StreamSourceModule):

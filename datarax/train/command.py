@@ -8,7 +8,8 @@ after the current step with a final checkpoint; the exit status is then 128 + th
 
 A progress display on stderr (a bar on a terminal, a plain line every 30 s when piped, e.g.
 `datarax train run.toml | tee log`) and a goodput monitor are added unless the configuration
-lists its own.
+lists its own. `result.json` holds the final step, metrics, evaluation metrics and
+`params_sha256`, a hash of the model's final state (equal hashes: bitwise-equal weights).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from datarax.train.callbacks import GoodputMonitor, MetricLogger, ProgressBar
-from datarax.train.writers import JsonlWriter
 from datarax.train.config import build_trainer, run_dir_of
+from datarax.train.hashing import state_sha256
+from datarax.train.writers import JsonlWriter
 
 
 def _plotting_available() -> bool:
@@ -81,7 +83,8 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
         "config": os.path.abspath(spec.path), "step": result.step, "num_steps": run.num_steps,
         "num_epochs": run.num_epochs, "resumed_from": result.resumed_from, "stop_reason": result.stop_reason,
         "metrics": result.metrics, "eval_metrics": result.eval_metrics, "goodput": goodput,
-        "checkpoint_dir": run.checkpoint_dir, "wall_s": time.perf_counter() - began})
+        "params_sha256": state_sha256(run.trainer.model), "checkpoint_dir": run.checkpoint_dir,
+        "wall_s": time.perf_counter() - began})
     lines = [f"config       {spec.path}"]
     resumed = result.resumed_from
     if resumed is not None:
@@ -90,6 +93,8 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     lines.append(f"trained      to step {result.step} (target {target})")
     if result.metrics:
         lines.append("metrics      " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.metrics.items())))
+    if result.eval_metrics:
+        lines.append("evaluation   " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.eval_metrics.items())))
     if goodput:
         # Every sentence of the report (headline, verdict, evaluation, across runs), one per line.
         text = str(report.get("text") or goodput).replace("\n", "\n             ")

@@ -45,6 +45,8 @@ class TrainerSection:
         run_dir: where `datarax train` writes the run's artefacts (metrics.jsonl, goodput.json and
             goodput.png, result.json); default `runs/<config file name>` beside the config file.
         checkpoint_every: save every N steps (a final save always happens).
+        eval_every_steps: evaluate the `[eval]` pipeline every N steps; with an `[eval]` table and
+            no `eval_every_steps`, the trainer evaluates once, at the target step.
         callbacks: component tables of `datarax.train.callbacks` classes (by name, e.g.
             `{ goodput = {} }`) or import paths.
         trainer_class: import path of the trainer class (a `datarax.train.Trainer` subclass).
@@ -66,6 +68,7 @@ class TrainerSection:
     checkpoint_dir: str | None = None
     run_dir: str | None = None
     checkpoint_every: int | None = None
+    eval_every_steps: int | None = None
     max_to_keep: int = 3
     train_pipeline_params: bool = False
     callbacks: list[Any] = dataclasses.field(default_factory=list)
@@ -79,6 +82,7 @@ class TrainerSection:
         check_positive("steps", self.steps, 0)
         check_positive("epochs", self.epochs, 0)
         check_positive("checkpoint_every", self.checkpoint_every)
+        check_positive("eval_every_steps", self.eval_every_steps)
         check_positive("max_to_keep", self.max_to_keep)
 
 
@@ -138,6 +142,10 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
     raw = value.get("callbacks", [])
     if isinstance(raw, list):
         callbacks = [component(c, "callback", (*path, "callbacks", i), ctx) for i, c in enumerate(raw)]
+    if "eval_every_steps" in value and "eval" not in ctx.root:
+        ctx.problems.add((*path, "eval_every_steps"), "needs an evaluation pipeline: add an [eval] table (its keys "
+                                                      "override the training pipeline's, e.g. [eval.source.hf] with "
+                                                      "files = [\"test.parquet\"]) or drop eval_every_steps")
     if section is None or optimizer is None:
         return None
     return TrainerSpec(section, optimizer, callbacks)
@@ -172,26 +180,20 @@ def _build_optimizer(trainer: TrainerSpec):
 
 
 def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Sequence[Any] = ()) -> TrainerRun:
-    """The trainer a configuration's `[trainer]` section describes, over its pipeline.
+    """The trainer a configuration's `[trainer]` section describes, over its pipeline (and the
+    `[eval]` pipeline, when the file has one).
 
     With `checkpoint_dir` set, a checkpoint callback restores the newest checkpoint when training
     begins, so running the same configuration again resumes where the last run stopped.
     """
-    from flax import nnx
-
     if spec.trainer is None:
         raise ConfigError(["trainer is missing: add a [trainer] table with model, loss, optimizer and steps "
                            "(see docs/config.md)"], spec.path)
     section = spec.trainer.section
     base_dir = os.path.dirname(os.path.abspath(spec.path))
     pipeline = build_pipeline(spec) if pipeline is None else pipeline
-    model_args = dict(section.model_args)
-    if takes_argument(section.model, "rngs") and "rngs" not in model_args:
-        model_args["rngs"] = nnx.Rngs(spec.run.seed)
-    try:
-        model = section.model(**model_args)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError([f"trainer.model could not be built: {exc}"], spec.path) from exc
+    eval_pipeline = build_pipeline(spec.eval) if spec.eval is not None else None
+    model = _build_model(spec)
     callbacks = [build_component(c) for c in spec.trainer.callbacks]
     checkpoint_dir = None
     if section.checkpoint_dir is not None:
@@ -199,6 +201,9 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
         callbacks.insert(0, CheckpointCallback(checkpoint_dir, every_steps=section.checkpoint_every,
                                        max_to_keep=section.max_to_keep))
     trainer_cls = section.trainer_class or Trainer
+    eval_every = section.eval_every_steps
+    if eval_pipeline is not None and eval_every is None:
+        eval_every = _target_steps(section, pipeline)  # evaluate once, at the end
     cache = section.compilation_cache
     if cache is True:
         cache = default_cache_dir(os.path.join(run_dir_of(spec), "jax_cache")) or False
@@ -207,10 +212,78 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     try:
         trainer = trainer_cls(model, _build_optimizer(spec.trainer), pipeline, section.loss, metrics=section.metrics,
                               callbacks=[*callbacks, *extra_callbacks],
-                              train_pipeline_params=section.train_pipeline_params, compilation_cache=cache)
+                              train_pipeline_params=section.train_pipeline_params, eval_pipeline=eval_pipeline,
+                              eval_every_steps=eval_every, compilation_cache=cache)
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
     return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec))
+
+
+def _target_steps(section: TrainerSection, pipeline: Any) -> int | None:
+    """The step `fit` ends at (None for epochs of a stream, whose length is not known)."""
+    if section.steps is not None:
+        return section.steps or None
+    try:
+        return section.epochs * len(pipeline) or None
+    except TypeError:
+        return None
+
+
+def _model_args(spec: RunSpec) -> dict[str, Any]:
+    from flax import nnx
+
+    section = spec.trainer.section
+    model_args = dict(section.model_args)
+    if takes_argument(section.model, "rngs") and "rngs" not in model_args:
+        model_args["rngs"] = nnx.Rngs(spec.run.seed)
+    return model_args
+
+
+def _build_model(spec: RunSpec) -> Any:
+    try:
+        return spec.trainer.section.model(**_model_args(spec))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError([f"trainer.model could not be built: {type(exc).__name__}: {exc}"], spec.path) from exc
+
+
+def check_trainer(spec: RunSpec, pipeline: Any) -> None:
+    """What `datarax validate` checks of `[trainer]` without training: the model is built
+    abstractly (`nnx.eval_shape`: shapes, no parameters allocated), the optimizer is built, and
+    the loss is traced (`jax.eval_shape`) on the pipeline's output batch, so a model or loss that
+    cannot run on this data is an error at its key."""
+    import jax
+    from flax import nnx
+
+    section = spec.trainer.section
+    try:
+        model = nnx.eval_shape(lambda: section.model(**_model_args(spec)))
+    except Exception as exc:  # noqa: BLE001 - whatever the user's model function raised, named at its key
+        raise ConfigError([f"trainer.model could not be built: {type(exc).__name__}: {_first_line(exc)}"],
+                          spec.path) from exc
+    if not isinstance(model, nnx.Module):
+        raise ConfigError([f"trainer.model must return an nnx.Module, got {type(model).__name__}"], spec.path)
+    _build_optimizer(spec.trainer)
+    graphdef, state = nnx.split(model)
+    batch = pipeline.output_spec()
+
+    def loss(state, batch):
+        out = section.loss(nnx.merge(graphdef, state), batch)
+        return out[0] if isinstance(out, tuple) else out
+
+    try:
+        value = jax.eval_shape(loss, state, batch)
+    except Exception as exc:  # noqa: BLE001 - the user's loss on this batch, named at its key
+        fields = ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in batch.items())
+        raise ConfigError([f"trainer.loss fails on the pipeline's output batch ({fields}): {type(exc).__name__}: "
+                           f"{_first_line(exc)}"], spec.path) from exc
+    if getattr(value, "shape", None) != ():
+        raise ConfigError([f"trainer.loss must return a scalar loss (or (loss, aux)), got shape "
+                           f"{getattr(value, 'shape', type(value).__name__)}"], spec.path)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def run_dir_of(spec: RunSpec) -> str:

@@ -70,7 +70,10 @@ def test_version(capsys):
 def test_validate_accepts_a_good_file(folder, capsys):
     path = write(folder, PIPELINE)
     assert main(["validate", path]) == 0
-    assert capsys.readouterr().out.strip() == f"{path}: OK (memory source, 2 stage(s), batch_size 16)"
+    # It builds what it checks: the batch spec is the pipeline's (resize 8x8 -> 4x6, batch 16).
+    assert capsys.readouterr().out.strip().splitlines() == [
+        f"{path}: OK (memory source, 2 stage(s), batch_size 16)",
+        "  batch: image: float32 (16, 4, 6, 3), label: int32 (16,)"]
 
 
 def test_validate_exits_non_zero_with_one_line_per_problem(folder, capsys):
@@ -435,3 +438,158 @@ def test_bench_outside_a_checkout_says_where_to_run_it(monkeypatch, tmp_path, ca
     monkeypatch.setattr(datarax, "__file__", str(tmp_path / "site-packages" / "datarax" / "__init__.py"))
     assert main(["bench", "tokens"]) == 1
     assert BENCH_FROM_CHECKOUT in capsys.readouterr().err
+
+
+def write_image_parquet(path, count: int = 12) -> None:
+    """`count` 16x16 PNGs in an HF `Image` column and an int64 `label`."""
+    import numpy as np
+
+    from datarax.sources import write_hf_parquet
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in range(count)]
+    write_hf_parquet(path, {"image": images, "label": np.arange(count, dtype=np.int64) % 3}, images=["image"])
+
+
+TRIAL_HELPERS = '''
+import numpy as np
+
+def broken_dataset():
+    raise ConnectionError("no network: cannot download 'mnist'")
+
+def not_a_dataset():
+    return {"image": [b"..."], "label": [0]}
+
+def make_model(rngs):
+    from flax import nnx
+    return nnx.Linear(4, 1, rngs=rngs)
+
+def loss_on_x(model, batch):
+    return ((model(batch["x"])[:, 0] - batch["y"]) ** 2).mean()
+'''
+HF = '[source.hf]\nfiles = ["images.parquet"]\nencoded = ["image"]\ncache_dir = "hf-cache"\n'
+DECODE = '[[stages]]\ndecode_image = { size = 8 }\n'
+# What a new user's first configurations looked like, each of which `datarax validate` once called OK.
+REJECTED = {
+    "a host stage on a source without encoded fields": (
+        '[source.memory]\ndata = "cli_helpers:make_data"\n' + DECODE,
+        "stages[0].decode_image cannot take the records of source.memory: DecodeImage field 'image' must hold "
+        "encoded images"),
+    "an HF source pointing at missing files": (
+        HF.replace("images.parquet", "missing.parquet") + DECODE,
+        "source.hf.files[0] names 'missing.parquet', which does not exist"),
+    "a dataset named as a string": (
+        '[source.hf]\ndataset = "mnist"\nencoded = ["image"]\n' + DECODE,
+        "source.hf.dataset must be an import path 'package.module:function' of a function returning the dataset "
+        "(or of the object itself) or give files = [...] instead"),
+    "a dataset whose function fails": (
+        '[source.hf]\ndataset = "trial_helpers:broken_dataset"\n' + DECODE,
+        "source.hf.dataset names 'trial_helpers:broken_dataset', which raised ConnectionError: no network"),
+    "a dataset that is not a datasets object": (
+        '[source.hf]\ndataset = "trial_helpers:not_a_dataset"\n' + DECODE,
+        "source.hf could not be built: HFSource dataset must be a datasets.Dataset, got dict"),
+    "encoded fields and no host stage": (
+        HF, "stages: the records of source.hf still hold encoded fields ['image'] (bytes or text)"),
+    "a host stage after a device stage": (
+        HF + '[[stages]]\nto_float = {}\n' + DECODE,
+        "stages[1].decode_image is a host stage after the device stage stages[0] (to_float)"),
+    "a host stage in a DAG": (
+        HF + '[dag]\nsink = "a"\n[dag.nodes.a]\ndecode_image = { size = 8 }\n',
+        "dag.nodes.a.decode_image is a host stage, which cannot be a DAG node"),
+    "a loss that does not fit the batch": (
+        '[source.memory]\ndata = "cli_helpers:make_data"\n[trainer]\nmodel = "trial_helpers:make_model"\n'
+        'loss = "trial_helpers:loss_on_x"\noptimizer = { adam = { learning_rate = 0.1 } }\nsteps = 1\n',
+        "trainer.loss fails on the pipeline's output batch (image float32[8, 8, 8, 3], label int32[8]): KeyError"),
+    "eval_every_steps without an [eval] table": (
+        '[source.memory]\ndata = "cli_helpers:make_regression"\n[trainer]\nmodel = "trial_helpers:make_model"\n'
+        'loss = "trial_helpers:loss_on_x"\noptimizer = { adam = { learning_rate = 0.1 } }\nsteps = 1\n'
+        'eval_every_steps = 5\n',
+        "trainer.eval_every_steps needs an evaluation pipeline: add an [eval] table"),
+    "an [eval] table pointing at missing files": (
+        HF + DECODE + '[eval.source.hf]\nfiles = ["test.parquet"]\n',
+        "eval.source.hf.files[0] names 'test.parquet', which does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REJECTED))
+def test_validate_rejects_at_the_key_what_cannot_be_built(folder, capsys, case):
+    (folder / "trial_helpers.py").write_text(TRIAL_HELPERS)
+    write_image_parquet(folder / "images.parquet")
+    text, words = REJECTED[case]
+    path = write(folder, 'allow = ["cli_helpers", "trial_helpers"]\nbatch_size = 8\n' + text)
+    assert main(["validate", path]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert f"datarax: error: {path}: {words}" in captured.err, captured.err
+
+
+def test_validate_builds_a_host_stage_pipeline_from_parquet_files(folder, capsys):
+    write_image_parquet(folder / "images.parquet")
+    path = write(folder, 'batch_size = 4\n' + HF + DECODE + '[[stages]]\nto_float = {}\n')
+    assert main(["validate", path]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}: OK (hf source, 1 host stage(s) + 1 stage(s), batch_size 4)",
+        "  batch: image: float32 (4, 8, 8, 3), label: int32 (4,)"]
+    assert not (folder / "hf-cache").exists()  # validate read one batch of the parquet, not the dataset
+    assert main(["inspect", path]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("  stages[0] decode_image (DecodeImage)  size=(8, 8)")
+    assert out[at + 1:at + 3] == ["    label  int64 ()", "    image  uint8 (8, 8, 3)"]
+    assert "  label  int64 ()" in out and "  image  encoded (bytes or text)" in out  # the source's records
+    assert "  └─ stages[0] decode_image (DecodeImage, on the host)" in out
+    assert "     └─ stages[1] to_float (ToFloatOperator)  => output" in out
+
+
+def test_train_over_a_materialized_cache(folder, capsys):
+    """The decode-once cache as a source kind: `datarax materialize` writes it, a TOML job trains on it."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for label in ("a", "b"):
+        (folder / "photos" / label).mkdir(parents=True)
+        for i in range(6):
+            photo = Image.fromarray(rng.integers(0, 256, (40, 30, 3), dtype=np.uint8))
+            photo.save(folder / "photos" / label / f"{i}.png")
+    assert main(["materialize", str(folder / "photos"), str(folder / "cache"), "--max-side", "16"]) == 0
+    capsys.readouterr()
+    (folder / "cache_helpers.py").write_text('''
+def flat_model(rngs):
+    from flax import nnx
+    return nnx.Linear(8 * 8 * 3, 2, rngs=rngs)
+
+def flat_loss(model, batch):
+    import optax
+    logits = model(batch["image"].reshape(batch["image"].shape[0], -1))
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+''')
+    path = write(folder, """
+        allow = ["cache_helpers"]
+        batch_size = 4
+        [source.materialized]
+        directory = "cache"          # relative to this file
+        max_side = 16
+        shuffle = true
+        source = { image_folder = { root = "photos" } }   # checked against the cache's manifest
+        [[stages]]
+        decode_image = { size = 8, crop = "random_resized", seed = 0 }
+        [[stages]]
+        to_float = {}
+        [trainer]
+        model = "cache_helpers:flat_model"
+        loss = "cache_helpers:flat_loss"
+        optimizer = { sgd = { learning_rate = 0.1 } }
+        steps = 4
+        checkpoint_dir = "ckpt"
+    """)
+    assert main(["validate", path]) == 0
+    assert "OK (materialized source, 1 host stage(s) + 1 stage(s)" in capsys.readouterr().out
+    assert main(["train", path, "--no-progress"]) == 0
+    assert "trained      to step 4 (target 4 steps)" in capsys.readouterr().out
+    result = json.loads((folder / "runs" / "run" / "result.json").read_text())
+    assert result["step"] == 4 and math.isfinite(result["metrics"]["loss"])
+    # A changed photo makes the cache stale: refused at the source's key, with the fix.
+    Image.fromarray(np.zeros((40, 30, 3), np.uint8)).save(folder / "photos" / "a" / "0.png")
+    assert main(["validate", path]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: source.materialized could not be built: the materialized cache" in err and "changed" in err

@@ -90,7 +90,7 @@ def test_a_component_named_by_import_path_must_be_a_class_of_its_kind(tmp_path, 
     path = write(tmp_path, f'allow = ["{helper}"]\n[source.memory]\ndata = "{helper}:make_data"\n'
                            f'[[stages]]\n"{helper}:stage" = {{ anything = 1 }}\n')
     with pytest.raises(ConfigError, match=rf"stages\[0\]\.\"{helper}:stage\" names '{helper}:stage', which is a "
-                                          r"function, not an operator class; it was not called"):
+                                          r"function, not a stage class; it was not called"):
         load_pipeline(path)
     assert not (tmp_path / "CALLED").exists()
 

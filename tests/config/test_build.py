@@ -17,6 +17,7 @@ from datarax.operators.image import BrightnessConfig, BrightnessOperator, Horizo
 from datarax.operators.strategies import ParallelOperator, ParallelOperatorConfig
 from datarax.samplers.simple import ShuffleSampler
 from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.sources.hf import HFSource, HFSourceConfig
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
@@ -199,11 +200,11 @@ ERRORS = [
      r"source\.memory\.batch_size is a top-level key, but it sits in the \[source\.memory\] table"),
     (SOURCE + "[[stages]]\nbrightness = {}\nseed = 3\n",
      r"stages\[0\]\.seed is a top-level key, but it sits in the \[stages\[0\]\] table"),
-    (SOURCE + "[[stages]]\nbrightnes = {}\n", r"stages\[0\]\.brightnes is not a known operator; did you mean 'brightness'\?"),
+    (SOURCE + "[[stages]]\nbrightnes = {}\n", r"stages\[0\]\.brightnes is not a known stage; did you mean 'brightness'\?"),
     ('[source.memroy]\ndata = "cfg_helpers:make_data"\n', r"source\.memroy is not a known source; did you mean 'memory'\?"),
     (SOURCE + "[[stages]]\nelement = {}\n", r"stages\[0\]\.element\.fn is required by 'element' but missing"),
     (SOURCE + "[[stages]]\nbrightness = {}\ncontrast = {}\n",
-     r"stages\[0\] must name exactly one operator .*got keys \['brightness', 'contrast'\]"),
+     r"stages\[0\] must name exactly one stage .*got keys \['brightness', 'contrast'\]"),
     (SOURCE + "[[stages]]\nbrightness = 3\n", r"stages\[0\]\.brightness must be a table of parameters"),
     (SOURCE + "[[stages]]\nbrightness = { max_delta = 3.0 }\n",
      r"stages\[0\]\.brightness\.max_delta is rejected by BrightnessConfig: BrightnessConfig\.max_delta must be in"),
@@ -219,7 +220,7 @@ ERRORS = [
     ('[source.memory]\ndata = "missing.npz"\n', r"source\.memory\.data names 'missing\.npz', which does not exist"),
     ('[source.memory]\ndata = "x.npy"\n', r"source\.memory\.data names one array file 'x\.npy'"),
     (SOURCE + "[[stages]]\nbrightness = {}\n[dag]\nsink = \"a\"\n[dag.nodes.a]\nbrightness = {}\n",
-     r"dag cannot be combined with stages"),
+     r"dag cannot be combined with device stages"),
     (SOURCE + '[dag]\nsink = "b"\n[dag.nodes.a]\ninputs = ["c"]\nbrightness = {}\n',
      r"dag\.nodes\.a\.inputs\[0\] names unknown node 'c'"),
     (SOURCE + '[dag]\nsink = "b"\n[dag.nodes.a]\nbrightness = {}\n', r"dag\.sink names unknown node 'b'"),
@@ -278,3 +279,192 @@ def test_a_trainer_section_builds_the_trainer_with_its_callbacks(helpers):
     assert kinds["CheckpointCallback"].schedule.every_steps == 5
     assert (run.num_steps, run.num_epochs) == (None, 2)
     assert run.trainer.model.in_features == 3
+
+
+EVAL = """
+    allow = ["cfg_helpers"]
+    batch_size = 16
+    [source.memory]
+    data = "cfg_helpers:make_data"
+    shuffle = true
+    seed = 4
+    [sampler.shuffle]
+    seed = 3
+    [[stages]]
+    brightness = { max_delta = 0.3, rngs = 1 }
+    [eval]
+    batch_size = 10
+    [[eval.stages]]
+    element = { fn = "cfg_helpers:double" }
+"""
+
+
+def test_an_eval_table_overrides_the_training_pipeline(helpers):
+    from datarax.config import build_pipeline
+    from datarax.operators import ElementOperator
+
+    spec = load_spec(write(helpers, EVAL))
+    import cfg_helpers
+
+    # batch_size and stages from [eval]; the source from the training table but in stored order
+    # (shuffle = false); no training sampler (an evaluation visits each record once).
+    reference = Pipeline(MemorySource(MemorySourceConfig(shuffle=False, seed=4), data=cfg_helpers.make_data()),
+                         [ElementOperator(fn=cfg_helpers.double)], batch_size=10)
+    evaluation = build_pipeline(spec.eval)
+    assert evaluation.sampler.structure() == "SequentialSampler"
+    assert same_stream(reference, evaluation) == 4
+    assert isinstance(build_pipeline(spec).sampler, ShuffleSampler)  # the training pipeline keeps its own
+
+
+@pytest.mark.parametrize("text,problems", [
+    # A problem of the [eval] table is reported under eval.; one it inherits is reported once, at the training key.
+    (EVAL.replace('fn = "cfg_helpers:double"', 'fn = "cfg_helpers:double", scale = 2'),
+     ["eval.stages[0].element.scale is not a known parameter of 'element'"]),
+    (EVAL.replace("max_delta = 0.3", 'max_delta = "x"').replace("[[eval.stages]]\n    element = { fn = "
+                                                                "\"cfg_helpers:double\" }\n", ""),
+     ["stages[0].brightness.max_delta must be a number, got 'x'"]),
+    (EVAL.replace("[eval]", "[eval]\n    epochs = 3"), ["eval.epochs is not a known key"]),
+    (EVAL.replace("[eval]\n    batch_size = 10", "[eval]\n    batch_size = 100"), []),
+])
+def test_eval_problems_are_reported_at_their_key_once(helpers, text, problems):
+    path = write(helpers, text)
+    if not problems:  # a size problem of the eval pipeline shows when it is built
+        from datarax.config import build_pipeline
+
+        with pytest.raises(ConfigError, match=r"batch_size 100 is larger than the 40 records of an epoch"):
+            build_pipeline(load_spec(path).eval)
+        return
+    with pytest.raises(ConfigError) as info:
+        load_spec(path)
+    assert len(info.value.problems) == len(problems)
+    for got, words in zip(info.value.problems, problems):
+        assert got.startswith(words), got
+
+
+def test_the_trainer_evaluates_the_eval_pipeline_at_the_end(helpers):
+    from datarax.train import build_trainer
+
+    spec = load_spec(write(helpers, """
+        allow = ["cfg_helpers"]
+        batch_size = 8
+        [source.memory]
+        data = "cfg_helpers:make_data"
+        shuffle = true
+        [eval]
+        batch_size = 10
+        [trainer]
+        model = "cfg_helpers:make_model"
+        loss = "cfg_helpers:mse"
+        optimizer = { sgd = { learning_rate = 0.01 } }
+        steps = 7
+    """))
+    run = build_trainer(spec)
+    result = run.fit()
+    assert result.step == 7
+    import cfg_helpers
+
+    # The eval loss is the mean over the 40 records of the final model's squared error, in numpy.
+    data = cfg_helpers.make_data()
+    model = run.trainer.model
+    x = data["image"][:, 0, 0, :].astype(np.float64)
+    prediction = x @ np.asarray(model.kernel[...], np.float64)[:, 0] + float(model.bias[...][0])
+    expected = float(np.mean((prediction - data["label"]) ** 2))
+    assert result.eval_metrics["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_host_stages_run_before_a_dag(tmp_path):
+    import io
+
+    from PIL import Image
+
+    from datarax.host import DecodeImage
+    from datarax.operators import ToFloatOperator
+
+    images = []
+    for i in range(6):
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((12, 10, 3), 40 * i, np.uint8)).save(buffer, format="PNG")
+        images.append(buffer.getvalue())
+    (tmp_path / "dag_helpers.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from flax import nnx
+
+        IMAGES = %r
+
+        def data():
+            return {"label": np.arange(6, dtype=np.int32)}
+
+        class Both(nnx.Module):
+            def __call__(self, a, b):
+                return {"image": a["image"] + b["image"], "label": a["label"]}
+    """ % (images,)))
+    path = write(tmp_path, """
+        allow = ["dag_helpers"]
+        batch_size = 3
+        [source.hf]
+        dataset = "dag_helpers:dataset"
+        encoded = ["image"]
+        [[stages]]
+        decode_image = { size = 4, resize = "fixed" }
+        [dag]
+        sink = "both"
+        [dag.nodes.a]
+        to_float = {}
+        [dag.nodes.b]
+        to_float = {}
+        [dag.nodes.both]
+        inputs = ["a", "b"]
+        "dag_helpers:Both" = {}
+    """)
+    with open(tmp_path / "dag_helpers.py", "a") as f:
+        f.write("\n\ndef dataset():\n    import datasets\n    return datasets.Dataset.from_dict("
+                "{'image': IMAGES, 'label': list(range(6))})\n")
+    built = load_pipeline(path)
+    import dag_helpers
+
+    reference = Pipeline.from_dag(
+        source=HFSource(HFSourceConfig(encoded=("image",)), dataset=dag_helpers.dataset()),
+        nodes={"a": ToFloatOperator(), "b": ToFloatOperator(), "both": dag_helpers.Both()},
+        edges={"a": [], "b": [], "both": ["a", "b"]}, sink="both", batch_size=3,
+        host_stages=[DecodeImage(size=4, resize="fixed")])
+    assert same_stream(reference, built) == 2
+    first = next(iter(built))["image"]
+    np.testing.assert_allclose(np.asarray(first)[:, 0, 0, 0], 2 * 40 * np.arange(3) / 255.0, rtol=1e-6)
+
+
+def test_a_host_map_stage_names_an_allowed_function(tmp_path):
+    from datarax.host import HostMap
+
+    (tmp_path / "map_helpers.py").write_text(textwrap.dedent("""
+        import numpy as np
+
+        def data():
+            return {"x": np.arange(40, dtype=np.int32).reshape(10, 4)}
+
+        def summary(record, rng):
+            return {"summary": np.array([record["x"].sum(), record["x"].max(), rng.integers(0, 100)], np.int64)}
+    """))
+    path = write(tmp_path, """
+        allow = ["map_helpers"]
+        batch_size = 4
+        [source.memory]
+        data = "map_helpers:data"
+        device_resident = false
+        [[stages]]
+        [stages.host_map]
+        fn = "map_helpers:summary"
+        outputs = [["summary", [3], "int64"]]
+        fields = ["x"]
+        stochastic = true
+        seed = 2
+    """)
+    built = load_pipeline(path)
+    import map_helpers
+
+    reference = Pipeline(MemorySource(MemorySourceConfig(device_resident=False), data=map_helpers.data()),
+                         [HostMap(fn=map_helpers.summary, outputs={"summary": ((3,), np.int64)}, fields=("x",),
+                                  stochastic=True, seed=2)], batch_size=4)
+    assert same_stream(reference, built) == 3
+    x = map_helpers.data()["x"]
+    first = next(iter(built))["summary"]
+    np.testing.assert_array_equal(np.asarray(first)[:, :2], np.stack([x[:4].sum(1), x[:4].max(1)], 1))

@@ -34,6 +34,13 @@ def test_snake_name(class_name, suffixes, name):
     ("operator", "parallel", "ParallelOperator", "ParallelOperatorConfig"),
     ("operator", "sequential", "SequentialOperator", None),
     ("source", "memory", "MemorySource", "MemorySourceConfig"),
+    ("source", "packed_text", "PackedTextSource", "PackedTextSourceConfig"),  # a stream
+    ("source", "hf_stream", "HFStreamSource", "HFSourceConfig"),
+    ("source", "materialized", "MaterializedSource", "MaterializedSourceConfig"),  # from datarax.host.materialized
+    ("host_stage", "decode_image", "DecodeImage", "DecodeImageConfig"),
+    ("host_stage", "decode_audio", "DecodeAudio", "DecodeAudioConfig"),
+    ("host_stage", "tokenize", "Tokenize", "TokenizeConfig"),
+    ("host_stage", "host_map", "HostMap", "HostMapConfig"),
     ("sampler", "shuffle", "ShuffleSampler", None),
 ])
 def test_known_classes_are_found_with_their_configs(kind, name, class_name, config_name):
@@ -51,6 +58,16 @@ def test_every_exported_concrete_operator_is_registered(package):
                 and obj.__name__.endswith("Operator")}
     registered = {entry.cls for entry in registry.discover("operator")[0].values()}
     assert exported and exported <= registered
+
+
+def test_every_exported_host_stage_is_registered():
+    import datarax.host as host
+    from datarax.host.stage import HostStage
+
+    exported = {obj for obj in vars(host).values()
+                if inspect.isclass(obj) and issubclass(obj, HostStage) and not inspect.isabstract(obj)}
+    assert {e.cls for e in registry.discover("host_stage")[0].values()} == exported
+    assert "host_stage_source" not in registry.discover("source")[0]  # the pipeline's own wrapper is not a source
 
 
 def test_import_object_finds_modules_next_to_the_config(tmp_path):

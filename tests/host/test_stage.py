@@ -110,3 +110,41 @@ def test_errors_name_the_fix():
     device = MapOperator(MapOperatorConfig(), fn=lambda x: x)
     with pytest.raises(ValueError, match=r"stages\[1\] \(Jitter\) is a host stage after a device stage"):
         build(stages=[device, Jitter()])
+
+
+def test_the_documented_host_stage_subclass():
+    """docs/sources.md's `ParseVector` example, run as written: numpy's parse of each record's text,
+    jitter from the record's own generator, and an exact mid-epoch resume."""
+    import pathlib
+    import re
+
+    from sources.source_checks import check_exact_resume
+
+    from datarax.sources import TextSource
+
+    docs = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "sources.md").read_text()
+    section = docs[docs.index("### Writing your own host stage"):]
+    namespace: dict = {}
+    exec(re.search(r"```python\n(.*?)```", section, re.S).group(1), namespace)
+    ParseVector = namespace["ParseVector"]
+    texts = [",".join(str(i + 0.25 * k) for k in range(1 + i % 7)) for i in range(30)]
+    parsed = np.zeros((30, 5), np.float32)
+    for i, text in enumerate(texts):
+        values = np.array([float(v) for v in text.split(",")], np.float32)[:5]
+        parsed[i, :len(values)] = values
+
+    def make(jitter=0.0):
+        return Pipeline(TextSource(documents=texts, shuffle=True, seed=1),
+                        [ParseVector(length=5, jitter=jitter, field="text", seed=3)], batch_size=4)
+
+    plain = np.concatenate([np.asarray(b["vector"]) for b in make()])
+    ids = plain[:, 0].astype(int)
+    assert sorted(ids.tolist()) == list(range(30)) and not np.array_equal(ids, np.arange(30))
+    np.testing.assert_array_equal(plain, parsed[ids])
+    noisy = np.concatenate([np.asarray(b["vector"]) for b in make(0.1)])
+    for row, record in enumerate(ids):
+        noise = 0.1 * record_generator(3, 0, 0, int(record)).standard_normal(5, np.float32)
+        np.testing.assert_allclose(noisy[row], parsed[record] + noise, rtol=1e-6)
+    check_exact_resume(lambda: make(0.1), "vector", seed=2)
+    with pytest.raises(KeyError, match=r"ParseVector field 'csv' is not in the records"):
+        Pipeline(TextSource(documents=texts), [ParseVector(length=5)], batch_size=4)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import jax
@@ -33,11 +34,32 @@ def noisy(element, key):
     return element.update_data({"x": element.data["x"] + jax.random.normal(key, element.data["x"].shape)})
 
 
+SHARDS_ENV = "DATARAX_TEST_SHARDS"  # a folder of parquet shards of the same records: use ShardedSource
+
+
+def write_shards(folder: str) -> None:
+    """The records as three parquet shards (row groups of 4), for the ShardedSource runs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = np.arange(NUM_RECORDS, dtype=np.int32)
+    for shard, part in enumerate(np.array_split(ids, 3)):
+        x = pa.array((part[:, None] * 3 + np.arange(3)).astype(np.float32).tolist(), type=pa.list_(pa.float32(), 3))
+        pq.write_table(pa.table({"id": part, "x": x}), f"{folder}/shard-{shard}.parquet", row_group_size=4)
+
+
 def build(sharding: DataSharding | None = None, resident: bool = True) -> Pipeline:
     """The pipeline every run uses: shuffled, per-record random augmentation, a short final batch."""
     data = {"id": np.arange(NUM_RECORDS, dtype=np.int32),
             "x": np.arange(NUM_RECORDS * 3, dtype=np.float32).reshape(NUM_RECORDS, 3)}
-    source = MemorySource(MemorySourceConfig(shuffle=True, seed=11, device_resident=resident), data=data)
+    shards = os.environ.get(SHARDS_ENV)
+    if shards:
+        from datarax.sources import ShardedSource
+
+        source = ShardedSource(urls=f"file://{shards}/shard-*.parquet", shuffle=True, seed=11, window=2,
+                               manifest_dir=f"{shards}/manifests")
+    else:
+        source = MemorySource(MemorySourceConfig(shuffle=True, seed=11, device_resident=resident), data=data)
     op = ElementOperator(ElementOperatorConfig(stochastic=True), fn=noisy, rngs=nnx.Rngs(5))
     return Pipeline(source, [op], batch_size=BATCH, sharding=sharding)
 

@@ -138,14 +138,21 @@ def single_process_resume(directory: Path) -> list[dict]:
 
 
 CASES = [
-    # (processes, devices per process, mesh, extra worker flags)
-    pytest.param(2, 2, "data", [], id="2proc-device-resident-1d-mesh"),
-    pytest.param(4, 2, "data,model", ["--host-resident"], id="4proc-host-resident-2d-mesh"),
+    # (processes, devices per process, mesh, extra worker flags, source)
+    pytest.param(2, 2, "data", [], "memory", id="2proc-device-resident-1d-mesh"),
+    pytest.param(4, 2, "data,model", ["--host-resident"], "memory", id="4proc-host-resident-2d-mesh"),
+    # ShardedSource: parquet shards on file://, each process reading the blocks its rows touch
+    pytest.param(4, 1, "data", ["--host-resident"], "sharded", id="4proc-sharded-parquet"),
 ]
 
 
-@pytest.mark.parametrize("num_processes,devices,mesh,extra", CASES)
-def test_multihost_union_augmentation_and_elastic_resume(tmp_path, num_processes, devices, mesh, extra):
+@pytest.mark.parametrize("num_processes,devices,mesh,extra,source", CASES)
+def test_multihost_union_augmentation_and_elastic_resume(tmp_path, monkeypatch, num_processes, devices, mesh, extra,
+                                                         source):
+    if source == "sharded":
+        (tmp_path / "shards").mkdir()
+        worker.write_shards(str(tmp_path / "shards"))
+        monkeypatch.setenv(worker.SHARDS_ENV, str(tmp_path / "shards"))
     save_one, save_many = 2, 5
     one_state = single_process_save(tmp_path / "by_one", save_one)
     flags = ["--mesh", mesh, *extra, "--save-at", str(save_many), "--save-dir", str(tmp_path / "by_many"),

@@ -16,7 +16,8 @@ def source(n: int, base: int) -> MemorySource:
 
 def mix(weights, lengths=(300, 100), **kw) -> MixDataSources:
     sources = [source(n, 1000 * (i + 1)) for i, n in enumerate(lengths)]
-    return MixDataSources(MixDataSourcesConfig(weights=tuple(weights), seed=kw.pop("seed", 0), **kw), sources=sources)
+    return MixDataSources(MixDataSourcesConfig(weights=tuple(weights), seed=kw.pop("seed", 0),
+                                                       shuffle=kw.pop("shuffle", True), **kw), sources=sources)
 
 
 @pytest.mark.parametrize("total,weights", [(10, (1, 1, 1)), (1024, (0.7, 0.2, 0.1)), (7, (5, 0, 2)), (3, (1, 1, 1, 1))])
@@ -93,18 +94,18 @@ def test_weights_can_change_on_restore():
 
 def test_errors():
     with pytest.raises(ValueError, match="must share one element spec: sources\\[0\\] has"):
-        MixDataSources(MixDataSourcesConfig(weights=(1, 1)),
+        MixDataSources(MixDataSourcesConfig(weights=(1, 1), shuffle=True),
                        sources=[source(5, 0), MemorySource(data={"id": np.arange(5)})])
     with pytest.raises(ValueError, match="needs one weight per source: config.weights has 1 for 2 sources"):
-        MixDataSources(MixDataSourcesConfig(weights=(1,)), sources=[source(5, 0), source(5, 10)])
+        MixDataSources(MixDataSourcesConfig(weights=(1,), shuffle=True), sources=[source(5, 0), source(5, 10)])
     with pytest.raises(ValueError, match="weights must be finite, >= 0 and not all 0, got \\(0, 0\\)"):
-        MixDataSourcesConfig(weights=(0, 0))
+        MixDataSourcesConfig(weights=(0, 0), shuffle=True)
     with pytest.raises(ValueError, match="give sources \\[1\\] no draw in an epoch of 20; make the epoch longer"):
         MixSampler((10, 10), (0.99, 0.01), block_size=10)
     with pytest.raises(TypeError, match="sources\\[1\\] must be a random-access DataSourceModule"):
-        MixDataSources(MixDataSourcesConfig(weights=(1, 1)), sources=[source(5, 0), [1, 2]])
+        MixDataSources(MixDataSourcesConfig(weights=(1, 1), shuffle=True), sources=[source(5, 0), [1, 2]])
     with pytest.raises(ValueError, match="source_field 'id' is already a field"):
-        MixDataSources(MixDataSourcesConfig(weights=(1, 1), source_field="id"), sources=[source(5, 0), source(5, 9)])
+        MixDataSources(MixDataSourcesConfig(weights=(1, 1), shuffle=True, source_field="id"), sources=[source(5, 0), source(5, 9)])
 
 
 def test_proportional_weights_give_permutations_every_epoch():
@@ -140,3 +141,9 @@ def test_webster_never_takes_a_seat_back_as_the_house_grows():
         totals = np.array([webster(n, weights) for n in range(0, 400)])
         assert np.all(totals.sum(axis=1) == np.arange(400))
         assert np.all(np.diff(totals, axis=0) >= 0)
+
+
+def test_shuffle_not_given_warns_that_its_default_will_become_storage_order():
+    with pytest.warns(FutureWarning, match=r"MixDataSources shuffles by default today") as seen:
+        config = MixDataSourcesConfig(weights=(1, 1))
+    assert seen[0].filename == __file__ and config.shuffle is True

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,7 @@ def reference_rows(docs: list[list[int]], cfg: PackedTextSourceConfig) -> dict[s
 
 
 def packed(docs, batch_size=3, **kwargs) -> tuple[PackedTextSource, Pipeline]:
+    kwargs.setdefault("shuffle", True)
     source = PackedTextSource(source=TextSource(documents=texts(docs)), tokenizer=word_tokenizer(), **kwargs)
     return source, Pipeline(source, [], batch_size=batch_size)
 
@@ -102,7 +104,7 @@ def test_rows_equal_the_reference_packer_and_unpack_to_the_epochs_documents(seq_
                                                                             mask_document_start):
     docs = corpus(23, profile, seed=seq_len)
     cfg = dict(seq_len=seq_len, eos_id=eos_id, truncate=truncate, mask_document_start=mask_document_start,
-               block_size=4, seed=1)
+               block_size=4, seed=1, shuffle=True)
     source, pipeline = packed(docs, **cfg)
     rows = collect(pipeline)
     ordered = epoch_docs(source, docs, 0)
@@ -164,6 +166,8 @@ def test_a_state_saved_after_any_batch_resumes_with_the_same_rows(truncate):
 
 RESUME_SCRIPT = """
 import json, sys
+import warnings
+
 import numpy as np
 from datarax import Pipeline
 from datarax.sources import PackedTextSource, TextSource
@@ -183,7 +187,7 @@ def test_a_state_saved_mid_epoch_resumes_in_a_fresh_process(tmp_path):
     (tmp_path / "corpus.txt").write_text("\n".join(texts([d or [0] for d in docs])) + "\n")
     word_tokenizer().save(str(tmp_path / "tokenizer.json"))
     source = PackedTextSource(source=TextSource.from_files([tmp_path / "corpus.txt"]), tokenizer=tmp_path / "tokenizer.json",
-                              seq_len=24, eos_id=EOS, block_size=8, seed=9)
+                              seq_len=24, eos_id=EOS, block_size=8, seed=9, shuffle=True)
     iterator = Pipeline(source, [], batch_size=4).epochs(None)
     for _ in range(5):
         next(iterator)
@@ -234,7 +238,7 @@ def test_a_state_of_another_packing_is_refused_and_the_iterator_is_unchanged():
 ])
 def test_config_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
-        PackedTextSource(source=TextSource(documents=["w1 w2"]), tokenizer=word_tokenizer(), **kwargs)
+        PackedTextSource(source=TextSource(documents=["w1 w2"]), tokenizer=word_tokenizer(), shuffle=True, **kwargs)
 
 
 def test_an_epoch_of_unknown_length_has_no_len():
@@ -272,3 +276,17 @@ def test_a_document_that_is_not_text_is_named():
     out = {k: np.zeros((4,) + v.shape, v.dtype) for k, v in source.element_spec().items()}
     with pytest.raises(RecordError, match=r"record 2 \(docs.bin:2\).*not UTF-8"):
         reader.read(out, 0, 4)
+
+
+def test_shuffle_not_given_warns_that_its_default_will_become_storage_order():
+    """Every other source keeps storage order unless given shuffle=True; PackedTextSource still
+    shuffles by default, with a FutureWarning at the caller's line, and the fingerprint of a state
+    saved before (shuffle=True) is unchanged."""
+    with pytest.warns(FutureWarning, match=r"PackedTextSource shuffles by default today.*pass shuffle=True") as seen:
+        source = PackedTextSource(source=TextSource(documents=["w1 w2"]), tokenizer=word_tokenizer())
+    assert seen[0].filename == __file__
+    assert source.config.shuffle is True and "shuffle=True" in source.structure()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for shuffle in (True, False):
+            assert PackedTextSourceConfig(shuffle=shuffle).shuffle is shuffle

@@ -1,0 +1,162 @@
+"""`datarax preview CONFIG`: a PNG grid of what the pipeline outputs, to look at its augmentation.
+
+The pipeline is built from the configuration and iterated from its first batch until `count`
+records are in hand; one field of each is drawn as a tile:
+
+* an image field (a record of shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4)) as it is: uint8
+  values unchanged, floats within [0, 1] times 255, and other floats (normalised images) mapped
+  linearly from their 1st to their 99th percentile over the records shown to 0..255, one map for
+  every tile so that tiles compare;
+* an audio field (a float record of shape (T,) or (C, T), T >= 64; channels are averaged) as its
+  spectrogram: a Hann-windowed STFT in numpy (`n_fft` the largest power of two up to
+  `sqrt(4 T)`, between 16 and 512, hop `n_fft / 4`: about as many frames as frequency bins),
+  the log-magnitude `20 log10 |X|` clipped to the 80 dB below the loudest bin of the records
+  shown, low frequencies at the bottom.
+
+Tiles are scaled up by a whole factor (nearest neighbour) until their shorter side is at least
+`MIN_TILE` pixels, and laid out in `ceil(sqrt(count))` columns with `GAP` pixels between and
+around them, so a grid of `n` tiles of `h x w` pixels is
+`(cols * w + (cols + 1) * GAP) x (rows * h + (rows + 1) * GAP)` pixels (width x height).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from datarax.core.checks import require
+
+GAP = 2
+MIN_TILE = 64
+BACKGROUND = 96
+DYNAMIC_RANGE_DB = 80.0
+
+
+def field_kind(shape: tuple[int, ...], dtype: Any) -> str | None:
+    """"image", "audio" or None for a record of `shape` and `dtype`."""
+    dtype = np.dtype(dtype)
+    if not np.issubdtype(dtype, np.number):
+        return None
+    floating = np.issubdtype(dtype, np.floating)
+    if floating and (len(shape) == 1 and shape[0] >= 64 or len(shape) == 2 and shape[0] <= 8 and shape[1] >= 64):
+        return "audio"
+    if len(shape) == 2 and min(shape) >= 4 or len(shape) == 3 and shape[-1] in (1, 3, 4) and min(shape[:2]) >= 4:
+        return "image"
+    return None
+
+
+def choose_field(spec: Mapping[str, Any], field: str | None) -> tuple[str, str]:
+    """`(field, "image" | "audio")`: the named field, else the first image-like, else the first audio-like one."""
+    kinds = {name: field_kind(tuple(leaf.shape[1:]), leaf.dtype) for name, leaf in spec.items()
+             if hasattr(leaf, "shape")}
+    described = ", ".join(f"{n} {np.dtype(spec[n].dtype).name}{list(spec[n].shape[1:])}" for n in kinds)
+    if field is not None:
+        if field not in spec:
+            raise ValueError(f"--field {field!r} is not a field of the pipeline's batches ({described})")
+        if kinds.get(field) is None:
+            raise ValueError(f"--field {field!r} is neither an image (H, W[, 1|3|4]) nor audio (T,) or (C, T) of "
+                             f"floats per record: {described}")
+        return field, kinds[field]
+    for wanted in ("image", "audio"):
+        for name, kind in kinds.items():
+            if kind == wanted:
+                return name, kind
+    raise ValueError(f"the pipeline's batches have no image (H, W[, 1|3|4]) or audio ((T,) or (C, T) floats, T >= 64) "
+                     f"field to draw: {described}; name one with --field")
+
+
+def to_uint8(images: np.ndarray) -> np.ndarray:
+    """Images as uint8 (see the module docstring for how floats are mapped)."""
+    if images.dtype == np.uint8:
+        return images
+    values = images.astype(np.float64)
+    if np.issubdtype(images.dtype, np.integer):
+        low, high = 0.0, 255.0
+    elif values.size and values.min() >= 0.0 and values.max() <= 1.0:
+        low, high = 0.0, 1.0
+    else:
+        low, high = np.percentile(values, [1, 99]) if values.size else (0.0, 1.0)
+        if high <= low:
+            high = low + 1.0
+    return np.clip(np.rint((values - low) / (high - low) * 255.0), 0, 255).astype(np.uint8)
+
+
+def spectrograms(waves: np.ndarray) -> np.ndarray:
+    """uint8 log-magnitude spectrograms `(n, frequencies, frames)` of waveforms `(n, T)` or `(n, C, T)`."""
+    if waves.ndim == 3:
+        waves = waves.mean(axis=1)
+    waves = waves.astype(np.float64)
+    length = waves.shape[-1]
+    n_fft = 2 ** int(math.floor(math.log2(min(512, max(16, math.sqrt(4 * length))))))
+    n_fft = min(n_fft, 2 ** int(math.floor(math.log2(length))))
+    hop = max(1, n_fft // 4)
+    frames = 1 + (length - n_fft) // hop
+    starts = np.arange(frames) * hop
+    windows = waves[:, starts[:, None] + np.arange(n_fft)] * np.hanning(n_fft)
+    magnitude = np.abs(np.fft.rfft(windows, axis=-1))  # (n, frames, frequencies)
+    db = 20.0 * np.log10(np.maximum(magnitude, 1e-10))
+    top = db.max()
+    scaled = (np.clip(db, top - DYNAMIC_RANGE_DB, top) - (top - DYNAMIC_RANGE_DB)) / DYNAMIC_RANGE_DB
+    tiles = np.rint(scaled * 255.0).astype(np.uint8)
+    return tiles.transpose(0, 2, 1)[:, ::-1, :]  # frequencies up the tile, time left to right
+
+
+def grid(tiles: np.ndarray) -> np.ndarray:
+    """The tiles `(n, h, w)` or `(n, h, w, c)` laid out on one uint8 RGB canvas (see the module docstring)."""
+    if tiles.ndim == 3:
+        tiles = tiles[..., None]
+    if tiles.shape[-1] == 1:
+        tiles = np.repeat(tiles, 3, axis=-1)
+    tiles = tiles[..., :3]
+    count, h, w, _ = tiles.shape
+    scale = max(1, math.ceil(MIN_TILE / min(h, w)))
+    tiles = tiles.repeat(scale, axis=1).repeat(scale, axis=2)
+    h, w = h * scale, w * scale
+    cols = math.ceil(math.sqrt(count))
+    rows = math.ceil(count / cols)
+    canvas = np.full((rows * h + (rows + 1) * GAP, cols * w + (cols + 1) * GAP, 3), BACKGROUND, np.uint8)
+    for i, tile in enumerate(tiles):
+        r, c = divmod(i, cols)
+        top, left = GAP + r * (h + GAP), GAP + c * (w + GAP)
+        canvas[top:top + h, left:left + w] = tile
+    return canvas
+
+
+def first_records(pipeline: Any, count: int, field: str) -> np.ndarray:
+    """The first `count` records of `field` (fewer when an epoch holds fewer)."""
+    parts, have = [], 0
+    iterator = iter(pipeline)
+    try:
+        for batch in iterator:
+            values = np.asarray(jax.device_get(batch[field]))
+            parts.append(values[:count - have])
+            have += len(parts[-1])
+            if have >= count:
+                break
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+    return np.concatenate(parts)
+
+
+def write_preview(pipeline: Any, out: str | os.PathLike, *, count: int = 16, field: str | None = None) -> str:
+    """Writes the PNG grid of `count` records of the pipeline's first batches; returns a one-line report."""
+    image_module = require("PIL.Image", owner="datarax preview", extra="image", package="pillow")
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"--n must be a positive number of records, got {count!r}")
+    name, kind = choose_field(pipeline.output_spec(), field)
+    records = first_records(pipeline, count, name)
+    tiles = to_uint8(records) if kind == "image" else spectrograms(records)
+    canvas = grid(tiles)
+    folder = os.path.dirname(os.path.abspath(out))
+    os.makedirs(folder, exist_ok=True)
+    image_module.fromarray(canvas).save(os.fspath(out), format="PNG")
+    what = "images" if kind == "image" else "spectrograms"
+    return (f"wrote {os.fspath(out)}: {len(records)} {what} of field {name!r} ({records.dtype.name} "
+            f"{list(records.shape[1:])} per record), {canvas.shape[1]}x{canvas.shape[0]} px")

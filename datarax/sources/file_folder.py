@@ -1,0 +1,205 @@
+"""`FileFolderSource`: a folder of class sub-folders of files of any kind, as encoded records.
+
+The layout torchvision's `ImageFolder`/`DatasetFolder` read, for any file type (audio clips,
+images, text, serialized examples):
+
+    root/
+      dog_bark/001.wav, dog_bark/002.wav, ...
+      siren/x.flac, siren/nested/y.flac, ...
+
+Class sub-folders, sorted by name, become labels 0, 1, ...; the files of each (searched
+recursively, sorted by path; hidden folders skipped, and hidden files
+when no extensions are given) follow one another in that order,
+so record i is the same file on every machine and the pipeline's Feistel shuffle and resume are
+exact. A record is the file's bytes, an encoded field for a host stage (`DecodeAudio`,
+`DecodeImage`, `HostMap`), and its int32 label. `ImageFolderSource` is this source with image
+extensions and the field `image`.
+
+Example:
+    >>> source = FileFolderSource(root="clips/train", extensions=(".wav", ".flac"), field="audio", shuffle=True)
+    >>> pipeline = Pipeline(source, [DecodeAudio(sample_rate=16000, length=16000)], batch_size=32)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import zlib
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from datarax.control.pool import ThreadPool
+from datarax.core.checks import check_field_name, check_positive_int, field
+from datarax.core.construct import resolve_config
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
+from datarax.host.stage import ENCODED
+from datarax.sources._columns import read_batch
+
+READ_THREADS = 4  # file reads are short syscalls that release the GIL; a few threads hide their latency
+
+
+def check_extensions(value: Any, owner: str, allow_none: bool) -> tuple[str, ...] | None:
+    """File name endings as a lower-case tuple (a single string is one ending)."""
+    if value is None and allow_none:
+        return None
+    extensions = (value,) if isinstance(value, str) else value
+    if (not isinstance(extensions, (tuple, list)) or not extensions
+            or not all(isinstance(e, str) and e.startswith(".") for e in extensions)):
+        raise ValueError(f"{owner}.extensions must be a tuple of endings such as ('.wav', '.flac')"
+                         f"{' or None (every file)' if allow_none else ''}, got {value!r}")
+    return tuple(e.lower() for e in extensions)
+
+
+def check_root(value: Any, owner: str) -> str:
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise TypeError(f"{owner}.root must be a folder path, got {value!r}")
+    return os.fspath(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileFolderSourceConfig(ShuffleConfig):
+    """Configuration of a `FileFolderSource`.
+
+    Attributes:
+        root: the folder holding one sub-folder per class.
+        extensions: file name endings that count (compared without case); None takes every
+            file that is not hidden.
+        field: the name of the field holding each file's bytes.
+        num_threads: threads reading files.
+    """
+
+    root: str
+    extensions: tuple[str, ...] | None = None
+    field: str = "data"
+    num_threads: int = READ_THREADS
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "root", check_root(self.root, "FileFolderSourceConfig"))
+        object.__setattr__(self, "extensions", check_extensions(self.extensions, "FileFolderSourceConfig", True))
+        check_field_name(*field(self, "field"))
+        if self.field == "label":
+            raise ValueError("FileFolderSourceConfig.field cannot be 'label' (the class label's field); pick another "
+                             "name, e.g. field='audio'")
+        check_positive_int(*field(self, "num_threads"), unit="threads")
+
+
+def scan_folder(root: str, extensions: tuple[str, ...] | None, owner: str = "FileFolderSource",
+                what: str = "files") -> tuple[list[str], list[str], np.ndarray]:
+    """`(class names, file paths, labels)` of a class-folder tree, in the source's record order.
+
+    Raises:
+        FileNotFoundError: the root is missing, has no class sub-folders, or a class has no files.
+    """
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"{owner} root {root!r} is not a folder; give the folder that holds "
+                                f"one sub-folder of {what} per class (root/<class>/<{what.rstrip('s')}>)")
+    # Hidden folders (.ipynb_checkpoints, .git) are tooling, not classes.
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise FileNotFoundError(f"{owner} root {root!r} has no class sub-folders; put the {what} in "
+                                f"root/<class>/<{what.rstrip('s')}> (one sub-folder per class)")
+    paths: list[str] = []
+    labels: list[int] = []
+    empty = []
+    for label, name in enumerate(classes):
+        found = []
+        for folder, subfolders, files in os.walk(os.path.join(root, name), followlinks=True):
+            subfolders[:] = [s for s in subfolders if not s.startswith(".")]
+            # Without extensions, hidden files (.DS_Store) are not records; with them, a file counts by its ending.
+            found.extend(os.path.join(folder, f) for f in files
+                         if (not f.startswith(".") if extensions is None else f.lower().endswith(extensions)))
+        if not found:
+            empty.append(name)
+        paths.extend(sorted(found))
+        labels.extend([label] * len(found))
+    if empty:
+        endings = "" if extensions is None else f" ending in {extensions}"
+        raise FileNotFoundError(f"{owner} class folder(s) {empty[:5]} under {root!r} hold no files{endings}; add "
+                                f"{what}, remove the folders{'' if extensions is None else ', or widen extensions='}")
+    return classes, paths, np.asarray(labels, np.int32)
+
+
+class FileFolderSource(DataSourceModule):
+    """Serves the files of a class-folder tree as `{field: bytes, "label": int32}` records.
+
+    Args:
+        config: a `FileFolderSourceConfig`; or its fields as keywords (`root=` names the folder
+            holding one sub-folder per class, see the module docstring).
+        rngs: where an unset shuffle seed is drawn from.
+
+    Attributes:
+        class_names: the class sub-folder names; label i is `class_names[i]`.
+    """
+
+    config_class = FileFolderSourceConfig
+    _what = "files"
+
+    def __init__(self, config: FileFolderSourceConfig | None = None, *, rngs: nnx.Rngs | None = None,
+                 **settings: Any):
+        self.config = resolve_config(self.config_class, config, settings, type(self).__name__,
+                                     positional=("root", (str, os.PathLike)))
+        classes, paths, labels = scan_folder(self.config.root, self.config.extensions, type(self).__name__, self._what)
+        self.class_names = tuple(classes)
+        self.seed = seed_from_rngs(self.config.seed, rngs)
+        # A plain holder keeps the (possibly million-entry) file list out of NNX state and graph.
+        self._files = Handles(paths=paths, labels=labels)
+        self._pool = ThreadPool(self.config.num_threads, f"datarax-{type(self).__name__}")
+
+    @property
+    def field(self) -> str:
+        """The field that holds each file's bytes."""
+        return self.config.field
+
+    def __len__(self) -> int:
+        return len(self._files.paths)
+
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return {self.field: jax.ShapeDtypeStruct((), ENCODED), "label": jax.ShapeDtypeStruct((), np.int32)}
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every record's file path, in record order."""
+        return tuple(self._files.paths)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Every record's label, in record order (a read-only view)."""
+        view = self._files.labels.view()
+        view.flags.writeable = False
+        return view
+
+    def describe_record(self, record_id: int) -> str:
+        return self._files.paths[record_id]
+
+    def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        return read_batch(indices, out, self.element_spec(), len(self), self._read_flat)
+
+    def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        paths = self._files.paths
+        np.take(self._files.labels, flat, out=out["label"])
+        contents = self._pool.map(_read, [paths[i] for i in flat.tolist()])
+        column = out[self.field]
+        for i, content in enumerate(contents):  # item by item: numpy must not read bytes as sequences
+            column[i] = content
+
+    def structure(self) -> str:
+        # The file list relative to the root, not the root itself: a moved copy of the folder resumes.
+        relative = "\n".join(os.path.relpath(p, self.config.root) for p in self._files.paths)
+        return (f"{type(self).__name__}(len={len(self)}, classes={list(self.class_names)}, "
+                f"files_crc32={zlib.crc32(relative.encode()):08x}{self._structure_extra()})")
+
+    def _structure_extra(self) -> str:
+        return f", field={self.field!r}"
+
+    def close(self) -> None:
+        """Shuts the reading threads down (a later read starts them again)."""
+        self._pool.close()
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

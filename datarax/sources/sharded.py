@@ -1,0 +1,711 @@
+"""`ShardedSource`: parquet, webdataset-tar or ArrayRecord shards on any fsspec filesystem, shuffled
+for real in O(1) iterator state, read by byte range ahead of need, resumed exactly.
+
+Data larger than the local disk lives as shards on an object store (`s3://`, `gs://`, the HF Hub's
+`hf://datasets/...`) or a network file system. This source reads them through fsspec, block by
+block, with datarax's guarantees:
+
+* **A manifest** lists every shard's blocks once (parquet: its row groups, from the footer;
+  tar: runs of `block_records` samples, from the member headers; ArrayRecord: runs of
+  `block_records` records) with their record counts and byte ranges, plus each shard's size and
+  ETag/mtime. It is cached as JSON (`manifest_dir`) and its SHA-256 is the source's fingerprint.
+  Opening the source checks every shard against it: a shard whose size or ETag changed is refused,
+  naming it (`ShardChangedError`), a missing one names its URL. So record id -> (shard, block,
+  offset) is arithmetic, on every host, forever.
+* **A real shuffle in O(1) state** (`BlockShuffleSampler`, the default sampler when
+  `shuffle=True`): a Feistel permutation of the blocks keyed by (seed, epoch), then the records
+  of each window of `window` consecutive blocks of that order permuted together (Feistel keyed by
+  (seed, epoch, window)). Position p of epoch e is a function of (seed, e, p) alone, so the
+  pipeline's iterator state stays `{epoch, position}`: a resume reads no stream again, on any
+  number of hosts. Shuffle quality (rank correlation with storage order) per window: docs/sources.md.
+* **Prefetch by knowledge**: the future block order is known, so after each read the source
+  fetches the next `prefetch_blocks` blocks of the epoch's order (one range request each) on a
+  thread pool into a cache of at most `cache_blocks` blocks, before they are needed.
+* **Encoded records**: binary, string and HF `Image`/`Audio` columns (parquet) and tar members are
+  encoded fields (`bytes` per record) for `DecodeImage`, `DecodeAudio`, `Tokenize` or `HostMap`,
+  whose randomness is keyed by record id and epoch as always.
+* **Faults**: a read that raises `OSError` leaves nothing in the cache, so the pipeline's
+  `RetryPolicy` retries it at the same position and the records are the same afterwards; bytes
+  that do not parse raise `CorruptFileError` naming the shard and block.
+
+Example:
+    >>> source = ShardedSource(urls=["s3://bucket/train-00000.parquet", ...], encoded=("image",),
+    ...                        shuffle=True, seed=0)
+    >>> pipeline = Pipeline(source, [DecodeImage(size=224, crop="random_resized")], batch_size=256)
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+import threading
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from datarax.core.checks import check_choice, check_positive_int, field, require
+from datarax.core.construct import resolve_config
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
+from datarax.host.stage import ENCODED
+from datarax.samplers.base import Sampler
+from datarax.samplers.feistel import FeistelPermutation
+from datarax.sources._columns import read_batch
+from datarax.sources._files import CorruptFileError
+from datarax.sources.mix import derive_seed
+
+FORMATS = ("auto", "parquet", "tar", "array_record")
+MANIFEST_VERSION = 2  # 2: each block's decoded size
+_SUFFIXES = {".parquet": "parquet", ".tar": "tar", ".array_record": "array_record"}
+_TAR_BLOCK = 512
+_FIXED_LIST = re.compile(r"fixed_size_list<(?:item|element): (\w+)>\[(\d+)\]")
+# Arrow's type names -> the field dtype (int64 becomes int32, as the other sources' integers do)
+_NUMERIC = {"int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
+            "int64": np.dtype(np.int32), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
+            "uint32": np.dtype(np.uint32), "halffloat": np.dtype(np.float16), "float": np.dtype(np.float32),
+            "double": np.dtype(np.float64), "bool": np.dtype(np.bool_)}
+
+
+class ShardChangedError(ValueError):
+    """A shard differs from the manifest the source (or a saved state) was built on."""
+
+
+def default_manifest_dir() -> str:
+    return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
+                        "datarax", "manifests")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedSourceConfig(ShuffleConfig):
+    """Configuration of a `ShardedSource`.
+
+    Attributes:
+        urls: the shard URLs (any fsspec protocol: `file://` or a plain path, `memory://`,
+            `s3://`, `gs://`, `hf://datasets/...`), in storage order; or one glob pattern
+            (`"s3://bucket/train-*.parquet"`), expanded and sorted once.
+        format: "parquet", "tar" (webdataset: members grouped by the name before the first dot
+            of their file name), "array_record" (local files only), or "auto" (by extension).
+        fields: the columns (parquet) or member extensions (tar) to read; None: all.
+        encoded: parquet columns to read as encoded bytes/str (binary, string, HF Image/Audio);
+            tar members are always encoded, except `int_fields`; ArrayRecord records are the
+            encoded field `record`.
+        int_fields: tar member extensions holding a decimal int (webdataset's `cls`), read as int32.
+        window: blocks whose records are shuffled together (the second level of the shuffle).
+        block_records: records per block for tar and ArrayRecord (parquet blocks are row groups).
+        prefetch_blocks: blocks fetched ahead of the one being read, in the epoch's block order.
+        cache_blocks: blocks kept in memory at most (the prefetched ones included).
+        num_threads: threads fetching blocks.
+        manifest_dir: where manifests are cached (None: `~/.cache/datarax/manifests`).
+        storage_options: passed to `fsspec.filesystem(protocol, **storage_options)`.
+    """
+
+    urls: tuple[str, ...] | str
+    format: str = "auto"
+    fields: tuple[str, ...] | None = None
+    encoded: tuple[str, ...] = ()
+    int_fields: tuple[str, ...] = ("cls",)
+    window: int = 16
+    block_records: int = 256
+    prefetch_blocks: int = 8
+    cache_blocks: int = 32
+    num_threads: int = 8
+    manifest_dir: str | None = None
+    storage_options: dict | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        urls = (self.urls,) if isinstance(self.urls, (str, os.PathLike)) else self.urls
+        if not isinstance(urls, (tuple, list)) or not urls or not all(isinstance(u, (str, os.PathLike)) for u in urls):
+            raise TypeError(f"ShardedSourceConfig.urls must be a list of shard URLs or one glob pattern, got "
+                            f"{self.urls!r}")
+        object.__setattr__(self, "urls", tuple(os.fspath(u) for u in urls))
+        check_choice(*field(self, "format"), FORMATS)
+        for name in ("fields", "encoded", "int_fields"):
+            value = getattr(self, name)
+            if value is None and name == "fields":
+                continue
+            value = (value,) if isinstance(value, str) else value
+            if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and v for v in value):
+                raise TypeError(f"ShardedSourceConfig.{name} must be a tuple of names, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, tuple(value))
+        for name in ("window", "block_records", "cache_blocks", "num_threads"):
+            check_positive_int(*field(self, name))
+        if not isinstance(self.prefetch_blocks, int) or self.prefetch_blocks < 0:
+            raise ValueError(f"ShardedSourceConfig.prefetch_blocks must be an int >= 0, got {self.prefetch_blocks!r}")
+        if self.prefetch_blocks >= self.cache_blocks:
+            raise ValueError(f"ShardedSourceConfig.prefetch_blocks ({self.prefetch_blocks}) must be below cache_blocks "
+                             f"({self.cache_blocks}), or prefetched blocks evict the ones being read; raise "
+                             "cache_blocks")
+        if self.storage_options is not None and not isinstance(self.storage_options, dict):
+            raise TypeError(f"ShardedSourceConfig.storage_options must be a dict or None, got {self.storage_options!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The shuffle
+
+
+class BlockShuffleSampler(Sampler):
+    """Two-level shuffle of blocked records, O(1) iterator state.
+
+    Args:
+        block_counts: records per block, in storage order (record ids run through the blocks).
+        window: blocks shuffled together.
+        seed: the shuffle seed.
+        shuffle: False gives storage order.
+    """
+
+    def __init__(self, block_counts: Sequence[int], window: int = 16, seed: int = 0, shuffle: bool = True):
+        self.counts = np.asarray(block_counts, np.int64)
+        if self.counts.ndim != 1 or self.counts.size == 0 or (self.counts < 1).any():
+            raise ValueError(f"BlockShuffleSampler block_counts must be a non-empty list of positive counts, got "
+                             f"{block_counts!r}")
+        self.window = check_positive_int(window, "BlockShuffleSampler window")
+        self.seed, self.shuffle = int(seed), bool(shuffle)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)])
+        self._orders = Handles(epochs=collections.OrderedDict(), lock=threading.Lock())  # out of NNX state
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def epoch_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`(block order, rank of each block in it, record offsets of the ordered blocks)` of `epoch`."""
+        epochs = self._orders.epochs
+        with self._orders.lock:
+            if epoch not in epochs:
+                n = len(self.counts)
+                order = (FeistelPermutation(n, derive_seed(self.seed, 0xB10C), epoch)(np.arange(n))
+                         if self.shuffle and n > 1 else np.arange(n))
+                rank = np.empty(n, np.int64)
+                rank[order] = np.arange(n)
+                epochs[epoch] = (order, rank, np.concatenate([[0], np.cumsum(self.counts[order])]))
+                while len(epochs) > 2:
+                    epochs.popitem(last=False)
+            return epochs[epoch]
+
+    def indices(self, positions: np.ndarray, epoch: int) -> np.ndarray:
+        positions = np.asarray(positions, np.int64)
+        flat = positions.reshape(-1)
+        if not self.shuffle:
+            return flat.reshape(positions.shape).copy()
+        order, _, ordered = self.epoch_order(epoch)
+        window_starts = ordered[::self.window]
+        if window_starts[-1] != ordered[-1]:
+            window_starts = np.append(window_starts, ordered[-1])
+        w = np.searchsorted(window_starts, flat, side="right") - 1
+        within = flat - window_starts[w]
+        for win in np.unique(w).tolist():
+            sel = w == win
+            size = int(window_starts[win + 1] - window_starts[win])
+            perm = FeistelPermutation(size, derive_seed(self.seed, epoch, win), 0)
+            within[sel] = perm(within[sel])
+        rank_pos = window_starts[w] + within  # the record's place in the epoch's block order
+        j = np.searchsorted(ordered, rank_pos, side="right") - 1
+        ids = self.starts[order[j]] + (rank_pos - ordered[j])
+        return ids.reshape(positions.shape)
+
+    def structure(self) -> str:
+        return (f"BlockShuffleSampler(blocks={len(self.counts)}, records={len(self)}, "
+                f"counts_crc32={zlib.crc32(self.counts.tobytes()):08x}, window={self.window}, seed={self.seed}, "
+                f"shuffle={self.shuffle})")
+
+
+# ---------------------------------------------------------------------------------------------
+# The manifest
+
+
+def _filesystem(url: str, storage_options: dict | None) -> tuple[Any, str]:
+    fsspec = require("fsspec", owner="ShardedSource", extra="data")
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return fs, path
+
+
+def _stamp(fs: Any, path: str, url: str) -> dict[str, Any]:
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"ShardedSource shard {url!r} does not exist; check the URL (and its credentials), "
+                                "or remove it from urls=") from None
+    etag = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or info.get("created")
+    return {"size": int(info["size"]), "etag": None if etag is None else str(etag)}
+
+
+def expand_urls(urls: tuple[str, ...], storage_options: dict | None) -> tuple[str, ...]:
+    """A single glob pattern expanded and sorted; explicit lists as given."""
+    if len(urls) == 1 and any(c in urls[0] for c in "*?["):
+        fs, path = _filesystem(urls[0], storage_options)
+        protocol = urls[0].split("://", 1)[0] + "://" if "://" in urls[0] else ""
+        found = sorted(fs.glob(path))
+        if not found:
+            raise FileNotFoundError(f"ShardedSource urls pattern {urls[0]!r} matches no files; check the pattern")
+        return tuple(protocol + f if protocol and not f.startswith(protocol) else f for f in found)
+    return urls
+
+
+def shard_format(url: str, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    for suffix, name in _SUFFIXES.items():
+        if url.lower().endswith(suffix):
+            return name
+    raise ValueError(f"ShardedSource cannot tell the format of {url!r} from its extension; pass format= one of "
+                     f"{FORMATS[1:]}")
+
+
+def _parquet_index(fs: Any, path: str, size: int) -> tuple[list[list[int]], dict[str, str]]:
+    pq = require("pyarrow.parquet", owner="ShardedSource", extra="data", package="pyarrow")
+    with fs.open(path, "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+        schema = meta.schema.to_arrow_schema()
+    blocks = []
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        if group.num_rows == 0:
+            continue
+        starts, ends = [], []
+        for c in range(group.num_columns):
+            col = group.column(c)
+            start = col.dictionary_page_offset if col.has_dictionary_page and col.dictionary_page_offset else \
+                col.data_page_offset
+            starts.append(start)
+            ends.append(start + col.total_compressed_size)
+        blocks.append([group.num_rows, min(starts), max(ends), g, int(group.total_byte_size)])
+    return blocks, {f.name: str(f.type) for f in schema}
+
+
+def _tar_key(name: str) -> tuple[str, str]:
+    folder, base = os.path.split(name)
+    if "." not in base:
+        return name, ""
+    stem, ext = base.split(".", 1)
+    return os.path.join(folder, stem), ext
+
+
+def _tar_index(fs: Any, path: str, url: str, block_records: int) -> tuple[list[list[int]], dict[str, str]]:
+    samples: list[tuple[str, int, int, tuple[str, ...]]] = []  # key, first header offset, end, extensions
+    with fs.open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as archive:
+        for member in archive:
+            if not member.isfile():
+                continue
+            key, ext = _tar_key(member.name)
+            end = member.offset_data + -(-member.size // _TAR_BLOCK) * _TAR_BLOCK
+            if samples and samples[-1][0] == key:
+                k, start, _, exts = samples[-1]
+                samples[-1] = (k, start, end, exts + (ext,))
+            else:
+                samples.append((key, member.offset, end, (ext,)))
+    if not samples:
+        raise CorruptFileError(f"ShardedSource shard {url!r} holds no files; is it a tar archive?")
+    fields = samples[0][3]
+    for key, _, _, exts in samples:
+        if sorted(exts) != sorted(fields):
+            raise CorruptFileError(f"ShardedSource shard {url!r}: sample {key!r} has members {sorted(exts)}, the first "
+                                   f"sample {sorted(fields)}; every sample needs the same extensions")
+    blocks = []
+    for i in range(0, len(samples), block_records):
+        run = samples[i:i + block_records]
+        blocks.append([len(run), run[0][1], run[-1][2], i, run[-1][2] - run[0][1]])
+    return blocks, {ext: "bytes" for ext in fields}
+
+
+def _array_record_index(path: str, url: str, block_records: int) -> tuple[list[list[int]], dict[str, str]]:
+    ar = require("array_record.python.array_record_module", owner="ShardedSource", extra="data",
+                 package="array_record")
+    reader = ar.ArrayRecordReader(path, "readahead_buffer_size:0")
+    try:
+        n = reader.num_records()
+    finally:
+        reader.close()
+    if n == 0:
+        raise CorruptFileError(f"ShardedSource shard {url!r} holds no records")
+    return [[min(block_records, n - i), i, min(n, i + block_records), i, 0] for i in range(0, n, block_records)], \
+        {"record": "bytes"}
+
+
+def build_manifest(urls: Sequence[str], config: ShardedSourceConfig) -> dict[str, Any]:
+    """Lists every shard's blocks (record counts, byte ranges) and stamps (size, ETag/mtime)."""
+    def one(url: str) -> dict[str, Any]:
+        fmt = shard_format(url, config.format)
+        fs, path = _filesystem(url, config.storage_options)
+        stamp = _stamp(fs, path, url)
+        if fmt == "parquet":
+            blocks, columns = _parquet_index(fs, path, stamp["size"])
+        elif fmt == "tar":
+            blocks, columns = _tar_index(fs, path, url, config.block_records)
+        else:
+            if "://" in url and not url.startswith("file://"):
+                raise ValueError(f"ShardedSource reads ArrayRecord shards from local files only (the reader needs a "
+                                 f"path), got {url!r}; copy the shards to a local disk, or write parquet/tar shards")
+            blocks, columns = _array_record_index(path, url, config.block_records)
+        return {"url": url, "format": fmt, **stamp, "blocks": blocks, "columns": columns}
+
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(urls))) as pool:
+        shards = list(pool.map(one, urls))
+    formats = {s["format"] for s in shards}
+    if len(formats) != 1:
+        raise ValueError(f"ShardedSource shards must share one format, got {sorted(formats)}; list them separately")
+    first = shards[0]["columns"]
+    for s in shards[1:]:
+        if s["columns"] != first:
+            raise ValueError(f"ShardedSource shards {shards[0]['url']!r} and {s['url']!r} have different columns "
+                             f"({first} against {s['columns']}); shards of one source share one schema")
+    return {"version": MANIFEST_VERSION, "format": formats.pop(), "columns": first, "shards": shards}
+
+
+def manifest_key(urls: Sequence[str], config: ShardedSourceConfig) -> str:
+    text = json.dumps({"urls": list(urls), "format": config.format, "block_records": config.block_records})
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def load_manifest(urls: Sequence[str], config: ShardedSourceConfig) -> dict[str, Any]:
+    """The cached manifest (every shard re-stamped and compared), else a new one, cached."""
+    folder = config.manifest_dir or default_manifest_dir()
+    path = os.path.join(folder, f"{manifest_key(urls, config)}.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            manifest = json.load(f)
+        if manifest.get("version") == MANIFEST_VERSION:
+            check_stamps(manifest, config.storage_options, path)
+            return manifest
+    manifest = build_manifest(urls, config)
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f)
+    os.replace(tmp, path)
+    return manifest
+
+
+def check_stamps(manifest: dict[str, Any], storage_options: dict | None, where: str) -> None:
+    """Raises `ShardChangedError` naming the first shard whose size or ETag/mtime differ."""
+    def stamp(shard):
+        fs, path = _filesystem(shard["url"], storage_options)
+        return shard, _stamp(fs, path, shard["url"])
+
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(manifest["shards"]))) as pool:
+        for shard, now in pool.map(stamp, manifest["shards"]):
+            if now["size"] != shard["size"] or now["etag"] != shard["etag"]:
+                raise ShardChangedError(
+                    f"ShardedSource shard {shard['url']!r} changed since its manifest {where!r} was made (size "
+                    f"{shard['size']} -> {now['size']}, etag {shard['etag']} -> {now['etag']}): its records may have "
+                    "moved, so positions would name other records; restore the shard, or delete the manifest to "
+                    "index the shards again (a saved iterator state will then be refused)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading blocks
+
+
+class _Ranges(io.RawIOBase):
+    """A read-only file of `size` bytes of which some ranges were fetched (a parquet row group):
+    pyarrow reads the row group through it; a read outside them is fetched with `fetch(start, end)`
+    (counted like any other fetch)."""
+
+    def __init__(self, size: int, ranges: dict[int, bytes], fetch):
+        self._size, self._ranges, self._pos, self._fetch = size, sorted(ranges.items()), 0, fetch
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = {0: offset, 1: self._pos + offset, 2: self._size + offset}[whence]
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self._size - self._pos)
+        if n <= 0:
+            return 0
+        for start, data in self._ranges:
+            if start <= self._pos and self._pos + n <= start + len(data):
+                buffer[:n] = data[self._pos - start:self._pos - start + n]
+                break
+        else:
+            buffer[:n] = self._fetch(self._pos, self._pos + n)
+        self._pos += n
+        return n
+
+
+def _encoded_column(column: Any, name: str) -> list:
+    pa = require("pyarrow", owner="ShardedSource", extra="data")
+    if pa.types.is_struct(column.type):  # HF Image/Audio: struct<bytes, path>
+        values = column.field("bytes").to_pylist()
+        if any(v is None for v in values):
+            raise CorruptFileError(f"ShardedSource column {name!r} has rows that store only a path, no bytes; a remote "
+                                   "shard must carry the files' bytes (write it with datarax.sources.write_hf_parquet)")
+        return values
+    return column.to_pylist()
+
+
+class ShardedSource(DataSourceModule):
+    """Records of parquet, tar or ArrayRecord shards on any fsspec filesystem (see the module docstring).
+
+    Args:
+        config: a `ShardedSourceConfig`; or its fields as keywords (`urls=` is required).
+        rngs: where an unset shuffle seed is drawn from.
+
+    """
+
+    def __init__(self, config: ShardedSourceConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
+        self.config = resolve_config(ShardedSourceConfig, config, settings, "ShardedSource")
+        urls = expand_urls(self.config.urls, self.config.storage_options)
+        manifest = load_manifest(urls, self.config)
+        self.seed = seed_from_rngs(self.config.seed, rngs)
+        self._setup(manifest)
+
+    def _setup(self, manifest: dict[str, Any]) -> None:
+        self._format = manifest["format"]
+        self._fingerprint = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+        blocks = [(s, *b) for s, shard in enumerate(manifest["shards"]) for b in shard["blocks"]]
+        counts = np.array([b[1] for b in blocks], np.int64)
+        # A plain holder keeps the block table, the cache and the threads out of NNX state and graph.
+        self._io = Handles(manifest=manifest, blocks=blocks, counts=counts, starts=np.concatenate([[0], np.cumsum(counts)]),
+                           cache=collections.OrderedDict(), lock=threading.Lock(), pool=None, sampler=None, footers={},
+                           fetched=[0])
+        self._spec = self._element_spec(manifest["columns"])
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The shards' blocks and stamps (see `build_manifest`)."""
+        return self._io.manifest
+
+    @property
+    def fetched_bytes(self) -> int:
+        """Bytes read from the shards so far (for read-amplification reports)."""
+        return self._io.fetched[0]
+
+    def _element_spec(self, columns: dict[str, str]) -> dict[str, jax.ShapeDtypeStruct]:
+        config, spec = self.config, {}
+        names = list(columns) if config.fields is None else list(config.fields)
+        missing = [n for n in (*names, *config.encoded) if n not in columns]
+        if missing:
+            raise KeyError(f"ShardedSource fields {missing} are not in the shards (they have {sorted(columns)}); "
+                           "pick from those")
+        for name in dict.fromkeys([*names, *config.encoded]):
+            kind, shape = columns[name], ()
+            fixed = _FIXED_LIST.fullmatch(kind)
+            if fixed:  # fixed_size_list<item: float>[3]: a (3,) field
+                kind, shape = fixed.group(1), (int(fixed.group(2)),)
+            if self._format != "parquet":
+                dtype = np.dtype(np.int32) if name in config.int_fields else ENCODED
+            elif name in config.encoded:
+                dtype = ENCODED
+            elif kind in _NUMERIC:
+                dtype = _NUMERIC[kind]
+            else:
+                raise TypeError(f"ShardedSource column {name!r} is {columns[name]}, which is not a number or a fixed-size "
+                                f"list of numbers; list it in encoded=(...) to read it as bytes/str for a host stage, or "
+                                "leave it out of fields")
+            spec[name] = jax.ShapeDtypeStruct(shape, dtype)
+        return spec
+
+    def __len__(self) -> int:
+        return int(self._io.starts[-1])
+
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return dict(self._spec)
+
+    def default_sampler(self) -> Sampler:
+        """The two-level block shuffle when `shuffle=True`, else storage order."""
+        self._io.sampler = BlockShuffleSampler(self._io.counts, self.config.window, self.seed, bool(self.config.shuffle))
+        return self._io.sampler
+
+    def describe_record(self, record_id: int) -> str:
+        b = int(np.searchsorted(self._io.starts, record_id, side="right") - 1)
+        shard, _, _, _, native, _ = self._io.blocks[b]
+        unit = "row group" if self._format == "parquet" else "block"
+        return (f"record {record_id - int(self._io.starts[b])} of {unit} {native} of "
+                f"{self._io.manifest['shards'][shard]['url']}")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._io.pool is None:
+            self._io.pool = concurrent.futures.ThreadPoolExecutor(self.config.num_threads,
+                                                               thread_name_prefix="datarax-sharded")
+        return self._io.pool
+
+    def _block(self, b: int) -> concurrent.futures.Future:
+        """The block's future, fetched now unless cached or in flight (LRU, `cache_blocks` at most)."""
+        with self._io.lock:
+            future = self._io.cache.get(b)
+            if future is not None:
+                self._io.cache.move_to_end(b)
+                return future
+            future = self._executor().submit(self._fetch, b)
+            self._io.cache[b] = future
+            while len(self._io.cache) > self.config.cache_blocks:
+                self._io.cache.popitem(last=False)
+            return future
+
+    def _forget(self, b: int, future: concurrent.futures.Future) -> None:
+        with self._io.lock:
+            if self._io.cache.get(b) is future:
+                del self._io.cache[b]
+
+    def _fetch(self, b: int) -> dict[str, Any]:
+        shard_index, count, start, end, native, _ = self._io.blocks[b]
+        shard = self._io.manifest["shards"][shard_index]
+        fs, path = _filesystem(shard["url"], self.config.storage_options)
+        if self._format == "array_record":
+            return self._fetch_array_record(path, shard, start, count)
+        data = fs.cat_file(path, start, end)
+        if len(data) != end - start:
+            raise ShardChangedError(f"ShardedSource shard {shard['url']!r} returned {len(data)} bytes for a block of "
+                                    f"{end - start}: it changed since its manifest; restore it, or index the shards "
+                                    "again")
+        with self._io.lock:
+            self._io.fetched[0] += len(data)
+        where = f"block {native} of {shard['url']}"
+        try:
+            if self._format == "parquet":
+                return self._parquet_rows(fs, path, shard, shard_index, native, start, data, count)
+            return self._tar_rows(data, count, where)
+        except (ValueError, tarfile.TarError) as exc:  # an OSError (a failed fetch) stays one: it is retried
+            if isinstance(exc, (CorruptFileError, ShardChangedError)):
+                raise
+            raise CorruptFileError(f"ShardedSource cannot read {where}: {exc}; the shard is damaged or changed: "
+                                   "restore it, or index the shards again") from None
+
+    def _parquet_rows(self, fs, path, shard, shard_index, group, start, data, count) -> dict[str, Any]:
+        pq = require("pyarrow.parquet", owner="ShardedSource", extra="data", package="pyarrow")
+        size = shard["size"]
+
+        def fetch(begin: int, end: int) -> bytes:
+            extra = fs.cat_file(path, begin, end)
+            with self._io.lock:
+                self._io.fetched[0] += len(extra)
+            return extra
+
+        metadata = self._io.footers.get(shard_index)
+        if metadata is None:  # the footer, read once per shard (two small range requests)
+            length = int.from_bytes(fetch(size - 8, size - 4), "little")
+            footer = fetch(size - 8 - length, size)
+            metadata = pq.ParquetFile(_Ranges(size, {size - len(footer): footer}, fetch)).metadata
+            self._io.footers[shard_index] = metadata
+        file = _Ranges(size, {start: data}, fetch)
+        table = pq.ParquetFile(file, metadata=metadata).read_row_group(group, columns=list(self._spec))
+        if table.num_rows != count:
+            raise ShardChangedError(f"ShardedSource row group {group} of {shard['url']!r} has {table.num_rows} rows, "
+                                    f"the manifest {count}; the shard changed: index the shards again")
+        rows = {}
+        for name, spec in self._spec.items():
+            column = table.column(name).combine_chunks()
+            if spec.dtype == ENCODED:
+                rows[name] = _encoded_column(column, name)
+            elif spec.shape:
+                rows[name] = column.flatten().to_numpy(zero_copy_only=False).astype(spec.dtype).reshape(-1, *spec.shape)
+            else:
+                rows[name] = column.to_numpy(zero_copy_only=False).astype(spec.dtype)
+        return rows
+
+    def _tar_rows(self, data: bytes, count: int, where: str) -> dict[str, Any]:
+        rows: dict[str, list] = {name: [] for name in self._spec}
+        keys: list[str] = []
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+            for member in archive:
+                if not member.isfile():
+                    continue
+                key, ext = _tar_key(member.name)
+                if not keys or keys[-1] != key:
+                    keys.append(key)
+                if ext in rows:
+                    content = archive.extractfile(member).read()
+                    rows[ext].append(int(content.decode().strip()) if ext in self.config.int_fields else content)
+        if len(keys) != count or any(len(v) != count for v in rows.values()):
+            raise CorruptFileError(f"ShardedSource {where} holds {len(keys)} samples, the manifest {count}")
+        return {name: (np.asarray(v, np.int32) if self._spec[name].dtype != ENCODED else v)
+                for name, v in rows.items()}
+
+    def _fetch_array_record(self, path, shard, start, count) -> dict[str, Any]:
+        ar = require("array_record.python.array_record_module", owner="ShardedSource", extra="data",
+                     package="array_record")
+        reader = ar.ArrayRecordReader(path, "readahead_buffer_size:0")
+        try:
+            records = reader.read(list(range(start, start + count)))
+        finally:
+            reader.close()
+        with self._io.lock:
+            self._io.fetched[0] += sum(len(r) for r in records)
+        return {"record": records}
+
+    def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        return read_batch(indices, out, self._spec, len(self), self._read_flat)
+
+    def read(self, indices: np.ndarray, epoch: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        result = self.get_batch(indices, out)
+        self._prefetch(np.asarray(indices).reshape(-1), epoch)
+        return result
+
+    def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        blocks = np.searchsorted(self._io.starts, flat, side="right") - 1
+        needed = {b: self._block(b) for b in np.unique(blocks).tolist()}
+        for b, future in needed.items():
+            try:
+                rows = future.result()
+            except BaseException:
+                self._forget(b, future)  # a failed fetch is not cached: a retry fetches it again
+                raise
+            sel = np.flatnonzero(blocks == b)
+            offsets = flat[sel] - self._io.starts[b]
+            for name, values in rows.items():
+                column = out[name]
+                if isinstance(values, np.ndarray):
+                    column[sel] = values[offsets]
+                else:
+                    for row, offset in zip(sel.tolist(), offsets.tolist()):
+                        column[row] = values[offset]
+
+    def _prefetch(self, flat: np.ndarray, epoch: int) -> None:
+        """Queues the next `prefetch_blocks` blocks after these records' in the epoch's block order."""
+        sampler = self._io.sampler
+        if sampler is None or self.config.prefetch_blocks == 0 or flat.size == 0:
+            return
+        order, rank, _ = sampler.epoch_order(epoch) if sampler.shuffle else (None, None, None)
+        blocks = np.searchsorted(self._io.starts, flat, side="right") - 1
+        last = int(rank[blocks].max()) if rank is not None else int(blocks.max())
+        # the rest of this window is read next too (its records are shuffled together)
+        window_end = (last // sampler.window + 1) * sampler.window if sampler.shuffle else last + 1
+        ahead = range(last + 1, min(len(self._io.blocks), max(window_end, last + 1 + self.config.prefetch_blocks)))
+        for r in list(ahead)[:self.config.prefetch_blocks]:
+            self._block(int(order[r]) if order is not None else r)
+
+    def held_bytes(self) -> int:
+        """Memory the block cache may hold at most: `cache_blocks` of the largest decoded block
+        (ArrayRecord: records are read per block and not counted here; each is one record's bytes)."""
+        largest = max((b[5] for b in self._io.blocks), default=0)
+        return self.config.cache_blocks * int(largest)
+
+    def structure(self) -> str:
+        fields = {k: str(v.dtype) for k, v in self._spec.items()}
+        return (f"ShardedSource(format={self._format}, len={len(self)}, blocks={len(self._io.blocks)}, "
+                f"manifest_sha256={self._fingerprint}, fields={fields})")
+
+    def close(self) -> None:
+        """Stops the fetching threads and drops the cached blocks (a later read starts them again)."""
+        with self._io.lock:
+            pool, self._io.pool = self._io.pool, None
+            self._io.cache.clear()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "seed": self.seed, "manifest": self.manifest}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.config, self.seed = state["config"], state["seed"]
+        self._setup(state["manifest"])
