@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from datarax.core.checks import require
+from datarax.core.checks import is_int, require
 
 GAP = 2
 MIN_TILE = 64
@@ -148,7 +148,7 @@ def first_records(pipeline: Any, count: int, field: str) -> np.ndarray:
 def write_preview(pipeline: Any, out: str | os.PathLike, *, count: int = 16, field: str | None = None) -> str:
     """Writes the PNG grid of `count` records of the pipeline's first batches; returns a one-line report."""
     image_module = require("PIL.Image", owner="datarax preview", extra="image", package="pillow")
-    if not isinstance(count, int) or count < 1:
+    if not is_int(count) or count < 1:
         raise ValueError(f"--n must be a positive number of records, got {count!r}")
     name, kind = choose_field(pipeline.output_spec(), field)
     records = first_records(pipeline, count, name)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from datarax.core.checks import check_bool, check_positive_int, check_seed
+from datarax.core.checks import check_bool, check_positive_int, check_seed, is_number
 from datarax.samplers.base import Sampler
 
 
@@ -65,8 +65,7 @@ class WeightedSampler(Sampler):
         if not isinstance(weights, tuple) or len(weights) != len(self.counts):
             raise ValueError(f"WeightedSampler weights must hold one weight per group id 0..{len(self.counts) - 1} "
                              f"({len(self.counts)} weights), got {weights!r}")
-        if not all(isinstance(w, (int, float, np.number)) and not isinstance(w, bool) and np.isfinite(w) and w >= 0
-                   for w in weights) or sum(weights) <= 0:
+        if not all(is_number(w) and np.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
             raise ValueError(f"WeightedSampler weights must be finite, >= 0 and not all 0, got {weights!r}")
         self.weights = tuple(float(w) for w in weights)
         empty = [g for g, (w, c) in enumerate(zip(self.weights, self.counts)) if c == 0 and w > 0]

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from datarax.core.checks import require
+from datarax.core.checks import check_positive_int, is_int, require
 
 
 def _encode_image(value: Any, where: str) -> tuple[bytes, str | None]:
@@ -42,7 +42,7 @@ def _encode_image(value: Any, where: str) -> tuple[bytes, str | None]:
 
 def _encode_audio(value: Any, where: str) -> tuple[bytes, str | None]:
     if isinstance(value, tuple):
-        if len(value) != 2 or not isinstance(value[1], (int, np.integer)) or value[1] <= 0:
+        if len(value) != 2 or not is_int(value[1]) or value[1] <= 0:
             raise ValueError(f"write_hf_parquet {where} is {type(value).__name__} of {len(value)}; an audio array is "
                              "given as (samples, sample_rate) with a positive int rate")
         samples, rate = np.asarray(value[0]), int(value[1])
@@ -134,7 +134,6 @@ def write_hf_parquet(path: str | os.PathLike, columns: Mapping[str, Sequence[Any
     schema = datasets.Features(features).arrow_schema
     table = pa.Table.from_arrays([arrays[n].cast(schema.field(n).type) for n in columns], schema=schema)
     path = os.fspath(path)
-    if row_group_size is not None and (not isinstance(row_group_size, int) or row_group_size < 1):
-        raise ValueError(f"write_hf_parquet row_group_size must be a positive int or None, got {row_group_size!r}")
+    check_positive_int(row_group_size, "write_hf_parquet row_group_size", allow_none=True)
     pq.write_table(table, path, row_group_size=row_group_size)
     return path

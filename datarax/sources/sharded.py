@@ -54,7 +54,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_choice, check_positive_int, field, require
+from datarax.core.checks import check_choice, check_int, check_positive_int, field, require
 from datarax.core.construct import resolve_config
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.host.stage import ENCODED
@@ -140,8 +140,7 @@ class ShardedSourceConfig(ShuffleConfig):
             object.__setattr__(self, name, tuple(value))
         for name in ("window", "block_records", "cache_blocks", "num_threads"):
             check_positive_int(*field(self, name))
-        if not isinstance(self.prefetch_blocks, int) or self.prefetch_blocks < 0:
-            raise ValueError(f"ShardedSourceConfig.prefetch_blocks must be an int >= 0, got {self.prefetch_blocks!r}")
+        check_int(*field(self, "prefetch_blocks"), 0)
         if self.prefetch_blocks >= self.cache_blocks:
             raise ValueError(f"ShardedSourceConfig.prefetch_blocks ({self.prefetch_blocks}) must be below cache_blocks "
                              f"({self.cache_blocks}), or prefetched blocks evict the ones being read; raise "

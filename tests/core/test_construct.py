@@ -78,7 +78,7 @@ def required_settings(config: type) -> dict:
     """Settings that have no default, filled with values the configs accept."""
     values = {"size": 8, "root": "unused", "name": "mnist", "weights": (1.0,), "group_size": 2, "fields": ("x",),
               "sample_rate": 16000, "length": 64, "n_channels": 1, "orig_rate": 16000, "new_rate": 8000,
-              "max_side": 64, "outputs": (("y", (), "<f4"),)}
+              "max_side": 64, "outputs": (("y", (), "<f4"),), "urls": ("memory://x/a.parquet",)}
     required = [f.name for f in dataclasses.fields(config)
                 if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     missing = [n for n in required if n not in values and n not in EXTRA.get(config.__name__, {})]
