@@ -151,9 +151,17 @@ def build_pipeline(spec: RunSpec):
         where = "dag" if spec.dag is not None else "stages"
         raise ConfigError([f"{where}: the pipeline could not be built: {files.first_line(exc)}"]) from exc
     # The stages may grow a record (a resize up, a one-hot): check what they output too.
-    sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(pipeline.output_spec()) // run.batch_size,
-                       host_resident, "out of the stages", run.dispatch_ahead)
+    out_bytes = sizes.spec_bytes(pipeline.output_spec()) // run.batch_size
+    sizes.check_memory(run.batch_size, run.prefetch, out_bytes, host_resident, "out of the stages", run.dispatch_ahead)
+    held = [(format_path(s.path), held_bytes(x)) for s, x in [(spec.source, source), *zip(spec.host_stages, hosts)]]
+    sizes.check_held_memory(held, run.batch_size, run.prefetch, out_bytes, host_resident)
     return pipeline
+
+
+def held_bytes(component: Any) -> int:
+    """What a source or host stage holds beside the batches (its `held_bytes()`; 0 without one)."""
+    held = getattr(component, "held_bytes", None)
+    return int(held()) if callable(held) else 0
 
 
 def check_pipeline(spec: RunSpec) -> list[Any]:

@@ -13,18 +13,22 @@ naming the TOML key:
   the batches in flight (`prefetch` + 3 for a host-resident source's ring of buffers, 2 plus
   `dispatch_ahead` for a device-resident one), against the host's physical memory (and the first device's limit, when
   the backend reports one).
+* what the source and the host stages hold beside the batches (`held_bytes()`: a decoding
+  stage's `max_decode_bytes`, a sharded source's block cache), with the host-side batches,
+  must fit in the host's memory.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from datarax.config.schema import ConfigError
+from datarax.control.budget import host_memory_bytes
+from datarax.control.budget import human as human
 from datarax.control.producers import ring_size
 
 
@@ -32,10 +36,9 @@ def memory_bytes() -> int | None:
     """The memory a batch may use: physical host memory, or the first device's limit if smaller
     (None when neither is known)."""
     limits = []
-    try:
-        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        pass
+    host = host_memory_bytes()
+    if host is not None:
+        limits.append(host)
     try:
         import jax
 
@@ -52,15 +55,6 @@ def spec_bytes(spec: Any) -> int:
     if isinstance(spec, Mapping):
         return sum(spec_bytes(v) for v in spec.values())
     return math.prod(spec.shape) * np.dtype(spec.dtype).itemsize
-
-
-def human(n: float) -> str:
-    """`97.7 KiB`, `7.28 TiB`."""
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:,.0f} bytes" if unit == "bytes" else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} PiB"
 
 
 def epoch_records(source: Any, sampler: Any) -> int | None:
@@ -101,4 +95,24 @@ def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_residen
            if fit >= 1 else "not even one record fits: make the records (or what the stages make of them) smaller")
     message = (f"{held} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
                f"record), more than the {human(limit)} of memory here; {fix}")
+    raise ConfigError([message])
+
+
+def check_held_memory(held: Sequence[tuple[str, int]], batch_size: int, prefetch: int, record_bytes: int,
+                      host_resident: bool) -> None:
+    """Raises `ConfigError` at the first holder when what the source and host stages hold
+    (`held`: (path, bytes) pairs, from their `held_bytes()`) plus the batches kept on the host
+    exceed the host's memory."""
+    limit = host_memory_bytes()
+    held = [(path, n) for path, n in held if n > 0]
+    if limit is None or not held:
+        return
+    batches = batch_size * (record_bytes + 8) * ring_size(prefetch) if host_resident else 0
+    total = sum(n for _, n in held) + batches
+    if total <= limit:
+        return
+    parts = ", ".join(f"{path} {human(n)}" for path, n in held)
+    message = (f"{held[0][0]} and the rest hold about {human(total)} at once ({parts}, and {human(batches)} of "
+               f"batches on the host), more than the {human(limit)} of memory here; lower the decoding stages' "
+               "max_decode_bytes (or a sharded source's cache_blocks)")
     raise ConfigError([message])
