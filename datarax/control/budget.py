@@ -78,7 +78,7 @@ class MemoryBudget:
         """
         nbytes = max(0, int(nbytes))
         if not self.fits(nbytes):
-            raise ValueError(f"{self.name} cannot reserve {human(nbytes)} of a {human(self.limit)} budget")
+            raise ValueError(f"{self.name} cannot reserve {nbytes:,} bytes of a {self.limit:,}-byte budget")
         with self._changed:
             # Every reservation fits alone, so once the others give theirs back this one goes ahead.
             self._changed.wait_for(lambda: self._held + nbytes <= self.limit)
