@@ -367,3 +367,16 @@ def test_the_budget_is_checked_and_left_out_of_the_fingerprint(root):
                                          r"None, got 0"):
         DecodeAudioConfig(max_decode_bytes=0)
     assert build(root).fingerprint == build(root, max_decode_bytes=2**26).fingerprint
+
+
+def test_a_header_declaring_an_absurd_rate_is_refused_by_name_with_the_default_budget():
+    """A WAV whose header says 2,147,483,647 Hz: resampling it to 16 kHz needs a 42.9-billion-tap
+    filter (1.25 TiB), which used to be a MemoryError naming nothing, past `on_error="skip"`."""
+    data = bytearray(encode(tone(0, 1000), fmt="WAV"))
+    data[24:32] = (2**31 - 1).to_bytes(4, "little") + (2 * (2**31 - 1)).to_bytes(4, "little")  # rate, byte rate
+    stage = DecodeAudio(sample_rate=16000, length=16000, num_threads=1, on_error="skip")
+    with pytest.warns(UserWarning, match=r"DecodeAudio: record 3 needs about 1.25 TiB to decode \(1 channel\(s\) at "
+                                         r"2,147,483,647 Hz, 1,000 frames read, resampled by 16000/2147483647 with a "
+                                         r"42,949,672,941-tap filter\), more than the stage's max_decode_bytes="):
+        out = stage({"audio": objects([bytes(data)])}, HostContext(np.array([3]), epoch=0))
+    assert out["audio_ok"].tolist() == [False] and stage.skipped == 1
