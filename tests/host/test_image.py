@@ -623,7 +623,7 @@ stage({"image": records[:1]}, HostContext(np.arange(1), 0))  # threads started, 
 vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + 600 * 2**20, resource.RLIM_INFINITY))
 out = stage({"image": records}, HostContext(np.arange(4), 0))["image"]
-print(json.dumps({"mean": out.reshape(-1, 3).mean(axis=0).tolist(), "peak": stage.budget.peak, "bytes": len(records[0])}))
+print(json.dumps({"mean": out.reshape(-1, 3).mean(axis=0).tolist(), "peak": stage.budget.peak}))
 """
 
 

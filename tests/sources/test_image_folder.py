@@ -219,7 +219,8 @@ def test_a_file_name_with_control_characters_is_escaped_in_errors(tmp_path):
 
 @pytest.mark.parametrize("content,says", [
     (b"", r"ValueError: empty file \(0 bytes\)"),
-    (b"GIF89 not really", r"UnidentifiedImageError: cannot identify image file \(16 bytes, starting b'GIF89 not really'\)"),
+    (b"GIF89 not really",
+     r"UnidentifiedImageError: cannot identify image file \(16 bytes, starting b'GIF89 not really'\)"),
 ])
 def test_an_empty_or_unknown_file_says_so_naming_the_record(tmp_path, content, says):
     write_folder(tmp_path, num=3)
