@@ -8,3 +8,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("USE_TORCH", "0")
 os.environ.setdefault("USE_TF", "0")
+# The Trainer turns JAX's persistent compilation cache on by default (in ~/.cache); tests that
+# check the cache give it a directory of their own.
+os.environ.setdefault("DATARAX_COMPILATION_CACHE", "off")

@@ -135,8 +135,9 @@ def build_pipeline(spec: RunSpec):
     _host_outputs(spec, source, hosts)
     sizes.check_batch_fits_epoch(run.batch_size, sizes.epoch_records(source, kwargs.get("sampler")), run.drop_remainder)
     host_resident = source.device_arrays() is None
+    held = sizes.held_bytes(source, *hosts)
     sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(source.element_spec()), host_resident, "read",
-                       run.dispatch_ahead)
+                       run.dispatch_ahead, held)
     try:
         if spec.dag is not None:
             nodes = {name: build_component(node) for name, node in spec.dag.nodes.items()}
@@ -151,17 +152,9 @@ def build_pipeline(spec: RunSpec):
         where = "dag" if spec.dag is not None else "stages"
         raise ConfigError([f"{where}: the pipeline could not be built: {files.first_line(exc)}"]) from exc
     # The stages may grow a record (a resize up, a one-hot): check what they output too.
-    out_bytes = sizes.spec_bytes(pipeline.output_spec()) // run.batch_size
-    sizes.check_memory(run.batch_size, run.prefetch, out_bytes, host_resident, "out of the stages", run.dispatch_ahead)
-    held = [(format_path(s.path), held_bytes(x)) for s, x in [(spec.source, source), *zip(spec.host_stages, hosts)]]
-    sizes.check_held_memory(held, run.batch_size, run.prefetch, out_bytes, host_resident)
+    sizes.check_memory(run.batch_size, run.prefetch, sizes.spec_bytes(pipeline.output_spec()) // run.batch_size,
+                       host_resident, "out of the stages", run.dispatch_ahead, held)
     return pipeline
-
-
-def held_bytes(component: Any) -> int:
-    """What a source or host stage holds beside the batches (its `held_bytes()`; 0 without one)."""
-    held = getattr(component, "held_bytes", None)
-    return int(held()) if callable(held) else 0
 
 
 def check_pipeline(spec: RunSpec) -> list[Any]:

@@ -13,15 +13,12 @@ naming the TOML key:
   the batches in flight (`prefetch` + 3 for a host-resident source's ring of buffers, 2 plus
   `dispatch_ahead` for a device-resident one), against the host's physical memory (and the first device's limit, when
   the backend reports one).
-* what the source and the host stages hold beside the batches (`held_bytes()`: a decoding
-  stage's `max_decode_bytes`, a sharded source's block cache), with the host-side batches,
-  must fit in the host's memory.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -78,41 +75,29 @@ def check_batch_fits_epoch(batch_size: int, records: int | None, drop_remainder:
     raise ConfigError([message])
 
 
+def held_bytes(*components: Any) -> int:
+    """What components keep in memory besides the batches: the sum of their `held_bytes()` (a
+    `ShardedSource`'s block cache, a stage's decode budget); 0 for those without one."""
+    return sum(int(c.held_bytes()) for c in components if callable(getattr(c, "held_bytes", None)))
+
+
 def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_resident: bool, what: str,
-                 dispatch_ahead: int = 0) -> None:
-    """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`."""
+                 dispatch_ahead: int = 0, held: int = 0) -> None:
+    """Raises `ConfigError` at `batch_size` when the batches held at once, plus `held` bytes the
+    source and stages keep (`held_bytes`), exceed `memory_bytes()`."""
     limit = memory_bytes()
     in_flight = ring_size(prefetch) if host_resident else 2 + dispatch_ahead
     # Each row also carries its int64 record id through the sampler and the program.
-    needed = batch_size * (record_bytes + 8) * in_flight
+    needed = batch_size * (record_bytes + 8) * in_flight + held
     if limit is None or needed <= limit:
         return
-    fit = limit // ((record_bytes + 8) * in_flight)
-    held = (f"batch_size {batch_size:,} with prefetch {prefetch}" if host_resident
-            else f"batch_size {batch_size:,} with dispatch_ahead {dispatch_ahead}")
+    fit = max(0, limit - held) // ((record_bytes + 8) * in_flight)
+    holder = (f"batch_size {batch_size:,} with prefetch {prefetch}" if host_resident
+              else f"batch_size {batch_size:,} with dispatch_ahead {dispatch_ahead}")
+    caches = f" plus {human(held)} the source and stages keep (their caches and budgets)" if held else ""
     fix = (f"use a batch_size of at most {fit:,}" + (" (or a smaller prefetch)" if host_resident
                                                      else " (or a smaller dispatch_ahead)" if dispatch_ahead else "")
            if fit >= 1 else "not even one record fits: make the records (or what the stages make of them) smaller")
-    message = (f"{held} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
-               f"record), more than the {human(limit)} of memory here; {fix}")
-    raise ConfigError([message])
-
-
-def check_held_memory(held: Sequence[tuple[str, int]], batch_size: int, prefetch: int, record_bytes: int,
-                      host_resident: bool) -> None:
-    """Raises `ConfigError` at the first holder when what the source and host stages hold
-    (`held`: (path, bytes) pairs, from their `held_bytes()`) plus the batches kept on the host
-    exceed the host's memory."""
-    limit = host_memory_bytes()
-    held = [(path, n) for path, n in held if n > 0]
-    if limit is None or not held:
-        return
-    batches = batch_size * (record_bytes + 8) * ring_size(prefetch) if host_resident else 0
-    total = sum(n for _, n in held) + batches
-    if total <= limit:
-        return
-    parts = ", ".join(f"{path} {human(n)}" for path, n in held)
-    message = (f"{held[0][0]} and the rest hold about {human(total)} at once ({parts}, and {human(batches)} of "
-               f"batches on the host), more than the {human(limit)} of memory here; lower the decoding stages' "
-               "max_decode_bytes (or a sharded source's cache_blocks)")
+    message = (f"{holder} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
+               f"record{caches}), more than the {human(limit)} of memory here; {fix}")
     raise ConfigError([message])

@@ -16,6 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from datarax.batching import padded_positions
+from datarax.monitoring.stages import StageTimes
+
+# The names of the reader's own parts in its `StageTimes` (host stages add theirs).
+READ = "source read"
+COPY = "copy to device"
 
 
 class HostBatch(NamedTuple):
@@ -56,19 +61,22 @@ def indexed_host_batches(pipeline: Any, steps: Iterator[tuple[int, int, int]]) -
     p = pipeline
     length = len(p.sampler)
     ring = [None] * ring_size(p.prefetch)
+    times = p.reader_times
     for i, (epoch, position, num_valid) in enumerate(steps):
         idx = p.sampler.indices(padded_positions(position, p.compiled.rows, length), epoch)
         slot = i % len(ring)
-        if ring[slot] is None:
-            ring[slot] = p.retry_policy.call(lambda: p.source.read(idx, epoch))  # noqa: B023 (called at once)
-        else:
-            p.retry_policy.call(lambda: p.source.read(idx, epoch, out=ring[slot]))  # noqa: B023
+        with times.measure(READ, records=num_valid, work="read"):
+            if ring[slot] is None:
+                ring[slot] = p.retry_policy.call(lambda: p.source.read(idx, epoch))  # noqa: B023 (called at once)
+            else:
+                p.retry_policy.call(lambda: p.source.read(idx, epoch, out=ring[slot]))  # noqa: B023
         # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
         # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
-        if p.placement is None:
-            batch = to_device(ring[slot])
-        else:
-            batch = jax.block_until_ready(p.placement.put({k: v.copy() for k, v in ring[slot].items()}))
+        with times.measure(COPY, records=num_valid, work="copy"):
+            if p.placement is None:
+                batch = to_device(ring[slot])
+            else:
+                batch = jax.block_until_ready(p.placement.put({k: v.copy() for k, v in ring[slot].items()}))
         yield HostBatch(epoch, position, idx, num_valid, batch, None)
 
 
@@ -111,14 +119,17 @@ class _EpochReader:
 
 def stream_host_batches(source: Any, *, batch_size: int, drop_remainder: bool, ring_size: int,
                         epoch: int, position: int, state: dict[str, Any] | None,
-                        end_epoch: int | None, retry_policy: Any = None) -> Iterator[HostBatch]:
+                        end_epoch: int | None, retry_policy: Any = None,
+                        times: StageTimes | None = None) -> Iterator[HostBatch]:
     """A `datarax.sources.StreamSourceModule`'s batches from (`epoch`, `position`, `state`) on.
 
     Each batch is `batch_size` rows (a short final batch padded), copied to the device before
     the next read reuses its host buffer, which is one of `ring_size` buffers (more than the
     consumer can hold at once). A read that raises is retried at the same state under
-    `retry_policy` (a `datarax.pipeline.RetryPolicy`; None: the error is raised at once).
+    `retry_policy` (a `datarax.pipeline.RetryPolicy`; None: the error is raised at once). The
+    reads and copies are timed into `times` (None: a throwaway `StageTimes`).
     """
+    times = StageTimes() if times is None else times
     spec = source.element_spec()
     ring: list[dict[str, np.ndarray] | None] = [None] * ring_size
     step = 0
@@ -131,16 +142,20 @@ def stream_host_batches(source: Any, *, batch_size: int, drop_remainder: bool, r
                 if ring[slot] is None:
                     ring[slot] = {k: np.empty((batch_size, *s.shape), s.dtype) for k, s in spec.items()}
                 buffers = ring[slot]
+                began = times.clock()
                 if retry_policy is None:
                     valid = reader.read(buffers, batch_size)
                 else:
                     valid = retry_policy.call(lambda: reader.read(buffers, batch_size))  # noqa: B023 (called at once)
+                times.add(READ, times.clock() - began, records=valid, work="read")
                 if valid == 0 or (drop_remainder and valid < batch_size):
                     break
                 if valid < batch_size:
                     _pad(buffers, valid)
                 ids = np.minimum(np.arange(position, position + batch_size, dtype=np.int64), position + valid - 1)
-                yield HostBatch(epoch, position, ids, valid, to_device(buffers), reader.commit())
+                with times.measure(COPY, records=valid, work="copy"):
+                    data = to_device(buffers)
+                yield HostBatch(epoch, position, ids, valid, data, reader.commit())
                 step += 1
                 position += valid
                 fresh = False

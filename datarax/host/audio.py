@@ -183,6 +183,8 @@ class DecodeAudio(HostStage):
         config: the stage's settings; or pass them as keywords (`DecodeAudio(length=16000)`).
     """
 
+    work = "decode"
+
     def __init__(self, config: DecodeAudioConfig | None = None, **settings: Any):
         self.config = config = resolve_config(DecodeAudioConfig, config, settings, "DecodeAudio")
         self.seed = config.seed

@@ -265,6 +265,8 @@ class DecodeImage(HostStage):
         budget: the `MemoryBudget` the decodes share (`budget.limit` is `held_bytes()`).
     """
 
+    work = "image_decode"
+
     def __init__(self, config: DecodeImageConfig | None = None, **settings: Any):
         self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage",
                                    positional=("size", (int, tuple, list))))

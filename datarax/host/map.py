@@ -214,6 +214,8 @@ class HostMap(HostStage):
         skipped: records replaced by zeros so far (`on_error="skip"`).
     """
 
+    work = "python"
+
     def __init__(self, config: HostMapConfig | None = None, *, fn: Callable[..., Mapping[str, Any]],
                  **settings: Any):
         self._setup(fn, resolve_config(HostMapConfig, config, settings, "HostMap"))
@@ -253,6 +255,9 @@ class HostMap(HostStage):
         if self.bad_records.ok_field is not None:
             spec[self.bad_records.ok_field] = jax.ShapeDtypeStruct((), np.bool_)
         return spec
+
+    def label(self) -> str:
+        return f"HostMap({getattr(self.fn, '__qualname__', type(self.fn).__name__)})"
 
     def structure(self) -> str:
         # The executor and the worker count change no output; leaving them out lets a run resume on other cores.

@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ import jax
 import numpy as np
 
 from datarax.core.source import DataSourceModule
+from datarax.monitoring.stages import WORK, StageTimes
 from datarax.samplers.keyed import keyed_generator
 
 Spec = dict[str, jax.ShapeDtypeStruct]
@@ -154,10 +156,14 @@ class HostStage(abc.ABC):
 
     Subclasses implement `output_spec` and `__call__`; `stochastic` stages draw from
     `ctx.generator(self.seed, row)` only, so their output depends on the record and the epoch.
+    `work` says what kind of work the stage does (one of `datarax.monitoring.stages.WORK`:
+    "image_decode", "decode", "python" or "other"); when the stage is the background reader's
+    slowest part, it orders the remedies a goodput report suggests.
     """
 
     seed: int = 0
     stochastic: bool = False
+    work: str = "other"
 
     @abc.abstractmethod
     def output_spec(self, input_spec: Spec) -> Spec:
@@ -170,6 +176,10 @@ class HostStage(abc.ABC):
     def structure(self) -> str:
         """Identifies the stage in iterator fingerprints."""
         return f"{type(self).__name__}({getattr(self, 'config', '')})"
+
+    def label(self) -> str:
+        """The stage's short name in timing reports (the class name by default)."""
+        return type(self).__name__
 
     def close(self) -> None:
         """Releases threads or files the stage holds (idempotent)."""
@@ -239,10 +249,13 @@ class HostStageSource(DataSourceModule):
     """A random-access source followed by host stages: the pipeline's view of both.
 
     `Pipeline` builds one when its `stages` begin with host stages. Its records are the stages'
-    fixed-shape outputs; `read(indices, epoch, out)` runs the stages on the background thread.
+    fixed-shape outputs; `read(indices, epoch, out)` runs the stages on the background thread and
+    adds the time of the source's read and of each stage to `times` (a `StageTimes` on `clock`),
+    which the goodput report reads to name the slowest part.
     """
 
-    def __init__(self, source: DataSourceModule, stages: Sequence[HostStage]):
+    def __init__(self, source: DataSourceModule, stages: Sequence[HostStage], *,
+                 clock: Callable[[], float] = time.perf_counter):
         if not isinstance(source, DataSourceModule):
             raise TypeError(f"host stages need a random-access source (a DataSourceModule), got "
                             f"{type(source).__name__}; streams are decoded by their own reader")
@@ -257,6 +270,13 @@ class HostStageSource(DataSourceModule):
             spec = stage.output_spec(dict(spec))
         check_numeric(spec, "after the host stages,")
         self._spec = spec
+        self.times = StageTimes(clock)
+        labels = [stage.label() for stage in self.stages]
+        # Two stages of one kind get their position, so their times stay apart.
+        self._labels = [f"{label}#{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
+        for stage in self.stages:
+            if stage.work not in WORK:
+                raise ValueError(f"{type(stage).__name__}.work must be one of {WORK}, got {stage.work!r}")
 
     def __len__(self) -> int:
         return len(self.source)
@@ -279,10 +299,13 @@ class HostStageSource(DataSourceModule):
         """
         ids = np.asarray(indices, np.int64)
         distinct, rows = first_rows(ids.reshape(-1))
-        batch = self.source.get_batch(distinct)
+        times, count = self.times, len(distinct)
+        with times.measure("source read", records=count, work="read"):
+            batch = self.source.get_batch(distinct)
         for i, stage in enumerate(self.stages):
-            batch = stage(batch, HostContext(distinct, int(epoch), i, self.source.describe_record))
-        if len(distinct) < ids.size:
+            with times.measure(self._labels[i], records=count, work=stage.work):
+                batch = stage(batch, HostContext(distinct, int(epoch), i, self.source.describe_record))
+        if count < ids.size:
             batch = {k: v[rows] for k, v in batch.items()}
         batch = {k: v.reshape(ids.shape + v.shape[1:]) for k, v in batch.items()}
         if out is None:

@@ -133,6 +133,8 @@ class Tokenize(HostStage):
         >>> stage = Tokenize(tokenizer="tokenizer.json", length=64, field="text")
     """
 
+    work = "decode"
+
     def __init__(self, config: TokenizeConfig | None = None, *legacy: Any, tokenizer: Any = None, **settings: Any):
         data = {"tokenizer": tokenizer}
         config = take_positional("Tokenize", TokenizeConfig, (config, *legacy), data)

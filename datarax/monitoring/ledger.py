@@ -74,38 +74,76 @@ def rate_text(x: float) -> str:
     return "inf" if not math.isfinite(x) else f"{x:,.0f}"
 
 
-def diagnose(*, stall_pct: float, idle_pct: float, step_s: float, consumes_el_s: float | None = None,
+# What to do about an input-bound run, in one place for every report that gives advice.
+REMEDIES = {
+    "decode_once": "decode once: `datarax materialize ROOT DIR --max-side N` writes a reduced copy of an image "
+                   "folder that later epochs read instead of decoding again (random crops stay random)",
+    "threads": "more host parallelism: `num_threads=` of DecodeImage / DecodeAudio, `ThreadedSource(source, "
+               "num_threads=...)` for reads, `HostMap(executor=\"processes\", num_workers=...)` for GIL-bound Python",
+    "prefetch": "a deeper prefetch, `Pipeline(prefetch=...)`: it absorbs uneven batch times, not a slow average",
+    "device_resident": "a device-resident source (`MemorySource(device_resident=True)` over decoded arrays that fit "
+                       "in device memory): the gather runs inside the compiled step, with no reader",
+}
+# The order to try them in, by the kind of work of the reader's slowest part (None: not measured).
+REMEDY_ORDER = {
+    None: ("decode_once", "threads", "prefetch", "device_resident"),
+    "image_decode": ("decode_once", "threads", "prefetch", "device_resident"),
+    "read": ("threads", "decode_once", "prefetch", "device_resident"),
+    "decode": ("threads", "prefetch", "device_resident"),
+    "python": ("threads", "prefetch", "device_resident"),
+    "other": ("threads", "prefetch", "device_resident"),
+    "copy": ("device_resident", "prefetch"),
+}
+
+
+def input_remedies(slowest_work: str | None = None) -> list[str]:
+    """The remedies for an input-bound run, in the order to try them, given the kind of work of
+    the reader's slowest part (`datarax.monitoring.stages.WORK`; None when it was not measured)."""
+    return [REMEDIES[key] for key in REMEDY_ORDER.get(slowest_work, REMEDY_ORDER[None])]
+
+
+def remedies_text(remedies: list[str]) -> str:
+    """`remedies, in order: 1) ...; 2) ...`"""
+    return "remedies, in order: " + "; ".join(f"{i}) {text}" for i, text in enumerate(remedies, 1))
+
+
+def diagnose(*, stall_pct: float, idle_pct: float, step_s: float, span: str, consumes_el_s: float | None = None,
              delivers_el_s: float | None = None, host_parts: Mapping[str, float] | None = None,
-             host_next_pct: float | None = None) -> str:
-    """The verdict on a steady stretch of steps, in one line with the numbers behind it.
+             host_next_pct: float | None = None, input_detail: str = "") -> str:
+    """The verdict on a stretch of steps, in one line with the numbers behind it.
+
+    Every percentage is of the same stretch, which `span` names so the sentence states its
+    denominator (e.g. "of the steady steps' 10.4 s (steps 2-300)").
 
     Args:
         stall_pct: exposed data stall, percent of the stretch's time.
         idle_pct: all exposed idle (data stall included), percent.
         step_s: mean device time per step.
+        span: the denominator, as words following a percentage.
         consumes_el_s / delivers_el_s: elements per second the step consumes and the pipeline
             delivers (busy + stall), when the element counts are known.
         host_parts: percent of the time each kind of other host work idled the device.
         host_next_pct: percent of the time the host was inside `next()`, to say when that
             time overlapped device work and is not a stall.
+        input_detail: appended to an input-bound verdict (the slowest reader part, remedies).
     """
     host = max(idle_pct - stall_pct, 0.0)
     if stall_pct >= INPUT_BOUND_PCT and stall_pct >= host:
-        text = f"input-bound: the device was idle {stall_pct:.0f}% of wall time waiting for data"
+        text = f"input-bound: the device was idle waiting for data {stall_pct:.0f}% {span}"
         if delivers_el_s is not None and consumes_el_s is not None:
             text += (f"; the pipeline delivers {rate_text(delivers_el_s)} el/s, the step consumes "
                      f"{rate_text(consumes_el_s)} el/s")
-        return text
+        return text + (f"; {input_detail}" if input_detail else "")
     if host >= INPUT_BOUND_PCT:
         parts = dict(host_parts) if host_parts else {"other host work": host}
         detail = ", ".join(f"{name} {pct:.0f}%" for name, pct in sorted(parts.items(), key=lambda kv: -kv[1])
                            if pct >= 0.5)
-        return (f"host-bound: the device was idle {host:.0f}% of wall time between steps while the host did "
-                f"other work ({detail}), {stall_pct:.0f}% waiting for data; the step takes {1e3 * step_s:.2f} ms")
+        return (f"host-bound: the device was idle between steps {host:.0f}% {span} while the host did "
+                f"other work ({detail}), and waited for data {stall_pct:.0f}%; the step takes {1e3 * step_s:.2f} ms")
     consumes = f"consumes {rate_text(consumes_el_s)} el/s" if consumes_el_s is not None else \
         f"takes {1e3 * step_s:.2f} ms"
-    text = f"compute-bound: exposed data stall {stall_pct:.1f}%; the step {consumes} and the pipeline keeps up"
+    text = f"compute-bound: exposed data stall {stall_pct:.1f}% {span}; the step {consumes} and the pipeline keeps up"
     if host_next_pct is not None and host_next_pct >= stall_pct + 10:
-        text += (f" (the host waited in next() {host_next_pct:.0f}% of the time, overlapped with device work, so "
+        text += (f" (the host waited in next() {host_next_pct:.0f}% of that time, overlapped with device work, so "
                  "it is not a stall)")
     return text

@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from datarax.core.checks import check_bool, check_int, check_positive_int, is_number
-from datarax.monitoring.ledger import INPUT_BOUND_PCT, diagnose, step_ledger
+from datarax.monitoring.ledger import INPUT_BOUND_PCT, diagnose, input_remedies, remedies_text, step_ledger
 from datarax.monitoring.watcher import ReadyWatcher
 
 Reporter = Callable[[dict], Any]
@@ -242,11 +242,11 @@ class PipelineMonitor:
         wait = steady["wait_pct"]
         waited = f"the loop spent {wait:.1f}% of its time in next() (p50 {steady['wait_ms']['p50']:.2f} ms per batch)"
         if device is not None:
-            text = diagnose(stall_pct=device["data_stall_pct"], idle_pct=device["exposed_idle_pct"],
-                            step_s=device["step_ms_mean"] / 1e3, host_next_pct=wait)
-            if text.startswith("input-bound"):
-                text += f" ({waited})" + self._stall_cause(steady)
-            return text
+            span = (f"of the {device['wall_s']:.2f} s from the first watched step's result to the last "
+                    f"({device['steps']} steps)")
+            return diagnose(stall_pct=device["data_stall_pct"], idle_pct=device["exposed_idle_pct"],
+                            step_s=device["step_ms_mean"] / 1e3, host_next_pct=wait, span=span,
+                            input_detail=f"{waited}" + self._stall_cause(steady))
         host = steady["data"] == "host"
         if wait < INPUT_BOUND_PCT:
             return (f"consumer-bound: {waited}, so the pipeline keeps up, delivering "
@@ -254,9 +254,9 @@ class PipelineMonitor:
                     "per batch")
         if host and steady["empty_buffer_pct"] >= 50.0:
             return ("input-bound: the background producer had no batch ready on "
-                    f"{steady['empty_buffer_pct']:.0f}% of calls and {waited}; reading and copying are the "
-                    "bottleneck: a faster source, more prefetch (Pipeline(prefetch=...)) or cheaper host work would "
-                    "help (call monitor.step_done(output) after each step to measure the device idle this causes)")
+                    f"{steady['empty_buffer_pct']:.0f}% of calls and {waited}; reading and host work are the "
+                    f"bottleneck; {remedies_text(input_remedies())} (call monitor.step_done(output) after each step "
+                    "to measure the device idle this causes)")
         if host:
             lead = (f"undetermined: no data stall from the producer (batches ready on "
                     f"{100 - steady['empty_buffer_pct']:.0f}% of calls), but {waited}, in the stages' program "
@@ -272,8 +272,8 @@ class PipelineMonitor:
         if steady["data"] != "host":
             return ""
         if steady["empty_buffer_pct"] >= 50.0:
-            return (f"; the background producer had no batch ready on {steady['empty_buffer_pct']:.0f}% of calls: "
-                    "a faster source, more prefetch or cheaper host work would help")
+            return (f"; the background producer had no batch ready on {steady['empty_buffer_pct']:.0f}% of calls; "
+                    + remedies_text(input_remedies()))
         return "; batches were ready, so the stages' compiled program is what the device waits for: cheaper stages"
 
 

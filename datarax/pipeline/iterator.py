@@ -121,7 +121,7 @@ class PipelineIterator(CheckpointableIterator):
             batches = stream_host_batches(p.source, batch_size=p.batch_size, drop_remainder=p.drop_remainder,
                                           ring_size=ring_size(p.prefetch), epoch=self._epoch, position=self._position,
                                           state=self._stream_state, end_epoch=self._end,
-                                          retry_policy=p.retry_policy)
+                                          retry_policy=p.retry_policy, times=p.reader_times)
         else:
             batches = indexed_host_batches(p, self.upcoming())
         self._host = Prefetcher(batches, p.prefetch)

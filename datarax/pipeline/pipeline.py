@@ -13,7 +13,9 @@ from flax import nnx
 from datarax.core.checks import check_bool, check_int, check_positive_int
 from datarax.batching import DISPATCH_AHEAD, MAX_DISPATCH_AHEAD, check_batch_size, num_batches
 from datarax.core.operator import BatchContext, OperatorModule, describe, distinct_stage_keys
-from datarax.host.stage import check_numeric, split_host_stages
+from datarax.control.producers import READ
+from datarax.host.stage import HostStageSource, check_numeric, split_host_stages
+from datarax.monitoring.stages import StageTimes
 from datarax.core.source import DataSourceModule
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram, run_program
@@ -116,10 +118,14 @@ class Pipeline(nnx.Module, Epochs):
         self.sharding = sharding
         self.placement = None if sharding is None else BatchPlacement(sharding, self.batch_size, drop_remainder)
         self.compiled = compile_stages(self)
-        self.fingerprint = fingerprint({
+        # What the fingerprint hashes, kept so that a mismatch can name the part that differs.
+        self.structure_parts = {
             "source": source.structure(), "sampler": self.sampler.structure(), "num_records": len(source),
             "batch_size": self.batch_size, "drop_remainder": drop_remainder, "stages": self.program.structure(),
-        })
+        }
+        self.fingerprint = fingerprint(self.structure_parts)
+        # The background reader's time per part (source read, host stages, copy to device).
+        self.reader_times = StageTimes()
         self._output_spec = self._compute_output_spec()
 
     def __deepcopy__(self, memo=None) -> Pipeline:
@@ -140,6 +146,23 @@ class Pipeline(nnx.Module, Epochs):
 
         return cls(source, host_stages, batch_size=batch_size, rngs=rngs, program=DagProgram(nodes, edges, sink),
                    **kwargs)
+
+    def reader_timings(self) -> list[dict]:
+        """Seconds, calls and records per part of the background reader so far, in reader order.
+
+        The parts are `"source read"`, each host stage (by its `label()`; the source read then
+        counts the source alone) and `"copy to device"`, each with its kind of `work` (see
+        `datarax.monitoring.stages`). Empty for a device-resident source, which has no reader.
+
+        Example:
+            >>> [p["name"] for p in pipeline.reader_timings()]  # doctest: +SKIP
+            ['source read', 'DecodeImage', 'copy to device']
+        """
+        parts = self.reader_times.snapshot()
+        if isinstance(self.source, HostStageSource):
+            inner = self.source.times.snapshot()
+            parts = [q for p in parts for q in (inner if p["name"] == READ else [p])]
+        return parts
 
     @property
     def stages(self) -> Sequence[nnx.Module]:

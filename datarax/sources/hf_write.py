@@ -84,7 +84,7 @@ def _file_value(value: Any, where: str, expected: str) -> tuple[bytes, str | Non
 
 
 def write_hf_parquet(path: str | os.PathLike, columns: Mapping[str, Sequence[Any]], *, images: Sequence[str] = (),
-                     audio: Sequence[str] = ()) -> str:
+                     audio: Sequence[str] = (), row_group_size: int | None = None) -> str:
     """Writes `columns` as one parquet file that HF `datasets` reads with `Image`/`Audio` features.
 
     Args:
@@ -97,6 +97,8 @@ def write_hf_parquet(path: str | os.PathLike, columns: Mapping[str, Sequence[Any
             lists) and read back with the matching `datasets.Value`/`Sequence` features.
         images: the columns to store as `datasets.Image()`.
         audio: the columns to store as `datasets.Audio()`.
+        row_group_size: rows per parquet row group (None: pyarrow's default, up to 1M rows); a
+            `ShardedSource` reads a row group as one block, so streamed data wants a few MB each.
 
     Returns:
         The path written.
@@ -132,5 +134,7 @@ def write_hf_parquet(path: str | os.PathLike, columns: Mapping[str, Sequence[Any
     schema = datasets.Features(features).arrow_schema
     table = pa.Table.from_arrays([arrays[n].cast(schema.field(n).type) for n in columns], schema=schema)
     path = os.fspath(path)
-    pq.write_table(table, path)
+    if row_group_size is not None and (not isinstance(row_group_size, int) or row_group_size < 1):
+        raise ValueError(f"write_hf_parquet row_group_size must be a positive int or None, got {row_group_size!r}")
+    pq.write_table(table, path, row_group_size=row_group_size)
     return path

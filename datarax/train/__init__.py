@@ -15,6 +15,14 @@ from datarax.train.checkpointing import CheckpointSaveError as CheckpointSaveErr
 from datarax.train.checkpointing import Checkpointer as Checkpointer
 from datarax.train.checkpointing import CorruptCheckpointWarning as CorruptCheckpointWarning
 from datarax.train.goodput import GoodputLedger as GoodputLedger
+from datarax.train.guardrails import ShortFinalBatchWarning as ShortFinalBatchWarning
+from datarax.train.guardrails import TrainerWarning as TrainerWarning
+from datarax.train.guardrails import UnknownEpochLengthWarning as UnknownEpochLengthWarning
+from datarax.train.guardrails import UnshuffledTrainingWarning as UnshuffledTrainingWarning
+from datarax.train.metrics import ConfusionMatrix as ConfusionMatrix
+from datarax.train.metrics import Metric as Metric
+from datarax.train.metrics import PerClassAccuracy as PerClassAccuracy
+from datarax.train.metrics import Perplexity as Perplexity
 from datarax.train.hashing import state_sha256 as state_sha256
 from datarax.train.optimizers import joint_optimizer as joint_optimizer
 from datarax.train.trainer import FitResult as FitResult
@@ -26,4 +34,4 @@ from datarax.train import config as config  # registers [trainer] with datarax.c
 from datarax.train.config import build_trainer as build_trainer
 from datarax.train.config import load_trainer as load_trainer
 
-__all__ = ['CheckpointMismatchError', 'CheckpointRestoreError', 'CheckpointSaveError', 'Checkpointer', 'ConsoleWriter', 'CorruptCheckpointWarning', 'FitResult', 'GoodputLedger', 'JsonlWriter', 'TensorBoardWriter', 'Trainer', 'build_trainer', 'joint_optimizer', 'load_trainer', 'state_sha256']
+__all__ = ['CheckpointMismatchError', 'CheckpointRestoreError', 'CheckpointSaveError', 'Checkpointer', 'ConfusionMatrix', 'ConsoleWriter', 'CorruptCheckpointWarning', 'FitResult', 'GoodputLedger', 'JsonlWriter', 'Metric', 'PerClassAccuracy', 'Perplexity', 'ShortFinalBatchWarning', 'TensorBoardWriter', 'Trainer', 'TrainerWarning', 'UnknownEpochLengthWarning', 'UnshuffledTrainingWarning', 'build_trainer', 'joint_optimizer', 'load_trainer', 'state_sha256']

@@ -273,7 +273,7 @@ class Checkpointer:
             meta=ocp.args.JsonRestore(), iterator=IteratorRestore(None)))
         return dict(out["meta"]), dict(out["iterator"])
 
-    def _restore_step(self, step: int, *, model, optimizer, iterator, pipeline, fingerprint) -> dict:
+    def _restore_step(self, step: int, *, model, optimizer, iterator, pipeline, fingerprint, structure=None) -> dict:
         metadata, iterator_state = self.read_metadata(step)
         # Before any set-up check: a tampered state must count as damage, not as a foreign run.
         verify_iterator(metadata, iterator_state)
@@ -285,17 +285,23 @@ class Checkpointer:
                 "setting to resume, or start in a new directory")
         saved = metadata.get("pipeline_fingerprint")
         if fingerprint is not None and saved is not None and saved != fingerprint:
+            differs = structure_differences(metadata.get("pipeline_structure"), structure)
+            what = (f"another training pipeline: its {differs}" if differs else
+                    f"a training pipeline with fingerprint {saved!r}, this one has {fingerprint!r} (different "
+                    "source, shuffle seed, sampler, batch size or stages)")
             raise CheckpointMismatchError(
-                f"checkpoint step {step} in {self.directory} was written for a training pipeline with "
-                f"fingerprint {saved!r}, this one has {fingerprint!r} (different source, shuffle seed, "
-                "sampler, batch size or stages); rebuild the pipeline as it was, or use a new directory")
+                f"checkpoint step {step} in {self.directory} was written for {what}; rebuild the pipeline as it was, "
+                "or use a new directory")
         saved_layout = metadata.get("layout", {})
+        modules = {"model": model, "optimizer": optimizer, "pipeline": pipeline}
         for name, current in self._layouts(model, optimizer, pipeline).items():
             if saved_layout.get(name) != current:
+                differs = self._layout_differences(step, name, modules[name])
                 raise CheckpointMismatchError(
-                    f"checkpoint step {step} in {self.directory} holds a {name} state of a different structure "
-                    f"(layout {saved_layout.get(name)!r}, this run's is {current!r}): the {name} was built "
-                    "differently (layers, sizes, dtypes or optimizer); rebuild it as it was, or use a new directory")
+                    f"checkpoint step {step} in {self.directory} holds a {name} state of a different structure: "
+                    f"{differs or f'layout {saved_layout.get(name)!r}, this run has {current!r}'}; the {name} "
+                    "was built differently (layers, sizes, dtypes or optimizer); rebuild it as it was, or use a new "
+                    "directory")
         try:
             iterator.set_state(iterator_state)
         except IteratorStateError as exc:
@@ -313,15 +319,31 @@ class Checkpointer:
             load_into(pipeline, out["pipeline"])
         return metadata
 
+    def _layout_differences(self, step: int, name: str, module: nnx.Module) -> str:
+        """The state paths whose shape or dtype differ between checkpoint `step`'s `name` and `module`
+        (read from Orbax's array metadata, no array data); "" when they cannot be read."""
+        try:
+            saved_tree = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / name)
+        except Exception:  # noqa: BLE001 - only the error message loses detail; the mismatch is still raised
+            return ""
+        saved = {jax.tree_util.keystr(path): (tuple(x.shape), str(x.dtype))
+                 for path, x in jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
+        here = {jax.tree_util.keystr(path): (tuple(x.shape), str(x.dtype))
+                for path, x in jax.tree_util.tree_flatten_with_path(abstract_target(module))[0]}
+        return tree_differences(saved, here, name)
+
     def restore_latest(self, *, model: nnx.Module, optimizer: nnx.Optimizer, iterator: Any,
-                       pipeline: nnx.Module | None = None, fingerprint: str | None = None
-                       ) -> RestoredCheckpoint | None:
+                       pipeline: nnx.Module | None = None, fingerprint: str | None = None,
+                       structure: dict | None = None) -> RestoredCheckpoint | None:
         """Restores the newest intact checkpoint into freshly built objects (None if there is none).
 
         A checkpoint that cannot be read, or whose data differs from the integrity hashes written
         with it, is reported with a `CorruptCheckpointWarning` naming the step and what differed,
         moved aside to `corrupt-<step>-<time>`, and the previous one is tried. A checkpoint that
-        reads fine but belongs to a different set-up raises `CheckpointMismatchError`.
+        reads fine but belongs to a different set-up raises `CheckpointMismatchError`, naming what
+        differs: a part of the pipeline's `structure` (`Pipeline.structure_parts`: source,
+        sampler, num_records, batch_size, drop_remainder, stages) or the state paths whose shape
+        or dtype differ.
 
         When the directory holds damaged checkpoints (found now or moved aside by an earlier run)
         and none that can be restored, this raises `CheckpointRestoreError` every time, unless
@@ -334,7 +356,7 @@ class Checkpointer:
         for step in reversed(steps):
             try:
                 metadata = self._restore_step(step, model=model, optimizer=optimizer, iterator=iterator,
-                                              pipeline=pipeline, fingerprint=fingerprint)
+                                              pipeline=pipeline, fingerprint=fingerprint, structure=structure)
             except CheckpointMismatchError:
                 raise
             except Exception as exc:  # anything unreadable or damaged: report it and fall back
@@ -378,6 +400,35 @@ class Checkpointer:
             source.rename(target)
         self._manager.reload()
         return target
+
+
+def _short(value: Any, width: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def structure_differences(saved: Any, here: dict | None) -> str:
+    """`batch_size differs: saved 32, this run 64` for each part of a pipeline structure that differs."""
+    if not isinstance(saved, dict) or not isinstance(here, dict):
+        return ""
+    parts = [f"{key} differs: saved {_short(saved.get(key))}, this run {_short(here.get(key))}"
+             for key in sorted(set(saved) | set(here)) if saved.get(key) != here.get(key)]
+    return "; ".join(parts)
+
+
+def tree_differences(saved: dict[str, tuple], here: dict[str, tuple], name: str, limit: int = 5) -> str:
+    """The paths of `name` whose (shape, dtype) differ, or that only one side has (at most `limit`)."""
+    lines = []
+    for path in sorted(set(saved) | set(here)):
+        if path not in here:
+            lines.append(f"{name}{path} is in the checkpoint only ({saved[path][0]} {saved[path][1]})")
+        elif path not in saved:
+            lines.append(f"{name}{path} is in this run only ({here[path][0]} {here[path][1]})")
+        elif saved[path] != here[path]:
+            lines.append(f"{name}{path}: saved {saved[path][0]} {saved[path][1]}, this run {here[path][0]} "
+                         f"{here[path][1]}")
+    more = f" (and {len(lines) - limit} more)" if len(lines) > limit else ""
+    return "; ".join(lines[:limit]) + more
 
 
 def resolve_on_damaged(on_damaged: str | None) -> str:

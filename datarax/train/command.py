@@ -6,8 +6,9 @@ totals counted from step 0, so an interrupted run continues to the same end. SIG
 after the current step with a final checkpoint; the exit status is then 128 + the signal number
 (so a scheduler sees the run as interrupted and can restart it).
 
-A progress bar (stderr, when it is a terminal) and a goodput monitor are added unless the
-configuration lists its own. `result.json` holds the final step, metrics, evaluation metrics and
+A progress display on stderr (a bar on a terminal, a plain line every 30 s when piped, e.g.
+`datarax train run.toml | tee log`) and a goodput monitor are added unless the configuration
+lists its own. `result.json` holds the final step, metrics, evaluation metrics and
 `params_sha256`, a hash of the model's final state (equal hashes: bitwise-equal weights).
 """
 
@@ -36,17 +37,13 @@ def _plotting_available() -> bool:
 
 
 def default_callbacks(configured: Sequence[Any], run_dir: str, *, progress: bool | None) -> list[Any]:
-    """A progress bar, a goodput monitor writing goodput.json/png and a metric logger writing
-    metrics.jsonl into `run_dir`, for those kinds the configuration does not list."""
+    """A progress display (a bar on a terminal, plain lines otherwise; none with `progress=False`),
+    a goodput monitor writing goodput.json/png and a metric logger writing metrics.jsonl into
+    `run_dir`, for those kinds the configuration does not list."""
     names = {spec.factory for spec in configured}
     extra = []
-    progress_cls = ProgressBar
-    show = sys.stderr.isatty() if progress is None else progress
-    if progress_cls not in names and show:
-        try:
-            extra.append(progress_cls())
-        except ImportError:  # tqdm missing: training works without a bar
-            pass
+    if ProgressBar not in names and progress is not False:
+        extra.append(ProgressBar(mode="bar" if progress else "auto", file=sys.stderr))
     if GoodputMonitor not in names:
         extra.append(GoodputMonitor(run_dir, plot=_plotting_available(), verbose=False))
     if MetricLogger not in names:
@@ -54,11 +51,11 @@ def default_callbacks(configured: Sequence[Any], run_dir: str, *, progress: bool
     return extra
 
 
-def _goodput_line(callbacks: Sequence[Any]) -> str | None:
+def _goodput_report(callbacks: Sequence[Any]) -> dict | None:
     for cb in callbacks:
         report = getattr(cb, "report", None)
         if isinstance(report, dict) and "diagnosis" in report:
-            return str(report["diagnosis"])
+            return report
     return None
 
 
@@ -80,7 +77,8 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     began = time.perf_counter()
     result = run.fit()
     callbacks = list(run.trainer.callbacks)
-    goodput = _goodput_line(callbacks)
+    report = _goodput_report(callbacks)
+    goodput = None if report is None else str(report["diagnosis"])
     write_result(os.path.join(run.run_dir, "result.json"), {
         "config": os.path.abspath(spec.path), "step": result.step, "num_steps": run.num_steps,
         "num_epochs": run.num_epochs, "resumed_from": result.resumed_from, "stop_reason": result.stop_reason,
@@ -98,7 +96,9 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     if result.eval_metrics:
         lines.append("evaluation   " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.eval_metrics.items())))
     if goodput:
-        lines.append(f"goodput      {goodput}")
+        # Every sentence of the report (headline, verdict, evaluation, across runs), one per line.
+        text = str(report.get("text") or goodput).replace("\n", "\n             ")
+        lines.append(f"goodput      {text}")
     lines.append(f"run files    {run.run_dir} (metrics.jsonl, goodput.json, result.json)")
     if run.checkpoint_dir:
         lines.append(f"checkpoints  {run.checkpoint_dir} (run again to resume)")

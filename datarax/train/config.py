@@ -23,6 +23,7 @@ from datarax.config.registry import Kind, register_kind
 from datarax.config.schema import ConfigError, FieldError, Path, build_dataclass, check_keys, is_table, suggestion
 from datarax.config.spec import RunSpec, check_positive, register_section
 from datarax.train.callbacks import CheckpointCallback
+from datarax.train.compile_cache import default_cache_dir
 from datarax.train.trainer import Trainer
 
 CALLBACK_KIND = Kind("callback", ("datarax.train.callbacks",), "datarax.train.callbacks.base:Callback", ("Callback",))
@@ -49,6 +50,10 @@ class TrainerSection:
         callbacks: component tables of `datarax.train.callbacks` classes (by name, e.g.
             `{ goodput = {} }`) or import paths.
         trainer_class: import path of the trainer class (a `datarax.train.Trainer` subclass).
+        compilation_cache: JAX's persistent compilation cache: true (default) keeps it in
+            `<run_dir>/jax_cache` (or `$DATARAX_COMPILATION_CACHE`; `off` there turns it off), so a
+            rerun loads its compiled steps instead of compiling; a path puts it there (relative
+            to the config file); false leaves JAX's setting alone.
 
     Import paths name only modules the configuration allows (`datarax.config.allow`).
     """
@@ -68,6 +73,7 @@ class TrainerSection:
     train_pipeline_params: bool = False
     callbacks: list[Any] = dataclasses.field(default_factory=list)
     trainer_class: Callable | None = None
+    compilation_cache: bool | str = True
 
     def __post_init__(self):
         if (self.steps is None) == (self.epochs is None):
@@ -198,11 +204,16 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     eval_every = section.eval_every_steps
     if eval_pipeline is not None and eval_every is None:
         eval_every = _target_steps(section, pipeline)  # evaluate once, at the end
+    cache = section.compilation_cache
+    if cache is True:
+        cache = default_cache_dir(os.path.join(run_dir_of(spec), "jax_cache")) or False
+    elif isinstance(cache, str):
+        cache = os.path.normpath(os.path.join(base_dir, os.path.expanduser(cache)))
     try:
         trainer = trainer_cls(model, _build_optimizer(spec.trainer), pipeline, section.loss, metrics=section.metrics,
                               callbacks=[*callbacks, *extra_callbacks],
                               train_pipeline_params=section.train_pipeline_params, eval_pipeline=eval_pipeline,
-                              eval_every_steps=eval_every)
+                              eval_every_steps=eval_every, compilation_cache=cache)
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
     return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec))

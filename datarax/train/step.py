@@ -17,12 +17,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from datarax.train.metrics import Metric, add_totals, metric_scalars
 
 RECORD_IDS = "_trainers_record_ids"
 EPOCH = "_trainers_epoch"
 
 LossFn = Callable[[nnx.Module, dict], Any]
-MetricFn = Callable[[dict, Any], jax.Array]
+MetricFn = Callable[[dict, Any], jax.Array] | Metric
 
 
 class VariableBinding:
@@ -118,15 +119,33 @@ def model_outputs(batch: Any, aux: Any, loss: jax.Array) -> dict[str, Any]:
     return outputs
 
 
-def step_metrics(metric_fns: Any, batch: Any, aux: Any, loss: jax.Array) -> dict[str, jax.Array]:
-    """`{"loss": ..., name: value}` from a `{name: fn(batch, aux)}` mapping or a CLU collection."""
+def step_metrics(metric_fns: Any, batch: Any, aux: Any, loss: jax.Array) -> dict[str, Any]:
+    """`{"loss": ..., name: value}` from a `{name: fn(batch, aux) or Metric}` mapping or a CLU
+    collection; a `datarax.train.metrics.Metric` gives its dict of sums (see `host_metrics`)."""
     metrics = {"loss": loss}
     if is_metric_collection(metric_fns):
         computed = metric_fns.single_from_model_output(**model_outputs(batch, aux, loss)).compute()
         metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in computed.items() if k != "loss"})
     else:
-        metrics.update({name: jnp.asarray(fn(batch, aux), jnp.float32) for name, fn in metric_fns.items()})
+        for name, fn in metric_fns.items():
+            if isinstance(fn, Metric):
+                metrics[name] = fn.update(batch, aux)
+            else:
+                metrics[name] = jnp.asarray(fn(batch, aux), jnp.float32)
     return metrics
+
+
+def host_metrics(out: Mapping[str, Any], metric_fns: Any) -> dict[str, float]:
+    """Host floats of one step's metrics: scalars as they are, a `Metric`'s sums through its `compute`."""
+    host = jax.device_get(dict(out))
+    scalars: dict[str, float] = {}
+    for name, value in host.items():
+        metric = metric_fns.get(name) if isinstance(metric_fns, Mapping) else None
+        if isinstance(metric, Metric):
+            scalars.update(metric_scalars(name, metric, add_totals([value])))
+        else:
+            scalars[name] = float(value)
+    return scalars
 
 
 def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type,

@@ -1,4 +1,9 @@
-"""A PNG timeline of a run: device busy vs. idle, what the host was doing, and goodput per step."""
+"""A PNG timeline of a run: device busy vs. idle, what the host was doing, and goodput per step.
+
+`timeline_data` computes everything the picture shows from the ledger and its summary (so the
+figures on the plot are the report's own: the title is the report's `headline`, the lanes sum
+to its buckets); `plot_timeline` only draws it.
+"""
 
 from __future__ import annotations
 
@@ -27,19 +32,13 @@ def _import_pyplot():
     return plt
 
 
-def plot_timeline(ledger: GoodputLedger, path: Any, *, title: str = "training timeline") -> Path:
-    """Writes a two-panel PNG: lanes of intervals over wall time, and per-step time split.
-
-    The top panel shows, from the run's start, when the device ran steps, when the host waited
-    in next(), the exposed data stalls, compiles, checkpoint saves/restores and evaluations (the
-    last `MAX_BARS` steps when the run is longer). The bottom panel stacks, per step, the device
-    step time and the exposed idle before it.
-    """
-    plt = _import_pyplot()
-    summary = ledger.summary()
+def timeline_data(ledger: GoodputLedger, summary: dict | None = None) -> dict[str, Any]:
+    """What `plot_timeline` draws: `title` (the summary's headline), `diagnosis`, `lanes` (name ->
+    list of (start, duration) in seconds since the run began, the last `MAX_BARS` steps), and the
+    per-step bars `steps`, `step_ms`, `idle_ms`."""
+    summary = ledger.summary() if summary is None else summary
     a = ledger.arrays()
     t0 = ledger.begin if ledger.begin is not None else (a["next_begin"][0] if len(a["step"]) else 0.0)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), gridspec_kw={"height_ratios": [1.3, 1]})
     lanes: dict[str, list[tuple[float, float]]] = {k: [] for k in _COLORS}
     n = len(a["step"])
     first = max(0, n - MAX_BARS)
@@ -57,26 +56,42 @@ def plot_timeline(ledger: GoodputLedger, path: Any, *, title: str = "training ti
     for kind, b, e in ledger.intervals:
         if kind in lanes:
             lanes[kind].append((b - t0, e - b))
+    per_step = summary.get("per_step", {})
+    bars = {"steps": [], "step_ms": [], "idle_ms": []}
+    if n:
+        bars = {"steps": per_step["step"][first:], "step_ms": per_step["step_time_s"][first:] * 1e3,
+                "idle_ms": per_step["exposed_idle_s"][first:] * 1e3}
+    return {"title": summary.get("headline", ""), "diagnosis": summary.get("diagnosis", ""), "lanes": lanes, **bars}
+
+
+def plot_timeline(ledger: GoodputLedger, path: Any, *, title: str = "training timeline",
+                  summary: dict | None = None) -> Path:
+    """Writes a two-panel PNG: lanes of intervals over wall time, and per-step time split.
+
+    The top panel shows, from the run's start, when the device ran steps, when the host waited
+    in next(), the exposed data stalls, compiles, checkpoint saves/restores and evaluations (the
+    last `MAX_BARS` steps when the run is longer), under the report's headline (the same
+    percentages of the same wall time). The bottom panel stacks, per step, the device step time
+    and the exposed idle before it, under the report's diagnosis.
+    """
+    plt = _import_pyplot()
+    data = timeline_data(ledger, summary)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), gridspec_kw={"height_ratios": [1.3, 1]})
+    lanes = data["lanes"]
     names = [k for k in _COLORS if lanes[k]]
     for row, name in enumerate(reversed(names)):
         top.broken_barh(lanes[name], (row - 0.4, 0.8), facecolors=_COLORS[name])
     top.set_yticks(range(len(names)), list(reversed(names)))
     top.set_xlabel("seconds since train begin")
-    pct = summary.get("buckets_pct", {})
-    top.set_title(f"{title}: goodput {pct.get('goodput', 0):.0f}%, data stall {pct.get('data_stall', 0):.0f}% "
-                  f"of {summary.get('wall_s', 0):.1f} s")
-    per_step = summary.get("per_step", {})
-    if n:
-        steps = per_step["step"][first:]
-        bottom.bar(steps, per_step["step_time_s"][first:] * 1e3, width=1.0, color=_COLORS["device busy"],
-                   label="device step time")
-        bottom.bar(steps, per_step["exposed_idle_s"][first:] * 1e3, width=1.0,
-                   bottom=per_step["step_time_s"][first:] * 1e3, color=_COLORS["data stall"],
+    top.set_title(f"{title}: {data['title']}", fontsize=8, wrap=True)
+    if len(data["steps"]):
+        bottom.bar(data["steps"], data["step_ms"], width=1.0, color=_COLORS["device busy"], label="device step time")
+        bottom.bar(data["steps"], data["idle_ms"], width=1.0, bottom=data["step_ms"], color=_COLORS["data stall"],
                    label="exposed idle before the step")
         bottom.set_xlabel("step")
         bottom.set_ylabel("ms")
         bottom.legend(loc="upper right", fontsize=8)
-    bottom.set_title(summary.get("diagnosis", ""), fontsize=8, wrap=True)
+    bottom.set_title(data["diagnosis"], fontsize=7, wrap=True)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import threading
 import time
@@ -19,8 +20,12 @@ from datarax.core.checks import check_bool, check_int
 from datarax.pipeline.pipeline import Pipeline
 from datarax.train.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
 from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint
+from datarax.train.compile_cache import use_compilation_cache
+from datarax.train.guardrails import (CompileCauses, batch_rows, check_training_pipeline, epoch_length_known,
+                                      warn_unknown_epoch_length)
+from datarax.train.metrics import Metric, add_totals, metric_scalars
 from datarax.train.step import (CLU_STATE, EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding,
-                                is_metric_collection, make_eval_step, make_train_step)
+                                host_metrics, is_metric_collection, make_eval_step, make_train_step)
 
 
 logger = logging.getLogger("datarax.train")
@@ -45,10 +50,6 @@ class FitResult:
     metrics: dict[str, float]
     eval_metrics: dict[str, float]
     resumed_from: int | None = None
-
-
-def _host_metrics(out: Any) -> dict[str, float]:
-    return {k: float(v) for k, v in jax.device_get(out).items()}
 
 
 class _StopOnSignals:
@@ -91,6 +92,8 @@ class Trainer:
         eval_pipeline: a pipeline for `evaluate()` (one epoch per evaluation).
         metrics: `{name: fn(batch, aux) -> scalar}` computed inside the step, e.g.
             `{"accuracy": lambda batch, logits: (logits.argmax(-1) == batch["label"]).mean()}`,
+            where a value may also be a `datarax.train.metrics.Metric` (`Perplexity`,
+            `PerClassAccuracy`, `ConfusionMatrix`), accumulated as sums over an evaluation;
             or a CLU `clu.metrics.Collection` subclass: its metrics read the batch's fields, the
             loss function's aux (a dict is spread, anything else is passed as `logits`) and
             `loss`; train steps report each step's `compute()`, and `evaluate` merges the
@@ -100,6 +103,15 @@ class Trainer:
             untransformed batch and runs the pipeline's stages inside the gradient. Needs an
             optax transformation (the optimizer then covers model and pipeline).
         eval_every_steps: evaluate every N steps during `fit` (needs `eval_pipeline`).
+        compilation_cache: JAX's persistent compilation cache, so a restarted run loads its
+            compiled steps instead of compiling them again: True (default) uses
+            `$DATARAX_COMPILATION_CACHE`, else `~/.cache/datarax/jax` (see
+            `datarax.train.compile_cache`); a path uses that directory; False leaves JAX's
+            setting alone. A cache directory the user already configured in JAX is kept.
+
+    Construction warns (`datarax.train.guardrails.TrainerWarning`, each with its fix) about a
+    training pipeline that does not shuffle or whose epoch ends in a short batch (a second
+    compile of the step).
 
     Example:
         >>> trainer = Trainer(model, optax.adam(1e-3), pipeline, loss_fn,
@@ -110,7 +122,8 @@ class Trainer:
     def __init__(self, model: nnx.Module, optimizer: optax.GradientTransformation | nnx.Optimizer,
                  train_pipeline: Pipeline, loss_fn: Callable, *, eval_pipeline: Pipeline | None = None,
                  metrics: Mapping[str, Callable] | type | None = None, callbacks: Iterable[Callback] = (),
-                 train_pipeline_params: bool = False, eval_every_steps: int | None = None):
+                 train_pipeline_params: bool = False, eval_every_steps: int | None = None,
+                 compilation_cache: bool | str | os.PathLike = True):
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
         for name, value in (("train_pipeline", train_pipeline), ("eval_pipeline", eval_pipeline)):
@@ -126,9 +139,9 @@ class Trainer:
                                 f"subclass, got the class {metrics.__name__}")
             metrics = dict(metrics or {})
             for name, fn in metrics.items():
-                if not isinstance(name, str) or not callable(fn) or name == "loss":
-                    raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux), got {name!r}: "
-                                    f"{fn!r:.60}")
+                if not isinstance(name, str) or not (callable(fn) or isinstance(fn, Metric)) or name == "loss":
+                    raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux) or a "
+                                    f"datarax.train.metrics.Metric, got {name!r}: {fn!r:.60}")
         check_bool(train_pipeline_params, "train_pipeline_params")
         if train_pipeline_params and getattr(train_pipeline, "sharding", None) is not None:
             raise ValueError("train_pipeline_params=True trains on unsharded batches, but train_pipeline has "
@@ -136,6 +149,8 @@ class Trainer:
         if eval_every_steps is not None and eval_pipeline is None:
             raise ValueError(f"eval_every_steps={eval_every_steps!r} needs an eval_pipeline; pass "
                              "eval_pipeline=Pipeline(...) or drop eval_every_steps")
+        self.compilation_cache_dir = use_compilation_cache(compilation_cache)
+        check_training_pipeline(train_pipeline)
         self.model = model
         self.train_pipeline = train_pipeline
         self.eval_pipeline = eval_pipeline
@@ -149,8 +164,12 @@ class Trainer:
         self._loader = self._joint_loader(train_pipeline) if self.joint else train_pipeline
         self._binding = VariableBinding(TrainState(self.trainable, self.optimizer))
         self._model_binding = VariableBinding(model)
+        self.metrics = metrics
         self._train_step = TimedJit(make_train_step(self._binding, loss_fn, metrics, self.joint), donate_values=True)
         self._eval_step = TimedJit(make_eval_step(self._model_binding, loss_fn, metrics), donate_values=False)
+        self._train_causes = CompileCauses(train_pipeline.batch_size, "step")
+        self._eval_causes = CompileCauses(eval_pipeline.batch_size if eval_pipeline is not None else 0,
+                                          "evaluation batch")
         self.step = 0
         self.resumed_from: int | None = None
         self.target_step = 0
@@ -158,6 +177,8 @@ class Trainer:
         self.stop_reason: str | None = None
         self.last_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
+        self.last_eval_results: dict[str, Any] = {}
+        self.target_epoch: int | None = None
         self._iterator = None
         self._pending: tuple[int, Any] | None = None
 
@@ -195,19 +216,34 @@ class Trainer:
         if self.stop_reason is None:
             self.stop_reason = reason
 
-    def _target(self, num_steps: int | None, num_epochs: int | None) -> int:
+    def reader_timings(self) -> list[dict]:
+        """The training pipeline's background reader time per part so far (`Pipeline.reader_timings`)."""
+        return self._loader.reader_timings()
+
+    def _target(self, num_steps: int | None, num_epochs: int | None) -> int | None:
+        """The step to reach (None: a stream of unknown epoch length, stopped by `target_epoch`)."""
         if (num_steps is None) == (num_epochs is None):
             raise ValueError(f"give exactly one of num_steps or num_epochs, got num_steps={num_steps!r}, "
                              f"num_epochs={num_epochs!r}")
         value, name = (num_steps, "num_steps") if num_steps is not None else (num_epochs, "num_epochs")
         check_int(value, name, 0, why=" (the total to reach, counted from step 0)")
-        return value if num_steps is not None else value * len(self._loader)
+        self.target_epoch = None
+        if num_steps is not None:
+            return value
+        if epoch_length_known(self._loader):
+            return value * len(self._loader)
+        warn_unknown_epoch_length(self._loader, value)
+        self.target_epoch = value
+        return None
 
     def fit(self, num_steps: int | None = None, *, num_epochs: int | None = None) -> FitResult:
         """Trains until `num_steps` total steps (or `num_epochs` total epochs) are done.
 
         Totals count from the start of training, so a resumed run stops where an uninterrupted
-        one would. SIGTERM/SIGINT stop the loop after the current step; checkpoint callbacks then
+        one would. On a stream of unknown epoch length `num_epochs` counts epochs as the
+        iterator numbers them (from 0): training stops before the first batch of epoch
+        `num_epochs` (with an `UnknownEpochLengthWarning`, and `target_step` None).
+        SIGTERM/SIGINT stop the loop after the current step; checkpoint callbacks then
         save, and `fit` returns normally with `stop_reason` set. The step donates the training
         state's buffers: arrays taken from the model or optimizer *during* training are
         invalidated by the next step (copy what you keep).
@@ -227,8 +263,9 @@ class Trainer:
             with _StopOnSignals(self):
                 self.callbacks("on_train_begin", self)
                 self._eval_schedule.reset(self.step)
-                while self.step < target and self.stop_reason is None:
-                    self._train_one(iterator)
+                while (target is None or self.step < target) and self.stop_reason is None:
+                    if not self._train_one(iterator):
+                        break
                     if self._eval_schedule.due(self.step):
                         self.evaluate()
                 logs = self._final_logs()
@@ -243,40 +280,55 @@ class Trainer:
         return FitResult(self.step, self.stop_reason, dict(self.last_metrics), dict(self.last_eval_metrics),
                          self.resumed_from)
 
-    def _train_one(self, iterator) -> None:
+    def _train_one(self, iterator) -> bool:
+        """Trains one step; False (nothing trained) when the next batch is past `target_epoch`."""
         step = self.step + 1
         self.callbacks("on_data_wait_begin", self, step)
+        before = iterator.get_state() if self.target_epoch is not None else None
         begin = time.perf_counter()
         batch = next(iterator)
         end = time.perf_counter()
+        epoch = iterator.get_state()["epoch"]
+        if self.target_epoch is not None and epoch >= self.target_epoch:
+            # The stream's epoch ended with the previous batch: put this batch back for a later fit.
+            iterator.set_state(before)
+            return False
         self.callbacks("on_data_wait_end", self, step, end - begin)
         self.callbacks("on_step_begin", self, step)
         (values, out), compile_seconds = self._train_step(self._binding.values(), batch)
         self._binding.assign(values)
         dispatched = time.perf_counter()
+        cause = self._train_causes.cause(batch) if compile_seconds > 0 else None
         self.step = step
         previous, self._pending = self._pending, (step, out)
         metrics, metrics_step = {}, None
         if previous is not None:
             # Step `step` is already queued, so waiting for the previous one never idles the device.
-            metrics_step, metrics = previous[0], _host_metrics(previous[1])
+            metrics_step, metrics = previous[0], host_metrics(previous[1], self.metrics)
             self.last_metrics = metrics
-        logs = StepLogs(step=step, batch_size=int(jax.tree.leaves(batch)[0].shape[0]), metrics=metrics,
+        logs = StepLogs(step=step, batch_size=batch_rows(batch), metrics=metrics,
                         metrics_step=metrics_step, data_wait=(begin, end), dispatched_at=dispatched,
-                        compile_seconds=compile_seconds, output=out["loss"], epoch=iterator.get_state()["epoch"])
+                        compile_seconds=compile_seconds, output=out["loss"], epoch=epoch, compile_cause=cause)
         self.callbacks("on_step_end", self, logs)
+        return True
 
     def _final_logs(self) -> StepLogs:
         if self._pending is not None:
             step, out = self._pending
             self._pending = None
-            self.last_metrics = _host_metrics(out)
+            self.last_metrics = host_metrics(out, self.metrics)
             return StepLogs(step=self.step, metrics=dict(self.last_metrics), metrics_step=step)
         return StepLogs(step=self.step, metrics=dict(self.last_metrics),
                         metrics_step=self.step if self.last_metrics else None)
 
     def evaluate(self, pipeline: Pipeline | None = None) -> dict[str, float]:
-        """Runs the loss and metrics over one epoch of the eval pipeline (batch-size weighted means)."""
+        """Runs the loss and metrics over one epoch of the eval pipeline.
+
+        The loss and plain metric functions are batch-size weighted means over the epoch; a
+        `datarax.train.metrics.Metric` adds its sums over every batch before its one division
+        (a token-weighted perplexity, counts per class), and its full `result` (e.g. a confusion
+        matrix) is kept in `last_eval_results[name]`; a CLU collection merges across batches.
+        """
         pipeline = self.eval_pipeline if pipeline is None else pipeline
         if not isinstance(pipeline, Pipeline):
             raise ValueError(f"evaluate needs a pipeline: pass one, or build the Trainer with eval_pipeline=..., "
@@ -284,26 +336,57 @@ class Trainer:
         self.callbacks("on_eval_begin", self, self.step)
         values = self._model_binding.values()
         outs, sizes = [], []
-        for batch in pipeline:
-            outs.append(self._eval_step(values, batch)[0])
-            sizes.append(jax.tree.leaves(batch)[0].shape[0])
+        iterator = iter(pipeline)
+        try:
+            while True:
+                begin = time.perf_counter()
+                batch = next(iterator, None)
+                end = time.perf_counter()
+                if batch is None:
+                    break
+                out, compile_seconds = self._eval_step(values, batch)
+                rows = batch_rows(batch)
+                outs.append(out)
+                sizes.append(rows)
+                cause = self._eval_causes.cause(batch) if compile_seconds > 0 else None
+                self.callbacks("on_eval_step_end", self, StepLogs(
+                    step=len(outs), batch_size=rows, data_wait=(begin, end), dispatched_at=time.perf_counter(),
+                    compile_seconds=compile_seconds, output=out["loss"], compile_cause=cause))
+        finally:
+            iterator.close()
+        if not outs:
+            raise ValueError("evaluate found no batches in the eval pipeline (an empty epoch); check its source")
         collections = [out.pop(CLU_STATE) for out in outs if CLU_STATE in out]
         host = jax.device_get(outs)
         weights = np.asarray(sizes, np.float64) / sum(sizes)
-        metrics = {k: float(sum(w * float(o[k]) for w, o in zip(weights, host))) for k in host[0]}
+        accumulated = {k: m for k, m in (self.metrics.items() if isinstance(self.metrics, Mapping) else ())
+                       if isinstance(m, Metric)}
+        metrics = {k: float(sum(w * float(o[k]) for w, o in zip(weights, host))) for k in host[0]
+                   if k not in accumulated}
+        results = {}
+        for name, metric in accumulated.items():
+            totals = add_totals([o[name] for o in host])
+            metrics.update(metric_scalars(name, metric, totals))
+            results[name] = metric.result(totals)
         if collections:
             merged = collections[0]
             for collection in collections[1:]:
                 merged = merged.merge(collection)
             metrics.update({k: float(v) for k, v in jax.device_get(merged.compute()).items() if k != "loss"})
         self.last_eval_metrics = metrics
+        self.last_eval_results = results
         self.callbacks("on_eval_end", self, self.step, dict(metrics))
         return metrics
+
+    def eval_reader_timings(self) -> list[dict]:
+        """The eval pipeline's background reader time per part so far ([] without one)."""
+        return [] if self.eval_pipeline is None else self.eval_pipeline.reader_timings()
 
     def save_checkpoint(self, checkpointer: Checkpointer, *, forced: bool = False, wait: bool = False) -> bool:
         """Saves the current step (model, optimizer, iterator, metadata); False if it exists already."""
         began = time.perf_counter()
         metadata = {"epoch": self.epoch, "pipeline_fingerprint": self.train_pipeline.fingerprint,
+                    "pipeline_structure": self.train_pipeline.structure_parts,
                     "callbacks": self.callbacks.states(), "saved_at": time.time()}
         saved = checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, iterator=self.iterator,
                                   metadata=metadata, pipeline=self.train_pipeline if self.joint else None)
@@ -319,7 +402,8 @@ class Trainer:
         began = time.perf_counter()
         restored = checkpointer.restore_latest(
             model=self.model, optimizer=self.optimizer, iterator=self.iterator,
-            pipeline=self.train_pipeline if self.joint else None, fingerprint=self.train_pipeline.fingerprint)
+            pipeline=self.train_pipeline if self.joint else None, fingerprint=self.train_pipeline.fingerprint,
+            structure=self.train_pipeline.structure_parts)
         if restored is None:
             return None
         self.step = restored.step

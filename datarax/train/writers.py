@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
 
+from datarax.cli.progress import write_line
+
 
 @runtime_checkable
 class MetricWriter(Protocol):
@@ -34,14 +36,15 @@ def _format(value: float) -> str:
 
 
 class ConsoleWriter:
-    """Prints `step 120 | train/loss 0.4123 | ...` lines (to stdout by default)."""
+    """Prints `step 120 | train/loss 0.4123 | ...` lines (to stdout by default), above a progress bar."""
 
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         parts = " | ".join(f"{k} {_format(v)}" for k, v in sorted(scalars.items()))
-        print(f"step {step} | {parts}", file=self.stream or sys.stdout, flush=True)
+        # Through tqdm's writer: on a terminal with a ProgressBar the line goes above the bar, not into it.
+        write_line(f"step {step} | {parts}", self.stream or sys.stdout)
 
     def flush(self) -> None:
         (self.stream or sys.stdout).flush()

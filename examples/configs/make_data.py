@@ -3,7 +3,8 @@
     python examples/configs/make_data.py            # then: datarax train examples/configs/image.toml
 
 * `digits-train.parquet`, `digits-test.parquet`: scikit-learn's 1,797 handwritten digits as
-  32x32 JPEGs in an HF `Image` column (`{bytes, path}`), with an int64 `label`;
+  32x32 JPEGs in an HF `Image` column (`{bytes, path}`), with an int64 `label`; and the training
+  split again as 4 shards with row groups of 64 (`digits-train-shards/`, for `image_sharded.toml`);
 * `tones.parquet`: 256 WAV clips (stdlib `wave`, 8 kHz, 16-bit mono, 0.5 s) of four tones with
   random phase, loudness and noise, in an HF `Audio` column, with the tone's `label`;
 * `topics.txt`: the help topics of Python's `pydoc_data` (one document per line) and
@@ -50,6 +51,15 @@ def digits(folder: str) -> None:
     split = 1500
     write_parquet(os.path.join(folder, "digits-train.parquet"), "image", files[:split], labels[:split])
     write_parquet(os.path.join(folder, "digits-test.parquet"), "image", files[split:], labels[split:])
+    # The training split again as a shard set for ShardedSource (image_sharded.toml): 4 shards,
+    # row groups (the blocks it reads and shuffles) of 64 digits.
+    from datarax.sources import write_hf_parquet
+
+    os.makedirs(os.path.join(folder, "digits-train-shards"), exist_ok=True)
+    for shard, rows in enumerate(np.array_split(np.arange(split), 4)):
+        write_hf_parquet(os.path.join(folder, "digits-train-shards", f"part-{shard}.parquet"),
+                         {"image": [files[i][1] for i in rows], "label": labels[rows]}, images=("image",),
+                         row_group_size=64)
 
 
 def wav_bytes(samples: np.ndarray) -> bytes:

@@ -27,7 +27,7 @@ from datarax.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "examples" / "configs"
-FILES = ("image.toml", "audio.toml", "text.toml", "example_jobs.py")
+FILES = ("image.toml", "image_sharded.toml", "audio.toml", "text.toml", "example_jobs.py")
 TIMEOUT = 300
 
 
@@ -50,7 +50,7 @@ def hf_cache(folder: Path) -> list[str]:
 # frames; packed rows of 64 tokens).
 JOBS = {
     "image": (["--set", "trainer.steps=20", "--set", "trainer.eval_every_steps=10"],
-              "  batch: image: float32 (32, 24, 24, 3), label: int32 (32,)"),
+              "  batch: image: float32 (30, 24, 24, 3), label: int32 (30,)"),
     "audio": (["--set", "trainer.steps=20"],
               "  batch: audio: float32 (16, 2048), audio_length: int32 (16,), label: int32 (16,), "
               "log_mel: float32 (16, 32, 33)"),
@@ -105,44 +105,47 @@ KILL_ARGS = ["--set", f"trainer.steps={STEPS}", "--set", f"trainer.checkpoint_ev
              "--set", "trainer.eval_every_steps=20", "--no-progress"]
 
 
-def train_command(folder: Path) -> list[str]:
-    return [sys.executable, "-m", "datarax.cli.main", "train", str(folder / "image.toml"), *KILL_ARGS]
+def train_command(folder: Path, job: str) -> list[str]:
+    return [sys.executable, "-m", "datarax.cli.main", "train", str(folder / f"{job}.toml"), *KILL_ARGS]
 
 
-def checkpoint_steps(folder: Path) -> set[int]:
-    directory = folder / "runs" / "image" / "checkpoints"
+def checkpoint_steps(folder: Path, job: str) -> set[int]:
+    directory = folder / "runs" / job / "checkpoints"
     return {int(p.name) for p in directory.iterdir() if p.name.isdigit()} if directory.exists() else set()
 
 
-def test_the_image_twin_resumes_bitwise_after_sigkill(jobs, tmp_path):
+# image: the HF parquet read by HFSource; image_sharded: the same digits as a parquet shard set
+# streamed by ShardedSource (issue 25's TOML job).
+@pytest.mark.parametrize("job", ["image", "image_sharded"])
+def test_the_image_twin_resumes_bitwise_after_sigkill(jobs, tmp_path, job):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     for folder in (reference, killed):
         shutil.copytree(jobs, folder, ignore=shutil.ignore_patterns("runs", "hf-cache"))
     log = tmp_path / "log.txt"
     with open(log, "a") as out:
-        subprocess.run(train_command(reference), cwd=REPO, env=environment(reference), stdout=out,
+        subprocess.run(train_command(reference, job), cwd=REPO, env=environment(reference), stdout=out,
                        stderr=subprocess.STDOUT, timeout=TIMEOUT, check=True)
-    expected = json.loads((reference / "runs" / "image" / "result.json").read_text())
+    expected = json.loads((reference / "runs" / job / "result.json").read_text())
 
     seed = int.from_bytes(os.urandom(4), "little")
     with open(log, "a") as out:
-        proc = subprocess.Popen(train_command(killed), cwd=REPO, env=environment(killed), stdout=out,
+        proc = subprocess.Popen(train_command(killed, job), cwd=REPO, env=environment(killed), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + TIMEOUT
-    while proc.poll() is None and not checkpoint_steps(killed) and time.monotonic() < deadline:
+    while proc.poll() is None and not checkpoint_steps(killed, job) and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(random.Random(seed).uniform(0.0, 0.1))
     assert proc.poll() is None, f"the run ended before it could be killed; see {log}"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=TIMEOUT)
     assert proc.returncode == -signal.SIGKILL
-    at_kill = max(checkpoint_steps(killed))
-    assert at_kill < STEPS and not (killed / "runs" / "image" / "result.json").exists()
+    at_kill = max(checkpoint_steps(killed, job))
+    assert at_kill < STEPS and not (killed / "runs" / job / "result.json").exists()
 
     with open(log, "a") as out:
-        subprocess.run(train_command(killed), cwd=REPO, env=environment(killed), stdout=out,
+        subprocess.run(train_command(killed, job), cwd=REPO, env=environment(killed), stdout=out,
                        stderr=subprocess.STDOUT, timeout=TIMEOUT, check=True)
-    result = json.loads((killed / "runs" / "image" / "result.json").read_text())
+    result = json.loads((killed / "runs" / job / "result.json").read_text())
     assert result["resumed_from"] is not None and result["resumed_from"] >= at_kill, f"seed {seed}; see {log}"
     assert result["step"] == expected["step"] == STEPS
     assert result["params_sha256"] == expected["params_sha256"], f"seed {seed}, killed after step {at_kill}"

@@ -71,4 +71,4 @@ def test_an_empty_run_and_mismatched_lengths():
     (0.0, INPUT_BOUND_PCT - 0.1, "compute-bound"),
 ])
 def test_the_verdict_follows_the_larger_idle_share(stall, idle, verdict):
-    assert diagnose(stall_pct=stall, idle_pct=idle, step_s=0.01).startswith(verdict + ":")
+    assert diagnose(stall_pct=stall, idle_pct=idle, step_s=0.01, span="of 1 s").startswith(verdict + ":")

@@ -101,7 +101,8 @@ def test_with_step_timings_a_slow_producer_is_an_exposed_data_stall():
     assert device["steps"] == 12
     assert device["data_stall_pct"] == pytest.approx(100 * 28 / 30) and device["other_idle_pct"] == pytest.approx(0)
     assert device["exposed_idle_pct"] == pytest.approx(device["data_stall_pct"] + device["other_idle_pct"])
-    assert summary["diagnosis"].startswith("input-bound: the device was idle 93% of wall time waiting for data")
+    assert summary["diagnosis"].startswith("input-bound: the device was idle waiting for data 93% of the 0.33 s from "
+                                           "the first watched step's result to the last (12 steps)")
 
 
 def test_time_in_next_that_overlaps_device_work_is_not_a_stall():

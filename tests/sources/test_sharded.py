@@ -304,3 +304,23 @@ def test_held_bytes_bound_the_block_cache(tmp_path):
     assert source.held_bytes() == 12 * largest
     Pipeline(source, [], batch_size=8).epochs(1).__next__()
     assert len(source._io.cache) <= 12
+
+
+def test_the_config_memory_check_counts_the_block_cache(tmp_path, monkeypatch, capsys):
+    """`datarax validate` adds `held_bytes()` (the cache's bound) to the batches it checks."""
+    from datarax.cli.main import main
+    from datarax.config import sizes
+
+    urls = write_shards("parquet", "file", tmp_path)
+    largest = max(pq.ParquetFile(u.removeprefix("file://")).metadata.row_group(g).total_byte_size
+                  for u in urls for g in range(pq.ParquetFile(u.removeprefix("file://")).metadata.num_row_groups))
+    config = tmp_path / "job.toml"
+    config.write_text(f'batch_size = 4\nprefetch = 1\n[source.sharded]\nurls = {urls!r}\nfields = ["x"]\n'
+                      f'cache_blocks = 40\nprefetch_blocks = 2\nmanifest_dir = "{tmp_path / "m"}"\n'.replace("'", '"'))
+    batches = 4 * (4 + 8) * 4  # 4 rows of an int32 field and an int64 id, in the 4 buffers of prefetch 1
+    monkeypatch.setattr(sizes, "memory_bytes", lambda: batches + 40 * largest - 1)
+    assert main(["validate", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert f"plus {sizes.human(40 * largest)} the source and stages keep" in err, err
+    monkeypatch.setattr(sizes, "memory_bytes", lambda: batches + 40 * largest)
+    assert main(["validate", str(config)]) == 0

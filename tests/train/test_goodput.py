@@ -56,9 +56,17 @@ def test_ledger_arithmetic_matches_a_hand_computation():
     assert steady["step_consumes_el_s"] == pytest.approx(12 / 0.9)
     assert steady["pipeline_delivers_el_s"] == pytest.approx(12 / 1.4)
     assert s["window"]["steps"] == 2
-    assert s["diagnosis"].startswith("input-bound: the device was idle 33% of wall time waiting for data; "
-                                     "the pipeline delivers 9 el/s, the step consumes 13 el/s")
-    assert "largest other badput: first_batch 24%" in s["diagnosis"]
+    # Each sentence names its denominator: the headline the whole wall, the verdict the steady steps.
+    assert s["headline"] == ("goodput 31.0% of the run's 4.2 s wall time (3 steps; device busy with training steps); "
+                             "badput: first batch 23.8%, data stall 11.9%, compile 11.9%, checkpoint saves 11.0%, "
+                             "other 10.5%")
+    assert s["diagnosis"].startswith("input-bound: the device was idle waiting for data 33% of the 1.50 s of steady "
+                                     "training (steps 2-3, timed from step 1's result; 36% of the run's 4.20 s wall "
+                                     "time); the pipeline delivers 9 el/s, the step consumes 13 el/s; remedies, in "
+                                     "order: 1) decode once: `datarax materialize")
+    assert "largest other badput: first batch 24% of the run's wall time" in s["diagnosis"]
+    assert s["compiles"] == [{"step": 1, "seconds": 0.5, "batch_size": 8, "cause": "the first step"}]
+    assert "recompiles" not in s["diagnosis"]  # the first step's compile is expected, not a recompile
 
 
 def test_steps_still_in_flight_are_left_out():
@@ -69,16 +77,18 @@ def test_steps_still_in_flight_are_left_out():
     assert ledger.summary()["steps"] == 1
 
 
+SPAN = "of the 8.00 s of steady training (steps 2-41, timed from step 1's result; 80% of the run's 10.00 s wall time)"
 DIAGNOSIS_CASES = [
     # (data stall %, exposed idle %, host in next() %, expected start)
-    (37.0, 40.0, 50.0, "input-bound: the device was idle 37% of wall time waiting for data; the pipeline "
-                       "delivers 2,100 el/s, the step consumes 3,400 el/s"),
-    (12.0, 60.0, 15.0, "host-bound: the device was idle 48% of wall time between steps while the host did other "
-                       "work (checkpoint saves 30%, loop overhead (callbacks, logging, dispatch) 18%), 12% waiting "
-                       "for data; the step takes 2.50 ms"),
-    (0.4, 3.0, 60.0, "compute-bound: exposed data stall 0.4%; the step consumes 3,400 el/s and the pipeline keeps "
-                     "up (the host waited in next() 60% of the time, overlapped with device work"),
-    (4.0, 9.0, 5.0, "compute-bound: exposed data stall 4.0%; the step consumes 3,400 el/s and the pipeline keeps up"),
+    (37.0, 40.0, 50.0, f"input-bound: the device was idle waiting for data 37% {SPAN}; the pipeline "
+                       "delivers 2,100 el/s, the step consumes 3,400 el/s; remedies, in order: 1) decode once"),
+    (12.0, 60.0, 15.0, f"host-bound: the device was idle between steps 48% {SPAN} while the host did other "
+                       "work (checkpoint saves 30%, loop overhead (callbacks, logging, dispatch) 18%), and waited "
+                       "for data 12%; the step takes 2.50 ms"),
+    (0.4, 3.0, 60.0, f"compute-bound: exposed data stall 0.4% {SPAN}; the step consumes 3,400 el/s and the pipeline "
+                     "keeps up (the host waited in next() 60% of that time, overlapped with device work"),
+    (4.0, 9.0, 5.0, f"compute-bound: exposed data stall 4.0% {SPAN}; the step consumes 3,400 el/s and the pipeline "
+                    "keeps up"),
 ]
 
 
@@ -86,7 +96,8 @@ DIAGNOSIS_CASES = [
 def test_diagnosis_table(stall, idle, host, expected):
     steady = {"data_stall_pct": stall, "exposed_idle_pct": idle, "host_next_pct": host, "step_time_s": 0.0025,
               "step_consumes_el_s": 3400.0, "pipeline_delivers_el_s": 2100.0, "checkpoint_idle_pct": 30.0,
-              "eval_idle_pct": 0.0, "compile_idle_pct": 0.0, "loop_idle_pct": idle - stall - 30.0}
+              "eval_idle_pct": 0.0, "compile_idle_pct": 0.0, "loop_idle_pct": idle - stall - 30.0,
+              "span_s": 8.0, "first_step": 2, "last_step": 41}
     text = diagnose(steady, {"goodput": 9.0, "data_stall": 0.0, "compile": 0.5, "other": 0.5}, 10.0)
     assert text.startswith(expected)
     assert "largest other badput" not in text
@@ -186,3 +197,206 @@ def test_fast_pipeline_reports_no_stall_although_the_host_waits_in_next():
     assert steady["exposed_idle_pct"] < 5
     assert steady["data_stall_pct"] < 5
     assert monitor.report["diagnosis"].startswith("compute-bound")
+
+
+def hand_ledger() -> GoodputLedger:
+    ledger = GoodputLedger(window=2)
+    ledger.start(0.0)
+    ledger.set_ready(ledger.add_step(1, 8, 0.0, 1.0, 1.6, 0.5), 2.0)
+    ledger.set_ready(ledger.add_step(2, 8, 1.7, 2.5, 2.6, 0.0), 3.0)
+    ledger.set_ready(ledger.add_step(3, 4, 2.7, 2.8, 2.85, 0.0), 3.5)
+    ledger.add_interval("checkpoint_save", 2.52, 2.58)
+    ledger.add_interval("checkpoint_save", 3.6, 4.0)
+    ledger.finish(4.2)
+    return ledger
+
+
+def lane_total(lanes, name) -> float:
+    return float(sum(duration for _, duration in lanes[name]))
+
+
+def test_the_plot_shows_the_reports_numbers(tmp_path):
+    """The picture's title is the report's headline and its lanes add up to the report's buckets."""
+    from datarax.train.timeline import plot_timeline, timeline_data
+
+    ledger = hand_ledger()
+    summary = ledger.summary()
+    data = timeline_data(ledger, summary)
+    assert data["title"] == summary["headline"] and data["diagnosis"] == summary["diagnosis"]
+    buckets = summary["buckets_s"]
+    assert lane_total(data["lanes"], "device busy") == pytest.approx(buckets["goodput"])
+    assert lane_total(data["lanes"], "data stall") == pytest.approx(buckets["data_stall"])
+    assert lane_total(data["lanes"], "compile") == pytest.approx(buckets["compile"])
+    assert lane_total(data["lanes"], "checkpoint_save") == pytest.approx(buckets["checkpoint_save"])
+    # The headline's percentages are of the same wall time the buckets split.
+    assert f"goodput {100 * buckets['goodput'] / summary['wall_s']:.1f}% of the run's 4.2 s wall time" in data["title"]
+    np.testing.assert_allclose(data["step_ms"], [400.0, 400.0, 500.0])
+    np.testing.assert_allclose(data["idle_ms"], [0.0, 600.0, 0.0])
+    if HAS_MATPLOTLIB:
+        assert plot_timeline(ledger, tmp_path / "t.png", summary=summary).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_real_runs_plot_data_equals_its_report(tmp_path):
+    from datarax.train.timeline import timeline_data
+
+    source = SlowSource(points(64), delay_s=0.01)
+    monitor = GoodputMonitor(tmp_path, verbose=False, plot=False)
+    trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1), Pipeline(source, batch_size=8), loss_fn,
+                      callbacks=[monitor], compilation_cache=False)
+    trainer.fit(num_steps=10)
+    report = monitor.report
+    data = timeline_data(monitor.ledger, report)
+    assert data["title"] == report["headline"]
+    assert lane_total(data["lanes"], "device busy") == pytest.approx(report["buckets_s"]["goodput"])
+    assert lane_total(data["lanes"], "data stall") == pytest.approx(report["buckets_s"]["data_stall"])
+    written = json.loads((tmp_path / "goodput.json").read_text())
+    assert written["headline"] == report["headline"] and written["diagnosis"] == report["diagnosis"]
+
+
+def test_evaluation_gets_its_own_verdict():
+    from datarax.train.goodput import eval_summary
+
+    ledger = GoodputLedger()
+    ledger.start(0.0)
+    # first eval batch: next() 0-0.5, compiles 0.5-0.6, runs to 0.8; second: next() 0.6-0.9, runs 0.9-1.1
+    ledger.set_ready(ledger.add_step(1, 4, 0.0, 0.5, 0.6, 0.1, "the first evaluation batch"), 0.8)
+    ledger.set_ready(ledger.add_step(2, 4, 0.6, 0.9, 0.9, 0.0), 1.1)
+    ledger.finish(1.2)
+    s = eval_summary([ledger])
+    assert s["wall_s"] == pytest.approx(1.2)
+    assert s["buckets_s"] == pytest.approx({"busy": 0.4, "data_wait": 0.5 + 0.1, "compile": 0.1, "other": 0.1})
+    assert s["verdict"].startswith("evaluation: input-bound: the device was idle waiting for data 50% of the "
+                                   "evaluation's 1.20 s; the pipeline delivers 8 el/s, the step consumes 20 el/s")
+    assert eval_summary([ledger, ledger])["verdict"].startswith(
+        "evaluation: input-bound: the device was idle waiting for data 50% of the 2 evaluations' 2.40 s")
+
+
+def test_a_fit_with_evaluations_reports_them_apart(tmp_path):
+    setup_pipeline = Pipeline(MemorySource(MemorySourceConfig(shuffle=True, seed=1), data=points(64)), batch_size=8)
+    eval_pipeline = Pipeline(MemorySource(data=points(24, 3)), batch_size=8)
+    monitor = GoodputMonitor(tmp_path, verbose=False, plot=False)
+    trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1), setup_pipeline, loss_fn,
+                      eval_pipeline=eval_pipeline, eval_every_steps=4, callbacks=[monitor], compilation_cache=False)
+    trainer.fit(num_steps=8)
+    ev = monitor.report["eval"]
+    assert ev["evaluations"] == 2 and ev["steps"] == 6  # two evaluations of three batches
+    assert ev["compiles"][0]["cause"] == "the first evaluation batch" and len(ev["compiles"]) == 1
+    assert sum(ev["buckets_s"].values()) == pytest.approx(ev["wall_s"])
+    assert ev["verdict"].startswith("evaluation: ") and "of the 2 evaluations' " in ev["verdict"]
+    assert monitor.report["buckets_s"]["eval"] > 0
+    assert ev["verdict"] in monitor.report["text"]
+
+
+def test_a_rerun_that_trains_no_step_keeps_the_last_report(tmp_path):
+    from datarax.train.callbacks import CheckpointCallback
+
+    def run():
+        monitor = GoodputMonitor(tmp_path / "run", verbose=False, plot=HAS_MATPLOTLIB)
+        pipeline = Pipeline(MemorySource(MemorySourceConfig(shuffle=True, seed=1), data=points(64)), batch_size=8)
+        trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1), pipeline, loss_fn,
+                          callbacks=[CheckpointCallback(tmp_path / "ckpt", every_steps=2), monitor],
+                          compilation_cache=False)
+        return trainer.fit(num_steps=4), monitor
+
+    run()
+    files = {name: (tmp_path / "run" / name).read_bytes() for name in ("goodput.json", "goodput_history.json")}
+    if HAS_MATPLOTLIB:
+        files["goodput.png"] = (tmp_path / "run" / "goodput.png").read_bytes()
+    first = json.loads(files["goodput.json"])
+    assert first["steps"] == 4
+    result, monitor = run()
+    assert result.resumed_from == 4 and result.step == 4
+    for name, content in files.items():
+        assert (tmp_path / "run" / name).read_bytes() == content, name
+    assert monitor.report["steps"] == 0
+    assert monitor.report["diagnosis"] == (
+        f"this run trained no steps (it began at step 4, the target); {tmp_path / 'run' / 'goodput.json'} keeps the "
+        f"report of the last run that trained (4 steps): {first['diagnosis']}")
+
+
+def test_cumulative_goodput_counts_the_work_a_kill_lost():
+    from datarax.train.goodput_history import cumulative
+
+    segments = [
+        {"began_at": 100.0, "start_step": 0, "resumed_from": None, "last_step": 14, "wall_s": 9.0, "busy_s": 6.0,
+         "finished": False, "checkpoints": [[5, 3.0, 2.0], [10, 6.0, 4.0]]},
+        {"began_at": 110.0, "start_step": 10, "resumed_from": 10, "last_step": 20, "wall_s": 5.0, "busy_s": 4.0,
+         "finished": True, "checkpoints": [[15, 2.5, 2.0], [20, 5.0, 4.0]]},
+    ]
+    c = cumulative(segments)
+    # Steps 11-14 of the first run, and the 3 s (2 s on the device) it spent after saving step 10.
+    assert (c["lost_steps"], c["lost_s"], c["lost_busy_s"]) == (4, 3.0, 2.0)
+    assert c["wall_s"] == 14.0 and c["between_runs_s"] == 1.0
+    assert c["goodput_pct"] == pytest.approx(100 * (6.0 + 4.0 - 2.0) / 14.0)
+    assert c["text"] == ("across 2 runs (14.0 s inside fit, plus 1.0 s between runs): goodput 57.1% of the runs' time "
+                         "inside fit; 4 steps (at least; 3.0 s, 21.4% of that time) were trained again after a "
+                         "restart: the work done since the last checkpoint before a kill")
+    # Killed before any checkpoint: the whole first run is lost.
+    c = cumulative([{**segments[0], "checkpoints": []}, {**segments[1], "resumed_from": None, "start_step": 0}])
+    assert (c["lost_steps"], c["lost_s"], c["lost_busy_s"]) == (14, 9.0, 6.0)
+
+
+CHILD = """
+import sys, time
+import optax
+from flax import nnx
+sys.path.insert(0, {helpers!r})
+from trainer_helpers import loss_fn, points
+from datarax import Pipeline
+from datarax.sources import MemorySource
+from datarax.train import Trainer
+from datarax.train.callbacks import Callback, CheckpointCallback, GoodputMonitor
+
+class Announce(Callback):
+    order = 50
+    def on_step_end(self, trainer, logs):
+        print(f"step {{logs.step}}", flush=True)
+        time.sleep(0.2)
+
+pipeline = Pipeline(MemorySource(shuffle=True, seed=1, data=points(64)), batch_size=8)
+trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1), pipeline, loss_fn, compilation_cache=False,
+                  callbacks=[CheckpointCallback({ckpt!r}, every_steps=4, asynchronous=False),
+                             GoodputMonitor({run!r}, plot=False, verbose=False, history_every_steps=1), Announce()])
+result = trainer.fit(num_steps=16)
+print("done", result.step, result.resumed_from, flush=True)
+"""
+
+
+def test_cumulative_goodput_after_a_real_sigkill(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(helpers=str(Path(__file__).parent), ckpt=str(tmp_path / "ckpt"),
+                                   run=str(tmp_path / "run")))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(repo), PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.strip() == "step 10":  # checkpoint 8 is on disk (a synchronous save); step 10 sleeps
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (tmp_path / "run" / "goodput.json").exists()  # the killed run never reached its end
+    done = subprocess.run([sys.executable, str(script)], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "done 16 8"
+    report = json.loads((tmp_path / "run" / "goodput.json").read_text())
+    assert report["steps"] == 8  # this run's own steps: 9..16
+    c = report["cumulative"]
+    assert c["runs"] == 2
+    assert c["restarts"] == [{"resumed_from": 8, "lost_steps": 2, "lost_s": c["lost_s"], "killed_at_step": 10,
+                              "finished": False}]
+    assert c["lost_steps"] == 2  # steps 9 and 10 were trained twice
+    assert c["lost_s"] >= 0.4  # at least the two injected 0.2 s pauses after step 8's save (steps 8 and 9)
+    assert "2 steps (at least; " in c["text"] and c["text"] in report["text"]

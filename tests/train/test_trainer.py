@@ -299,7 +299,7 @@ def test_a_resume_is_reported_where_it_happens(tmp_path, caplog):
     first, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=2)])
     assert first.fit(num_steps=4).resumed_from is None
     stream = io.StringIO()
-    bar = ProgressBar(file=stream, mininterval=0)
+    bar = ProgressBar(mode="bar", file=stream, mininterval=0)
     second, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=2), bar])
     with caplog.at_level(logging.INFO, logger="datarax.train"):
         result = second.fit(num_steps=6)

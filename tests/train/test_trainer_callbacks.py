@@ -156,7 +156,7 @@ def test_tensorboard_writer_writes_readable_events(tmp_path):
 def test_progress_bar_shows_steps_and_throughput():
     pytest.importorskip("tqdm")
     stream = io.StringIO()
-    bar = ProgressBar(file=stream, mininterval=0)
+    bar = ProgressBar(mode="bar", file=stream, mininterval=0)
     trainer = FakeTrainer(step=4, target=8)
     bar.on_train_begin(trainer)
     for i, step in enumerate(range(5, 9)):
@@ -232,7 +232,7 @@ def test_learning_rate_logger_rejects_a_non_callable_schedule():
 
 
 @pytest.mark.parametrize("blocked, make, match", [
-    (("tqdm",), lambda tmp: ProgressBar(), r"ProgressBar needs tqdm: pip install tqdm"),
+    (("tqdm",), lambda tmp: ProgressBar(mode="bar"), r"ProgressBar\(mode='bar'\) needs tqdm: pip install tqdm"),
     (("tensorboardX", "torch"), lambda tmp: TensorBoardWriter(tmp),
      r"TensorBoardWriter needs a TensorBoard event writer: pip install tensorboardX"),
 ])
@@ -289,3 +289,104 @@ def test_real_clu_writers_through_a_real_fit(tmp_path):
     assert [step for step, _ in seen] == [2, 4, 5]  # every 2 steps, metrics one step late, and the final ones
     assert seen[-1][1]["train/loss"] == pytest.approx(result.metrics["loss"])
     assert list((tmp_path / "tb").iterdir())  # the TensorBoard event file
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal, and shows what a terminal would: `\\r` returns to column 0."""
+
+    def isatty(self):
+        return True
+
+    def screen(self) -> list[str]:
+        lines, current = [], []
+        col = 0
+        for ch in self.getvalue():
+            if ch == "\r":
+                col = 0
+            elif ch == "\n":
+                lines.append("".join(current).rstrip())
+                current, col = [], 0
+            else:
+                if col < len(current):
+                    current[col] = ch
+                else:
+                    current.append(ch)
+                col += 1
+        return lines + (["".join(current).rstrip()] if current else [])
+
+
+class FakeRun:
+    def __init__(self, target=10):
+        self.step, self.target_step, self.target_epoch, self.resumed_from = 0, target, None, None
+
+
+def test_on_a_terminal_metric_lines_and_warnings_go_above_the_bar_not_into_it():
+    pytest.importorskip("tqdm")
+    import warnings
+
+    terminal = Terminal()
+    bar, writer, run = ProgressBar(file=terminal, mininterval=0), ConsoleWriter(terminal), FakeRun(target=4)
+    assert bar.uses_bar()
+    bar.on_train_begin(run)
+    for step in range(1, 5):
+        run.step = step
+        bar.on_step_end(run, StepLogs(step=step, batch_size=8, dispatched_at=float(step), metrics={"loss": 0.5},
+                                      metrics_step=step - 1))
+        writer.write_scalars(step, {"train/loss": 0.5})
+    warnings.warn("a warning while the bar is shown", UserWarning)
+    bar.on_train_end(run, StepLogs(step=4))
+    screen = terminal.screen()
+    assert [line for line in screen if "train/loss" in line] == [f"step {s} | train/loss 0.5" for s in range(1, 5)]
+    assert any(line.endswith("UserWarning: a warning while the bar is shown") for line in screen)
+    assert screen[-1].startswith("100%|") and "4/4" in screen[-1]
+    assert showwarning_restored()
+
+
+def showwarning_restored() -> bool:
+    import warnings
+
+    return warnings.showwarning.__module__ == "warnings"
+
+
+class StepClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_off_a_terminal_plain_lines_come_on_a_schedule():
+    clock, stream, run = StepClock(), io.StringIO(), FakeRun(target=10)
+    bar = ProgressBar(file=stream, every_secs=10, clock=clock)
+    assert not bar.uses_bar()
+    bar.on_train_begin(run)
+    for step in range(1, 11):
+        clock.now += 3.0
+        run.step = step
+        metrics = {"loss": 1.0 - 0.1 * (step - 2)} if step > 1 else {}
+        bar.on_step_end(run, StepLogs(step=step, batch_size=8, dispatched_at=clock.now, metrics=metrics,
+                                      metrics_step=step - 1 if metrics else None))
+    bar.on_train_end(run, StepLogs(step=10, metrics={"loss": 0.1}, metrics_step=10))
+    assert stream.getvalue().splitlines() == [
+        "training from step 0 to step 10; the first step compiles",
+        "step 1/10 (10%) | 0:00:03 elapsed | eta 0:00:27",      # the first step always shows
+        "step 4/10 (40%) | 3 el/s | loss 0.8 | 0:00:12 elapsed | eta 0:00:18",  # 10 s after the start
+        "step 8/10 (80%) | 3 el/s | loss 0.4 | 0:00:24 elapsed | eta 0:00:06",  # 10 s after that
+        "step 10/10 (100%) | 3 el/s | loss 0.1 | 0:00:30 elapsed",  # the end
+    ]
+
+
+def test_lines_every_n_steps_and_a_resumed_start():
+    clock, stream, run = StepClock(), io.StringIO(), FakeRun(target=6)
+    run.step, run.resumed_from = 2, 2
+    bar = ProgressBar(mode="lines", file=stream, every_steps=2, clock=clock)
+    bar.on_train_begin(run)
+    for step in range(3, 7):
+        clock.now += 1.0
+        run.step = step
+        bar.on_step_end(run, StepLogs(step=step, batch_size=4, dispatched_at=clock.now))
+    bar.on_train_end(run, StepLogs(step=6))
+    assert [line.split(" | ")[0] for line in stream.getvalue().splitlines()] == [
+        "training from step 2 to step 6 (resumed from the checkpoint at step 2); the first step compiles",
+        "step 3/6 (50%)", "step 4/6 (67%)", "step 6/6 (100%)"]

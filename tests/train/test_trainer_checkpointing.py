@@ -175,10 +175,29 @@ def test_restore_into_a_different_model_fails_clearly(tmp_path):
     ckpt = Checkpointer(tmp_path)
     save(ckpt, 1, model, optimizer, iterator)
     wider = nnx.Linear(4, 5, rngs=nnx.Rngs(0))
-    with pytest.raises(CheckpointMismatchError, match=r"holds a model state of a different structure"):
+    # The message names each state path that differs, read from the checkpoint's array metadata.
+    with pytest.raises(CheckpointMismatchError, match=r"holds a model state of a different structure: "
+                                                      r"model\['bias'\] is in this run only \(\(5,\) float32\); "
+                                                      r"model\['dropout'\]\['rngs'\]\['count'\] is in the checkpoint "
+                                                      r"only \(\(\) uint32\); .* \(and 1 more\); the model was built"):
         ckpt.restore_latest(model=wider, optimizer=nnx.Optimizer(wider, optax.adam(1e-2),
                                                                 wrt=nnx.Param),
                             iterator=build()[2])
+
+
+def test_a_model_of_other_sizes_is_named_path_by_path(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    save(ckpt, 1, model, optimizer, iterator)
+    wider = DropoutNet(0)
+    wider.linear = nnx.Linear(4, 5, rngs=nnx.Rngs(0))
+    with pytest.raises(CheckpointMismatchError, match=r"different structure: model\['linear'\]\['bias'\]: saved "
+                                                      r"\(3,\) float32, this run \(5,\) float32; "
+                                                      r"model\['linear'\]\['kernel'\]: saved \(4, 3\) float32, this "
+                                                      r"run \(4, 5\) float32; the model was built differently"):
+        ckpt.restore_latest(model=wider, optimizer=nnx.Optimizer(wider, optax.adam(1e-2), wrt=nnx.Param),
+                            iterator=build()[2])
+    ckpt.close()
 
 
 def test_restore_with_a_different_fingerprint_fails_clearly(tmp_path):
@@ -283,3 +302,27 @@ def test_relative_checkpoint_directory_is_made_absolute(tmp_path, monkeypatch):
         assert str(checkpointer.directory) == str(tmp_path / "runs" / "x" / "checkpoints")
     finally:
         checkpointer.close()
+
+
+@pytest.mark.filterwarnings("ignore::datarax.train.ShortFinalBatchWarning")
+@pytest.mark.parametrize("change, named", [
+    ({"batch_size": 16}, "batch_size differs: saved 8, this run 16"),
+    ({"seed": 1}, "sampler differs: saved 'ShuffleSampler(seed=5)', this run 'ShuffleSampler(seed=6)'"),
+    ({"drop_remainder": False, "num_records": 60}, "drop_remainder differs: saved True, this run False"),
+])
+def test_a_trainer_restoring_another_pipelines_checkpoint_names_the_part_that_differs(tmp_path, change, named):
+    from trainer_helpers import loss_fn
+
+    from datarax.train import Trainer
+    from datarax.train.callbacks import CheckpointCallback
+
+    setup = make_setup()
+    Trainer(setup.model, optax.adam(1e-2), setup.pipeline, loss_fn, compilation_cache=False,
+            callbacks=[CheckpointCallback(tmp_path, every_steps=2)]).fit(num_steps=2)
+    other = make_setup(**change)
+    trainer = Trainer(other.model, optax.adam(1e-2), other.pipeline, loss_fn, compilation_cache=False,
+                      callbacks=[CheckpointCallback(tmp_path)])
+    with pytest.raises(CheckpointMismatchError) as caught:
+        trainer.fit(num_steps=4)
+    assert "was written for another training pipeline: its " in str(caught.value)
+    assert named in str(caught.value)

@@ -7,7 +7,10 @@ Events, in the order a run sees them (all methods are optional no-ops):
     on_data_wait_end(trainer, step, seconds)    next() returned after `seconds`
     on_step_begin(trainer, step)                the batch is in hand, the step is about to run
     on_step_end(trainer, logs)                  the step was dispatched (`logs`: StepLogs)
-    on_eval_begin(trainer, step) / on_eval_end(trainer, step, metrics)
+    on_eval_begin(trainer, step)                an evaluation starts
+    on_eval_step_end(trainer, logs)             an eval batch's step was dispatched (`logs`: StepLogs,
+                                                `step` counting the evaluation's batches from 1)
+    on_eval_end(trainer, step, metrics)         the evaluation's metrics
     on_checkpoint_save(trainer, info) / on_checkpoint_restore(trainer, info)
     on_train_end(trainer, logs)                 after the last step (or a stop request)
 
@@ -30,7 +33,8 @@ if TYPE_CHECKING:
 
 EVENTS = (
     "on_train_begin", "on_data_wait_begin", "on_data_wait_end", "on_step_begin", "on_step_end",
-    "on_eval_begin", "on_eval_end", "on_checkpoint_save", "on_checkpoint_restore", "on_train_end",
+    "on_eval_begin", "on_eval_step_end", "on_eval_end", "on_checkpoint_save", "on_checkpoint_restore",
+    "on_train_end",
 )
 
 
@@ -49,6 +53,7 @@ class StepLogs:
         output: a device array of this step (its loss) that becomes ready when the step is done;
             a callback may wait on it off the main thread, never on the main thread.
         epoch: the data epoch this step's batch came from.
+        compile_cause: why the step compiled, when it did (e.g. "the epoch's short final batch").
     """
 
     step: int
@@ -60,6 +65,7 @@ class StepLogs:
     compile_seconds: float = 0.0
     output: Any = None
     epoch: int = 0
+    compile_cause: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +113,8 @@ class Callback:
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None: ...
 
     def on_eval_begin(self, trainer: Trainer, step: int) -> None: ...
+
+    def on_eval_step_end(self, trainer: Trainer, logs: StepLogs) -> None: ...
 
     def on_eval_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None: ...
 
