@@ -97,7 +97,10 @@ def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_residen
     caches = f" plus {human(held)} the source and stages keep (their caches and budgets)" if held else ""
     fix = (f"use a batch_size of at most {fit:,}" + (" (or a smaller prefetch)" if host_resident
                                                      else " (or a smaller dispatch_ahead)" if dispatch_ahead else "")
-           if fit >= 1 else "not even one record fits: make the records (or what the stages make of them) smaller")
+           if fit >= 1 else
+           "what the source and stages keep leaves no room for a batch: lower a decoding stage's max_decode_bytes or a "
+           "sharded source's cache_blocks" if held >= limit else
+           "not even one record fits: make the records (or what the stages make of them) smaller")
     message = (f"{holder} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
                f"record{caches}), more than the {human(limit)} of memory here; {fix}")
     raise ConfigError([message])

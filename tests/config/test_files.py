@@ -198,9 +198,9 @@ def test_decode_bounds_are_keys_and_the_memory_check_counts_the_decode_budget(tm
     too_much = 2 * host_memory_bytes()
     with pytest.raises(ConfigError, match=r"batch_size 2 with prefetch \d+ needs about [\d.]+ [GT]iB \(.* plus "
                                           r"[\d.]+ [GT]iB the source and stages keep \(their caches and budgets\)\), "
-                                          r"more than the .* of memory here") as caught:
+                                          r"more than the .* of memory here; what the source and stages keep leaves "
+                                          r"no room for a batch: lower a decoding stage's max_decode_bytes"):
         load_pipeline(write(tmp_path, table.format(budget=too_much)))
-    print(caught.value)
 
 
 PROBLEMS = [  # (source table, the words of the problem)
