@@ -12,7 +12,8 @@ naming the TOML key:
   record (from the source's element spec, or the output spec once the stages are known), times
   the batches in flight (`prefetch` + 3 for a host-resident source's ring of buffers, 2 plus
   `dispatch_ahead` for a device-resident one), against the host's physical memory (and the first device's limit, when
-  the backend reports one).
+  the backend reports one); with what the source and the host stages keep (`held_bytes()`: a
+  decode budget, a block cache), against the host's memory only, since that is where they live.
 """
 
 from __future__ import annotations
@@ -83,23 +84,28 @@ def held_bytes(*components: Any) -> int:
 
 def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_resident: bool, what: str,
                  dispatch_ahead: int = 0, held: int = 0) -> None:
-    """Raises `ConfigError` at `batch_size` when the batches held at once, plus `held` bytes the
-    source and stages keep (`held_bytes`), exceed `memory_bytes()`."""
-    limit = memory_bytes()
+    """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`,
+    or they plus the `held` bytes the source and stages keep (`held_bytes`) exceed the host's
+    memory: a decode budget or a block cache is host memory, so a smaller device limit does not
+    bound it."""
     in_flight = ring_size(prefetch) if host_resident else 2 + dispatch_ahead
     # Each row also carries its int64 record id through the sampler and the program.
-    needed = batch_size * (record_bytes + 8) * in_flight + held
-    if limit is None or needed <= limit:
+    row = (record_bytes + 8) * in_flight
+    for limit, kept in ((memory_bytes(), 0), (host_memory_bytes(), held) if held else (None, 0)):
+        needed = batch_size * row + kept
+        if limit is not None and needed > limit:
+            break
+    else:
         return
-    fit = max(0, limit - held) // ((record_bytes + 8) * in_flight)
+    fit = max(0, limit - kept) // row
     holder = (f"batch_size {batch_size:,} with prefetch {prefetch}" if host_resident
               else f"batch_size {batch_size:,} with dispatch_ahead {dispatch_ahead}")
-    caches = f" plus {human(held)} the source and stages keep (their caches and budgets)" if held else ""
+    caches = f" plus {human(kept)} the source and stages keep (their caches and budgets)" if kept else ""
     fix = (f"use a batch_size of at most {fit:,}" + (" (or a smaller prefetch)" if host_resident
                                                      else " (or a smaller dispatch_ahead)" if dispatch_ahead else "")
            if fit >= 1 else
            "what the source and stages keep leaves no room for a batch: lower a decoding stage's max_decode_bytes or a "
-           "sharded source's cache_blocks" if held >= limit else
+           "sharded source's cache_blocks" if kept >= limit else
            "not even one record fits: make the records (or what the stages make of them) smaller")
     message = (f"{holder} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
                f"record{caches}), more than the {human(limit)} of memory here; {fix}")

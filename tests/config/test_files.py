@@ -173,7 +173,7 @@ def test_folders_are_relative_to_the_config_not_the_working_directory(tmp_path, 
     assert same_batches(reference, built) == 3
 
 
-def test_decode_bounds_are_keys_and_the_memory_check_counts_the_decode_budget(tmp_path):
+def test_decode_bounds_are_keys_and_the_memory_check_counts_the_decode_budget(tmp_path, monkeypatch):
     from PIL import Image
 
     from datarax.control.budget import host_memory_bytes
@@ -201,6 +201,11 @@ def test_decode_bounds_are_keys_and_the_memory_check_counts_the_decode_budget(tm
                                           r"more than the .* of memory here; what the source and stages keep leaves "
                                           r"no room for a batch: lower a decoding stage's max_decode_bytes"):
         load_pipeline(write(tmp_path, table.format(budget=too_much)))
+    # A decode budget is host memory: a device with less memory than the budget does not refuse it.
+    from datarax.config import sizes
+
+    monkeypatch.setattr(sizes, "memory_bytes", lambda: 2**30)
+    load_pipeline(write(tmp_path, table.format(budget=4 * 2**30)))
 
 
 PROBLEMS = [  # (source table, the words of the problem)
