@@ -51,7 +51,7 @@ import numpy as np
 from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_positive_int, require
 from datarax.core.source import DataSourceModule
-from datarax.host.image import to_eight_bits
+from datarax.host.bit_depth import to_eight_bits
 from datarax.host.materialized import (FORMAT_VERSION, FORMATS, KIND, MANIFEST, MaterializeConfig, MaterializedSource,
                                        MaterializedSourceConfig, StaleCacheError, source_stamp)
 from datarax.host.stage import ENCODED, RecordError, printable

@@ -51,6 +51,7 @@ from datarax.control.pool import ThreadPool
 from datarax.core.checks import (check_choice, check_field_name, check_int, check_numbers, check_positive_int,
                                  check_range, check_size, field, require, set_field)
 from datarax.core.construct import resolve_config
+from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend
 from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, Refusal, Spec, check_encoded_field
 
@@ -60,7 +61,6 @@ CROP_MODES = ("center", "random_resized")
 _ORIENTATION_TAG = 0x0112
 _DRAFT_SCALES = (8, 4, 2, 1)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's order
-_SCALE_ROWS_BYTES = 16 * 2**20  # the float64 scratch of scaling a high-bit-depth image, a block of rows at a time
 
 
 def _pillow() -> Any:
@@ -183,11 +183,6 @@ def random_resized_box(height: int, width: int, scale: tuple[float, float], rati
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def is_high_depth(mode: str) -> bool:
-    """Pillow's 16- and 32-bit single-channel modes: `I;16` (and its byte orders), `I`, `F`."""
-    return mode in ("I", "F") or mode.startswith("I;16")
-
-
 def pillow_bytes(mode: str, width: int, height: int, transposed: bool) -> int:
     """What decoding a `width` x `height` image of `mode` on the Pillow path holds at its peak.
 
@@ -199,7 +194,7 @@ def pillow_bytes(mode: str, width: int, height: int, transposed: bool) -> int:
     pixels = width * height
     stored = 1 if mode in ("1", "L", "P") else 2 if mode.startswith("I;16") else 4
     if is_high_depth(mode):
-        return pixels * (2 * stored + 2 * (1 + transposed)) + _SCALE_ROWS_BYTES
+        return pixels * (2 * stored + 2 * (1 + transposed)) + SCALE_ROWS_BYTES
     converted = 1 if mode == "L" else 4
     copies = (mode not in ("RGB", "L")) + transposed
     return pixels * (stored + copies * converted)
@@ -208,36 +203,6 @@ def pillow_bytes(mode: str, width: int, height: int, transposed: bool) -> int:
 def describe(image: Any) -> str:
     """`a 9459x9459 PNG in mode RGB`: an opened image, for refusals."""
     return f"a {image.size[0]}x{image.size[1]} {image.format or 'image'} in mode {image.mode}"
-
-
-def to_eight_bits(image: Any, value_range: tuple[float, float] | None, image_module: Any) -> Any:
-    """A 16- or 32-bit single-channel image as an 8-bit gray (`L`) one; other images unchanged.
-
-    `round(255 * (v - low) / (high - low))` over `value_range` (default (0, 65535) for the integer
-    modes, (0, 1) for `F`), in float64 a block of rows at a time. Pillow's `convert` would clip
-    at 255 instead, turning a 16-bit image white.
-
-    Raises:
-        Refusal: a value (or a NaN) outside the range.
-    """
-    mode = image.mode
-    if not is_high_depth(mode):
-        return image
-    low, high = value_range or ((0.0, 1.0) if mode == "F" else (0.0, 65535.0))
-    values = np.asarray(image)
-    smallest, largest = values.min(), values.max()  # a NaN makes both NaN, and fails the test below
-    if not (low <= smallest and largest <= high):
-        kind = "float" if mode == "F" else f"{8 * values.itemsize}-bit"
-        raise Refusal(f"is a {kind} image (Pillow mode {mode}) with values from {smallest} to {largest}, outside "
-                      f"value_range=({low:g}, {high:g}) that maps to 0-255; pass DecodeImage(value_range=(low, "
-                      "high)) with the range its samples use (e.g. (0, 4095) for 12-bit), or remove the file")
-    out = np.empty(values.shape, np.uint8)
-    step = max(1, _SCALE_ROWS_BYTES // (8 * max(1, values.shape[1])))
-    for top in range(0, len(values), step):
-        block = (values[top:top + step].astype(np.float64) - low) * (255.0 / (high - low))
-        np.rint(block, out=block)
-        out[top:top + step] = block
-    return image_module.fromarray(out)  # a 2-D uint8 array is an L image
 
 
 def _transposes() -> dict[int, Any]:
@@ -349,7 +314,8 @@ class DecodeImage(HostStage):
                     self._check_unresized(header[0], header[1])
                 box = drawn or (0, 0, header[1], header[0])
                 needed = self._turbo.working_bytes(header, box, out.shape[:2])
-                with self._reserve(needed, f"a {header.width}x{header.height} JPEG"):
+                kind = "PPM" if header.pixels >= 0 else "JPEG"
+                with self._reserve(needed, f"a {header.width}x{header.height} {kind}"):
                     decoded = self._turbo.decode_into(data, header, box, out)
                 if decoded:
                     return
