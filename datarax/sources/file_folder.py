@@ -179,7 +179,6 @@ class FileFolderSource(DataSourceModule):
         return read_batch(indices, out, self.element_spec(), len(self), self._read_flat)
 
     def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
-        paths = self._files.paths
         np.take(self._files.labels, flat, out=out["label"])
         contents = self._pool.map(self._read_record, flat.tolist())
         column = out[self.field]
