@@ -12,19 +12,21 @@ naming the TOML key:
   record (from the source's element spec, or the output spec once the stages are known), times
   the batches in flight (`prefetch` + 3 for a host-resident source's ring of buffers, 2 plus
   `dispatch_ahead` for a device-resident one), against the host's physical memory (and the first device's limit, when
-  the backend reports one).
+  the backend reports one); with what the source and the host stages keep (`held_bytes()`: a
+  decode budget, a block cache), against the host's memory only, since that is where they live.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from datarax.config.schema import ConfigError
+from datarax.control.budget import host_memory_bytes
+from datarax.control.budget import human as human
 from datarax.control.producers import ring_size
 
 
@@ -32,10 +34,9 @@ def memory_bytes() -> int | None:
     """The memory a batch may use: physical host memory, or the first device's limit if smaller
     (None when neither is known)."""
     limits = []
-    try:
-        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        pass
+    host = host_memory_bytes()
+    if host is not None:
+        limits.append(host)
     try:
         import jax
 
@@ -52,15 +53,6 @@ def spec_bytes(spec: Any) -> int:
     if isinstance(spec, Mapping):
         return sum(spec_bytes(v) for v in spec.values())
     return math.prod(spec.shape) * np.dtype(spec.dtype).itemsize
-
-
-def human(n: float) -> str:
-    """`97.7 KiB`, `7.28 TiB`."""
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:,.0f} bytes" if unit == "bytes" else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} PiB"
 
 
 def epoch_records(source: Any, sampler: Any) -> int | None:
@@ -92,21 +84,29 @@ def held_bytes(*components: Any) -> int:
 
 def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_resident: bool, what: str,
                  dispatch_ahead: int = 0, held: int = 0) -> None:
-    """Raises `ConfigError` at `batch_size` when the batches held at once, plus `held` bytes the
-    source and stages keep (`held_bytes`), exceed `memory_bytes()`."""
-    limit = memory_bytes()
+    """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`,
+    or they plus the `held` bytes the source and stages keep (`held_bytes`) exceed the host's
+    memory: a decode budget or a block cache is host memory, so a smaller device limit does not
+    bound it."""
     in_flight = ring_size(prefetch) if host_resident else 2 + dispatch_ahead
     # Each row also carries its int64 record id through the sampler and the program.
-    needed = batch_size * (record_bytes + 8) * in_flight + held
-    if limit is None or needed <= limit:
+    row = (record_bytes + 8) * in_flight
+    for limit, kept in ((memory_bytes(), 0), (host_memory_bytes(), held) if held else (None, 0)):
+        needed = batch_size * row + kept
+        if limit is not None and needed > limit:
+            break
+    else:
         return
-    fit = max(0, limit - held) // ((record_bytes + 8) * in_flight)
+    fit = max(0, limit - kept) // row
     holder = (f"batch_size {batch_size:,} with prefetch {prefetch}" if host_resident
               else f"batch_size {batch_size:,} with dispatch_ahead {dispatch_ahead}")
-    caches = f" plus {human(held)} the source and stages keep (their caches and budgets)" if held else ""
+    caches = f" plus {human(kept)} the source and stages keep (their caches and budgets)" if kept else ""
     fix = (f"use a batch_size of at most {fit:,}" + (" (or a smaller prefetch)" if host_resident
                                                      else " (or a smaller dispatch_ahead)" if dispatch_ahead else "")
-           if fit >= 1 else "not even one record fits: make the records (or what the stages make of them) smaller")
+           if fit >= 1 else
+           "what the source and stages keep leaves no room for a batch: lower a decoding stage's max_decode_bytes or a "
+           "sharded source's cache_blocks" if kept >= limit else
+           "not even one record fits: make the records (or what the stages make of them) smaller")
     message = (f"{holder} needs about {human(needed)} ({in_flight} batches of {human(record_bytes)} {what} per "
                f"record{caches}), more than the {human(limit)} of memory here; {fix}")
     raise ConfigError([message])

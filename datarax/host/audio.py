@@ -1,24 +1,34 @@
 """`DecodeAudio`: WAV/FLAC/OGG bytes to fixed-length float waveforms, on the host.
 
 Each record's bytes are decoded with libsndfile (`soundfile`), mixed to mono or checked against a
-fixed channel count, resampled to `sample_rate`, then cropped or zero-padded to `length` samples.
+fixed channel count, resampled to `sample_rate`, and cropped or zero-padded to `length` samples.
 The output is `(length,)` float32 for mono or `(channels, length)` for a fixed count (time last,
 like the audio operators), plus `<field>_length`, the int32 number of valid (unpadded) samples.
 
 Resampling is polyphase (`scipy.signal.resample_poly` with the gcd-reduced `up/down` ratio): a
 zero-phase FIR low-pass at the lower of the two Nyquist rates, `20 * max(up, down) + 1` taps of a
-Kaiser-windowed sinc (beta 5), scipy's default. A file already at `sample_rate` is not filtered,
-and then only the cropped window is read from the file (a seek), so long files stay cheap.
+Kaiser-windowed sinc (beta 5), scipy's default. A file already at `sample_rate` is not filtered.
+
+Bounded work per record: the crop is chosen first, on the length the whole file would have at
+`sample_rate` (arithmetic on its header), and only the source samples that window needs are read
+(a seek) and resampled: the window plus the filter's reach on each side, its start rounded down
+to a whole filter phase, so the samples equal those of resampling the whole file and cropping
+(bitwise; tested). A long recording costs what its clip costs, and a tiny file that declares a
+1 Hz rate no longer asks for 16,000 times its size. Before reading, the record's working memory
+(the samples read, the filter, the resampled window) is estimated from the header and reserved
+from a `MemoryBudget` of `max_decode_bytes` shared by the stage's threads; a record that needs
+more than all of it (an absurd declared rate or channel count) is refused as a bad record.
 
 `crop="random"` draws the window's start from the record's generator (`ctx.generator(seed, row)`),
 so a record gets the same clip for any batch size, thread count or resume point, and a new one
 each epoch; "start" and "center" are deterministic. A clip shorter than `length` is padded with
 zeros at the end. libsndfile releases the GIL while decoding, so records decode on a thread pool.
 
-Bad records: `on_error="raise"` raises `RecordError` naming the record (`ctx.where(row)`);
-`on_error="skip"` writes zeros, adds a bool `<field>_ok` field (False for skipped records),
-counts them in `skipped` and warns once per record. A WAV cut inside its sample data is not an
-error: libsndfile decodes the samples present (its length then says how many).
+Bad records (not audio, empty, cut short, or over the budget): `on_error="raise"` raises
+`RecordError` naming the record (`ctx.where(row)`); `on_error="skip"` writes zeros, adds a bool
+`<field>_ok` field (False for skipped records), counts them in `skipped` and warns once per
+record. A WAV cut inside its sample data is not an error: libsndfile decodes the samples present
+(its length then says how many).
 
 Example:
     >>> stages = [DecodeAudio(field="audio", sample_rate=16000, length=16000, crop="random", seed=0)]
@@ -30,17 +40,21 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import re
 from typing import Any
 
 import jax
 import numpy as np
 
+from datarax.control.budget import MemoryBudget, default_budget, human
 from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_choice, check_field_name, check_int, check_positive_int, field, is_int, require
 from datarax.core.construct import resolve_config
-from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, RecordError, Spec, check_encoded_field
+from datarax.host.stage import (ON_ERROR, BadRecords, HostContext, HostStage, RecordError, Refusal, Spec,
+                                check_encoded_field)
 
 _CROPS = ("random", "center", "start")
+_BUFFER = re.compile(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
 
 def _soundfile() -> Any:
@@ -64,6 +78,9 @@ class DecodeAudioConfig:
         seed: the random crop's seed (with the stage position, epoch and record id).
         num_threads: decoding threads (1 decodes on the reader thread itself).
         on_error: "raise" a `RecordError` on a bad record, or "skip" it (zeros, `<field>_ok`).
+        max_decode_bytes: the memory the stage's concurrent decodes may hold at once (None: a
+            quarter of the host's memory, at most 8 GiB); a record that needs more alone is
+            refused as a bad record. Not in the fingerprint: it changes no record that fits.
     """
 
     field: str = "audio"
@@ -74,6 +91,7 @@ class DecodeAudioConfig:
     seed: int = 0
     num_threads: int = 4
     on_error: str = "raise"
+    max_decode_bytes: int | None = None
 
     def __post_init__(self):
         check_field_name(*field(self, "field"))
@@ -86,6 +104,7 @@ class DecodeAudioConfig:
         check_int(*field(self, "seed"), 0)
         check_positive_int(*field(self, "num_threads"))
         check_choice(*field(self, "on_error"), ON_ERROR)
+        check_positive_int(*field(self, "max_decode_bytes"), allow_none=True, unit="bytes")
 
 
 def crop_offset(available: int, length: int, crop: str, rng: np.random.Generator | None) -> int:
@@ -108,6 +127,55 @@ def resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
     return resample_poly(samples, target // g, rate // g, axis=0).astype(np.float32, copy=False)
 
 
+@dataclasses.dataclass(frozen=True)
+class ReadPlan:
+    """What to read of a file and what to keep: `count` frames from frame `first`, resampled
+    (when `up`/`down` is not 1/1), then `valid` samples from `offset` of the result."""
+
+    first: int
+    count: int
+    up: int
+    down: int
+    offset: int
+    valid: int
+
+    def working_bytes(self, channels: int, mono: bool) -> int:
+        """The most the decode holds at once: the float32 frames read (and their mono mix), and
+        when resampling scipy's float64 copy, its filter (`20 * max(up, down) + 1` taps, a few
+        arrays of them while it is designed) and the float64 output with its float32 copy."""
+        kept = 1 if mono else channels
+        read = self.count * (channels + mono) * 4
+        if self.up == self.down == 1:
+            return read
+        taps = 20 * max(self.up, self.down) + 1
+        out = (self.count * self.up + taps) // self.down + 1
+        return read + self.count * kept * 8 + 4 * taps * 8 + out * kept * 12
+
+
+def read_plan(frames: int, rate: int, target: int | None, length: int, crop: str,
+              rng: np.random.Generator | None) -> ReadPlan:
+    """The window of a `frames`-frame file at `rate` Hz that gives its `length`-sample clip at `target` Hz.
+
+    The clip's start is drawn on the resampled length, `ceil(frames * up / down)`, as if the
+    whole file were resampled. Output sample j depends only on the source frames within the
+    filter's reach (`10 * max(up, down)` taps at the up-sampled rate) of `j * down / up`, so
+    reading from a multiple of `down` frames (the same filter phase) that far before the clip
+    to that far after it, resampling that, and cutting the clip out gives the same samples.
+    """
+    if target is None or rate == target:
+        start = crop_offset(frames, length, crop, rng)
+        return ReadPlan(start, max(0, min(length, frames - start)), 1, 1, 0, max(0, min(length, frames - start)))
+    g = math.gcd(rate, target)
+    up, down = target // g, rate // g
+    total = -(-frames * up // down)
+    start = crop_offset(total, length, crop, rng)
+    valid = max(0, min(length, total - start))
+    reach = 10 * max(up, down) // up + 2
+    first = max(0, (start * down // up - reach) // down * down)
+    last = min(frames, -(-(start + valid) * down // up) + reach)
+    return ReadPlan(first, max(0, last - first), up, down, start - first * up // down, valid)
+
+
 class DecodeAudio(HostStage):
     """Decodes encoded audio records into fixed-length float32 waveforms (see the module docstring).
 
@@ -123,14 +191,19 @@ class DecodeAudio(HostStage):
         self.stochastic = config.crop == "random"
         _soundfile()
         self.pool = ThreadPool(config.num_threads, "DecodeAudio")
+        self.budget = MemoryBudget(config.max_decode_bytes or default_budget(), "DecodeAudio")
         ok_field = f"{config.field}_ok" if config.on_error == "skip" else None
         self.bad_records = BadRecords(config.on_error, "DecodeAudio", config.field, ok_field,
                                       "Remove or replace the file (corrupt, truncated or not audio)")
 
     @property
     def skipped(self) -> int:
-        """Records replaced by zeros so far (`on_error="skip"`)."""
+        """Records replaced by zeros so far (`on_error="skip"`; once per batch a record is read in)."""
         return self.bad_records.skipped
+
+    def held_bytes(self) -> int:
+        """The most memory the stage's decodes hold at once: its budget, `max_decode_bytes`."""
+        return self.budget.limit
 
     def _shape(self) -> tuple[int, ...]:
         c = self.config
@@ -153,33 +226,46 @@ class DecodeAudio(HostStage):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise RecordError(f"DecodeAudio: {ctx.where(row)} holds {type(data).__name__}, not the bytes of an "
                               "audio file")
+        if len(data) == 0:
+            raise RecordError(f"DecodeAudio: {ctx.where(row)} is an empty file (0 bytes); remove or replace it")
         sf = _soundfile()
+        mono = c.channels == "mono"
         try:
             with sf.SoundFile(io.BytesIO(data)) as f:
                 rate, channels, frames = f.samplerate, f.channels, f.frames
-                if c.channels != "mono" and channels != c.channels:
+                if not mono and channels != c.channels:
                     raise RecordError(f"DecodeAudio: {ctx.where(row)} has {channels} channels, but channels="
                                       f"{c.channels}; pass channels='mono' to mix them down, or the right count")
                 rng = ctx.generator(self.seed, row) if self.stochastic else None
-                if c.sample_rate is None or rate == c.sample_rate:
-                    start = crop_offset(frames, c.length, c.crop, rng)
-                    f.seek(start)
-                    samples = f.read(min(c.length, frames), dtype="float32", always_2d=True)
-                else:
-                    samples = f.read(dtype="float32", always_2d=True)
-        except RecordError:
+                plan = read_plan(frames, rate, c.sample_rate, c.length, c.crop, rng)
+                needed = plan.working_bytes(channels, mono)
+                if not self.budget.fits(needed):
+                    raise Refusal(f"needs about {human(needed)} to decode ({channels} channel(s) at {rate:,} Hz, "
+                                  f"{plan.count:,} frames read{self._resampled(plan)}), more than the stage's "
+                                  f"max_decode_bytes={self.budget.limit:,} ({human(self.budget.limit)}); raise "
+                                  "DecodeAudio(max_decode_bytes=...) if the host has the memory, or remove the file")
+                with self.budget.reserve(needed):
+                    f.seek(plan.first)
+                    samples = f.read(plan.count, dtype="float32", always_2d=True)
+                    if mono:
+                        samples = samples.mean(axis=1, keepdims=True, dtype=np.float32)
+                    if plan.up != plan.down:
+                        samples = resample(samples, rate, c.sample_rate)
+                    samples = samples[plan.offset:plan.offset + plan.valid]
+        except (RecordError, Refusal):
             raise
         except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-            raise RecordError(f"DecodeAudio: {ctx.where(row)} is not a readable audio file ({exc})") from None
-        if c.channels == "mono":
-            samples = samples.mean(axis=1, keepdims=True, dtype=np.float32)
-        if c.sample_rate is not None and rate != c.sample_rate:
-            samples = resample(samples, rate, c.sample_rate)
-            start = crop_offset(len(samples), c.length, c.crop, rng)
-            samples = samples[start:start + c.length]
+            # soundfile names its in-memory buffer (<_io.BytesIO object at 0x...>), not the record
+            reason = _BUFFER.sub("the record's bytes", str(exc))
+            raise RecordError(f"DecodeAudio: {ctx.where(row)} is not a readable audio file ({reason})") from None
         valid = len(samples)
         out.reshape(-1, c.length)[:, :valid] = samples.T
         return valid
+
+    def _resampled(self, plan: ReadPlan) -> str:
+        if plan.up == plan.down:
+            return ""
+        return f", resampled by {plan.up}/{plan.down} with a {20 * max(plan.up, plan.down) + 1:,}-tap filter"
 
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         c = self.config
@@ -195,5 +281,7 @@ class DecodeAudio(HostStage):
     def structure(self) -> str:
         # The thread count changes how fast records decode, never what they decode to, so a state
         # saved with one count restores with another: it is left out of the fingerprint.
-        settings = {k: v for k, v in dataclasses.asdict(self.config).items() if k != "num_threads"}
+        # The memory budget likewise: it changes no record that fits.
+        settings = {k: v for k, v in dataclasses.asdict(self.config).items()
+                    if k not in ("num_threads", "max_decode_bytes")}
         return "DecodeAudio(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"

@@ -51,9 +51,10 @@ import numpy as np
 from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_positive_int, require
 from datarax.core.source import DataSourceModule
+from datarax.host.bit_depth import to_eight_bits
 from datarax.host.materialized import (FORMAT_VERSION, FORMATS, KIND, MANIFEST, MaterializeConfig, MaterializedSource,
                                        MaterializedSourceConfig, StaleCacheError, source_stamp)
-from datarax.host.stage import ENCODED, RecordError
+from datarax.host.stage import ENCODED, RecordError, printable
 from datarax.sources._files import CorruptFileError
 
 SHARD_RECORDS = 8192
@@ -78,7 +79,7 @@ def shrink_image(data: bytes, config: MaterializeConfig) -> bytes:
         return bytes(data)  # already small: the original bytes decode to exactly what the source gives
     if factor < 1:
         image.draft(None, (math.ceil(raw_w * factor), math.ceil(raw_h * factor)))  # JPEG: decode at a DCT scale
-    image = image_ops.exif_transpose(image)
+    image = to_eight_bits(image_ops.exif_transpose(image), None, image_module)  # as DecodeImage scales 16-bit
     if image.mode not in ("RGB", "L"):
         image = image.convert("RGB")  # as DecodeImage converts: before resizing (palettes, alpha)
     if factor < 1:
@@ -208,8 +209,8 @@ def _shrink_batch(source: DataSourceModule, data: np.ndarray, ids: np.ndarray, c
     for row, result in enumerate(results):
         if isinstance(result, Exception):
             raise RecordError(f"materialize could not decode record {int(ids[row])} "
-                              f"({source.describe_record(int(ids[row]))}): {type(result).__name__}: {result}; "
-                              "remove or replace the file and run materialize again") from result
+                              f"({printable(source.describe_record(int(ids[row])))}): {type(result).__name__}: "
+                              f"{result}; remove or replace the file and run materialize again") from result
     return results
 
 

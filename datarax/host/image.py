@@ -17,10 +17,24 @@ Crop modes (torchvision's names for the same maths):
 * `crop="random_resized"`: `RandomResizedCrop(size, scale, ratio)`, the box drawn from the
   record's generator `ctx.generator(seed, row)`, so a record's crop depends only on the seed,
   the epoch and the record.
+
+Bounds: an image's memory is set by its declared width x height, not by its file size (a
+335 KB PNG can need 676 MB), and the threads decode several at once. Each decode first reserves
+its estimate (the decoded pixels at Pillow's or libjpeg-turbo's bytes per pixel, plus each
+conversion's copy) from one `MemoryBudget` of `max_decode_bytes` shared by the stage's threads,
+and waits while the others hold too much; an image whose estimate alone is over the budget is
+refused as a bad record (a `RecordError` naming it, skippable with `on_error="skip"`).
+
+16- and 32-bit single-channel images (Pillow modes `I;16`, `I`, `F`: 16-bit PNG and TIFF,
+16-bit PGM, integer and float TIFF) are scaled to 8 bits, `round(255 * (v - low) / (high -
+low))` over `value_range` (default 0-65535 for integers, 0-1 for floats), not clipped at 255 as
+`convert("RGB")` would; an image with a value outside the range (or a NaN) is refused, naming
+the record and `value_range`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
@@ -32,12 +46,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from datarax.control.budget import MemoryBudget, default_budget, human
 from datarax.control.pool import ThreadPool
-from datarax.core.checks import (check_choice, check_field_name, check_int, check_positive_int, check_range, check_size,
-                                 field, require, set_field)
+from datarax.core.checks import (check_choice, check_field_name, check_int, check_numbers, check_positive_int,
+                                 check_range, check_size, field, require, set_field)
 from datarax.core.construct import resolve_config
+from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend
-from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, Spec, check_encoded_field
+from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, Refusal, Spec, check_encoded_field
 
 RESIZE_MODES = ("shorter_side", "fixed", "none")
 CROP_MODES = ("center", "random_resized")
@@ -71,6 +87,13 @@ class DecodeImageConfig:
             `<out_field>_ok` to False, count in `DecodeImage.skipped` and warn once per record
             with a `SkippedRecordWarning`).
         seed: the crop seed (the record generator's key, with the stage position).
+        value_range: the sample values of a 16- or 32-bit single-channel image (Pillow modes
+            `I;16`, `I`, `F`) that become 0 and 255, as (low, high); None: (0, 65535) for integer
+            modes, (0, 1) for float. A value outside it (or a NaN) refuses the record, naming it.
+        max_decode_bytes: the memory the stage's concurrent decodes may hold at once (None: a
+            quarter of the host's memory, at most 8 GiB). A decode waits while the others hold
+            too much; an image that needs more than all of it alone is refused as a bad record.
+            It changes no output of the images that fit, so it is not in the fingerprint.
         backend: the JPEG decoder: "turbo" (libjpeg-turbo at DCT scale through `simplejpeg`, and
             an exact bilinear warp of the box with OpenCV; see `datarax.host.jpeg`), "pillow"
             (Pillow's `draft` + `resize(box=...)`), or "auto" (turbo when both wheels are
@@ -91,6 +114,8 @@ class DecodeImageConfig:
     on_error: str = "raise"
     seed: int = 0
     backend: str = "auto"
+    value_range: tuple[float, float] | None = None
+    max_decode_bytes: int | None = None
 
     def __post_init__(self):
         set_field(self, "size", check_size(*field(self, "size")))
@@ -107,6 +132,13 @@ class DecodeImageConfig:
         check_choice(*field(self, "on_error"), ON_ERROR)
         check_int(*field(self, "seed"), 0, high=2**63 - 1)
         check_choice(*field(self, "backend"), BACKENDS)
+        if self.value_range is not None:
+            pair = check_numbers(*field(self, "value_range"), "a pair (low, high) of numbers")
+            if len(pair) != 2 or not pair[0] < pair[1]:
+                raise ValueError(f"DecodeImageConfig.value_range must be a pair (low, high) with low < high, got "
+                                 f"{self.value_range!r}; e.g. (0, 4095) for 12-bit samples, or None")
+            set_field(self, "value_range", pair)
+        check_positive_int(*field(self, "max_decode_bytes"), allow_none=True, unit="bytes")
 
 
 def shorter_side_box(height: int, width: int, out_h: int, out_w: int) -> Box:
@@ -151,6 +183,28 @@ def random_resized_box(height: int, width: int, scale: tuple[float, float], rati
     return (height - h) // 2, (width - w) // 2, h, w
 
 
+def pillow_bytes(mode: str, width: int, height: int, transposed: bool) -> int:
+    """What decoding a `width` x `height` image of `mode` on the Pillow path holds at its peak.
+
+    Pillow stores 1-band 8-bit images in a byte per pixel, `I;16` in two and everything else
+    (RGB included) in four; converting to RGB and transposing each make a copy, and the
+    16/32-bit scaling an array copy, the 8-bit result and a bounded float scratch (measured
+    within 1% of the peak resident memory for L, RGB, RGBA and P PNGs).
+    """
+    pixels = width * height
+    stored = 1 if mode in ("1", "L", "P") else 2 if mode.startswith("I;16") else 4
+    if is_high_depth(mode):
+        return pixels * (2 * stored + 2 * (1 + transposed)) + SCALE_ROWS_BYTES
+    converted = 1 if mode == "L" else 4
+    copies = (mode not in ("RGB", "L")) + transposed
+    return pixels * (stored + copies * converted)
+
+
+def describe(image: Any) -> str:
+    """`a 9459x9459 PNG in mode RGB`: an opened image, for refusals."""
+    return f"a {image.size[0]}x{image.size[1]} {image.format or 'image'} in mode {image.mode}"
+
+
 def _transposes() -> dict[int, Any]:
     """EXIF orientation -> the Pillow transpose that makes the image upright (as `ImageOps.exif_transpose`)."""
     t = _pillow().Transpose
@@ -161,9 +215,9 @@ def _transposes() -> dict[int, Any]:
 class DecodeImage(HostStage):
     """Decodes encoded images into fixed-size uint8 RGB arrays (HWC), with a crop fused into the decode.
 
-    Grayscale, RGBA, CMYK and palette images become RGB (Pillow's `convert("RGB")`); the EXIF
-    orientation is applied. The output field is `(B, h, w, 3)` uint8, plus a bool
-    `<out_field>_ok` when `on_error="skip"`.
+    Grayscale, RGBA, CMYK and palette images become RGB (Pillow's `convert("RGB")`), 16- and
+    32-bit gray images are scaled to 8 bits over `value_range`; the EXIF orientation is applied.
+    The output field is `(B, h, w, 3)` uint8, plus a bool `<out_field>_ok` when `on_error="skip"`.
 
     Example:
         >>> stages = [DecodeImage(size=128, crop="random_resized", seed=0),
@@ -171,7 +225,9 @@ class DecodeImage(HostStage):
         >>> pipeline = Pipeline(ImageFolderSource(root="photos/train", shuffle=True), stages, batch_size=64)
 
     Attributes:
-        skipped: records replaced by zeros so far (`on_error="skip"`; a record counts each time).
+        skipped: records replaced by zeros so far (`on_error="skip"`; a record counts once per
+            batch it is read in).
+        budget: the `MemoryBudget` the decodes share (`budget.limit` is `held_bytes()`).
     """
 
     work = "image_decode"
@@ -195,6 +251,7 @@ class DecodeImage(HostStage):
         self.ok_field = f"{self.out_field}_ok" if config.on_error == "skip" else None
         self.num_threads = config.num_threads or os.cpu_count() or 1
         self.pool = ThreadPool(self.num_threads, "datarax-decode-image")
+        self.budget = MemoryBudget(config.max_decode_bytes or default_budget(), "DecodeImage")
         self.bad_records = BadRecords(config.on_error, "DecodeImage", config.field, self.ok_field,
                                       "Remove or replace the file (corrupt, truncated or not an image)")
         self._image = _pillow()
@@ -212,11 +269,13 @@ class DecodeImage(HostStage):
         return spec
 
     def structure(self) -> str:
-        # num_threads changes no output; keeping it out lets a run resume on a machine with other cores.
-        # The Pillow backend keeps the fingerprint it had before backends existed, so old states resume.
+        # num_threads and the memory budget change no output; keeping them out lets a run resume on a
+        # machine with other cores or memory. The Pillow backend keeps the fingerprint it had before
+        # backends existed, and value_range is named only when set, so old states resume.
         config = dataclasses.replace(self.config, num_threads=None)
         settings = ", ".join(f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
-                             if f.name != "backend")
+                             if f.name not in ("backend", "max_decode_bytes")
+                             and not (f.name == "value_range" and config.value_range is None))
         suffix = "" if self.backend == "pillow" else f"[backend={self.backend}, revision={TURBO_REVISION}]"
         return f"DecodeImage(DecodeImageConfig({settings})){suffix}"
 
@@ -231,8 +290,12 @@ class DecodeImage(HostStage):
 
     @property
     def skipped(self) -> int:
-        """Records replaced by zeros so far (`on_error="skip"`; a record counts each time)."""
+        """Records replaced by zeros so far (`on_error="skip"`; once per batch a record is read in)."""
         return self.bad_records.skipped
+
+    def held_bytes(self) -> int:
+        """The most memory the stage's decodes hold at once: its budget, `max_decode_bytes`."""
+        return self.budget.limit
 
     def decode(self, data: bytes, rng: np.random.Generator | None = None) -> np.ndarray:
         """One record: encoded bytes to a `(h, w, 3)` uint8 array (`rng` draws a random-resized box)."""
@@ -250,12 +313,25 @@ class DecodeImage(HostStage):
                 if drawn is None:  # resize="none": the whole image, which must already have the size
                     self._check_unresized(header[0], header[1])
                 box = drawn or (0, 0, header[1], header[0])
-                if self._turbo.decode_into(data, header, box, out):
+                needed = self._turbo.working_bytes(header, box, out.shape[:2])
+                kind = "PPM" if header.pixels >= 0 else "JPEG"
+                with self._reserve(needed, f"a {header.width}x{header.height} {kind}"):
+                    decoded = self._turbo.decode_into(data, header, box, out)
+                if decoded:
                     return
                 # libjpeg-turbo refused it: Pillow decodes it (or reports it) with the box already drawn
                 out[...] = self._decode_pillow(data, lambda height, width: drawn)
                 return
         out[...] = self._decode_pillow(data, lambda height, width: self._box(height, width, rng))
+
+    def _reserve(self, needed: int, what: str) -> Any:
+        """The budget held for one decode of `needed` bytes; a `Refusal` when it can never fit."""
+        if not self.budget.fits(needed):
+            raise Refusal(f"needs about {human(needed)} to decode ({what}), more than the stage's "
+                          f"max_decode_bytes={self.budget.limit:,} ({human(self.budget.limit)}), which all its "
+                          "threads' decodes share; raise DecodeImage(max_decode_bytes=...) if the host has the "
+                          "memory, or remove the file")
+        return self.budget.reserve(needed)
 
     def _check_unresized(self, height: int, width: int) -> None:
         out_h, out_w = self.config.size
@@ -265,36 +341,57 @@ class DecodeImage(HostStage):
 
     def _decode_pillow(self, data: bytes, draw_box: Callable[[int, int], Box | None]) -> np.ndarray:
         image_module = self._image
-        image = image_module.open(io.BytesIO(data))
-        orientation = image.getexif().get(_ORIENTATION_TAG, 1)
-        transpose = self._transpose.get(orientation)
-        width, height = image.size
-        if transpose is not None and orientation >= 5:  # a quarter turn: the upright image is height x width
-            width, height = height, width
-        box = draw_box(height, width)
-        out_h, out_w = self.config.size
-        reduce = 1
-        if box is not None:
-            factor = min((box[2] - box[0]) / out_w, (box[3] - box[1]) / out_h)
-            wanted = next(s for s in _DRAFT_SCALES if s <= factor or s == 1)
-            if wanted > 1:
-                raw_w, raw_h = image.size
-                drafted = image.draft(None, (raw_w // wanted, raw_h // wanted))
-                if drafted is not None:  # a JPEG: the box shrinks with the DCT-scaled decode
-                    reduce = round(raw_w / drafted[1][2])
-        if image.mode not in ("RGB", "L"):
-            image = image.convert("RGB")  # before resizing: P and 1 resize by nearest, RGBA premultiplies
-        if transpose is not None:
-            image = image.transpose(transpose)
-        if box is not None:
-            if reduce != 1:
-                box = (box[0] / reduce, box[1] / reduce, box[2] / reduce, box[3] / reduce)
-            image = image.resize((out_w, out_h), image_module.Resampling.BILINEAR, box=box)
-        else:
-            self._check_unresized(image.size[1], image.size[0])
-        if image.mode == "L":  # replicating gray after the resize is the same and a third of the work
-            image = image.convert("RGB")
-        return np.asarray(image)
+        image = self._open(data)
+        with contextlib.ExitStack() as held:
+            # Pillow reads a PNG's EXIF that is not in its header by decoding the pixels (getexif
+            # loads), so such a PNG reserves first, as unrotated (EXIF after the pixels is rare).
+            early = image.format == "PNG" and "exif" not in image.info
+            if early:
+                held.enter_context(self._reserve(pillow_bytes(image.mode, *image.size, False), describe(image)))
+            orientation = image.getexif().get(_ORIENTATION_TAG, 1)
+            transpose = self._transpose.get(orientation)
+            width, height = image.size
+            if transpose is not None and orientation >= 5:  # a quarter turn: the upright image is height x width
+                width, height = height, width
+            box = draw_box(height, width)
+            out_h, out_w = self.config.size
+            reduce = 1
+            if box is not None:
+                factor = min((box[2] - box[0]) / out_w, (box[3] - box[1]) / out_h)
+                wanted = next(s for s in _DRAFT_SCALES if s <= factor or s == 1)
+                if wanted > 1:
+                    raw_w, raw_h = image.size
+                    drafted = image.draft(None, (raw_w // wanted, raw_h // wanted))
+                    if drafted is not None:  # a JPEG: the box shrinks with the DCT-scaled decode
+                        reduce = round(raw_w / drafted[1][2])
+            if not early:  # the pixels are decoded from here on, at the drafted size
+                held.enter_context(self._reserve(pillow_bytes(image.mode, *image.size, transpose is not None),
+                                                 describe(image)))
+            image = to_eight_bits(image, self.config.value_range, image_module)
+            if image.mode not in ("RGB", "L"):
+                image = image.convert("RGB")  # before resizing: P and 1 resize by nearest, RGBA premultiplies
+            if transpose is not None:
+                image = image.transpose(transpose)
+            if box is not None:
+                if reduce != 1:
+                    box = (box[0] / reduce, box[1] / reduce, box[2] / reduce, box[3] / reduce)
+                image = image.resize((out_w, out_h), image_module.Resampling.BILINEAR, box=box)
+            else:
+                self._check_unresized(image.size[1], image.size[0])
+            if image.mode == "L":  # replicating gray after the resize is the same and a third of the work
+                image = image.convert("RGB")
+            return np.asarray(image)
+
+    def _open(self, data: bytes) -> Any:
+        """Pillow's lazy open (the header only), with empty and unrecognised files said plainly."""
+        if isinstance(data, (bytes, bytearray, memoryview)) and len(data) == 0:
+            raise ValueError("empty file (0 bytes)")
+        try:
+            return self._image.open(io.BytesIO(data))
+        except self._image.UnidentifiedImageError:
+            # Pillow's own message names only its in-memory buffer (<_io.BytesIO object at 0x...>)
+            raise self._image.UnidentifiedImageError(
+                f"cannot identify image file ({len(data):,} bytes, starting {bytes(data[:16])!r})") from None
 
     def _box(self, height: int, width: int, rng: np.random.Generator | None) -> Box | None:
         """The source box (upright coordinates) that becomes the output; None for resize='none'."""

@@ -135,6 +135,16 @@ def raw_header(data: bytes) -> Header | None:
     return Header(height, width, 1, "RGB" if channels == 3 else "GRAY", match.end())
 
 
+def _eighths(box: tuple[float, float, float, float], out_size: tuple[int, int]) -> int:
+    """The DCT scale (in eighths) a JPEG is decoded at for `box`: the smallest that still covers
+    the output size."""
+    left, top, right, bottom = box
+    factor = min((right - left) / out_size[1], (bottom - top) / out_size[0])
+    # libjpeg-turbo's SIMD scales, 1/8, 1/4, 1/2 or 1: the k/8 between them decode in plain C,
+    # and measured slower for a gain under 0.2 dB (docs/benchmarks.md, `jpeg`)
+    return next((e for e in (1, 2, 4) if 8 / e <= factor), 8)
+
+
 class TurboDecoder:
     """Decodes one JPEG's (or raw PPM's) box into an output row; `decode_into` returns False for
     what it cannot read."""
@@ -163,6 +173,19 @@ class TurboDecoder:
             height, width = width, height
         return Header(height, width, orientation, colour)
 
+    def working_bytes(self, header: Header, box: tuple[float, float, float, float], out_size: tuple[int, int]) -> int:
+        """What `decode_into` holds at its peak for this box: the image at its DCT scale (a raw
+        file's pixels are read in place) and the supersampled warp, at most the reduced box plus
+        the output per axis."""
+        height, width, orientation, colour, pixels = header
+        channels = 3 if colour == "RGB" else 1
+        out_h, out_w = out_size
+        scale = 1 if pixels >= 0 else 8 // _eighths(box, out_size)
+        decoded = 0 if pixels >= 0 else math.ceil(height / scale) * math.ceil(width / scale) * channels
+        left, top, right, bottom = box
+        dense = (out_w + math.ceil((right - left) / scale)) * (out_h + math.ceil((bottom - top) / scale))
+        return decoded + dense * channels
+
     def decode_into(self, data: bytes, header: Header, box: tuple[float, float, float, float],
                     out: np.ndarray) -> bool:
         """Writes the upright `box` (left, top, right, bottom) of the image, resampled to `out`'s
@@ -175,10 +198,7 @@ class TurboDecoder:
             shape = (raw_h, raw_w, 3) if colour == "RGB" else (raw_h, raw_w)
             image = np.frombuffer(data, np.uint8, count=math.prod(shape), offset=pixels).reshape(shape)
             return self._warp_into(image, 1.0, orientation, (raw_h, raw_w), box, out)
-        factor = min((right - left) / out_w, (bottom - top) / out_h)
-        # libjpeg-turbo's SIMD scales, 1/8, 1/4, 1/2 or 1: the k/8 between them decode in plain C,
-        # and measured slower for a gain under 0.2 dB (docs/benchmarks.md, `jpeg`)
-        eighths = next((e for e in (1, 2, 4) if 8 / e <= factor), 8)
+        eighths = _eighths(box, (out_h, out_w))
         size = (math.ceil(raw_h * eighths / 8), math.ceil(raw_w * eighths / 8))
         try:
             image = self.simplejpeg.decode_jpeg(data, colorspace=colour, min_height=size[0], min_width=size[1])

@@ -266,7 +266,7 @@ class HostMap(HostStage):
 
     @property
     def skipped(self) -> int:
-        """Records replaced by zeros so far (`on_error="skip"`; a record counts each time)."""
+        """Records replaced by zeros so far (`on_error="skip"`; once per batch a record is read in)."""
         return self.bad_records.skipped
 
     @property

@@ -63,14 +63,35 @@ class HostContext:
         return record_generator(seed, self.stage, self.epoch, int(self.record_ids[row]))
 
     def where(self, row: int) -> str:
-        """`record 17 (photos/cat/001.jpg)`: the row's record and its origin, for errors."""
+        """`record 17 (photos/cat/001.jpg)`: the row's record and its origin, for errors (control
+        characters in the origin escaped, see `printable`)."""
         record_id = int(self.record_ids[row])
-        origin = self.describe_record(record_id)
+        origin = printable(self.describe_record(record_id))
         return f"record {record_id}" + ("" if origin == f"record {record_id}" else f" ({origin})")
+
+
+def printable(text: str) -> str:
+    """`text` with each non-printable character (newline, carriage return, escape, ...) written as
+    its Python escape (`\\n`, `\\x1b`), as `repr` writes it.
+
+    A file name is data: one holding a newline or a terminal escape code must not forge a log
+    line or recolour a terminal when an error names it.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class RecordError(ValueError):
     """A record could not be decoded; the message names the record and where it came from."""
+
+
+class Refusal(ValueError):
+    """A decoder's refusal of one record, before decoding it: too large for the stage's memory
+    budget, empty, or holding values the stage cannot map. The message continues the record's
+    name ("needs 1.2 GiB to decode ...") and says the fix; `HostStage.decode_rows` makes it a
+    `RecordError` naming the record, so `on_error="skip"` can skip it.
+    """
 
 
 class SkippedRecordWarning(UserWarning):
@@ -166,6 +187,11 @@ class HostStage(abc.ABC):
         if pool is not None:
             pool.close()
 
+    def held_bytes(self) -> int:
+        """Memory the stage may hold while it works, beyond the batch it returns (its decode
+        budget); the configuration's memory check counts it."""
+        return 0
+
     def decode_rows(self, batch: dict[str, np.ndarray], ctx: HostContext, outputs: dict[str, np.ndarray],
                     work: Callable[[int], None], catch: type[BaseException] | tuple = Exception
                     ) -> dict[str, np.ndarray]:
@@ -173,12 +199,15 @@ class HostStage(abc.ABC):
 
         Runs `work(row)` for every row of the preallocated `outputs` on the stage's thread pool,
         resolves the rows that raised `catch` through `bad_records` (raise, or zeros and an
-        `ok` flag), and returns `batch` with `outputs` (and the flags) added.
+        `ok` flag), and returns `batch` with `outputs` (and the flags) added. A `Refusal` becomes
+        a `RecordError` naming the row's record.
         """
 
         def guarded(row: int) -> BaseException | None:
             try:
                 work(row)
+            except Refusal as exc:
+                return RecordError(f"{self.bad_records.stage}: {ctx.where(row)} {exc}")
             except catch as exc:  # noqa: BLE001 - decoders raise many kinds for bad bytes; all name the record
                 return exc
             return None
@@ -262,14 +291,22 @@ class HostStageSource(DataSourceModule):
         return self.source.describe_record(record_id)
 
     def read(self, indices: np.ndarray, epoch: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """The host stages' output for the records at `indices` in `epoch`."""
+        """The host stages' output for the records at `indices` in `epoch`.
+
+        Each distinct record is read and decoded once: the padding rows of a final short batch
+        (which repeat its last record) and any record a sampler repeats are copies of its first
+        row, so they cost nothing and a bad record counts once in a stage's `skipped`.
+        """
         ids = np.asarray(indices, np.int64)
-        times, count = self.times, int(ids.size)
+        distinct, rows = first_rows(ids.reshape(-1))
+        times, count = self.times, len(distinct)
         with times.measure("source read", records=count, work="read"):
-            batch = self.source.get_batch(ids.reshape(-1))
+            batch = self.source.get_batch(distinct)
         for i, stage in enumerate(self.stages):
             with times.measure(self._labels[i], records=count, work=stage.work):
-                batch = stage(batch, HostContext(ids.reshape(-1), int(epoch), i, self.source.describe_record))
+                batch = stage(batch, HostContext(distinct, int(epoch), i, self.source.describe_record))
+        if count < ids.size:
+            batch = {k: v[rows] for k, v in batch.items()}
         batch = {k: v.reshape(ids.shape + v.shape[1:]) for k, v in batch.items()}
         if out is None:
             return batch
@@ -290,6 +327,20 @@ class HostStageSource(DataSourceModule):
     def close(self) -> None:
         for stage in self.stages:
             stage.close()
+
+
+def first_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(distinct, rows)`: the distinct ids in order of first appearance, and for each of `ids` its
+    place in `distinct` (so `distinct[rows]` is `ids`).
+
+    >>> first_rows(np.array([7, 3, 7, 9, 9]))
+    (array([7, 3, 9]), array([0, 1, 0, 2, 2]))
+    """
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first)  # unique sorts by value; keep the batch's own order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return ids[first[order]], rank[inverse.reshape(-1)]
 
 
 def split_host_stages(source: Any, stages: Sequence[Any]) -> tuple[Any, list[Any]]:

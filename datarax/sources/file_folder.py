@@ -179,12 +179,20 @@ class FileFolderSource(DataSourceModule):
         return read_batch(indices, out, self.element_spec(), len(self), self._read_flat)
 
     def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
-        paths = self._files.paths
         np.take(self._files.labels, flat, out=out["label"])
-        contents = self._pool.map(_read, [paths[i] for i in flat.tolist()])
+        contents = self._pool.map(self._read_record, flat.tolist())
         column = out[self.field]
         for i, content in enumerate(contents):  # item by item: numpy must not read bytes as sequences
             column[i] = content
+
+    def _read_record(self, record_id: int) -> bytes:
+        path = self._files.paths[record_id]
+        try:
+            return _read(path)
+        except FileNotFoundError as exc:  # the listing is from construction: name the record it was
+            raise FileNotFoundError(exc.errno, f"{type(self).__name__} record {record_id}: the file was deleted or "
+                                    "moved after the folder was listed; restore it, or build the source again to "
+                                    "list the folder as it is now", path) from None
 
     def structure(self) -> str:
         # The file list relative to the root, not the root itself: a moved copy of the folder resumes.

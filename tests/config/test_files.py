@@ -173,6 +173,41 @@ def test_folders_are_relative_to_the_config_not_the_working_directory(tmp_path, 
     assert same_batches(reference, built) == 3
 
 
+def test_decode_bounds_are_keys_and_the_memory_check_counts_the_decode_budget(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from datarax.control.budget import host_memory_bytes
+
+    for label in ("cat", "dog"):
+        (tmp_path / "photos" / label).mkdir(parents=True)
+        for i in range(2):
+            Image.open(io.BytesIO(png(i))).save(tmp_path / "photos" / label / f"{i}.png")
+    table = """
+        batch_size = 2
+        [source.image_folder]
+        root = "photos"
+        [[stages]]
+        decode_image = {{ size = 4, value_range = [0, 4095], max_decode_bytes = {budget} }}
+    """
+    built = load_pipeline(write(tmp_path, table.format(budget=2**26)))
+    assert built.source.stages[0].config.value_range == (0.0, 4095.0)
+    assert built.source.stages[0].held_bytes() == 2**26
+    reference = Pipeline(ImageFolderSource(root=str(tmp_path / "photos")),
+                         [DecodeImage(size=4, value_range=(0, 4095), max_decode_bytes=2**26)], batch_size=2)
+    assert same_batches(reference, built) == 2
+    too_much = 2 * host_memory_bytes()
+    with pytest.raises(ConfigError, match=r"batch_size 2 with prefetch \d+ needs about [\d.]+ [GT]iB \(.* plus "
+                                          r"[\d.]+ [GT]iB the source and stages keep \(their caches and budgets\)\), "
+                                          r"more than the .* of memory here; what the source and stages keep leaves "
+                                          r"no room for a batch: lower a decoding stage's max_decode_bytes"):
+        load_pipeline(write(tmp_path, table.format(budget=too_much)))
+    # A decode budget is host memory: a device with less memory than the budget does not refuse it.
+    from datarax.config import sizes
+
+    monkeypatch.setattr(sizes, "memory_bytes", lambda: 2**30)
+    load_pipeline(write(tmp_path, table.format(budget=4 * 2**30)))
+
+
 PROBLEMS = [  # (source table, the words of the problem)
     ('[source.hf]\nfiles = ["nothing-*.parquet"]\n', r"source\.hf\.files\[0\] matches no file \(looked for "),
     ('[source.hf]\nfiles = []\n', r"source\.hf\.files must be a file path or a non-empty list of them"),

@@ -6,6 +6,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -207,7 +208,8 @@ BAD = {
 def test_corrupt_bytes_raise_an_error_naming_the_record(kind):
     source = corrupt_dataset({13: BAD[kind]})
     pipeline = Pipeline(source, [DecodeAudio(sample_rate=RATE, length=LENGTH, num_threads=4)], batch_size=8)
-    with pytest.raises(RecordError, match=r"record 13 \(row 13 of .*, audio 'tone13.wav'\) is not a readable audio"):
+    what = r"is an empty file \(0 bytes\)" if kind == "empty" else r"is not a readable audio file \((?!.*BytesIO)"
+    with pytest.raises(RecordError, match=rf"record 13 \(row 13 of .*, audio 'tone13.wav'\) {what}"):
         list(pipeline)
 
 
@@ -250,3 +252,131 @@ def test_the_field_must_be_encoded_and_the_fingerprint_ignores_threads(root):
         DecodeAudio().output_spec({"audio": jax.ShapeDtypeStruct((10,), np.float32)})
     assert build(root, num_threads=1).fingerprint == build(root, num_threads=4).fingerprint
     assert build(root).fingerprint != build(root, seed=6).fingerprint
+
+
+def reference_clip(data: bytes, target: int, length: int, crop: str, seed: int, record: int) -> np.ndarray:
+    """The whole file decoded, mixed to mono, resampled with scipy, then cropped: what a clip must equal."""
+    x, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    x = x.mean(axis=1, keepdims=True, dtype=np.float32)
+    g = math.gcd(rate, target)
+    full = resample_poly(x, target // g, rate // g, axis=0).astype(np.float32)[:, 0]
+    spare = len(full) - length
+    start = 0 if spare <= 0 or crop == "start" else spare // 2 if crop == "center" else \
+        int(record_generator(seed, 0, 0, record).integers(0, spare + 1))
+    return full[start:start + length]
+
+
+@pytest.mark.parametrize("rate,target", [(22050, 16000), (44100, 8000), (8000, 16000), (44101, 16000), (7, 1000)])
+@pytest.mark.parametrize("crop", ["random", "center", "start"])
+def test_a_clip_of_a_resampled_file_equals_resampling_the_whole_file_then_cropping(rate, target, crop):
+    fmt = "WAV" if rate < 1000 else "FLAC"  # FLAC takes rates from 1 Hz up, but not 7 Hz
+    data = encode(tone(4, 3 * rate + 5, rate=rate, channels=2), rate=rate, fmt=fmt)
+    length = target // 2
+    stage = DecodeAudio(sample_rate=target, length=length, crop=crop, seed=11, num_threads=1)
+    ids = np.arange(5)
+    out = stage({"audio": objects([data] * 5)}, HostContext(ids, epoch=0))
+    for r in ids:
+        want = reference_clip(data, target, length, crop, 11, int(r))
+        assert out["audio_length"][r] == len(want) == length
+        np.testing.assert_array_equal(out["audio"][r], want, err_msg=f"record {r}")
+
+
+def test_a_long_file_is_read_only_around_its_clip(monkeypatch):
+    rate, target, length = 44100, 16000, 16000
+    data = encode(tone(0, 60 * rate, rate=rate), rate=rate, fmt="FLAC")  # a minute, to keep one second
+    reads = []
+    original = sf.SoundFile.read
+
+    def counted(self, frames=-1, *args, **kwargs):
+        reads.append(frames)
+        return original(self, frames, *args, **kwargs)
+
+    monkeypatch.setattr(sf.SoundFile, "read", counted)
+    wave, valid = decode_one(data, sample_rate=target, length=length, crop="center")
+    monkeypatch.undo()
+    assert valid == length
+    # one second of source frames, the filter's reach on both sides and one filter phase (441 frames)
+    assert len(reads) == 1 and 0 < reads[0] <= rate + 2 * (10 * 441 // 160 + 2) + 441
+    np.testing.assert_array_equal(wave, reference_clip(data, target, length, "center", 0, 7))
+
+
+ONE_HERTZ = """
+import io, json, resource, sys, warnings
+import numpy as np
+import soundfile as sf
+from datarax.host import DecodeAudio, HostContext
+
+def wav(samples, rate):
+    buf = io.BytesIO()
+    sf.write(buf, samples, rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+rng = np.random.default_rng(0)
+one_hertz = wav(rng.uniform(-0.5, 0.5, 29_000).astype(np.float32), 1)  # 58 KB declaring 1 Hz: 8 hours of audio
+good = wav(np.sin(np.arange(8000) / 5).astype(np.float32), 8000)
+records = np.empty(3, object)
+records[:] = [good, one_hertz, good]
+names = ["good-0.wav", "one-hertz.wav", "good-2.wav"]
+ctx = HostContext(np.arange(3), 0, 0, lambda r: names[r])
+
+def run(**settings):
+    stage = DecodeAudio(sample_rate=16000, length=16000, crop="center", on_error="skip", num_threads=1, **settings)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = stage({"audio": records}, ctx)
+    return {"ok": out["audio_ok"].tolist(), "lengths": out["audio_length"].tolist(), "skipped": stage.skipped,
+            "finite": bool(np.isfinite(out["audio"]).all()), "warnings": [str(w.message) for w in caught]}
+
+run()  # scipy imported, the first buffers allocated: the limit below is for the decode itself
+vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 768 * 2**20, resource.RLIM_INFINITY))
+print(json.dumps({"default": run(), "small budget": run(max_decode_bytes=4 * 2**20)}))
+"""
+
+
+def test_a_file_declaring_1_hz_decodes_within_a_memory_limit_or_is_skipped_by_name(tmp_path):
+    """Resampling the whole 1 Hz file would ask for 29,000 x 16,000 float64 samples (3.5 GiB); the
+    clip needs one second of it. Run under `RLIMIT_AS` (768 MiB above the process's size) in a
+    child, so an unbounded decode fails the test with MemoryError instead of meeting the OOM killer."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+           "MALLOC_ARENA_MAX": "2"}
+    proc = subprocess.run([sys.executable, "-c", ONE_HERTZ], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["default"] == {"ok": [True, True, True], "lengths": [16000] * 3, "skipped": 0, "finite": True,
+                                 "warnings": []}
+    small = result["small budget"]
+    assert small["ok"] == [True, False, True] and small["lengths"] == [16000, 0, 16000] and small["skipped"] == 1
+    assert len(small["warnings"]) == 1
+    assert re.match(r"DecodeAudio: record 1 \(one-hertz\.wav\) needs about [\d.]+ MiB to decode \(1 channel\(s\) at "
+                    r"1 Hz, \d+ frames read, resampled by 16000/1 with a 320,001-tap filter\), more than the stage's "
+                    r"max_decode_bytes=4,194,304 \(4 MiB\).*skipped", small["warnings"][0]), small["warnings"][0]
+
+
+def test_a_record_over_the_budget_raises_naming_the_record_and_the_setting():
+    stage = DecodeAudio(sample_rate=16000, length=16000, max_decode_bytes=2**20, num_threads=1)
+    assert stage.held_bytes() == 2**20
+    data = encode(tone(0, 400, rate=7), rate=7, fmt="WAV")
+    with pytest.raises(RecordError, match=r"DecodeAudio: record 7 needs about .* more than the stage's "
+                                          r"max_decode_bytes=1,048,576 .*or pass on_error='skip'"):
+        stage({"audio": objects([data])}, HostContext(np.array([7]), epoch=0))
+
+
+def test_the_budget_is_checked_and_left_out_of_the_fingerprint(root):
+    with pytest.raises(ValueError, match=r"DecodeAudioConfig.max_decode_bytes must be a positive int \(bytes\) or "
+                                         r"None, got 0"):
+        DecodeAudioConfig(max_decode_bytes=0)
+    assert build(root).fingerprint == build(root, max_decode_bytes=2**26).fingerprint
+
+
+def test_a_header_declaring_an_absurd_rate_is_refused_by_name_with_the_default_budget():
+    """A WAV whose header says 2,147,483,647 Hz: resampling it to 16 kHz needs a 42.9-billion-tap
+    filter (1.25 TiB), which used to be a MemoryError naming nothing, past `on_error="skip"`."""
+    data = bytearray(encode(tone(0, 1000), fmt="WAV"))
+    data[24:32] = (2**31 - 1).to_bytes(4, "little") + (2 * (2**31 - 1)).to_bytes(4, "little")  # rate, byte rate
+    stage = DecodeAudio(sample_rate=16000, length=16000, num_threads=1, on_error="skip")
+    with pytest.warns(UserWarning, match=r"DecodeAudio: record 3 needs about 1.25 TiB to decode \(1 channel\(s\) at "
+                                         r"2,147,483,647 Hz, 1,000 frames read, resampled by 16000/2147483647 with a "
+                                         r"42,949,672,941-tap filter\), more than the stage's max_decode_bytes="):
+        out = stage({"audio": objects([bytes(data)])}, HostContext(np.array([3]), epoch=0))
+    assert out["audio_ok"].tolist() == [False] and stage.skipped == 1

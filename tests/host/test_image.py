@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import pathlib
 import pickle
 import random
+import re
 import warnings
 
 import jax
@@ -483,3 +485,164 @@ def test_turbo_averages_every_pixel_an_output_pixel_covers(tmp_path, factors, mo
     want = values.reshape(out_h, fy, out_w, fx, 3).mean(axis=(1, 3))
     got = run(DecodeImage(size=(out_h, out_w), resize="fixed", backend="turbo"), [str(path)])["image"][0]
     assert np.abs(got - want).max() <= 1.0
+
+
+HIGH_SHAPE = (37, 53)  # odd, so no resize is a whole factor
+
+
+def high_depth_files(folder) -> dict[str, tuple[str, np.ndarray]]:
+    """16- and 32-bit gray files and their 8-bit references from numpy: `round(255 * v / high)`."""
+    rng = np.random.default_rng(5)
+    v16 = rng.integers(0, 65536, HIGH_SHAPE, dtype=np.uint16)
+    v16[0, :3] = (0, 128, 65535)  # both ends and a value that rounds down
+    floats = rng.random(HIGH_SHAPE, dtype=np.float32)
+    floats[0, :2] = (0.0, 1.0)
+    as16 = np.round(v16.astype(np.float64) * 255 / 65535).astype(np.uint8)
+    files = {"16-bit.png": (Image.fromarray(v16), "PNG", as16), "16-bit.tif": (Image.fromarray(v16), "TIFF", as16),
+             "16-bit.pgm": (Image.fromarray(v16), "PPM", as16),
+             "int32.tif": (Image.fromarray(v16.astype(np.int32)), "TIFF", as16),
+             "float.tif": (Image.fromarray(floats), "TIFF", np.round(floats.astype(np.float64) * 255).astype(np.uint8))}
+    out = {}
+    for name, (image, fmt, want) in files.items():
+        path = str(folder / name)
+        image.save(path, format=fmt)
+        out[name] = (path, want)
+    return out
+
+
+@pytest.fixture(scope="module")
+def high_depth(tmp_path_factory):
+    return high_depth_files(tmp_path_factory.mktemp("high_depth"))
+
+
+HIGH_MODES = {"16-bit.png": "I;16", "16-bit.tif": "I;16", "16-bit.pgm": "I", "int32.tif": "I", "float.tif": "F"}
+
+
+@pytest.mark.parametrize("backend", ["pillow", "turbo"])
+@pytest.mark.parametrize("name", list(HIGH_MODES))
+def test_high_bit_depth_images_are_scaled_to_eight_bits(high_depth, name, backend):
+    """Pillow's convert("RGB") clips these at 255 (a 16-bit image comes out white, a float one
+    black); they are scaled over their range instead, exactly as numpy rounds them."""
+    path, want = high_depth[name]
+    assert Image.open(path).mode == HIGH_MODES[name]
+    exact = run(DecodeImage(size=HIGH_SHAPE, resize="none", backend=backend), [path])["image"][0]
+    np.testing.assert_array_equal(exact, np.repeat(want[..., None], 3, axis=2))
+    resized = run(DecodeImage(size=(16, 24), resize="fixed", backend=backend), [path])["image"][0]
+    by_hand = Image.fromarray(want).resize((24, 16), BILINEAR, box=(0, 0, HIGH_SHAPE[1], HIGH_SHAPE[0]))
+    np.testing.assert_array_equal(resized, np.asarray(by_hand.convert("RGB")))
+
+
+def test_value_range_maps_the_samples_a_file_uses(tmp_path):
+    twelve = np.random.default_rng(2).integers(0, 4096, HIGH_SHAPE, dtype=np.uint16)
+    path = str(tmp_path / "12-bit.png")
+    Image.fromarray(twelve).save(path)
+    got = run(DecodeImage(size=HIGH_SHAPE, resize="none", value_range=(0, 4095)), [path])["image"][0, ..., 0]
+    np.testing.assert_array_equal(got, np.round(twelve.astype(np.float64) * 255 / 4095).astype(np.uint8))
+
+
+def test_values_outside_the_range_are_refused_naming_the_record_and_the_option(tmp_path, high_depth):
+    floats = np.full(HIGH_SHAPE, 0.5, np.float32)
+    floats[3, 4] = 1.5
+    over = str(tmp_path / "hdr.tif")
+    Image.fromarray(floats).save(over)
+    floats[3, 4] = np.nan
+    nan = str(tmp_path / "nan.tif")
+    Image.fromarray(floats).save(nan)
+    with pytest.raises(RecordError, match=rf"DecodeImage: record 1 \({re.escape(over)}\) is a float image \(Pillow "
+                                          r"mode F\) with values from 0.5 to 1.5, outside value_range=\(0, 1\).*"
+                                          r"pass DecodeImage\(value_range=\(low, high\)\).*on_error='skip'"):
+        run(DecodeImage(size=8), [high_depth["float.tif"][0], over])
+    with pytest.raises(RecordError, match=r"record 0 .* is a 16-bit image \(Pillow mode I;16\) with values from 0 to "
+                                          r"65535, outside value_range=\(0, 4095\)"):
+        run(DecodeImage(size=8, value_range=(0, 4095)), [high_depth["16-bit.png"][0]])
+    stage = DecodeImage(size=8, on_error="skip")
+    with pytest.warns(SkippedRecordWarning, match=r"record 1 .*nan.tif\) is a float image .* values from nan to nan"):
+        out = run(stage, [high_depth["float.tif"][0], nan])
+    assert out["image_ok"].tolist() == [True, False] and stage.skipped == 1
+
+
+@pytest.mark.parametrize("value_range", [(1, 0), (5,), (0, float("inf")), "wide"])
+def test_a_bad_value_range_is_named(value_range):
+    with pytest.raises(ValueError, match=r"DecodeImageConfig.value_range must be a pair \(low, high\)"):
+        DecodeImageConfig(size=8, value_range=value_range)
+
+
+def write_png(path, size: tuple[int, int], mode: str = "RGB") -> str:
+    """A large PNG that costs little to write: a few colours, so it compresses to kilobytes."""
+    width, height = size
+    stripes = (np.arange(width, dtype=np.uint16)[None, :] // 97 * 40 % 256).astype(np.uint8)
+    Image.fromarray(np.broadcast_to(stripes, (height, width)).copy()).convert(mode).save(path, compress_level=1)
+    return str(path)
+
+
+def test_threads_hold_at_most_the_budget_and_decode_what_one_thread_decodes(tmp_path):
+    paths = [write_png(tmp_path / f"{i}.png", (1000 + 10 * i, 900)) for i in range(8)]  # ~3.6 MB each to decode
+    one = run(DecodeImage(size=24, num_threads=1, backend="pillow"), paths)["image"]
+    stage = DecodeImage(size=24, num_threads=4, max_decode_bytes=9 * 2**20, backend="pillow")
+    np.testing.assert_array_equal(run(stage, paths)["image"], one)
+    assert 0 < stage.budget.peak <= 9 * 2**20
+    assert stage.held_bytes() == 9 * 2**20
+
+
+def test_an_image_over_the_whole_budget_is_refused_naming_the_record_and_the_option(tmp_path, cases):
+    big = write_png(tmp_path / "big.png", (2000, 1500), "RGBA")  # 2000 x 1500 x (4 + 4 for RGB) = 24 MB
+    files = [cases["rgb.png"], big]
+    with pytest.raises(RecordError, match=rf"DecodeImage: record 1 \({re.escape(big)}\) needs about 22.9 MiB to decode "
+                                          r"\(a 2000x1500 PNG in mode RGBA\), more than the stage's max_decode_bytes="
+                                          r"16,777,216 \(16 MiB\).*raise DecodeImage\(max_decode_bytes=...\)"):
+        run(DecodeImage(size=16, max_decode_bytes=16 * 2**20), files)
+    stage = DecodeImage(size=16, max_decode_bytes=16 * 2**20, on_error="skip")
+    with pytest.warns(SkippedRecordWarning, match=r"record 1 .* needs about 22.9 MiB"):
+        assert run(stage, files)["image_ok"].tolist() == [True, False]
+
+
+def test_the_budget_defaults_from_memory_and_stays_out_of_the_fingerprint():
+    from datarax.control.budget import default_budget, host_memory_bytes
+
+    assert DecodeImage(size=8).held_bytes() == default_budget() == min(host_memory_bytes() // 4, 8 * 2**30)
+    base = DecodeImage(size=8, backend="pillow").structure()
+    assert DecodeImage(size=8, backend="pillow", max_decode_bytes=2**20).structure() == base
+    assert DecodeImage(size=8, backend="pillow", value_range=(0, 4095)).structure() != base
+    with pytest.raises(ValueError, match=r"max_decode_bytes must be a positive int \(bytes\) or None, got -1"):
+        DecodeImageConfig(size=8, max_decode_bytes=-1)
+
+
+NEAR_LIMIT = """
+import io, json, resource, sys
+import numpy as np
+from PIL import Image
+from datarax.host import DecodeImage, HostContext
+
+side = int(Image.MAX_IMAGE_PIXELS ** 0.5)  # 9459 x 9459: just under Pillow's limit, no bomb warning
+buffer = io.BytesIO()
+Image.new("RGB", (side, side), (40, 90, 200)).save(buffer, format="PNG", compress_level=1)
+records = np.empty(4, object)
+records[:] = [buffer.getvalue()] * 4  # four records of one 1.2 MB PNG, four threads
+stage = DecodeImage(size=32, num_threads=4, backend="pillow", **json.loads(sys.argv[1]))
+stage({"image": records[:1]}, HostContext(np.arange(1), 0))  # threads started, first buffers allocated
+vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 600 * 2**20, resource.RLIM_INFINITY))
+out = stage({"image": records}, HostContext(np.arange(4), 0))["image"]
+print(json.dumps({"mean": out.reshape(-1, 3).mean(axis=0).tolist(), "peak": stage.budget.peak}))
+"""
+
+
+def test_a_batch_of_near_limit_pngs_decodes_within_the_budget(tmp_path):
+    """Each 9459 x 9459 RGB PNG is 1.2 MB on disk and 358 MB to decode; four threads
+    decoding them at once need 1.4 GB. In a child under `RLIMIT_AS` 600 MiB above its size, a
+    400 MiB budget lets one decode at a time, and the batch decodes exactly."""
+    import json
+    import subprocess
+    import sys
+
+    # glibc's allocator: large blocks always mapped (and unmapped when freed), so the address space
+    # the limit counts is the memory in use, not what freed blocks left reserved
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+           "MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(2**20)}
+    proc = subprocess.run([sys.executable, "-c", NEAR_LIMIT, json.dumps({"max_decode_bytes": 400 * 2**20})], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["mean"] == [40.0, 90.0, 200.0]
+    side = int(Image.MAX_IMAGE_PIXELS ** 0.5)
+    assert result["peak"] == side * side * 4  # one at a time: Pillow holds RGB in 4 bytes a pixel

@@ -265,3 +265,13 @@ def test_materialize_main(tmp_path, folder, capsys):
     assert summary["records"] == len(ImageFolderSource(root=folder))
     MaterializedSource(directory=tmp_path / "cache", source=ImageFolderSource(root=folder), max_side=48, format="jpeg")
     shutil.rmtree(tmp_path / "cache")
+
+
+def test_sixteen_bit_images_are_cached_scaled_to_eight_bits_as_decode_image_scales_them(tmp_path):
+    values = np.random.default_rng(4).integers(0, 65536, (30, 40), dtype=np.uint16)
+    for label in ("a", "b"):
+        (tmp_path / "photos" / label).mkdir(parents=True)
+        Image.fromarray(values).save(tmp_path / "photos" / label / "x.png")
+    cache = materialize(ImageFolderSource(root=tmp_path / "photos"), tmp_path / "cache", max_side=64)
+    stored = Image.open(io.BytesIO(cache.get_batch(np.arange(1))["image"][0]))
+    np.testing.assert_array_equal(np.asarray(stored), np.round(values.astype(np.float64) * 255 / 65535))

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from datarax import Pipeline
-from datarax.host import ENCODED, HostContext, HostStage, record_generator
+from datarax.host import ENCODED, HostContext, HostStage, HostStageSource, record_generator
+from datarax.host.stage import first_rows, printable
 from datarax.sources import MemorySource, MemorySourceConfig
 
 
@@ -148,3 +149,33 @@ def test_the_documented_host_stage_subclass():
     check_exact_resume(lambda: make(0.1), "vector", seed=2)
     with pytest.raises(KeyError, match=r"ParseVector field 'csv' is not in the records"):
         Pipeline(TextSource(documents=texts), [ParseVector(length=5)], batch_size=4)
+
+
+@pytest.mark.parametrize("ids", [[7, 3, 7, 9, 9], [1], [], [5, 5, 5], [0, 1, 2]])
+def test_first_rows_give_each_id_once_in_the_order_first_seen(ids):
+    distinct, rows = first_rows(np.array(ids, np.int64))
+    np.testing.assert_array_equal(distinct[rows], ids)
+    assert distinct.tolist() == list(dict.fromkeys(ids))
+
+
+@pytest.mark.parametrize("text,want", [("photos/a b.jpg", "photos/a b.jpg"), ("x\ny", r"x\ny"), ("\rz", r"\rz"),
+                                       ("\x1b[31mred", r"\x1b[31mred"), ("tab\there", r"tab\there"),
+                                       ("caf\u00e9", "caf\u00e9"), ("line\u2028sep", r"line\u2028sep")])
+def test_printable_escapes_what_a_terminal_would_act_on(text, want):
+    assert printable(text) == want
+
+
+def test_repeated_records_in_a_batch_are_one_read_and_the_same_output():
+    reads = []
+
+    class Counted(MemorySource):
+        def get_batch(self, indices, out=None):
+            reads.append(np.asarray(indices).tolist())
+            return super().get_batch(indices, out)
+
+    source = Counted(MemorySourceConfig(), data={"x": np.arange(10.0)})
+    host = HostStageSource(source, [Jitter(seed=3)])
+    got = host.read(np.array([4, 2, 4, 4, 9]), epoch=1)
+    assert reads == [[4, 2, 9]]
+    np.testing.assert_array_equal(got["x"], [4, 2, 4, 4, 9])
+    np.testing.assert_array_equal(got["offset"], [record_generator(3, 0, 1, r).random() for r in (4, 2, 4, 4, 9)])

@@ -15,7 +15,7 @@ from PIL import Image
 from skimage import data as photos
 
 from datarax import Pipeline
-from datarax.host import DecodeImage, RecordError
+from datarax.host import DecodeImage, RecordError, SkippedRecordWarning
 from datarax.sources import ImageFolderSource, ImageFolderSourceConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -178,3 +178,54 @@ def test_an_unreadable_image_file_fails_the_read_naming_the_file(tmp_path):
     pathlib.Path(gone).unlink()
     with pytest.raises(OSError, match=gone):
         list(Pipeline(source, [DecodeImage(size=8, field="image")], batch_size=2))
+
+
+def test_a_deleted_file_is_named_with_its_record(tmp_path):
+    write_folder(tmp_path, num=4)
+    source = ImageFolderSource(root=tmp_path)
+    gone = source.paths[2]
+    pathlib.Path(gone).unlink()
+    with pytest.raises(FileNotFoundError, match=rf"ImageFolderSource record 2: the file was deleted or moved after "
+                                                rf"the folder was listed; .*build the source again.*: '{gone}'"):
+        list(Pipeline(source, [DecodeImage(size=8)], batch_size=2))
+
+
+def test_padding_rows_are_decoded_once_and_a_bad_record_counts_once(tmp_path, monkeypatch):
+    """Five files, the last one damaged, batch_size 4: the final batch is record 4 and three padding
+    rows repeating it. They are copies of its one decode, and it is skipped once, not four times."""
+    write_folder(tmp_path, num=5)
+    (tmp_path / "c004" / "0004.png").write_bytes(b"not a png")
+    decoded = []
+    original = DecodeImage.decode_into
+    monkeypatch.setattr(DecodeImage, "decode_into", lambda self, *args: decoded.append(1) or original(self, *args))
+    stage = DecodeImage(size=8, on_error="skip")
+    with pytest.warns(SkippedRecordWarning, match=r"record 4 "):
+        batches = list(Pipeline(ImageFolderSource(root=tmp_path), [stage], batch_size=4))
+    assert [np.asarray(b["image_ok"]).tolist() for b in batches] == [[True] * 4, [False]]
+    assert stage.skipped == 1 and len(decoded) == 5
+
+
+def test_a_file_name_with_control_characters_is_escaped_in_errors(tmp_path):
+    """A file name is data: a newline or a terminal escape in it must not forge a log line."""
+    write_folder(tmp_path, num=3)
+    forged = tmp_path / "c001" / "x\nINFO all good\x1b[2K.png"
+    forged.write_bytes(b"not a png")
+    with pytest.raises(RecordError) as caught:
+        list(Pipeline(ImageFolderSource(root=tmp_path), [DecodeImage(size=8)], batch_size=4))
+    message = str(caught.value)
+    assert "\n" not in message and "\x1b" not in message
+    assert r"c001/x\nINFO all good\x1b[2K.png)" in message
+
+
+@pytest.mark.parametrize("content,says", [
+    (b"", r"ValueError: empty file \(0 bytes\)"),
+    (b"GIF89 not really",
+     r"UnidentifiedImageError: cannot identify image file \(16 bytes, starting b'GIF89 not really'\)"),
+])
+def test_an_empty_or_unknown_file_says_so_naming_the_record(tmp_path, content, says):
+    write_folder(tmp_path, num=3)
+    bad = tmp_path / "c001" / "0001.png"
+    bad.write_bytes(content)
+    with pytest.raises(RecordError, match=rf"record 1 \({bad}\) in field 'image': {says}") as caught:
+        list(Pipeline(ImageFolderSource(root=tmp_path), [DecodeImage(size=8)], batch_size=4))
+    assert "BytesIO" not in str(caught.value)

@@ -318,9 +318,9 @@ def test_the_config_memory_check_counts_the_block_cache(tmp_path, monkeypatch, c
     config.write_text(f'batch_size = 4\nprefetch = 1\n[source.sharded]\nurls = {urls!r}\nfields = ["x"]\n'
                       f'cache_blocks = 40\nprefetch_blocks = 2\nmanifest_dir = "{tmp_path / "m"}"\n'.replace("'", '"'))
     batches = 4 * (4 + 8) * 4  # 4 rows of an int32 field and an int64 id, in the 4 buffers of prefetch 1
-    monkeypatch.setattr(sizes, "memory_bytes", lambda: batches + 40 * largest - 1)
+    monkeypatch.setattr(sizes, "host_memory_bytes", lambda: batches + 40 * largest - 1)
     assert main(["validate", str(config)]) == 1
     err = capsys.readouterr().err
     assert f"plus {sizes.human(40 * largest)} the source and stages keep" in err, err
-    monkeypatch.setattr(sizes, "memory_bytes", lambda: batches + 40 * largest)
+    monkeypatch.setattr(sizes, "host_memory_bytes", lambda: batches + 40 * largest)
     assert main(["validate", str(config)]) == 0

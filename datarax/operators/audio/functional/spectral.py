@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from datarax.core.checks import check_positive_int
+from datarax.operators.audio.functional.waveform import safe_sqrt
 
 WINDOWS = ("hann", "hamming", "rectangular")
 PAD_MODES = ("constant", "reflect")
@@ -115,10 +116,8 @@ def stft(x: jax.Array, n_fft: int = 512, hop_length: int | None = None, win_leng
 
 
 def safe_abs(z: jax.Array) -> jax.Array:
-    """`|z|` with a zero gradient (instead of NaN) where `z == 0`."""
-    power = jnp.real(z) ** 2 + jnp.imag(z) ** 2
-    positive = power > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, power, 1.0)), 0.0)
+    """`|z|` with a zero gradient (instead of NaN) where `z == 0`; NaN stays NaN."""
+    return safe_sqrt(jnp.real(z) ** 2 + jnp.imag(z) ** 2)
 
 
 def stft_magnitude(x: jax.Array, n_fft: int = 512, hop_length: int | None = None, win_length: int | None = None,

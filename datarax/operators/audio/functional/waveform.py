@@ -22,9 +22,11 @@ ALIGNMENTS = ("center", "start")
 
 
 def safe_sqrt(x: jax.Array) -> jax.Array:
-    """`sqrt(x)` for `x >= 0`, with a zero (not infinite) gradient at `x == 0`."""
-    positive = x > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+    """`sqrt(x)` for `x >= 0`, with a zero (not infinite) gradient at `x == 0`; NaN stays NaN."""
+    # `not x <= 0` rather than `x > 0`: a NaN fails every comparison, and the guard must not
+    # turn a NaN input into a finite 0 (every stage lets NaN through, so bad data stays visible).
+    taken = ~(x <= 0)
+    return jnp.where(taken, jnp.sqrt(jnp.where(taken, x, 1.0)), 0.0)
 
 
 def db_to_amplitude(db: jax.Array | float) -> jax.Array:

@@ -88,9 +88,10 @@ def adjust_hue(image: jax.Array, shift: jax.Array | float) -> jax.Array:
 
 def adjust_gamma(image: jax.Array, gamma: jax.Array | float, gain: float = 1.0) -> jax.Array:
     """`gain * image ** gamma`, clipped to [0, 1] (scikit-image's `adjust_gamma` on floats)."""
-    positive = image > 0
     # exp(gamma * log x) with a guarded log: x ** gamma has an infinite or NaN gradient at x = 0.
-    powered = jnp.where(positive, jnp.exp(gamma * jnp.log(jnp.where(positive, image, 1.0))), 0.0)
+    # The guard is `not x <= 0`, true for NaN too, so a NaN pixel stays NaN (as in every stage).
+    taken = ~(image <= 0)
+    powered = jnp.where(taken, jnp.exp(gamma * jnp.log(jnp.where(taken, image, 1.0))), 0.0)
     return _clip(gain * powered)
 
 

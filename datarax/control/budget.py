@@ -1,0 +1,101 @@
+"""The one memory budget shared by a decoding stage's threads.
+
+A decoder's memory is set by what a record *declares* (an image's width x height, an audio
+file's rate and channels), not by its size on disk: a 335 KB PNG can need 676 MB to decode. With
+`num_threads` records decoding at once, the peak is the sum of the largest few. `MemoryBudget`
+bounds that sum: each decode reserves its estimate before it allocates, waits while the others
+hold too much, and gives it back when done, so the stage never holds more than `limit` bytes
+whatever the thread count. A record whose estimate alone is over the limit can never fit; the
+stage refuses it (`fits` says so) as a bad record, which `on_error="skip"` can skip.
+
+Example:
+    >>> budget = MemoryBudget(2**30, "DecodeImage")
+    >>> with budget.reserve(700 * 2**20):
+    ...     pass  # decode here; a second 700 MB record waits until this one is done
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+DEFAULT_FRACTION = 4  # a quarter of the host's memory ...
+DEFAULT_CAP = 8 * 2**30  # ... and at most 8 GiB: the model, the batches and the other stages need the rest
+
+
+def human(n: float) -> str:
+    """`97.7 KiB`, `7.28 TiB`."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:,.0f} bytes" if unit == "bytes" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} PiB"
+
+
+def host_memory_bytes() -> int | None:
+    """The host's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_budget() -> int:
+    """A decoding stage's budget when none is given: a quarter of the host's memory, at most 8 GiB
+    (2 GiB where the host's memory is unknown)."""
+    memory = host_memory_bytes()
+    return min(memory // DEFAULT_FRACTION, DEFAULT_CAP) if memory else 2 * 2**30
+
+
+class MemoryBudget:
+    """At most `limit` bytes reserved at once by the threads that share it.
+
+    Attributes:
+        limit: the bound, in bytes.
+        peak: the most bytes ever reserved at once (for tests and monitoring).
+    """
+
+    def __init__(self, limit: int, name: str):
+        self.limit = int(limit)
+        self.name = name
+        self.peak = 0
+        self._held = 0
+        self._changed = threading.Condition()
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a reservation of `nbytes` can ever be granted (it is at most the limit)."""
+        return nbytes <= self.limit
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        """Holds `nbytes` of the budget for the `with` block, first waiting until they fit.
+
+        Raises:
+            ValueError: `nbytes` is over the whole limit (check `fits` first, to refuse the record).
+        """
+        nbytes = max(0, int(nbytes))
+        if not self.fits(nbytes):
+            raise ValueError(f"{self.name} cannot reserve {nbytes:,} bytes of a {self.limit:,}-byte budget")
+        with self._changed:
+            # Every reservation fits alone, so once the others give theirs back this one goes ahead.
+            self._changed.wait_for(lambda: self._held + nbytes <= self.limit)
+            self._held += nbytes
+            self.peak = max(self.peak, self._held)
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._held -= nbytes
+                self._changed.notify_all()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"limit": self.limit, "name": self.name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["limit"], state["name"])
+
+    def __repr__(self) -> str:
+        return f"MemoryBudget({self.limit}, {self.name!r})"
