@@ -17,6 +17,7 @@ from datarax.sources.file_folder import FileFolderSourceConfig as FileFolderSour
 from datarax.sources.image_folder import ImageFolderSource as ImageFolderSource
 from datarax.sources.image_folder import ImageFolderSourceConfig as ImageFolderSourceConfig
 from datarax.sources._files import CorruptFileError as CorruptFileError
+from datarax.sources._paths import DataPathError as DataPathError
 from datarax.sources.mix import MixDataSources as MixDataSources
 from datarax.sources.mix import MixDataSourcesConfig as MixDataSourcesConfig
 from datarax.sources.packed_text import PackedTextSource as PackedTextSource

@@ -122,10 +122,11 @@ def _file_parts(chunk: Any) -> tuple[Any, Any]:
     return parts["bytes"], parts["path"]
 
 
-def encoded_take(chunk: Any, rows: np.ndarray) -> np.ndarray:
+def encoded_take(chunk: Any, rows: np.ndarray, read_path: Callable[[int, str], bytes]) -> np.ndarray:
     """The rows of an encoded column chunk as an object array of `bytes` (or `str` for text).
 
-    A file whose bytes are missing (a dataset that references local files) is read from its path.
+    A file whose bytes are missing (a dataset that references local files) is read by
+    `read_path(row, path)` (`row` in the chunk), which confines and bounds the read.
     """
     import pyarrow as pa
 
@@ -138,8 +139,7 @@ def encoded_take(chunk: Any, rows: np.ndarray) -> np.ndarray:
     if missing.size:
         for i, path in zip(missing.tolist(), paths.take(index).to_numpy(zero_copy_only=False)[missing]):
             if path is not None:
-                with open(path, "rb") as f:
-                    values[i] = f.read()
+                values[i] = read_path(int(rows[i]), path)
     return values
 
 

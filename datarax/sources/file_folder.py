@@ -37,6 +37,7 @@ from datarax.core.construct import resolve_config
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.host.stage import ENCODED
 from datarax.sources._columns import read_batch
+from datarax.sources._paths import DEFAULT_MAX_FILE_BYTES, read_data_file
 
 READ_THREADS = 4  # file reads are short syscalls that release the GIL; a few threads hide their latency
 
@@ -69,12 +70,15 @@ class FileFolderSourceConfig(ShuffleConfig):
             file that is not hidden.
         field: the name of the field holding each file's bytes.
         num_threads: threads reading files.
+        max_file_bytes: the largest file read; a larger one (or a device, FIFO or socket, even
+            behind a symlink) is refused unread with a `DataPathError` naming it.
     """
 
     root: str
     extensions: tuple[str, ...] | None = None
     field: str = "data"
     num_threads: int = READ_THREADS
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     def __post_init__(self):
         super().__post_init__()
@@ -85,6 +89,7 @@ class FileFolderSourceConfig(ShuffleConfig):
             raise ValueError("FileFolderSourceConfig.field cannot be 'label' (the class label's field); pick another "
                              "name, e.g. field='audio'")
         check_positive_int(*field(self, "num_threads"), unit="threads")
+        check_positive_int(*field(self, "max_file_bytes"), unit="bytes")
 
 
 def scan_folder(root: str, extensions: tuple[str, ...] | None, owner: str = "FileFolderSource",
@@ -181,7 +186,8 @@ class FileFolderSource(DataSourceModule):
     def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
         paths = self._files.paths
         np.take(self._files.labels, flat, out=out["label"])
-        contents = self._pool.map(_read, [paths[i] for i in flat.tolist()])
+        limit = self.config.max_file_bytes
+        contents = self._pool.map(lambda path: _read(path, limit), [paths[i] for i in flat.tolist()])
         column = out[self.field]
         for i, content in enumerate(contents):  # item by item: numpy must not read bytes as sequences
             column[i] = content
@@ -200,6 +206,5 @@ class FileFolderSource(DataSourceModule):
         self._pool.close()
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+def _read(path: str, max_bytes: int) -> bytes:
+    return read_data_file(path, max_bytes, "FileFolderSource file", f"max_file_bytes (now {max_bytes})")
