@@ -33,6 +33,7 @@ from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train.callbacks import (CheckpointCallback, GoodputMonitor, LearningRateLogger, MetricLogger,
                                 ProgressBar)
 from datarax.train.hashing import state_sha256
+from datarax.train.locking import run_script
 from datarax.train.trainer import Trainer
 from datarax.train.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, tensorboard_available
 
@@ -210,4 +211,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))
