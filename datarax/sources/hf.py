@@ -244,8 +244,9 @@ class HFSource(DataSourceModule):
             for name in converter.passthrough:
                 np.take(views[name], local, axis=0, out=target[name])
             for name in converter.encoded:
-                target[name][...] = encoded_take(io.chunks[c].column(name), local,
-                                                 self._path_reader(int(io.starts[c]), name))
+                start = int(io.starts[c])
+                target[name][...] = encoded_take(io.chunks[c].column(name), local, self._path_reader(start, name),
+                                                 self._where(start, name))
             if converter.convert is not None:
                 columns = io.chunks[c]
                 converter.write_converted({n: np.take(v, local, axis=0) for n, v in views.items()},
@@ -254,12 +255,16 @@ class HFSource(DataSourceModule):
                 for name, values in target.items():
                     out[name][where] = values
 
+    def _where(self, start: int, column: str) -> Any:
+        """Names a row of `column` in a chunk starting at table row `start`, for errors."""
+        return lambda row: f"HFSource row {start + row} of {self._origin}, column {column!r},"
+
     def _path_reader(self, start: int, column: str) -> Any:
         """Reads the file a row of `column` names (rows in a chunk starting at table row `start`)."""
-        config = self.config
+        config, name = self.config, self._where(start, column)
 
         def read(row: int, path: str) -> bytes:
-            where = f"HFSource row {start + row} of {self._origin}, column {column!r},"
+            where = name(row)
             path = confine(path, self._roots, config.allow_outside_root, where,
                            "HFSourceConfig(allow_outside_root=True)")
             return read_data_file(path, config.max_file_bytes, where, "HFSourceConfig(max_file_bytes=...)")

@@ -290,3 +290,10 @@ def test_shuffle_not_given_warns_that_its_default_will_become_storage_order():
         warnings.simplefilter("error")
         for shuffle in (True, False):
             assert PackedTextSourceConfig(shuffle=shuffle).shuffle is shuffle
+
+
+def test_truncating_to_one_token_with_eos_is_refused_not_all_eos():
+    with pytest.raises(ValueError, match=r"seq_len=1, truncate=True, eos_id=.*only the EOS token.*seq_len >= 2"):
+        PackedTextSourceConfig(seq_len=1, eos_id=EOS, truncate=True, shuffle=False)
+    assert PackedTextSourceConfig(seq_len=1, eos_id=None, truncate=True, shuffle=False).seq_len == 1
+    assert PackedTextSourceConfig(seq_len=2, eos_id=EOS, truncate=True, shuffle=False).seq_len == 2
