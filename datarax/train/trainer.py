@@ -112,7 +112,7 @@ class Trainer:
         run_config: the run's configuration (a mapping of plain values, nested as you like:
             hyperparameters, model settings, data version). It is written into every checkpoint
             with what the trainer sees (the model's class, the optimizer state's structure and
-            its updates for fixed probe gradients, so its learning rate); restoring a checkpoint
+            its update for a fixed probe gradient, so its learning rate at step 0); restoring a checkpoint
             written under another configuration raises `CheckpointMismatchError` naming each
             difference (`datarax.train.run_config`).
         allow_config_change: resume a checkpoint written under another configuration anyway.
