@@ -240,8 +240,8 @@ class FileFolderSource(DataSourceModule):
     def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
         paths = self._files.paths
         np.take(self._files.labels, flat, out=out["label"])
-        limit = self.config.max_file_bytes
-        contents = self._pool.map(lambda path: _read(path, limit), [paths[i] for i in flat.tolist()])
+        limit, owner = self.config.max_file_bytes, type(self).__name__
+        contents = self._pool.map(lambda item: _read(*item, limit, owner), [(i, paths[i]) for i in flat.tolist()])
         column = out[self.field]
         for i, content in enumerate(contents):  # item by item: numpy must not read bytes as sequences
             column[i] = content
@@ -260,5 +260,11 @@ class FileFolderSource(DataSourceModule):
         self._pool.close()
 
 
-def _read(path: str, max_bytes: int) -> bytes:
-    return read_data_file(path, max_bytes, "FileFolderSource file", f"max_file_bytes (now {max_bytes})")
+def _read(record: int, path: str, max_bytes: int, owner: str) -> bytes:
+    where = f"{owner} record {record}"
+    try:
+        return read_data_file(path, max_bytes, where, f"max_file_bytes (now {max_bytes})")
+    except FileNotFoundError as exc:  # still an OSError: a RetryPolicy retries it (a network mount may recover)
+        raise FileNotFoundError(exc.errno, f"{where}: the file is gone (deleted or moved since the folder was "
+                                "scanned); restore it, or build the source again to list the folder anew",
+                                path) from None

@@ -108,3 +108,13 @@ def test_a_folder_symlink_to_a_device_or_fifo_is_refused(tmp_path, cls):
     small = cls(root=str(tmp_path), max_file_bytes=4)
     with pytest.raises(DataPathError, match=r"a\.png' of 21 bytes, over the limit of 4"):
         small.get_batch(np.array([0]))
+
+
+def test_a_file_deleted_after_the_scan_names_the_record_and_path(tmp_path):
+    (tmp_path / "cat").mkdir()
+    for name in ("a.png", "b.png"):
+        (tmp_path / "cat" / name).write_bytes(GOOD)
+    source = ImageFolderSource(root=str(tmp_path))
+    (tmp_path / "cat" / "b.png").unlink()
+    with pytest.raises(FileNotFoundError, match=r"ImageFolderSource record 1: the file is gone .*b\.png'"):
+        source.get_batch(np.array([0, 1]))
