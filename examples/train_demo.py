@@ -33,6 +33,7 @@ from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train.callbacks import (CheckpointCallback, GoodputMonitor, LearningRateLogger, MetricLogger,
                                 ProgressBar)
 from datarax.train.hashing import state_sha256
+from datarax.train.locking import run_script
 from datarax.train.trainer import Trainer
 from datarax.train.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, tensorboard_available
 
@@ -182,8 +183,11 @@ def main(argv=None) -> int:
     callbacks = [checkpoints, goodput, LearningRateLogger(schedule), MetricLogger(writers, every_steps=args.log_every)]
     if not args.no_progress and sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None:
         callbacks.append(ProgressBar())
+    # The warmup starts at 0, so the optimizer alone does not show the rate: a rerun with another
+    # --learning-rate (or model seed) is refused instead of adopting this run's checkpoint.
+    run_config = {"learning_rate": args.learning_rate, "seed": args.seed, "joint": args.joint}
     trainer = Trainer(model, optax.adam(schedule), train, loss_fn, eval_pipeline=evaluation, metrics=METRICS,
-                      callbacks=callbacks, train_pipeline_params=args.joint)
+                      callbacks=callbacks, train_pipeline_params=args.joint, run_config=run_config)
     result = trainer.fit(num_steps=args.steps)
     resumed_from = checkpoints.restored.step if checkpoints.restored is not None else None
     if result.stop_reason is not None:
@@ -210,4 +214,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

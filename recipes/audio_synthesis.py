@@ -31,6 +31,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from datarax.train.locking import run_script
 from recipes import common, ddsp
 
 NAME = "audio_synthesis"
@@ -142,4 +143,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

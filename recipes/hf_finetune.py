@@ -42,6 +42,7 @@ from flax import nnx
 from datarax import Pipeline
 from datarax.host import DecodeImage
 from datarax.operators import ElementOperator, ElementOperatorConfig
+from datarax.train.locking import run_script
 from recipes import common
 from recipes.data import SAMPLE_IMAGES, load_photograph, per_class_split
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss, host_init
@@ -355,4 +356,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

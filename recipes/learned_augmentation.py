@@ -42,6 +42,7 @@ from datarax.operators.image.functional import geometry
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import joint_optimizer
 from datarax.train.callbacks import Callback, StepLogs
+from datarax.train.locking import run_script
 from recipes import common
 from recipes.augerino import (
     RADIANS_PER_DEGREE,
@@ -389,4 +390,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 
+from datarax.train.locking import run_script
 from recipes import common
 from recipes import preprocessing_audio as audio
 from recipes import preprocessing_image as image
@@ -124,4 +125,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -32,6 +32,7 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.sources import PackedTextSource, TextSource
+from datarax.train.locking import run_script
 from recipes import common
 from recipes.models import count_params
 
@@ -232,4 +233,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -32,6 +32,7 @@ from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.operators.image import AffineConfig, AffineOperator, GaussianNoiseConfig, GaussianNoiseOperator
 from datarax.operators.strategies import ProbabilisticOperator, ProbabilisticOperatorConfig
 from datarax.sources import ImageFolderSource, MemorySource, MemorySourceConfig
+from datarax.train.locking import run_script
 from recipes import common
 from recipes.data import fraction_split, load_digits
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss, count_params
@@ -185,4 +186,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

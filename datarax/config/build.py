@@ -123,7 +123,7 @@ def build_pipeline(spec: RunSpec):
     run = spec.run
     source = build_component(spec.source)
     kwargs: dict[str, Any] = {"drop_remainder": run.drop_remainder, "prefetch": run.prefetch,
-                              "dispatch_ahead": run.dispatch_ahead}
+                              "dispatch_ahead": run.dispatch_ahead, "retry_policy": run.retry_policy}
     if spec.sampler is not None:
         extra = {"num_records": len(source)} if takes_argument(spec.sampler.factory, "num_records") else {}
         extra.update({k: files.record_field(source, v) for k, v in spec.sampler.kwargs.items()

@@ -78,8 +78,11 @@ class RunSection:
     sharding: Any = None
     trainer: Any = None
     eval: Any = None
+    retry_policy: Any = None
 
     def __post_init__(self):
+        if self.retry_policy is not None:
+            object.__setattr__(self, "retry_policy", _retry_policy(self.retry_policy))
         check_positive("batch_size", self.batch_size)
         check_positive("seed", self.seed, 0)
         check_positive("prefetch", self.prefetch)
@@ -91,6 +94,23 @@ class RunSection:
         if self.dispatch_ahead > MAX_DISPATCH_AHEAD:
             raise FieldError("dispatch_ahead", f"must be at most {MAX_DISPATCH_AHEAD} (batches kept dispatched on the "
                                                f"device), got {self.dispatch_ahead!r}; the default is {DISPATCH_AHEAD}")
+
+
+def _retry_policy(value: Any) -> Any:
+    """`retry_policy = { max_retries = 3, backoff_s = 0.5, max_backoff_s = 30.0 }` as a `RetryPolicy`."""
+    from datarax.pipeline.retry import RetryPolicy
+
+    known = [f.name for f in dataclasses.fields(RetryPolicy)]
+    if not is_table(value):
+        raise FieldError("retry_policy", f"must be a table such as {{ max_retries = 3, backoff_s = 0.5 }} (keys "
+                                         f"{known}), got {value!r}")
+    unknown = [k for k in value if k not in known]
+    if unknown:
+        raise FieldError("retry_policy", f"has unknown key(s) {unknown}; its keys are {known}")
+    try:
+        return RetryPolicy(**value)
+    except (TypeError, ValueError) as exc:
+        raise FieldError("retry_policy", str(exc)) from None
 
 
 # `allow` is read before everything else (it decides what the other tables may import).

@@ -126,9 +126,12 @@ class PipelineIterator(CheckpointableIterator):
             batches = indexed_host_batches(p, self.upcoming())
         self._host = Prefetcher(batches, p.prefetch)
 
-    def _stop_host(self) -> None:
+    def _stop_host(self, wait: bool = True) -> None:
         if self._host is not None:
-            self._host.close()
+            if wait:
+                self._host.close()
+            else:
+                self._host.stop()
             self._host = None
 
     def _dispatch(self, arrays, epoch: int, position: int, num_valid: int, values: list):
@@ -198,11 +201,13 @@ class PipelineIterator(CheckpointableIterator):
                 epoch, position, num_valid, stream_state = got.epoch, got.position, got.num_valid, got.stream_state
             except StopIteration:
                 raise
-            except BaseException:
+            except BaseException as exc:
                 # The producer has moved past the failed batch (or stopped): the next call
                 # restarts it at the cursor, so no record is skipped and the stream never
                 # ends because of an error; a persistent error is raised again by every call.
-                self._stop_host()
+                # Ctrl-C (KeyboardInterrupt) does not wait for the producer: it may be stuck in a
+                # read that never returns (a FIFO, a hung mount); told to stop, it ends by itself.
+                self._stop_host(wait=isinstance(exc, Exception))
                 raise
         else:
             epoch, position, num_valid, out = self._next_device(arrays)

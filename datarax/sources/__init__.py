@@ -14,9 +14,12 @@ from datarax.sources.hf import HFSourceConfig as HFSourceConfig
 from datarax.sources.hf import HFStreamSource as HFStreamSource
 from datarax.sources.file_folder import FileFolderSource as FileFolderSource
 from datarax.sources.file_folder import FileFolderSourceConfig as FileFolderSourceConfig
+from datarax.sources.file_folder import FolderLoopError as FolderLoopError
+from datarax.sources.file_folder import SkippedFilesWarning as SkippedFilesWarning
 from datarax.sources.image_folder import ImageFolderSource as ImageFolderSource
 from datarax.sources.image_folder import ImageFolderSourceConfig as ImageFolderSourceConfig
 from datarax.sources._files import CorruptFileError as CorruptFileError
+from datarax.sources._paths import DataPathError as DataPathError
 from datarax.sources.mix import MixDataSources as MixDataSources
 from datarax.sources.mix import MixDataSourcesConfig as MixDataSourcesConfig
 from datarax.sources.packed_text import PackedTextSource as PackedTextSource

@@ -122,25 +122,51 @@ def _file_parts(chunk: Any) -> tuple[Any, Any]:
     return parts["bytes"], parts["path"]
 
 
-def encoded_take(chunk: Any, rows: np.ndarray) -> np.ndarray:
+def encoded_take(chunk: Any, rows: np.ndarray, read_path: Callable[[int, str], bytes],
+                 where: Callable[[int], str]) -> np.ndarray:
     """The rows of an encoded column chunk as an object array of `bytes` (or `str` for text).
 
-    A file whose bytes are missing (a dataset that references local files) is read from its path.
+    A file whose bytes are missing (a dataset that references local files) is read by
+    `read_path(row, path)` (`row` in the chunk), which confines and bounds the read. Text that is
+    not valid UTF-8 raises `CorruptFileError` naming `where(row)` (Arrow's own error names nothing).
     """
     import pyarrow as pa
 
     index = pa.array(np.asarray(rows, np.int64))
     if encoded_kind(chunk.type) != "file":
-        return chunk.take(index).to_numpy(zero_copy_only=False)
+        taken = chunk.take(index)
+        try:
+            return taken.to_numpy(zero_copy_only=False)
+        except pa.ArrowException:
+            if encoded_kind(chunk.type) != "text":
+                raise
+            _raise_bad_text(taken, rows, where)
+            raise
     data, paths = _file_parts(chunk)
     values = data.take(index).to_numpy(zero_copy_only=False)
     missing = np.flatnonzero(np.equal(values, None))
     if missing.size:
         for i, path in zip(missing.tolist(), paths.take(index).to_numpy(zero_copy_only=False)[missing]):
             if path is not None:
-                with open(path, "rb") as f:
-                    values[i] = f.read()
+                values[i] = read_path(int(rows[i]), path)
     return values
+
+
+def _raise_bad_text(taken: Any, rows: np.ndarray, where: Callable[[int], str]) -> None:
+    """Raises `CorruptFileError` naming the first row of `taken` whose text is not UTF-8."""
+    import pyarrow as pa
+
+    from datarax.sources._files import REWRITE, CorruptFileError
+
+    raw = taken.view(pa.large_binary() if pa.types.is_large_string(taken.type) else pa.binary())
+    for i, data in enumerate(raw.to_pylist()):
+        try:
+            if data is not None:
+                data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorruptFileError(f"{where(int(rows[i]))} holds text that is not UTF-8 ({exc.reason} at byte "
+                                   f"{exc.start}: {data[max(0, exc.start - 8):exc.start + 8]!r}); {REWRITE}, or read "
+                                   "the column as bytes") from None
 
 
 def encoded_path(chunk: Any, row: int) -> str | None:

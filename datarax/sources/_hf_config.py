@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -10,6 +11,7 @@ from datarax.core.checks import check_bool, check_positive_int, field, require, 
 from datarax.core.construct import resolve_config
 from datarax.core.source import ShuffleConfig
 from datarax.sources._columns import check_column_config
+from datarax.sources._paths import DEFAULT_MAX_FILE_BYTES
 
 Convert = Callable[[dict[str, Any]], Mapping[str, Any]]
 _MODES = ("auto", "eager", "lazy")
@@ -29,6 +31,12 @@ class HFSourceConfig(ShuffleConfig):
         eager_max_bytes: the Arrow size up to which "auto" is eager.
         device_resident: eager only: keep the arrays on the device (None decides by size).
         block_size: streams only: records read (and shuffled together) per block.
+        files_root: `HFSource` only: the folder that relative paths in `Image`/`Audio` rows (rows
+            holding a path and no bytes) are read from; None takes the folder of the data files
+            given to `load_files` (all of their folders are the dataset's roots).
+        allow_outside_root: read paths in rows that lie outside the dataset's roots (resolved
+            with symlinks followed); off by default, so a row naming `/etc/passwd` or `../x` is refused.
+        max_file_bytes: the largest file a row's path may name; a larger one is refused unread.
         columns: the former name of `fields` (deprecated; moved to `fields` with a warning).
     """
 
@@ -38,6 +46,9 @@ class HFSourceConfig(ShuffleConfig):
     eager_max_bytes: int = 2**30
     device_resident: bool | None = None
     block_size: int = 1024
+    files_root: str | None = None
+    allow_outside_root: bool = False
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     columns: tuple[str, ...] | None = None
 
     def __post_init__(self):
@@ -49,7 +60,12 @@ class HFSourceConfig(ShuffleConfig):
                             f"{self.encoded!r}")
         if self.mode not in _MODES:
             raise ValueError(f"HFSourceConfig.mode must be one of {_MODES}, got {self.mode!r}")
-        for name in ("eager_max_bytes", "block_size"):
+        if self.files_root is not None:
+            if not isinstance(self.files_root, (str, os.PathLike)) or not os.fspath(self.files_root):
+                raise TypeError(f"HFSourceConfig.files_root must be a folder path or None, got {self.files_root!r}")
+            object.__setattr__(self, "files_root", os.fspath(self.files_root))
+        check_bool(*field(self, "allow_outside_root"))
+        for name in ("eager_max_bytes", "block_size", "max_file_bytes"):
             check_positive_int(*field(self, name))
         check_bool(*field(self, "device_resident"), allow_none=True)
 

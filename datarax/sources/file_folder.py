@@ -8,8 +8,9 @@ images, text, serialized examples):
       siren/x.flac, siren/nested/y.flac, ...
 
 Class sub-folders, sorted by name, become labels 0, 1, ...; the files of each (searched
-recursively, sorted by path; hidden folders skipped, and hidden files
-when no extensions are given) follow one another in that order,
+recursively with symlinks followed, each real folder once; sorted by path; hidden files and
+folders, such as macOS `._x.jpg` AppleDouble files, left out with a warning and listed in
+`source.skipped_files`) follow one another in that order,
 so record i is the same file on every machine and the pipeline's Feistel shuffle and resume are
 exact. A record is the file's bytes, an encoded field for a host stage (`DecodeAudio`,
 `DecodeImage`, `HostMap`), and its int32 label. `ImageFolderSource` is this source with image
@@ -33,10 +34,11 @@ from flax import nnx
 
 from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_field_name, check_positive_int, field
-from datarax.core.construct import resolve_config
+from datarax.core.construct import resolve_config, warn_at_caller
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.host.stage import ENCODED
 from datarax.sources._columns import read_batch
+from datarax.sources._paths import DEFAULT_MAX_FILE_BYTES, read_data_file
 
 READ_THREADS = 4  # file reads are short syscalls that release the GIL; a few threads hide their latency
 
@@ -69,12 +71,15 @@ class FileFolderSourceConfig(ShuffleConfig):
             file that is not hidden.
         field: the name of the field holding each file's bytes.
         num_threads: threads reading files.
+        max_file_bytes: the largest file read; a larger one (or a device, FIFO or socket, even
+            behind a symlink) is refused unread with a `DataPathError` naming it.
     """
 
     root: str
     extensions: tuple[str, ...] | None = None
     field: str = "data"
     num_threads: int = READ_THREADS
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     def __post_init__(self):
         super().__post_init__()
@@ -85,33 +90,70 @@ class FileFolderSourceConfig(ShuffleConfig):
             raise ValueError("FileFolderSourceConfig.field cannot be 'label' (the class label's field); pick another "
                              "name, e.g. field='audio'")
         check_positive_int(*field(self, "num_threads"), unit="threads")
+        check_positive_int(*field(self, "max_file_bytes"), unit="bytes")
+
+
+class SkippedFilesWarning(UserWarning):
+    """A folder scan left out hidden files or folders (AppleDouble `._x.jpg`, `.DS_Store`, `.git`)."""
+
+
+class FolderLoopError(ValueError):
+    """A folder scan reached one real directory twice through a symlink (a loop, or a link into
+    another class); the message names the link."""
 
 
 def scan_folder(root: str, extensions: tuple[str, ...] | None, owner: str = "FileFolderSource",
-                what: str = "files") -> tuple[list[str], list[str], np.ndarray]:
+                what: str = "files", skipped: list[str] | None = None) -> tuple[list[str], list[str], np.ndarray]:
     """`(class names, file paths, labels)` of a class-folder tree, in the source's record order.
+
+    Symlinks are followed, but each real directory is visited once: a link to a directory already
+    reached (the root, a class folder, an ancestor, or any folder seen before) raises
+    `FolderLoopError` naming it, since following it would list files twice or under another
+    class. Hidden files and folders (names starting with "."; macOS AppleDouble `._x.jpg` files
+    are not images) are left out and appended to `skipped` when given.
 
     Raises:
         FileNotFoundError: the root is missing, has no class sub-folders, or a class has no files.
+        FolderLoopError: a symlink leads to a directory the scan already reached.
     """
     if not os.path.isdir(root):
         raise FileNotFoundError(f"{owner} root {root!r} is not a folder; give the folder that holds "
                                 f"one sub-folder of {what} per class (root/<class>/<{what.rstrip('s')}>)")
+    entries = list(os.scandir(root))
     # Hidden folders (.ipynb_checkpoints, .git) are tooling, not classes.
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    hidden = sorted(e.path + (os.sep if e.is_dir() else "") for e in entries if e.name.startswith("."))
     if not classes:
         raise FileNotFoundError(f"{owner} root {root!r} has no class sub-folders; put the {what} in "
                                 f"root/<class>/<{what.rstrip('s')}> (one sub-folder per class)")
+    seen = {_key(root): root}
+    seen.update({_key(os.path.join(root, name)): os.path.join(root, name) for name in classes})
     paths: list[str] = []
     labels: list[int] = []
     empty = []
     for label, name in enumerate(classes):
         found = []
         for folder, subfolders, files in os.walk(os.path.join(root, name), followlinks=True):
-            subfolders[:] = [s for s in subfolders if not s.startswith(".")]
-            # Without extensions, hidden files (.DS_Store) are not records; with them, a file counts by its ending.
-            found.extend(os.path.join(folder, f) for f in files
-                         if (not f.startswith(".") if extensions is None else f.lower().endswith(extensions)))
+            keep = []
+            for sub in subfolders:
+                path = os.path.join(folder, sub)
+                if sub.startswith("."):
+                    hidden.append(path + os.sep)
+                    continue
+                key = _key(path)
+                if key in seen:
+                    raise FolderLoopError(
+                        f"{owner} folder {path!r} is a link to {os.path.realpath(path)!r}, which the scan of {root!r} "
+                        f"already reached as {seen[key]!r}; following it would list the same {what} twice (or "
+                        "under another class). Remove the link, or replace it by a copy of the folder")
+                seen[key] = path
+                keep.append(sub)
+            subfolders[:] = keep
+            for f in files:
+                if f.startswith("."):
+                    hidden.append(os.path.join(folder, f))
+                elif extensions is None or f.lower().endswith(extensions):
+                    found.append(os.path.join(folder, f))
         if not found:
             empty.append(name)
         paths.extend(sorted(found))
@@ -120,7 +162,14 @@ def scan_folder(root: str, extensions: tuple[str, ...] | None, owner: str = "Fil
         endings = "" if extensions is None else f" ending in {extensions}"
         raise FileNotFoundError(f"{owner} class folder(s) {empty[:5]} under {root!r} hold no files{endings}; add "
                                 f"{what}, remove the folders{'' if extensions is None else ', or widen extensions='}")
+    if skipped is not None:
+        skipped.extend(sorted(hidden))
     return classes, paths, np.asarray(labels, np.int32)
+
+
+def _key(path: str) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
 
 
 class FileFolderSource(DataSourceModule):
@@ -133,6 +182,8 @@ class FileFolderSource(DataSourceModule):
 
     Attributes:
         class_names: the class sub-folder names; label i is `class_names[i]`.
+        skipped_files: the hidden files and folders (ending in the path separator) the scan
+            left out, in path order; a `SkippedFilesWarning` names the first few.
     """
 
     config_class = FileFolderSourceConfig
@@ -142,7 +193,15 @@ class FileFolderSource(DataSourceModule):
                  **settings: Any):
         self.config = resolve_config(self.config_class, config, settings, type(self).__name__,
                                      positional=("root", (str, os.PathLike)))
-        classes, paths, labels = scan_folder(self.config.root, self.config.extensions, type(self).__name__, self._what)
+        skipped: list[str] = []
+        classes, paths, labels = scan_folder(self.config.root, self.config.extensions, type(self).__name__, self._what,
+                                             skipped)
+        self.skipped_files = tuple(skipped)
+        if skipped:
+            warn_at_caller(f"{type(self).__name__} left out {len(skipped)} hidden file(s) or folder(s) under "
+                          f"{self.config.root!r} (names starting with '.', e.g. macOS AppleDouble '._x.jpg' files, "
+                          f"which are not {self._what}): {list(skipped[:3])}{' ...' if len(skipped) > 3 else ''}; "
+                          "the full list is source.skipped_files", SkippedFilesWarning)
         self.class_names = tuple(classes)
         self.seed = seed_from_rngs(self.config.seed, rngs)
         # A plain holder keeps the (possibly million-entry) file list out of NNX state and graph.
@@ -180,19 +239,11 @@ class FileFolderSource(DataSourceModule):
 
     def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
         np.take(self._files.labels, flat, out=out["label"])
-        contents = self._pool.map(self._read_record, flat.tolist())
+        paths, limit, owner = self._files.paths, self.config.max_file_bytes, type(self).__name__
+        contents = self._pool.map(lambda item: _read(*item, limit, owner), [(i, paths[i]) for i in flat.tolist()])
         column = out[self.field]
         for i, content in enumerate(contents):  # item by item: numpy must not read bytes as sequences
             column[i] = content
-
-    def _read_record(self, record_id: int) -> bytes:
-        path = self._files.paths[record_id]
-        try:
-            return _read(path)
-        except FileNotFoundError as exc:  # the listing is from construction: name the record it was
-            raise FileNotFoundError(exc.errno, f"{type(self).__name__} record {record_id}: the file was deleted or "
-                                    "moved after the folder was listed; restore it, or build the source again to "
-                                    "list the folder as it is now", path) from None
 
     def structure(self) -> str:
         # The file list relative to the root, not the root itself: a moved copy of the folder resumes.
@@ -208,6 +259,11 @@ class FileFolderSource(DataSourceModule):
         self._pool.close()
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+def _read(record: int, path: str, max_bytes: int, owner: str) -> bytes:
+    where = f"{owner} record {record}"
+    try:
+        return read_data_file(path, max_bytes, where, f"max_file_bytes (now {max_bytes})")
+    except FileNotFoundError as exc:  # still an OSError: a RetryPolicy retries it (a network mount may recover)
+        raise FileNotFoundError(exc.errno, f"{where}: the file is gone (deleted or moved since the folder was "
+                                "scanned); restore it, or build the source again to list the folder anew",
+                                path) from None

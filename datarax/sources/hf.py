@@ -48,6 +48,7 @@ from datarax.sources._hf_config import Convert as Convert
 from datarax.sources._hf_config import HFSourceConfig as HFSourceConfig
 from datarax.sources._hf_config import check_arguments
 from datarax.sources._hf_stream import HFStreamSource as HFStreamSource
+from datarax.sources._paths import confine, read_data_file
 from datarax.sources.memory import MemorySource, MemorySourceConfig
 
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
@@ -76,8 +77,27 @@ def load_files(paths: str | os.PathLike | Sequence[str | os.PathLike], *, stream
         file_format = kinds.pop()
     schemas = {f: check_table_file(f, file_format) for f in files}
     check_same_columns(schemas)
-    return datasets.load_dataset(file_format, data_files=files, split="train", streaming=streaming,
-                                 cache_dir=cache_dir)
+    dataset = datasets.load_dataset(file_format, data_files=files, split="train", streaming=streaming,
+                                    cache_dir=cache_dir)
+    roots = tuple(dict.fromkeys(os.path.dirname(os.path.abspath(f)) for f in files))
+    for cache in getattr(dataset, "cache_files", None) or ():
+        _FILES_ROOTS[cache["filename"]] = roots
+    return dataset
+
+
+# The folders of the data files `load_files` read, by the Arrow cache file HF made of them (a
+# select/shuffle of the dataset keeps its cache files, so it keeps its roots).
+_FILES_ROOTS: dict[str, tuple[str, ...]] = {}
+
+
+def files_roots(dataset: Any, files_root: str | None) -> tuple[str, ...]:
+    """The dataset's roots: `files_root` if set, else the folders of the files `load_files` read."""
+    if files_root is not None:
+        return (os.path.abspath(files_root),)
+    roots: dict[str, None] = {}
+    for cache in getattr(dataset, "cache_files", None) or ():
+        roots.update(dict.fromkeys(_FILES_ROOTS.get(cache["filename"], ())))
+    return tuple(roots)
 
 
 def check_same_columns(schemas: dict[str, Any]) -> None:
@@ -178,6 +198,7 @@ class HFSource(DataSourceModule):
         self._identity = (getattr(dataset.info, "dataset_name", None), str(dataset.split),
                           sorted(os.path.basename(f["filename"]) for f in dataset.cache_files))
         self._origin = ", ".join(f["filename"] for f in dataset.cache_files) or "the in-memory dataset"
+        self._roots = files_roots(dataset, config.files_root)
         if config.encoded and config.mode == "eager":
             raise ValueError(f"HFSourceConfig(mode='eager') cannot hold the encoded columns {config.encoded} in "
                              "arrays; they are read from the Arrow table per batch: use mode='lazy' (or 'auto')")
@@ -223,7 +244,9 @@ class HFSource(DataSourceModule):
             for name in converter.passthrough:
                 np.take(views[name], local, axis=0, out=target[name])
             for name in converter.encoded:
-                target[name][...] = encoded_take(io.chunks[c].column(name), local)
+                start = int(io.starts[c])
+                target[name][...] = encoded_take(io.chunks[c].column(name), local, self._path_reader(start, name),
+                                                 self._where(start, name))
             if converter.convert is not None:
                 columns = io.chunks[c]
                 converter.write_converted({n: np.take(v, local, axis=0) for n, v in views.items()},
@@ -231,6 +254,21 @@ class HFSource(DataSourceModule):
             if where is not None:
                 for name, values in target.items():
                     out[name][where] = values
+
+    def _where(self, start: int, column: str) -> Any:
+        """Names a row of `column` in a chunk starting at table row `start`, for errors."""
+        return lambda row: f"HFSource row {start + row} of {self._origin}, column {column!r},"
+
+    def _path_reader(self, start: int, column: str) -> Any:
+        """Reads the file a row of `column` names (rows in a chunk starting at table row `start`)."""
+        config, name = self.config, self._where(start, column)
+
+        def read(row: int, path: str) -> bytes:
+            where = name(row)
+            path = confine(path, self._roots, config.allow_outside_root, where,
+                           "HFSourceConfig(allow_outside_root=True)")
+            return read_data_file(path, config.max_file_bytes, where, "HFSourceConfig(max_file_bytes=...)")
+        return read
 
     def __len__(self) -> int:
         return self._length

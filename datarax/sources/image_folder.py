@@ -23,6 +23,7 @@ import numpy as np
 
 from datarax.core.checks import check_positive_int, field
 from datarax.core.source import ShuffleConfig
+from datarax.sources._paths import DEFAULT_MAX_FILE_BYTES
 from datarax.sources.file_folder import READ_THREADS, FileFolderSource, check_extensions, check_root, scan_folder
 
 
@@ -38,17 +39,21 @@ class ImageFolderSourceConfig(ShuffleConfig):
         root: the folder holding one sub-folder per class.
         extensions: file name endings that count as images (compared without case).
         num_threads: threads reading files.
+        max_file_bytes: the largest file read; a larger one (or a device, FIFO or socket, even
+            behind a symlink) is refused unread with a `DataPathError` naming it.
     """
 
     root: str
     extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     num_threads: int = READ_THREADS
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     def __post_init__(self):
         super().__post_init__()
         object.__setattr__(self, "root", check_root(self.root, "ImageFolderSourceConfig"))
         object.__setattr__(self, "extensions", check_extensions(self.extensions, "ImageFolderSourceConfig", False))
         check_positive_int(*field(self, "num_threads"), unit="threads")
+        check_positive_int(*field(self, "max_file_bytes"), unit="bytes")
 
     @property
     def field(self) -> str:

@@ -93,6 +93,10 @@ class PackedTextSourceConfig:
         check_bool(*field(self, "mask_document_start"))
         check_bool(*field(self, "add_special_tokens"))
         check_int(*field(self, "block_size"), 1)
+        if self.truncate and self.eos_id is not None and self.seq_len == 1:
+            raise ValueError("PackedTextSourceConfig(seq_len=1, truncate=True, eos_id=...) leaves no room for a "
+                             "document's tokens: each row would hold only the EOS token. Use seq_len >= 2, or "
+                             "eos_id=None")
         default_shuffle(self, "PackedTextSource")
 
 

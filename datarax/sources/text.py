@@ -11,6 +11,7 @@ packed into fixed rows by `datarax.sources.PackedTextSource`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -75,19 +76,24 @@ class TextSource(DataSourceModule):
         self._store = Handles(arrays={config.field: texts})
         # Held outside NNX state, like the texts: a module attribute tuple would be walked as a graph node.
         self._origins = Handles(origins=None if origins is None else list(origins))
+        self._digest = Handles(value=None)
 
     @classmethod
     def from_files(cls, paths: Sequence[str | os.PathLike], config: TextSourceConfig | None = None, *,
                    rngs: nnx.Rngs | None = None) -> TextSource:
-        """One document per non-empty line of the UTF-8 text files `paths`, in order."""
+        """One document per non-empty line of the UTF-8 text files `paths`, in order.
+
+        Lines end at `\n` (a `\r\n` ending loses its `\r` too); a bare `\r` inside a line stays
+        in its document, so `file:N` origins count the lines an editor shows.
+        """
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         documents, origins = [], []
         for path in paths:
             try:
-                with open(path, encoding="utf-8") as f:
+                with open(path, encoding="utf-8", newline="\n") as f:
                     for number, line in enumerate(f, 1):
-                        line = line.rstrip("\n")
+                        line = line.removesuffix("\n").removesuffix("\r")
                         if line.strip():
                             documents.append(line)
                             origins.append(f"{os.fspath(path)}:{number}")
@@ -122,8 +128,21 @@ class TextSource(DataSourceModule):
             return f"record {record_id}"
         return origins[record_id]
 
+    def content_digest(self) -> str:
+        """A BLAKE2b digest of every document, in order (computed once): the source's content."""
+        if self._digest.value is None:
+            digest = hashlib.blake2b(digest_size=16)
+            for text in self._store.arrays[self.config.field]:
+                data = text.encode("utf-8", "surrogatepass")
+                digest.update(len(data).to_bytes(8, "little"))
+                digest.update(data)
+            self._digest.value = digest.hexdigest()
+        return self._digest.value
+
     def structure(self) -> str:
-        return f"TextSource(len={len(self)}, field={self.config.field!r})"
+        # The content, not only the count: a state saved over other text (one line edited, or
+        # another corpus of as many lines) is refused instead of resuming into different documents.
+        return f"TextSource(len={len(self)}, field={self.config.field!r}, content={self.content_digest()})"
 
     def __repr__(self) -> str:
         return f"TextSource({len(self)} documents, field={self.config.field!r})"

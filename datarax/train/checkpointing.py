@@ -6,7 +6,7 @@ On disk (`<directory>/<step>/`):
     optimizer/    nnx.state(optimizer)        Orbax StandardSave
     pipeline/     nnx.state(pipeline)         only when the pipeline is trained jointly
     iterator/     process_<i>-of-<n>.json     datarax IteratorSave (epoch, position, fingerprint)
-    meta/         metadata                    JSON: step, epoch, pipeline fingerprint, callbacks
+    meta/         metadata                    JSON: step, epoch, pipeline fingerprint, run configuration, callbacks
 
     .lock                         pid and host of the process holding the directory (flock)
 
@@ -48,6 +48,7 @@ from datarax.train.integrity import arrays_sha256, iterator_integrity, verify_ar
 from datarax.train.locking import LOCK_NAME as LOCK_NAME
 from datarax.train.locking import CheckpointLockedError as CheckpointLockedError
 from datarax.train.locking import DirectoryLock, ProcessTemporaryPath
+from datarax.train.run_config import RESUME_ANYWAY, config_differences
 
 # 2: meta carries "integrity" (array and iterator hashes written at save time).
 FORMAT_VERSION = 2
@@ -273,7 +274,8 @@ class Checkpointer:
             meta=ocp.args.JsonRestore(), iterator=IteratorRestore(None)))
         return dict(out["meta"]), dict(out["iterator"])
 
-    def _restore_step(self, step: int, *, model, optimizer, iterator, pipeline, fingerprint, structure=None) -> dict:
+    def _restore_step(self, step: int, *, model, optimizer, iterator, pipeline, fingerprint, structure=None,
+                      run_config=None) -> dict:
         metadata, iterator_state = self.read_metadata(step)
         # Before any set-up check: a tampered state must count as damage, not as a foreign run.
         verify_iterator(metadata, iterator_state)
@@ -292,6 +294,12 @@ class Checkpointer:
             raise CheckpointMismatchError(
                 f"checkpoint step {step} in {self.directory} was written for {what}; rebuild the pipeline as it was, "
                 "or use a new directory")
+        saved_config = metadata.get("run_config")
+        if run_config is not None and saved_config is not None and saved_config != run_config:
+            raise CheckpointMismatchError(
+                f"checkpoint step {step} in {self.directory} was written under another configuration: "
+                f"{config_differences(saved_config, run_config)}. A run must not adopt another run's checkpoint: "
+                f"{RESUME_ANYWAY}")
         saved_layout = metadata.get("layout", {})
         modules = {"model": model, "optimizer": optimizer, "pipeline": pipeline}
         for name, current in self._layouts(model, optimizer, pipeline).items():
@@ -334,7 +342,7 @@ class Checkpointer:
 
     def restore_latest(self, *, model: nnx.Module, optimizer: nnx.Optimizer, iterator: Any,
                        pipeline: nnx.Module | None = None, fingerprint: str | None = None,
-                       structure: dict | None = None) -> RestoredCheckpoint | None:
+                       structure: dict | None = None, run_config: dict | None = None) -> RestoredCheckpoint | None:
         """Restores the newest intact checkpoint into freshly built objects (None if there is none).
 
         A checkpoint that cannot be read, or whose data differs from the integrity hashes written
@@ -343,7 +351,8 @@ class Checkpointer:
         reads fine but belongs to a different set-up raises `CheckpointMismatchError`, naming what
         differs: a part of the pipeline's `structure` (`Pipeline.structure_parts`: source,
         sampler, num_records, batch_size, drop_remainder, stages) or the state paths whose shape
-        or dtype differ.
+        or dtype differ, or a key of `run_config` (the trainer's configuration fingerprint,
+        `datarax.train.run_config`; None skips the check) that differs from the one saved.
 
         When the directory holds damaged checkpoints (found now or moved aside by an earlier run)
         and none that can be restored, this raises `CheckpointRestoreError` every time, unless
@@ -356,7 +365,8 @@ class Checkpointer:
         for step in reversed(steps):
             try:
                 metadata = self._restore_step(step, model=model, optimizer=optimizer, iterator=iterator,
-                                              pipeline=pipeline, fingerprint=fingerprint, structure=structure)
+                                              pipeline=pipeline, fingerprint=fingerprint, structure=structure,
+                                              run_config=run_config)
             except CheckpointMismatchError:
                 raise
             except Exception as exc:  # anything unreadable or damaged: report it and fall back

@@ -23,7 +23,9 @@ from datarax.config.registry import Kind, register_kind
 from datarax.config.schema import ConfigError, FieldError, Path, build_dataclass, check_keys, is_table, suggestion
 from datarax.config.spec import RunSpec, check_positive, register_section
 from datarax.train.callbacks import CheckpointCallback
+from datarax.train.checkpointing import ON_DAMAGED
 from datarax.train.compile_cache import default_cache_dir
+from datarax.train.run_config import NOT_FINGERPRINTED
 from datarax.train.trainer import Trainer
 
 CALLBACK_KIND = Kind("callback", ("datarax.train.callbacks",), "datarax.train.callbacks.base:Callback", ("Callback",))
@@ -54,6 +56,13 @@ class TrainerSection:
             `<run_dir>/jax_cache` (or `$DATARAX_COMPILATION_CACHE`; `off` there turns it off), so a
             rerun loads its compiled steps instead of compiling; a path puts it there (relative
             to the config file); false leaves JAX's setting alone.
+        on_damaged: what a restart does when `checkpoint_dir` holds checkpoints but none can be
+            restored: "refuse" (the default; or `$DATARAX_ON_DAMAGED_CHECKPOINTS`) or
+            "start_fresh" (see `datarax.train.checkpointing`).
+        allow_config_change: resume a checkpoint written under another `[trainer]` table anyway.
+            Without it, a run whose table differs from the one the checkpoint was written under
+            (any key but steps, epochs, the directories, intervals, callbacks, compilation_cache
+            and these two) is refused, naming each difference (`datarax.train.run_config`).
 
     Import paths name only modules the configuration allows (`datarax.config.allow`).
     """
@@ -74,6 +83,8 @@ class TrainerSection:
     callbacks: list[Any] = dataclasses.field(default_factory=list)
     trainer_class: Callable | None = None
     compilation_cache: bool | str = True
+    on_damaged: str | None = None
+    allow_config_change: bool = False
 
     def __post_init__(self):
         if (self.steps is None) == (self.epochs is None):
@@ -84,6 +95,10 @@ class TrainerSection:
         check_positive("checkpoint_every", self.checkpoint_every)
         check_positive("eval_every_steps", self.eval_every_steps)
         check_positive("max_to_keep", self.max_to_keep)
+        if self.on_damaged is not None and self.on_damaged not in ON_DAMAGED:
+            raise FieldError("on_damaged", f"must be one of {ON_DAMAGED}, got {self.on_damaged!r}")
+        if not isinstance(self.allow_config_change, bool):
+            raise FieldError("allow_config_change", f"must be true or false, got {self.allow_config_change!r}")
 
 
 
@@ -93,6 +108,7 @@ class TrainerSpec:
     section: TrainerSection
     optimizer: list[tuple[str, Callable, dict[str, Any]]] | Callable
     callbacks: list[ComponentSpec]
+    table: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [trainer] table as written
 
 
 
@@ -148,7 +164,7 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
                                                       "files = [\"test.parquet\"]) or drop eval_every_steps")
     if section is None or optimizer is None:
         return None
-    return TrainerSpec(section, optimizer, callbacks)
+    return TrainerSpec(section, optimizer, callbacks, dict(value))
 
 
 @dataclasses.dataclass
@@ -199,7 +215,7 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     if section.checkpoint_dir is not None:
         checkpoint_dir = os.path.normpath(os.path.join(base_dir, os.path.expanduser(section.checkpoint_dir)))
         callbacks.insert(0, CheckpointCallback(checkpoint_dir, every_steps=section.checkpoint_every,
-                                       max_to_keep=section.max_to_keep))
+                                               max_to_keep=section.max_to_keep, on_damaged=section.on_damaged))
     trainer_cls = section.trainer_class or Trainer
     eval_every = section.eval_every_steps
     if eval_pipeline is not None and eval_every is None:
@@ -213,7 +229,10 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
         trainer = trainer_cls(model, _build_optimizer(spec.trainer), pipeline, section.loss, metrics=section.metrics,
                               callbacks=[*callbacks, *extra_callbacks],
                               train_pipeline_params=section.train_pipeline_params, eval_pipeline=eval_pipeline,
-                              eval_every_steps=eval_every, compilation_cache=cache)
+                              eval_every_steps=eval_every, compilation_cache=cache,
+                              run_config={"trainer": {k: v for k, v in spec.trainer.table.items()
+                                                      if k not in NOT_FINGERPRINTED}},
+                              allow_config_change=section.allow_config_change)
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
     return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec))

@@ -7,8 +7,10 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 import weakref
+from collections.abc import Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -90,3 +92,18 @@ class DirectoryLock:
 
     def release(self) -> None:
         self._release()
+
+
+def run_script(main: Callable[[], int | None]) -> int:
+    """Runs a script's `main()`; a held checkpoint directory is one line on stderr and exit
+    status 1, not a traceback (the message already names the holder and the fix).
+
+    Example (the end of a training script):
+        >>> if __name__ == "__main__":
+        ...     sys.exit(run_script(main))
+    """
+    try:
+        return main() or 0
+    except CheckpointLockedError as exc:
+        print(f"{os.path.basename(sys.argv[0]) or 'datarax'}: {exc}", file=sys.stderr, flush=True)
+        return 1

@@ -24,6 +24,7 @@ from datarax.train.compile_cache import use_compilation_cache
 from datarax.train.guardrails import (CompileCauses, batch_rows, check_training_pipeline, epoch_length_known,
                                       warn_unknown_epoch_length)
 from datarax.train.metrics import Metric, add_totals, metric_scalars
+from datarax.train.run_config import flatten, optimizer_fingerprint
 from datarax.train.step import (CLU_STATE, EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding,
                                 host_metrics, is_metric_collection, make_eval_step, make_train_step)
 
@@ -108,6 +109,13 @@ class Trainer:
             `$DATARAX_COMPILATION_CACHE`, else `~/.cache/datarax/jax` (see
             `datarax.train.compile_cache`); a path uses that directory; False leaves JAX's
             setting alone. A cache directory the user already configured in JAX is kept.
+        run_config: the run's configuration (a mapping of plain values, nested as you like:
+            hyperparameters, model settings, data version). It is written into every checkpoint
+            with what the trainer sees (the model's class, the optimizer state's structure and
+            its update for a fixed probe gradient, so its learning rate at step 0); restoring a checkpoint
+            written under another configuration raises `CheckpointMismatchError` naming each
+            difference (`datarax.train.run_config`).
+        allow_config_change: resume a checkpoint written under another configuration anyway.
 
     Construction warns (`datarax.train.guardrails.TrainerWarning`, each with its fix) about a
     training pipeline that does not shuffle or whose epoch ends in a short batch (a second
@@ -123,7 +131,8 @@ class Trainer:
                  train_pipeline: Pipeline, loss_fn: Callable, *, eval_pipeline: Pipeline | None = None,
                  metrics: Mapping[str, Callable] | type | None = None, callbacks: Iterable[Callback] = (),
                  train_pipeline_params: bool = False, eval_every_steps: int | None = None,
-                 compilation_cache: bool | str | os.PathLike = True):
+                 compilation_cache: bool | str | os.PathLike = True, run_config: Mapping[str, Any] | None = None,
+                 allow_config_change: bool = False):
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
         for name, value in (("train_pipeline", train_pipeline), ("eval_pipeline", eval_pipeline)):
@@ -143,6 +152,13 @@ class Trainer:
                     raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux) or a "
                                     f"datarax.train.metrics.Metric, got {name!r}: {fn!r:.60}")
         check_bool(train_pipeline_params, "train_pipeline_params")
+        check_bool(allow_config_change, "allow_config_change")
+        if run_config is not None and not isinstance(run_config, Mapping):
+            raise TypeError(f"run_config must be a mapping of the run's settings (e.g. {{'learning_rate': 1e-3}}) or "
+                            f"None, got {type(run_config).__name__}")
+        self.allow_config_change = allow_config_change
+        self._run_config = dict(run_config or {})
+        self._config_fingerprint: dict[str, str] | None = None
         if train_pipeline_params and getattr(train_pipeline, "sharding", None) is not None:
             raise ValueError("train_pipeline_params=True trains on unsharded batches, but train_pipeline has "
                              f"sharding={train_pipeline.sharding!r}; drop one of the two")
@@ -181,6 +197,16 @@ class Trainer:
         self.target_epoch: int | None = None
         self._iterator = None
         self._pending: tuple[int, Any] | None = None
+
+    @property
+    def config_fingerprint(self) -> dict[str, str]:
+        """The flat configuration text written into checkpoints and checked on restore."""
+        if self._config_fingerprint is None:
+            fingerprint = flatten(self._run_config) if self._run_config else {}
+            fingerprint["model.class"] = f"{type(self.model).__module__}:{type(self.model).__qualname__}"
+            fingerprint.update(optimizer_fingerprint(self.optimizer.tx, nnx.state(self.trainable, nnx.Param)))
+            self._config_fingerprint = fingerprint
+        return dict(self._config_fingerprint)
 
     @staticmethod
     def _joint_loader(pipeline: Pipeline) -> Pipeline:
@@ -387,7 +413,8 @@ class Trainer:
         began = time.perf_counter()
         metadata = {"epoch": self.epoch, "pipeline_fingerprint": self.train_pipeline.fingerprint,
                     "pipeline_structure": self.train_pipeline.structure_parts,
-                    "callbacks": self.callbacks.states(), "saved_at": time.time()}
+                    "callbacks": self.callbacks.states(), "saved_at": time.time(),
+                    "run_config": self.config_fingerprint}
         saved = checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, iterator=self.iterator,
                                   metadata=metadata, pipeline=self.train_pipeline if self.joint else None)
         if wait:
@@ -403,7 +430,8 @@ class Trainer:
         restored = checkpointer.restore_latest(
             model=self.model, optimizer=self.optimizer, iterator=self.iterator,
             pipeline=self.train_pipeline if self.joint else None, fingerprint=self.train_pipeline.fingerprint,
-            structure=self.train_pipeline.structure_parts)
+            structure=self.train_pipeline.structure_parts,
+            run_config=None if self.allow_config_change else self.config_fingerprint)
         if restored is None:
             return None
         self.step = restored.step

@@ -593,3 +593,33 @@ def flat_loss(model, batch):
     assert main(["validate", path]) == 1
     err = capsys.readouterr().err
     assert f"{path}: source.materialized could not be built: the materialized cache" in err and "changed" in err
+
+
+def test_a_second_train_with_another_learning_rate_is_refused_naming_it(folder, capsys):
+    """The first run finished; a second one in the same checkpoint directory with another
+    learning rate must not adopt its checkpoint. allow_config_change and on_damaged are keys."""
+    path = write(folder, """
+        allow = ["cli_helpers"]
+        batch_size = 8
+        [source.memory]
+        data = "cli_helpers:make_regression"
+        shuffle = true
+        [trainer]
+        model = "cli_helpers:make_model"
+        loss = "cli_helpers:mse"
+        optimizer = { adam = { learning_rate = 0.01 } }
+        steps = 2
+        checkpoint_dir = "ckpt"
+        on_damaged = "refuse"
+    """)
+    assert main(["train", path]) == 0
+    capsys.readouterr()
+    assert main(["train", path, "--set", "trainer.optimizer.adam.learning_rate=0.05", "--set", "trainer.steps=3"]) == 1
+    err = capsys.readouterr().err
+    assert "trainer.optimizer.adam.learning_rate: saved 0.01, this run 0.05" in err
+    assert "allow_config_change = true under [trainer]" in err
+    assert main(["train", path, "--set", "trainer.optimizer.adam.learning_rate=0.05", "--set", "trainer.steps=3",
+                 "--set", "trainer.allow_config_change=true"]) == 0
+    assert "resumed      from the checkpoint at step 2" in capsys.readouterr().out
+    assert main(["train", path, "--set", "trainer.on_damaged=maybe"]) == 1
+    assert "trainer.on_damaged" in capsys.readouterr().err

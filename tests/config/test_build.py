@@ -468,3 +468,23 @@ def test_a_host_map_stage_names_an_allowed_function(tmp_path):
     x = map_helpers.data()["x"]
     first = next(iter(built))["summary"]
     np.testing.assert_array_equal(np.asarray(first)[:, :2], np.stack([x[:4].sum(1), x[:4].max(1)], 1))
+
+
+def test_retry_policy_is_a_key(helpers):
+    from datarax.pipeline.retry import RetryPolicy
+
+    base = """
+        allow = ["cfg_helpers"]
+        batch_size = 4
+        [source.memory]
+        data = "cfg_helpers:make_data"
+    """
+    built = load_pipeline(write(helpers, base.replace("batch_size = 4", "batch_size = 4\n        retry_policy = "
+                                                      "{ max_retries = 5, backoff_s = 0.25 }")))
+    assert built.retry_policy == RetryPolicy(max_retries=5, backoff_s=0.25)
+    with pytest.raises(ConfigError, match=r"retry_policy.*unknown key\(s\) \['retries'\]"):
+        load_pipeline(write(helpers, base.replace("batch_size = 4", "batch_size = 4\n        retry_policy = "
+                                                  "{ retries = 5 }")))
+    with pytest.raises(ConfigError, match=r"retry_policy.*max_retries"):
+        load_pipeline(write(helpers, base.replace("batch_size = 4", "batch_size = 4\n        retry_policy = "
+                                                  "{ max_retries = -1 }")))

@@ -91,3 +91,59 @@ def test_a_producer_error_is_raised_by_every_later_call_not_a_silent_end():
         for _ in range(3):
             with pytest.raises(OSError, match="disk gone"):
                 next(p)
+
+
+STUCK_CHILD = r"""
+import sys
+import numpy as np
+import datarax.sources.file_folder as file_folder
+from datarax import Pipeline
+from datarax.host import HostMap
+
+fifo, root, batch_size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+def stuck(*args):
+    with open(fifo, "rb") as f:  # no writer ever comes: blocks in open(), as a read on a hung mount does
+        return f.read()
+
+file_folder._read = stuck
+source = file_folder.FileFolderSource(root=root)
+stage = HostMap(fn=lambda record, rng: {"data": np.int32(len(record["data"]))}, outputs={"data": ((), np.int32)},
+                fields=("data",))
+iterator = iter(Pipeline(source, [stage], batch_size=batch_size))
+print("reading", flush=True)
+next(iterator)
+"""
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_ctrl_c_during_a_read_that_never_returns_exits(tmp_path, batch_size):
+    """A real SIGINT to a process whose pipeline is stuck in a read (the reader thread for
+    batch_size 1, the read pool's threads for more): it exits with KeyboardInterrupt instead of
+    waiting forever for threads that cannot finish (the pool's threads were joined at exit)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    os.mkfifo(tmp_path / "fifo")
+    for name in ("a", "b"):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        for i in range(4):
+            (tmp_path / "data" / name / f"{i}.bin").write_bytes(b"x" * (i + 1))
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(repo))
+    child = subprocess.Popen([sys.executable, "-c", STUCK_CHILD, str(tmp_path / "fifo"), str(tmp_path / "data"),
+                              str(batch_size)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "reading", child.stderr.read()
+        time.sleep(1.0)  # the read is under way (there is no writer, so it cannot finish)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=20)  # the reader's exit wait is 3 s in all; never forever
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode != 0 and "KeyboardInterrupt" in err

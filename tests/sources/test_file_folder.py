@@ -50,7 +50,7 @@ def clips(tmp_path) -> dict:
                 data, path = wav_bytes(freq, 1000 + i), folder / f"clip{i}.WAV"
             path.write_bytes(data)
             files[str(path)] = (c, data)
-    (tmp_path / "hum" / ".DS_Store").write_bytes(b"junk")
+    (tmp_path / "hum" / ".DS_Store").write_bytes(b"junk")  # left out with a SkippedFilesWarning
     (tmp_path / "beep" / "notes.txt").write_text("not audio")
     return {"root": tmp_path, "files": files}
 
@@ -123,3 +123,53 @@ def test_fingerprint_names_the_files_and_field_and_image_folders_keep_theirs(cli
     # the string ImageFolderSource states were saved with before FileFolderSource existed (crc32 of 'cat/a.png')
     assert ImageFolderSource(root=image_root).structure() == (
         "ImageFolderSource(len=1, classes=['cat'], files_crc32=e99d1643)")
+
+
+def two_classes(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.wav").write_bytes(wav_bytes(300, 100))
+    return tmp_path
+
+
+@pytest.mark.parametrize("link, target, reached", [
+    ("b/again", ".", "b"),    # a folder linked into itself
+    ("a/up", "..", ""),       # a class linked to the root, which holds every class
+])
+def test_a_symlink_loop_is_refused_naming_the_link(tmp_path, link, target, reached):
+    from datarax.sources import FolderLoopError
+
+    root = two_classes(tmp_path)
+    (root / link).symlink_to(target)
+    with pytest.raises(FolderLoopError, match=rf"folder '.*{link}' is a link to .*already reached as "
+                                              rf"'{root / reached if reached else root}'"):
+        FileFolderSource(root=str(root), extensions=".wav")
+
+
+def test_a_link_to_a_folder_outside_the_root_is_followed_once(tmp_path):
+    (tmp_path / "root").mkdir()
+    root = two_classes(tmp_path / "root")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "s.wav").write_bytes(wav_bytes(500, 100))
+    (root / "a" / "more").symlink_to(shared)
+    source = FileFolderSource(root=str(root), extensions=".wav")
+    listed = [pathlib.Path(p).relative_to(root).as_posix() for p in source.paths]
+    assert listed == ["a/a.wav", "a/more/s.wav", "b/b.wav"]
+    (root / "b" / "same").symlink_to(shared)
+    with pytest.raises(ValueError, match=r"'.*b/same' is a link to .*already reached as '.*a/more'"):
+        FileFolderSource(root=str(root), extensions=".wav")
+
+
+def test_hidden_and_appledouble_files_are_left_out_with_one_warning(tmp_path):
+    from datarax.sources import SkippedFilesWarning
+
+    root = two_classes(tmp_path)
+    (root / "a" / "._a.wav").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    (root / "b" / ".cache").mkdir()
+    (root / "b" / ".cache" / "x.wav").write_bytes(wav_bytes(300, 10))
+    with pytest.warns(SkippedFilesWarning, match=r"left out 2 hidden file\(s\) or folder\(s\).*AppleDouble") as seen:
+        source = ImageFolderSource(root=str(root), extensions=(".wav",))
+    assert len(seen) == 1 and seen[0].filename == __file__
+    assert [pathlib.Path(p).name for p in source.paths] == ["a.wav", "b.wav"]
+    assert source.skipped_files == (str(root / "a" / "._a.wav"), str(root / "b" / ".cache") + "/")

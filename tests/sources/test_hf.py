@@ -296,3 +296,18 @@ def test_parquet_files_with_conflicting_schemas_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"a\.parquet' and '.*b\.parquet' do not have the same columns "
                                          r"\(types that differ \(first, second\): \{'id': \('int64', 'string'\)\}\)"):
         load_files([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+
+
+def test_text_that_is_not_utf8_names_the_row_and_column(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+
+    raw = pa.array([b"good", b"bad \xff\xfe text", b"fine"], type=pa.binary())
+    table = pa.table({"id": np.arange(3, dtype=np.int32), "text": raw.view(pa.string())})  # unvalidated
+    pq.write_table(table, tmp_path / "t.parquet")
+    ds = load_files([tmp_path / "t.parquet"], cache_dir=str(tmp_path / "cache"))
+    source = HFSource(HFSourceConfig(fields=("id",), encoded=("text",)), dataset=ds)
+    assert list(source.get_batch(np.array([2, 0]))["text"]) == ["fine", "good"]
+    with pytest.raises(CorruptFileError, match=r"row 1 of .*\.arrow, column 'text', holds text that is not UTF-8 "
+                                               r"\(invalid start byte at byte 4"):
+        source.get_batch(np.array([0, 1, 2]))

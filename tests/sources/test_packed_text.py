@@ -105,6 +105,10 @@ def test_rows_equal_the_reference_packer_and_unpack_to_the_epochs_documents(seq_
     docs = corpus(23, profile, seed=seq_len)
     cfg = dict(seq_len=seq_len, eos_id=eos_id, truncate=truncate, mask_document_start=mask_document_start,
                block_size=4, seed=1, shuffle=True)
+    if seq_len == 1 and truncate and eos_id is not None:  # rows of EOS only: refused (the test below)
+        with pytest.raises(ValueError, match="only the EOS token"):
+            PackedTextSourceConfig(**cfg)
+        return
     source, pipeline = packed(docs, **cfg)
     rows = collect(pipeline)
     ordered = epoch_docs(source, docs, 0)
@@ -290,3 +294,10 @@ def test_shuffle_not_given_warns_that_its_default_will_become_storage_order():
         warnings.simplefilter("error")
         for shuffle in (True, False):
             assert PackedTextSourceConfig(shuffle=shuffle).shuffle is shuffle
+
+
+def test_truncating_to_one_token_with_eos_is_refused_not_all_eos():
+    with pytest.raises(ValueError, match=r"seq_len=1, truncate=True, eos_id=.*only the EOS token.*seq_len >= 2"):
+        PackedTextSourceConfig(seq_len=1, eos_id=EOS, truncate=True, shuffle=False)
+    assert PackedTextSourceConfig(seq_len=1, eos_id=None, truncate=True, shuffle=False).seq_len == 1
+    assert PackedTextSourceConfig(seq_len=2, eos_id=EOS, truncate=True, shuffle=False).seq_len == 2

@@ -149,3 +149,18 @@ def test_demo_argument_errors(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit):
         main(["--workdir", str(tmp_path), *argv])
     assert message in capsys.readouterr().err
+
+
+def test_the_demo_under_a_held_lock_prints_one_line_not_a_traceback(tmp_path, cache):
+    from datarax.train.checkpointing import Checkpointer
+
+    holder = Checkpointer(tmp_path / "checkpoints")  # this process holds the run's checkpoint directory
+    try:
+        out = subprocess.run(demo_command(tmp_path, cache), cwd=REPO, env=environment(), capture_output=True,
+                             text=True, timeout=TIMEOUT)
+    finally:
+        holder.close()
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("train_demo.py: checkpoint directory ")
+    assert f"is in use by process {os.getpid()} on host" in lines[0] and "wait for that run to end" in lines[0]

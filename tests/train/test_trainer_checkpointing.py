@@ -326,3 +326,47 @@ def test_a_trainer_restoring_another_pipelines_checkpoint_names_the_part_that_di
         trainer.fit(num_steps=4)
     assert "was written for another training pipeline: its " in str(caught.value)
     assert named in str(caught.value)
+
+
+def test_a_second_run_with_another_learning_rate_is_refused_naming_it(tmp_path):
+    """The first run finished (its lock is released); a second one in the same directory with
+    another learning rate must not adopt its checkpoint, and says how to start fresh or resume anyway."""
+    from trainer_helpers import loss_fn
+
+    from datarax.train import Trainer
+    from datarax.train.callbacks import CheckpointCallback
+
+    def run(learning_rate, **kwargs):
+        setup = make_setup()
+        return Trainer(setup.model, optax.sgd(learning_rate), setup.pipeline, loss_fn, compilation_cache=False,
+                       run_config={"learning_rate": learning_rate},
+                       callbacks=[CheckpointCallback(tmp_path, every_steps=2)], **kwargs)
+
+    assert run(0.1).fit(num_steps=2).step == 2
+    with pytest.raises(CheckpointMismatchError) as caught:
+        run(0.5).fit(num_steps=4)
+    message = str(caught.value)
+    assert "written under another configuration: learning_rate: saved 0.1, this run 0.5" in message
+    # What the trainer sees itself: SGD's first update of the probe gradient [0.5, -1, 2] is -lr * g.
+    assert "optimizer.probe_updates: saved -0.05 0.1 -0.2" in message and "this run -0.25 0.5 -1" in message
+    assert "new checkpoint directory" in message and "allow_config_change=True" in message
+    assert run(0.1).fit(num_steps=4).resumed_from == 2                       # the same configuration resumes
+    assert run(0.5, allow_config_change=True).fit(num_steps=6).resumed_from == 4
+
+
+def test_an_optimizer_given_without_run_config_is_still_fingerprinted(tmp_path):
+    from trainer_helpers import loss_fn
+
+    from datarax.train import Trainer
+    from datarax.train.callbacks import CheckpointCallback
+
+    def trainer(tx):
+        setup = make_setup()
+        return Trainer(setup.model, tx, setup.pipeline, loss_fn, compilation_cache=False,
+                       callbacks=[CheckpointCallback(tmp_path, every_steps=2)])
+
+    trainer(optax.adam(1e-2)).fit(num_steps=2)
+    with pytest.raises(CheckpointMismatchError, match=r"optimizer\.probe_updates: saved -0\.01 0\.01 -0\.01"):
+        trainer(optax.adam(1e-3)).fit(num_steps=4)
+    with pytest.raises(CheckpointMismatchError, match=r"optimizer\.state_structure: saved"):
+        trainer(optax.adamw(1e-2)).fit(num_steps=4)
