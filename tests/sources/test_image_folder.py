@@ -185,8 +185,8 @@ def test_a_deleted_file_is_named_with_its_record(tmp_path):
     source = ImageFolderSource(root=tmp_path)
     gone = source.paths[2]
     pathlib.Path(gone).unlink()
-    with pytest.raises(FileNotFoundError, match=rf"ImageFolderSource record 2: the file was deleted or moved after "
-                                                rf"the folder was listed; .*build the source again.*: '{gone}'"):
+    with pytest.raises(FileNotFoundError, match=rf"ImageFolderSource record 2: the file is gone \(deleted or moved "
+                                                rf"since the folder was scanned\); .*build the source again.*: '{gone}'"):
         list(Pipeline(source, [DecodeImage(size=8)], batch_size=2))
 
 
