@@ -196,6 +196,7 @@ class Trainer:
         self.last_eval_results: dict[str, Any] = {}
         self.target_epoch: int | None = None
         self._iterator = None
+        self._resume_state: dict | None = None  # the state of an iterator closed by `close`
         self._pending: tuple[int, Any] | None = None
 
     @property
@@ -230,7 +231,32 @@ class Trainer:
         """The training data iterator (created on first use; its state is checkpointed)."""
         if self._iterator is None:
             self._iterator = self._loader.epochs(None)
+            if self._resume_state is not None:
+                self._iterator.set_state(self._resume_state)
+                self._resume_state = None
         return self._iterator
+
+    def close(self) -> None:
+        """Stops the training iterator's background reader and waits for it (idempotent).
+
+        A later `fit` goes on from where the iterator stood: its state is kept and a new iterator
+        resumes from it. Call it (or use the trainer as a context manager) before the process ends,
+        so no reader thread is still in native code (a decoder, a device transfer) at exit.
+        """
+        iterator, self._iterator = self._iterator, None
+        if iterator is None:
+            return
+        state = iterator.get_state()
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+        self._resume_state = state
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def epoch(self) -> int:

@@ -93,7 +93,9 @@ def test_each_docs_twin_validates_inspects_and_trains_to_a_result(jobs, job, cap
 def environment(folder: Path) -> dict:
     # One compilation cache for the three runs (only the first compiles): the same programs, so the
     # same results, in a third of the time.
+    # PYTHONFAULTHANDLER: a run that dies of a signal prints every thread's stack into the log.
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", HF_DATASETS_OFFLINE="1",
+               PYTHONFAULTHANDLER="1",
                HF_DATASETS_CACHE=str(folder / "hf-cache"), JAX_COMPILATION_CACHE_DIR=str(folder.parent / "jax-cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     env.pop("XLA_FLAGS", None)  # one CPU device, as a user's machine
@@ -109,6 +111,14 @@ def train_command(folder: Path, job: str) -> list[str]:
     return [sys.executable, "-m", "datarax.cli.main", "train", str(folder / f"{job}.toml"), *KILL_ARGS]
 
 
+def run_logged(command: list[str], env: dict, log: Path) -> None:
+    """Runs `command` to completion with its output appended to `log`; a failure shows the log's end."""
+    with open(log, "a") as out:
+        status = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                timeout=TIMEOUT).returncode
+    assert status == 0, f"{command[4:6]} exited with {status}; the end of {log}:\n{log.read_text()[-6000:]}"
+
+
 def checkpoint_steps(folder: Path, job: str) -> set[int]:
     directory = folder / "runs" / job / "checkpoints"
     return {int(p.name) for p in directory.iterdir() if p.name.isdigit()} if directory.exists() else set()
@@ -122,9 +132,7 @@ def test_the_image_twin_resumes_bitwise_after_sigkill(jobs, tmp_path, job):
     for folder in (reference, killed):
         shutil.copytree(jobs, folder, ignore=shutil.ignore_patterns("runs", "hf-cache"))
     log = tmp_path / "log.txt"
-    with open(log, "a") as out:
-        subprocess.run(train_command(reference, job), cwd=REPO, env=environment(reference), stdout=out,
-                       stderr=subprocess.STDOUT, timeout=TIMEOUT, check=True)
+    run_logged(train_command(reference, job), environment(reference), log)
     expected = json.loads((reference / "runs" / job / "result.json").read_text())
 
     seed = int.from_bytes(os.urandom(4), "little")
@@ -142,9 +150,7 @@ def test_the_image_twin_resumes_bitwise_after_sigkill(jobs, tmp_path, job):
     at_kill = max(checkpoint_steps(killed, job))
     assert at_kill < STEPS and not (killed / "runs" / job / "result.json").exists()
 
-    with open(log, "a") as out:
-        subprocess.run(train_command(killed, job), cwd=REPO, env=environment(killed), stdout=out,
-                       stderr=subprocess.STDOUT, timeout=TIMEOUT, check=True)
+    run_logged(train_command(killed, job), environment(killed), log)
     result = json.loads((killed / "runs" / job / "result.json").read_text())
     assert result["resumed_from"] is not None and result["resumed_from"] >= at_kill, f"seed {seed}; see {log}"
     assert result["step"] == expected["step"] == STEPS

@@ -345,3 +345,22 @@ def test_clu_metrics_through_a_real_fit_and_evaluate():
     assert evaluated["loss"] == pytest.approx(float(np.average(losses, weights=sizes)), rel=1e-5)
     with pytest.raises(TypeError, match=r"a mapping of name -> fn\(batch, aux\) or a clu.metrics.Collection"):
         Trainer(setup.model, optax.adam(5e-2), setup.pipeline, cross_entropy, metrics=dict)
+
+
+def test_close_stops_the_reader_and_a_later_fit_goes_on_from_the_same_record():
+    reference = Recorder()
+    full, full_setup = make_trainer([reference])
+    full.fit(num_steps=9)
+
+    rec = Recorder()
+    with make_trainer([rec])[0] as part:
+        part.fit(num_steps=4)
+        reader = part.iterator
+    assert part._iterator is None  # closed on leaving the block
+    close = getattr(reader, "close", None)
+    assert close is not None  # the pipeline iterator has a reader to stop
+    part.fit(num_steps=9)  # a new iterator, set to where the closed one stood
+    part.close()
+    part.close()  # idempotent
+    assert_bitwise_equal(full_setup.model, part.model)
+    assert rec.metrics == reference.metrics
