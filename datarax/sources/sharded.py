@@ -102,9 +102,14 @@ class ShardedSourceConfig(ShuffleConfig):
         int_fields: tar member extensions holding a decimal int (webdataset's `cls`), read as int32.
         window: blocks whose records are shuffled together (the second level of the shuffle).
         block_records: records per block for tar and ArrayRecord (parquet blocks are row groups).
-        prefetch_blocks: blocks fetched ahead of the one being read, in the epoch's block order.
-        cache_blocks: blocks kept in memory at most (the prefetched ones included).
-        num_threads: threads fetching blocks.
+        prefetch_blocks: blocks fetched ahead of the furthest one being read, in the epoch's block
+            order. The default, one window, has the whole next window in flight while the current
+            one is read: a window's first batch touches nearly all of its blocks, so fewer stalls
+            there on the store's latency once per window.
+        cache_blocks: blocks kept in memory at most (the prefetched ones included); the default
+            holds three windows (the one read, the next, and the one after it being fetched).
+        num_threads: threads fetching blocks (a fetch mostly waits on the store, so more threads
+            than cores: the default keeps one window's requests in flight at once).
         manifest_dir: where manifests are cached (None: `~/.cache/datarax/manifests`).
         storage_options: passed to `fsspec.filesystem(protocol, **storage_options)`.
     """
@@ -116,9 +121,9 @@ class ShardedSourceConfig(ShuffleConfig):
     int_fields: tuple[str, ...] = ("cls",)
     window: int = 16
     block_records: int = 256
-    prefetch_blocks: int = 8
-    cache_blocks: int = 32
-    num_threads: int = 8
+    prefetch_blocks: int = 16
+    cache_blocks: int = 48
+    num_threads: int = 16
     manifest_dir: str | None = None
     storage_options: dict | None = None
 

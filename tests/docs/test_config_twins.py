@@ -102,9 +102,11 @@ def environment(folder: Path) -> dict:
     return env
 
 
-STEPS, EVERY = 40, 5
+# 20 steps with a checkpoint every 5 and an evaluation every 10: the kill falls after a save, with
+# evaluations before and after it.
+STEPS, EVERY = 20, 5
 KILL_ARGS = ["--set", f"trainer.steps={STEPS}", "--set", f"trainer.checkpoint_every={EVERY}",
-             "--set", "trainer.eval_every_steps=20", "--no-progress"]
+             "--set", "trainer.eval_every_steps=10", "--no-progress"]
 
 
 def train_command(folder: Path, job: str) -> list[str]:

@@ -233,7 +233,7 @@ def test_bad_settings_name_the_setting(tmp_path):
         ShardedSource(urls=urls, fields=("y",), manifest_dir=str(tmp_path / "m"))
     with pytest.raises(TypeError, match=r"column 'payload' is binary, which is not a number or a fixed-size list of numbers; list it in encoded"):
         ShardedSource(urls=urls, manifest_dir=str(tmp_path / "m"))
-    with pytest.raises(ValueError, match=r"prefetch_blocks \(8\) must be below cache_blocks \(4\)"):
+    with pytest.raises(ValueError, match=r"prefetch_blocks \(16\) must be below cache_blocks \(4\)"):
         ShardedSource(urls=urls, cache_blocks=4, manifest_dir=str(tmp_path / "m"))
     with pytest.raises(ValueError, match=r"cannot tell the format of 'memory://x/y.bin'"):
         ShardedSource(urls=["memory://x/y.bin"], manifest_dir=str(tmp_path / "m"))
