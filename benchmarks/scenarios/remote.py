@@ -277,11 +277,23 @@ def interleaved_counted(sides, repeats: int) -> dict[str, dict]:
     return {name: {"el_s": statistics.median(r), "el_s_runs": [round(x, 1) for x in r]} for name, r in runs.items()}
 
 
-def rank_correlation(pipeline) -> float:
+def rank_correlation(pipeline, epoch: int = 0) -> float:
+    """Spearman's rank correlation of `epoch`'s order with storage order."""
     from scipy import stats
 
-    ids = pipeline.sampler.indices(np.arange(len(pipeline.sampler)), 0)
+    ids = pipeline.sampler.indices(np.arange(len(pipeline.sampler)), epoch)
     return float(stats.spearmanr(np.arange(len(ids)), ids).statistic)
+
+
+RANK_EPOCHS = 20
+
+
+def rank_correlation_over_epochs(pipeline, epochs: int = RANK_EPOCHS) -> dict:
+    """The shuffle's rank correlation over its first `epochs` epochs: one epoch's value is one draw
+    (about normal, sd 1/sqrt(blocks)), so its mean absolute value says what the shuffle does."""
+    values = np.abs([rank_correlation(pipeline, e) for e in range(epochs)])
+    return {"epochs": epochs, "mean_abs": round(float(values.mean()), 4), "max_abs": round(float(values.max()), 4),
+            "share_at_most_0.05": round(float((values <= 0.05).mean()), 3)}
 
 
 def run(options: BenchOptions) -> list[dict]:
@@ -326,7 +338,8 @@ def run(options: BenchOptions) -> list[dict]:
     shard_bytes = {fmt: sum(os.path.getsize(p) for p in paths) for fmt, paths in files.items()}
     main = row("remote", rates["datarax"], rates["floor"], records=n, batch_size=BATCH, latency_ms=LATENCY_S * 1e3,
                bandwidth_mb_s=BANDWIDTH / 1e6, first_batch_s=firsts["datarax"], floor_first_batch_s=firsts["floor"],
-               rank_correlation=round(rank_correlation(pipeline), 4), window=pipeline.source.source.config.window,
+               rank_correlation=round(rank_correlation(pipeline), 4),
+               rank_correlation_over_epochs=rank_correlation_over_epochs(pipeline), window=pipeline.source.source.config.window,
                read_amplification_by_hosts=amplification_by_hosts(pipeline.sampler, pipeline.source.source),
                requests=fetched.get("datarax", (0, 0))[0],
                read_amplification=round(fetched.get("datarax", (0, 0))[1] / shard_bytes["parquet"], 3))

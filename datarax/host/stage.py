@@ -301,7 +301,9 @@ class HostStageSource(DataSourceModule):
         distinct, rows = first_rows(ids.reshape(-1))
         times, count = self.times, len(distinct)
         with times.measure("source read", records=count, work="read"):
-            batch = self.source.get_batch(distinct)
+            # `read`, not `get_batch`: a source that acts on the epoch's order (ShardedSource
+            # fetches the blocks that come next) sees it behind host stages too.
+            batch = self.source.read(distinct, int(epoch))
         for i, stage in enumerate(self.stages):
             with times.measure(self._labels[i], records=count, work=stage.work):
                 batch = stage(batch, HostContext(distinct, int(epoch), i, self.source.describe_record))

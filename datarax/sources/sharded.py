@@ -675,7 +675,8 @@ class ShardedSource(DataSourceModule):
                         column[row] = values[offset]
 
     def _prefetch(self, flat: np.ndarray, epoch: int) -> None:
-        """Queues the next `prefetch_blocks` blocks after these records' in the epoch's block order."""
+        """Queues the next `prefetch_blocks` blocks after these records' in the epoch's block order
+        (near the epoch's end, the next epoch's first blocks)."""
         sampler = self._io.sampler
         if sampler is None or self.config.prefetch_blocks == 0 or flat.size == 0:
             return
@@ -684,9 +685,16 @@ class ShardedSource(DataSourceModule):
         last = int(rank[blocks].max()) if rank is not None else int(blocks.max())
         # the rest of this window is read next too (its records are shuffled together)
         window_end = (last // sampler.window + 1) * sampler.window if sampler.shuffle else last + 1
-        ahead = range(last + 1, min(len(self._io.blocks), max(window_end, last + 1 + self.config.prefetch_blocks)))
-        for r in list(ahead)[:self.config.prefetch_blocks]:
-            self._block(int(order[r]) if order is not None else r)
+        count = len(self._io.blocks)
+        ahead = list(range(last + 1, min(count, max(window_end, last + 1 + self.config.prefetch_blocks))))
+        wanted = [int(order[r]) if order is not None else r for r in ahead[:self.config.prefetch_blocks]]
+        if last + 1 + self.config.prefetch_blocks > count:
+            # The epoch ends within the look-ahead: the next epoch's first blocks follow (at most
+            # `prefetch_blocks` fetched that a run stopping here never reads).
+            following = sampler.epoch_order(epoch + 1)[0] if sampler.shuffle else np.arange(count)
+            wanted += [int(b) for b in following[:self.config.prefetch_blocks - len(wanted)]]
+        for b in wanted:
+            self._block(b)
 
     def held_bytes(self) -> int:
         """Memory the block cache may hold at most: `cache_blocks` of the largest decoded block

@@ -324,3 +324,46 @@ def test_the_config_memory_check_counts_the_block_cache(tmp_path, monkeypatch, c
     assert f"plus {sizes.human(40 * largest)} the source and stages keep" in err, err
     monkeypatch.setattr(sizes, "host_memory_bytes", lambda: batches + 40 * largest)
     assert main(["validate", str(config)]) == 0
+
+
+def cached_blocks(source) -> set[int]:
+    return set(source._io.cache)
+
+
+def test_host_stages_read_through_the_source_so_it_prefetches_the_blocks_that_come_next(tmp_path):
+    from datarax.host.stage import HostStageSource
+
+    urls = write_shards("parquet", "file", tmp_path)
+    stage = HostMap(fn=lambda record, rng: {"payload": np.int64(len(record["payload"]))},
+                    outputs={"payload": ((), np.int64)})
+
+    def make():
+        return ShardedSource(urls=urls, fields=("x", "payload"), encoded=("payload",), shuffle=True, seed=3,
+                             window=2, prefetch_blocks=4, cache_blocks=12, manifest_dir=str(tmp_path / "m"))
+
+    plain, behind = make(), make()
+    plain.default_sampler(), behind.default_sampler()  # what a Pipeline does: the source then knows the order
+    ids = plain._io.sampler.indices(np.arange(8), 0)
+    plain.read(ids, 0)
+    HostStageSource(behind, [stage]).read(ids, 0)
+    order, rank, _ = plain._io.sampler.epoch_order(0)
+    blocks = np.searchsorted(plain._io.starts, ids, side="right") - 1
+    last = int(rank[blocks].max())
+    expected = set(blocks.tolist()) | {int(b) for b in order[last + 1:last + 1 + 4]}
+    assert cached_blocks(plain) == cached_blocks(behind) == expected
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_the_last_batches_of_an_epoch_prefetch_the_next_epochs_first_blocks(tmp_path, shuffle):
+    urls = write_shards("parquet", "file", tmp_path)
+    source = ShardedSource(urls=urls, fields=("x",), shuffle=shuffle, seed=3, window=2, prefetch_blocks=4,
+                           cache_blocks=12, manifest_dir=str(tmp_path / "m"))
+    sampler = source.default_sampler()
+    ids = sampler.indices(np.arange(TOTAL - 8, TOTAL), 0)
+    source.read(ids, 0)
+    blocks = set((np.searchsorted(source._io.starts, ids, side="right") - 1).tolist())
+    following = sampler.epoch_order(1)[0][:4] if shuffle else np.arange(4)
+    assert cached_blocks(source) == blocks | {int(b) for b in following}
+    # the next epoch's first batch then finds its blocks fetched
+    assert set((np.searchsorted(source._io.starts, sampler.indices(np.arange(8), 1), side="right") - 1).tolist()) \
+        <= cached_blocks(source)
