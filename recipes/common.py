@@ -180,7 +180,8 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
                       callbacks=[*checkpoints, goodput, logger, *shown, *callbacks], train_pipeline_params=joint)
     began = time.perf_counter()
     before = trainer.evaluate() if eval_before and eval_pipeline is not None else {}
-    result = trainer.fit(num_steps=steps)
+    with trainer:  # the training reader stops here, not at interpreter exit
+        result = trainer.fit(num_steps=steps)
     if result.stop_reason is not None:
         print(f"{label}stopped by {result.stop_reason} at step {result.step}; the checkpoint is saved, run the "
               "same command again to resume", flush=True)
