@@ -358,9 +358,9 @@ class Checkpointer:
         saved_extras = sorted(set(saved_layout) - set(CORE_ITEMS))
         if saved_extras != sorted(extras):
             raise CheckpointMismatchError(
-                f"checkpoint step {step} in {self.directory} holds the training state {saved_extras or 'of neither'} "
-                f"of (ema, loss_scale), this run has {sorted(extras) or 'neither'} (ema: Trainer(ema_decay=...), "
-                "loss_scale: Trainer(precision='f16')); use the settings it was written with, or a new directory")
+                f"checkpoint step {step} in {self.directory} holds the optional training state {saved_extras}, this "
+                f"run has {sorted(extras)} (ema: Trainer(ema_decay=...), loss_scale: Trainer(precision='f16')); "
+                "use the settings it was written with, or a new directory")
         modules = {"model": model, "optimizer": optimizer, "pipeline": pipeline, **extras}
         for name, current in self._layouts(model, optimizer, pipeline, extras).items():
             if saved_layout.get(name) != current:
