@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import contextlib
 import json
+import logging
 import math
 import os
 import time
@@ -263,8 +265,9 @@ class Checkpointer:
                                            "layout": self._layouts(model, optimizer, pipeline, extras),
                                            "best_metric": None if ranked is None else {self.best_metric: ranked}})
         try:
-            saved = bool(self._manager.save(step, args=ocp.args.Composite(**items), force=True,
-                                            metrics=None if ranked is None else {self.best_metric: ranked}))
+            with _quiet_missing_metrics() if ranked is None else contextlib.nullcontext():
+                saved = bool(self._manager.save(step, args=ocp.args.Composite(**items), force=True,
+                                                metrics=None if ranked is None else {self.best_metric: ranked}))
         except Exception as exc:
             raise CheckpointSaveError(f"saving checkpoint step {step} to {self.directory} failed: "
                                       f"{type(exc).__name__}: {exc}") from exc
@@ -530,6 +533,23 @@ def tree_differences(saved: dict[str, tuple], here: dict[str, tuple], name: str,
                          f"{here[path][1]}")
     more = f" (and {len(lines) - limit} more)" if len(lines) > limit else ""
     return "; ".join(lines[:limit]) + more
+
+
+class _MissingMetricsFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "did not provide metrics" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_missing_metrics():
+    """Hides Orbax's warning for a step saved before the ranking metric has a value (an expected
+    case here: such a step is kept only while it is among the newest)."""
+    absl_logger, quiet = logging.getLogger("absl"), _MissingMetricsFilter()
+    absl_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(quiet)
 
 
 def _metric_value(metrics: dict) -> float:
