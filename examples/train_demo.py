@@ -137,6 +137,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--input-delay-ms", type=float, default=0.0,
                         help="sleep per batch in a host-resident source (simulates a slow input pipeline)")
     parser.add_argument("--joint", action="store_true", help="train the pipeline's noise strength with the model")
+    parser.add_argument("--accumulate-steps", type=int, default=1,
+                        help="micro-batches per step (gradient accumulation; --batch-size must divide by it)")
+    parser.add_argument("--ema-decay", type=float, default=None, help="keep a moving average of the parameters")
+    parser.add_argument("--precision", choices=("f32", "bf16", "f16"), default="f32")
+    parser.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps during training")
+    parser.add_argument("--keep-best", type=int, default=None,
+                        help="also keep the N best checkpoints by eval/loss (needs --eval-every)")
     parser.add_argument("--sync-checkpoints", action="store_true", help="block on every checkpoint write")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events")
@@ -146,10 +153,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "a restarted run loads its compiled programs from it instead of compiling again")
     parser.add_argument("--no-compile-cache", action="store_true", help="do not use a compilation cache")
     args = parser.parse_args(argv)
-    for name in ("steps", "batch_size", "num_records", "checkpoint_every", "keep", "log_every"):
+    for name in ("steps", "batch_size", "num_records", "checkpoint_every", "keep", "log_every", "accumulate_steps"):
         if getattr(args, name) < (0 if name == "steps" else 1):
             parser.error(f"--{name.replace('_', '-')} must be {'>= 0' if name == 'steps' else '>= 1'}, "
                          f"got {getattr(args, name)}")
+    if args.keep_best is not None and args.eval_every is None:
+        parser.error("--keep-best ranks checkpoints by eval/loss: give --eval-every N too")
     return args
 
 
@@ -176,8 +185,9 @@ def main(argv=None) -> int:
         if not tensorboard_available():
             raise SystemExit("--tensorboard needs tensorboardX (pip install tensorboardX) or torch")
         writers.append(TensorBoardWriter(workdir / "tensorboard"))
+    best = {} if args.keep_best is None else {"keep_best": args.keep_best, "best_metric": "eval/loss"}
     checkpoints = CheckpointCallback(workdir / "checkpoints", every_steps=args.checkpoint_every,
-                                     max_to_keep=args.keep, asynchronous=not args.sync_checkpoints)
+                                     max_to_keep=args.keep, asynchronous=not args.sync_checkpoints, **best)
     plot = not args.no_plot and importlib.util.find_spec("matplotlib") is not None
     goodput = GoodputMonitor(workdir, plot=plot)
     callbacks = [checkpoints, goodput, LearningRateLogger(schedule), MetricLogger(writers, every_steps=args.log_every)]
@@ -187,7 +197,9 @@ def main(argv=None) -> int:
     # --learning-rate (or model seed) is refused instead of adopting this run's checkpoint.
     run_config = {"learning_rate": args.learning_rate, "seed": args.seed, "joint": args.joint}
     trainer = Trainer(model, optax.adam(schedule), train, loss_fn, eval_pipeline=evaluation, metrics=METRICS,
-                      callbacks=callbacks, train_pipeline_params=args.joint, run_config=run_config)
+                      callbacks=callbacks, train_pipeline_params=args.joint, run_config=run_config,
+                      eval_every_steps=args.eval_every, accumulate_steps=args.accumulate_steps,
+                      ema_decay=args.ema_decay, precision=args.precision)
     result = trainer.fit(num_steps=args.steps)
     resumed_from = checkpoints.restored.step if checkpoints.restored is not None else None
     if result.stop_reason is not None:
@@ -204,6 +216,9 @@ def main(argv=None) -> int:
     }
     if args.joint:
         record["pipeline_sha256"] = state_sha256(train)
+    if trainer.ema is not None:
+        record["ema_sha256"] = state_sha256(trainer.ema)
+        record["ema_eval_metrics"] = trainer.evaluate(ema=True)
     checkpoints.close()
     tmp = result_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=1))

@@ -5,6 +5,9 @@ On disk (`<directory>/<step>/`):
     model/        nnx.state(model)            Orbax StandardSave (OCDBT + zarr)
     optimizer/    nnx.state(optimizer)        Orbax StandardSave
     pipeline/     nnx.state(pipeline)         only when the pipeline is trained jointly
+    ema/          the parameters' moving average  only with Trainer(ema_decay=...)
+    loss_scale/   the float16 loss scale      only with Trainer(precision="f16")
+    metrics/      {best_metric: value}        Orbax's own item, only with keep_best (see below)
     iterator/     process_<i>-of-<n>.json     datarax IteratorSave (epoch, position, fingerprint)
     meta/         metadata                    JSON: step, epoch, pipeline fingerprint, run configuration, callbacks
 
@@ -22,13 +25,22 @@ is restored. When no step can be restored, every run refuses until the user choo
 One process at a time: the `Checkpointer` holds an exclusive `flock` on `<directory>/.lock` while
 it is open; the operating system releases it when the process dies, so a killed run's lock never
 blocks the next one (`datarax.train.locking`). The integrity hashes are `datarax.train.integrity`.
+
+Retention keeps the `max_to_keep` newest steps and, with `keep_best=k`, also the k best by
+`best_metric` (the value the trainer had when the step was saved): Orbax's own policies composed,
+`AnyPreservationPolicy([LatestN(max_to_keep), BestN(k)])`, with Orbax's `best_fn` so that the
+manager writes each step's metric and `best_step()` reads it back after a restart. A step saved
+before the metric has a value (no evaluation yet) is kept only while it is among the newest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import contextlib
 import json
+import logging
+import math
 import os
 import time
 import warnings
@@ -53,6 +65,9 @@ from datarax.train.run_config import RESUME_ANYWAY, config_differences
 # 2: meta carries "integrity" (array and iterator hashes written at save time).
 FORMAT_VERSION = 2
 ON_DAMAGED = ("refuse", "start_fresh")
+BEST_MODES = ("min", "max")
+# The items every checkpoint has; any other array item (ema, loss_scale) is optional training state.
+CORE_ITEMS = ("model", "optimizer", "pipeline")
 # What `on_damaged=None` falls back to, so a command line run can choose without code changes.
 ON_DAMAGED_ENV = "DATARAX_ON_DAMAGED_CHECKPOINTS"
 CORRUPT_PREFIX = "corrupt-"
@@ -156,14 +171,21 @@ class Checkpointer:
             and start from step 0; the damaged steps stay in `corrupt-*`). None reads the
             environment variable DATARAX_ON_DAMAGED_CHECKPOINTS, else "refuse".
 
+        keep_best: also keep the k best checkpoints by `best_metric` (None: only the newest).
+        best_metric: the metric that ranks checkpoints, as loggers name it: "eval/<name>" (the last
+            evaluation's) or "train/<name>" (the last step's read); needs `keep_best`.
+        best_mode: "min" (lower is better) or "max".
+
     Raises:
         CheckpointLockedError: another open `Checkpointer` (in any process) holds `directory`;
             the message names its pid and host.
     """
 
     def __init__(self, directory: Any, *, max_to_keep: int | None = 3, asynchronous: bool = True,
-                 on_damaged: str | None = None):
+                 on_damaged: str | None = None, keep_best: int | None = None, best_metric: str | None = None,
+                 best_mode: str = "min"):
         check_int(max_to_keep, "max_to_keep", 1, allow_none=True, why=" (keep all)")
+        self.keep_best, self.best_metric, self.best_mode = check_best(keep_best, best_metric, best_mode)
         self.on_damaged = resolve_on_damaged(on_damaged)
         self.directory = epath.Path(directory).absolute()
         local = "://" not in str(self.directory)
@@ -176,14 +198,15 @@ class Checkpointer:
             self._lock = None
             warnings.warn(f"checkpoint directory {self.directory} is not on a local file system: it is not locked "
                           "against a second run writing to it", UserWarning, stacklevel=2)
-        policy = None if max_to_keep is None else ocp.checkpoint_managers.LatestN(max_to_keep)
         temporary = ProcessTemporaryPath if local and jax.process_count() == 1 else None
         try:
             self._manager = ocp.CheckpointManager(
                 self.directory,
                 options=ocp.CheckpointManagerOptions(
-                    preservation_policy=policy, enable_async_checkpointing=asynchronous,
-                    cleanup_tmp_directories=True, create=True, temporary_path_class=temporary),
+                    preservation_policy=retention(max_to_keep, self.keep_best, self.best_mode),
+                    best_fn=_metric_value if self.keep_best is not None else None, best_mode=self.best_mode,
+                    enable_async_checkpointing=asynchronous, cleanup_tmp_directories=True, create=True,
+                    temporary_path_class=temporary),
             )
         except BaseException:
             self._release_lock()
@@ -211,17 +234,26 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def save(self, step: int, *, model: nnx.Module, optimizer: nnx.Optimizer, iterator: Any,
-             metadata: dict, pipeline: nnx.Module | None = None) -> bool:
+             metadata: dict, pipeline: nnx.Module | None = None, extras: dict[str, nnx.Module] | None = None,
+             metrics: dict[str, float] | None = None) -> bool:
         """Starts saving `step` (always, whatever the interval); False if it already exists.
 
+        `extras` are further training state saved as items of their own (`{"ema": ...}`);
+        `metrics` the run's newest metrics by logged name, of which `best_metric` ranks the step.
         Waits for the previous background save first (as Orbax does) and raises its error.
         """
         self.wait()
         if step in self._manager.all_steps():
             return False
+        extras = dict(extras or {})
         arrays = {"model": savable(model), "optimizer": savable(optimizer)}
         if pipeline is not None:
             arrays["pipeline"] = savable(pipeline)
+        for name, module in extras.items():
+            if name in CORE_ITEMS or name in ("iterator", "meta", "metrics"):
+                raise ValueError(f"extras may not be named {name!r} (a checkpoint item of its own)")
+            arrays[name] = savable(module)
+        ranked = self._ranking_value(metrics or {})
         iterator_state = iterator.get_state()
         # Hashes of exactly the arrays and state handed to Orbax: restore compares what it reads.
         integrity = {name: arrays_sha256(tree) for name, tree in arrays.items()}
@@ -230,21 +262,45 @@ class Checkpointer:
         items["iterator"] = IteratorSave(_FrozenIteratorState(iterator_state))
         items["meta"] = ocp.args.JsonSave({**metadata, "step": step, "format_version": FORMAT_VERSION,
                                            "joint": pipeline is not None, "integrity": integrity,
-                                           "layout": self._layouts(model, optimizer, pipeline)})
+                                           "layout": self._layouts(model, optimizer, pipeline, extras),
+                                           "best_metric": None if ranked is None else {self.best_metric: ranked}})
         try:
-            saved = bool(self._manager.save(step, args=ocp.args.Composite(**items), force=True))
+            with _quiet_missing_metrics() if ranked is None else contextlib.nullcontext():
+                saved = bool(self._manager.save(step, args=ocp.args.Composite(**items), force=True,
+                                                metrics=None if ranked is None else {self.best_metric: ranked}))
         except Exception as exc:
             raise CheckpointSaveError(f"saving checkpoint step {step} to {self.directory} failed: "
                                       f"{type(exc).__name__}: {exc}") from exc
         self._in_flight = step if saved else None
         return saved
 
+    def _ranking_value(self, metrics: dict[str, float]) -> float | None:
+        """The value of `best_metric` among `metrics` (None: not tracking, not there yet, or not finite)."""
+        if self.best_metric is None or self.best_metric not in metrics:
+            return None
+        value = float(metrics[self.best_metric])
+        return value if math.isfinite(value) else None
+
     @staticmethod
-    def _layouts(model, optimizer, pipeline) -> dict:
+    def _layouts(model, optimizer, pipeline, extras=None) -> dict:
         out = {"model": layout(model), "optimizer": layout(optimizer)}
         if pipeline is not None:
             out["pipeline"] = layout(pipeline)
+        for name, module in (extras or {}).items():
+            out[name] = layout(module)
         return out
+
+    def best_step(self) -> int | None:
+        """The best step on disk by `best_metric` (Orbax's `best_step`); None when no step carries a value."""
+        if self.best_metric is None:
+            raise ValueError("best_step needs the metric that ranks checkpoints: open the Checkpointer with "
+                             "keep_best=k and best_metric='eval/<name>'")
+        self._manager.reload()
+        return self._manager.best_step()
+
+    def step_metrics(self, step: int) -> dict | None:
+        """The ranking metric Orbax recorded with `step` (None when it has none)."""
+        return self._manager.metrics(step)
 
     def wait(self) -> None:
         """Blocks until background writes finish; raises `CheckpointSaveError` if one failed."""
@@ -275,7 +331,7 @@ class Checkpointer:
         return dict(out["meta"]), dict(out["iterator"])
 
     def _restore_step(self, step: int, *, model, optimizer, iterator, pipeline, fingerprint, structure=None,
-                      run_config=None) -> dict:
+                      run_config=None, extras=None) -> dict:
         metadata, iterator_state = self.read_metadata(step)
         # Before any set-up check: a tampered state must count as damage, not as a foreign run.
         verify_iterator(metadata, iterator_state)
@@ -301,8 +357,15 @@ class Checkpointer:
                 f"{config_differences(saved_config, run_config)}. A run must not adopt another run's checkpoint: "
                 f"{RESUME_ANYWAY}")
         saved_layout = metadata.get("layout", {})
-        modules = {"model": model, "optimizer": optimizer, "pipeline": pipeline}
-        for name, current in self._layouts(model, optimizer, pipeline).items():
+        extras = dict(extras or {})
+        saved_extras = sorted(set(saved_layout) - set(CORE_ITEMS))
+        if saved_extras != sorted(extras):
+            raise CheckpointMismatchError(
+                f"checkpoint step {step} in {self.directory} holds the optional training state {saved_extras}, this "
+                f"run has {sorted(extras)} (ema: Trainer(ema_decay=...), loss_scale: Trainer(precision='f16')); "
+                "use the settings it was written with, or a new directory")
+        modules = {"model": model, "optimizer": optimizer, "pipeline": pipeline, **extras}
+        for name, current in self._layouts(model, optimizer, pipeline, extras).items():
             if saved_layout.get(name) != current:
                 differs = self._layout_differences(step, name, modules[name])
                 raise CheckpointMismatchError(
@@ -319,12 +382,13 @@ class Checkpointer:
                  "optimizer": ocp.args.StandardRestore(abstract_target(optimizer))}
         if joint:
             items["pipeline"] = ocp.args.StandardRestore(abstract_target(pipeline))
+        for name, module in extras.items():
+            items[name] = ocp.args.StandardRestore(abstract_target(module))
         out = self._manager.restore(step, args=ocp.args.Composite(**items))
         verify_arrays(metadata, {name: out[name] for name in items}, f"checkpoint step {step} in {self.directory}")
-        load_into(model, out["model"])
-        load_into(optimizer, out["optimizer"])
-        if joint:
-            load_into(pipeline, out["pipeline"])
+        for name, module in modules.items():
+            if name in items:
+                load_into(module, out[name])
         return metadata
 
     def _layout_differences(self, step: int, name: str, module: nnx.Module) -> str:
@@ -340,9 +404,39 @@ class Checkpointer:
                 for path, x in jax.tree_util.tree_flatten_with_path(abstract_target(module))[0]}
         return tree_differences(saved, here, name)
 
+    def restore_best(self, *, model: nnx.Module, optimizer: nnx.Optimizer, iterator: Any,
+                     pipeline: nnx.Module | None = None, fingerprint: str | None = None,
+                     structure: dict | None = None, run_config: dict | None = None,
+                     extras: dict[str, nnx.Module] | None = None) -> RestoredCheckpoint | None:
+        """Restores the best checkpoint by `best_metric` (`best_step`), checked as `restore_latest`
+        checks, into freshly built objects; None when no checkpoint carries a value of the metric.
+
+        Raises:
+            CheckpointMismatchError: the best step belongs to another set-up.
+            CheckpointRestoreError: the best step cannot be read or fails its integrity check (it is
+                not moved aside: it is not the run's resume point).
+        """
+        step = self.best_step()
+        if step is None:
+            return None
+        initial_iterator_state = iterator.get_state()
+        try:
+            metadata = self._restore_step(step, model=model, optimizer=optimizer, iterator=iterator, pipeline=pipeline,
+                                          fingerprint=fingerprint, structure=structure, run_config=run_config,
+                                          extras=extras)
+        except CheckpointMismatchError:
+            raise
+        except Exception as exc:
+            iterator.set_state(initial_iterator_state)
+            raise CheckpointRestoreError(f"the best checkpoint, step {step} in {self.directory} by "
+                                         f"{self.best_metric}, could not be restored: {type(exc).__name__}: {exc}"
+                                         ) from exc
+        return RestoredCheckpoint(step=step, metadata=metadata)
+
     def restore_latest(self, *, model: nnx.Module, optimizer: nnx.Optimizer, iterator: Any,
                        pipeline: nnx.Module | None = None, fingerprint: str | None = None,
-                       structure: dict | None = None, run_config: dict | None = None) -> RestoredCheckpoint | None:
+                       structure: dict | None = None, run_config: dict | None = None,
+                       extras: dict[str, nnx.Module] | None = None) -> RestoredCheckpoint | None:
         """Restores the newest intact checkpoint into freshly built objects (None if there is none).
 
         A checkpoint that cannot be read, or whose data differs from the integrity hashes written
@@ -366,7 +460,7 @@ class Checkpointer:
             try:
                 metadata = self._restore_step(step, model=model, optimizer=optimizer, iterator=iterator,
                                               pipeline=pipeline, fingerprint=fingerprint, structure=structure,
-                                              run_config=run_config)
+                                              run_config=run_config, extras=extras)
             except CheckpointMismatchError:
                 raise
             except Exception as exc:  # anything unreadable or damaged: report it and fall back
@@ -439,6 +533,58 @@ def tree_differences(saved: dict[str, tuple], here: dict[str, tuple], name: str,
                          f"{here[path][1]}")
     more = f" (and {len(lines) - limit} more)" if len(lines) > limit else ""
     return "; ".join(lines[:limit]) + more
+
+
+class _MissingMetricsFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "did not provide metrics" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_missing_metrics():
+    """Hides Orbax's warning for a step saved before the ranking metric has a value (an expected
+    case here: such a step is kept only while it is among the newest)."""
+    absl_logger, quiet = logging.getLogger("absl"), _MissingMetricsFilter()
+    absl_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(quiet)
+
+
+def _metric_value(metrics: dict) -> float:
+    """Orbax's `best_fn`: a step's metrics hold exactly one value, the ranking metric's."""
+    (value,) = metrics.values()
+    return float(value)
+
+
+def retention(max_to_keep: int | None, keep_best: int | None, best_mode: str):
+    """The Orbax preservation policy: the newest `max_to_keep` (None: all), and the `keep_best` best."""
+    policies = ocp.checkpoint_managers
+    if max_to_keep is None:
+        return None  # Orbax's default keeps every step
+    latest = policies.LatestN(max_to_keep)
+    if keep_best is None:
+        return latest
+    # BestN sorts ascending (descending with reverse) and keeps the last n: the largest for "max".
+    best = policies.BestN(get_metric_fn=_metric_value, reverse=best_mode == "min", n=keep_best,
+                          keep_checkpoints_without_metrics=False)
+    return policies.AnyPreservationPolicy([latest, best])
+
+
+def check_best(keep_best: Any, best_metric: Any, best_mode: Any) -> tuple[int | None, str | None, str]:
+    """(keep_best, best_metric, best_mode) checked: a metric named "eval/<name>" or "train/<name>",
+    given exactly when keep_best is."""
+    check_int(keep_best, "keep_best", 1, allow_none=True, why=" (None keeps only the newest)")
+    if (keep_best is None) != (best_metric is None):
+        raise ValueError(f"keep_best and best_metric go together, got keep_best={keep_best!r}, best_metric="
+                         f"{best_metric!r}; e.g. keep_best=3, best_metric='eval/loss'")
+    if best_metric is not None and (not isinstance(best_metric, str) or not best_metric.startswith(("eval/", "train/"))
+                                    or best_metric.endswith("/")):
+        raise ValueError(f"best_metric must be 'eval/<metric>' or 'train/<metric>', got {best_metric!r}")
+    if best_mode not in BEST_MODES:
+        raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
+    return keep_best, best_metric, best_mode
 
 
 def resolve_on_damaged(on_damaged: str | None) -> str:

@@ -22,8 +22,10 @@ from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.registry import Kind, register_kind
 from datarax.config.schema import ConfigError, FieldError, Path, build_dataclass, check_keys, is_table, suggestion
 from datarax.config.spec import RunSpec, check_positive, register_section
+from datarax.core.checks import is_int, is_number
 from datarax.train.callbacks import CheckpointCallback
-from datarax.train.checkpointing import ON_DAMAGED
+from datarax.train.checkpointing import BEST_MODES, ON_DAMAGED
+from datarax.train.precision import PRECISIONS
 from datarax.train.compile_cache import default_cache_dir
 from datarax.train.run_config import NOT_FINGERPRINTED
 from datarax.train.trainer import Trainer
@@ -63,6 +65,13 @@ class TrainerSection:
             Without it, a run whose table differs from the one the checkpoint was written under
             (any key but steps, epochs, the directories, intervals, callbacks, compilation_cache
             and these two) is refused, naming each difference (`datarax.train.run_config`).
+        accumulate_steps: micro-batches per optimizer step (`Trainer(accumulate_steps=...)`); the
+            top-level `batch_size` is the step's batch and must divide by it.
+        ema_decay: keep a moving average of the parameters (`Trainer(ema_decay=...)`), in (0, 1).
+        precision: "f32" (default), "bf16" or "f16" (`Trainer(precision=...)`).
+        keep_best / best_metric / best_mode: with `checkpoint_dir`, also keep the `keep_best` best
+            checkpoints by `best_metric` ("eval/<name>" or "train/<name>"), "min" or "max"
+            (`CheckpointCallback(keep_best=...)`), beside the `max_to_keep` newest.
 
     Import paths name only modules the configuration allows (`datarax.config.allow`).
     """
@@ -85,6 +94,12 @@ class TrainerSection:
     compilation_cache: bool | str = True
     on_damaged: str | None = None
     allow_config_change: bool = False
+    accumulate_steps: int = 1
+    ema_decay: float | None = None
+    precision: str = "f32"
+    keep_best: int | None = None
+    best_metric: str | None = None
+    best_mode: str = "min"
 
     def __post_init__(self):
         if (self.steps is None) == (self.epochs is None):
@@ -99,6 +114,25 @@ class TrainerSection:
             raise FieldError("on_damaged", f"must be one of {ON_DAMAGED}, got {self.on_damaged!r}")
         if not isinstance(self.allow_config_change, bool):
             raise FieldError("allow_config_change", f"must be true or false, got {self.allow_config_change!r}")
+        check_positive("accumulate_steps", self.accumulate_steps)
+        if self.ema_decay is not None and not (is_number(self.ema_decay) and 0 < self.ema_decay < 1):
+            raise FieldError("ema_decay", f"must be a number in (0, 1), e.g. 0.999, got {self.ema_decay!r}")
+        if self.precision not in PRECISIONS:
+            raise FieldError("precision", f"must be one of {tuple(PRECISIONS)}, got {self.precision!r}")
+        check_positive("keep_best", self.keep_best)
+        if self.best_mode not in BEST_MODES:
+            raise FieldError("best_mode", f"must be one of {BEST_MODES}, got {self.best_mode!r}")
+        if self.keep_best is not None and self.best_metric is None:
+            raise FieldError("best_metric", 'is needed with keep_best: the metric that ranks checkpoints, e.g. '
+                                            'best_metric = "eval/loss"')
+        if self.best_metric is not None and self.keep_best is None:
+            raise FieldError("keep_best", "is needed with best_metric: how many of the best checkpoints to keep, "
+                                          "e.g. keep_best = 3")
+        if self.best_metric is not None and not (isinstance(self.best_metric, str) and
+                                                 self.best_metric.startswith(("eval/", "train/"))):
+            raise FieldError("best_metric", f'must be "eval/<metric>" or "train/<metric>", got {self.best_metric!r}')
+        if self.keep_best is not None and self.checkpoint_dir is None:
+            raise FieldError("keep_best", "needs checkpoint_dir (the directory the best checkpoints are kept in)")
 
 
 
@@ -162,6 +196,12 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
         ctx.problems.add((*path, "eval_every_steps"), "needs an evaluation pipeline: add an [eval] table (its keys "
                                                       "override the training pipeline's, e.g. [eval.source.hf] with "
                                                       "files = [\"test.parquet\"]) or drop eval_every_steps")
+    batch_size = ctx.root.get("batch_size", 32)
+    if section is not None and is_int(batch_size) and batch_size % section.accumulate_steps:
+        ctx.problems.add((*path, "accumulate_steps"), f"= {section.accumulate_steps} must divide batch_size = "
+                                                      f"{batch_size} (each step's batch is split into that many "
+                                                      "equal micro-batches)")
+        section = None
     if section is None or optimizer is None:
         return None
     return TrainerSpec(section, optimizer, callbacks, dict(value))
@@ -215,7 +255,9 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     if section.checkpoint_dir is not None:
         checkpoint_dir = os.path.normpath(os.path.join(base_dir, os.path.expanduser(section.checkpoint_dir)))
         callbacks.insert(0, CheckpointCallback(checkpoint_dir, every_steps=section.checkpoint_every,
-                                               max_to_keep=section.max_to_keep, on_damaged=section.on_damaged))
+                                               max_to_keep=section.max_to_keep, on_damaged=section.on_damaged,
+                                               keep_best=section.keep_best, best_metric=section.best_metric,
+                                               best_mode=section.best_mode))
     trainer_cls = section.trainer_class or Trainer
     eval_every = section.eval_every_steps
     if eval_pipeline is not None and eval_every is None:
@@ -232,7 +274,9 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
                               eval_every_steps=eval_every, compilation_cache=cache,
                               run_config={"trainer": {k: v for k, v in spec.trainer.table.items()
                                                       if k not in NOT_FINGERPRINTED}},
-                              allow_config_change=section.allow_config_change)
+                              allow_config_change=section.allow_config_change,
+                              accumulate_steps=section.accumulate_steps, ema_decay=section.ema_decay,
+                              precision=section.precision)
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
     return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec))

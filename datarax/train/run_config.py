@@ -14,7 +14,8 @@ A checkpoint's metadata holds `run_config`: flat `{"key": "value"}` text of
 Restoring a checkpoint whose `run_config` differs raises `CheckpointMismatchError` naming every
 key that differs, unless the trainer was built with `allow_config_change=True`. Keys that only
 say how long or where to run (`steps`, `epochs`, directories, save and evaluation intervals,
-callbacks, the compilation cache) are not part of it: a run may be extended or moved.
+callbacks, the compilation cache, which checkpoints are kept) are not part of it: a run may be
+extended or moved.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 # [trainer] keys that say how long, where or how often, not what is trained: a resumed run may change them.
 NOT_FINGERPRINTED = frozenset({"steps", "epochs", "checkpoint_dir", "run_dir", "checkpoint_every", "max_to_keep",
                                "eval_every_steps", "callbacks", "compilation_cache", "allow_config_change",
-                               "on_damaged"})
+                               "on_damaged", "keep_best", "best_metric", "best_mode"})
 RESUME_ANYWAY = ("start fresh in a new checkpoint directory (or empty this one), resume with the configuration the "
                  "checkpoint was written with, or resume anyway with Trainer(..., allow_config_change=True) "
                  "(in a configuration file: allow_config_change = true under [trainer])")

@@ -17,10 +17,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from datarax.train.ema import ParamEMA
 from datarax.train.metrics import Metric, add_totals, metric_scalars
+from datarax.train.precision import (LossScale, all_finite, cast_floats, compute_dtype, keep_if, next_scale,
+                                     restore_dtypes)
 
 RECORD_IDS = "_trainers_record_ids"
 EPOCH = "_trainers_epoch"
+
+CHANGED_STRUCTURE = "the training state changed structure inside the step"
+NO_NEW_VARIABLES = "a loss_fn must not add or remove Variables"
 
 LossFn = Callable[[nnx.Module, dict], Any]
 MetricFn = Callable[[dict, Any], jax.Array] | Metric
@@ -60,8 +66,8 @@ class VariableBinding:
         flat = nnx.to_flat_state(nnx.state(root))
         paths = [path for path, _ in flat]
         if paths != self.paths:
-            raise RuntimeError(f"the training state changed structure inside the step: {len(paths)} variables "
-                               f"after, {len(self.paths)} before; a loss_fn must not add or remove Variables")
+            raise RuntimeError(f"{CHANGED_STRUCTURE}: {len(paths)} variables after, {len(self.paths)} before; "
+                               f"{NO_NEW_VARIABLES}")
         return [v.get_value() if isinstance(v, nnx.Variable) else v for _, v in flat]
 
 
@@ -74,11 +80,15 @@ class JointModule(nnx.Module):
 
 
 class TrainState(nnx.Module):
-    """What one train step reads and updates: the trainable module(s) and the optimizer."""
+    """What one train step reads and updates: the trainable module(s), the optimizer, and when
+    switched on the parameters' moving average and the float16 loss scale."""
 
-    def __init__(self, trainable: nnx.Module, optimizer: nnx.Optimizer):
+    def __init__(self, trainable: nnx.Module, optimizer: nnx.Optimizer, *, ema: ParamEMA | None = None,
+                 loss_scale: LossScale | None = None):
         self.trainable = trainable
         self.optimizer = optimizer
+        self.ema = ema
+        self.loss_scale = loss_scale
 
 
 def split_loss(out: Any) -> tuple[jax.Array, Any]:
@@ -119,20 +129,62 @@ def model_outputs(batch: Any, aux: Any, loss: jax.Array) -> dict[str, Any]:
     return outputs
 
 
+def step_outputs(metric_fns: Any, batch: Any, aux: Any, loss: jax.Array) -> dict[str, Any]:
+    """`{"loss": ..., name: value}` of one batch before any reduction: a function's scalar, a
+    `datarax.train.metrics.Metric`'s dict of sums, or for a CLU collection `{CLU_STATE: collection}`."""
+    if is_metric_collection(metric_fns):
+        return {"loss": loss, CLU_STATE: metric_fns.single_from_model_output(**model_outputs(batch, aux, loss))}
+    metrics = {"loss": loss}
+    for name, fn in metric_fns.items():
+        metrics[name] = fn.update(batch, aux) if isinstance(fn, Metric) else jnp.asarray(fn(batch, aux), jnp.float32)
+    return metrics
+
+
+def computed(out: dict[str, Any]) -> dict[str, Any]:
+    """A train step's metrics: a CLU collection replaced by its `compute()`."""
+    out = dict(out)
+    collection = out.pop(CLU_STATE, None)
+    if collection is not None:
+        out.update({k: jnp.asarray(v, jnp.float32) for k, v in collection.compute().items() if k != "loss"})
+    return out
+
+
 def step_metrics(metric_fns: Any, batch: Any, aux: Any, loss: jax.Array) -> dict[str, Any]:
     """`{"loss": ..., name: value}` from a `{name: fn(batch, aux) or Metric}` mapping or a CLU
     collection; a `datarax.train.metrics.Metric` gives its dict of sums (see `host_metrics`)."""
-    metrics = {"loss": loss}
-    if is_metric_collection(metric_fns):
-        computed = metric_fns.single_from_model_output(**model_outputs(batch, aux, loss)).compute()
-        metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in computed.items() if k != "loss"})
-    else:
-        for name, fn in metric_fns.items():
-            if isinstance(fn, Metric):
-                metrics[name] = fn.update(batch, aux)
-            else:
-                metrics[name] = jnp.asarray(fn(batch, aux), jnp.float32)
-    return metrics
+    return computed(step_outputs(metric_fns, batch, aux, loss))
+
+
+def combine_micro_batches(stacked: dict[str, Any], metric_fns: Any, k: int) -> dict[str, Any]:
+    """One step's metrics from the `step_outputs` of its k equal micro-batches (stacked on axis 0):
+    the loss and metric functions averaged (a per-record mean of the whole batch), a `Metric`'s
+    sums added, CLU collections merged before `compute()`."""
+    out = {}
+    for name, value in stacked.items():
+        if name == CLU_STATE:
+            merged = jax.tree.map(lambda x: x[0], value)
+            for i in range(1, k):
+                merged = merged.merge(jax.tree.map(lambda x, i=i: x[i], value))
+            out[CLU_STATE] = merged
+        elif isinstance(metric_fns, Mapping) and isinstance(metric_fns.get(name), Metric):
+            out[name] = jax.tree.map(lambda x: x.sum(axis=0), value)
+        else:
+            out[name] = value.mean(axis=0)
+    return computed(out)
+
+
+def split_batch(batch: Any, k: int) -> Any:
+    """`batch` with every leaf's leading axis of n rows split into (k, n // k) micro-batches."""
+
+    def split(x):
+        rows = x.shape[0] if getattr(x, "ndim", 0) else None
+        if rows is None or rows % k:
+            raise ValueError(f"accumulate_steps={k} splits each batch into {k} micro-batches, but a batch field "
+                             f"has {rows if rows is not None else 'no'} rows (shape {getattr(x, 'shape', ())}); "
+                             "use a batch_size divisible by accumulate_steps and drop_remainder=True")
+        return x.reshape(k, rows // k, *x.shape[1:])
+
+    return jax.tree.map(split, batch)
 
 
 def host_metrics(out: Mapping[str, Any], metric_fns: Any) -> dict[str, float]:
@@ -149,46 +201,93 @@ def host_metrics(out: Mapping[str, Any], metric_fns: Any) -> dict[str, float]:
 
 
 def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type,
-                    joint: bool) -> Callable:
-    """step(values, batch) -> (new values, {"loss": ..., metric: ...}) for `binding`'s TrainState."""
+                    joint: bool, *, accumulate_steps: int = 1, precision: str = "f32") -> Callable:
+    """step(values, batch) -> (new values, {"loss": ..., metric: ...}) for `binding`'s TrainState.
 
-    def step(values, batch):
-        state = binding.merge(values)
+    The gradient is taken with respect to the trainable module's `nnx.Param`s; the rest of its
+    state (RNG counts, batch statistics) is threaded through the forward pass. With
+    `accumulate_steps=k` the batch is split into k micro-batches that a `jax.lax.scan` runs one
+    after the other, adding their gradients; the optimizer then applies their mean once, so a loss
+    that is a per-record mean gets the gradient of the whole batch. `precision` casts parameters
+    and float inputs inside the loss (`datarax.train.precision`); the TrainState's `ema` and
+    `loss_scale`, when present, are updated after the optimizer.
+    """
+    dtype = compute_dtype(precision)
+    scale_positions = [path[0] == "loss_scale" for path in binding.paths]
+
+    def forward(module, batch):
         batch = dict(batch)
         if joint:
             ids, epoch = batch.pop(RECORD_IDS), batch.pop(EPOCH)
+            model, data = module.model, module.pipeline.transform(batch, record_ids=ids, epoch=epoch[0])
+        else:
+            model, data = module, batch
+        loss, aux = split_loss(loss_fn(model, data))
+        return check_loss(loss).astype(jnp.float32), aux, data
 
-        def objective(trainable):
-            if joint:
-                model = trainable.model
-                data = trainable.pipeline.transform(batch, record_ids=ids, epoch=epoch[0])
-            else:
-                model, data = trainable, batch
-            loss, aux = split_loss(loss_fn(model, data))
-            return check_loss(loss), (aux, data)
+    def step(values, batch):
+        state = binding.merge(values)
+        graphdef, params, rest = nnx.split(state.trainable, nnx.Param, ...)
+        scale = state.loss_scale.scale.get_value() if state.loss_scale is not None else None
 
-        (loss, (aux, data)), grads = nnx.value_and_grad(objective, has_aux=True)(state.trainable)
+        def objective(params, rest, batch):
+            module = nnx.merge(graphdef, cast_floats(params, dtype), rest)
+            loss, aux, data = forward(module, cast_floats(batch, dtype))
+            _, new_params, new_rest = nnx.split(module, nnx.Param, ...)
+            if jax.tree.structure((new_params, new_rest)) != jax.tree.structure((params, rest)):
+                raise RuntimeError(f"{CHANGED_STRUCTURE} (in the forward pass); {NO_NEW_VARIABLES}")
+            new_rest = restore_dtypes(new_rest, rest)
+            return (loss if scale is None else loss * scale), (loss, aux, data, new_rest)
+
+        grad_fn = jax.value_and_grad(objective, has_aux=True)
+        if accumulate_steps == 1:
+            (_, (loss, aux, data, rest)), grads = grad_fn(params, rest, batch)
+            metrics = step_metrics(metric_fns, data, aux, loss)
+        else:
+            def micro_step(carry, micro):
+                rest, total = carry
+                (_, (loss, aux, data, rest)), grads = grad_fn(params, rest, micro)
+                return (rest, jax.tree.map(jnp.add, total, grads)), step_outputs(metric_fns, data, aux, loss)
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            (rest, total), outs = jax.lax.scan(micro_step, (rest, zeros), split_batch(batch, accumulate_steps))
+            grads = jax.tree.map(lambda g: g / accumulate_steps, total)
+            metrics = combine_micro_batches(outs, metric_fns, accumulate_steps)
+        if scale is not None:
+            grads = jax.tree.map(lambda g: g / scale, grads)
+        nnx.update(state.trainable, rest)
         state.optimizer.update(state.trainable, grads)
-        return binding.values_of(state), step_metrics(metric_fns, data, aux, loss)
+        if state.ema is not None:
+            state.ema.update(state.trainable.model if joint else state.trainable)
+        if scale is None:
+            return binding.values_of(state), metrics
+        # A step with non-finite gradients changes nothing but the scale: it is skipped and retried smaller.
+        finite = all_finite(grads)
+        new_scale, good = next_scale(scale, state.loss_scale.good_steps.get_value(), finite)
+        state.loss_scale.scale.set_value(new_scale)
+        state.loss_scale.good_steps.set_value(good)
+        new = keep_if(finite, binding.values_of(state), list(values), always=scale_positions)
+        return new, {**metrics, "loss_scale": scale}
 
     return step
 
 
-def make_eval_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type) -> Callable:
-    """step(values, batch) -> {"loss": ..., metric: ...} for `binding`'s model, in eval mode.
+def make_eval_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type,
+                   precision: str = "f32") -> Callable:
+    """step(values, batch) -> {"loss": ..., metric: ...} for `binding`'s model, in eval mode, in the
+    precision policy's compute dtype.
 
     With a CLU collection the step returns `{"loss": ..., CLU_STATE: collection}`, whose
     collections `Trainer.evaluate` merges across batches before computing them (CLU's semantics).
     """
+    dtype = compute_dtype(precision)
 
     def step(values, batch):
-        model = binding.merge(values)
+        graphdef, params, rest = nnx.split(binding.merge(values), nnx.Param, ...)
+        model = nnx.merge(graphdef, cast_floats(params, dtype), rest)
         model.eval()
-        loss, aux = split_loss(loss_fn(model, batch))
-        loss = check_loss(loss)
-        if is_metric_collection(metric_fns):
-            return {"loss": loss, CLU_STATE: metric_fns.single_from_model_output(**model_outputs(batch, aux, loss))}
-        return step_metrics(metric_fns, batch, aux, loss)
+        loss, aux = split_loss(loss_fn(model, cast_floats(batch, dtype)))
+        return step_outputs(metric_fns, batch, aux, check_loss(loss).astype(jnp.float32))
 
     return step
 

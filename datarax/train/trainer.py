@@ -21,9 +21,11 @@ from datarax.pipeline.pipeline import Pipeline
 from datarax.train.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
 from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint
 from datarax.train.compile_cache import use_compilation_cache
+from datarax.train.ema import ParamEMA, param_paths
 from datarax.train.guardrails import (CompileCauses, batch_rows, check_training_pipeline, epoch_length_known,
                                       warn_unknown_epoch_length)
 from datarax.train.metrics import Metric, add_totals, metric_scalars
+from datarax.train.precision import LossScale, check_precision
 from datarax.train.run_config import flatten, optimizer_fingerprint
 from datarax.train.step import (CLU_STATE, EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding,
                                 host_metrics, is_metric_collection, make_eval_step, make_train_step)
@@ -116,6 +118,18 @@ class Trainer:
             written under another configuration raises `CheckpointMismatchError` naming each
             difference (`datarax.train.run_config`).
         allow_config_change: resume a checkpoint written under another configuration anyway.
+        accumulate_steps: split each training batch into this many equal micro-batches, run one
+            after the other inside the one jitted step (a `jax.lax.scan`), and apply the mean of
+            their gradients once: the pipeline's `batch_size` is the batch of one optimizer step
+            and must divide by `accumulate_steps`; memory is that of one micro-batch. The step's
+            loss and metric functions are the means over its micro-batches (a `Metric`'s sums are
+            added, a CLU collection merged), so one step is one logged step.
+        ema_decay: keep an exponential moving average of the model's parameters, updated inside
+            the step after every optimizer update (`datarax.train.ema`; e.g. 0.999; None: off). It
+            is checkpointed as its own item; `evaluate(ema=True)` evaluates with it.
+        precision: "f32" (default), "bf16" or "f16": the dtype the loss is computed in, with
+            float32 master parameters, gradients and optimizer (`datarax.train.precision`); "f16"
+            adds dynamic loss scaling, skipping steps whose gradients overflow.
 
     Construction warns (`datarax.train.guardrails.TrainerWarning`, each with its fix) about a
     training pipeline that does not shuffle or whose epoch ends in a short batch (a second
@@ -132,7 +146,8 @@ class Trainer:
                  metrics: Mapping[str, Callable] | type | None = None, callbacks: Iterable[Callback] = (),
                  train_pipeline_params: bool = False, eval_every_steps: int | None = None,
                  compilation_cache: bool | str | os.PathLike = True, run_config: Mapping[str, Any] | None = None,
-                 allow_config_change: bool = False):
+                 allow_config_change: bool = False, accumulate_steps: int = 1, ema_decay: float | None = None,
+                 precision: str = "f32"):
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
         for name, value in (("train_pipeline", train_pipeline), ("eval_pipeline", eval_pipeline)):
@@ -153,6 +168,12 @@ class Trainer:
                                     f"datarax.train.metrics.Metric, got {name!r}: {fn!r:.60}")
         check_bool(train_pipeline_params, "train_pipeline_params")
         check_bool(allow_config_change, "allow_config_change")
+        self.accumulate_steps = check_int(accumulate_steps, "accumulate_steps", 1, why=" (micro-batches per step)")
+        self.precision = check_precision(precision)
+        if train_pipeline is not None and getattr(train_pipeline, "batch_size", 0) % self.accumulate_steps:
+            raise ValueError(f"accumulate_steps={accumulate_steps} must divide the training pipeline's batch_size="
+                             f"{train_pipeline.batch_size} (each step's batch is split into accumulate_steps equal "
+                             "micro-batches); pick a batch_size that is a multiple of accumulate_steps")
         if run_config is not None and not isinstance(run_config, Mapping):
             raise TypeError(f"run_config must be a mapping of the run's settings (e.g. {{'learning_rate': 1e-3}}) or "
                             f"None, got {type(run_config).__name__}")
@@ -173,16 +194,24 @@ class Trainer:
         self.joint = train_pipeline_params
         self.trainable = JointModule(model, train_pipeline) if self.joint else model
         self.optimizer = self._build_optimizer(optimizer)
+        self.ema = ParamEMA(model, ema_decay) if ema_decay is not None else None
+        self.loss_scale = LossScale() if self.precision == "f16" else None
         self.callbacks = CallbackList(callbacks)
         self._eval_schedule = Schedule(every_steps=eval_every_steps)
         # The joint mode reads untransformed batches plus their BatchContext from a loader over the
         # same source and sampler; its iterator state is what the checkpoint holds.
         self._loader = self._joint_loader(train_pipeline) if self.joint else train_pipeline
-        self._binding = VariableBinding(TrainState(self.trainable, self.optimizer))
+        self._binding = VariableBinding(TrainState(self.trainable, self.optimizer, ema=self.ema,
+                                                   loss_scale=self.loss_scale))
         self._model_binding = VariableBinding(model)
+        # Where each averaged parameter sits among the model's variables, for evaluate(ema=True).
+        self._ema_positions = [self._model_binding.paths.index(path) for path in param_paths(model)]
         self.metrics = metrics
-        self._train_step = TimedJit(make_train_step(self._binding, loss_fn, metrics, self.joint), donate_values=True)
-        self._eval_step = TimedJit(make_eval_step(self._model_binding, loss_fn, metrics), donate_values=False)
+        self._train_step = TimedJit(make_train_step(self._binding, loss_fn, metrics, self.joint,
+                                                    accumulate_steps=self.accumulate_steps, precision=self.precision),
+                                    donate_values=True)
+        self._eval_step = TimedJit(make_eval_step(self._model_binding, loss_fn, metrics, self.precision),
+                                   donate_values=False)
         self._train_causes = CompileCauses(train_pipeline.batch_size, "step")
         self._eval_causes = CompileCauses(eval_pipeline.batch_size if eval_pipeline is not None else 0,
                                           "evaluation batch")
@@ -206,6 +235,12 @@ class Trainer:
             fingerprint = flatten(self._run_config) if self._run_config else {}
             fingerprint["model.class"] = f"{type(self.model).__module__}:{type(self.model).__qualname__}"
             fingerprint.update(optimizer_fingerprint(self.optimizer.tx, nnx.state(self.trainable, nnx.Param)))
+            # Only settings away from their defaults, so checkpoints written before these options still match.
+            for key, value, default in (("accumulate_steps", self.accumulate_steps, 1),
+                                        ("ema_decay", None if self.ema is None else self.ema.decay, None),
+                                        ("precision", self.precision, "f32")):
+                if value != default:
+                    fingerprint[f"step.{key}"] = repr(value)
             self._config_fingerprint = fingerprint
         return dict(self._config_fingerprint)
 
@@ -373,8 +408,11 @@ class Trainer:
         return StepLogs(step=self.step, metrics=dict(self.last_metrics),
                         metrics_step=self.step if self.last_metrics else None)
 
-    def evaluate(self, pipeline: Pipeline | None = None) -> dict[str, float]:
+    def evaluate(self, pipeline: Pipeline | None = None, *, ema: bool = False) -> dict[str, float]:
         """Runs the loss and metrics over one epoch of the eval pipeline.
+
+        With `ema=True` the model's parameters are replaced by their moving averages for this
+        evaluation (needs `ema_decay`); the model itself is left as it is.
 
         The loss and plain metric functions are batch-size weighted means over the epoch; a
         `datarax.train.metrics.Metric` adds its sums over every batch before its one division
@@ -385,8 +423,15 @@ class Trainer:
         if not isinstance(pipeline, Pipeline):
             raise ValueError(f"evaluate needs a pipeline: pass one, or build the Trainer with eval_pipeline=..., "
                              f"got {pipeline!r:.60}")
+        check_bool(ema, "ema")
+        if ema and self.ema is None:
+            raise ValueError("evaluate(ema=True) needs the parameters' moving average: build the Trainer with "
+                             "ema_decay=... (e.g. 0.999)")
         self.callbacks("on_eval_begin", self, self.step)
         values = self._model_binding.values()
+        if ema:
+            for position, average in zip(self._ema_positions, self.ema.values()):
+                values[position] = average
         outs, sizes = [], []
         iterator = iter(pipeline)
         try:
@@ -434,15 +479,34 @@ class Trainer:
         """The eval pipeline's background reader time per part so far ([] without one)."""
         return [] if self.eval_pipeline is None else self.eval_pipeline.reader_timings()
 
+    def logged_metrics(self) -> dict[str, float]:
+        """The newest metrics as loggers name them: `train/<name>` (the last step's read, one step late
+        during `fit`) and `eval/<name>` (the last evaluation)."""
+        out = {f"train/{k}": v for k, v in self.last_metrics.items()}
+        out.update({f"eval/{k}": v for k, v in self.last_eval_metrics.items()})
+        return out
+
+    def _extras(self) -> dict[str, nnx.Module]:
+        """Training state beyond model and optimizer, each saved as its own checkpoint item."""
+        extras = {}
+        if self.ema is not None:
+            extras["ema"] = self.ema
+        if self.loss_scale is not None:
+            extras["loss_scale"] = self.loss_scale
+        return extras
+
     def save_checkpoint(self, checkpointer: Checkpointer, *, forced: bool = False, wait: bool = False) -> bool:
-        """Saves the current step (model, optimizer, iterator, metadata); False if it exists already."""
+        """Saves the current step (model, optimizer, iterator, metadata, and the parameters' moving
+        average and the loss scale when on); False if it exists already. The newest `logged_metrics`
+        go with it, for a checkpointer that keeps the best checkpoints by one of them."""
         began = time.perf_counter()
         metadata = {"epoch": self.epoch, "pipeline_fingerprint": self.train_pipeline.fingerprint,
                     "pipeline_structure": self.train_pipeline.structure_parts,
                     "callbacks": self.callbacks.states(), "saved_at": time.time(),
                     "run_config": self.config_fingerprint}
         saved = checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, iterator=self.iterator,
-                                  metadata=metadata, pipeline=self.train_pipeline if self.joint else None)
+                                  metadata=metadata, pipeline=self.train_pipeline if self.joint else None,
+                                  extras=self._extras(), metrics=self.logged_metrics())
         if wait:
             checkpointer.wait()
         if saved or wait:
@@ -450,14 +514,16 @@ class Trainer:
             self.callbacks("on_checkpoint_save", self, info)
         return saved
 
-    def restore_checkpoint(self, checkpointer: Checkpointer) -> RestoredCheckpoint | None:
-        """Restores the latest readable checkpoint into this trainer's objects (None if none exists)."""
+    def restore_checkpoint(self, checkpointer: Checkpointer, *, best: bool = False) -> RestoredCheckpoint | None:
+        """Restores the latest readable checkpoint into this trainer's objects (None if none exists);
+        with `best=True` the best one by the checkpointer's `best_metric` (`Checkpointer.restore_best`)."""
         began = time.perf_counter()
-        restored = checkpointer.restore_latest(
+        restore = checkpointer.restore_best if best else checkpointer.restore_latest
+        restored = restore(
             model=self.model, optimizer=self.optimizer, iterator=self.iterator,
             pipeline=self.train_pipeline if self.joint else None, fingerprint=self.train_pipeline.fingerprint,
             structure=self.train_pipeline.structure_parts,
-            run_config=None if self.allow_config_change else self.config_fingerprint)
+            run_config=None if self.allow_config_change else self.config_fingerprint, extras=self._extras())
         if restored is None:
             return None
         self.step = restored.step

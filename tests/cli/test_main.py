@@ -623,3 +623,59 @@ def test_a_second_train_with_another_learning_rate_is_refused_naming_it(folder, 
     assert "resumed      from the checkpoint at step 2" in capsys.readouterr().out
     assert main(["train", path, "--set", "trainer.on_damaged=maybe"]) == 1
     assert "trainer.on_damaged" in capsys.readouterr().err
+
+
+TRAINING_KIT = """
+    allow = ["cli_helpers"]
+    batch_size = 8
+    [source.memory]
+    data = "cli_helpers:make_regression"
+    shuffle = true
+    [trainer]
+    model = "cli_helpers:make_model"
+    loss = "cli_helpers:mse"
+    optimizer = { adam = { learning_rate = 0.01 } }
+    steps = 6
+    checkpoint_dir = "ckpt"
+    checkpoint_every = 1
+    max_to_keep = 1
+"""
+KIT_REJECTED = [  # (keys added to [trainer], the error after "<path>: ")
+    ("accumulate_steps = 0", "trainer.accumulate_steps must be an integer >= 1, got 0"),
+    ("accumulate_steps = 3", "trainer.accumulate_steps = 3 must divide batch_size = 8"),
+    ("ema_decay = 1.5", "trainer.ema_decay must be a number in (0, 1), e.g. 0.999, got 1.5"),
+    ('ema_decay = "high"', "trainer.ema_decay"),
+    ('precision = "fp8"', "trainer.precision must be one of ('f32', 'bf16', 'f16'), got 'fp8'"),
+    ("keep_best = 2", "trainer.best_metric is needed with keep_best"),
+    ('best_metric = "eval/loss"', "trainer.keep_best is needed with best_metric"),
+    ('keep_best = 0\nbest_metric = "eval/loss"', "trainer.keep_best must be an integer >= 1, got 0"),
+    ('keep_best = 2\nbest_metric = "loss"', "trainer.best_metric must be \"eval/<metric>\" or \"train/<metric>\""),
+    ('best_mode = "lowest"', "trainer.best_mode must be one of ('min', 'max'), got 'lowest'"),
+]
+
+
+@pytest.mark.parametrize("keys, error", KIT_REJECTED, ids=[k for k, _ in KIT_REJECTED])
+def test_validate_rejects_bad_training_kit_options_at_their_key(folder, capsys, keys, error):
+    path = write(folder, TRAINING_KIT + textwrap.indent(keys, "    ") + "\n")
+    assert main(["validate", path]) == 1
+    assert f"datarax: error: {path}: {error}" in capsys.readouterr().err
+
+
+def test_train_takes_accumulation_ema_precision_and_best_k_from_the_file(folder, capsys):
+    keys = 'accumulate_steps = 2\nema_decay = 0.9\nprecision = "bf16"\nkeep_best = 2\nbest_metric = "train/loss"\n'
+    path = write(folder, TRAINING_KIT + textwrap.indent(keys, "    "))
+    assert main(["validate", path]) == 0
+    assert main(["train", path, "--no-progress"]) == 0
+    result = json.loads((folder / "runs" / "run" / "result.json").read_text())
+    assert result["step"] == 6 and math.isfinite(result["metrics"]["loss"])
+    from datarax.train.checkpointing import Checkpointer
+
+    ckpt = Checkpointer(folder / "ckpt", keep_best=2, best_metric="train/loss")
+    steps = ckpt.steps()
+    meta = {s: ckpt.read_metadata(s)[0] for s in steps}
+    ckpt.close()
+    # The newest and the two best by the train loss logged at each save (step 1's save has none yet).
+    losses = {s: m["best_metric"]["train/loss"] for s, m in meta.items() if m["best_metric"]}
+    assert 6 in steps and len(steps) <= 3 and set(steps) - {6} <= set(sorted(losses, key=losses.get)[:2])
+    assert all((folder / "ckpt" / str(s) / "ema").is_dir() for s in steps)
+    assert all(m["run_config"]["trainer.precision"] == "'bf16'" for m in meta.values())

@@ -23,6 +23,9 @@ ARGS = ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--batch-size",
         "--input-delay-ms", str(DELAY_MS), "--log-every", "1000", "--no-progress", "--no-plot"]
 TIMEOUT = 300
 DEMO = REPO / "examples" / "train_demo.py"
+# The training kit switched on: 2 micro-batches per step, a parameter EMA, and the 2 best checkpoints by
+# eval/loss kept beside the newest (saves at evaluation steps wait for the evaluation).
+KIT = ("--accumulate-steps", "2", "--ema-decay", "0.9", "--eval-every", "10", "--keep-best", "2", "--keep", "1")
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +34,8 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("jax_cache")
 
 
-def demo_command(workdir: Path, cache: Path) -> list[str]:
-    return [sys.executable, str(DEMO), "--workdir", str(workdir), *ARGS, "--compile-cache", str(cache)]
+def demo_command(workdir: Path, cache: Path, extra=()) -> list[str]:
+    return [sys.executable, str(DEMO), "--workdir", str(workdir), *ARGS, *extra, "--compile-cache", str(cache)]
 
 
 def environment() -> dict:
@@ -41,9 +44,9 @@ def environment() -> dict:
     return env
 
 
-def run_to_end(workdir: Path, log: Path, cache: Path) -> dict:
+def run_to_end(workdir: Path, log: Path, cache: Path, extra=()) -> dict:
     with open(log, "a") as out:
-        subprocess.run(demo_command(workdir, cache), cwd=REPO, env=environment(), stdout=out, stderr=subprocess.STDOUT,
+        subprocess.run(demo_command(workdir, cache, extra), cwd=REPO, env=environment(), stdout=out, stderr=subprocess.STDOUT,
                        timeout=TIMEOUT, check=True)
     return json.loads((workdir / "result.json").read_text())
 
@@ -53,11 +56,12 @@ def checkpoint_steps(workdir: Path) -> set[int]:
     return {int(p.name) for p in directory.iterdir() if p.name.isdigit()} if directory.exists() else set()
 
 
-def start_and_wait_for_a_new_checkpoint(workdir: Path, log: Path, cache: Path) -> tuple[subprocess.Popen, int]:
+def start_and_wait_for_a_new_checkpoint(workdir: Path, log: Path, cache: Path,
+                                        extra=()) -> tuple[subprocess.Popen, int]:
     """Starts the demo and returns once it has written a checkpoint of its own (or exited)."""
     before = checkpoint_steps(workdir)
     out = open(log, "a")
-    proc = subprocess.Popen(demo_command(workdir, cache), cwd=REPO, env=environment(), stdout=out,
+    proc = subprocess.Popen(demo_command(workdir, cache, extra), cwd=REPO, env=environment(), stdout=out,
                             stderr=subprocess.STDOUT, start_new_session=True)
     out.close()
     deadline = time.monotonic() + TIMEOUT
@@ -69,10 +73,11 @@ def start_and_wait_for_a_new_checkpoint(workdir: Path, log: Path, cache: Path) -
     return proc, max(checkpoint_steps(workdir) | {0})
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, cache) -> dict:
+@pytest.fixture(scope="module", params=[(), KIT], ids=["plain", "kit"])
+def reference(request, tmp_path_factory, cache) -> tuple[tuple, dict]:
+    """(the demo's extra arguments, the result of an uninterrupted run with them)."""
     workdir = tmp_path_factory.mktemp("uninterrupted")
-    return run_to_end(workdir, workdir / "log.txt", cache)
+    return request.param, run_to_end(workdir, workdir / "log.txt", cache, request.param)
 
 
 def temporary_directories(workdir: Path) -> list[str]:
@@ -83,10 +88,10 @@ def temporary_directories(workdir: Path) -> list[str]:
         return []
 
 
-def start_and_wait_for_a_save_to_begin(workdir: Path, log: Path, cache: Path) -> subprocess.Popen:
+def start_and_wait_for_a_save_to_begin(workdir: Path, log: Path, cache: Path, extra=()) -> subprocess.Popen:
     """Starts the demo and returns as soon as a save's temporary directory appears (or it exited)."""
     out = open(log, "a")
-    proc = subprocess.Popen(demo_command(workdir, cache), cwd=REPO, env=environment(), stdout=out,
+    proc = subprocess.Popen(demo_command(workdir, cache, extra), cwd=REPO, env=environment(), stdout=out,
                             stderr=subprocess.STDOUT, start_new_session=True)
     out.close()
     deadline = time.monotonic() + TIMEOUT
@@ -96,6 +101,7 @@ def start_and_wait_for_a_save_to_begin(workdir: Path, log: Path, cache: Path) ->
 
 
 def test_sigkill_at_ten_moments_including_inside_saves_then_rerun_is_bitwise_exact(tmp_path, reference, cache):
+    extra, reference = reference
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     log = tmp_path / "log.txt"
@@ -103,10 +109,10 @@ def test_sigkill_at_ten_moments_including_inside_saves_then_rerun_is_bitwise_exa
     kills, inside_saves = [], []
     for attempt in range(KILLS):
         if attempt % 2:  # inside a save: right after Orbax created the step's temporary directory
-            proc = start_and_wait_for_a_save_to_begin(workdir, log, cache)
+            proc = start_and_wait_for_a_save_to_begin(workdir, log, cache, extra)
             step = max(checkpoint_steps(workdir) | {0})
         else:  # at a random moment at most one checkpoint interval after a checkpoint of its own
-            proc, step = start_and_wait_for_a_new_checkpoint(workdir, log, cache)
+            proc, step = start_and_wait_for_a_new_checkpoint(workdir, log, cache, extra)
             time.sleep(rng.uniform(0.0, 0.9 * EVERY * DELAY_MS / 1000))
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -117,7 +123,7 @@ def test_sigkill_at_ten_moments_including_inside_saves_then_rerun_is_bitwise_exa
         if any(name.endswith(f".orbax-checkpoint-tmp-{proc.pid}") for name in temporary_directories(workdir)):
             inside_saves.append(step)
     print(f"seed {seed}: killed after checkpoints {kills}, inside the save after {inside_saves}")
-    result = run_to_end(workdir, log, cache)
+    result = run_to_end(workdir, log, cache, extra)
     assert len(kills) >= 2, f"the demo finished before most kills ({kills}, seed {seed}); see {log}"
     assert len(kills) == KILLS, f"only {len(kills)} kills landed ({kills}, seed {seed}); see {log}"
     assert inside_saves, f"no kill landed inside a save ({kills}, seed {seed}); see {log}"
@@ -125,6 +131,10 @@ def test_sigkill_at_ten_moments_including_inside_saves_then_rerun_is_bitwise_exa
     assert result["resumed_from"] is not None
     assert result["params_sha256"] == reference["params_sha256"], f"seed {seed}, kills after {kills}"
     assert result["eval_metrics"] == reference["eval_metrics"]
+    if extra:  # the moving average, and which checkpoints the best-k retention kept, are those of the reference
+        assert result["ema_sha256"] == reference["ema_sha256"]
+        assert result["ema_eval_metrics"] == reference["ema_eval_metrics"]
+        assert result["checkpoints"] == reference["checkpoints"]
 
 
 def test_sigterm_saves_and_exits_zero(tmp_path, cache):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from datarax.train.callbacks.base import Callback, Schedule, StepLogs
-from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint, resolve_on_damaged
+from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint, check_best, resolve_on_damaged
 
 if TYPE_CHECKING:
     from datarax.train.trainer import Trainer
@@ -30,6 +30,17 @@ class CheckpointCallback(Callback):
             failing the integrity check): "refuse" (raise `CheckpointRestoreError`, on every run)
             or "start_fresh" (warn and train from step 0). None: the environment variable
             DATARAX_ON_DAMAGED_CHECKPOINTS, else "refuse".
+        keep_best: also keep the k best checkpoints by `best_metric`, beside the `max_to_keep`
+            newest (which a restart resumes from), in the same directory (`Checkpointer`).
+        best_metric: "eval/<name>" or "train/<name>", as loggers name metrics. A checkpoint carries
+            the newest value when it is saved: with an eval metric, a save due at a step the trainer
+            also evaluates at waits for that evaluation (it is written before the next step's batch
+            is read, so it holds the same state), and carries its value; with a train metric, it is
+            the last value read (the previous step's, one step late as loggers see it).
+        best_mode: "min" (lower is better) or "max".
+
+    `load_best(trainer)` restores the best checkpoint into the trainer (e.g. after `fit`, to
+    evaluate or export it).
 
     While training, the callback's `Checkpointer` holds an exclusive lock on `directory`: a second
     run on the same directory fails with `CheckpointLockedError` naming this run's pid.
@@ -37,19 +48,30 @@ class CheckpointCallback(Callback):
     Example:
         >>> ckpt = CheckpointCallback("run/ckpt", every_steps=500, max_to_keep=3)
         >>> Trainer(model, optax.adam(1e-3), pipeline, loss_fn, callbacks=[ckpt]).fit(num_steps=10_000)
+        >>> best = CheckpointCallback("run/ckpt", every_steps=500, max_to_keep=1, keep_best=3, best_metric="eval/loss")
     """
 
     order = -100  # restore before any other callback reads the step
 
+    def event_order(self, event: str) -> int:
+        # A save after an evaluation comes after every callback has taken it in (early stopping's
+        # patience), so the checkpoint holds their state as of that evaluation.
+        return 900 if event == "on_eval_end" else self.order
+
     def __init__(self, directory: Any, *, every_steps: int | None = None, every_secs: float | None = None,
                  on_steps: Sequence[int] = (), max_to_keep: int | None = 3, asynchronous: bool = True,
-                 restore: bool = True, on_damaged: str | None = None):
+                 restore: bool = True, on_damaged: str | None = None, keep_best: int | None = None,
+                 best_metric: str | None = None, best_mode: str = "min"):
         self.schedule = Schedule(every_steps=every_steps, every_secs=every_secs, on_steps=on_steps)
         self.directory = directory
         self.max_to_keep = max_to_keep
         self.asynchronous = asynchronous
         self.restore = restore
         self.on_damaged = resolve_on_damaged(on_damaged)
+        self.keep_best, self.best_metric, self.best_mode = check_best(keep_best, best_metric, best_mode)
+        # A save due at a step an evaluation may follow waits for it (see best_metric).
+        self._waits_for_eval = self.best_metric is not None and self.best_metric.startswith("eval/")
+        self._deferred: int | None = None
         self.restored: RestoredCheckpoint | None = None
         self._checkpointer: Checkpointer | None = None
         self._restored_once = False
@@ -58,7 +80,9 @@ class CheckpointCallback(Callback):
     def checkpointer(self) -> Checkpointer:
         if self._checkpointer is None:
             self._checkpointer = Checkpointer(self.directory, max_to_keep=self.max_to_keep,
-                                              asynchronous=self.asynchronous, on_damaged=self.on_damaged)
+                                              asynchronous=self.asynchronous, on_damaged=self.on_damaged,
+                                              keep_best=self.keep_best, best_metric=self.best_metric,
+                                              best_mode=self.best_mode)
         return self._checkpointer
 
     def on_train_begin(self, trainer: Trainer) -> None:
@@ -66,17 +90,43 @@ class CheckpointCallback(Callback):
             self._restored_once = True
             self.restored = trainer.restore_checkpoint(self.checkpointer)
         self.schedule.reset(trainer.step)
+        self._deferred = None
 
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
         if self.schedule.due(logs.step):
+            if self._waits_for_eval:
+                self._deferred = logs.step
+            else:
+                trainer.save_checkpoint(self.checkpointer)
+
+    def _save_deferred(self, trainer: Trainer) -> None:
+        if self._deferred is not None and self._deferred == trainer.step:
             trainer.save_checkpoint(self.checkpointer)
+        self._deferred = None
+
+    def on_eval_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
+        self._save_deferred(trainer)
+
+    def on_data_wait_begin(self, trainer: Trainer, step: int) -> None:
+        self._save_deferred(trainer)  # before the next batch is read: still the deferred step's state
 
     def on_train_end(self, trainer: Trainer, logs: StepLogs) -> None:
+        self._save_deferred(trainer)
         checkpointer = self.checkpointer
         checkpointer.wait()
         if trainer.step not in checkpointer.steps():
             trainer.save_checkpoint(checkpointer, forced=True, wait=True)
         self.close()
+
+    def load_best(self, trainer: Trainer) -> RestoredCheckpoint | None:
+        """Restores the best checkpoint by `best_metric` into `trainer` (None when no checkpoint
+        carries a value of it); a checkpointer opened for this is closed again."""
+        opened_here = self._checkpointer is None
+        try:
+            return trainer.restore_checkpoint(self.checkpointer, best=True)
+        finally:
+            if opened_here:
+                self.close()
 
     def close(self) -> None:
         if self._checkpointer is not None:

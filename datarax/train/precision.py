@@ -1,0 +1,108 @@
+"""The trainer's precision policy: compute in a low dtype, keep f32 master parameters.
+
+`Trainer(precision=...)` takes one of `PRECISIONS`:
+
+* "f32" (default): everything in float32, as the model was built.
+* "bf16": inside the loss, the trainable parameters and the batch's floating fields are cast to
+  bfloat16; the cast is part of the differentiated function, so gradients come back in float32
+  onto the float32 master parameters, and the optimizer updates in float32. bfloat16 has
+  float32's exponent range, so no loss scaling is needed.
+* "f16": the same with float16, whose largest value is 65504: small gradients underflow to zero
+  and large ones overflow, so the loss is multiplied by a dynamic scale before differentiation
+  and the gradients divided by it after (`LossScale`). A step whose gradients are not all finite
+  is skipped (parameters, optimizer state and EMA unchanged) and halves the scale; after
+  `GROWTH_INTERVAL` finite steps in a row the scale doubles. The scale is training state, saved
+  in every checkpoint.
+
+Non-parameter state a forward pass writes (batch statistics) keeps its own dtype: `restore_dtypes`
+casts it back, so the step's outputs have the inputs' dtypes and the step compiles once.
+
+Example:
+    >>> compute_dtype("bf16")
+    dtype(bfloat16)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from datarax.core.checks import check_choice
+
+PRECISIONS = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+INITIAL_SCALE = 2.0**15
+GROWTH_INTERVAL = 2000  # finite steps in a row before the scale doubles
+MIN_SCALE = 1.0
+
+
+def check_precision(precision: Any, name: str = "precision") -> str:
+    return check_choice(precision, name, tuple(PRECISIONS))
+
+
+def compute_dtype(precision: str) -> np.dtype:
+    return np.dtype(PRECISIONS[check_precision(precision)])
+
+
+def _is_float(x: Any) -> bool:
+    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def cast_floats(tree: Any, dtype: Any) -> Any:
+    """`tree` with its floating arrays cast to `dtype` (integers, bools and PRNG keys untouched)."""
+    if np.dtype(dtype) == np.float32:
+        return tree
+    return jax.tree.map(lambda x: x.astype(dtype) if _is_float(x) else x, tree)
+
+
+def restore_dtypes(new: Any, old: Any) -> Any:
+    """`new` with each floating leaf cast back to the dtype of the same leaf of `old`."""
+    return jax.tree.map(lambda n, o: n.astype(o.dtype) if _is_float(o) else n, new, old)
+
+
+def all_finite(tree: Any) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if _is_float(x)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+class LossScaleValue(nnx.Variable):
+    """A dynamic loss scale's state (not a parameter: the optimizer never sees it)."""
+
+
+class LossScale(nnx.Module):
+    """Dynamic loss scaling for float16 training: the scale and the finite steps since it last changed.
+
+    Example:
+        >>> ls = LossScale()
+        >>> scale, good = next_scale(ls.scale[...], ls.good_steps[...], jnp.asarray(False))
+        >>> float(scale), int(good)
+        (16384.0, 0)
+    """
+
+    def __init__(self, initial: float = INITIAL_SCALE):
+        self.scale = LossScaleValue(jnp.asarray(initial, jnp.float32))
+        self.good_steps = LossScaleValue(jnp.asarray(0, jnp.int32))
+
+
+def next_scale(scale: jax.Array, good_steps: jax.Array, finite: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(scale, good_steps) after a step: halve (not below `MIN_SCALE`) on a non-finite step, double
+    after `GROWTH_INTERVAL` finite steps in a row."""
+    good = jnp.where(finite, good_steps + 1, 0)
+    grow = good >= GROWTH_INTERVAL
+    scale = jnp.where(finite, jnp.where(grow, scale * 2, scale), jnp.maximum(scale / 2, MIN_SCALE))
+    return scale.astype(jnp.float32), jnp.where(grow, 0, good).astype(jnp.int32)
+
+
+def keep_if(ok: jax.Array, new: list, old: list, always: list[bool]) -> list:
+    """`new` where `ok`, else `old`, value by value; positions marked in `always` (the loss scale) and
+    PRNG keys (which a step never changes) are taken from `new`."""
+
+    def pick(n, o, take_new):
+        if take_new or jax.dtypes.issubdtype(n.dtype, jax.dtypes.prng_key):
+            return n
+        return jnp.where(ok, n, o)
+
+    return [pick(n, o, a) for n, o, a in zip(new, old, always)]

@@ -1,0 +1,72 @@
+"""The train step's gradient accumulation: k micro-batches in one jitted step equal one big batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import optax
+import pytest
+from trainer_helpers import METRICS, leaves, loss_fn, make_setup
+
+from datarax.train import PerClassAccuracy, Trainer
+
+# A Metric (sums over the batch) is added over the micro-batches; a metric function (a per-record
+# mean) and the loss are averaged over them.
+STEP_METRICS = {**METRICS, "per_class": PerClassAccuracy(3, labels="y")}
+CASES = [  # (optimizer, accumulate_steps, joint)
+    ("sgd", 4, False),
+    ("adam", 2, False),
+    ("adam", 4, True),
+]
+
+
+def optimizer(name: str):
+    return optax.sgd(0.1) if name == "sgd" else optax.adam(1e-2)
+
+
+def run(accumulate_steps: int, name: str, joint: bool, steps: int = 4):
+    setup = make_setup(batch_size=32, num_records=64)
+    trainer = Trainer(setup.model, optimizer(name), setup.pipeline, loss_fn, metrics=STEP_METRICS,
+                      train_pipeline_params=joint, accumulate_steps=accumulate_steps)
+    metrics = [trainer.fit(num_steps=step).metrics for step in range(1, steps + 1)]
+    return trainer, setup, metrics
+
+
+@pytest.mark.parametrize("name, k, joint", CASES)
+def test_k_micro_batches_equal_one_big_batch(name, k, joint):
+    big, big_setup, big_metrics = run(1, name, joint)
+    acc, acc_setup, acc_metrics = run(k, name, joint)
+    assert acc.step == big.step == 4
+    for x, y in zip(leaves(acc_setup.model), leaves(big_setup.model)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    if joint:
+        for x, y in zip(leaves(acc_setup.pipeline), leaves(big_setup.pipeline)):
+            if np.issubdtype(x.dtype, np.floating):
+                np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    assert int(acc.optimizer.step[...]) == int(big.optimizer.step[...]) == 4  # one update per step, not per micro
+    for m_acc, m_big in zip(acc_metrics, big_metrics):
+        assert m_acc.keys() == m_big.keys()
+        for key in m_big:
+            assert m_acc[key] == pytest.approx(m_big[key], rel=1e-5, abs=1e-6), key
+
+
+def test_a_batch_size_that_does_not_divide_is_refused_naming_both():
+    setup = make_setup(batch_size=30, num_records=60)
+    with pytest.raises(ValueError, match=r"accumulate_steps=4 must divide the training pipeline's batch_size=30"):
+        Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn, accumulate_steps=4)
+    with pytest.raises(ValueError, match=r"accumulate_steps must be an int >= 1 \(micro-batches per step\), got 0"):
+        Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn, accumulate_steps=0)
+
+
+def test_the_batch_is_really_split_a_non_mean_loss_differs():
+    """Control: a loss that is no per-record mean (the worst record's) is not the big batch's."""
+
+    def worst(model, batch):
+        logits = model(batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).max()
+
+    results = []
+    for k in (1, 4):
+        setup = make_setup(batch_size=32, num_records=64)
+        Trainer(setup.model, optax.sgd(0.1), setup.pipeline, worst, accumulate_steps=k).fit(num_steps=1)
+        results.append(leaves(setup.model))
+    assert any(not np.allclose(x, y, rtol=1e-3) for x, y in zip(*results))
