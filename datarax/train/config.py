@@ -25,6 +25,7 @@ from datarax.config.spec import RunSpec, check_positive, register_section
 from datarax.core.checks import is_int, is_number
 from datarax.train.callbacks import CheckpointCallback
 from datarax.train.checkpointing import BEST_MODES, ON_DAMAGED
+from datarax.train.param_sharding import PARAM_SHARDINGS
 from datarax.train.precision import PRECISIONS
 from datarax.train.compile_cache import default_cache_dir
 from datarax.train.run_config import NOT_FINGERPRINTED
@@ -72,6 +73,9 @@ class TrainerSection:
         keep_best / best_metric / best_mode: with `checkpoint_dir`, also keep the `keep_best` best
             checkpoints by `best_metric` ("eval/<name>" or "train/<name>"), "min" or "max"
             (`CheckpointCallback(keep_best=...)`), beside the `max_to_keep` newest.
+        param_sharding: "replicated" or "fsdp" (`Trainer(param_sharding=...)`): the training state
+            laid out over the `[sharding]` table's mesh; needs that table. Not part of the
+            configuration a checkpoint is checked against: a run may resume on another layout.
 
     Import paths name only modules the configuration allows (`datarax.config.allow`).
     """
@@ -100,6 +104,7 @@ class TrainerSection:
     keep_best: int | None = None
     best_metric: str | None = None
     best_mode: str = "min"
+    param_sharding: str | None = None
 
     def __post_init__(self):
         if (self.steps is None) == (self.epochs is None):
@@ -119,6 +124,8 @@ class TrainerSection:
             raise FieldError("ema_decay", f"must be a number in (0, 1), e.g. 0.999, got {self.ema_decay!r}")
         if self.precision not in PRECISIONS:
             raise FieldError("precision", f"must be one of {tuple(PRECISIONS)}, got {self.precision!r}")
+        if self.param_sharding is not None and self.param_sharding not in PARAM_SHARDINGS:
+            raise FieldError("param_sharding", f"must be one of {PARAM_SHARDINGS}, got {self.param_sharding!r}")
         check_positive("keep_best", self.keep_best)
         if self.best_mode not in BEST_MODES:
             raise FieldError("best_mode", f"must be one of {BEST_MODES}, got {self.best_mode!r}")
@@ -196,6 +203,12 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
         ctx.problems.add((*path, "eval_every_steps"), "needs an evaluation pipeline: add an [eval] table (its keys "
                                                       "override the training pipeline's, e.g. [eval.source.hf] with "
                                                       "files = [\"test.parquet\"]) or drop eval_every_steps")
+    if section is not None and section.param_sharding is not None and "sharding" not in ctx.root:
+        ctx.problems.add((*path, "param_sharding"), f"= {section.param_sharding!r} lays the training state out over "
+                                                    "the pipeline's mesh: add a [sharding] table (e.g. "
+                                                    "mesh_shape = [8] and axis_names = [\"data\"]) or drop "
+                                                    "param_sharding")
+        section = None
     batch_size = ctx.root.get("batch_size", 32)
     if section is not None and is_int(batch_size) and batch_size % section.accumulate_steps:
         ctx.problems.add((*path, "accumulate_steps"), f"= {section.accumulate_steps} must divide batch_size = "
@@ -276,7 +289,7 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
                                                       if k not in NOT_FINGERPRINTED}},
                               allow_config_change=section.allow_config_change,
                               accumulate_steps=section.accumulate_steps, ema_decay=section.ema_decay,
-                              precision=section.precision)
+                              precision=section.precision, param_sharding=section.param_sharding)
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
     return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec))

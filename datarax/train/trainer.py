@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -25,6 +26,7 @@ from datarax.train.ema import ParamEMA, param_paths
 from datarax.train.guardrails import (CompileCauses, batch_rows, check_training_pipeline, epoch_length_known,
                                       warn_unknown_epoch_length)
 from datarax.train.metrics import Metric, add_totals, metric_scalars
+from datarax.train.param_sharding import PARAM_SHARDINGS, constrain, place, state_shardings
 from datarax.train.precision import LossScale, check_precision
 from datarax.train.run_config import flatten, optimizer_fingerprint
 from datarax.train.step import (CLU_STATE, EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding,
@@ -82,6 +84,16 @@ class _StopOnSignals:
         self._previous.clear()
 
 
+def _keep_layout(step: Callable, shardings: list) -> Callable:
+    """`step` whose new state keeps `shardings` (the layout `param_sharding` gave it)."""
+
+    def constrained(values, batch):
+        new, out = step(values, batch)
+        return constrain(new, shardings), out
+
+    return constrained
+
+
 class Trainer:
     """Trains a Flax NNX model on a datarax pipeline with a jitted, buffer-donating step.
 
@@ -130,6 +142,11 @@ class Trainer:
         precision: "f32" (default), "bf16" or "f16": the dtype the loss is computed in, with
             float32 master parameters, gradients and optimizer (`datarax.train.precision`); "f16"
             adds dynamic loss scaling, skipping steps whose gradients overflow.
+        param_sharding: None (default: the state stays where the model's arrays are), "replicated"
+            (a full copy on every device of the training pipeline's mesh) or "fsdp" (parameters,
+            optimizer state and average cut along the mesh's batch axis, FSDP-style; variables
+            annotated with `nnx.with_partitioning` keep their spec; see
+            `datarax.train.param_sharding`). Needs `train_pipeline` built with a `sharding`.
 
     Construction warns (`datarax.train.guardrails.TrainerWarning`, each with its fix) about a
     training pipeline that does not shuffle or whose epoch ends in a short batch (a second
@@ -147,7 +164,7 @@ class Trainer:
                  train_pipeline_params: bool = False, eval_every_steps: int | None = None,
                  compilation_cache: bool | str | os.PathLike = True, run_config: Mapping[str, Any] | None = None,
                  allow_config_change: bool = False, accumulate_steps: int = 1, ema_decay: float | None = None,
-                 precision: str = "f32"):
+                 precision: str = "f32", param_sharding: str | None = None):
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
         for name, value in (("train_pipeline", train_pipeline), ("eval_pipeline", eval_pipeline)):
@@ -183,6 +200,14 @@ class Trainer:
         if train_pipeline_params and getattr(train_pipeline, "sharding", None) is not None:
             raise ValueError("train_pipeline_params=True trains on unsharded batches, but train_pipeline has "
                              f"sharding={train_pipeline.sharding!r}; drop one of the two")
+        if param_sharding is not None:
+            if param_sharding not in PARAM_SHARDINGS:
+                raise ValueError(f"param_sharding must be one of {PARAM_SHARDINGS} or None, got {param_sharding!r}")
+            if getattr(train_pipeline, "sharding", None) is None:
+                raise ValueError(f"param_sharding={param_sharding!r} lays the training state out over the training "
+                                 "pipeline's mesh, but train_pipeline has no sharding; build it with "
+                                 "Pipeline(..., sharding=DataSharding.data_parallel()) or drop param_sharding")
+        self.param_sharding = param_sharding
         if eval_every_steps is not None and eval_pipeline is None:
             raise ValueError(f"eval_every_steps={eval_every_steps!r} needs an eval_pipeline; pass "
                              "eval_pipeline=Pipeline(...) or drop eval_every_steps")
@@ -193,23 +218,35 @@ class Trainer:
         self.eval_pipeline = eval_pipeline
         self.joint = train_pipeline_params
         self.trainable = JointModule(model, train_pipeline) if self.joint else model
-        self.optimizer = self._build_optimizer(optimizer)
-        self.ema = ParamEMA(model, ema_decay) if ema_decay is not None else None
+        mesh = train_pipeline.sharding.mesh if param_sharding is not None else None
+        # Under the mesh: variables annotated with a partition spec need it to be created (the
+        # optimizer's and the average's copies of them included).
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            self.optimizer = self._build_optimizer(optimizer)
+            self.ema = ParamEMA(model, ema_decay) if ema_decay is not None else None
         self.loss_scale = LossScale() if self.precision == "f16" else None
         self.callbacks = CallbackList(callbacks)
         self._eval_schedule = Schedule(every_steps=eval_every_steps)
         # The joint mode reads untransformed batches plus their BatchContext from a loader over the
         # same source and sampler; its iterator state is what the checkpoint holds.
         self._loader = self._joint_loader(train_pipeline) if self.joint else train_pipeline
-        self._binding = VariableBinding(TrainState(self.trainable, self.optimizer, ema=self.ema,
-                                                   loss_scale=self.loss_scale))
+        state = TrainState(self.trainable, self.optimizer, ema=self.ema, loss_scale=self.loss_scale)
+        self._binding = VariableBinding(state)
+        self.state_shardings = None
+        if param_sharding is not None:
+            # Every array of the state on its sharding (param_sharding.state_shardings), kept by
+            # the step: the model's own arrays are the ones placed, so eval and checkpoints see them.
+            self.state_shardings = state_shardings(state, mesh, train_pipeline.sharding.batch_axes, param_sharding)
+            self._binding.assign(place(self._binding.values(), self.state_shardings))
         self._model_binding = VariableBinding(model)
         # Where each averaged parameter sits among the model's variables, for evaluate(ema=True).
         self._ema_positions = [self._model_binding.paths.index(path) for path in param_paths(model)]
         self.metrics = metrics
-        self._train_step = TimedJit(make_train_step(self._binding, loss_fn, metrics, self.joint,
-                                                    accumulate_steps=self.accumulate_steps, precision=self.precision),
-                                    donate_values=True)
+        step = make_train_step(self._binding, loss_fn, metrics, self.joint,
+                               accumulate_steps=self.accumulate_steps, precision=self.precision)
+        if self.state_shardings is not None:
+            step = _keep_layout(step, self.state_shardings)
+        self._train_step = TimedJit(step, donate_values=True)
         self._eval_step = TimedJit(make_eval_step(self._model_binding, loss_fn, metrics, self.precision),
                                    donate_values=False)
         self._train_causes = CompileCauses(train_pipeline.batch_size, "step")

@@ -651,6 +651,9 @@ KIT_REJECTED = [  # (keys added to [trainer], the error after "<path>: ")
     ('keep_best = 0\nbest_metric = "eval/loss"', "trainer.keep_best must be an integer >= 1, got 0"),
     ('keep_best = 2\nbest_metric = "loss"', "trainer.best_metric must be \"eval/<metric>\" or \"train/<metric>\""),
     ('best_mode = "lowest"', "trainer.best_mode must be one of ('min', 'max'), got 'lowest'"),
+    ('param_sharding = "zero3"', "trainer.param_sharding must be one of ('replicated', 'fsdp'), got 'zero3'"),
+    ('param_sharding = "fsdp"', "trainer.param_sharding = 'fsdp' lays the training state out over the pipeline's "
+                                "mesh: add a [sharding] table"),
 ]
 
 
@@ -679,3 +682,21 @@ def test_train_takes_accumulation_ema_precision_and_best_k_from_the_file(folder,
     assert 6 in steps and len(steps) <= 3 and set(steps) - {6} <= set(sorted(losses, key=losses.get)[:2])
     assert all((folder / "ckpt" / str(s) / "ema").is_dir() for s in steps)
     assert all(m["run_config"]["trainer.precision"] == "'bf16'" for m in meta.values())
+
+
+def test_train_takes_fsdp_from_the_file_and_resumes_on_another_mesh(folder, capsys):
+    """`param_sharding = "fsdp"` over a [sharding] mesh of 8 fake devices; the run then goes on from
+    the same checkpoint over a 4 x 2 mesh, its state cut 4 ways along "data" (the layout is not part
+    of the checked configuration)."""
+    import jax
+
+    text = TRAINING_KIT.replace("    steps = 6\n", "    steps = 4\n") + '    param_sharding = "fsdp"\n[sharding]\n'
+    path = write(folder, text + "mesh_shape = [8]\n")
+    assert main(["validate", path]) == 0
+    assert main(["train", path, "--no-progress"]) == 0
+    path = write(folder, text.replace("steps = 4", "steps = 6") +
+                 'mesh_shape = [4, 2]\naxis_names = ["data", "model"]\nbatch_axes = "data"\n')
+    assert main(["train", path, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed      from the checkpoint at step 4" in out and "trained      to step 6" in out
+    assert len(jax.devices()) == 8
