@@ -11,3 +11,4 @@ from datarax.train.callbacks.lr_logger import LearningRateLogger as LearningRate
 from datarax.train.callbacks.metric_logger import MetricLogger as MetricLogger
 from datarax.train.callbacks.profiler import Profiler as Profiler
 from datarax.train.callbacks.profiler import ProfilerConfig as ProfilerConfig
+from datarax.train.callbacks.progress import ProgressBar as ProgressBar
