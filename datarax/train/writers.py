@@ -185,6 +185,11 @@ class WandbWriter:
 
     def close(self) -> None:
         self.run.finish()
+        wandb = require("wandb", owner="WandbWriter", extra="wandb")
+        if wandb.run is None:
+            # `finish` can return before wandb's service has written the run's file; with no other
+            # run open, stopping the service waits for it, so the run is complete on disk now.
+            wandb.teardown()
 
 
 @dataclasses.dataclass(frozen=True)
