@@ -260,3 +260,15 @@ def test_train_logs_to_both_trackers_from_the_file(folder, capsys, monkeypatch):
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("toml").experiment_id])
     assert mlflow_history(uri, run.info.run_id) == reference
+
+
+def test_the_tracker_docs_run(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="WandbWriter needs the `wandb` package: pip install 'datarax[wandb]'")
+    pytest.importorskip("mlflow", reason="MlflowWriter needs the `mlflow` package: pip install 'datarax[mlflow]'")
+    from test_profiler import doc_blocks
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the block sets it too; monkeypatch restores it
+    blocks = doc_blocks("Experiment trackers")
+    assert len(blocks) == 1
+    exec(compile(blocks[0], "docs/trainers.md", "exec"), {})
