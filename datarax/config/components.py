@@ -46,6 +46,7 @@ from datarax.config.schema import (Path, Problems, build_dataclass, check_keys, 
 RNGS_KEY = "rngs"
 # A `[[stages]]` table names one of these kinds: host stages run first, on the background reader.
 STAGE_KINDS = ("host_stage", "operator")
+BUILT_IN_KINDS = ("operator", "source", "host_stage", "sampler")
 
 
 @dataclasses.dataclass
@@ -150,7 +151,8 @@ def _kind_of(cls: Any) -> str | None:
     if issubclass(cls, HostStage):
         return "host_stage"
     if not issubclass(cls, nnx.Module):
-        return None
+        # A kind registered from above this layer (the training kit's metric writers).
+        return next((k for k in registry.KINDS if k not in BUILT_IN_KINDS and registry.is_of_kind(cls, k)), None)
     return "sampler" if issubclass(cls, Sampler) else "operator"
 
 

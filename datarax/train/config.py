@@ -23,13 +23,14 @@ from datarax.config.registry import Kind, register_kind
 from datarax.config.schema import ConfigError, FieldError, Path, build_dataclass, check_keys, is_table, suggestion
 from datarax.config.spec import RunSpec, check_positive, register_section
 from datarax.core.checks import is_int, is_number
-from datarax.train.callbacks import CheckpointCallback
+from datarax.train.callbacks import CheckpointCallback, ProfilerConfig
 from datarax.train.checkpointing import BEST_MODES, ON_DAMAGED
 from datarax.train.param_sharding import PARAM_SHARDINGS
 from datarax.train.precision import PRECISIONS
 from datarax.train.compile_cache import default_cache_dir
 from datarax.train.run_config import NOT_FINGERPRINTED
 from datarax.train.trainer import Trainer
+from datarax.train.writers import JsonlWriter, TensorBoardWriter, WandbWriterConfig
 
 CALLBACK_KIND = Kind("callback", ("datarax.train.callbacks",), "datarax.train.callbacks.base:Callback", ("Callback",))
 
@@ -199,6 +200,7 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
     raw = value.get("callbacks", [])
     if isinstance(raw, list):
         callbacks = [component(c, "callback", (*path, "callbacks", i), ctx) for i, c in enumerate(raw)]
+        callbacks = [under_config_dir(c, ctx) for c in callbacks]
     if "eval_every_steps" in value and "eval" not in ctx.root:
         ctx.problems.add((*path, "eval_every_steps"), "needs an evaluation pipeline: add an [eval] table (its keys "
                                                       "override the training pipeline's, e.g. [eval.source.hf] with "
@@ -382,4 +384,31 @@ def load_trainer(path: str | os.PathLike, *, environ: Mapping[str, str] | None =
 
 
 register_kind(CALLBACK_KIND)
+
+
+# Metric writers as components of a callback's `writers` (`{ metric_logger = { writers = [{ wandb =
+# { project = "exp1" } }] } }`), and the folders callbacks and writers write into, which a
+# configuration gives relative to its own file (as `checkpoint_dir`).
+WRITER_KIND = Kind("writer", ("datarax.train.writers",), "datarax.train.writers:MetricWriter", ("Writer",))
+CONFIG_PATHS = {ProfilerConfig: "log_dir", WandbWriterConfig: "dir"}
+ARGUMENT_PATHS = {JsonlWriter: "path", TensorBoardWriter: "logdir"}
+
+
+def under_config_dir(spec: ComponentSpec | None, ctx: Context) -> ComponentSpec | None:
+    """`spec` with the folders it (or a writer inside it) writes into resolved against the config's folder."""
+    if spec is None:
+        return None
+    name = CONFIG_PATHS.get(type(spec.config))
+    if name is not None and getattr(spec.config, name) is not None:
+        spec.config = dataclasses.replace(spec.config, **{name: ctx.path_of(getattr(spec.config, name))})
+    name = ARGUMENT_PATHS.get(spec.factory)
+    if name is not None and isinstance(spec.kwargs.get(name), str):
+        spec.kwargs[name] = ctx.path_of(spec.kwargs[name])
+    for key, value in spec.kwargs.items():
+        if isinstance(value, list):
+            spec.kwargs[key] = [under_config_dir(v, ctx) if isinstance(v, ComponentSpec) else v for v in value]
+    return spec
+
+
+register_kind(WRITER_KIND)
 register_section("trainer", validate_trainer)

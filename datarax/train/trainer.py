@@ -410,7 +410,8 @@ class Trainer:
         self.callbacks("on_data_wait_begin", self, step)
         before = iterator.get_state() if self.target_epoch is not None else None
         begin = time.perf_counter()
-        batch = next(iterator)
+        with jax.profiler.TraceAnnotation("datarax/next"):
+            batch = next(iterator)
         end = time.perf_counter()
         epoch = iterator.get_state()["epoch"]
         if self.target_epoch is not None and epoch >= self.target_epoch:
@@ -419,7 +420,8 @@ class Trainer:
             return False
         self.callbacks("on_data_wait_end", self, step, end - begin)
         self.callbacks("on_step_begin", self, step)
-        (values, out), compile_seconds = self._train_step(self._binding.values(), batch)
+        with jax.profiler.TraceAnnotation("datarax/step"):
+            (values, out), compile_seconds = self._train_step(self._binding.values(), batch)
         self._binding.assign(values)
         dispatched = time.perf_counter()
         cause = self._train_causes.cause(batch) if compile_seconds > 0 else None

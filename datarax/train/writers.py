@@ -1,4 +1,4 @@
-"""Metric writers: console, JSON lines, TensorBoard, and any CLU-style `MetricWriter`.
+"""Metric writers: console, JSON lines, TensorBoard, Weights & Biases, MLflow, and any CLU-style `MetricWriter`.
 
 A writer is anything with `write_scalars(step, scalars)` (and optionally `flush()`/`close()`),
 the interface of `clu.metric_writers.MetricWriter`, so a CLU writer can be passed as is.
@@ -6,6 +6,8 @@ the interface of `clu.metric_writers.MetricWriter`, so a CLU writer can be passe
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
 
 from datarax.cli.progress import write_line
+from datarax.core.checks import require
+from datarax.core.construct import resolve_config
 
 
 @runtime_checkable
@@ -116,3 +120,142 @@ class TensorBoardWriter:
 
     def close(self) -> None:
         self._writer.close()
+
+
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbWriterConfig:
+    """Where `WandbWriter` logs.
+
+    Attributes:
+        project: the Weights & Biases project.
+        name: the run's display name (default: one wandb makes up).
+        run_id: the run's id; a rerun with the same id continues that run (`resume="allow"`),
+            as a resumed training run should (default: a new id each time).
+        dir: the folder wandb writes its `wandb/` run folders into (default: the working directory).
+        mode: "offline" (the default: the run is written to `dir` only, `wandb sync` uploads it
+            later), "online" or "disabled".
+    """
+
+    project: str
+    name: str | None = None
+    run_id: str | None = None
+    dir: str | None = None
+    mode: str = "offline"
+
+    def __post_init__(self):
+        for field in ("project", "name", "run_id", "dir"):
+            value = getattr(self, field)
+            if (value is not None or field == "project") and not (isinstance(value, str) and value):
+                raise ValueError(f"WandbWriterConfig.{field} must be a non-empty string, got {value!r}")
+        if self.mode not in WANDB_MODES:
+            raise ValueError(f"WandbWriterConfig.mode must be one of {WANDB_MODES}, got {self.mode!r}")
+
+
+class WandbWriter:
+    """Logs scalars to a Weights & Biases run (`pip install 'datarax[wandb]'`).
+
+    The run starts when the writer is made and finishes at `close()` (or, as wandb does, at the
+    process's exit: the trainer does not close writers, one may outlive a `fit`). Each `write_scalars` is one
+    `run.log(scalars, step=step)`; wandb merges the train and eval scalars of one step into one
+    history row, and ignores a step lower than one it already has (a resumed run's repeated
+    steps).
+
+    Example:
+        >>> logger = MetricLogger([WandbWriter(project="exp1", dir="runs/exp1")], every_steps=50)
+    """
+
+    def __init__(self, config: WandbWriterConfig | None = None, **settings: Any):
+        self.config = resolve_config(WandbWriterConfig, config, settings, "WandbWriter")
+        wandb = require("wandb", owner="WandbWriter", extra="wandb")
+        cfg = self.config
+        if cfg.dir is not None:
+            Path(cfg.dir).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=cfg.project, name=cfg.name, id=cfg.run_id, dir=cfg.dir, mode=cfg.mode,
+                              resume="allow" if cfg.run_id is not None else None,
+                              settings=wandb.Settings(silent=True, console="off"))
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        self.run.log({k: float(v) for k, v in scalars.items()}, step=int(step))
+
+    def flush(self) -> None:
+        pass  # wandb writes in its own process; `close` waits for it
+
+    def close(self) -> None:
+        self.run.finish()
+        wandb = require("wandb", owner="WandbWriter", extra="wandb")
+        if wandb.run is None:
+            # `finish` can return before wandb's service has written the run's file; with no other
+            # run open, stopping the service waits for it, so the run is complete on disk now.
+            wandb.teardown()
+
+
+@dataclasses.dataclass(frozen=True)
+class MlflowWriterConfig:
+    """Where `MlflowWriter` logs.
+
+    Attributes:
+        tracking_uri: the MLflow tracking store, e.g. "sqlite:///mlflow.db", "file:///abs/mlruns"
+            (MLflow 3 refuses a file store unless `MLFLOW_ALLOW_FILE_STORE=true` is set) or a
+            server's "http://host:5000".
+        experiment: the experiment's name (created when missing).
+        run_name: the run's name (default: one MLflow makes up).
+        run_id: log into this existing run instead of creating one (a resumed training run).
+    """
+
+    tracking_uri: str
+    experiment: str = "Default"
+    run_name: str | None = None
+    run_id: str | None = None
+
+    def __post_init__(self):
+        for field in ("tracking_uri", "experiment", "run_name", "run_id"):
+            value = getattr(self, field)
+            if (value is not None or field in ("tracking_uri", "experiment")) and \
+                    not (isinstance(value, str) and value):
+                raise ValueError(f"MlflowWriterConfig.{field} must be a non-empty string, got {value!r}")
+
+
+class MlflowWriter:
+    """Logs scalars as metrics of an MLflow run (`pip install 'datarax[mlflow]'`).
+
+    Uses an `MlflowClient` of its own, so MLflow's global active run is left alone. Each
+    `write_scalars` is one `log_batch` of all its scalars at `step`; `close()` (or the process's
+    exit) marks the run finished. `run_id` is the run's id (to resume into it, or to read it back).
+
+    Example:
+        >>> logger = MetricLogger([MlflowWriter(tracking_uri="sqlite:///mlflow.db", experiment="exp1")])
+    """
+
+    def __init__(self, config: MlflowWriterConfig | None = None, **settings: Any):
+        self.config = resolve_config(MlflowWriterConfig, config, settings, "MlflowWriter")
+        tracking = require("mlflow.tracking", owner="MlflowWriter", extra="mlflow", package="mlflow")
+        self._entities = require("mlflow.entities", owner="MlflowWriter", extra="mlflow", package="mlflow")
+        cfg = self.config
+        self.client = tracking.MlflowClient(tracking_uri=cfg.tracking_uri)
+        if cfg.run_id is not None:
+            self.run_id = cfg.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            experiment = self.client.get_experiment_by_name(cfg.experiment)
+            experiment_id = experiment.experiment_id if experiment is not None else \
+                self.client.create_experiment(cfg.experiment)
+            self.run_id = self.client.create_run(experiment_id, run_name=cfg.run_name).info.run_id
+        self._open = True
+        atexit.register(self.close)  # the trainer does not close writers: mark the run finished at exit
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        now = int(time.time() * 1000)
+        metrics = [self._entities.Metric(k, float(v), now, int(step)) for k, v in scalars.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def flush(self) -> None:
+        pass  # log_batch returns once the store has the metrics
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            atexit.unregister(self.close)
+            self.client.set_terminated(self.run_id)

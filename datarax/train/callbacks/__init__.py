@@ -9,4 +9,6 @@ from datarax.train.callbacks.early_stopping import EarlyStopping as EarlyStoppin
 from datarax.train.callbacks.goodput import GoodputMonitor as GoodputMonitor
 from datarax.train.callbacks.lr_logger import LearningRateLogger as LearningRateLogger
 from datarax.train.callbacks.metric_logger import MetricLogger as MetricLogger
+from datarax.train.callbacks.profiler import Profiler as Profiler
+from datarax.train.callbacks.profiler import ProfilerConfig as ProfilerConfig
 from datarax.train.callbacks.progress import ProgressBar as ProgressBar

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from datarax.train.callbacks.base import Callback, Schedule, StepLogs
-from datarax.train.writers import ConsoleWriter, check_writer
+from datarax.train.writers import ConsoleWriter, MetricWriter, check_writer
 
 if TYPE_CHECKING:
     from datarax.train.trainer import Trainer
@@ -29,7 +29,7 @@ class MetricLogger(Callback):
 
     order = 10  # after callbacks that add values to the logs (e.g. LearningRateLogger)
 
-    def __init__(self, writers: Sequence[Any] | None = None, *, every_steps: int | None = None,
+    def __init__(self, writers: Sequence[MetricWriter] | None = None, *, every_steps: int | None = None,
                  every_secs: float | None = None, on_steps: Sequence[int] = ()):
         writers = [ConsoleWriter()] if writers is None else list(writers)
         self.writers = [check_writer(w, f"writers[{i}]") for i, w in enumerate(writers)]

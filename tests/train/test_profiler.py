@@ -1,0 +1,214 @@
+"""The Profiler callback and the trace annotations: read back from the perfetto trace jax.profiler writes."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+from trainer_helpers import loss_fn, points
+
+from datarax import Pipeline
+from datarax.host.stage import HostStage, HostStageSource
+from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.train import Trainer
+from datarax.train.callbacks import Profiler, ProfilerConfig
+from datarax.train.callbacks.profiler import HOST_STAGE, NEXT, STEP
+from flax import nnx
+
+
+class Shift(HostStage):
+    """Adds `delta` to x on the host (a stage that does real work, so the reader runs it)."""
+
+    def __init__(self, delta: float):
+        self.delta = delta
+
+    def output_spec(self, input_spec):
+        return dict(input_spec)
+
+    def __call__(self, batch, ctx):
+        return {**batch, "x": batch["x"] + np.float32(self.delta)}
+
+
+def trace_events(trace_dir: str | Path) -> list[dict]:
+    """The complete ("X") events of the one perfetto trace in `trace_dir`."""
+    files = list(Path(trace_dir).glob("*perfetto_trace.json.gz"))
+    assert len(files) == 1, list(Path(trace_dir).iterdir())
+    with gzip.open(files[0]) as f:
+        events = json.load(f)["traceEvents"]
+    return [e for e in events if e.get("ph") == "X"]
+
+
+def datarax_counts(events: list[dict]) -> dict[str, int]:
+    return dict(collections.Counter(e["name"] for e in events if e["name"].startswith("datarax/")))
+
+
+def only_trace(log_dir: Path) -> Path:
+    runs = list((log_dir / "plugins" / "profile").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_each_host_stage_call_is_one_named_span(tmp_path):
+    source = HostStageSource(MemorySource(data=points(16)), [Shift(1.0), Shift(2.0), Shift(3.0)])
+    with jax.profiler.trace(str(tmp_path), create_perfetto_trace=True):
+        batches = [source.read(np.arange(4) + 4 * i, epoch=0) for i in range(3)]
+    np.testing.assert_array_equal(batches[2]["x"], points(16)["x"][8:12] + np.float32(6.0))
+    # Three stages of one kind are told apart by their position (as in the timing reports).
+    assert datarax_counts(trace_events(only_trace(tmp_path))) == {f"{HOST_STAGE}Shift#{i}": 3 for i in range(3)}
+
+
+def make_trainer(callbacks) -> Trainer:
+    source = MemorySource(MemorySourceConfig(shuffle=True, seed=3), data=points(64))
+    pipeline = Pipeline(source, [Shift(0.5)], batch_size=8)
+    return Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1), pipeline, loss_fn, callbacks=callbacks)
+
+
+WINDOWS = [(1, 1), (3, 5), (7, 20)]  # the last runs past the end of an 8-step fit: traced to step 8
+
+
+@pytest.mark.parametrize("start, stop", WINDOWS)
+def test_profiler_traces_exactly_steps_start_to_stop(tmp_path, start, stop):
+    profiler = Profiler(log_dir=str(tmp_path), start_step=start, stop_step=stop, create_perfetto_trace=True)
+    trainer = make_trainer([profiler])
+    with trainer:
+        trainer.fit(8)
+    trace = only_trace(tmp_path)
+    assert profiler.trace_dir == str(trace)
+    assert list(trace.glob("*.xplane.pb")), list(trace.iterdir())
+    events = trace_events(trace)
+    traced = len(range(start, min(stop, 8) + 1))
+    counts = datarax_counts(events)
+    assert counts[NEXT] == counts[STEP] == traced
+    assert set(counts) == {NEXT, STEP, f"{HOST_STAGE}Shift"}
+    # next() and the step alternate on the training thread; the host stage runs on the reader thread.
+    main = sorted((e["ts"], e["name"]) for e in events if e["name"] in (NEXT, STEP))
+    assert [name for _, name in main] == [NEXT, STEP] * traced
+    assert len({e["tid"] for e in events if e["name"] in (NEXT, STEP)}) == 1
+    stage_threads = {e["tid"] for e in events if e["name"] == f"{HOST_STAGE}Shift"}
+    assert stage_threads and stage_threads.isdisjoint(e["tid"] for e in events if e["name"] == STEP)
+    # The reader reads 8 batches in all, some before the trace began.
+    assert 1 <= counts[f"{HOST_STAGE}Shift"] <= 8
+
+
+def test_a_window_the_run_never_reaches_writes_no_trace(tmp_path):
+    profiler = Profiler(ProfilerConfig(log_dir=str(tmp_path), start_step=9, stop_step=12))
+    with make_trainer([profiler]) as trainer:
+        trainer.fit(4)
+    assert profiler.trace_dir is None and not (tmp_path / "plugins").exists()
+
+
+BAD = [  # (settings, the field the error names, words of the message)
+    (dict(log_dir="", start_step=1, stop_step=2), "log_dir", "must be a directory path"),
+    (dict(log_dir="p", start_step=0, stop_step=2), "start_step", "must be an integer >= 1"),
+    (dict(log_dir="p", start_step=1.5, stop_step=2), "start_step", "must be an integer >= 1"),
+    (dict(log_dir="p", start_step=5, stop_step=4), "stop_step", "must be an integer >= start_step = 5"),
+    (dict(log_dir="p", start_step=1, stop_step=2, create_perfetto_trace="yes"), "create_perfetto_trace",
+     "must be True or False"),
+]
+
+
+@pytest.mark.parametrize("settings, field, words", BAD, ids=[b[1] for b in BAD])
+def test_profiler_settings_are_checked(settings, field, words):
+    with pytest.raises(ValueError, match=f"ProfilerConfig.{field} {words}"):
+        Profiler(**settings)
+
+
+def test_profiler_takes_a_config_or_settings_not_both(tmp_path):
+    with pytest.raises(TypeError, match="not both"):
+        Profiler(ProfilerConfig(log_dir=str(tmp_path), start_step=1, stop_step=1), start_step=2)
+
+
+HELPERS = '''
+import numpy as np
+import jax.numpy as jnp
+from flax import nnx
+
+def make_regression():
+    rng = np.random.default_rng(0)
+    x = rng.random((40, 4)).astype(np.float32)
+    return {"x": x, "y": x @ np.array([1.0, -2.0, 3.0, 0.5], np.float32)}
+
+def make_model(rngs):
+    return nnx.Linear(4, 1, rngs=rngs)
+
+def mse(model, batch):
+    return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
+'''
+CONFIG = """
+allow = ["profiler_helpers"]
+batch_size = 8
+[source.memory]
+data = "profiler_helpers:make_regression"
+shuffle = true
+[trainer]
+model = "profiler_helpers:make_model"
+loss = "profiler_helpers:mse"
+optimizer = { adam = { learning_rate = 0.01 } }
+steps = 4
+callbacks = [{ profiler = PROFILER }]
+"""
+GOOD = '{ log_dir = "profile", start_step = 2, stop_step = 3, create_perfetto_trace = true }'
+REJECTED = [  # (the profiler table, the error after "<path>: ")
+    ('{ log_dir = "profile", start_step = 0, stop_step = 3 }',
+     "trainer.callbacks[0].profiler.start_step is rejected by ProfilerConfig: ProfilerConfig.start_step must be an "
+     "integer >= 1"),
+    ('{ log_dir = "profile", start_step = 4, stop_step = 3 }',
+     "trainer.callbacks[0].profiler.stop_step is rejected by ProfilerConfig: ProfilerConfig.stop_step must be an "
+     "integer >= start_step = 4, got 3"),
+    ('{ log_dir = "profile", start_step = "2", stop_step = 3 }', "trainer.callbacks[0].profiler.start_step"),
+    ('{ start_step = 2, stop_step = 3 }', "trainer.callbacks[0].profiler.log_dir is required"),
+    ('{ log_dir = "profile", start_step = 2, stop_step = 3, steps = 4 }',
+     "trainer.callbacks[0].profiler.steps is not a known"),
+]
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "profiler_helpers.py").write_text(HELPERS)
+    return tmp_path
+
+
+@pytest.mark.parametrize("table, error", REJECTED, ids=[r[1].split(" ")[0] + str(i) for i, r in enumerate(REJECTED)])
+def test_validate_rejects_bad_profiler_settings_at_their_key(folder, capsys, table, error):
+    from datarax.cli.main import main
+
+    path = folder / "run.toml"
+    path.write_text(CONFIG.replace("PROFILER", table))
+    assert main(["validate", str(path)]) == 1
+    assert f"datarax: error: {path}: {error}" in capsys.readouterr().err
+
+
+def test_train_profiles_from_the_file_into_a_folder_beside_it(folder, capsys, monkeypatch):
+    from datarax.cli.main import main
+
+    path = folder / "run.toml"
+    path.write_text(textwrap.dedent(CONFIG.replace("PROFILER", GOOD)))
+    monkeypatch.chdir(folder.parent)  # log_dir is relative to the file, not the working directory
+    assert main(["validate", str(path)]) == 0
+    assert main(["train", str(path), "--no-progress"]) == 0
+    counts = datarax_counts(trace_events(only_trace(folder / "profile")))
+    assert counts == {NEXT: 2, STEP: 2}
+
+
+def doc_blocks(title: str) -> list[str]:
+    """The python blocks of one section of docs/trainers.md."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "trainers.md").read_text()
+    section = text[text.index(f"\n## {title}\n"):]
+    section = section[:section.index("\n## ", 1)]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_profiling_docs_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = doc_blocks("Profiling")
+    assert len(blocks) == 1
+    exec(compile(blocks[0], "docs/trainers.md", "exec"), {})
