@@ -86,15 +86,19 @@ def test_profiler_traces_exactly_steps_start_to_stop(tmp_path, start, stop):
     traced = len(range(start, min(stop, 8) + 1))
     counts = datarax_counts(events)
     assert counts[NEXT] == counts[STEP] == traced
-    assert set(counts) == {NEXT, STEP, f"{HOST_STAGE}Shift"}
+    assert set(counts) - {f"{HOST_STAGE}Shift"} == {NEXT, STEP}
     # next() and the step alternate on the training thread; the host stage runs on the reader thread.
     main = sorted((e["ts"], e["name"]) for e in events if e["name"] in (NEXT, STEP))
     assert [name for _, name in main] == [NEXT, STEP] * traced
     assert len({e["tid"] for e in events if e["name"] in (NEXT, STEP)}) == 1
     stage_threads = {e["tid"] for e in events if e["name"] == f"{HOST_STAGE}Shift"}
-    assert stage_threads and stage_threads.isdisjoint(e["tid"] for e in events if e["name"] == STEP)
-    # The reader reads 8 batches in all, some before the trace began.
-    assert 1 <= counts[f"{HOST_STAGE}Shift"] <= 8
+    assert stage_threads.isdisjoint(e["tid"] for e in events if e["name"] == STEP)
+    # The reader runs ahead of the steps (its prefetch queue), so which of its reads fall inside the
+    # window depends on thread timing: at least one when the run goes on past the window (each step
+    # consumed frees a slot the reader refills), none required when the window ends with the run
+    # (the reader may already hold every batch the last steps take). The exact per-read count is
+    # test_each_host_stage_call_is_one_named_span above.
+    assert (1 if stop < 8 else 0) <= counts.get(f"{HOST_STAGE}Shift", 0) <= 12
 
 
 def test_a_window_the_run_never_reaches_writes_no_trace(tmp_path):
