@@ -115,10 +115,13 @@ def lookahead_loss(model: nnx.Module, program: nnx.Module, train: tuple, val: tu
         ctx = BatchContext(step_ids, epoch, jnp.ones(step_ids.shape, bool))
         batch = ScanBatch(data, ctx).transform(nnx.merge(program_def, phi, program_rest))
         grads = jax.grad(loss_at)(theta, batch)
-        return jax.tree.map(lambda t, g: t - inner_learning_rate * g, theta, grads), None
+        return jax.tree.map(lambda t, g: t - inner_learning_rate * g, theta, grads)
 
-    # Remat: the backward pass recomputes each augmented batch from its record keys.
-    theta, _ = jax.lax.scan(jax.checkpoint(inner), theta0, ids)
+    # Remat: the backward pass recomputes each augmented batch from its record keys. K is small and
+    # static, so the steps are unrolled: a lax.scan over them ran the forward 5x slower on XLA:CPU.
+    theta = theta0
+    for k in range(ids.shape[0]):
+        theta = jax.checkpoint(inner)(theta, ids[k])
     return loss_at(theta, {"image": val[0][val_ids], "label": val[1][val_ids]})
 
 
