@@ -442,6 +442,8 @@ def targets(table: dict, cfg: dict) -> list[str]:
 def _options(parser) -> None:
     parser.add_argument("--hidden-ranges", type=float, nargs="+", default=None,
                         help="hidden rotation ranges T in degrees (default 0 45 90 180; --quick 0 90)")
+    parser.add_argument("--seeds", type=int, default=None, dest="num_seeds",
+                        help="how many seeds, --seed, --seed + 1, ... (default 5; --quick 1)")
     parser.add_argument("--starts", type=float, nargs="+", default=None,
                         help="starting widths of the learned and hypergrad arms, strictly inside (0, 180) degrees "
                              "(default 10 37.5 90 170; --quick 90)")
@@ -458,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise SystemExit(f"--starts must lie strictly inside (0, 180) degrees (a learnable width cannot start at "
                          f"its bound), got {bad}")
+    if args.num_seeds is not None and args.num_seeds < 1:
+        raise SystemExit(f"--seeds must be >= 1, got {args.num_seeds}")
+    cfg["seeds"] = args.num_seeds or cfg["seeds"]
     seeds = [args.seed + i for i in range(cfg["seeds"])]
     began = time.perf_counter()
     data = load_data(cfg)
