@@ -23,13 +23,13 @@ The inner batches' augmentation is keyed by record id and epoch, as the pipeline
 (`fold_in(fold_in(stage_key, epoch), record_id)`): the lookahead augments record i of epoch e
 exactly as the training pipeline does. Each inner step runs under `jax.checkpoint`, so the
 backward pass *regenerates* the augmented batch from its keys instead of storing it; only the
-K parameter vectors are kept. A hyper-step (sampling of nothing on the device, K inner steps,
-the validation loss, its gradient and the Adam update) is one compiled program.
+K parameter vectors are kept. A hyper-step (the K inner steps, the validation loss, its gradient
+and the Adam update; the records are drawn on the host) is one compiled program.
 
 Example:
     >>> stepper = HyperStep(model, pipeline.program, (train_x, train_y), (val_x, val_y),
     ...                     HypergradientConfig(every=10, unroll=1))
-    >>> stepper(model, epoch=0)  # one hyper-step: updates pipeline.program's magnitudes in place
+    >>> stepper(model, pipeline.program, epoch=0)  # one hyper-step: updates the magnitudes in place
 """
 
 from __future__ import annotations
