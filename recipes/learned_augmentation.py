@@ -1,4 +1,4 @@
-"""Learned augmentation (Augerino) against no augmentation and a grid search, on digits with a hidden rotation.
+"""Learned augmentation (Augerino, hypergradient) against no augmentation and a grid search, on rotated digits.
 
     python -m recipes.learned_augmentation [--workdir DIR] [--quick] [--seed N] [--steps N]
 
@@ -15,13 +15,23 @@ budget on a small CPU). The methods never see T:
   `AugmentationPolicy` stage trained jointly with the classifier by
   `Trainer(train_pipeline_params=True)` under the Augerino loss `CE - lam * ||w||_2` (w: the
   half-width in radians; see `recipes.augerino`); lam chosen on validation accuracy from a small
-  set (its cost: all of them); test accuracy reported without and with test-time averaging over
-  k rotated copies drawn from the learned range.
+  set (its cost: all of them);
+* hypergrad: the same learnable `RotationOperator`, its width updated every M training steps by
+  the gradient of the *validation* loss after K unrolled SGD steps of the classifier
+  (`recipes.hypergradient`; no regulariser, no lam, one run per start); the classifier trains
+  on the training loss as in the grid runs.
+
+The learned and hypergrad arms run from every starting width in `start_degrees` (the start
+ablation; each start is a separate run and reported separately). Test accuracy is reported
+without test-time augmentation (TTA) for every method, and with TTA (the softmax averaged over
+k rotated copies drawn from the method's own range: the chosen grid range, the learned width)
+for grid, learned and hypergrad; a comparison row gives TTA to both arms or to neither.
 
 Same classifier, optimiser and number of steps for every run; several seeds (model
 initialisation, augmentation draws and batch order; the splits and hidden angles stay fixed);
 the table gives means and spreads over seeds and paired per-seed differences, and each method's
-cost as training steps x measured median step time.
+cost: training steps x measured median step time, plus hyper-steps x median hyper-step time
+(hypergrad), plus the validation evaluations that pick a grid range or a lam (each timed).
 """
 
 from __future__ import annotations
@@ -52,20 +62,30 @@ from recipes.augerino import (
     policy_values,
 )
 from recipes.data import load_mnist_5k, stratified_split
+from recipes.hypergradient import HyperStep, HypergradientCallback, HypergradientConfig
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, classification_loss
 
 NAME = "learned_augmentation"
 NUM_CLASSES = 10
-METHODS = ("none", "grid", "learned", "learned_tta")
 SPLIT_SEED = 20240518  # the train/validation/test split: fixed, independent of --seed
 HIDDEN_SEED = 7  # the hidden angles: fixed, independent of --seed
 EVAL_SEED = 10_000  # test-time augmentation draws (an operator key no training run uses)
 DEFAULT = {"data": "mnist_5k", "splits": (1000, 1000, 2000), "hidden_ranges": (0, 45, 90, 180),
            "grid": (0, 30, 60, 90, 120, 150, 180), "lambdas": (0.03, 0.1, 0.3), "seeds": 5, "steps": 600,
-           "batch_size": 64, "learning_rate": 3e-3, "width_learning_rate": 0.01, "start_degrees": 90.0,
-           "tta_copies": 8, "widths": (16, 32, 32), "hidden": 64}
+           "batch_size": 64, "learning_rate": 3e-3, "width_learning_rate": 0.01,
+           "start_degrees": (10.0, 37.5, 90.0, 170.0), "tta_copies": 8, "widths": (16, 32, 32), "hidden": 64,
+           "hyper": {"every": 10, "unroll": 1, "inner_learning_rate": 0.1, "learning_rate": 0.15, "batch_size": 64,
+                     "val_batch_size": 128}}
 QUICK = {**DEFAULT, "splits": (500, 500, 500), "hidden_ranges": (0, 90), "grid": (0, 90), "lambdas": (0.1,),
-         "seeds": 1, "steps": 100, "tta_copies": 4}
+         "seeds": 1, "steps": 100, "tta_copies": 4, "start_degrees": (90.0,)}
+
+
+def methods(cfg: dict) -> list[str]:
+    """The table's rows: none, grid (without and with TTA), then per start the learned and hypergrad arms."""
+    out = ["none", "grid", "grid_tta"]
+    for start in cfg["start_degrees"]:
+        out += [f"{arm}_s{start:g}" for arm in ("learned", "learned_tta", "hypergrad", "hypergrad_tta")]
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -171,20 +191,31 @@ def accuracy(model: nnx.Module, split: tuple, copies: int = 1, degrees: float = 
 def run_key(cfg: dict, **run) -> str:
     """A digest of everything a run's result depends on, so a rerun reuses only matching records."""
     relevant = {k: cfg[k] for k in ("data", "splits", "steps", "batch_size", "learning_rate", "width_learning_rate",
-                                    "start_degrees", "tta_copies", "widths", "hidden")}
+                                    "tta_copies", "widths", "hidden", "hyper")}
     return hashlib.sha256(json.dumps({**relevant, **run}, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def timed_accuracy(model: nnx.Module, split: tuple) -> tuple[float, float]:
+    """(accuracy, seconds of one evaluation): the second of two identical passes, so no compilation is timed."""
+    accuracy(model, split)
+    began = time.perf_counter()
+    value = accuracy(model, split)
+    return value, time.perf_counter() - began
+
+
 def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *, method: str,
-              degrees: float = 0.0, lam: float = 0.0) -> dict:
-    """One training run (none, grid with range `degrees`, or learned with weight `lam`); its record.
+              degrees: float = 0.0, lam: float = 0.0, start: float = 90.0) -> dict:
+    """One training run (none; grid with range `degrees`; learned with weight `lam` or hypergrad, from
+    width `start`); its record.
 
     A finished run's record is kept in its run directory and reused by a rerun with the same
     configuration (the recipe resumes at run granularity; see `main`).
     """
-    tag = {"none": "none", "grid": f"grid{degrees:g}", "learned": f"learned-lam{lam:g}"}[method]
+    tag = {"none": "none", "grid": f"grid{degrees:g}", "learned": f"learned-lam{lam:g}-start{start:g}",
+           "hypergrad": f"hypergrad-start{start:g}"}[method]
     run_dir = workdir / "runs" / f"T{hidden_range:g}" / f"seed{seed}" / tag
-    key = run_key(cfg, method=method, T=hidden_range, seed=seed, degrees=degrees, lam=lam)
+    key = run_key(cfg, method=method, T=hidden_range, seed=seed, degrees=degrees, lam=lam,
+                  start=start if method in ("learned", "hypergrad") else None)
     saved = run_dir / "record.json"
     if saved.is_file():
         record = json.loads(saved.read_text())
@@ -196,33 +227,54 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
     learned = method == "learned"
     policy = None
     if learned:
-        policy = AugmentationPolicy([rotation(cfg["start_degrees"], seed, learnable=True)],
+        policy = AugmentationPolicy([rotation(start, seed, learnable=True)],
                                     units={"Rotation.degrees": RADIANS_PER_DEGREE})
         stages = [policy]
+    elif method == "hypergrad":
+        stages = [rotation(start, seed, learnable=True)]
     else:
         stages = [rotation(degrees, seed)] if degrees > 0 else []
     pipeline = Pipeline(source, stages, batch_size=cfg["batch_size"], drop_remainder=True)
     model = ConvNet(1, NUM_CLASSES, widths=cfg["widths"], image_size=(size, size), hidden=cfg["hidden"], seed=seed)
     timer = StepTimer()
-    callbacks = [timer] + ([PolicyTracker(policy, every=max(1, cfg["steps"] // 30))] if learned else [])
+    callbacks = [timer]
+    if learned:
+        callbacks.append(PolicyTracker(policy, every=max(1, cfg["steps"] // 30)))
+    elif method == "hypergrad":
+        stepper = HyperStep(model, pipeline.program, data["train"][:2], data["val"][:2],
+                            HypergradientConfig(**cfg["hyper"]), seed=seed)
+        callbacks.append(HypergradientCallback(stepper, pipeline.program, width_of))
     label = f"[T={hidden_range:g} seed {seed} {tag}] "
     _, run = common.train_run(run_dir, model, optimizer(cfg, learned), pipeline,
                               augerino_loss(lam) if learned else classification_loss, steps=cfg["steps"],
                               metrics=CLASSIFICATION_METRICS, joint=learned, label=label, log_every=cfg["steps"],
                               callbacks=callbacks, checkpoint=False, goodput_plot=False)
+    val_accuracy, val_eval_s = timed_accuracy(model, data["val"])
     record = {"key": key, "method": method, "T": hidden_range, "seed": seed, "degrees": degrees, "lam": lam,
-              "steps": run.step, "step_s": timer.median_s(), "wall_s": run.seconds,
-              "val_accuracy": accuracy(model, data["val"]), "test_accuracy": accuracy(model, data["test"]),
+              "start": start, "steps": run.step, "step_s": timer.median_s(), "wall_s": run.seconds,
+              "val_accuracy": val_accuracy, "val_eval_s": val_eval_s, "test_accuracy": accuracy(model, data["test"]),
               "final_train_loss": run.train_metrics.get("loss")}
-    if learned:
-        width = policy_values(policy)["Rotation.degrees"]
-        record.update(width_degrees=width, history=callbacks[1].history,
-                      test_accuracy_tta=accuracy(model, data["test"], cfg["tta_copies"], width))
-    extra = f", learned width {record['width_degrees']:.1f} deg" if learned else ""
+    if method in ("learned", "hypergrad"):
+        width = policy_values(policy)["Rotation.degrees"] if learned else width_of(pipeline.program)["Rotation.degrees"]
+        record.update(width_degrees=width, history=callbacks[1].history)
+    else:
+        width = degrees
+    # TTA draws from the run's own range; with no range (none, grid r = 0) it is the plain accuracy.
+    record["test_accuracy_tta"] = (accuracy(model, data["test"], cfg["tta_copies"], width) if width > 0
+                                   else record["test_accuracy"])
+    if method == "hypergrad":
+        record.update(hyper_steps=callbacks[1].hyper_steps, hyper_step_s=stepper.median_s())
+    extra = f", learned width {record['width_degrees']:.1f} deg" if "width_degrees" in record else ""
     print(f"{label}val {record['val_accuracy']:.4f} test {record['test_accuracy']:.4f}{extra}; "
           f"{1000 * record['step_s']:.2f} ms/step, {run.seconds:.1f} s", flush=True)
     saved.write_text(json.dumps(record))
     return record
+
+
+def width_of(program: nnx.Module) -> dict[str, float]:
+    """The hypergrad arm's learnable rotation half-width (degrees) in its stage program."""
+    (op,) = program.stages
+    return {"Rotation.degrees": float(op.magnitude("degrees"))}
 
 
 def best(records: list[dict], key: str = "val_accuracy") -> dict:
@@ -230,83 +282,116 @@ def best(records: list[dict], key: str = "val_accuracy") -> dict:
     return max(records, key=lambda r: r[key])  # max keeps the first of equal values
 
 
-def seed_outcome(records: dict) -> dict:
-    """One (T, seed): the selected grid range and lam, test accuracies per method, costs in seconds."""
-    none, grid, learned = records["none"], records["grid"], records["learned"]
-    chosen_grid, chosen_learned = best(grid), best(learned)
-
-    def cost(runs: list[dict]) -> float:
-        return sum(r["steps"] * r["step_s"] for r in runs)
-
-    return {"test": {"none": none["test_accuracy"], "grid": chosen_grid["test_accuracy"],
-                     "learned": chosen_learned["test_accuracy"], "learned_tta": chosen_learned["test_accuracy_tta"]},
-            "val": {"none": none["val_accuracy"], "grid": chosen_grid["val_accuracy"],
-                    "learned": chosen_learned["val_accuracy"]},
-            "grid_range": chosen_grid["degrees"], "lam": chosen_learned["lam"],
-            "learned_width": chosen_learned["width_degrees"],
-            "widths_by_lam": {f"{r['lam']:g}": r["width_degrees"] for r in learned},
-            "cost_s": {"none": cost([none]), "grid": cost(grid), "learned": cost(learned),
-                       "learned_one_lam": cost([chosen_learned])},
-            "steps": {"none": none["steps"], "grid": sum(r["steps"] for r in grid),
-                      "learned": sum(r["steps"] for r in learned)},
-            "step_ms": {"none": 1000 * none["step_s"], "grid": 1000 * float(np.median([r["step_s"] for r in grid])),
-                        "learned": 1000 * float(np.median([r["step_s"] for r in learned]))}}
+def run_cost(runs: list[dict], selection: bool) -> float:
+    """Seconds every run needs: training steps (and hyper-steps) x their median times, plus the
+    validation evaluation of each run when the method selects among runs on validation accuracy."""
+    total = 0.0
+    for r in runs:
+        total += r["steps"] * r["step_s"] + r.get("hyper_steps", 0) * r.get("hyper_step_s", 0.0)
+        total += r["val_eval_s"] if selection else 0.0
+    return total
 
 
-def summarise(outcomes: dict) -> dict:
+def seed_outcome(records: dict, cfg: dict) -> dict:
+    """One (T, seed): test accuracies per row, the selected grid range and lams, widths, costs in seconds."""
+    none, grid = records["none"], records["grid"]
+    chosen_grid = best(grid)
+    test = {"none": none["test_accuracy"], "grid": chosen_grid["test_accuracy"],
+            "grid_tta": chosen_grid["test_accuracy_tta"]}
+    val = {"none": none["val_accuracy"], "grid": chosen_grid["val_accuracy"]}
+    widths, lams, widths_by_lam, hyper_steps = {}, {}, {}, {}
+    cost = {"none": run_cost([none], False), "grid": run_cost(grid, True)}
+    steps = {"none": none["steps"], "grid": sum(r["steps"] for r in grid)}
+    for start in cfg["start_degrees"]:
+        s = f"s{start:g}"
+        learned, hyper = records["learned"][start], records["hypergrad"][start]
+        chosen = best(learned)
+        test.update({f"learned_{s}": chosen["test_accuracy"], f"learned_tta_{s}": chosen["test_accuracy_tta"],
+                     f"hypergrad_{s}": hyper["test_accuracy"], f"hypergrad_tta_{s}": hyper["test_accuracy_tta"]})
+        val.update({f"learned_{s}": chosen["val_accuracy"], f"hypergrad_{s}": hyper["val_accuracy"]})
+        widths[f"learned_{s}"], widths[f"hypergrad_{s}"] = chosen["width_degrees"], hyper["width_degrees"]
+        lams[s] = chosen["lam"]
+        widths_by_lam[s] = {f"{r['lam']:g}": r["width_degrees"] for r in learned}
+        cost.update({f"learned_{s}": run_cost(learned, True), f"learned_one_lam_{s}": run_cost([chosen], False),
+                     f"hypergrad_{s}": run_cost([hyper], False)})
+        steps.update({f"learned_{s}": sum(r["steps"] for r in learned), f"hypergrad_{s}": hyper["steps"]})
+        hyper_steps[s] = {"count": hyper["hyper_steps"], "ms": 1000 * hyper["hyper_step_s"]}
+    return {"test": test, "val": val, "grid_range": chosen_grid["degrees"], "lams": lams, "widths": widths,
+            "widths_by_lam": widths_by_lam, "cost_s": cost, "steps": steps, "hyper_steps": hyper_steps,
+            "step_ms": {"none": 1000 * none["step_s"],
+                        "grid": 1000 * float(np.median([r["step_s"] for r in grid]))}}
+
+
+def comparisons(cfg: dict) -> list[tuple[str, str]]:
+    """The paired rows (a, b) of the table: TTA on both arms or on neither, never on one."""
+    pairs = [("grid", "none")]
+    for start in cfg["start_degrees"]:
+        s = f"s{start:g}"
+        pairs += [(f"learned_{s}", "none"), (f"learned_{s}", "grid"), (f"learned_tta_{s}", "grid_tta"),
+                  (f"hypergrad_{s}", "none"), (f"hypergrad_{s}", "grid"), (f"hypergrad_tta_{s}", "grid_tta"),
+                  (f"hypergrad_{s}", f"learned_{s}")]
+    return pairs
+
+
+def summarise(outcomes: dict, cfg: dict) -> dict:
     """Per hidden range: means and spreads over seeds, paired differences, widths, costs."""
     table = {}
     for hidden_range, seeds in outcomes.items():
         per = list(seeds.values())
 
-        def diff(a: str, b: str, per: list[dict] = per) -> dict:
-            return common.mean_std([o["test"][a] - o["test"][b] for o in per])
+        def over(get, per: list[dict] = per) -> dict:
+            return common.mean_std([get(o) for o in per])
 
+        costs = per[0]["cost_s"]
         table[hidden_range] = {
-            "test": {m: common.mean_std([o["test"][m] for o in per]) for m in METHODS},
-            "val": {m: common.mean_std([o["val"][m] for o in per]) for m in METHODS if m in per[0]["val"]},
-            "paired": {"learned-none": diff("learned", "none"), "learned-grid": diff("learned", "grid"),
-                       "learned_tta-none": diff("learned_tta", "none"),
-                       "learned_tta-grid": diff("learned_tta", "grid"), "grid-none": diff("grid", "none"),
-                       "learned_tta-learned": diff("learned_tta", "learned")},
-            "learned_width_degrees": common.mean_std([o["learned_width"] for o in per]),
-            "widths_by_lam": {lam: common.mean_std([o["widths_by_lam"][lam] for o in per])
-                              for lam in per[0]["widths_by_lam"]},
-            "grid_ranges": [o["grid_range"] for o in per], "lams": [o["lam"] for o in per],
-            "cost_s": {m: common.mean_std([o["cost_s"][m] for o in per]) for m in per[0]["cost_s"]},
-            "cost_ratio_learned_to_grid": common.mean_std([o["cost_s"]["learned"] / o["cost_s"]["grid"] for o in per]),
-            "steps": per[0]["steps"],
-            "step_ms": {m: common.mean_std([o["step_ms"][m] for o in per]) for m in per[0]["step_ms"]},
+            "test": {m: over(lambda o, m=m: o["test"][m]) for m in methods(cfg)},
+            "val": {m: over(lambda o, m=m: o["val"][m]) for m in per[0]["val"]},
+            "paired": {f"{a}-{b}": over(lambda o, a=a, b=b: o["test"][a] - o["test"][b]) for a, b in comparisons(cfg)},
+            "widths_degrees": {k: over(lambda o, k=k: o["widths"][k]) for k in per[0]["widths"]},
+            "widths_by_lam": per[0]["widths_by_lam"] if len(per) == 1 else
+            {s: {lam: over(lambda o, s=s, lam=lam: o["widths_by_lam"][s][lam]) for lam in v}
+             for s, v in per[0]["widths_by_lam"].items()},
+            "grid_ranges": [o["grid_range"] for o in per], "lams": [o["lams"] for o in per],
+            "cost_s": {m: over(lambda o, m=m: o["cost_s"][m]) for m in costs},
+            "cost_ratio_to_grid": {m: over(lambda o, m=m: o["cost_s"][m] / o["cost_s"]["grid"])
+                                   for m in costs if m not in ("grid",)},
+            "steps": per[0]["steps"], "hyper_steps": per[0]["hyper_steps"],
+            "step_ms": {m: over(lambda o, m=m: o["step_ms"][m]) for m in per[0]["step_ms"]},
         }
     return table
 
 
-def plot(workdir, table: dict, histories: dict) -> str | None:
+def plot(workdir, table: dict, histories: dict, cfg: dict) -> str | None:
     plt = common.pyplot()
     if plt is None:
         return None
-    ranges = list(table)
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
-    colours = {"none": "#868e96", "grid": "#1c7ed6", "learned": "#2b8a3e", "learned_tta": "#e8590c"}
-    for i, m in enumerate(METHODS):
-        x = np.arange(len(ranges)) + (i - 1.5) * 0.2
-        ax1.bar(x, [table[t]["test"][m]["mean"] for t in ranges], 0.2,
-                yerr=[table[t]["test"][m]["std"] for t in ranges], color=colours[m], label=m, capsize=3)
-    low = min(table[t]["test"][m]["mean"] for t in ranges for m in METHODS)
+    ranges, rows = list(table), methods(cfg)
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
+    colours = plt.get_cmap("tab20")
+    bar = 0.8 / len(rows)
+    for i, m in enumerate(rows):
+        x = np.arange(len(ranges)) + (i - (len(rows) - 1) / 2) * bar
+        ax1.bar(x, [table[t]["test"][m]["mean"] for t in ranges], bar,
+                yerr=[table[t]["test"][m]["std"] for t in ranges], color=colours(i % 20), label=m, capsize=2)
+    low = min(table[t]["test"][m]["mean"] for t in ranges for m in rows)
     ax1.set(xticks=range(len(ranges)), xticklabels=[f"T={t:g}" for t in ranges], ylim=(max(0.0, low - 0.1), 1.0),
             ylabel="test accuracy", title="mean +- std over seeds")
-    ax1.legend(fontsize=8)
-    w = [table[t]["learned_width_degrees"] for t in ranges]
-    ax2.errorbar(ranges, [v["mean"] for v in w], yerr=[v["std"] for v in w], marker="o", capsize=4,
-                 color=colours["learned"], label="learned half-width (chosen lam)")
+    ax1.legend(fontsize=6, ncol=2)
+    ax2.plot(ranges, [np.mean(table[t]["grid_ranges"]) for t in ranges], "s-", color="#1c7ed6",
+             label="grid range chosen on validation")
+    for name in table[ranges[0]]["widths_degrees"]:
+        w = [table[t]["widths_degrees"][name] for t in ranges]
+        ax2.errorbar(ranges, [v["mean"] for v in w], yerr=[v["std"] for v in w], marker="o", capsize=3, label=name,
+                     ls="-" if name.startswith("hypergrad") else ":")
     ax2.plot(ranges, ranges, "k--", lw=1, label="hidden range T")
     ax2.set(xlabel="hidden range T (deg)", ylabel="rotation half-width (deg)", ylim=(0, 190),
-            title="what the learned policy learns")
-    ax2.legend(fontsize=8)
-    for t, history in histories.items():
-        ax3.plot([h["step"] for h in history], [h["Rotation.degrees"] for h in history], label=f"T={t:g}")
-    ax3.set(xlabel="step", ylabel="half-width (deg)", title="learned width during training (first seed)")
-    ax3.legend(fontsize=8)
+            title="final widths")
+    ax2.legend(fontsize=6)
+    for (t, name), history in histories.items():
+        if name.startswith("hypergrad"):
+            ax3.plot([h["step"] for h in history], [h["Rotation.degrees"] for h in history], label=f"T={t:g} {name}")
+    ax3.set(xlabel="step", ylabel="half-width (deg)", title="hypergrad width during training (first seed)")
+    ax3.legend(fontsize=6)
     return common.save_figure(fig, workdir / "learned_augmentation.png")
 
 
@@ -315,76 +400,119 @@ def fmt(s: dict, scale: float = 100.0) -> str:
 
 
 def report(table: dict, cfg: dict) -> list[str]:
-    lines = [f"test accuracy (%), mean +- std over {cfg['seeds']} seeds; grid range and lam chosen on validation",
-             f"{'T':>5} | " + " | ".join(f"{m:>15}" for m in METHODS) + " | learned width (deg)"]
+    lines = [f"test accuracy (%), mean +- std over {cfg['seeds']} seeds; grid range and lam chosen on validation; "
+             "_tta: test-time averaging over rotated copies; _sN: start width N deg"]
     for t, row in table.items():
-        lines.append(f"{t:>5g} | " + " | ".join(f"{fmt(row['test'][m]):>15}" for m in METHODS)
-                     + f" | {fmt(row['learned_width_degrees'], 1.0)}")
+        lines.append(f"T={t:g}: " + ", ".join(f"{m} {fmt(row['test'][m])}" for m in methods(cfg)))
+        lines.append(f"       widths (deg): grid {row['grid_ranges']}, "
+                     + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["widths_degrees"].items()))
     lines.append("paired differences (percentage points, mean +- std over seeds)")
     for t, row in table.items():
-        lines.append(f"{t:>5g} | " + ", ".join(f"{k} {fmt(v)}" for k, v in row["paired"].items()))
-    lines.append("cost per (T, seed): training steps x median step time (s); grid: all its runs; learned: all lams")
+        lines.append(f"T={t:g}: " + ", ".join(f"{k} {fmt(v)}" for k, v in row["paired"].items()))
+    lines.append("cost per (T, seed), every run charged: steps x median step time + hyper-steps x median hyper-step "
+                 "time + the validation evaluations a selection needs; ratio to the grid")
     for t, row in table.items():
-        c = row["cost_s"]
-        lines.append(f"{t:>5g} | none {c['none']['mean']:.1f} s, grid {c['grid']['mean']:.1f} s "
-                     f"({row['steps']['grid']} steps), learned {c['learned']['mean']:.1f} s "
-                     f"({row['steps']['learned']} steps; one lam {c['learned_one_lam']['mean']:.1f} s); "
-                     f"learned / grid {row['cost_ratio_learned_to_grid']['mean']:.2f}; grid ranges "
-                     f"{row['grid_ranges']}, lams {row['lams']}")
+        c, r = row["cost_s"], row["cost_ratio_to_grid"]
+        lines.append(f"T={t:g}: grid {c['grid']['mean']:.1f} s ({row['steps']['grid']} steps); "
+                     + ", ".join(f"{m} {c[m]['mean']:.1f} s ({r[m]['mean']:.2f})" for m in c if m != "grid")
+                     + "; hyper-steps " + ", ".join(f"{s} {v['count']} x {v['ms']:.1f} ms"
+                                                    for s, v in row["hyper_steps"].items()))
     return lines
 
 
+def targets(table: dict, cfg: dict) -> list[str]:
+    """The issue's targets for the hypergrad arm, checked on this run's means (one line per start)."""
+    lines = []
+    ranges = [t for t in (0, 90, 180) if t in table]
+    for start in cfg["start_degrees"]:
+        name = f"hypergrad_s{start:g}"
+        widths = [table[t]["widths_degrees"][name]["mean"] for t in ranges]
+        grid_widths = [float(np.mean(table[t]["grid_ranges"])) for t in ranges]
+        gaps = [w - g for w, g in zip(widths, grid_widths)]
+        accuracy_gaps = [100 * table[t]["paired"][f"{name}-grid"]["mean"] for t in table]
+        ratio = max(table[t]["cost_ratio_to_grid"][name]["mean"] for t in table)
+        lines.append(f"{name}: widths {[round(w, 1) for w in widths]} at T={ranges} (increasing: "
+                     f"{bool(np.all(np.diff(widths) > 0))}); minus the validation-best grid width "
+                     f"{[round(g, 1) for g in gaps]} (target within 25); test minus grid "
+                     f"{[round(a, 2) for a in accuracy_gaps]} points (target within 1); cost / grid at most "
+                     f"{ratio:.2f} (target <= 0.3)")
+    return lines
+
+
+def _options(parser) -> None:
+    parser.add_argument("--hidden-ranges", type=float, nargs="+", default=None,
+                        help="hidden rotation ranges T in degrees (default 0 45 90 180; --quick 0 90)")
+    parser.add_argument("--seeds", type=int, default=None, dest="num_seeds",
+                        help="how many seeds, --seed, --seed + 1, ... (default 5; --quick 1)")
+    parser.add_argument("--starts", type=float, nargs="+", default=None,
+                        help="starting widths of the learned and hypergrad arms, strictly inside (0, 180) degrees "
+                             "(default 10 37.5 90 170; --quick 90)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = common.parse_args(NAME, __doc__.split("\n\n")[0], argv)
+    args = common.parse_args(NAME, __doc__.split("\n\n")[0], argv, extra=_options)
     workdir = common.prepare_workdir(args)
     cfg = dict(QUICK if args.quick else DEFAULT)
     cfg["steps"] = args.steps or cfg["steps"]
+    cfg["hidden_ranges"] = tuple(args.hidden_ranges or cfg["hidden_ranges"])
+    cfg["start_degrees"] = tuple(args.starts or cfg["start_degrees"])
+    bad = [s for s in cfg["start_degrees"] if not 0.0 < s < 180.0]
+    if bad:
+        raise SystemExit(f"--starts must lie strictly inside (0, 180) degrees (a learnable width cannot start at "
+                         f"its bound), got {bad}")
+    if args.num_seeds is not None and args.num_seeds < 1:
+        raise SystemExit(f"--seeds must be >= 1, got {args.num_seeds}")
+    cfg["seeds"] = args.num_seeds or cfg["seeds"]
     seeds = [args.seed + i for i in range(cfg["seeds"])]
     began = time.perf_counter()
     data = load_data(cfg)
-    runs_per_seed = 1 + (len(cfg["grid"]) - 1) + len(cfg["lambdas"])
+    starts = cfg["start_degrees"]
+    runs_per_seed = len(cfg["grid"]) + len(starts) * (len(cfg["lambdas"]) + 1)
     print(f"{cfg['data']}: splits train/val/test {cfg['splits']}; hidden ranges {cfg['hidden_ranges']}; "
-          f"{len(seeds)} seeds x {runs_per_seed} runs of {cfg['steps']} steps per range", flush=True)
+          f"{len(seeds)} seeds x {runs_per_seed} runs of {cfg['steps']} steps per range (starts {starts})", flush=True)
     outcomes, histories, records = {}, {}, []
     for hidden_range in cfg["hidden_ranges"]:
         splits = rotated_splits(data, hidden_range, cfg)
         outcomes[hidden_range] = {}
         for seed in seeds:
-            none = train_one(workdir, splits, hidden_range, seed, cfg, method="none")
-            grid = [none] + [train_one(workdir, splits, hidden_range, seed, cfg, method="grid", degrees=float(r))
-                             for r in cfg["grid"] if r > 0]
-            learned = [train_one(workdir, splits, hidden_range, seed, cfg, method="learned", lam=lam)
-                       for lam in cfg["lambdas"]]
-            outcomes[hidden_range][seed] = seed_outcome({"none": none, "grid": grid, "learned": learned})
-            histories.setdefault(hidden_range, best(learned)["history"])
-            records += [none, *grid[1:], *learned]
-    table = summarise(outcomes)
-    figure = plot(workdir, table, histories)
-    at90 = table.get(90)
+            def run(**kw):
+                return train_one(workdir, splits, hidden_range, seed, cfg, **kw)
+
+            none = run(method="none")
+            grid = [none] + [run(method="grid", degrees=float(r)) for r in cfg["grid"] if r > 0]
+            learned = {s: [run(method="learned", lam=lam, start=s) for lam in cfg["lambdas"]] for s in starts}
+            hyper = {s: run(method="hypergrad", start=s) for s in starts}
+            outcomes[hidden_range][seed] = seed_outcome({"none": none, "grid": grid, "learned": learned,
+                                                         "hypergrad": hyper}, cfg)
+            for s in starts:
+                histories.setdefault((hidden_range, f"learned_s{s:g}"), best(learned[s])["history"])
+                histories.setdefault((hidden_range, f"hypergrad_s{s:g}"), hyper[s]["history"])
+            records += [none, *grid[1:], *(r for s in starts for r in learned[s]), *hyper.values()]
+    table = summarise(outcomes, cfg)
+    figure = plot(workdir, table, histories, cfg)
     metrics = {"chance_accuracy": 1.0 / NUM_CLASSES}
     for t, row in table.items():
-        for m in METHODS:
+        for m in methods(cfg):
             metrics[f"T{t:g}_{m}_test_accuracy_mean"] = row["test"][m]["mean"]
             metrics[f"T{t:g}_{m}_test_accuracy_std"] = row["test"][m]["std"]
-        metrics[f"T{t:g}_learned_width_degrees_mean"] = row["learned_width_degrees"]["mean"]
-        metrics[f"T{t:g}_learned_minus_none"] = row["paired"]["learned-none"]["mean"]
-        metrics[f"T{t:g}_learned_minus_grid"] = row["paired"]["learned-grid"]["mean"]
-        metrics[f"T{t:g}_cost_ratio_learned_to_grid"] = row["cost_ratio_learned_to_grid"]["mean"]
+        for name, width in row["widths_degrees"].items():
+            metrics[f"T{t:g}_{name}_width_degrees_mean"] = width["mean"]
+        for pair, diff in row["paired"].items():
+            metrics[f"T{t:g}_{pair}"] = diff["mean"]
+        for m, ratio in row["cost_ratio_to_grid"].items():
+            metrics[f"T{t:g}_cost_ratio_{m}_to_grid"] = ratio["mean"]
     wall = time.perf_counter() - began
     path = common.write_result(workdir, NAME, metrics, {
         "config": {**cfg, "seeds": seeds, "split_seed": SPLIT_SEED, "hidden_seed": HIDDEN_SEED},
+        "methods": methods(cfg),
         "table": {f"{t:g}": row for t, row in table.items()},
         "per_seed": {f"{t:g}": {str(s): o for s, o in v.items()} for t, v in outcomes.items()},
         "runs": [{k: v for k, v in r.items() if k != "history"} for r in records],
-        "histories": {f"{t:g}": h for t, h in histories.items()}, "wall_s": wall, "plot": figure}, args)
+        "histories": {f"{t:g}/{name}": h for (t, name), h in histories.items()}, "wall_s": wall, "plot": figure},
+        args)
     print()
-    for line in report(table, cfg):
+    for line in report(table, cfg) + targets(table, cfg):
         print(line)
-    if at90 is not None:
-        gain, gap = at90["paired"]["learned-none"]["mean"], at90["paired"]["learned-grid"]["mean"]
-        ratio = at90["cost_ratio_learned_to_grid"]["mean"]
-        print(f"T=90: learned - none {100 * gain:+.2f} points (target >= +5), learned - grid {100 * gap:+.2f} points "
-              f"(target within 1.5), cost learned / grid {ratio:.2f} (target <= 0.5)")
     print(f"whole command: {wall:.0f} s wall; result: {path}", flush=True)
     return 0
 

@@ -6,35 +6,50 @@ import math
 
 from recipe_helpers import assert_finite_metrics, assert_plot, run_recipe
 
-METHODS = ("none", "grid", "learned", "learned_tta")
-
 
 def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
     result, stdout = run_recipe("learned_augmentation", tmp_path)
     metrics = assert_finite_metrics(result)
     config = result["config"]
     ranges = [f"{t:g}" for t in config["hidden_ranges"]]
+    starts = [f"s{s:g}" for s in config["start_degrees"]]
+    methods = ["none", "grid", "grid_tta"] + [f"{arm}_{s}" for s in starts
+                                              for arm in ("learned", "learned_tta", "hypergrad", "hypergrad_tta")]
+    assert result["methods"] == methods
     assert set(result["table"]) == set(ranges)
     for t in ranges:
         row = result["table"][t]
-        assert set(row["test"]) == set(METHODS)
-        for method in METHODS:
+        assert set(row["test"]) == set(methods)
+        for method in methods:
             stats = row["test"][method]
             assert stats["n"] == len(config["seeds"])
             assert metrics[f"T{t}_{method}_test_accuracy_mean"] == stats["mean"]
             assert stats["mean"] > 3 * metrics["chance_accuracy"], (t, method)
-        width = row["learned_width_degrees"]["mean"]
-        assert 0.0 <= width <= 180.0, width
-        assert row["grid_ranges"][0] in config["grid"] and row["lams"][0] in config["lambdas"]
+        assert set(row["widths_degrees"]) == {f"{arm}_{s}" for s in starts for arm in ("learned", "hypergrad")}
+        assert all(0.0 < w["mean"] < 180.0 for w in row["widths_degrees"].values())
+        assert row["grid_ranges"][0] in config["grid"]
+        assert all(lams[s] in config["lambdas"] for lams in row["lams"] for s in starts)
+        # Every comparison gives TTA to both arms or to neither.
+        for pair in row["paired"]:
+            a, b = pair.split("-")
+            assert ("tta" in a) == ("tta" in b), pair
         costs = row["cost_s"]
-        assert all(math.isfinite(costs[m]["mean"]) and costs[m]["mean"] > 0 for m in ("none", "grid", "learned"))
-        # The grid's cost covers all its trainings, the none run (its r = 0 point) included.
+        assert all(math.isfinite(c["mean"]) and c["mean"] > 0 for c in costs.values())
+        # The grid's cost covers all its trainings, the none run (its r = 0 point) included; the
+        # hypergrad arm pays for its training steps and its hyper-steps.
         assert costs["grid"]["mean"] > costs["none"]["mean"]
         assert row["steps"]["grid"] == len(config["grid"]) * config["steps"]
+        for s in starts:
+            assert row["steps"][f"hypergrad_{s}"] == config["steps"]
+            assert row["hyper_steps"][s]["count"] == config["steps"] // config["hyper"]["every"]
+            assert costs[f"hypergrad_{s}"]["mean"] > costs["none"]["mean"]
+            assert row["cost_ratio_to_grid"][f"hypergrad_{s}"]["mean"] > 0
     runs = result["runs"]
-    expected = len(ranges) * len(config["seeds"]) * (len(config["grid"]) + len(config["lambdas"]))
-    assert len(runs) == expected
-    history = result["histories"][ranges[0]]
-    assert history[0]["step"] == 1 and history[-1]["step"] == config["steps"]
+    per_seed = len(config["grid"]) + len(starts) * (len(config["lambdas"]) + 1)
+    assert len(runs) == len(ranges) * len(config["seeds"]) * per_seed
+    for s in starts:
+        for arm in ("learned", "hypergrad"):
+            history = result["histories"][f"{ranges[0]}/{arm}_{s}"]
+            assert history[0]["step"] in (0, 1) and history[-1]["step"] == config["steps"]
     assert_plot(result)
-    assert "paired differences" in stdout and "learned / grid" in stdout
+    assert "paired differences" in stdout and "hypergrad_s" in stdout and "target <= 0.3" in stdout
