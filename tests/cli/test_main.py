@@ -6,6 +6,7 @@ import math
 import textwrap
 
 import pytest
+from toml_jobs import write_job
 
 from datarax.cli.main import main
 from datarax.config import load_pipeline
@@ -625,21 +626,7 @@ def test_a_second_train_with_another_learning_rate_is_refused_naming_it(folder, 
     assert "trainer.on_damaged" in capsys.readouterr().err
 
 
-TRAINING_KIT = """
-    allow = ["cli_helpers"]
-    batch_size = 8
-    [source.memory]
-    data = "cli_helpers:make_regression"
-    shuffle = true
-    [trainer]
-    model = "cli_helpers:make_model"
-    loss = "cli_helpers:mse"
-    optimizer = { adam = { learning_rate = 0.01 } }
-    steps = 6
-    checkpoint_dir = "ckpt"
-    checkpoint_every = 1
-    max_to_keep = 1
-"""
+KIT_KEYS = 'checkpoint_dir = "ckpt"\ncheckpoint_every = 1\nmax_to_keep = 1\n'
 KIT_REJECTED = [  # (keys added to [trainer], the error after "<path>: ")
     ("accumulate_steps = 0", "trainer.accumulate_steps must be an integer >= 1, got 0"),
     ("accumulate_steps = 3", "trainer.accumulate_steps = 3 must divide batch_size = 8"),
@@ -659,14 +646,14 @@ KIT_REJECTED = [  # (keys added to [trainer], the error after "<path>: ")
 
 @pytest.mark.parametrize("keys, error", KIT_REJECTED, ids=[k for k, _ in KIT_REJECTED])
 def test_validate_rejects_bad_training_kit_options_at_their_key(folder, capsys, keys, error):
-    path = write(folder, TRAINING_KIT + textwrap.indent(keys, "    ") + "\n")
+    path = str(write_job(folder, KIT_KEYS + keys, steps=6))
     assert main(["validate", path]) == 1
     assert f"datarax: error: {path}: {error}" in capsys.readouterr().err
 
 
 def test_train_takes_accumulation_ema_precision_and_best_k_from_the_file(folder, capsys):
     keys = 'accumulate_steps = 2\nema_decay = 0.9\nprecision = "bf16"\nkeep_best = 2\nbest_metric = "train/loss"\n'
-    path = write(folder, TRAINING_KIT + textwrap.indent(keys, "    "))
+    path = str(write_job(folder, KIT_KEYS + keys, steps=6))
     assert main(["validate", path]) == 0
     assert main(["train", path, "--no-progress"]) == 0
     result = json.loads((folder / "runs" / "run" / "result.json").read_text())
@@ -690,12 +677,12 @@ def test_train_takes_fsdp_from_the_file_and_resumes_on_another_mesh(folder, caps
     of the checked configuration)."""
     import jax
 
-    text = TRAINING_KIT.replace("    steps = 6\n", "    steps = 4\n") + '    param_sharding = "fsdp"\n[sharding]\n'
-    path = write(folder, text + "mesh_shape = [8]\n")
+    keys = KIT_KEYS + 'param_sharding = "fsdp"'
+    path = str(write_job(folder, keys, steps=4, after="[sharding]\nmesh_shape = [8]\n"))
     assert main(["validate", path]) == 0
     assert main(["train", path, "--no-progress"]) == 0
-    path = write(folder, text.replace("steps = 4", "steps = 6") +
-                 'mesh_shape = [4, 2]\naxis_names = ["data", "model"]\nbatch_axes = "data"\n')
+    path = str(write_job(folder, keys, steps=6,
+                         after='[sharding]\nmesh_shape = [4, 2]\naxis_names = ["data", "model"]\nbatch_axes = "data"\n'))
     assert main(["train", path, "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "resumed      from the checkpoint at step 4" in out and "trained      to step 6" in out

@@ -5,13 +5,13 @@ from __future__ import annotations
 import collections
 import gzip
 import json
-import textwrap
 from pathlib import Path
 
 import jax
 import numpy as np
 import optax
 import pytest
+from toml_jobs import write_job
 from trainer_helpers import loss_fn, points
 
 from datarax import Pipeline
@@ -129,35 +129,7 @@ def test_profiler_takes_a_config_or_settings_not_both(tmp_path):
         Profiler(ProfilerConfig(log_dir=str(tmp_path), start_step=1, stop_step=1), start_step=2)
 
 
-HELPERS = '''
-import numpy as np
-import jax.numpy as jnp
-from flax import nnx
-
-def make_regression():
-    rng = np.random.default_rng(0)
-    x = rng.random((40, 4)).astype(np.float32)
-    return {"x": x, "y": x @ np.array([1.0, -2.0, 3.0, 0.5], np.float32)}
-
-def make_model(rngs):
-    return nnx.Linear(4, 1, rngs=rngs)
-
-def mse(model, batch):
-    return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
-'''
-CONFIG = """
-allow = ["profiler_helpers"]
-batch_size = 8
-[source.memory]
-data = "profiler_helpers:make_regression"
-shuffle = true
-[trainer]
-model = "profiler_helpers:make_model"
-loss = "profiler_helpers:mse"
-optimizer = { adam = { learning_rate = 0.01 } }
-steps = 4
-callbacks = [{ profiler = PROFILER }]
-"""
+KEYS = "callbacks = [{ profiler = PROFILER }]"
 GOOD = '{ log_dir = "profile", start_step = 2, stop_step = 3, create_perfetto_trace = true }'
 REJECTED = [  # (the profiler table, the error after "<path>: ")
     ('{ log_dir = "profile", start_step = 0, stop_step = 3 }',
@@ -175,7 +147,6 @@ REJECTED = [  # (the profiler table, the error after "<path>: ")
 
 @pytest.fixture
 def folder(tmp_path):
-    (tmp_path / "profiler_helpers.py").write_text(HELPERS)
     return tmp_path
 
 
@@ -183,8 +154,7 @@ def folder(tmp_path):
 def test_validate_rejects_bad_profiler_settings_at_their_key(folder, capsys, table, error):
     from datarax.cli.main import main
 
-    path = folder / "run.toml"
-    path.write_text(CONFIG.replace("PROFILER", table))
+    path = write_job(folder, KEYS.replace("PROFILER", table))
     assert main(["validate", str(path)]) == 1
     assert f"datarax: error: {path}: {error}" in capsys.readouterr().err
 
@@ -192,8 +162,7 @@ def test_validate_rejects_bad_profiler_settings_at_their_key(folder, capsys, tab
 def test_train_profiles_from_the_file_into_a_folder_beside_it(folder, capsys, monkeypatch):
     from datarax.cli.main import main
 
-    path = folder / "run.toml"
-    path.write_text(textwrap.dedent(CONFIG.replace("PROFILER", GOOD)))
+    path = write_job(folder, KEYS.replace("PROFILER", GOOD))
     monkeypatch.chdir(folder.parent)  # log_dir is relative to the file, not the working directory
     assert main(["validate", str(path)]) == 0
     assert main(["train", str(path), "--no-progress"]) == 0

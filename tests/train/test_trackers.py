@@ -16,6 +16,7 @@ from pathlib import Path
 
 import optax
 import pytest
+from toml_jobs import write_job
 from trainer_helpers import METRICS, loss_fn, make_setup
 
 from datarax.train import Trainer
@@ -174,35 +175,7 @@ def test_a_missing_tracker_package_names_its_extra(monkeypatch, make, settings, 
         make(**settings)
 
 
-HELPERS = '''
-import numpy as np
-import jax.numpy as jnp
-from flax import nnx
-
-def make_regression():
-    rng = np.random.default_rng(0)
-    x = rng.random((40, 4)).astype(np.float32)
-    return {"x": x, "y": x @ np.array([1.0, -2.0, 3.0, 0.5], np.float32)}
-
-def make_model(rngs):
-    return nnx.Linear(4, 1, rngs=rngs)
-
-def mse(model, batch):
-    return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
-'''
-CONFIG = """
-allow = ["tracker_helpers"]
-batch_size = 8
-[source.memory]
-data = "tracker_helpers:make_regression"
-shuffle = true
-[trainer]
-model = "tracker_helpers:make_model"
-loss = "tracker_helpers:mse"
-optimizer = { adam = { learning_rate = 0.01 } }
-steps = 4
-callbacks = [{ metric_logger = { every_steps = 1, writers = [WRITERS] } }]
-"""
+KEYS = "callbacks = [{ metric_logger = { every_steps = 1, writers = [WRITERS] } }]"
 REJECTED = [  # (the writer tables, the error after "<path>: ")
     ('{ wandb = { project = "p", mode = "online2" } }',
      "trainer.callbacks[0].metric_logger.writers[0].wandb.mode is rejected by WandbWriterConfig: "
@@ -217,7 +190,6 @@ REJECTED = [  # (the writer tables, the error after "<path>: ")
 
 @pytest.fixture
 def folder(tmp_path):
-    (tmp_path / "tracker_helpers.py").write_text(HELPERS)
     return tmp_path
 
 
@@ -225,8 +197,7 @@ def folder(tmp_path):
 def test_validate_rejects_bad_writer_settings_at_their_key(folder, capsys, writers, error):
     from datarax.cli.main import main
 
-    path = folder / "run.toml"
-    path.write_text(CONFIG.replace("WRITERS", writers))
+    path = write_job(folder, KEYS.replace("WRITERS", writers))
     assert main(["validate", str(path)]) == 1
     assert f"datarax: error: {path}: {error}" in capsys.readouterr().err
 
@@ -240,8 +211,7 @@ def test_train_logs_to_both_trackers_from_the_file(folder, capsys, monkeypatch):
 
     writers = (f'{{ jsonl = {{ path = "m.jsonl" }} }}, {{ wandb = {{ project = "p", dir = "tracked" }} }}, '
                f'{{ mlflow = {{ tracking_uri = "{uri}", experiment = "toml" }} }}')
-    path = folder / "run.toml"
-    path.write_text(CONFIG.replace("WRITERS", writers))
+    path = write_job(folder, KEYS.replace("WRITERS", writers))
     monkeypatch.chdir(folder.parent)  # paths are relative to the file, not the working directory
     assert main(["validate", str(path)]) == 0
     assert main(["train", str(path), "--no-progress"]) == 0
