@@ -76,7 +76,7 @@ DEFAULT = {"data": "mnist_5k", "splits": (1000, 1000, 2000), "hidden_ranges": (0
            "start_degrees": (10.0, 37.5, 90.0, 170.0), "tta_copies": 8, "widths": (16, 32, 32), "hidden": 64,
            "hyper": {"every": 10, "unroll": 1, "inner_learning_rate": 0.1, "learning_rate": 0.15, "batch_size": 64,
                      "val_batch_size": 128}}
-QUICK = {**DEFAULT, "splits": (500, 500, 500), "hidden_ranges": (0, 90), "grid": (0, 90), "lambdas": (0.1,),
+QUICK = {**DEFAULT, "splits": (500, 500, 500), "hidden_ranges": (90,), "grid": (0, 90), "lambdas": (0.1,),
          "seeds": 1, "steps": 100, "tta_copies": 4, "start_degrees": (90.0,)}
 
 

@@ -97,7 +97,7 @@ def test_the_hypergradient_matches_a_finite_difference_of_the_lookahead_loss(toy
     assert grad == pytest.approx(finite_difference, rel=0.25)
 
 
-@pytest.mark.parametrize("unroll", [1, 2])
+@pytest.mark.parametrize("unroll", [1])  # K > 1 is swept against finite differences above
 @pytest.mark.parametrize("start", [15.0, 150.0])
 def test_the_learned_width_moves_toward_the_best_from_both_sides(toy, start, unroll):
     (train_x, train_y), val = toy

@@ -1,4 +1,4 @@
-"""The learned-augmentation recipe's --quick run: every method at every hidden range, the table, widths, costs, plot."""
+"""The learned-augmentation recipe's --quick run (one hidden range, 90 deg): every method, the table, widths, costs, plot."""
 
 from __future__ import annotations
 
