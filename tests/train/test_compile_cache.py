@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from toml_jobs import write_job
 
 from datarax.train.compile_cache import default_cache_dir
 
@@ -100,34 +101,7 @@ def test_default_cache_dir(monkeypatch, value, fallback, expected):
 
 
 def test_datarax_train_keeps_the_cache_in_the_run_directory_and_prints_progress_when_piped(tmp_path):
-    (tmp_path / "cli_helpers.py").write_text(textwrap.dedent("""
-        import numpy as np
-        import jax.numpy as jnp
-        from flax import nnx
-
-        def make_regression():
-            rng = np.random.default_rng(0)
-            x = rng.random((40, 4)).astype(np.float32)
-            return {"x": x, "y": x @ np.array([1.0, -2.0, 3.0, 0.5], np.float32)}
-
-        def make_model(rngs):
-            return nnx.Linear(4, 1, rngs=rngs)
-
-        def mse(model, batch):
-            return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
-    """))
-    (tmp_path / "run.toml").write_text(textwrap.dedent("""
-        allow = ["cli_helpers"]
-        batch_size = 8
-        [source.memory]
-        data = "cli_helpers:make_regression"
-        shuffle = true
-        [trainer]
-        model = "cli_helpers:make_model"
-        loss = "cli_helpers:mse"
-        optimizer = { adam = { learning_rate = 0.01 } }
-        steps = 4
-    """))
+    write_job(tmp_path)  # run.toml: 4 steps of a linear regression, its helpers beside it
     command = [sys.executable, "-m", "datarax.cli.main", "train", "run.toml"]
     env = environment(PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}")
     first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
