@@ -231,7 +231,9 @@ def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mappi
         scale = state.loss_scale.scale.get_value() if state.loss_scale is not None else None
 
         def objective(params, rest, batch):
-            module = nnx.merge(graphdef, cast_floats(params, dtype), rest)
+            # copy=True: `rest` holds the Variables of the step's own trace; a BatchNorm in train
+            # mode writes its statistics inside this (grad) trace, which flax refuses on those.
+            module = nnx.merge(graphdef, cast_floats(params, dtype), rest, copy=True)
             loss, aux, data = forward(module, cast_floats(batch, dtype))
             _, new_params, new_rest = nnx.split(module, nnx.Param, ...)
             if jax.tree.structure((new_params, new_rest)) != jax.tree.structure((params, rest)):

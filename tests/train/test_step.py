@@ -70,3 +70,48 @@ def test_the_batch_is_really_split_a_non_mean_loss_differs():
         Trainer(setup.model, optax.sgd(0.1), setup.pipeline, worst, accumulate_steps=k).fit(num_steps=1)
         results.append(leaves(setup.model))
     assert any(not np.allclose(x, y, rtol=1e-3) for x, y in zip(*results))
+
+
+@pytest.mark.parametrize("accumulate_steps", [1, 2])
+def test_batch_norm_statistics_train_and_match_a_numpy_running_average(accumulate_steps):
+    """A BatchNorm in train mode updates its running statistics inside the step (as flax's own
+    training loop would), once per micro-batch, equal to the running average computed by hand."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from datarax import Pipeline
+    from datarax.sources import MemorySource, MemorySourceConfig
+
+    class Net(nnx.Module):
+        def __init__(self):
+            self.norm = nnx.BatchNorm(4, momentum=0.9, rngs=nnx.Rngs(0))
+            self.head = nnx.Linear(4, 3, rngs=nnx.Rngs(1))
+
+        def __call__(self, x):
+            return self.head(self.norm(x))
+
+    rng = np.random.default_rng(0)
+    data = {"x": (rng.normal(size=(64, 4)) * [1, 2, 3, 4] + [5, -1, 0, 2]).astype(np.float32),
+            "y": rng.integers(0, 3, 64).astype(np.int32)}
+
+    def pipeline():
+        return Pipeline(MemorySource(MemorySourceConfig(shuffle=True, seed=0), data=data), batch_size=16)
+
+    def xent(model, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
+
+    model = Net()
+    model.train()
+    trainer = Trainer(model, optax.adam(1e-2), pipeline(), xent, compilation_cache=False,
+                      accumulate_steps=accumulate_steps)
+    trainer.fit(num_steps=6)
+    trainer.close()
+    mean, var = np.zeros(4), np.ones(4)
+    for batch in list(pipeline().epochs(2))[:6]:  # 4 batches an epoch
+        for micro in np.split(np.asarray(batch["x"], np.float64), accumulate_steps):
+            mean = 0.9 * mean + 0.1 * micro.mean(0)
+            var = 0.9 * var + 0.1 * micro.var(0)
+    np.testing.assert_allclose(np.asarray(model.norm.mean[...]), mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(model.norm.var[...]), var, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(np.asarray(model.head.kernel[...]), np.asarray(Net().head.kernel[...]))  # it trained
+    assert jnp.isfinite(trainer.evaluate(pipeline())["loss"])
