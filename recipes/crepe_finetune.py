@@ -304,10 +304,19 @@ class Runner:
     def record_path(self, arm: str, lr: float, seed: int) -> Path:
         return self.workdir / "runs" / arm / f"seed{seed}-lr{lr:g}" / "record.json"
 
+    def counted(self, accuracy: float, split: str) -> float:
+        """An accuracy as (correct clips) / (clips): the trainer's float32 mean over batches can differ
+        by ~1e-8 between equal counts, which would break validation ties arbitrarily."""
+        n = len(INSTRUMENTS) * self.cfg[f"{split}_per_class"]
+        return round(accuracy * n) / n
+
     def saved(self, arm: str, lr: float, seed: int, need_test: bool) -> dict | None:
         path = self.record_path(arm, lr, seed)
         if path.is_file():
             record = json.loads(path.read_text())
+            record["val_accuracy"] = self.counted(record["val_accuracy"], "validation")
+            if "test_accuracy" in record:
+                record["test_accuracy"] = self.counted(record["test_accuracy"], "test")
             if record.get("key") == run_key(self.cfg, self.weights_id, arm=arm, lr=lr, seed=seed) and (
                     not need_test or "test_accuracy" in record):
                 return record
@@ -332,7 +341,7 @@ class Runner:
         record = {"key": run_key(self.cfg, self.weights_id, arm=arm, lr=lr, seed=seed), "arm": arm, "lr": lr,
                   "seed": seed, "steps": run.step, "seconds": run.seconds,
                   "step_ms": run.goodput.get("steady_step_ms"),
-                  "val_accuracy": run.eval_metrics["accuracy"], "final_train_loss": run.train_metrics.get("loss")}
+                  "val_accuracy": self.counted(run.eval_metrics["accuracy"], "validation"), "final_train_loss": run.train_metrics.get("loss")}
         self.models[(arm, lr, seed)] = (model, trainer)
         if test:
             self.test(record)
@@ -344,7 +353,7 @@ class Runner:
     def test(self, record: dict) -> dict:
         """Evaluates a trained run once on the test split (the model must still be in memory)."""
         _, trainer = self.models[(record["arm"], record["lr"], record["seed"])]
-        record["test_accuracy"] = trainer.evaluate(self.evals["test"])["accuracy"]
+        record["test_accuracy"] = self.counted(trainer.evaluate(self.evals["test"])["accuracy"], "test")
         return record
 
     def finalise(self, record: dict) -> dict:
@@ -528,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for arm in ARMS:
             grid = [runner.train(arm, lr, seeds[0], test=False) for lr in cfg["lr_grid"]]
-            chosen = max(grid, key=lambda r: r["val_accuracy"])  # the first (smallest lr) of equal values
+            chosen = max(grid, key=lambda r: r["val_accuracy"])  # the first (smallest lr) of equal counts
             selection[arm] = grid
             final[arm][seeds[0]] = runner.finalise(chosen)
             if arm == "lora":
