@@ -43,7 +43,7 @@ from recipes import common, ddsp
 
 NAME = "audio_synthesis"
 DEFAULT = {"steps": 600, "train_notes": 256, "eval_notes": 32, "batch_size": 16, "learning_rate": 2e-3, "hidden": 128,
-           "seeds": 3, "instruments": ["ddsp", "karplus", "fm"]}
+           "seeds": 3, "instruments": ["ddsp", "karplus"]}
 QUICK = {"steps": 30, "train_notes": 32, "eval_notes": 8, "batch_size": 8, "learning_rate": 3e-3, "hidden": 32,
          "seeds": 2, "instruments": ["ddsp", "karplus"]}
 EXAMPLES = 3
@@ -207,7 +207,7 @@ def print_table(instrument: str, summary: dict, seeds: list[int], cfg: dict) -> 
 def main(argv: list[str] | None = None) -> int:
     def extra(parser):
         parser.add_argument("--instrument", nargs="+", choices=ddsp.INSTRUMENTS, default=None,
-                            help="instruments to learn (default: ddsp karplus fm; --quick: ddsp karplus)")
+                            help="instruments to learn (default and --quick: ddsp karplus)")
         parser.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; --quick 2)")
         parser.add_argument("--reverb", action="store_true",
                             help="play the 'ddsp' notes in a room; the decoders learn a reverb too")
