@@ -1,4 +1,4 @@
-"""HF fine-tuning: pretrain on patches of some photographs, export to safetensors, then probe, LoRA, fine-tune or train from scratch on others.
+"""HF fine-tuning: pretrain on some photographs, export to safetensors; probe, LoRA, fine-tune or scratch on others.
 
     python -m recipes.hf_finetune [--workdir DIR] [--quick] [--seed N] [--steps N]
 
@@ -257,7 +257,8 @@ def convnet_table(model: ConvNet) -> tuple[KeyMap, ...]:
     """PyTorch-layout safetensors keys for the recipe's ConvNet (`convs.0.weight` (out, in, 3, 3), ...)."""
     table = []
     for i in range(len(model.convs)):
-        table += [KeyMap(f"convs.{i}.weight", f"convs.{i}.kernel", "conv"), KeyMap(f"convs.{i}.bias", f"convs.{i}.bias")]
+        table += [KeyMap(f"convs.{i}.weight", f"convs.{i}.kernel", "conv"),
+                  KeyMap(f"convs.{i}.bias", f"convs.{i}.bias")]
     for layer in ("hidden", "head"):
         table += [KeyMap(f"{layer}.weight", f"{layer}.kernel", "linear"), KeyMap(f"{layer}.bias", f"{layer}.bias")]
     return tuple(table)
@@ -415,17 +416,20 @@ def signs(values: list[float]) -> str:
 
 
 def judge(interval: dict, bootstrap: dict, differences: list[float]) -> str:
-    """A claim worded at the strength of its evidence."""
+    """A claim worded at the strength of its evidence: the t-interval over seeds decides; the seeds' signs and
+    the cell bootstrap (test-sample noise only: the trained models are held fixed) are reported beside it."""
     if interval["n"] < 2:
         return "one seed: no interval"
+    n = len(differences)
+    agree = sum(1 for d in differences if np.sign(d) == np.sign(interval["mean"]) and abs(d) > 1e-9)
+    cells = ("cell bootstrap excludes zero" if bootstrap["low"] > 0 or bootstrap["high"] < 0
+             else "cell bootstrap covers zero")
     if interval["low"] > 0 or interval["high"] < 0:
         better = "higher" if interval["mean"] > 0 else "lower"
-        every = ("on all %d seeds" % len(differences) if all(np.sign(d) == np.sign(interval["mean"]) and d != 0
-                                                              for d in differences) else "not on every seed")
-        cells = ("bootstrap interval excludes zero" if bootstrap["low"] > 0 or bootstrap["high"] < 0
-                 else "but the cell bootstrap interval covers zero")
-        return f"{better} ({every}; {cells})"
-    return "t-interval covers zero: no measurable difference"
+        seeds = f"on all {n} seeds" if agree == n else f"on {agree} of {n} seeds"
+        return f"{better}: t-interval excludes zero ({seeds}; {cells})"
+    seeds = f"; though all {n} seeds agree in sign" if agree == n else ""
+    return f"no measurable difference: t-interval covers zero ({cells}{seeds})"
 
 
 def run_task(workdir: Path, task: str, tensors: Path, cfg: dict, seeds: list[int], selection_seed: int) -> dict:
@@ -525,7 +529,8 @@ def print_table(results: dict, pretraining: dict, cfg: dict) -> None:
             s = result["accuracy"][arm]
             print(f"      {arm:>9}: {s['mean']:.4f} [{s['low']:.4f}, {s['high']:.4f}]  per seed "
                   + " ".join(f"{v:.4f}" for v in s["per_seed"]))
-        print("    paired differences: mean [95% t-interval] signs | cell bootstrap [95%] -> verdict")
+        print("    paired differences: mean [95% t-interval over seeds] per-seed signs | cell bootstrap [95%; test "
+              "cells resampled, trained models fixed] -> verdict")
         for name, p in result["paired"].items():
             t, b = p["t_interval"], p["cell_bootstrap"]
             print(f"      {name:>17}: {signed(t['mean'])} [{signed(t['low'])}, {signed(t['high'])}] {p['signs']} | "
@@ -567,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": time.perf_counter() - began,
         "data_files": sorted(str(p) for p in (workdir / "data").glob("*.parquet"))}, args)
     print_table(results, pretraining, cfg)
-    print(f"\nresult: {path}", flush=True)
+    print(f"\nresult: {path} ({time.perf_counter() - began:.0f} s)", flush=True)
     return 0
 
 
