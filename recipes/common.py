@@ -96,6 +96,8 @@ class RunOutcome:
             ({} unless asked for).
         goodput: the compact goodput summary of this invocation (see `goodput_digest`).
         seconds: wall time of this invocation of the run.
+        best_step: with `keep_best`, the step restored before `eval_metrics` were taken (the
+            lowest validation `keep_best` metric among the evaluated steps).
     """
 
     step: int
@@ -105,6 +107,7 @@ class RunOutcome:
     eval_before: dict[str, float]
     goodput: dict[str, Any]
     seconds: float
+    best_step: int | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -145,8 +148,8 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
               loss_fn: Callable, *, steps: int, eval_pipeline: Pipeline | None = None,
               metrics: Mapping[str, Callable] | None = None, joint: bool = False, checkpoint_every: int | None = None,
               log_every: int | None = None, label: str = "", callbacks: Sequence[Callback] = (),
-              eval_before: bool = False, checkpoint: bool = True,
-              goodput_plot: bool = True) -> tuple[Trainer, RunOutcome]:
+              eval_before: bool = False, checkpoint: bool = True, goodput_plot: bool = True,
+              eval_every: int | None = None, keep_best: str | None = None) -> tuple[Trainer, RunOutcome]:
     """Trains one model with checkpoints (resuming from `run_dir/checkpoints`) and a goodput monitor.
 
     Args:
@@ -164,12 +167,21 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
             of few-second runs turns this off and resumes at run granularity instead: the saves
             would cost more than the runs.
         goodput_plot: draw the run's goodput.png (with matplotlib); the goodput.json is always written.
+        eval_every: evaluate `eval_pipeline` every this many steps while training.
+        keep_best: with `eval_every`, a metric such as "eval/perplexity": a checkpoint is saved at
+            every evaluation, the best by this metric (lowest) is kept beside the latest
+            (`CheckpointCallback(keep_best=1)`), and it is restored after training, so
+            `eval_metrics` and the returned trainer hold the best evaluated step, not the last.
     """
+    if keep_best is not None and (eval_every is None or eval_pipeline is None or not checkpoint):
+        raise ValueError("train_run: keep_best needs eval_every, an eval_pipeline and checkpoint=True")
     # Absolute, so the paths the recipe prints and writes into result.json do not depend on the cwd.
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoints = [CheckpointCallback(run_dir / "checkpoints", every_steps=checkpoint_every or max(1, steps // 4),
-                                      max_to_keep=2)] if checkpoint else []
+    best = {"keep_best": 1, "best_metric": keep_best} if keep_best is not None else {}
+    every = eval_every if keep_best is not None else checkpoint_every or max(1, steps // 4)
+    checkpoints = [CheckpointCallback(run_dir / "checkpoints", every_steps=every, max_to_keep=2, **best)] \
+        if checkpoint else []
     goodput = GoodputMonitor(run_dir, plot=goodput_plot and plotting_available(), verbose=False)
     logger = MetricLogger([_PrefixedConsole(label), JsonlWriter(run_dir / "metrics.jsonl")],
                           every_steps=log_every or max(1, steps // 10))
@@ -177,7 +189,8 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     if sys.stderr.isatty():  # a progress bar (with "compiling" before the first step) on a terminal only
         shown.append(ProgressBar())
     trainer = Trainer(model, optimizer, pipeline, loss_fn, eval_pipeline=eval_pipeline, metrics=metrics,
-                      callbacks=[*checkpoints, goodput, logger, *shown, *callbacks], train_pipeline_params=joint)
+                      callbacks=[*checkpoints, goodput, logger, *shown, *callbacks], train_pipeline_params=joint,
+                      eval_every_steps=eval_every)
     began = time.perf_counter()
     before = trainer.evaluate() if eval_before and eval_pipeline is not None else {}
     with trainer:  # the training reader stops here, not at interpreter exit
@@ -186,9 +199,16 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
         print(f"{label}stopped by {result.stop_reason} at step {result.step}; the checkpoint is saved, run the "
               "same command again to resume", flush=True)
         raise SystemExit(0)
+    best_step = None
+    if keep_best is not None:
+        shown[0].trained = True
+        restored = checkpoints[0].load_best(trainer)
+        if restored is None:
+            raise RuntimeError(f"{label}no checkpoint in {run_dir / 'checkpoints'} carries {keep_best}")
+        best_step = restored.step
     eval_metrics = trainer.evaluate() if eval_pipeline is not None else {}
     outcome = RunOutcome(result.step, result.resumed_from, dict(result.metrics), eval_metrics, before,
-                         goodput_digest(goodput.report), time.perf_counter() - began)
+                         goodput_digest(goodput.report), time.perf_counter() - began, best_step)
     return trainer, outcome
 
 
@@ -197,9 +217,11 @@ class _AnnounceResume(Callback):
 
     def __init__(self, label: str):
         self.label = label
+        self.trained = False  # set once training is over: a restore then brings back the best step
 
     def on_checkpoint_restore(self, trainer: Trainer, info: CheckpointInfo) -> None:
-        print(f"{self.label}resumed from checkpoint step {info.step} ({info.seconds:.2f} s to restore)", flush=True)
+        what = "restored the best validation step" if self.trained else "resumed from checkpoint step"
+        print(f"{self.label}{what} {info.step} ({info.seconds:.2f} s to restore)", flush=True)
 
 
 class _PrefixedConsole(ConsoleWriter):
@@ -305,3 +327,31 @@ def mean_std(values: list[float]) -> dict[str, float]:
     x = np.asarray(values, np.float64)
     return {"mean": float(x.mean()), "std": float(x.std(ddof=1)) if len(x) > 1 else 0.0,
             "min": float(x.min()), "max": float(x.max()), "n": len(values)}
+
+
+def interval(values: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    """Mean and the half-width of its two-sided t-interval over seeds (`None` for one value).
+
+    `mean +- half` is the usual small-sample interval, `t_{(1+level)/2, n-1} * sd / sqrt(n)`.
+    """
+    from scipy import stats
+
+    x = np.asarray(values, np.float64)
+    n = len(x)
+    half = float(stats.t.ppf((1 + level) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n)) if n > 1 else None
+    return {"mean": float(x.mean()), "half": half, "n": n, "values": [float(v) for v in x]}
+
+
+def paired(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    """The per-seed differences `a - b`, their mean with its t-interval, and how many are > 0 / < 0."""
+    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    out = interval(d, level)
+    out |= {"positive": int((d > 0).sum()), "negative": int((d < 0).sum())}
+    return out
+
+
+def describe_interval(stats: Mapping[str, Any], digits: int = 2) -> str:
+    """`mean +- half` (or the mean alone for one seed)."""
+    if stats["half"] is None:
+        return f"{stats['mean']:.{digits}f} (one seed)"
+    return f"{stats['mean']:.{digits}f} +- {stats['half']:.{digits}f}"

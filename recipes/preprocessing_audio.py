@@ -10,6 +10,11 @@ absorb.
 Front ends, each followed by the same CNN (time-pooled):
 
 * log-mel: a fixed log-mel spectrogram (dB, scaled by a constant);
+* log-mel (normalised): the same with each example's mean (over bands and frames) subtracted,
+  which removes any playback gain exactly (a gain is a constant dB offset) where no band hits
+  the floor;
+* log-mel (gain aug): log-mel trained with the gain drawn over the whole test range (-30 to +15
+  dB) instead of 0 +- 6 dB: the level shift shown in training;
 * pcen (fixed): per-channel energy normalisation with librosa's default parameters (default
   configuration only);
 * pcen (learned): PCEN with per-channel learnable alpha, delta, r and smoothing, trained jointly.
@@ -97,11 +102,25 @@ def to_input(field: str, offset: float = 0.0, scale: float = 1.0):
     return fn
 
 
+def mean_normalised(element):
+    """The log-mel minus its own mean over bands and frames (a playback gain is a constant dB offset)."""
+    log_mel = element.data["log_mel"]
+    return element.update_data({"image": ((log_mel - log_mel.mean()) / 40.0)[..., None]})
+
+
+FRONT_ENDS = ("log-mel", "log-mel (normalised)", "log-mel (gain aug)", "pcen (fixed)", "pcen (learned)")
+TRAIN_GAIN = {"log-mel (gain aug)": (-7.5, 22.5)}  # (centre, half-range) dB; the rest train at 0 +- 6 dB
+
+
 def front_end(kind: str) -> list:
     """The stages that turn the (augmented) waveform into the classifier's input."""
-    if kind == "log-mel":
+    if kind not in FRONT_ENDS:
+        raise ValueError(f"front end {kind!r} is not one of {FRONT_ENDS}")
+    if kind in ("log-mel", "log-mel (gain aug)"):
         return [LogMelOperator(LogMelConfig(**MEL)),
                 ElementOperator(ElementOperatorConfig(), fn=to_input("log_mel", offset=40.0, scale=1 / 40))]
+    if kind == "log-mel (normalised)":
+        return [LogMelOperator(LogMelConfig(**MEL)), ElementOperator(ElementOperatorConfig(), fn=mean_normalised)]
     learned = kind == "pcen (learned)"
     return [MelSpectrogramOperator(MelSpectrogramConfig(power=1.0, **MEL)),
             PCENOperator(PCENConfig(n_channels=MEL["n_mels"], learnable=learned)),
@@ -141,7 +160,8 @@ def learned_values(stages: list) -> dict:
 def run(workdir: Path, data: dict, kind: str, cfg: dict, seed: int) -> dict:
     """Trains the classifier behind one front end; returns accuracy per playback condition."""
     rngs = nnx.Rngs(augment=seed)
-    augment = [GainOperator(GainConfig(gain_db=0.0, max_delta_db=6.0), rngs=rngs),
+    centre, spread = TRAIN_GAIN.get(kind, (0.0, 6.0))
+    augment = [GainOperator(GainConfig(gain_db=centre, max_delta_db=spread), rngs=rngs),
                AddNoiseOperator(AddNoiseConfig(snr_db=30.0, max_delta_db=5.0), rngs=rngs)]
     stages = front_end(kind)
     source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed), data=data["train"])
@@ -153,15 +173,15 @@ def run(workdir: Path, data: dict, kind: str, cfg: dict, seed: int) -> dict:
     tx = joint_optimizer(optax.adam(schedule), optax.adam(cfg["front_end_learning_rate"])) if learned \
         else optax.adam(schedule)
     slug = kind.replace(" ", "-").replace("(", "").replace(")", "")
-    _, outcome = common.train_run(workdir / "runs" / f"audio-{slug}", model, tx, pipeline, classification_loss,
+    _, outcome = common.train_run(workdir / "runs" / f"seed{seed}" / f"audio-{slug}", model, tx, pipeline, classification_loss,
                                   steps=cfg["steps"], metrics={"accuracy": lambda b, logits: (
                                       logits.argmax(-1) == b["label"]).mean()},
-                                  joint=learned, label=f"[audio {kind}] ", log_every=max(1, cfg["steps"] // 4))
+                                  joint=learned, label=f"[seed {seed} audio {kind}] ", log_every=max(1, cfg["steps"] // 4))
     sweep = condition_sweep(model, stages, data["test"], seed)
     record = {"front_end": kind, "accuracy": sweep, "mean_accuracy": float(np.mean(list(sweep.values()))),
               "run": outcome.as_dict()}
     if learned:
         record["learned"] = learned_values(stages)
-    print(f"[audio {kind}] accuracy over playback conditions: mean {record['mean_accuracy']:.4f}; "
+    print(f"[seed {seed} audio {kind}] accuracy over playback conditions: mean {record['mean_accuracy']:.4f}; "
           + ", ".join(f"{k}: {v:.3f}" for k, v in sweep.items()), flush=True)
     return record

@@ -10,6 +10,9 @@ Front ends compared, each followed by the same fixed per-channel normalisation a
 * fixed: nothing else (the classifier sees the corrupted patches, normalised);
 * learned: `CameraCorrection` (a learnable denoising blur, a 3x3 colour-correction matrix with
   an offset, and a per-channel gamma curve) trained jointly with the classifier;
+* oracle: the exact inverse of the known corruption (each patch's own exposure, the cast, the
+  flare/contrast and the gamma undone; only noise and quantisation remain), fixed normalisation:
+  the best a camera-correction front end could do;
 * clean (reference, default configuration only): the uncorrupted patches, fixed normalisation.
 """
 
@@ -44,13 +47,26 @@ NOISE_STD = 0.03
 LOG_GAMMA_BOUND = 1.5
 
 
-def corrupt(patches: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """The bad camera: exposure (random per patch), cast, gamma, flare/low contrast, noise, 8 bits."""
+def corrupt(patches: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The bad camera: exposure (random per patch), cast, gamma, flare/low contrast, noise, 8 bits.
+
+    Returns the corrupted uint8 patches and each patch's exposure.
+    """
     exposure = 0.45 * np.exp(rng.uniform(-0.3, 0.3, (len(patches), 1, 1, 1)))
     x = exposure * CAST * patches ** GAMMA
     x = CONTRAST * x + FLARE
     x = x + NOISE_STD * rng.standard_normal(x.shape)
-    return np.clip(np.round(255 * x), 0, 255).astype(np.uint8)
+    return np.clip(np.round(255 * x), 0, 255).astype(np.uint8), exposure.reshape(-1).astype(np.float32)
+
+
+def uncorrupt(image: jax.Array, exposure: jax.Array) -> jax.Array:
+    """The exact inverse of `corrupt` before its noise and quantisation (float image in [0, 1])."""
+    x = (image - FLARE) / CONTRAST / (exposure * CAST)
+    return jnp.clip(x, 0.0, 1.0) ** (1.0 / GAMMA)
+
+
+def oracle(element):
+    return element.update_data({"image": uncorrupt(element.data["image"], element.data["exposure"])})
 
 
 def make_patches(per_class_train: int, per_class_test: int, seed: int) -> dict[str, dict[str, np.ndarray]]:
@@ -69,8 +85,9 @@ def make_patches(per_class_train: int, per_class_test: int, seed: int) -> dict[s
     out = {}
     for split, parts in splits.items():
         clean = np.concatenate([p for p, _ in parts])
-        out[split] = {"clean": np.round(255 * clean).astype(np.uint8), "corrupted": corrupt(clean, rng),
-                      "label": np.concatenate([l for _, l in parts])}
+        corrupted, exposure = corrupt(clean, rng)
+        out[split] = {"clean": np.round(255 * clean).astype(np.uint8), "corrupted": corrupted,
+                      "exposure": exposure, "label": np.concatenate([l for _, l in parts])}
     return out
 
 
@@ -106,6 +123,8 @@ def to_float(element):
 def stages(front_end: str, mean: np.ndarray, std: np.ndarray) -> list:
     normalize = NormalizeOperator(NormalizeConfig(mean=tuple(mean), std=tuple(std)))
     convert = ElementOperator(ElementOperatorConfig(), fn=to_float)
+    if front_end == "oracle":
+        return [convert, ElementOperator(ElementOperatorConfig(), fn=oracle), normalize]
     if front_end != "learned":
         return [convert, normalize]
     denoise = GaussianBlurOperator(GaussianBlurConfig(sigma=0.3, stochastic=False, kernel_size=5, learnable=True))
@@ -122,12 +141,17 @@ def run(workdir: Path, data: dict, front_end: str, cfg: dict, seed: int) -> dict
     """Trains the classifier behind one front end; returns its test accuracy and learned values."""
     field = "clean" if front_end == "clean" else "corrupted"
     train_images = data["train"][field]
-    mean = (train_images / 255.0).mean(axis=(0, 1, 2))
-    std = (train_images / 255.0).std(axis=(0, 1, 2))
+    seen = train_images / 255.0
+    if front_end == "oracle":  # normalised by the statistics of what the classifier sees
+        seen = np.asarray(uncorrupt(seen, data["train"]["exposure"][:, None, None, None]))
+    mean = seen.mean(axis=(0, 1, 2))
+    std = seen.std(axis=(0, 1, 2))
     train_stages = stages(front_end, mean, std)
     train = MemorySource(MemorySourceConfig(shuffle=True, seed=seed),
-                         data={"image": train_images, "label": data["train"]["label"]})
-    test = MemorySource(MemorySourceConfig(), data={"image": data["test"][field], "label": data["test"]["label"]})
+                         data={"image": train_images, "label": data["train"]["label"],
+                               "exposure": data["train"]["exposure"]})
+    test = MemorySource(MemorySourceConfig(), data={"image": data["test"][field], "label": data["test"]["label"],
+                                                    "exposure": data["test"]["exposure"]})
     pipeline = Pipeline(train, train_stages, batch_size=cfg["batch_size"], drop_remainder=True)
     # The eval pipeline shares the trained front-end modules, so it sees their learned values.
     evaluation = Pipeline(test, train_stages, batch_size=300)
@@ -137,14 +161,15 @@ def run(workdir: Path, data: dict, front_end: str, cfg: dict, seed: int) -> dict
     tx = optax.adam(schedule)
     if learned:
         tx = joint_optimizer(tx, optax.adam(cfg["front_end_learning_rate"]))
-    _, outcome = common.train_run(workdir / "runs" / f"image-{front_end}", model, tx, pipeline,
+    _, outcome = common.train_run(workdir / "runs" / f"seed{seed}" / f"image-{front_end}", model, tx, pipeline,
                                   classification_loss, steps=cfg["steps"], eval_pipeline=evaluation,
-                                  metrics=CLASSIFICATION_METRICS, joint=learned, label=f"[image {front_end}] ",
+                                  metrics=CLASSIFICATION_METRICS, joint=learned,
+                                  label=f"[seed {seed} image {front_end}] ",
                                   log_every=max(1, cfg["steps"] // 4))
     record = {"front_end": front_end, "test_accuracy": outcome.eval_metrics["accuracy"], "run": outcome.as_dict()}
     if learned:
         record["learned"] = learned_values(train_stages)
-    print(f"[image {front_end}] test accuracy {record['test_accuracy']:.4f}", flush=True)
+    print(f"[seed {seed} image {front_end}] test accuracy {record['test_accuracy']:.4f}", flush=True)
     return record
 
 

@@ -77,6 +77,10 @@ class TrainerSection:
         param_sharding: "replicated" or "fsdp" (`Trainer(param_sharding=...)`): the training state
             laid out over the `[sharding]` table's mesh; needs that table. Not part of the
             configuration a checkpoint is checked against: a run may resume on another layout.
+        finetune: a `[trainer.finetune]` table, `datarax.train.pretrained.FinetuneConfig`: the
+            starting weights (a `.safetensors`/`.pth` file through a key table, or a datarax
+            checkpoint) and what trains (full, probe or LoRA). Its files are read at every start;
+            a resumed run then restores its own checkpoint over them.
 
     Import paths name only modules the configuration allows (`datarax.config.allow`).
     """
@@ -151,6 +155,7 @@ class TrainerSpec:
     optimizer: list[tuple[str, Callable, dict[str, Any]]] | Callable
     callbacks: list[ComponentSpec]
     table: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [trainer] table as written
+    finetune: Any = None  # datarax.train.pretrained.FinetuneConfig from [trainer.finetune]
 
 
 
@@ -189,7 +194,9 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
     if not is_table(value):
         ctx.problems.add(path, f"must be a table, got {value!r}")
         return None
-    section = build_dataclass(TrainerSection, value, path, ctx.problems, resolve_callable=ctx.resolve_callable)
+    section = build_dataclass(TrainerSection, value, path, ctx.problems, resolve_callable=ctx.resolve_callable,
+                              extra_keys=("finetune",))
+    finetune = _validate_finetune(value["finetune"], (*path, "finetune"), ctx) if "finetune" in value else None
     cls = section.trainer_class if section is not None else None
     if cls is not None and not (isinstance(cls, type) and issubclass(cls, Trainer)):
         ctx.problems.add((*path, "trainer_class"), f"names {value['trainer_class']!r}, which is not a subclass of "
@@ -217,9 +224,28 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
                                                       f"{batch_size} (each step's batch is split into that many "
                                                       "equal micro-batches)")
         section = None
-    if section is None or optimizer is None:
+    if section is None or optimizer is None or ("finetune" in value and finetune is None):
         return None
-    return TrainerSpec(section, optimizer, callbacks, dict(value))
+    return TrainerSpec(section, optimizer, callbacks, dict(value), finetune)
+
+
+def _validate_finetune(value: Any, path: Path, ctx: Context) -> Any:
+    from datarax.train.pretrained.finetune import LAYOUTS, FinetuneConfig
+
+    if not is_table(value):
+        ctx.problems.add(path, f"must be a table (see FinetuneConfig in docs/trainers.md), got {value!r}")
+        return None
+    table = dict(value)
+    layout = table.get("layout")
+    if isinstance(layout, str) and layout not in LAYOUTS:
+        if ":" not in layout:
+            ctx.problems.add((*path, "layout"), f"must be one of {LAYOUTS} or an import path 'package.module:function' "
+                                                f"returning the key table of a model, got {layout!r}")
+            return None
+        table["layout"] = ctx.resolve_callable(layout, (*path, "layout"), ctx.problems)
+        if table["layout"] is None:
+            return None
+    return build_dataclass(FinetuneConfig, table, path, ctx.problems)
 
 
 @dataclasses.dataclass
@@ -265,6 +291,9 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     pipeline = build_pipeline(spec) if pipeline is None else pipeline
     eval_pipeline = build_pipeline(spec.eval) if spec.eval is not None else None
     model = _build_model(spec)
+    optimizer = _build_optimizer(spec.trainer)
+    if spec.trainer.finetune is not None:
+        optimizer = _prepare_finetune(spec, model, optimizer)
     callbacks = [build_component(c) for c in spec.trainer.callbacks]
     checkpoint_dir = None
     if section.checkpoint_dir is not None:
@@ -283,7 +312,7 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     elif isinstance(cache, str):
         cache = os.path.normpath(os.path.join(base_dir, os.path.expanduser(cache)))
     try:
-        trainer = trainer_cls(model, _build_optimizer(spec.trainer), pipeline, section.loss, metrics=section.metrics,
+        trainer = trainer_cls(model, optimizer, pipeline, section.loss, metrics=section.metrics,
                               callbacks=[*callbacks, *extra_callbacks],
                               train_pipeline_params=section.train_pipeline_params, eval_pipeline=eval_pipeline,
                               eval_every_steps=eval_every, compilation_cache=cache,
@@ -295,6 +324,22 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
     return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec))
+
+
+def _prepare_finetune(spec: RunSpec, model: Any, optimizer: Any, *, check_only: bool = False) -> Any:
+    """`[trainer.finetune]` applied to `model` (or only checked, on an abstract model): the optimizer."""
+    from datarax.train.pretrained.finetune import check_finetune, prepare_finetune
+
+    base_dir = os.path.dirname(os.path.abspath(spec.path))
+    try:
+        if check_only:
+            check_finetune(model, spec.trainer.finetune, base_dir=base_dir)
+            return optimizer
+        return prepare_finetune(model, optimizer, spec.trainer.finetune, base_dir=base_dir)[0]
+    except FieldError as exc:
+        raise ConfigError([f"trainer.finetune.{exc.field} {exc}"], spec.path) from exc
+    except (ValueError, TypeError, OSError) as exc:  # add_lora finding no layer, a warm start that does not fit
+        raise ConfigError([f"trainer.finetune could not be applied: {exc}"], spec.path) from exc
 
 
 def _target_steps(section: TrainerSection, pipeline: Any) -> int | None:
@@ -340,7 +385,9 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
                           spec.path) from exc
     if not isinstance(model, nnx.Module):
         raise ConfigError([f"trainer.model must return an nnx.Module, got {type(model).__name__}"], spec.path)
-    _build_optimizer(spec.trainer)
+    optimizer = _build_optimizer(spec.trainer)
+    if spec.trainer.finetune is not None:
+        _prepare_finetune(spec, model, optimizer, check_only=True)
     graphdef, state = nnx.split(model)
     batch = pipeline.output_spec()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from recipe_helpers import assert_finite_metrics, assert_plot, run_recipe
 
 QUICK_STEPS = 150  # recipes.vision.QUICK["steps"]
@@ -15,8 +16,18 @@ def test_quick_run_then_rerun_resumes_from_its_checkpoint(tmp_path):
     assert result["run"]["step"] == QUICK_STEPS and result["run"]["resumed_from"] is None
     assert result["run"]["goodput"]["buckets_pct"]["goodput"] > 0
     assert_plot(result)
-    for text in ("test accuracy", "throughput", "goodput:"):
+    for text in ("test accuracy", "throughput", "goodput:", "augmented - none"):
         assert text in stdout
+    # Both arms on every seed, and the paired differences are those of the per-seed accuracies.
+    seeds = result["config"]["seeds"]
+    assert len(seeds) == 2
+    accuracies = {arm: [result["runs"][arm][str(s)]["accuracy"] for s in seeds]
+                  for arm in ("augmented", "no augmentation")}
+    assert result["run"]["eval_metrics"]["accuracy"] == accuracies["augmented"][0]
+    assert result["paired"]["values"] == pytest.approx(
+        [a - b for a, b in zip(accuracies["augmented"], accuracies["no augmentation"])])
+    assert result["table"]["no augmentation"]["values"] == accuracies["no augmentation"]
+    assert min(accuracies["no augmentation"]) > 0.5
 
     # The same workdir with a larger step target continues from the saved checkpoint.
     resumed, stdout = run_recipe("vision", tmp_path, "--steps", str(QUICK_STEPS + 10))
@@ -44,7 +55,7 @@ def write_digit_folder(root, scale: int = 3) -> None:
 def test_quick_run_from_an_image_folder(tmp_path):
     folder = tmp_path / "digits"
     write_digit_folder(folder)
-    result, stdout = run_recipe("vision", tmp_path / "run", "--image-folder", str(folder))
+    result, stdout = run_recipe("vision", tmp_path / "run", "--image-folder", str(folder), "--seeds", "1")
     metrics = assert_finite_metrics(result)
     assert metrics["chance_accuracy"] == 0.1
     assert metrics["test_accuracy"] > 0.5

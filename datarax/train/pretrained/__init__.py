@@ -4,7 +4,8 @@ Read a checkpoint (`read_pth`: a PyTorch `.pth` without torch and without runnin
 `load_safetensors`), fill an NNX module through a key/transpose table (`load_table` with
 `resnet_table`, `bert_table`, `crepe_table`), build the input stages from the checkpoint's config
 (`preprocessing_stages`), fine-tune (`add_lora` + `lora_optimizer`, `probe_optimizer`,
-`discriminative`), merge and export (`merge_lora`, `export_table`, `save_safetensors`), or start
+`discriminative`; all of it as one `FinetuneConfig` for `prepare_finetune`, the `[trainer.finetune]`
+table of a configuration file), merge and export (`merge_lora`, `export_table`, `save_safetensors`), or start
 from a datarax checkpoint (`warm_start`). See docs/trainers.md, "Pretrained weights and LoRA".
 """
 
@@ -16,9 +17,13 @@ from datarax.train.pretrained.crepe import crepe_frames as crepe_frames
 from datarax.train.pretrained.crepe import crepe_pitch as crepe_pitch
 from datarax.train.pretrained.crepe import crepe_table as crepe_table
 from datarax.train.pretrained.crepe import load_crepe as load_crepe
+from datarax.train.pretrained.finetune import FinetuneConfig as FinetuneConfig
+from datarax.train.pretrained.finetune import check_finetune as check_finetune
 from datarax.train.pretrained.finetune import discriminative as discriminative
 from datarax.train.pretrained.finetune import path_prefixes as path_prefixes
+from datarax.train.pretrained.finetune import prepare_finetune as prepare_finetune
 from datarax.train.pretrained.finetune import probe_optimizer as probe_optimizer
+from datarax.train.pretrained.finetune import read_weights as read_weights
 from datarax.train.pretrained.lora import add_lora as add_lora
 from datarax.train.pretrained.lora import lora_optimizer as lora_optimizer
 from datarax.train.pretrained.lora import merge_lora as merge_lora

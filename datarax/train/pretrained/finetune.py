@@ -8,21 +8,37 @@
   is one optax transformation (an `optax.multi_transform`) whose rule for a parameter is the
   first prefix its path starts with. Pass it to `Trainer` as the optimizer.
 
+* `FinetuneConfig` + `prepare_finetune` put the whole set-up in one value, the form a
+  configuration file's `[trainer.finetune]` table takes: where the starting weights come from (a
+  `.safetensors` / `.pth` file through a named key table, or a datarax checkpoint), which parts
+  are loaded (`include` / `exclude`, e.g. a new head left out), and how it trains (`mode` full,
+  probe or lora).
+
 Example::
 
     trainer = Trainer(model, probe_optimizer(model, optax.adam(1e-3), head=("fc.",)), pipeline, loss_fn)
+
+    config = FinetuneConfig(weights="resnet18.safetensors", layout="resnet", exclude=("fc.",),
+                            mode="lora", lora_rank=8, lora_where=("layer4.",), head=("fc.",))
+    optimizer, report = prepare_finetune(model, optax.adam(1e-3), config)
+    trainer = Trainer(model, optimizer, pipeline, loss_fn)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 
-from datarax.train.pretrained.tables import dotted
+from datarax.config.schema import FieldError
+from datarax.train.pretrained.tables import KeyMap, LayoutError, dotted, load_table, selected
 
 
 def path_prefixes(*prefixes: str) -> Any:
@@ -64,3 +80,248 @@ def discriminative(*rules: tuple[str, optax.GradientTransformation],
         return next((f"rule{i}" for i, (prefix, _) in enumerate(rules) if name.startswith(prefix)), "default")
 
     return optax.multi_transform(transforms, lambda params: jax.tree_util.tree_map_with_path(label, params))
+
+
+MODES = ("full", "probe", "lora")
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
+
+
+def _layouts() -> dict[str, tuple[type, Callable[[nnx.Module], Iterable[KeyMap]], tuple[str, ...]]]:
+    """The named key tables: `name -> (model class, its table, checkpoint keys ignored by default)`."""
+    from datarax.train.pretrained.bert import BertEncoder, bert_table
+    from datarax.train.pretrained.crepe import Crepe, crepe_table
+    from datarax.train.pretrained.resnet import ResNet, resnet_table
+
+    running = ("*.num_batches_tracked",)  # PyTorch's BatchNorm counter: no NNX counterpart
+    return {"crepe": (Crepe, lambda model: crepe_table(model.capacity), running),
+            "resnet": (ResNet, resnet_table, running), "bert": (BertEncoder, bert_table, ())}
+
+
+LAYOUTS = ("crepe", "resnet", "bert")
+
+
+def _prefixes(name: str, value: Any) -> tuple[str, ...]:
+    value = (value,) if isinstance(value, str) else value
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) and p for p in value):
+        raise FieldError(name, f"must be a list of dotted path prefixes, e.g. [\"fc.\"], got {value!r}")
+    return tuple(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    """Where a fine-tune's weights come from and what it trains (`[trainer.finetune]` in a file).
+
+    Attributes:
+        weights: a `.safetensors` or PyTorch `.pth` file (read without running its pickle) loaded
+            through the `layout` key table. Relative paths are taken from `prepare_finetune`'s
+            `base_dir` (a configuration file's folder).
+        layout: the key table for `weights`: "crepe", "resnet" or "bert" (`crepe_table`,
+            `resnet_table`, `bert_table`), or a function `model -> KeyMaps`.
+        ignore: checkpoint key globs with no counterpart in the model (added to the layout's own,
+            `*.num_batches_tracked` for crepe and resnet).
+        warm_start: a datarax checkpoint directory (`CheckpointCallback` / `Checkpointer`) whose
+            model weights are copied where paths and shapes agree (`warm_start`); instead of weights.
+        step: with `warm_start`, the checkpoint step (None: the newest).
+        strict: with `warm_start`, refuse when a selected entry is missing, unexpected or
+            mismatched (default true); false restores what fits and reports the rest.
+        include / exclude: the model's dotted path prefixes loaded / not loaded (a new head:
+            `exclude = ["fc."]`), for both kinds of source.
+        mode: "full" (every parameter trains), "probe" (only `head` trains) or "lora" (flax LoRA
+            adapters on the `lora_where` layers train, plus `head` when given).
+        head: the dotted path prefixes of the new head: trained by "probe" and "lora", and at the
+            full rate by "full" with `backbone_lr_factor`.
+        backbone_lr_factor: with mode "full", everything outside `head` learns at this factor
+            of the optimizer's rate (discriminative learning rates), e.g. 0.1.
+        lora_rank: the adapters' rank (mode "lora").
+        lora_where: the dotted path prefixes of the layers given adapters (empty: every layer
+            `add_lora` can adapt).
+    """
+
+    weights: str | None = None
+    layout: Any = None
+    ignore: tuple[str, ...] = ()
+    warm_start: str | None = None
+    step: int | None = None
+    strict: bool | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    mode: str = "full"
+    head: tuple[str, ...] = ()
+    backbone_lr_factor: float | None = None
+    lora_rank: int | None = None
+    lora_where: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        for name in ("ignore", "include", "exclude", "head", "lora_where"):
+            object.__setattr__(self, name, _prefixes(name, getattr(self, name)))
+        if self.weights is not None and self.warm_start is not None:
+            raise FieldError("warm_start", "give weights (a .safetensors/.pth file) or warm_start (a datarax "
+                                           "checkpoint directory), not both")
+        if self.weights is not None:
+            if not isinstance(self.weights, (str, os.PathLike)) or not str(self.weights).endswith(WEIGHT_SUFFIXES):
+                raise FieldError("weights", f"must be a file ending in {WEIGHT_SUFFIXES}, got {self.weights!r}")
+            if self.layout is None:
+                raise FieldError("layout", f"is needed with weights: the key table, one of {LAYOUTS} or an import "
+                                           "path of a function model -> KeyMaps")
+        elif self.layout is not None or self.ignore:
+            raise FieldError("layout" if self.layout is not None else "ignore",
+                             "applies to weights only (a .safetensors/.pth file); add weights or drop it")
+        if self.layout is not None and not callable(self.layout) and self.layout not in LAYOUTS:
+            raise FieldError("layout", f"must be one of {LAYOUTS} or a function model -> KeyMaps, got {self.layout!r}")
+        if self.warm_start is None and (self.step is not None or self.strict is not None):
+            raise FieldError("step" if self.step is not None else "strict",
+                             "applies to warm_start only (a datarax checkpoint directory); add warm_start or drop it")
+        if self.step is not None and not (isinstance(self.step, int) and not isinstance(self.step, bool)
+                                          and self.step >= 0):
+            raise FieldError("step", f"must be an integer >= 0, got {self.step!r}")
+        if self.strict is not None and not isinstance(self.strict, bool):
+            raise FieldError("strict", f"must be true or false, got {self.strict!r}")
+        if (self.include or self.exclude) and self.weights is None and self.warm_start is None:
+            raise FieldError("include" if self.include else "exclude",
+                             "selects what weights or warm_start load; add one of them or drop it")
+        if self.mode not in MODES:
+            raise FieldError("mode", f"must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "probe" and not self.head:
+            raise FieldError("head", 'is needed with mode = "probe": the path prefixes that train, e.g. ["fc."]')
+        if self.mode == "lora":
+            if self.lora_rank is None:
+                raise FieldError("lora_rank", 'is needed with mode = "lora", e.g. 8')
+            if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 1:
+                raise FieldError("lora_rank", f"must be an integer >= 1, got {self.lora_rank!r}")
+        elif self.lora_rank is not None or self.lora_where:
+            raise FieldError("lora_rank" if self.lora_rank is not None else "lora_where",
+                             f'applies to mode = "lora" only, got mode = {self.mode!r}')
+        if self.backbone_lr_factor is not None:
+            if self.mode != "full":
+                raise FieldError("backbone_lr_factor", f'applies to mode = "full" only, got mode = {self.mode!r} '
+                                                       "(probe and lora freeze the backbone)")
+            factor = self.backbone_lr_factor
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
+                raise FieldError("backbone_lr_factor", f"must be a number > 0, e.g. 0.1, got {factor!r}")
+            if not self.head:
+                raise FieldError("head", "is needed with backbone_lr_factor: the path prefixes that learn at the "
+                                         'full rate, e.g. ["fc."]')
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """`{key: array}` of a `.safetensors` file or a PyTorch `.pth` / `.pt` state dict (no torch needed)."""
+    from datarax.train.pretrained.safetensors import load_safetensors
+    from datarax.train.pretrained.torch_pickle import read_pth
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"pretrained weights {path} do not exist (a .safetensors or .pth file)")
+    return load_safetensors(path) if path.suffix == ".safetensors" else read_pth(path)
+
+
+def _table(model: nnx.Module, config: FinetuneConfig) -> tuple[tuple[KeyMap, ...], tuple[str, ...]]:
+    if callable(config.layout):
+        return tuple(config.layout(model)), config.ignore
+    cls, make, ignore = _layouts()[config.layout]
+    if not isinstance(model, cls):
+        raise FieldError("layout", f"= {config.layout!r} is the table of datarax.train.pretrained.{cls.__name__}, but "
+                                   f"the model is a {type(model).__name__}: name your own table function "
+                                   "('package.module:function', model -> KeyMaps)")
+    return tuple(make(model)), (*ignore, *config.ignore)
+
+
+def _check_selects(model: nnx.Module, name: str, prefixes: tuple[str, ...], kind: type = nnx.Param) -> None:
+    paths = [dotted(p) for p, v in nnx.iter_graph(model) if isinstance(v, kind)]
+    if not any(selected(p, prefixes, ()) for p in paths):
+        roots = sorted({p.split(".")[0] + "." for p in paths})
+        raise FieldError(name, f"= {list(prefixes)!r} selects no parameter of {type(model).__name__}; its parameters "
+                               f"start with {roots}")
+
+
+def _resolve(path: str | os.PathLike, base_dir: str | os.PathLike | None) -> Path:
+    path = Path(os.path.expanduser(str(path)))
+    return path if path.is_absolute() or base_dir is None else Path(base_dir) / path
+
+
+def check_finetune(model: nnx.Module, config: FinetuneConfig, *, base_dir: str | os.PathLike | None = None) -> None:
+    """Every check `prepare_finetune` makes, writing nothing (`model` may be an `nnx.eval_shape` one).
+
+    Raises:
+        FieldError: naming the `FinetuneConfig` field: a file that does not fit the model through
+            its table, a checkpoint directory with no step, prefixes that select nothing.
+    """
+    if config.weights is not None:
+        path = _resolve(config.weights, base_dir)
+        try:
+            tensors = read_weights(path)
+            table, ignore = _table(model, config)
+            load_table(model, tensors, table, ignore=ignore, source=str(path), include=config.include,
+                       exclude=config.exclude, check_only=True)
+        except FieldError:
+            raise
+        except LayoutError as exc:
+            raise FieldError("weights", f"{exc}. Leave a new head out of the load with exclude = [\"fc.\"] (the "
+                                        "model's dotted path prefixes), or checkpoint keys with ignore = "
+                                        "[\"classifier.*\"]") from exc
+        except (OSError, ValueError, TypeError) as exc:
+            raise FieldError("weights", str(exc)) from exc
+    if config.warm_start is not None:
+        directory = _resolve(config.warm_start, base_dir)
+        steps = sorted(p.name for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+        if not steps:
+            raise FieldError("warm_start", f"{directory} holds no checkpoint step (a CheckpointCallback directory)")
+        if config.step is not None and str(config.step) not in steps:
+            raise FieldError("step", f"= {config.step}: {directory} holds steps {steps}")
+    if config.head:
+        _check_selects(model, "head", config.head)
+    if config.lora_where:
+        _check_selects(model, "lora_where", config.lora_where)
+
+
+def prepare_finetune(model: nnx.Module, tx: optax.GradientTransformation, config: FinetuneConfig, *,
+                     base_dir: str | os.PathLike | None = None) -> tuple[Any, dict[str, Any]]:
+    """Loads the starting weights into `model`, sets it up for `config.mode` and builds the optimizer.
+
+    Args:
+        model: the model to fine-tune (changed in place: weights loaded, LoRA layers swapped in).
+        tx: the optimizer's transformation (its learning rate is the head's, and everything's in
+            plain "full" mode).
+        config: what to load and train.
+        base_dir: where relative `weights` / `warm_start` paths are taken from.
+
+    Returns:
+        `(optimizer, report)`: what to pass to `Trainer` as its optimizer (an optax
+        transformation for "full", an `nnx.Optimizer` over the trained variables otherwise) and a
+        dict saying what was loaded (`source`, `restored`, `missing`, `unexpected`, `mismatched`
+        for a warm start; `loaded` paths for weights; `lora` layers; `trained` parameter count).
+    """
+    check_finetune(model, config, base_dir=base_dir)
+    report: dict[str, Any] = {"mode": config.mode}
+    if config.weights is not None:
+        path = _resolve(config.weights, base_dir)
+        table, ignore = _table(model, config)
+        load_table(model, read_weights(path), table, ignore=ignore, source=str(path), include=config.include,
+                   exclude=config.exclude)
+        report |= {"source": str(path), "loaded": sorted(m.path for m in table
+                                                         if selected(m.path, config.include, config.exclude))}
+    elif config.warm_start is not None:
+        from datarax.train.pretrained.warm_start import warm_start
+
+        directory = _resolve(config.warm_start, base_dir)
+        done = warm_start(model, directory, step=config.step, include=config.include, exclude=config.exclude,
+                          strict=True if config.strict is None else config.strict)
+        report |= {"source": str(directory)} | dataclasses.asdict(done)
+    if config.mode == "full":
+        optimizer: Any = tx
+        trained: Any = nnx.Param
+        if config.backbone_lr_factor is not None:
+            optimizer = discriminative(*((h, tx) for h in config.head),
+                                       default=optax.chain(tx, optax.scale(config.backbone_lr_factor)))
+    elif config.mode == "probe":
+        optimizer = probe_optimizer(model, tx, head=config.head)
+        trained = nnx.All(nnx.Param, path_prefixes(*config.head))
+    else:
+        from datarax.train.pretrained.lora import add_lora
+
+        where = (lambda path: selected(path, config.lora_where, ())) if config.lora_where else None
+        report["lora"] = add_lora(model, config.lora_rank, where=where)
+        trained = nnx.LoRAParam if not config.head else nnx.Any(nnx.LoRAParam,
+                                                                nnx.All(nnx.Param, path_prefixes(*config.head)))
+        optimizer = nnx.Optimizer(model, tx, wrt=trained)
+    report["trained"] = int(sum(np.size(x) for x in jax.tree_util.tree_leaves(nnx.state(model, trained))))
+    return optimizer, report

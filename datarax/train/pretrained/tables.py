@@ -77,6 +77,19 @@ def dotted(path: tuple) -> str:
     return ".".join(str(part) for part in path)
 
 
+def selected(path: str, include: tuple[str, ...], exclude: tuple[str, ...]) -> bool:
+    """Whether dotted `path` starts with one of `include` (empty: any) and none of `exclude`."""
+    return (not include or path.startswith(include)) and not path.startswith(exclude)
+
+
+def check_prefixes(name: str, prefixes: Iterable[str], where: str) -> tuple[str, ...]:
+    """`prefixes` as a tuple of non-empty strings; TypeError naming `where`'s `name` otherwise."""
+    prefixes = (prefixes,) if isinstance(prefixes, str) else tuple(prefixes)
+    if not all(isinstance(p, str) and p for p in prefixes):
+        raise TypeError(f"{where}: {name} must be dotted path prefixes (strings), e.g. ('fc.',), got {prefixes!r}")
+    return prefixes
+
+
 def weight_variables(model: nnx.Module) -> dict[str, nnx.Variable]:
     """The module's `nnx.Param`s and `nnx.BatchStat`s by dotted path, LoRA adapters left out."""
     return {dotted(path): node for path, node in nnx.iter_graph(model)
@@ -105,8 +118,13 @@ def _problems(tensors: Mapping[str, np.ndarray], variables: Mapping[str, nnx.Var
 
 
 def load_table(model: nnx.Module, tensors: Mapping[str, np.ndarray], table: Iterable[KeyMap], *,
-               ignore: Iterable[str] = (), source: str = "checkpoint") -> None:
+               ignore: Iterable[str] = (), source: str = "checkpoint", include: Iterable[str] = (),
+               exclude: Iterable[str] = (), check_only: bool = False) -> None:
     """Writes `tensors` into `model` through `table`, after checking that everything fits.
+
+    `include` / `exclude` narrow the load to the model's dotted paths under (not under) these
+    prefixes: a new head (`exclude=("fc.",)`) keeps its own values, and its table entries and
+    checkpoint keys are left out of every check.
 
     Args:
         model: the NNX module to fill (its variables keep their dtypes: values are cast to them).
@@ -114,18 +132,31 @@ def load_table(model: nnx.Module, tensors: Mapping[str, np.ndarray], table: Iter
         table: the `KeyMap`s, e.g. `resnet_table(model)`.
         ignore: glob patterns of checkpoint keys with no NNX counterpart (`"*.num_batches_tracked"`).
         source: the checkpoint's name in error messages (its file).
+        include: the model's dotted path prefixes to load (empty: all).
+        exclude: the model's dotted path prefixes not loaded, e.g. `("fc.",)` for a new head.
+        check_only: run every check and write nothing (an abstract `nnx.eval_shape` model will do).
 
     Raises:
         LayoutError: listing every unmapped, missing or misshapen key; the module is unchanged.
     """
+    include = check_prefixes("include", include, "load_table")
+    exclude = check_prefixes("exclude", exclude, "load_table")
     table = tuple(table)
+    dropped = {m.key for m in table if not selected(m.path, include, exclude)}
+    table = tuple(m for m in table if selected(m.path, include, exclude))
+    if not table:
+        raise LayoutError(f"load_table: include={include!r} / exclude={exclude!r} leave nothing of the table to load "
+                          f"into {type(model).__name__}")
     ignore = tuple(ignore)
-    variables = weight_variables(model)
+    tensors = {k: v for k, v in tensors.items() if k not in dropped}
+    variables = {p: v for p, v in weight_variables(model).items() if selected(p, include, exclude)}
     problems = _problems(tensors, variables, table, ignore)
     if problems:
         more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
         raise LayoutError(f"{source} does not fit {type(model).__name__} through its table: "
                           + "; ".join(problems[:20]) + more)
+    if check_only:
+        return
     for m in table:
         variable = variables[m.path]
         variable.set_value(jnp.asarray(to_nnx(np.asarray(tensors[m.key]), m.transform), dtype=variable.dtype))

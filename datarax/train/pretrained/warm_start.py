@@ -29,7 +29,7 @@ from flax import nnx
 
 from datarax.train.checkpointing import abstract_target
 from datarax.train.integrity import verify_arrays
-from datarax.train.pretrained.tables import dotted
+from datarax.train.pretrained.tables import check_prefixes, dotted, selected
 
 
 class WarmStartError(ValueError):
@@ -65,10 +65,6 @@ def _latest_step(directory: epath.Path) -> int:
     return steps[-1]
 
 
-def _selected(path: str, include: tuple[str, ...], exclude: tuple[str, ...]) -> bool:
-    return (not include or path.startswith(include)) and not path.startswith(exclude)
-
-
 def _int_keys(tree: Any) -> Any:
     """Orbax reads the integer keys of `nnx.to_pure_dict` (list indices) back as strings; the
     integrity hash was taken over the integers. (NNX attribute names are never all digits.)"""
@@ -102,10 +98,8 @@ def warm_start(model: nnx.Module, directory: str | os.PathLike, *, step: int | N
         WarmStartError: with `strict=True`, naming the paths; the model is then unchanged.
         CheckpointIntegrityError: the arrays read differ from those written.
     """
-    include, exclude = tuple(include), tuple(exclude)
-    for name, prefixes in (("include", include), ("exclude", exclude)):
-        if not all(isinstance(p, str) and p for p in prefixes):
-            raise TypeError(f"warm_start: {name} must be dotted path prefixes (strings), got {prefixes!r}")
+    include = check_prefixes("include", include, "warm_start")
+    exclude = check_prefixes("exclude", exclude, "warm_start")
     directory = epath.Path(directory).absolute()
     step = _latest_step(directory) if step is None else step
     where = f"checkpoint step {step} in {directory}"
@@ -115,8 +109,8 @@ def warm_start(model: nnx.Module, directory: str | os.PathLike, *, step: int | N
     metadata = json.loads((directory / str(step) / "meta" / "metadata").read_text())
     saved = _int_keys(ocp.StandardCheckpointer().restore(directory / str(step) / "model"))
     verify_arrays({"integrity": {"model": metadata.get("integrity", {}).get("model")}}, {"model": saved}, where)
-    checkpoint = {p: np.asarray(v) for p, v in _flat(saved).items() if _selected(p, include, exclude)}
-    here = {p: v for p, v in _flat(abstract_target(model)).items() if _selected(p, include, exclude)}
+    checkpoint = {p: np.asarray(v) for p, v in _flat(saved).items() if selected(p, include, exclude)}
+    here = {p: v for p, v in _flat(abstract_target(model)).items() if selected(p, include, exclude)}
     mismatched = tuple(sorted(
         f"{p}: saved {checkpoint[p].shape} {checkpoint[p].dtype}, model {here[p].shape} {here[p].dtype}"
         for p in set(checkpoint) & set(here)
