@@ -383,13 +383,11 @@ def train_arm(workdir: Path, task: str, arm: str, tensors: Path, files: dict, sp
 
 
 def t_interval(values: list[float]) -> dict:
-    """Mean and the 95% t-interval over seeds: mean +- t_{0.975, n-1} * sd / sqrt(n)."""
-    from scipy import stats
-
-    x = np.asarray(values, np.float64)
-    half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
-    return {"mean": float(x.mean()), "low": float(x.mean() - half), "high": float(x.mean() + half),
-            "half_width": half, "n": len(x)}
+    """Mean and the 95% t-interval over seeds (`common.interval`: mean +- t_{0.975, n-1} * sd / sqrt(n))."""
+    stats = common.interval(values)
+    half = stats["half"] if stats["half"] is not None else float("nan")
+    return {"mean": stats["mean"], "low": stats["mean"] - half, "high": stats["mean"] + half, "half_width": half,
+            "n": stats["n"]}
 
 
 def cell_bootstrap(a: np.ndarray, b: np.ndarray, labels: np.ndarray, cells: np.ndarray, draws: int,
