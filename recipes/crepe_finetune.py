@@ -34,7 +34,8 @@ and a new linear head:
 Batch norm: the pretrained arms keep CREPE's published statistics (inference mode, the natural
 choice for a frozen backbone and for fine-tuning from few, small batches; full fine-tuning still
 trains each batch norm's scale and bias); scratch trains its batch norms as usual (batch
-statistics in training, running averages for evaluation).
+statistics in training, running averages with momentum 0.9 for evaluation; CREPE's own layers
+keep their statistics fixed, momentum 1, as torchcrepe's do).
 
 Protocol: Adam with warm-up and cosine decay, the same steps and batch size for every arm; each
 arm's learning rate is chosen from the same 4-value grid on the validation split, with seed 0
@@ -83,6 +84,7 @@ MIDI_RANGE = (45, 75)
 SPLIT_THIRD = {"train": 0, "validation": 1, "test": 2}  # which third of a semitone a split's pitches lie in
 DATA_SEED = 20261205  # the notes: fixed, independent of --seed
 EVAL_BATCH = 40
+SCRATCH_MOMENTUM = 0.9  # scratch's running batch statistics (PyTorch's momentum 0.1); CREPE's own are fixed
 DEFAULT = {"capacity": "tiny", "pool_per_class": 40, "labelled_per_class": 24, "validation_per_class": 16,
            "test_per_class": 40, "steps": 300, "batch_size": 16, "lr_grid": (1e-3, 4e-3, 1.6e-2, 6.4e-2),
            "backbone_lr_factor": 0.1, "lora_rank": 4, "seeds": 5}
@@ -264,7 +266,8 @@ def build(arm: str, lr: float, seed: int, cfg: dict, weights: str | None) -> tup
     capacity, steps = cfg["capacity"], cfg["steps"]
     # Batch norm (see the module docstring): scratch trains it, the pretrained arms keep CREPE's statistics.
     if arm == "scratch":
-        model = CrepeClassifier(Crepe(capacity, rngs=nnx.Rngs(1000 + seed)), len(INSTRUMENTS), seed)
+        model = CrepeClassifier(Crepe(capacity, rngs=nnx.Rngs(1000 + seed), momentum=SCRATCH_MOMENTUM),
+                                len(INSTRUMENTS), seed)
         model.train()
         return model, adam(lr, steps)
     model = CrepeClassifier(load_crepe(weights, capacity=capacity), len(INSTRUMENTS), seed)
@@ -281,6 +284,8 @@ def run_key(cfg: dict, weights_id: str, **run) -> str:
     relevant = {k: cfg[k] for k in ("capacity", "pool_per_class", "labelled_per_class", "validation_per_class",
                                     "test_per_class", "steps", "batch_size", "backbone_lr_factor", "lora_rank")}
     relevant["scratch_batch_norm"] = "trained"  # before 3 Dec 2026 scratch ran its batch norm in inference mode
+    if run.get("arm") == "scratch":  # its running statistics had momentum 1 (never updated) in the first try
+        relevant["scratch_momentum"] = SCRATCH_MOMENTUM
     return hashlib.sha256(json.dumps({**relevant, **run, "weights": weights_id}, sort_keys=True).encode()
                           ).hexdigest()[:16]
 

@@ -158,3 +158,22 @@ def test_features_and_a_safetensors_checkpoint_need_no_torchcrepe(tmp_path):
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="at least 1024 samples"):
         crepe_features(model, np.zeros((2, 1000), np.float32))
+
+
+def test_a_fresh_crepe_trains_its_batch_statistics_only_with_a_momentum_below_one():
+    """Momentum 1 (the default, torchcrepe's fixed statistics) never moves the running averages;
+    0.9 moves them as flax's BatchNorm does: `mean <- 0.9 mean + 0.1 batch mean`."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from datarax.train.pretrained import Crepe
+
+    frames = jnp.asarray(np.random.default_rng(0).normal(size=(6, 1024)), jnp.float32)
+    for momentum in (1.0, 0.9):
+        model = Crepe("tiny", rngs=nnx.Rngs(0), momentum=momentum)
+        model.train()
+        model(frames)
+        mean = np.asarray(model.norms[0].mean[...])
+        assert (np.abs(mean).max() == 0) == (momentum == 1.0), momentum
+    with pytest.raises(ValueError, match="momentum must be a number in"):
+        Crepe("tiny", momentum=1.5)

@@ -56,10 +56,18 @@ class Crepe(nnx.Module):
     Args:
         capacity: "tiny" or "full" (the two published sizes).
         rngs: initialisation keys (None: `nnx.Rngs(0)`; the weights are usually loaded).
+        momentum: the batch norms' running-statistics momentum (Flax's convention). 1.0, the
+            default, keeps them where they are, as torchcrepe's layers do (PyTorch momentum 0):
+            right for the published weights. Training a fresh CREPE with batch statistics needs
+            a momentum below 1 (e.g. 0.9, PyTorch's usual 0.1), or evaluation would use the
+            initial statistics (mean 0, variance 1).
     """
 
-    def __init__(self, capacity: str = "full", *, rngs: nnx.Rngs | None = None):
+    def __init__(self, capacity: str = "full", *, rngs: nnx.Rngs | None = None, momentum: float = 1.0):
         _check_capacity(capacity)
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"Crepe momentum must be a number in [0, 1] (1.0 keeps the running statistics fixed), "
+                             f"got {momentum!r}")
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         widths = WIDTHS[capacity]
         self.capacity = capacity
@@ -68,7 +76,7 @@ class Crepe(nnx.Module):
                      rngs=rngs)
             for i, (n_in, n_out) in enumerate(zip((1, *widths[:-1]), widths))])
         # PyTorch's momentum 0 (the checkpoint's statistics never move) is Flax's momentum 1.
-        self.norms = nnx.List([nnx.BatchNorm(n, epsilon=BN_EPSILON, momentum=1.0, rngs=rngs) for n in widths])
+        self.norms = nnx.List([nnx.BatchNorm(n, epsilon=BN_EPSILON, momentum=momentum, rngs=rngs) for n in widths])
         self.classifier = nnx.Linear(4 * widths[-1], PITCH_BINS, rngs=rngs)
 
     def __call__(self, frames: jax.Array, *, embed: bool = False) -> jax.Array:
