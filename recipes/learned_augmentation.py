@@ -340,7 +340,8 @@ def summarise(outcomes: dict, cfg: dict) -> dict:
         per = list(seeds.values())
 
         def over(get, per: list[dict] = per) -> dict:
-            return common.mean_std([get(o) for o in per])
+            values = [get(o) for o in per]
+            return {**common.mean_std(values), "half": common.interval(values)["half"]}
 
         costs = per[0]["cost_s"]
         table[hidden_range] = {
@@ -396,17 +397,21 @@ def plot(workdir, table: dict, histories: dict, cfg: dict) -> str | None:
 
 
 def fmt(s: dict, scale: float = 100.0) -> str:
-    return f"{scale * s['mean']:6.2f} +- {scale * s['std']:4.2f}"
+    """`mean +- half` of the 95% t-interval over seeds (the mean alone, marked, for one seed)."""
+    if s.get("half") is None:
+        return f"{scale * s['mean']:6.2f} (1 seed)"
+    return f"{scale * s['mean']:6.2f} +- {scale * s['half']:4.2f}"
 
 
 def report(table: dict, cfg: dict) -> list[str]:
-    lines = [f"test accuracy (%), mean +- std over {cfg['seeds']} seeds; grid range and lam chosen on validation; "
+    lines = [f"test accuracy (%), mean +- 95% t-interval over {cfg['seeds']} seeds; grid range and lam chosen on "
+             "validation; "
              "_tta: test-time averaging over rotated copies; _sN: start width N deg"]
     for t, row in table.items():
         lines.append(f"T={t:g}: " + ", ".join(f"{m} {fmt(row['test'][m])}" for m in methods(cfg)))
         lines.append(f"       widths (deg): grid {row['grid_ranges']}, "
                      + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["widths_degrees"].items()))
-    lines.append("paired differences (percentage points, mean +- std over seeds)")
+    lines.append("paired differences (percentage points, mean +- 95% t-interval over seeds)")
     for t, row in table.items():
         lines.append(f"T={t:g}: " + ", ".join(f"{k} {fmt(v)}" for k, v in row["paired"].items()))
     lines.append("cost per (T, seed), every run charged: steps x median step time + hyper-steps x median hyper-step "
