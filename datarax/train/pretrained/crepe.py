@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from datarax.core.checks import is_number
 from datarax.train.pretrained.tables import KeyMap, load_table
 from datarax.train.pretrained.torch_pickle import read_pth
 
@@ -65,7 +66,7 @@ class Crepe(nnx.Module):
 
     def __init__(self, capacity: str = "full", *, rngs: nnx.Rngs | None = None, momentum: float = 1.0):
         _check_capacity(capacity)
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum <= 1.0:
+        if not (is_number(momentum) and 0.0 <= momentum <= 1.0):
             raise ValueError(f"Crepe momentum must be a number in [0, 1] (1.0 keeps the running statistics fixed), "
                              f"got {momentum!r}")
         rngs = rngs if rngs is not None else nnx.Rngs(0)

@@ -38,6 +38,7 @@ import optax
 from flax import nnx
 
 from datarax.config.schema import FieldError
+from datarax.core.checks import is_int, is_number
 from datarax.train.pretrained.tables import KeyMap, LayoutError, dotted, load_table, selected
 
 
@@ -174,8 +175,7 @@ class FinetuneConfig:
         if self.warm_start is None and (self.step is not None or self.strict is not None):
             raise FieldError("step" if self.step is not None else "strict",
                              "applies to warm_start only (a datarax checkpoint directory); add warm_start or drop it")
-        if self.step is not None and not (isinstance(self.step, int) and not isinstance(self.step, bool)
-                                          and self.step >= 0):
+        if self.step is not None and not (is_int(self.step) and self.step >= 0):
             raise FieldError("step", f"must be an integer >= 0, got {self.step!r}")
         if self.strict is not None and not isinstance(self.strict, bool):
             raise FieldError("strict", f"must be true or false, got {self.strict!r}")
@@ -189,7 +189,7 @@ class FinetuneConfig:
         if self.mode == "lora":
             if self.lora_rank is None:
                 raise FieldError("lora_rank", 'is needed with mode = "lora", e.g. 8')
-            if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 1:
+            if not is_int(self.lora_rank) or self.lora_rank < 1:
                 raise FieldError("lora_rank", f"must be an integer >= 1, got {self.lora_rank!r}")
         elif self.lora_rank is not None or self.lora_where or self.lora_kinds != ("linear",):
             name = "lora_rank" if self.lora_rank is not None else "lora_where" if self.lora_where else "lora_kinds"
@@ -203,7 +203,7 @@ class FinetuneConfig:
                 raise FieldError("backbone_lr_factor", f'applies to mode = "full" only, got mode = {self.mode!r} '
                                                        "(probe and lora freeze the backbone)")
             factor = self.backbone_lr_factor
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
+            if not (is_number(factor) and factor > 0):
                 raise FieldError("backbone_lr_factor", f"must be a number > 0, e.g. 0.1, got {factor!r}")
             if not self.head:
                 raise FieldError("head", "is needed with backbone_lr_factor: the path prefixes that learn at the "
