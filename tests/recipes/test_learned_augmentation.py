@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from recipe_helpers import assert_finite_metrics, assert_plot, run_recipe
 
 
@@ -13,7 +14,7 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
     config = result["config"]
     ranges = [f"{t:g}" for t in config["hidden_ranges"]]
     starts = [f"s{s:g}" for s in config["start_degrees"]]
-    methods = ["none", "grid", "grid_tta"] + [f"{arm}_{s}" for s in starts
+    methods = ["none", "grid", "grid_tta", "affine"] + [f"{arm}_{s}" for s in starts
                                               for arm in ("learned", "learned_tta", "hypergrad", "hypergrad_tta")]
     assert result["methods"] == methods
     assert set(result["table"]) == set(ranges)
@@ -25,8 +26,15 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
             assert stats["n"] == len(config["seeds"])
             assert metrics[f"T{t}_{method}_test_accuracy_mean"] == stats["mean"]
             assert stats["mean"] > 3 * metrics["chance_accuracy"], (t, method)
-        assert set(row["widths_degrees"]) == {f"{arm}_{s}" for s in starts for arm in ("learned", "hypergrad")}
+        assert set(row["widths_degrees"]) == {"affine"} | {f"{arm}_{s}" for s in starts
+                                                           for arm in ("learned", "hypergrad")}
         assert all(0.0 < w["mean"] < 180.0 for w in row["widths_degrees"].values())
+        # The affine arm: six widths, each inside its bound; its rotation width is the one in degrees.
+        affine = row["affine_widths"]
+        assert list(affine) == ["translate_x", "translate_y", "rotation", "scale", "stretch", "shear"]
+        assert all(0.0 < w["mean"] < 10.0 for w in affine.values())
+        assert math.degrees(affine["rotation"]["mean"]) == pytest.approx(row["widths_degrees"]["affine"]["mean"])
+        assert all(lams["affine"] in config["affine_lambdas"] for lams in row["lams"])
         assert row["grid_ranges"][0] in config["grid"]
         assert all(lams[s] in config["lambdas"] for lams in row["lams"] for s in starts)
         # Every comparison gives TTA to both arms or to neither.
@@ -38,6 +46,7 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
         # The grid's cost covers all its trainings, the none run (its r = 0 point) included; the
         # hypergrad arm pays for its training steps and its hyper-steps.
         assert costs["grid"]["mean"] > costs["none"]["mean"]
+        assert row["steps"]["affine"] == len(config["affine_lambdas"]) * config["steps"]
         assert row["steps"]["grid"] == len(config["grid"]) * config["steps"]
         for s in starts:
             assert row["steps"][f"hypergrad_{s}"] == config["steps"]
@@ -45,11 +54,12 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
             assert costs[f"hypergrad_{s}"]["mean"] > costs["none"]["mean"]
             assert row["cost_ratio_to_grid"][f"hypergrad_{s}"]["mean"] > 0
     runs = result["runs"]
-    per_seed = len(config["grid"]) + len(starts) * (len(config["lambdas"]) + 1)
+    per_seed = len(config["grid"]) + len(starts) * (len(config["lambdas"]) + 1) + len(config["affine_lambdas"])
     assert len(runs) == len(ranges) * len(config["seeds"]) * per_seed
     for s in starts:
         for arm in ("learned", "hypergrad"):
             history = result["histories"][f"{ranges[0]}/{arm}_{s}"]
             assert history[0]["step"] in (0, 1) and history[-1]["step"] == config["steps"]
+    assert "test_accuracy_tta" not in [r for r in runs if r["method"] == "affine"][0]
     assert_plot(result)
-    assert "paired differences" in stdout and "hypergrad_s" in stdout and "target <= 0.3" in stdout
+    assert "affine half-widths" in stdout and "paired differences" in stdout and "hypergrad_s" in stdout and "target <= 0.3" in stdout
