@@ -82,6 +82,7 @@ NUM_CLASSES = 10
 SPLIT_SEED = 20240518  # the train/validation/test split: fixed, independent of --seed
 HIDDEN_SEED = 7  # the hidden angles: fixed, independent of --seed
 EVAL_SEED = 10_000  # test-time augmentation draws (an operator key no training run uses)
+COARSE_GRID = (0, 90, 180)  # a grid that does not know T
 DEFAULT = {"data": "mnist_5k", "splits": (1000, 1000, 2000), "hidden_ranges": (0, 45, 90, 180),
            "grid": (0, 30, 60, 90, 120, 150, 180), "lambdas": (0.03, 0.1, 0.3),
            "affine_lambdas": (0.03, 0.1, 0.3), "seeds": 5, "steps": 600,
@@ -95,8 +96,9 @@ QUICK = {**DEFAULT, "splits": (500, 500, 500), "hidden_ranges": (90,), "grid": (
 
 
 def methods(cfg: dict) -> list[str]:
-    """The table's rows: none, grid (without and with TTA), affine, then per start the learned and hypergrad arms."""
-    out = ["none", "grid", "grid_tta", "affine"]
+    """The table's rows: none, grid (without and with TTA), the coarse grid, the oracle, affine, then per start the
+    learned and hypergrad arms."""
+    out = ["none", "grid", "grid_tta", "grid_coarse", "oracle", "affine"]
     for start in cfg["start_degrees"]:
         out += [f"{arm}_s{start:g}" for arm in ("learned", "learned_tta", "hypergrad", "hypergrad_tta")]
     return out
@@ -329,9 +331,16 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
     test = {"none": none["test_accuracy"], "grid": chosen_grid["test_accuracy"],
             "grid_tta": chosen_grid["test_accuracy_tta"]}
     val = {"none": none["val_accuracy"], "grid": chosen_grid["val_accuracy"]}
-    widths, lams, widths_by_lam, hyper_steps = {}, {}, {}, {}
+    widths, lams, widths_by_lam, fixed_lam, hyper_steps = {}, {}, {}, {}, {}
     cost = {"none": run_cost([none], False), "grid": run_cost(grid, True)}
     steps = {"none": none["steps"], "grid": sum(r["steps"] for r in grid)}
+    # Computed from the recorded runs: a T-agnostic coarse grid (its cost: its runs), and the oracle
+    # r = T (it knows T, so it is a reference, not a method; r = 45 is trained for it alone).
+    coarse = [r for r in grid if r["degrees"] in COARSE_GRID]
+    chosen_coarse = best(coarse)
+    test["grid_coarse"], val["grid_coarse"] = chosen_coarse["test_accuracy"], chosen_coarse["val_accuracy"]
+    cost["grid_coarse"], steps["grid_coarse"] = run_cost(coarse, True), sum(r["steps"] for r in coarse)
+    test["oracle"], val["oracle"] = records["oracle"]["test_accuracy"], records["oracle"]["val_accuracy"]
     affine = best(records["affine"])
     test["affine"], val["affine"], lams["affine"] = affine["test_accuracy"], affine["val_accuracy"], affine["lam"]
     widths["affine"] = affine["width_degrees"]
@@ -346,11 +355,13 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
         widths[f"learned_{s}"], widths[f"hypergrad_{s}"] = chosen["width_degrees"], hyper["width_degrees"]
         lams[s] = chosen["lam"]
         widths_by_lam[s] = {f"{r['lam']:g}": r["width_degrees"] for r in learned}
+        fixed_lam[s] = {f"{r['lam']:g}": r["test_accuracy"] for r in learned}
         cost.update({f"learned_{s}": run_cost(learned, True), f"learned_one_lam_{s}": run_cost([chosen], False),
                      f"hypergrad_{s}": run_cost([hyper], False)})
         steps.update({f"learned_{s}": sum(r["steps"] for r in learned), f"hypergrad_{s}": hyper["steps"]})
         hyper_steps[s] = {"count": hyper["hyper_steps"], "ms": 1000 * hyper["hyper_step_s"]}
-    return {"test": test, "val": val, "grid_range": chosen_grid["degrees"], "lams": lams, "widths": widths,
+    return {"test": test, "val": val, "grid_range": chosen_grid["degrees"], "coarse_range": chosen_coarse["degrees"],
+            "lams": lams, "widths": widths, "fixed_lam": fixed_lam,
             "affine_widths": affine["affine_widths"],
             "widths_by_lam": widths_by_lam, "cost_s": cost, "steps": steps, "hyper_steps": hyper_steps,
             "step_ms": {"none": 1000 * none["step_s"],
@@ -359,13 +370,14 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
 
 def comparisons(cfg: dict) -> list[tuple[str, str]]:
     """The paired rows (a, b) of the table: TTA on both arms or on neither, never on one."""
-    pairs = [("grid", "none"), ("affine", "none"), ("affine", "grid")]
+    pairs = [("grid", "none"), ("grid_coarse", "grid"), ("oracle", "grid"), ("affine", "none"), ("affine", "grid")]
     if 37.5 in cfg["start_degrees"]:  # the rotation-only arm from (nearly) the affine arm's rotation start
         pairs.append(("affine", "learned_s37.5"))
     for start in cfg["start_degrees"]:
         s = f"s{start:g}"
         pairs += [(f"learned_{s}", "none"), (f"learned_{s}", "grid"), (f"learned_tta_{s}", "grid_tta"),
-                  (f"hypergrad_{s}", "none"), (f"hypergrad_{s}", "grid"), (f"hypergrad_tta_{s}", "grid_tta"),
+                  (f"learned_{s}", "grid_coarse"), (f"hypergrad_{s}", "none"), (f"hypergrad_{s}", "grid"),
+                  (f"hypergrad_tta_{s}", "grid_tta"), (f"hypergrad_{s}", "grid_coarse"),
                   (f"hypergrad_{s}", f"learned_{s}")]
     return pairs
 
@@ -390,7 +402,10 @@ def summarise(outcomes: dict, cfg: dict) -> dict:
             "widths_by_lam": per[0]["widths_by_lam"] if len(per) == 1 else
             {s: {lam: over(lambda o, s=s, lam=lam: o["widths_by_lam"][s][lam]) for lam in v}
              for s, v in per[0]["widths_by_lam"].items()},
-            "grid_ranges": [o["grid_range"] for o in per], "lams": [o["lams"] for o in per],
+            "fixed_lam": {s: {lam: over(lambda o, s=s, lam=lam: o["fixed_lam"][s][lam]) for lam in v}
+                          for s, v in per[0]["fixed_lam"].items()},
+            "grid_ranges": [o["grid_range"] for o in per], "coarse_ranges": [o["coarse_range"] for o in per],
+            "lams": [o["lams"] for o in per],
             "cost_s": {m: over(lambda o, m=m: o["cost_s"][m]) for m in costs},
             "cost_ratio_to_grid": {m: over(lambda o, m=m: o["cost_s"][m] / o["cost_s"]["grid"])
                                    for m in costs if m not in ("grid",)},
@@ -447,11 +462,20 @@ def report(table: dict, cfg: dict) -> list[str]:
              "_tta: test-time averaging over rotated copies; _sN: start width N deg"]
     for t, row in table.items():
         lines.append(f"T={t:g}: " + ", ".join(f"{m} {fmt(row['test'][m])}" for m in methods(cfg)))
-        lines.append(f"       widths (deg): grid {row['grid_ranges']}, "
+        lines.append(f"       widths (deg): grid {row['grid_ranges']}, coarse grid {row['coarse_ranges']}, "
                      + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["widths_degrees"].items()))
         lines.append("       affine half-widths (generator units; start rotation 0.657, the rest 0.0034): "
                      + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["affine_widths"].items())
                      + f"; lam {[lams['affine'] for lams in row['lams']]}")
+    lines.append("learned at a fixed lam, no selection (test accuracy %; width deg), from the recorded runs")
+    for t, row in table.items():
+        def width(start: str, lam: str, row: dict = row) -> float:
+            value = row["widths_by_lam"][start][lam]  # one seed: the value; several: their summary
+            return value["mean"] if isinstance(value, dict) else value
+
+        lines.append(f"T={t:g}: " + "; ".join(
+            f"{start} " + ", ".join(f"lam {lam} {fmt(v)} ({width(start, lam):.0f})" for lam, v in by_lam.items())
+            for start, by_lam in row["fixed_lam"].items()))
     lines.append("paired differences (percentage points, mean +- 95% t-interval over seeds)")
     for t, row in table.items():
         lines.append(f"T={t:g}: " + ", ".join(f"{k} {fmt(v)}" for k, v in row["paired"].items()))
@@ -535,8 +559,13 @@ def main(argv: list[str] | None = None) -> int:
             learned = {s: [run(method="learned", lam=lam, start=s) for lam in cfg["lambdas"]] for s in starts}
             hyper = {s: run(method="hypergrad", start=s) for s in starts}
             affine = [run(method="affine", lam=lam) for lam in cfg["affine_lambdas"]]
+            oracle = next((r for r in grid if r["degrees"] == hidden_range), None)
+            if oracle is None:  # T is not a grid point: the oracle's r = T is trained for it alone
+                oracle = run(method="grid", degrees=float(hidden_range))
+                records.append(oracle)
             outcomes[hidden_range][seed] = seed_outcome({"none": none, "grid": grid, "learned": learned,
-                                                         "hypergrad": hyper, "affine": affine}, cfg)
+                                                         "hypergrad": hyper, "affine": affine, "oracle": oracle},
+                                                        cfg)
             for s in starts:
                 histories.setdefault((hidden_range, f"learned_s{s:g}"), best(learned[s])["history"])
                 histories.setdefault((hidden_range, f"hypergrad_s{s:g}"), hyper[s]["history"])

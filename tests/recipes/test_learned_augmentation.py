@@ -14,10 +14,11 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
     config = result["config"]
     ranges = [f"{t:g}" for t in config["hidden_ranges"]]
     starts = [f"s{s:g}" for s in config["start_degrees"]]
-    methods = ["none", "grid", "grid_tta", "affine"] + [f"{arm}_{s}" for s in starts
+    methods = ["none", "grid", "grid_tta", "grid_coarse", "oracle", "affine"] + [f"{arm}_{s}" for s in starts
                                               for arm in ("learned", "learned_tta", "hypergrad", "hypergrad_tta")]
     assert result["methods"] == methods
     assert set(result["table"]) == set(ranges)
+    runs = result["runs"]
     for t in ranges:
         row = result["table"][t]
         assert set(row["test"]) == set(methods)
@@ -36,6 +37,13 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
         assert math.degrees(affine["rotation"]["mean"]) == pytest.approx(row["widths_degrees"]["affine"]["mean"])
         assert all(lams["affine"] in config["affine_lambdas"] for lams in row["lams"])
         assert row["grid_ranges"][0] in config["grid"]
+        # The coarse grid picks from {0, 90, 180} among the grid's own runs; the oracle is r = T.
+        assert all(r in (0, 90, 180) and r in config["grid"] for r in row["coarse_ranges"])
+        assert row["steps"]["grid_coarse"] == len({0, 90, 180} & set(config["grid"])) * config["steps"]
+        oracle = [r for r in runs if r["method"] in ("none", "grid") and r["degrees"] == float(t)]
+        assert row["test"]["oracle"]["mean"] == pytest.approx(oracle[0]["test_accuracy"])
+        assert set(row["fixed_lam"]) == set(starts)
+        assert all(set(v) == {f"{lam:g}" for lam in config["lambdas"]} for v in row["fixed_lam"].values())
         assert all(lams[s] in config["lambdas"] for lams in row["lams"] for s in starts)
         # Every comparison gives TTA to both arms or to neither.
         for pair in row["paired"]:
@@ -53,7 +61,6 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
             assert row["hyper_steps"][s]["count"] == config["steps"] // config["hyper"]["every"]
             assert costs[f"hypergrad_{s}"]["mean"] > costs["none"]["mean"]
             assert row["cost_ratio_to_grid"][f"hypergrad_{s}"]["mean"] > 0
-    runs = result["runs"]
     per_seed = len(config["grid"]) + len(starts) * (len(config["lambdas"]) + 1) + len(config["affine_lambdas"])
     assert len(runs) == len(ranges) * len(config["seeds"]) * per_seed
     for s in starts:
