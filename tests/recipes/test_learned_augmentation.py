@@ -14,7 +14,7 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
     config = result["config"]
     ranges = [f"{t:g}" for t in config["hidden_ranges"]]
     starts = [f"s{s:g}" for s in config["start_degrees"]]
-    methods = ["none", "grid", "grid_tta", "grid_coarse", "oracle", "affine"] + [f"{arm}_{s}" for s in starts
+    methods = ["none", "grid", "grid_tta", "grid_coarse", "oracle", "affine", "affine_wide"] + [f"{arm}_{s}" for s in starts
                                               for arm in ("learned", "learned_tta", "hypergrad", "hypergrad_tta")]
     assert result["methods"] == methods
     assert set(result["table"]) == set(ranges)
@@ -27,15 +27,16 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
             assert stats["n"] == len(config["seeds"])
             assert metrics[f"T{t}_{method}_test_accuracy_mean"] == stats["mean"]
             assert stats["mean"] > 3 * metrics["chance_accuracy"], (t, method)
-        assert set(row["widths_degrees"]) == {"affine"} | {f"{arm}_{s}" for s in starts
+        assert set(row["widths_degrees"]) == {"affine", "affine_wide"} | {f"{arm}_{s}" for s in starts
                                                            for arm in ("learned", "hypergrad")}
         assert all(0.0 < w["mean"] < 180.0 for w in row["widths_degrees"].values())
-        # The affine arm: six widths, each inside its bound; its rotation width is the one in degrees.
-        affine = row["affine_widths"]
-        assert list(affine) == ["translate_x", "translate_y", "rotation", "scale", "stretch", "shear"]
-        assert all(0.0 < w["mean"] < 10.0 for w in affine.values())
-        assert math.degrees(affine["rotation"]["mean"]) == pytest.approx(row["widths_degrees"]["affine"]["mean"])
-        assert all(lams["affine"] in config["affine_lambdas"] for lams in row["lams"])
+        # The affine arms: six widths, each inside its bound; the rotation width is the one in degrees.
+        for arm in ("affine", "affine_wide"):
+            affine = row["affine_widths"][arm]
+            assert list(affine) == ["translate_x", "translate_y", "rotation", "scale", "stretch", "shear"]
+            assert all(0.0 < w["mean"] < 10.0 for w in affine.values())
+            assert math.degrees(affine["rotation"]["mean"]) == pytest.approx(row["widths_degrees"][arm]["mean"])
+            assert all(lams[arm] in config["affine_lambdas"] for lams in row["lams"])
         assert row["grid_ranges"][0] in config["grid"]
         # The coarse grid picks from {0, 90, 180} among the grid's own runs; the oracle is r = T.
         assert all(r in (0, 90, 180) and r in config["grid"] for r in row["coarse_ranges"])
@@ -54,19 +55,26 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
         # The grid's cost covers all its trainings, the none run (its r = 0 point) included; the
         # hypergrad arm pays for its training steps and its hyper-steps.
         assert costs["grid"]["mean"] > costs["none"]["mean"]
-        assert row["steps"]["affine"] == len(config["affine_lambdas"]) * config["steps"]
+        assert row["steps"]["affine"] == row["steps"]["affine_wide"] == len(config["affine_lambdas"]) * config["steps"]
         assert row["steps"]["grid"] == len(config["grid"]) * config["steps"]
         for s in starts:
             assert row["steps"][f"hypergrad_{s}"] == config["steps"]
             assert row["hyper_steps"][s]["count"] == config["steps"] // config["hyper"]["every"]
-            assert costs[f"hypergrad_{s}"]["mean"] > costs["none"]["mean"]
+            # Its cost is its training steps and its hyper-steps, each at its measured median time
+            # (checked as accounting, not as timings, which a loaded machine scrambles).
+            for seed in config["seeds"]:
+                record = next(r for r in runs if r["method"] == "hypergrad" and r["seed"] == seed
+                              and f"s{r['start']:g}" == s and f"{r['T']:g}" == t)
+                assert record["hyper_steps"] > 0 and record["hyper_step_s"] > 0
+                assert result["per_seed"][t][str(seed)]["cost_s"][f"hypergrad_{s}"] == pytest.approx(
+                    record["steps"] * record["step_s"] + record["hyper_steps"] * record["hyper_step_s"])
             assert row["cost_ratio_to_grid"][f"hypergrad_{s}"]["mean"] > 0
-    per_seed = len(config["grid"]) + len(starts) * (len(config["lambdas"]) + 1) + len(config["affine_lambdas"])
+    per_seed = len(config["grid"]) + len(starts) * (len(config["lambdas"]) + 1) + 2 * len(config["affine_lambdas"])
     assert len(runs) == len(ranges) * len(config["seeds"]) * per_seed
     for s in starts:
         for arm in ("learned", "hypergrad"):
             history = result["histories"][f"{ranges[0]}/{arm}_{s}"]
             assert history[0]["step"] in (0, 1) and history[-1]["step"] == config["steps"]
-    assert "test_accuracy_tta" not in [r for r in runs if r["method"] == "affine"][0]
+    assert all("test_accuracy_tta" not in r for r in runs if r["method"].startswith("affine"))
     assert_plot(result)
-    assert "affine half-widths" in stdout and "paired differences" in stdout and "hypergrad_s" in stdout and "target <= 0.3" in stdout
+    assert "affine_wide half-widths" in stdout and "paired differences" in stdout and "hypergrad_s" in stdout and "target <= 0.3" in stdout
