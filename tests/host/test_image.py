@@ -646,3 +646,38 @@ def test_a_batch_of_near_limit_pngs_decodes_within_the_budget(tmp_path):
     assert result["mean"] == [40.0, 90.0, 200.0]
     side = int(Image.MAX_IMAGE_PIXELS ** 0.5)
     assert result["peak"] == side * side * 4  # one at a time: Pillow holds RGB in 4 bytes a pixel
+
+
+def test_small_raw_records_are_warped_on_the_calling_thread_with_the_threaded_output(tmp_path, cases):
+    """A batch of small raw records (a decode-once cache) skips the thread pool, whose threads would
+    only contend for the GIL; the output is the one a one-thread stage gives, and a batch with a
+    JPEG in it still uses the pool."""
+    paths = []
+    for i, mode in enumerate(["RGB", "L", "RGB", "RGB", "L", "RGB"]):
+        path = tmp_path / f"{i}.ppm"
+        reference(cases["rgb.png"]).rotate(30 * i).convert(mode).save(path, format="PPM")
+        paths.append(str(path))
+    settings = {"size": 24, "crop": "random_resized", "seed": 3, "backend": "turbo"}
+    threaded = DecodeImage(**settings, num_threads=4)
+    got = run(threaded, paths, record_ids=[5, 9, 2, 7, 11, 0], epoch=2)["image"]
+    assert threaded.pool._tasks is None  # the pool never started
+    want = run(DecodeImage(**settings, num_threads=1), paths, record_ids=[5, 9, 2, 7, 11, 0], epoch=2)["image"]
+    np.testing.assert_array_equal(got, want)
+    mixed = run(threaded, [*paths[:3], cases["rgb.jpg"]], record_ids=[5, 9, 2, 7], epoch=2)["image"]
+    assert threaded.pool._tasks is not None
+    np.testing.assert_array_equal(mixed[:3], want[:3])
+
+
+def test_a_damaged_raw_record_on_the_inline_path_is_named(tmp_path, cases):
+    path = tmp_path / "short.ppm"
+    reference(cases["rgb.png"]).save(path, format="PPM")
+    path.write_bytes(path.read_bytes()[:5000])  # the header promises more pixels than follow
+    good = tmp_path / "good.ppm"
+    reference(cases["rgb.png"]).save(good, format="PPM")
+    stage = DecodeImage(size=16, backend="turbo", num_threads=2)
+    with pytest.raises(RecordError, match="short.ppm"):
+        run(stage, [str(good), str(path)])
+    skipping = DecodeImage(size=16, backend="turbo", num_threads=2, on_error="skip")
+    with pytest.warns(SkippedRecordWarning):
+        out = run(skipping, [str(good), str(path)])
+    assert out["image_ok"].tolist() == [True, False] and not out["image"][1].any()
