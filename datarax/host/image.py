@@ -6,7 +6,9 @@ before the pixels are decoded, in the image's EXIF-oriented coordinates, so the 
 cut short: a JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's `draft`)
 whenever the box, so reduced, still covers the output size, and the box is then resized to the
 output with one bilinear `resize(size, box=...)` call. A small crop of a large photograph thus
-costs a fraction of a full decode.
+costs a fraction of a full decode. (With the turbo backend, `datarax.host.jpeg`, a batch of small
+raw records, as a decode-once cache holds, has nothing to decode and is warped on the calling
+thread: threads would only contend for the GIL.)
 
 Crop modes (torchvision's names for the same maths):
 
