@@ -413,9 +413,8 @@ def summarise(outcomes: dict, cfg: dict) -> dict:
             "widths_degrees": {k: over(lambda o, k=k: o["widths"][k]) for k in per[0]["widths"]},
             "affine_widths": {arm: {k: over(lambda o, arm=arm, k=k: o["affine_widths"][arm][k]) for k in AFFINE_GENERATORS}
                               for arm in AFFINE_ARMS},
-            "widths_by_lam": per[0]["widths_by_lam"] if len(per) == 1 else
-            {s: {lam: over(lambda o, s=s, lam=lam: o["widths_by_lam"][s][lam]) for lam in v}
-             for s, v in per[0]["widths_by_lam"].items()},
+            "widths_by_lam": {s: {lam: over(lambda o, s=s, lam=lam: o["widths_by_lam"][s][lam]) for lam in v}
+                              for s, v in per[0]["widths_by_lam"].items()},
             "fixed_lam": {s: {lam: over(lambda o, s=s, lam=lam: o["fixed_lam"][s][lam]) for lam in v}
                           for s, v in per[0]["fixed_lam"].items()},
             "grid_ranges": [o["grid_range"] for o in per], "coarse_ranges": [o["coarse_range"] for o in per],
@@ -485,12 +484,9 @@ def report(table: dict, cfg: dict) -> list[str]:
                          + f"; lam {[lams[arm] for lams in row['lams']]}")
     lines.append("learned at a fixed lam, no selection (test accuracy %; width deg), from the recorded runs")
     for t, row in table.items():
-        def width(start: str, lam: str, row: dict = row) -> float:
-            value = row["widths_by_lam"][start][lam]  # one seed: the value; several: their summary
-            return value["mean"] if isinstance(value, dict) else value
-
         lines.append(f"T={t:g}: " + "; ".join(
-            f"{start} " + ", ".join(f"lam {lam} {fmt(v)} ({width(start, lam):.0f})" for lam, v in by_lam.items())
+            f"{start} " + ", ".join(f"lam {lam} {fmt(v)} ({row['widths_by_lam'][start][lam]['mean']:.0f})"
+                                    for lam, v in by_lam.items())
             for start, by_lam in row["fixed_lam"].items()))
     lines.append("paired differences (percentage points, mean +- 95% t-interval over seeds)")
     for t, row in table.items():
