@@ -81,7 +81,8 @@ def separable(images: jax.Array, rows: jax.Array, cols: jax.Array) -> jax.Array:
     lanes = images.reshape(batch, height, width * channels)
     picked = jnp.einsum("bij,bjk->bik", rows.astype(images.dtype), lanes, precision=precision)
     # The column matrix for the interleaved channels: cols[b].T repeated on each channel's lanes.
-    per_lane = jnp.einsum("blk,cd->bkcld", cols.astype(images.dtype), jnp.eye(channels, dtype=images.dtype))
+    per_lane = jnp.einsum("blk,cd->bkcld", cols.astype(images.dtype), jnp.eye(channels, dtype=images.dtype),
+                          precision=precision)
     per_lane = per_lane.reshape(batch, width * channels, out_w * channels)
     out = jnp.einsum("bik,bkm->bim", picked, per_lane, precision=precision)
     return out.reshape(batch, out_h, out_w, channels)
