@@ -601,7 +601,10 @@ class Trainer:
     def save_checkpoint(self, checkpointer: Checkpointer, *, forced: bool = False, wait: bool = False) -> bool:
         """Saves the current step (model, optimizer, iterator, metadata, and the parameters' moving
         average and the loss scale when on); False if it exists already. The newest `logged_metrics`
-        go with it, for a checkpointer that keeps the best checkpoints by one of them."""
+        go with it when the checkpointer keeps the best checkpoints by one of them (reading them
+        then). With an asynchronous checkpointer the loop is blocked only while the previous write
+        is still running and while the arrays' device copies are dispatched; `on_checkpoint_save`
+        reports that time (`CheckpointInfo.seconds`), and the write goes on in the background."""
         began = time.perf_counter()
         metadata = {"epoch": self.epoch, "pipeline_fingerprint": self.train_pipeline.fingerprint,
                     "pipeline_structure": self.train_pipeline.structure_parts,
@@ -609,7 +612,8 @@ class Trainer:
                     "run_config": self.config_fingerprint}
         saved = checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, iterator=self.iterator,
                                   metadata=metadata, pipeline=self.train_pipeline if self.joint else None,
-                                  extras=self._extras(), metrics=self.logged_metrics())
+                                  extras=self._extras(),
+                                  metrics=self.logged_metrics() if checkpointer.best_metric is not None else None)
         if wait:
             checkpointer.wait()
         if saved or wait:

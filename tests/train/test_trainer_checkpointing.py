@@ -283,15 +283,21 @@ def test_restore_with_a_different_joint_setting_fails_clearly(tmp_path):
         ckpt.restore_latest(model=model, optimizer=optimizer, iterator=iterator)
 
 
-def test_a_failing_save_call_is_wrapped_with_the_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("asynchronous, match", [
+    (False, r"saving checkpoint step 5 to .* failed: OSError: read-only"),
+    (True, r"background write of checkpoint step 5 to .* failed: OSError: read-only"),
+], ids=["synchronous", "asynchronous"])
+def test_a_failing_save_call_is_wrapped_with_the_step(tmp_path, monkeypatch, asynchronous, match):
     def broken(self, *args, **kwargs):
         raise OSError("read-only file system (injected)")
 
     model, optimizer, iterator = build()
-    ckpt = Checkpointer(tmp_path)
+    ckpt = Checkpointer(tmp_path, asynchronous=asynchronous)
     monkeypatch.setattr(ocp.CheckpointManager, "save", broken)
-    with pytest.raises(CheckpointSaveError, match=r"saving checkpoint step 5 to .* failed: OSError: read-only"):
+    with pytest.raises(CheckpointSaveError, match=match):
+        # Asynchronous: Orbax's save runs on the background thread, so the error comes from the next wait.
         ckpt.save(5, model=model, optimizer=optimizer, iterator=iterator, metadata={})
+        ckpt.wait()
 
 
 def test_relative_checkpoint_directory_is_made_absolute(tmp_path, monkeypatch):
