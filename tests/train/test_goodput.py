@@ -435,8 +435,8 @@ def test_calls_of_several_steps_are_counted_by_their_steps():
 
 def test_a_real_run_of_calls_of_four_steps_is_counted_by_its_steps(tmp_path):
     monitor = GoodputMonitor(tmp_path, verbose=False, plot=False)
-    trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1),
-                      Pipeline(MemorySource(MemorySourceConfig(shuffle=True), data=points(64)), batch_size=8), loss_fn, callbacks=[monitor],
+    pipeline = Pipeline(MemorySource(MemorySourceConfig(shuffle=True), data=points(64)), batch_size=8)
+    trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1), pipeline, loss_fn, callbacks=[monitor],
                       compilation_cache=False, steps_per_execution=4)
     trainer.fit(num_steps=14)
     report = monitor.report
@@ -472,8 +472,8 @@ def test_the_checkpoint_bucket_holds_only_the_time_the_loop_was_blocked(tmp_path
 
     monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", held)
     monitor = GoodputMonitor(verbose=False, plot=False)
-    trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1),
-                      Pipeline(MemorySource(MemorySourceConfig(shuffle=True), data=points(64)), batch_size=8), loss_fn, compilation_cache=False,
+    pipeline = Pipeline(MemorySource(MemorySourceConfig(shuffle=True), data=points(64)), batch_size=8)
+    trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1), pipeline, loss_fn, compilation_cache=False,
                       callbacks=[monitor, CheckpointCallback(tmp_path, every_steps=4), Release()])
     trainer.fit(num_steps=8)
     saves = [(begin, end) for kind, begin, end in monitor.ledger.intervals if kind == "checkpoint_save"]
