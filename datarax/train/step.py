@@ -334,10 +334,10 @@ def scan_steps(step: Callable) -> Callable:
     them: one dispatch for K steps, a compile time that does not grow with K, and the state
     materialised between steps as it is between separate calls. Unrolled steps (Keras' JAX
     trainer) let XLA fuse one step's optimizer update into the next step (seen on the CPU: Adam's
-    moments recomputed inside the parameter update, 1 ulp off the separate calls) and compile K
+    moments recomputed inside the parameter update, off in the last bit) and compile K
     times the program. The CPU backend, however, compiles a convolution inside a loop body with a
     generic emitter: for the vision recipe's CNN a step ran ~14x slower (200x at
-    `--xla_backend_optimization_level=0`) and 1 ulp off, so on the CPU keep
+    `--xla_backend_optimization_level=0`) and off in the last bits, so on the CPU keep
     `steps_per_execution=1` for convolutional models.
     """
 
