@@ -129,6 +129,9 @@ def goodput_digest(report: Mapping[str, Any] | None) -> dict[str, Any]:
         "steady_el_per_s": steady.get("achieved_el_s"),
         "step_consumes_el_per_s": steady.get("step_consumes_el_s"),
         "steady_step_ms": 1000 * steady["step_time_s"] if "step_time_s" in steady else None,
+        "steady_busy_pct": steady.get("goodput_pct"),
+        "steady_s": steady.get("span_s"),
+        "steps_per_call": report["steps"] / report["calls"] if report.get("calls") else None,
     }
 
 
@@ -140,7 +143,11 @@ def describe_goodput(digest: Mapping[str, Any]) -> str:
     parts = ", ".join(f"{k} {v:.1f}%" for k, v in pct.items() if v >= 0.05)
     rate = digest.get("steady_el_per_s")
     rate_text = f"{rate:,.0f} el/s" if rate is not None and math.isfinite(rate) else "n/a"
-    return (f"goodput: {parts} of {digest['wall_s'] or 0:.1f} s wall; steady throughput {rate_text}\n"
+    busy = digest.get("steady_busy_pct")
+    steady = "" if busy is None else (
+        f"; steady: device busy {busy:.1f}% of {digest['steady_s']:.2f} s, {digest['steady_step_ms']:.2f} ms a step"
+        + (f" ({digest['steps_per_call']:.3g} steps a call)" if (digest.get("steps_per_call") or 1) > 1 else ""))
+    return (f"goodput: {parts} of {digest['wall_s'] or 0:.1f} s wall{steady}; steady throughput {rate_text}\n"
             f"         {digest['diagnosis']}")
 
 
@@ -149,7 +156,8 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
               metrics: Mapping[str, Callable] | None = None, joint: bool = False, checkpoint_every: int | None = None,
               log_every: int | None = None, label: str = "", callbacks: Sequence[Callback] = (),
               eval_before: bool = False, checkpoint: bool = True, goodput_plot: bool = True,
-              eval_every: int | None = None, keep_best: str | None = None) -> tuple[Trainer, RunOutcome]:
+              eval_every: int | None = None, keep_best: str | None = None,
+              steps_per_execution: int = 1) -> tuple[Trainer, RunOutcome]:
     """Trains one model with checkpoints (resuming from `run_dir/checkpoints`) and a goodput monitor.
 
     Args:
@@ -172,6 +180,9 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
             every evaluation, the best by this metric (lowest) is kept beside the latest
             (`CheckpointCallback(keep_best=1)`), and it is restored after training, so
             `eval_metrics` and the returned trainer hold the best evaluated step, not the last.
+        steps_per_execution: optimizer steps per jitted call (`Trainer(steps_per_execution=...)`);
+            the default checkpoint and log intervals are rounded to multiples of it, so they land
+            on their steps.
     """
     if keep_best is not None and (eval_every is None or eval_pipeline is None or not checkpoint):
         raise ValueError("train_run: keep_best needs eval_every, an eval_pipeline and checkpoint=True")
@@ -179,18 +190,18 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     best = {"keep_best": 1, "best_metric": keep_best} if keep_best is not None else {}
-    every = eval_every if keep_best is not None else checkpoint_every or max(1, steps // 4)
+    every = eval_every if keep_best is not None else checkpoint_every or call_multiple(steps // 4, steps_per_execution)
     checkpoints = [CheckpointCallback(run_dir / "checkpoints", every_steps=every, max_to_keep=2, **best)] \
         if checkpoint else []
     goodput = GoodputMonitor(run_dir, plot=goodput_plot and plotting_available(), verbose=False)
     logger = MetricLogger([_PrefixedConsole(label), JsonlWriter(run_dir / "metrics.jsonl")],
-                          every_steps=log_every or max(1, steps // 10))
+                          every_steps=log_every or call_multiple(steps // 10, steps_per_execution))
     shown = [_AnnounceResume(label)]
     if sys.stderr.isatty():  # a progress bar (with "compiling" before the first step) on a terminal only
         shown.append(ProgressBar())
     trainer = Trainer(model, optimizer, pipeline, loss_fn, eval_pipeline=eval_pipeline, metrics=metrics,
                       callbacks=[*checkpoints, goodput, logger, *shown, *callbacks], train_pipeline_params=joint,
-                      eval_every_steps=eval_every)
+                      eval_every_steps=eval_every, steps_per_execution=steps_per_execution)
     began = time.perf_counter()
     before = trainer.evaluate() if eval_before and eval_pipeline is not None else {}
     with trainer:  # the training reader stops here, not at interpreter exit
@@ -210,6 +221,11 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     outcome = RunOutcome(result.step, result.resumed_from, dict(result.metrics), eval_metrics, before,
                          goodput_digest(goodput.report), time.perf_counter() - began, best_step)
     return trainer, outcome
+
+
+def call_multiple(interval: int, steps_per_execution: int) -> int:
+    """`interval` rounded to the nearest multiple of `steps_per_execution` (at least one call)."""
+    return max(1, round(interval / steps_per_execution)) * steps_per_execution
 
 
 class _AnnounceResume(Callback):

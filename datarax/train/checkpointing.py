@@ -35,13 +35,15 @@ before the metric has a value (no evaluation yet) is kept only while it is among
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import hashlib
-import contextlib
 import json
 import logging
 import math
 import os
+import threading
 import time
 import warnings
 from typing import Any
@@ -51,7 +53,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from datarax.core.checks import check_int
+from datarax.core.checks import check_bool, check_int
 from datarax.checkpoint import IteratorRestore, IteratorSave
 from datarax.pipeline.state import IteratorStateError
 from datarax.train.integrity import CheckpointIntegrityError as CheckpointIntegrityError
@@ -139,11 +141,16 @@ def abstract_target(module: nnx.Module) -> dict:
     return jax.tree.map(spec, nnx.to_pure_dict(nnx.state(module)))
 
 
-def layout(module: nnx.Module) -> str:
-    """A short hash of the state's paths, shapes and dtypes, to tell a foreign checkpoint from a corrupt one."""
-    spec = jax.tree_util.tree_flatten_with_path(abstract_target(module))[0]
+def tree_layout(tree: dict) -> str:
+    """A short hash of a state tree's paths, shapes and dtypes (arrays or their specs alike)."""
+    spec = jax.tree_util.tree_flatten_with_path(tree)[0]
     text = json.dumps([(jax.tree_util.keystr(path), list(x.shape), str(x.dtype)) for path, x in spec])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def layout(module: nnx.Module) -> str:
+    """`tree_layout` of the module's saved state, to tell a foreign checkpoint from a corrupt one."""
+    return tree_layout(abstract_target(module))
 
 
 def load_into(module: nnx.Module, restored: dict) -> None:
@@ -163,8 +170,14 @@ class Checkpointer:
     Args:
         directory: the checkpoint root (created if missing).
         max_to_keep: how many of the newest checkpoints to keep (None: all).
-        asynchronous: write arrays in the background; errors of a background write are raised
-            by the next `save`, by `wait`, or by `close`, never swallowed.
+        asynchronous: write in the background: `save` only makes device copies of the arrays
+            and captures the iterator state and metadata; a thread of this Checkpointer fetches
+            the copies, hashes them and hands them to Orbax, which writes the step into a
+            temporary directory and renames it when complete (so a kill at any moment leaves the
+            previous checkpoint as the latest). The next `save` waits for the previous write
+            (one is in flight at a time). Errors of a background write are raised by the next
+            `save`, by `wait`, or by `close`, never swallowed. False: `save` writes before it
+            returns.
         on_damaged: what `restore_latest` does when the directory holds checkpoints but none can
             be restored (all unreadable or failing their integrity check): "refuse" (default:
             raise `CheckpointRestoreError`, on this and every later run) or "start_fresh" (warn
@@ -205,13 +218,17 @@ class Checkpointer:
                 options=ocp.CheckpointManagerOptions(
                     preservation_policy=retention(max_to_keep, self.keep_best, self.best_mode),
                     best_fn=_metric_value if self.keep_best is not None else None, best_mode=self.best_mode,
-                    enable_async_checkpointing=asynchronous, cleanup_tmp_directories=True, create=True,
+                    # The background write is this class's own thread, so Orbax writes synchronously on it.
+                    enable_async_checkpointing=False, cleanup_tmp_directories=True, create=True,
                     temporary_path_class=temporary),
             )
         except BaseException:
             self._release_lock()
             raise
+        self.asynchronous = check_bool(asynchronous, "asynchronous")
         self._in_flight: int | None = None
+        self._writer: threading.Thread | None = None
+        self._write_error: BaseException | None = None
 
     @property
     def lock_path(self) -> str | None:
@@ -240,12 +257,14 @@ class Checkpointer:
 
         `extras` are further training state saved as items of their own (`{"ema": ...}`);
         `metrics` the run's newest metrics by logged name, of which `best_metric` ranks the step.
-        Waits for the previous background save first (as Orbax does) and raises its error.
+        Waits for the previous background save first and raises its error; when asynchronous,
+        returns once the arrays' device copies are dispatched (see `asynchronous`).
         """
         self.wait()
         if step in self._manager.all_steps():
             return False
         extras = dict(extras or {})
+        # Device copies (dispatched, not waited for): the next step donates the live arrays.
         arrays = {"model": savable(model), "optimizer": savable(optimizer)}
         if pipeline is not None:
             arrays["pipeline"] = savable(pipeline)
@@ -254,25 +273,40 @@ class Checkpointer:
                 raise ValueError(f"extras may not be named {name!r} (a checkpoint item of its own)")
             arrays[name] = savable(module)
         ranked = self._ranking_value(metrics or {})
-        iterator_state = iterator.get_state()
+        meta = copy.deepcopy({**metadata, "step": step, "format_version": FORMAT_VERSION, "joint": pipeline is not None,
+                              "best_metric": None if ranked is None else {self.best_metric: ranked}})
+        write = (step, arrays, iterator.get_state(), meta, ranked)
+        if not self.asynchronous:
+            try:
+                self._write(*write)
+            except Exception as exc:
+                raise CheckpointSaveError(f"saving checkpoint step {step} to {self.directory} failed: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+            return True
+        self._in_flight = step
+        self._writer = threading.Thread(target=self._write_in_background, args=write,
+                                        name=f"datarax-checkpoint-save-{step}")
+        self._writer.start()
+        return True
+
+    def _write(self, step: int, arrays: dict, iterator_state: dict, meta: dict, ranked: float | None) -> None:
+        """Fetches, hashes and writes one checkpoint (on the background thread when asynchronous)."""
         # Hashes of exactly the arrays and state handed to Orbax: restore compares what it reads.
         integrity = {name: arrays_sha256(tree) for name, tree in arrays.items()}
         integrity["iterator"] = iterator_integrity(iterator_state)
+        meta.update(integrity=integrity, layout={name: tree_layout(tree) for name, tree in arrays.items()})
         items = {name: ocp.args.StandardSave(tree) for name, tree in arrays.items()}
         items["iterator"] = IteratorSave(_FrozenIteratorState(iterator_state))
-        items["meta"] = ocp.args.JsonSave({**metadata, "step": step, "format_version": FORMAT_VERSION,
-                                           "joint": pipeline is not None, "integrity": integrity,
-                                           "layout": self._layouts(model, optimizer, pipeline, extras),
-                                           "best_metric": None if ranked is None else {self.best_metric: ranked}})
+        items["meta"] = ocp.args.JsonSave(meta)
+        with _quiet_missing_metrics() if ranked is None else contextlib.nullcontext():
+            self._manager.save(step, args=ocp.args.Composite(**items), force=True,
+                               metrics=None if ranked is None else {self.best_metric: ranked})
+
+    def _write_in_background(self, *write) -> None:
         try:
-            with _quiet_missing_metrics() if ranked is None else contextlib.nullcontext():
-                saved = bool(self._manager.save(step, args=ocp.args.Composite(**items), force=True,
-                                                metrics=None if ranked is None else {self.best_metric: ranked}))
-        except Exception as exc:
-            raise CheckpointSaveError(f"saving checkpoint step {step} to {self.directory} failed: "
-                                      f"{type(exc).__name__}: {exc}") from exc
-        self._in_flight = step if saved else None
-        return saved
+            self._write(*write)
+        except BaseException as exc:  # noqa: BLE001 - raised on the training thread by the next save, wait or close
+            self._write_error = exc
 
     def _ranking_value(self, metrics: dict[str, float]) -> float | None:
         """The value of `best_metric` among `metrics` (None: not tracking, not there yet, or not finite)."""
@@ -295,24 +329,27 @@ class Checkpointer:
         if self.best_metric is None:
             raise ValueError("best_step needs the metric that ranks checkpoints: open the Checkpointer with "
                              "keep_best=k and best_metric='eval/<name>'")
+        self.wait()
         self._manager.reload()
         return self._manager.best_step()
 
     def step_metrics(self, step: int) -> dict | None:
         """The ranking metric Orbax recorded with `step` (None when it has none)."""
+        self.wait()
         return self._manager.metrics(step)
 
     def wait(self) -> None:
-        """Blocks until background writes finish; raises `CheckpointSaveError` if one failed."""
+        """Blocks until the background write finishes; raises `CheckpointSaveError` if it failed."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join()
         step, self._in_flight = self._in_flight, None
-        try:
-            self._manager.wait_until_finished()
-            self._manager.check_for_errors()
-        except Exception as exc:
+        error, self._write_error = self._write_error, None
+        if error is not None:
             raise CheckpointSaveError(
                 f"the background write of checkpoint step {step} to {self.directory} failed: "
-                f"{type(exc).__name__}: {exc}; the checkpoint was not committed (the previous one is intact)"
-            ) from exc
+                f"{type(error).__name__}: {error}; the checkpoint was not committed (the previous one is intact)"
+            ) from error
 
     def close(self) -> None:
         """Waits for background writes (raising their error), releases the manager and the lock."""
@@ -452,6 +489,7 @@ class Checkpointer:
         and none that can be restored, this raises `CheckpointRestoreError` every time, unless
         `on_damaged="start_fresh"`: then it warns and returns None (train from step 0).
         """
+        self.wait()
         self._manager.reload()
         initial_iterator_state = iterator.get_state()
         skipped = []

@@ -11,6 +11,12 @@ data stall), compiling, checkpointing, evaluating, fetching the first batch, or 
 
 `steady` figures cover the steps after the first (from step 1's result to the last result),
 so start-up costs do not drown the per-step picture; `window` covers the last N steps.
+`steady.goodput_pct` is the steady device-busy share.
+
+A ledger row is one dispatched call: one step, or K with `Trainer(steps_per_execution=K)`
+(its `steps`). Its busy time, idle before it and data wait are the call's; step counts,
+elements and per-step times (`step_time_s` of `steady` and `window`) count its K steps, and
+`steady`/`window` begin after the first call.
 
 Every sentence of the report names its denominator: the `headline` is about the run's whole
 wall time (the split the PNG timeline draws), the `diagnosis` about the steady steps, and says
@@ -34,7 +40,7 @@ from datarax.monitoring.watcher import overlap as _overlap
 
 BUCKETS = ("goodput", "data_stall", "first_batch", "compile", "checkpoint_save", "checkpoint_restore",
            "eval", "other")
-_FIELDS = ("step", "batch_size", "next_begin", "next_end", "dispatched", "ready", "compile")
+_FIELDS = ("step", "batch_size", "next_begin", "next_end", "dispatched", "ready", "compile", "steps")
 
 
 def _pct(part: float, whole: float) -> float:
@@ -99,10 +105,11 @@ class GoodputLedger:
         self.end = now
 
     def add_step(self, step: int, batch_size: int, next_begin: float, next_end: float, dispatched: float,
-                 compile_seconds: float, compile_cause: str | None = None) -> int:
-        """Records a dispatched step (and why it compiled, when it did); returns its index for `set_ready`."""
+                 compile_seconds: float, compile_cause: str | None = None, steps: int = 1) -> int:
+        """Records a dispatched call of `steps` steps ending at `step`, with `batch_size` records in all
+        (and why it compiled, when it did); returns its index for `set_ready`."""
         for name, value in zip(_FIELDS, (step, batch_size, next_begin, next_end, dispatched, math.nan,
-                                         compile_seconds)):
+                                         compile_seconds, steps)):
             self.steps[name].append(value)
         if compile_seconds > 0:
             self.intervals.append(("compile", dispatched - compile_seconds, dispatched))
@@ -130,13 +137,14 @@ class GoodputLedger:
         """Totals, badput buckets, steady-state and rolling-window figures, rates and a diagnosis."""
         a = self.arrays()
         n = len(a["step"])
+        total_steps = int(a["steps"].sum())
         begin = self.begin if self.begin is not None else (a["next_begin"][0] if n else 0.0)
         end = self.end if self.end is not None else (a["ready"][-1] if n else begin)
         if n == 0:
             wall = max(end - begin, 0.0)
             buckets = {k: 0.0 for k in BUCKETS}
             buckets["other"] = wall
-            return {"steps": 0, "wall_s": wall, "buckets_s": buckets,
+            return {"steps": 0, "calls": 0, "wall_s": wall, "buckets_s": buckets,
                     "buckets_pct": {k: _pct(v, wall) for k, v in buckets.items()},
                     "headline": headline(buckets, wall, 0), "compiles": list(self.compiles),
                     "reader": self.reader or {}, "steady": {}, "window": {}, "diagnosis": "no steps completed",
@@ -158,18 +166,20 @@ class GoodputLedger:
             buckets[kind] += _overlap(starts, ends, b, e)
         wall = max(end - begin, float(ready[-1] - begin))
         buckets["other"] = max(wall - sum(v for k, v in buckets.items() if k != "other"), 0.0)
-        per_step = {"step": a["step"].astype(int), "batch_size": a["batch_size"].astype(int),
+        per_step = {"step": a["step"].astype(int), "steps": a["steps"].astype(int),
+                    "batch_size": a["batch_size"].astype(int),
                     "host_next_s": a["next_end"] - a["next_begin"], "exposed_idle_s": gap, "data_stall_s": stall,
                     "step_time_s": busy, "compile_s": a["compile"]}
         gaps = (prev_ready, dispatched)
         steady = self._span_stats(per_step, gaps, 1, n)
         window = self._span_stats(per_step, gaps, max(1, n - self.window), n)
         if steady:
-            steady["first_step"], steady["last_step"] = int(a["step"][1]), int(a["step"][-1])
+            steady["first_step"] = int(a["step"][1] - a["steps"][1] + 1)
+            steady["last_step"] = int(a["step"][-1])
         return {
-            "steps": n, "wall_s": wall,
+            "steps": total_steps, "calls": n, "wall_s": wall,
             "buckets_s": buckets, "buckets_pct": {k: _pct(v, wall) for k, v in buckets.items()},
-            "headline": headline(buckets, wall, n),
+            "headline": headline(buckets, wall, total_steps),
             "first_batch_s": float(a["next_end"][0] - a["next_begin"][0]),
             "compile_s": float(a["compile"].sum()),
             "compiles": list(self.compiles),
@@ -189,12 +199,14 @@ class GoodputLedger:
         if not len(a["step"]):
             return 0, 0, 0.0
         busy = step_ledger(a["dispatched"], a["ready"], a["next_begin"], a["next_end"] - a["next_begin"])["busy_s"]
-        return len(a["step"]), int(a["step"][-1]), float(busy.sum())
+        return int(a["steps"].sum()), int(a["step"][-1]), float(busy.sum())
 
     def _span_stats(self, per_step: dict, gaps: tuple, lo: int, hi: int) -> dict:
-        """Figures over steps [lo, hi), each measured from the previous step's result."""
+        """Figures over calls [lo, hi), each measured from the previous call's result; per-step
+        figures divide by the steps they covered."""
         if hi - lo < 1:
             return {}
+        steps = int(per_step["steps"][lo:hi].sum())
         busy = float(per_step["step_time_s"][lo:hi].sum())
         idle = float(per_step["exposed_idle_s"][lo:hi].sum())
         stall = float(per_step["data_stall_s"][lo:hi].sum())
@@ -210,13 +222,13 @@ class GoodputLedger:
                 idle_by[kind] += _overlap(starts, ends, b, e)
         loop = max(idle - stall - sum(idle_by.values()), 0.0)
         return {
-            "steps": hi - lo, "span_s": span, "elements": elements,
+            "steps": steps, "calls": hi - lo, "span_s": span, "elements": elements,
             "goodput_pct": _pct(busy, span), "exposed_idle_pct": _pct(idle, span),
             "data_stall_pct": _pct(stall, span), "host_next_pct": _pct(host, span),
             "checkpoint_idle_pct": _pct(idle_by["checkpoint_save"], span), "eval_idle_pct": _pct(idle_by["eval"], span),
             "compile_idle_pct": _pct(idle_by["compile"], span), "loop_idle_pct": _pct(loop, span),
-            "step_time_s": busy / (hi - lo), "exposed_idle_s": idle / (hi - lo),
-            "data_stall_s": stall / (hi - lo), "host_next_s": host / (hi - lo),
+            "step_time_s": busy / steps, "exposed_idle_s": idle / steps,
+            "data_stall_s": stall / steps, "host_next_s": host / steps,
             "step_consumes_el_s": elements / busy if busy > 0 else math.inf,
             "pipeline_delivers_el_s": elements / (busy + stall) if busy + stall > 0 else math.inf,
             "achieved_el_s": elements / span if span > 0 else math.inf,

@@ -10,7 +10,7 @@ parameters and optimizer state in place.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import jax
@@ -200,6 +200,58 @@ def host_metrics(out: Mapping[str, Any], metric_fns: Any) -> dict[str, float]:
     return scalars
 
 
+class HostMetrics(MutableMapping):
+    """Host floats of one step's metrics, read from the device the first time they are used.
+
+    The trainer hands every callback the previous call's metrics in this form: looking at them
+    (`logs.metrics["loss"]`, `dict(logs.metrics)`, `if logs.metrics:`) waits for that call's
+    result and copies it to the host once; a callback that does not look costs nothing, so the
+    host runs ahead of the device between the steps where something reads. Values set before
+    the read (`metrics["learning_rate"] = x`, where `x` may be a device scalar) are read with it.
+    """
+
+    def __init__(self, out: Mapping[str, Any] | None = None, metric_fns: Any = None):
+        self._out, self._metric_fns = out, metric_fns
+        self._values: dict[str, float] | None = None if out is not None else {}
+        self._added: dict[str, Any] = {}
+
+    @property
+    def is_read(self) -> bool:
+        """Whether the values are on the host already (reading them costs no wait)."""
+        return self._values is not None and not self._added
+
+    def read(self) -> dict[str, float]:
+        """The values (read from the device now if they were not yet)."""
+        if self._values is None:
+            self._values = host_metrics(self._out, self._metric_fns)
+            self._out = None
+        if self._added:
+            added, self._added = jax.device_get(self._added), {}
+            self._values.update({name: float(value) for name, value in added.items()})
+        return self._values
+
+    def __getitem__(self, name: str) -> float:
+        return self.read()[name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if self._values is None:
+            self._added[name] = value
+        else:
+            self._values[name] = float(value)
+
+    def __delitem__(self, name: str) -> None:
+        del self.read()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.read())
+
+    def __len__(self) -> int:
+        return len(self.read())
+
+    def __repr__(self) -> str:
+        return f"HostMetrics({self.read()!r})" if self.is_read else "HostMetrics(<not read yet>)"
+
+
 def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type,
                     joint: bool, *, accumulate_steps: int = 1, precision: str = "f32") -> Callable:
     """step(values, batch) -> (new values, {"loss": ..., metric: ...}) for `binding`'s TrainState.
@@ -272,6 +324,29 @@ def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mappi
         return new, {**metrics, "loss_scale": scale}
 
     return step
+
+
+def scan_steps(step: Callable) -> Callable:
+    """steps(values, batches) -> (new values, the last step's metrics): `step` applied to each of a
+    sequence of equally shaped batches in turn, in one program.
+
+    The batches are stacked inside the program and a `jax.lax.scan` carries the state through
+    them: one dispatch for K steps, a compile time that does not grow with K, and the state
+    materialised between steps as it is between separate calls. Unrolled steps (Keras' JAX
+    trainer) let XLA fuse one step's optimizer update into the next step (seen on the CPU: Adam's
+    moments recomputed inside the parameter update, off in the last bit) and compile K
+    times the program. The CPU backend, however, compiles a convolution inside a loop body with a
+    generic emitter: for the vision recipe's CNN a step ran ~14x slower (200x at
+    `--xla_backend_optimization_level=0`) and off in the last bits, so on the CPU keep
+    `steps_per_execution=1` for convolutional models.
+    """
+
+    def steps(values, batches):
+        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *batches)
+        values, outs = jax.lax.scan(step, values, stacked)
+        return values, jax.tree.map(lambda x: x[-1], outs)
+
+    return steps
 
 
 def make_eval_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type,

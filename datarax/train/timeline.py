@@ -34,8 +34,9 @@ def _import_pyplot():
 
 def timeline_data(ledger: GoodputLedger, summary: dict | None = None) -> dict[str, Any]:
     """What `plot_timeline` draws: `title` (the summary's headline), `diagnosis`, `lanes` (name ->
-    list of (start, duration) in seconds since the run began, the last `MAX_BARS` steps), and the
-    per-step bars `steps`, `step_ms`, `idle_ms`."""
+    list of (start, duration) in seconds since the run began, the last `MAX_BARS` calls), and the
+    per-step bars `steps`, `step_ms`, `idle_ms` (one bar per call, centred on the steps it covered
+    and `widths` wide, with its times per step)."""
     summary = ledger.summary() if summary is None else summary
     a = ledger.arrays()
     t0 = ledger.begin if ledger.begin is not None else (a["next_begin"][0] if len(a["step"]) else 0.0)
@@ -57,10 +58,12 @@ def timeline_data(ledger: GoodputLedger, summary: dict | None = None) -> dict[st
         if kind in lanes:
             lanes[kind].append((b - t0, e - b))
     per_step = summary.get("per_step", {})
-    bars = {"steps": [], "step_ms": [], "idle_ms": []}
+    bars = {"steps": [], "step_ms": [], "idle_ms": [], "widths": []}
     if n:
-        bars = {"steps": per_step["step"][first:], "step_ms": per_step["step_time_s"][first:] * 1e3,
-                "idle_ms": per_step["exposed_idle_s"][first:] * 1e3}
+        covered = per_step["steps"][first:]
+        bars = {"steps": per_step["step"][first:] - (covered - 1) / 2, "widths": covered,
+                "step_ms": per_step["step_time_s"][first:] * 1e3 / covered,
+                "idle_ms": per_step["exposed_idle_s"][first:] * 1e3 / covered}
     return {"title": summary.get("headline", ""), "diagnosis": summary.get("diagnosis", ""), "lanes": lanes, **bars}
 
 
@@ -85,9 +88,10 @@ def plot_timeline(ledger: GoodputLedger, path: Any, *, title: str = "training ti
     top.set_xlabel("seconds since train begin")
     top.set_title(f"{title}: {data['title']}", fontsize=8, wrap=True)
     if len(data["steps"]):
-        bottom.bar(data["steps"], data["step_ms"], width=1.0, color=_COLORS["device busy"], label="device step time")
-        bottom.bar(data["steps"], data["idle_ms"], width=1.0, bottom=data["step_ms"], color=_COLORS["data stall"],
-                   label="exposed idle before the step")
+        bottom.bar(data["steps"], data["step_ms"], width=data["widths"], color=_COLORS["device busy"],
+                   label="device step time")
+        bottom.bar(data["steps"], data["idle_ms"], width=data["widths"], bottom=data["step_ms"],
+                   color=_COLORS["data stall"], label="exposed idle before the step")
         bottom.set_xlabel("step")
         bottom.set_ylabel("ms")
         bottom.legend(loc="upper right", fontsize=8)

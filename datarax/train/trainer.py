@@ -29,8 +29,9 @@ from datarax.train.metrics import Metric, add_totals, metric_scalars
 from datarax.train.param_sharding import PARAM_SHARDINGS, constrain, place, state_shardings
 from datarax.train.precision import LossScale, check_precision
 from datarax.train.run_config import flatten, optimizer_fingerprint
-from datarax.train.step import (CLU_STATE, EPOCH, RECORD_IDS, JointModule, TimedJit, TrainState, VariableBinding,
-                                host_metrics, is_metric_collection, make_eval_step, make_train_step)
+from datarax.train.step import (CLU_STATE, EPOCH, RECORD_IDS, HostMetrics, JointModule, TimedJit, TrainState,
+                                VariableBinding, batch_signature, is_metric_collection, make_eval_step,
+                                make_train_step, scan_steps)
 
 
 logger = logging.getLogger("datarax.train")
@@ -147,6 +148,33 @@ class Trainer:
             optimizer state and average cut along the mesh's batch axis, FSDP-style; variables
             annotated with `nnx.with_partitioning` keep their spec; see
             `datarax.train.param_sharding`). Needs `train_pipeline` built with a `sharding`.
+        steps_per_execution: optimizer steps per jitted call (Keras' option of that name; default
+            1). With K > 1 the trainer takes K batches from the iterator and runs K steps in one
+            jitted program (a `jax.lax.scan` over the batches, stacked inside it:
+            `datarax.train.step.scan_steps`), so the per-call cost (dispatch, the loop's Python,
+            callbacks) is paid once per K steps; the K batches are on the device at once. On the
+            CPU backend keep K = 1 for convolutional models (see `scan_steps`). A call covers the
+            steps (m*K, (m+1)*K], so a resumed run groups its steps as an uninterrupted one and
+            resumes bitwise; it trains on the same batches with the same keys as K = 1, and the
+            iterator position of every step is K = 1's. The parameters are K = 1's bitwise where
+            XLA compiles the step inside the scan as it compiles it alone (the CPU tests: dense
+            models with every option of this class), which XLA does not promise. Callbacks see
+            one call: `on_data_wait_begin`, `on_step_begin` (with its first step) and
+            `on_step_end` once, `StepLogs.step` the last step and `StepLogs.steps` the steps it
+            covered; schedules (`CheckpointCallback(every_steps=N)`, `MetricLogger`,
+            `eval_every_steps`) fire at the end of the call in which their step was crossed, so a
+            K that divides their intervals keeps them exact; a stop request (SIGTERM) takes effect
+            after the call. A call of fewer than K steps (up to the first multiple of K after a
+            resume, the last steps before `num_steps`, the end of `num_epochs` on a stream, or
+            batches whose shapes differ, such as an epoch's short final batch) runs them one
+            jitted step each, still as one call for the callbacks. K does not enter the run
+            configuration (it changes no result).
+
+    Metrics stay on the device until something reads them: `StepLogs.metrics` of `on_step_end`
+    (the previous call's last step) is read on first use, so a callback that looks at it only
+    on its own schedule (`MetricLogger` every 100 steps, `ProgressBar` once per redraw) lets the
+    host run ahead of the device in between; `last_metrics`, `FitResult.metrics` and the end of
+    `fit` read them.
 
     Construction warns (`datarax.train.guardrails.TrainerWarning`, each with its fix) about a
     training pipeline that does not shuffle or whose epoch ends in a short batch (a second
@@ -164,7 +192,7 @@ class Trainer:
                  train_pipeline_params: bool = False, eval_every_steps: int | None = None,
                  compilation_cache: bool | str | os.PathLike = True, run_config: Mapping[str, Any] | None = None,
                  allow_config_change: bool = False, accumulate_steps: int = 1, ema_decay: float | None = None,
-                 precision: str = "f32", param_sharding: str | None = None):
+                 precision: str = "f32", param_sharding: str | None = None, steps_per_execution: int = 1):
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
         for name, value in (("train_pipeline", train_pipeline), ("eval_pipeline", eval_pipeline)):
@@ -186,6 +214,8 @@ class Trainer:
         check_bool(train_pipeline_params, "train_pipeline_params")
         check_bool(allow_config_change, "allow_config_change")
         self.accumulate_steps = check_int(accumulate_steps, "accumulate_steps", 1, why=" (micro-batches per step)")
+        self.steps_per_execution = check_int(steps_per_execution, "steps_per_execution", 1,
+                                             why=" (optimizer steps per jitted call)")
         self.precision = check_precision(precision)
         if train_pipeline is not None and getattr(train_pipeline, "batch_size", 0) % self.accumulate_steps:
             raise ValueError(f"accumulate_steps={accumulate_steps} must divide the training pipeline's batch_size="
@@ -247,9 +277,14 @@ class Trainer:
         if self.state_shardings is not None:
             step = _keep_layout(step, self.state_shardings)
         self._train_step = TimedJit(step, donate_values=True)
+        k = self.steps_per_execution
+        self._train_steps = TimedJit(scan_steps(step), donate_values=True) if k > 1 else None
         self._eval_step = TimedJit(make_eval_step(self._model_binding, loss_fn, metrics, self.precision),
                                    donate_values=False)
-        self._train_causes = CompileCauses(train_pipeline.batch_size, "step")
+        self._train_causes = CompileCauses(train_pipeline.batch_size, "step" if k == 1 else
+                                           f"single step (a call of fewer than {k} steps, or of batches of "
+                                           "different shapes)")
+        self._execution_causes = CompileCauses(train_pipeline.batch_size, f"call of {k} steps")
         self._eval_causes = CompileCauses(eval_pipeline.batch_size if eval_pipeline is not None else 0,
                                           "evaluation batch")
         self.step = 0
@@ -257,13 +292,20 @@ class Trainer:
         self.target_step = 0
         self.fit_began_at: float | None = None
         self.stop_reason: str | None = None
-        self.last_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
         self.last_eval_results: dict[str, Any] = {}
         self.target_epoch: int | None = None
         self._iterator = None
         self._resume_state: dict | None = None  # the state of an iterator closed by `close`
-        self._pending: tuple[int, Any] | None = None
+        # (step, metrics) of the newest call, which the next call's logs show, and of the one before.
+        self._pending: tuple[int, HostMetrics] | None = None
+        self._shown: tuple[int, HostMetrics] | None = None
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """Host values of the newest metrics callbacks were shown (during `fit` the previous call's
+        last step; after it the final step); reading them waits for that step."""
+        return {} if self._shown is None else dict(self._shown[1])
 
     @property
     def config_fingerprint(self) -> dict[str, str]:
@@ -367,7 +409,7 @@ class Trainer:
         one would. On a stream of unknown epoch length `num_epochs` counts epochs as the
         iterator numbers them (from 0): training stops before the first batch of epoch
         `num_epochs` (with an `UnknownEpochLengthWarning`, and `target_step` None).
-        SIGTERM/SIGINT stop the loop after the current step; checkpoint callbacks then
+        SIGTERM/SIGINT stop the loop after the current call; checkpoint callbacks then
         save, and `fit` returns normally with `stop_reason` set. The step donates the training
         state's buffers: arrays taken from the model or optimizer *during* training are
         invalidated by the next step (copy what you keep).
@@ -388,7 +430,7 @@ class Trainer:
                 self.callbacks("on_train_begin", self)
                 self._eval_schedule.reset(self.step)
                 while (target is None or self.step < target) and self.stop_reason is None:
-                    if not self._train_one(iterator):
+                    if not self._train_one(iterator, target):
                         break
                     if self._eval_schedule.due(self.step):
                         self.evaluate()
@@ -404,48 +446,70 @@ class Trainer:
         return FitResult(self.step, self.stop_reason, dict(self.last_metrics), dict(self.last_eval_metrics),
                          self.resumed_from)
 
-    def _train_one(self, iterator) -> bool:
-        """Trains one step; False (nothing trained) when the next batch is past `target_epoch`."""
-        step = self.step + 1
-        self.callbacks("on_data_wait_begin", self, step)
-        before = iterator.get_state() if self.target_epoch is not None else None
+    def _train_one(self, iterator, target: int | None) -> bool:
+        """Trains one call of up to `steps_per_execution` steps; False (nothing trained) when the next
+        batch is past `target_epoch`."""
+        first = self.step + 1
+        # Calls cover the steps (m*K, (m+1)*K]: a resumed run groups its steps as an uninterrupted one.
+        count = self.steps_per_execution - self.step % self.steps_per_execution
+        if target is not None:
+            count = min(count, target - self.step)
+        self.callbacks("on_data_wait_begin", self, first)
         begin = time.perf_counter()
         with jax.profiler.TraceAnnotation("datarax/next"):
-            batch = next(iterator)
+            batches = self._next_batches(iterator, count)
         end = time.perf_counter()
-        epoch = iterator.get_state()["epoch"]
-        if self.target_epoch is not None and epoch >= self.target_epoch:
-            # The stream's epoch ended with the previous batch: put this batch back for a later fit.
-            iterator.set_state(before)
+        if not batches:
             return False
-        self.callbacks("on_data_wait_end", self, step, end - begin)
-        self.callbacks("on_step_begin", self, step)
+        epoch = iterator.get_state()["epoch"]
+        self.callbacks("on_data_wait_end", self, first, end - begin)
+        self.callbacks("on_step_begin", self, first)
+        values, compile_seconds, cause = self._binding.values(), 0.0, None
         with jax.profiler.TraceAnnotation("datarax/step"):
-            (values, out), compile_seconds = self._train_step(self._binding.values(), batch)
+            if len(batches) == self.steps_per_execution > 1 and len(set(map(batch_signature, batches))) == 1:
+                (values, out), compile_seconds = self._train_steps(values, batches)
+                cause = self._execution_causes.cause(batches[0]) if compile_seconds > 0 else None
+            else:
+                for batch in batches:
+                    (values, out), seconds = self._train_step(values, batch)
+                    if seconds > 0:
+                        compile_seconds += seconds
+                        cause = self._train_causes.cause(batch)
         self._binding.assign(values)
         dispatched = time.perf_counter()
-        cause = self._train_causes.cause(batch) if compile_seconds > 0 else None
-        self.step = step
-        previous, self._pending = self._pending, (step, out)
-        metrics, metrics_step = {}, None
+        self.step += len(batches)
+        previous, self._pending = self._pending, (self.step, HostMetrics(out, self.metrics))
         if previous is not None:
-            # Step `step` is already queued, so waiting for the previous one never idles the device.
-            metrics_step, metrics = previous[0], host_metrics(previous[1], self.metrics)
-            self.last_metrics = metrics
-        logs = StepLogs(step=step, batch_size=batch_rows(batch), metrics=metrics,
-                        metrics_step=metrics_step, data_wait=(begin, end), dispatched_at=dispatched,
-                        compile_seconds=compile_seconds, output=out["loss"], epoch=epoch, compile_cause=cause)
+            self._shown = previous
+        # Step `self.step` is already queued, so reading the previous call's metrics never idles the device.
+        logs = StepLogs(step=self.step, steps=len(batches), batch_size=sum(map(batch_rows, batches)),
+                        metrics=previous[1] if previous is not None else {},
+                        metrics_step=previous[0] if previous is not None else None, data_wait=(begin, end),
+                        dispatched_at=dispatched, compile_seconds=compile_seconds, output=out["loss"], epoch=epoch,
+                        compile_cause=cause)
         self.callbacks("on_step_end", self, logs)
         return True
 
+    def _next_batches(self, iterator, count: int) -> list:
+        """Up to `count` batches; with `target_epoch`, the first batch of that epoch is put back for a later fit."""
+        batches = []
+        for _ in range(count):
+            before = iterator.get_state() if self.target_epoch is not None else None
+            batch = next(iterator)
+            if self.target_epoch is not None and iterator.get_state()["epoch"] >= self.target_epoch:
+                # The stream's epoch ended with the previous batch.
+                iterator.set_state(before)
+                break
+            batches.append(batch)
+        return batches
+
     def _final_logs(self) -> StepLogs:
         if self._pending is not None:
-            step, out = self._pending
-            self._pending = None
-            self.last_metrics = host_metrics(out, self.metrics)
-            return StepLogs(step=self.step, metrics=dict(self.last_metrics), metrics_step=step)
-        return StepLogs(step=self.step, metrics=dict(self.last_metrics),
-                        metrics_step=self.step if self.last_metrics else None)
+            self._shown, self._pending = self._pending, None
+            step, metrics = self._shown
+            return StepLogs(step=self.step, metrics=dict(metrics), metrics_step=step)
+        metrics = self.last_metrics
+        return StepLogs(step=self.step, metrics=metrics, metrics_step=self.step if metrics else None)
 
     def evaluate(self, pipeline: Pipeline | None = None, *, ema: bool = False) -> dict[str, float]:
         """Runs the loss and metrics over one epoch of the eval pipeline.
@@ -537,7 +601,10 @@ class Trainer:
     def save_checkpoint(self, checkpointer: Checkpointer, *, forced: bool = False, wait: bool = False) -> bool:
         """Saves the current step (model, optimizer, iterator, metadata, and the parameters' moving
         average and the loss scale when on); False if it exists already. The newest `logged_metrics`
-        go with it, for a checkpointer that keeps the best checkpoints by one of them."""
+        go with it when the checkpointer keeps the best checkpoints by one of them (reading them
+        then). With an asynchronous checkpointer the loop is blocked only while the previous write
+        is still running and while the arrays' device copies are dispatched; `on_checkpoint_save`
+        reports that time (`CheckpointInfo.seconds`), and the write goes on in the background."""
         began = time.perf_counter()
         metadata = {"epoch": self.epoch, "pipeline_fingerprint": self.train_pipeline.fingerprint,
                     "pipeline_structure": self.train_pipeline.structure_parts,
@@ -545,7 +612,8 @@ class Trainer:
                     "run_config": self.config_fingerprint}
         saved = checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, iterator=self.iterator,
                                   metadata=metadata, pipeline=self.train_pipeline if self.joint else None,
-                                  extras=self._extras(), metrics=self.logged_metrics())
+                                  extras=self._extras(),
+                                  metrics=self.logged_metrics() if checkpointer.best_metric is not None else None)
         if wait:
             checkpointer.wait()
         if saved or wait:

@@ -64,6 +64,26 @@ def test_goodput_digest_of_a_run_without_steps():
     assert "no steps" in common.describe_goodput(common.goodput_digest({"steps": 0, "diagnosis": "no steps completed"}))
 
 
+@pytest.mark.parametrize("interval, k, expected", [(300, 1, 300), (0, 1, 1), (300, 60, 300), (120, 60, 120),
+                                                     (37, 25, 25), (15, 25, 25), (80, 25, 75), (90, 60, 120)])
+def test_intervals_are_rounded_to_whole_calls(interval, k, expected):
+    assert common.call_multiple(interval, k) == expected
+
+
+def test_the_printed_goodput_line_gives_the_steady_device_busy_share():
+    from datarax.train.goodput import GoodputLedger
+
+    ledger = GoodputLedger()
+    ledger.start(0.0)
+    # Calls of 4 steps; steady: calls 2 and 3, from 1.0 to 2.8, busy 0.5 + 0.6 s over 8 steps.
+    for i, (ready, dispatched) in enumerate([(1.0, 0.5), (2.0, 1.5), (2.8, 2.2)]):
+        ledger.set_ready(ledger.add_step(4 * (i + 1), 32, dispatched - 0.1, dispatched, dispatched, 0.0, steps=4),
+                         ready)
+    ledger.finish(3.0)
+    line = common.describe_goodput(common.goodput_digest(ledger.summary()))
+    assert "; steady: device busy 61.1% of 1.80 s, 137.50 ms a step (4 steps a call); steady throughput" in line
+
+
 def test_digits_match_scikit_learn():
     from sklearn.datasets import load_digits as reference
 

@@ -16,8 +16,10 @@ def test_quick_run_then_rerun_resumes_from_its_checkpoint(tmp_path):
     assert result["run"]["step"] == QUICK_STEPS and result["run"]["resumed_from"] is None
     assert result["run"]["goodput"]["buckets_pct"]["goodput"] > 0
     assert_plot(result)
-    for text in ("test accuracy", "throughput", "goodput:", "augmented - none"):
+    for text in ("test accuracy", "throughput", "goodput:", "augmented - none", "steady: device busy"):
         assert text in stdout
+    assert result["config"]["steps_per_execution"] == 1  # on the CPU (see recipes.vision)
+    assert 0 < result["run"]["goodput"]["steady_busy_pct"] <= 100
     # Both arms on every seed, and the paired differences are those of the per-seed accuracies.
     seeds = result["config"]["seeds"]
     assert len(seeds) == 2

@@ -60,13 +60,13 @@ class Record(Callback):
         self.rids[logs.metrics_step] = logs.metrics["rid_sum"]
 
 
-def trainer(devices: int, mode: str | None, callbacks=()) -> Trainer:
+def trainer(devices: int, mode: str | None, callbacks=(), steps_per_execution: int = 1) -> Trainer:
     sharding = DataSharding.data_parallel(jax.devices()[:devices])
     pipeline = Pipeline(MemorySource(MemorySourceConfig(shuffle=True, seed=3), data=data()), [], batch_size=BATCH,
                         sharding=sharding)
     return Trainer(make_model(), optax.adam(0.02), pipeline, loss_fn, callbacks=callbacks, param_sharding=mode,
                    metrics={"rid_sum": lambda batch, aux: jnp.sum(batch["rid"]).astype(jnp.float32)},
-                   compilation_cache=False)
+                   compilation_cache=False, steps_per_execution=steps_per_execution)
 
 
 @pytest.mark.parametrize("shape, size, spec", [
@@ -119,6 +119,19 @@ def test_a_checkpoint_written_on_eight_devices_resumes_on_four_and_on_one(tmp_pa
             np.testing.assert_allclose(log.losses[step], reference.losses[step], rtol=1e-4, err_msg=f"{devices}")
         kernel = resumed.model.layers[0].kernel.get_value()
         assert len(kernel.sharding.device_set) == devices
+
+
+@pytest.mark.parametrize("mode", ["fsdp", "replicated"])
+def test_calls_of_three_steps_train_as_single_steps_and_keep_the_layout(mode):
+    single, many = Record(), Record()
+    reference, trainer3 = trainer(8, mode, [single]), trainer(8, mode, [many], steps_per_execution=3)
+    reference.fit(num_steps=11)
+    trainer3.fit(num_steps=11)
+    assert sorted(many.rids) == [3, 6, 9, 11]  # the last step of each call (11: two single steps)
+    assert many.rids == {step: single.rids[step] for step in many.rids}
+    for a, b in zip(jax.tree.leaves(nnx.state(reference.model)), jax.tree.leaves(nnx.state(trainer3.model))):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+        assert b.sharding == a.sharding
 
 
 def test_an_annotated_variable_keeps_its_own_spec():

@@ -400,3 +400,84 @@ def test_cumulative_goodput_after_a_real_sigkill(tmp_path):
     assert c["lost_steps"] == 2  # steps 9 and 10 were trained twice
     assert c["lost_s"] >= 0.4  # at least the two injected 0.2 s pauses after step 8's save (steps 8 and 9)
     assert "2 steps (at least; " in c["text"] and c["text"] in report["text"]
+
+
+def test_calls_of_several_steps_are_counted_by_their_steps():
+    """Three calls of steps_per_execution=4 (the last one 2 steps) on a made-up timeline, worked out by hand."""
+    from datarax.train.timeline import timeline_data
+
+    ledger = GoodputLedger(window=2)
+    ledger.start(0.0)
+    # call 1 (steps 1-4, 32 records): compiles 0.5 s, ready at 2.0
+    ledger.set_ready(ledger.add_step(4, 32, 0.0, 1.0, 1.6, 0.5, steps=4), 2.0)
+    # call 2 (steps 5-8): next() 1.7-2.5, dispatched 2.6 -> idle 2.0-2.6 (0.5 of it waiting for data), busy 0.4
+    ledger.set_ready(ledger.add_step(8, 32, 1.7, 2.5, 2.6, 0.0, steps=4), 3.0)
+    # call 3 (steps 9-10, 16 records): dispatched while call 2 runs, busy 3.0-3.5
+    ledger.set_ready(ledger.add_step(10, 16, 2.7, 2.8, 2.85, 0.0, steps=2), 3.5)
+    ledger.finish(3.5)
+    s = ledger.summary()
+    assert (s["steps"], s["calls"]) == (10, 3)
+    steady = s["steady"]  # calls 2 and 3: steps 5-10, from 2.0 to 3.5
+    assert (steady["steps"], steady["calls"], steady["elements"]) == (6, 2, 48)
+    assert (steady["first_step"], steady["last_step"]) == (5, 10)
+    assert steady["goodput_pct"] == pytest.approx(100 * 0.9 / 1.5)
+    assert steady["step_time_s"] == pytest.approx(0.9 / 6)
+    assert steady["exposed_idle_s"] == pytest.approx(0.6 / 6) and steady["data_stall_s"] == pytest.approx(0.5 / 6)
+    assert steady["step_consumes_el_s"] == pytest.approx(48 / 0.9)
+    assert "(10 steps;" in s["headline"] and "steps 5-10, timed from step 4's result" in s["diagnosis"]
+    assert ledger.busy_so_far() == (10, 10, pytest.approx(0.4 + 0.4 + 0.5))
+    data = timeline_data(ledger, s)  # one bar per call, as wide as its steps, in ms per step
+    np.testing.assert_allclose(data["steps"], [2.5, 6.5, 9.5])
+    np.testing.assert_allclose(data["widths"], [4, 4, 2])
+    np.testing.assert_allclose(data["step_ms"], [100.0, 100.0, 250.0])
+    np.testing.assert_allclose(data["idle_ms"], [0.0, 150.0, 0.0])
+
+
+def test_a_real_run_of_calls_of_four_steps_is_counted_by_its_steps(tmp_path):
+    monitor = GoodputMonitor(tmp_path, verbose=False, plot=False)
+    pipeline = Pipeline(MemorySource(MemorySourceConfig(shuffle=True), data=points(64)), batch_size=8)
+    trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1), pipeline, loss_fn, callbacks=[monitor],
+                      compilation_cache=False, steps_per_execution=4)
+    trainer.fit(num_steps=14)
+    report = monitor.report
+    assert (report["steps"], report["calls"]) == (14, 4)
+    assert list(report["per_step"]["steps"]) == [4, 4, 4, 2]
+    assert list(report["per_step"]["batch_size"]) == [32, 32, 32, 16]
+    assert (report["steady"]["steps"], report["steady"]["elements"], report["steady"]["first_step"]) == (10, 80, 5)
+    history = json.loads((tmp_path / "goodput_history.json").read_text())["segments"][-1]
+    assert (history["start_step"], history["last_step"]) == (0, 14)
+
+
+def test_the_checkpoint_bucket_holds_only_the_time_the_loop_was_blocked(tmp_path, monkeypatch):
+    """The write of checkpoint 4 is held inside Orbax until step 6 has been dispatched: the save
+    returned at once, and the monitor's checkpoint interval for it ends before step 5 was dispatched."""
+    import threading
+
+    import orbax.checkpoint as ocp
+
+    from datarax.train.callbacks import Callback, CheckpointCallback
+
+    release = threading.Event()
+    original = ocp.StandardCheckpointHandler.async_save
+
+    async def held(self, directory, *args, **kwargs):
+        if "/4.orbax-checkpoint-tmp" in str(directory):
+            assert release.wait(timeout=120), "the loop never reached step 6 while checkpoint 4 was being written"
+        return await original(self, directory, *args, **kwargs)
+
+    class Release(Callback):
+        def on_step_end(self, trainer, logs):
+            if logs.step == 6:
+                release.set()
+
+    monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", held)
+    monitor = GoodputMonitor(verbose=False, plot=False)
+    pipeline = Pipeline(MemorySource(MemorySourceConfig(shuffle=True), data=points(64)), batch_size=8)
+    trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1), pipeline, loss_fn, compilation_cache=False,
+                      callbacks=[monitor, CheckpointCallback(tmp_path, every_steps=4), Release()])
+    trainer.fit(num_steps=8)
+    saves = [(begin, end) for kind, begin, end in monitor.ledger.intervals if kind == "checkpoint_save"]
+    dispatched = dict(zip(monitor.ledger.steps["step"], monitor.ledger.steps["dispatched"]))
+    assert len(saves) == 2  # steps 4 and 8
+    assert saves[0][1] < dispatched[5]
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [4, 8]

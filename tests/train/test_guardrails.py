@@ -135,11 +135,14 @@ class FirstRecords(Callback):
             self.by_step[logs.metrics_step] = logs.metrics["first"]
 
 
-def test_num_epochs_on_a_stream_of_unknown_length_warns_and_stops_at_the_epoch_edge():
+@pytest.mark.parametrize("k", [1, 2])
+def test_num_epochs_on_a_stream_of_unknown_length_warns_and_stops_at_the_epoch_edge(k):
+    """With steps_per_execution=2 a call that reads the next epoch's first batch puts it back and
+    trains the batches before it (or none)."""
     firsts = FirstRecords()
     trainer = Trainer(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.0), Pipeline(CountingStream(10), batch_size=4),
                       loss_fn, metrics={"first": lambda batch, aux: batch["x"][0, 0]}, callbacks=[firsts],
-                      compilation_cache=False)
+                      compilation_cache=False, steps_per_execution=k)
     with pytest.warns(UnknownEpochLengthWarning, match=r"fit\(num_epochs=2\) on CountingStream, a stream whose epoch "
                                                        r"length is unknown: the trainer stops when epoch 2 would "
                                                        r"begin.*Fix: fit\(num_steps=N\)"):
@@ -150,5 +153,7 @@ def test_num_epochs_on_a_stream_of_unknown_length_warns_and_stops_at_the_epoch_e
     with pytest.warns(UnknownEpochLengthWarning):
         trainer.fit(num_epochs=3)
     assert trainer.step == 9
-    # Every epoch's batches start at records 0, 4 and 8 (of 10): nothing skipped or trained twice.
-    assert firsts.by_step == {step: 1000.0 * ((step - 1) // 3) + 4 * ((step - 1) % 3) for step in range(1, 10)}
+    # Every epoch's batches start at records 0, 4 and 8 (of 10): nothing skipped or trained twice
+    # (with k = 2 the metrics of each call's last step: steps 2, 4, 6, 8 and 9).
+    assert firsts.by_step == {step: 1000.0 * ((step - 1) // 3) + 4 * ((step - 1) % 3)
+                              for step in ([2, 4, 6, 8, 9] if k == 2 else range(1, 10))}

@@ -1,4 +1,5 @@
-"""Trainer: exact resume, step counting, one-step-late metrics, evaluation, joint pipeline training."""
+"""Trainer: exact resume, step counting, one-step-late metrics, evaluation, joint pipeline training,
+several steps per call (steps_per_execution) and metrics read only when looked at."""
 
 from __future__ import annotations
 
@@ -61,12 +62,13 @@ class Recorder(Callback):
         self.metrics[logs.metrics_step] = dict(logs.metrics)
 
 
-def make_trainer(callbacks=(), *, joint=False, optimizer=None, eval_every_steps=None, **setup_kwargs):
+def make_trainer(callbacks=(), *, joint=False, optimizer=None, eval_every_steps=None, trainer_kwargs=None,
+                 **setup_kwargs):
     setup = make_setup(**setup_kwargs)
     optimizer = optax.adam(5e-2) if optimizer is None else optimizer
     trainer = Trainer(setup.model, optimizer, setup.pipeline, loss_fn, eval_pipeline=setup.eval_pipeline,
                       metrics={**METRICS, **RECORD_METRICS}, callbacks=callbacks, train_pipeline_params=joint,
-                      eval_every_steps=eval_every_steps)
+                      eval_every_steps=eval_every_steps, **(trainer_kwargs or {}))
     return trainer, setup
 
 
@@ -262,6 +264,8 @@ def test_non_scalar_loss_is_reported():
     ({"eval_pipeline": 3}, TypeError, r"eval_pipeline must be a datarax Pipeline, got int"),
     ({"loss_fn": 1.5}, TypeError, r"loss_fn must be callable as loss_fn\(model, batch\), got 1.5"),
     ({"train_pipeline_params": 1}, TypeError, r"train_pipeline_params must be True or False, got 1"),
+    ({"steps_per_execution": 0}, ValueError,
+     r"steps_per_execution must be an int >= 1 \(optimizer steps per jitted call\), got 0"),
 ])
 def test_constructor_argument_errors(kwargs, error, match):
     setup = make_setup()
@@ -364,3 +368,120 @@ def test_close_stops_the_reader_and_a_later_fit_goes_on_from_the_same_record():
     part.close()  # idempotent
     assert_bitwise_equal(full_setup.model, part.model)
     assert rec.metrics == reference.metrics
+
+
+# The trainer's options that change the step, each trained with K = 1 and K = 4 steps per call.
+OPTIONS = {"plain": {}, "joint": {"joint": True}, "ema": {"trainer_kwargs": {"ema_decay": 0.9}},
+           "bf16": {"trainer_kwargs": {"precision": "bf16"}}, "f16": {"trainer_kwargs": {"precision": "f16"}},
+           "accumulate": {"trainer_kwargs": {"accumulate_steps": 2}},
+           "short_batches": {"drop_remainder": False, "num_records": 60}}
+
+
+def with_k(options: dict, k: int) -> dict:
+    return {**options, "trainer_kwargs": {**options.get("trainer_kwargs", {}), "steps_per_execution": k}}
+
+
+@pytest.mark.filterwarnings("ignore::datarax.train.ShortFinalBatchWarning")
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+def test_steps_per_execution_trains_bitwise_like_single_steps(options):
+    """18 steps: four calls of 4 and the last 2 as single steps (with short batches: every call that
+    holds an epoch's short final batch runs its steps singly)."""
+    single, single_setup = make_trainer(**options)
+    many, many_setup = make_trainer(**with_k(options, 4))
+    assert many.fit(num_steps=18).metrics == single.fit(num_steps=18).metrics
+    assert_bitwise_equal(single_setup.model, many_setup.model)
+    assert_bitwise_equal(single.optimizer, many.optimizer)
+    assert many.iterator.get_state() == single.iterator.get_state()
+    if many.joint:
+        assert_bitwise_equal(single_setup.pipeline, many_setup.pipeline)
+    if many.ema is not None:
+        assert_bitwise_equal(single.ema, many.ema)
+    assert many.config_fingerprint == single.config_fingerprint  # K changes no result
+
+
+def test_steps_per_execution_checkpoints_and_resumes_like_single_steps(tmp_path):
+    """The K = 4 run's checkpoint at step 8 holds K = 1's arrays and iterator state (the integrity
+    hashes written with them); resumed from it, and from K = 1's checkpoint at step 6 (not a multiple
+    of K: steps 7 and 8 are a call of two single steps, then calls of 4 again), K = 4 ends bitwise
+    equal to K = 1."""
+    from datarax.train.checkpointing import Checkpointer
+
+    reference = Recorder()
+    single, single_setup = make_trainer([reference, CheckpointCallback(tmp_path / "k1", on_steps=(6, 8))])
+    single.fit(num_steps=18)
+    first = Recorder()
+    many, _ = make_trainer([first, CheckpointCallback(tmp_path / "k4", every_steps=4)], trainer_kwargs={
+        "steps_per_execution": 4})
+    assert many.fit(num_steps=10).step == 10
+    assert [(logs.step, logs.steps) for logs in first.logs] == [(4, 4), (8, 4), (10, 2)]
+    written = {}
+    for name in ("k1", "k4"):
+        checkpointer = Checkpointer(tmp_path / name)
+        written[name] = checkpointer.read_metadata(8)
+        checkpointer.close()
+    assert written["k4"][1] == written["k1"][1]  # the iterator state
+    assert written["k4"][0]["integrity"] == written["k1"][0]["integrity"]
+    shutil.rmtree(tmp_path / "k4" / "10")  # a crash before the final save
+    shutil.copytree(tmp_path / "k1", tmp_path / "from6", ignore=shutil.ignore_patterns("8", "18", ".lock"))
+    for directory, resumed_at, calls in (("k4", 8, [(12, 4), (16, 4), (18, 2)]),
+                                        ("from6", 6, [(8, 2), (12, 4), (16, 4), (18, 2)])):
+        rec, ckpt = Recorder(), CheckpointCallback(tmp_path / directory, every_steps=4)
+        resumed, resumed_setup = make_trainer([rec, ckpt], trainer_kwargs={"steps_per_execution": 4})
+        assert resumed.fit(num_steps=18).resumed_from == resumed_at
+        assert [(logs.step, logs.steps) for logs in rec.logs] == calls
+        assert_bitwise_equal(single_setup.model, resumed_setup.model)
+        assert_bitwise_equal(single.optimizer, resumed.optimizer)
+        assert resumed.iterator.get_state() == single.iterator.get_state()
+        assert rec.metrics[18] == reference.metrics[18]
+
+
+def test_callbacks_see_one_call_and_schedules_fire_where_their_step_was_crossed(tmp_path):
+    rec = Recorder()
+    trainer, _ = make_trainer([rec, CheckpointCallback(tmp_path, on_steps=(3,))], eval_every_steps=3,
+                              trainer_kwargs={"steps_per_execution": 2})
+    trainer.fit(num_steps=5)
+    assert rec.events == [
+        "train_begin",
+        ("data_wait_begin", 1), ("data_wait_end", 1), ("step_begin", 1), ("step_end", 2),
+        ("data_wait_begin", 3), ("data_wait_end", 3), ("step_begin", 3),
+        ("checkpoint_save", 4, False), ("step_end", 4), ("eval_begin", 4), ("eval_end", 4),  # step 3 crossed
+        ("data_wait_begin", 5), ("data_wait_end", 5), ("step_begin", 5), ("step_end", 5),  # the last step alone
+        ("checkpoint_save", 5, True), ("train_end", 5)]
+    assert [(logs.step, logs.steps, logs.batch_size, logs.metrics_step) for logs in rec.logs] == [
+        (2, 2, 16, None), (4, 2, 16, 2), (5, 1, 8, 4)]
+    assert sorted(rec.metrics) == [2, 4, 5]
+
+
+class CountReads:
+    """Counts the trainer's reads of step metrics from the device."""
+
+    def __init__(self, monkeypatch):
+        import datarax.train.step as step_module
+
+        self.reads, original = [], step_module.host_metrics
+
+        def counted(out, metric_fns):
+            self.reads.append(out)
+            return original(out, metric_fns)
+
+        monkeypatch.setattr(step_module, "host_metrics", counted)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_metrics_are_read_from_the_device_only_when_looked_at(monkeypatch, k):
+    from datarax.train.callbacks import MetricLogger
+
+    class Quiet:
+        def write_scalars(self, step, scalars):
+            self.written.append((step, scalars))
+
+    writer = Quiet()
+    writer.written = []
+    counter = CountReads(monkeypatch)
+    trainer, _ = make_trainer([MetricLogger([writer], every_steps=8)], trainer_kwargs={"steps_per_execution": k})
+    result = trainer.fit(num_steps=20)
+    # The logger's schedule (steps 8 and 16, seen one call late) and the end of fit: three reads in 20 steps.
+    assert [step for step, _ in writer.written] == [8, 16, 20]
+    assert len(counter.reads) == 3
+    assert writer.written[-1][1] == {f"train/{k}": v for k, v in result.metrics.items()}
+    assert trainer.last_metrics == result.metrics

@@ -390,3 +390,26 @@ def test_lines_every_n_steps_and_a_resumed_start():
     assert [line.split(" | ")[0] for line in stream.getvalue().splitlines()] == [
         "training from step 2 to step 6 (resumed from the checkpoint at step 2); the first step compiles",
         "step 3/6 (50%)", "step 4/6 (67%)", "step 6/6 (100%)"]
+
+
+def test_progress_counts_the_steps_of_calls_and_shows_the_first_call():
+    clock, stream, run = StepClock(), io.StringIO(), FakeRun(target=12)
+    bar = ProgressBar(mode="lines", file=stream, every_steps=8, clock=clock)
+    bar.on_train_begin(run)
+    for step in (4, 8, 12):  # calls of 4 steps (steps_per_execution=4)
+        clock.now += 1.0
+        run.step = step
+        bar.on_step_end(run, StepLogs(step=step, steps=4, batch_size=32, dispatched_at=clock.now))
+    bar.on_train_end(run, StepLogs(step=12))
+    assert [line.split(" | ")[0] for line in stream.getvalue().splitlines()] == [
+        "training from step 0 to step 12; the first step compiles", "step 4/12 (33%)", "step 8/12 (67%)",
+        "step 12/12 (100%)"]
+    pytest.importorskip("tqdm")
+    terminal = Terminal()
+    bar, run = ProgressBar(file=terminal, mininterval=0), FakeRun(target=12)
+    bar.on_train_begin(run)
+    for step in (4, 8, 12):
+        run.step = step
+        bar.on_step_end(run, StepLogs(step=step, steps=4, batch_size=32, dispatched_at=float(step)))
+    bar.on_train_end(run, StepLogs(step=12))
+    assert "12/12" in terminal.screen()[-1]

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import optax
@@ -283,15 +289,21 @@ def test_restore_with_a_different_joint_setting_fails_clearly(tmp_path):
         ckpt.restore_latest(model=model, optimizer=optimizer, iterator=iterator)
 
 
-def test_a_failing_save_call_is_wrapped_with_the_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("asynchronous, match", [
+    (False, r"saving checkpoint step 5 to .* failed: OSError: read-only"),
+    (True, r"background write of checkpoint step 5 to .* failed: OSError: read-only"),
+], ids=["synchronous", "asynchronous"])
+def test_a_failing_save_call_is_wrapped_with_the_step(tmp_path, monkeypatch, asynchronous, match):
     def broken(self, *args, **kwargs):
         raise OSError("read-only file system (injected)")
 
     model, optimizer, iterator = build()
-    ckpt = Checkpointer(tmp_path)
+    ckpt = Checkpointer(tmp_path, asynchronous=asynchronous)
     monkeypatch.setattr(ocp.CheckpointManager, "save", broken)
-    with pytest.raises(CheckpointSaveError, match=r"saving checkpoint step 5 to .* failed: OSError: read-only"):
+    with pytest.raises(CheckpointSaveError, match=match):
+        # Asynchronous: Orbax's save runs on the background thread, so the error comes from the next wait.
         ckpt.save(5, model=model, optimizer=optimizer, iterator=iterator, metadata={})
+        ckpt.wait()
 
 
 def test_relative_checkpoint_directory_is_made_absolute(tmp_path, monkeypatch):
@@ -370,3 +382,89 @@ def test_an_optimizer_given_without_run_config_is_still_fingerprinted(tmp_path):
         trainer(optax.adam(1e-3)).fit(num_steps=4)
     with pytest.raises(CheckpointMismatchError, match=r"optimizer\.state_structure: saved"):
         trainer(optax.adamw(1e-2)).fit(num_steps=4)
+
+
+# One run of a Trainer with asynchronous checkpoints, as its own process: python -c RUN DIR STEPS K HOLD.
+# With HOLD > 0 the background write of checkpoint HOLD stops inside Orbax's write (its temporary
+# directory exists) after writing DIR/held, and never finishes. Every dispatched step is printed.
+RUN = """
+import json, os, sys, time
+import optax, orbax.checkpoint as ocp
+from trainer_helpers import RECORD_METRICS, loss_fn, make_setup
+from datarax.train import Trainer
+from datarax.train.callbacks import Callback, CheckpointCallback
+from datarax.train.hashing import state_sha256
+
+workdir, steps, k, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+original = ocp.StandardCheckpointHandler.async_save
+
+async def held(self, directory, *args, **kwargs):
+    if hold and f"/{hold}.orbax-checkpoint-tmp" in str(directory):
+        open(os.path.join(workdir, "held"), "w").close()
+        time.sleep(3600)
+    return await original(self, directory, *args, **kwargs)
+
+ocp.StandardCheckpointHandler.async_save = held
+
+class PrintSteps(Callback):
+    def on_step_end(self, trainer, logs):
+        print("step", logs.step, flush=True)
+
+setup = make_setup()
+trainer = Trainer(setup.model, optax.adam(5e-2), setup.pipeline, loss_fn, metrics=RECORD_METRICS,
+                  steps_per_execution=k, compilation_cache=False,
+                  callbacks=[CheckpointCallback(os.path.join(workdir, "ckpt"), every_steps=4), PrintSteps()])
+result = trainer.fit(num_steps=steps)
+with open(os.path.join(workdir, "result.json"), "w") as f:
+    json.dump({"step": result.step, "resumed_from": result.resumed_from, "metrics": result.metrics,
+               "model": state_sha256(setup.model), "optimizer": state_sha256(trainer.optimizer),
+               "iterator": trainer.iterator.get_state()}, f)
+"""
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_process(workdir: Path, steps: int, k: int, hold: int = 0) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", DATARAX_COMPILATION_CACHE="off", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "train")]))
+    env.pop("XLA_FLAGS", None)
+    with open(workdir / "log.txt", "a") as log:
+        return subprocess.Popen([sys.executable, "-c", RUN, str(workdir), str(steps), str(k), str(hold)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(condition, proc: subprocess.Popen, what: str, log: Path, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"waiting for {what}: the run ended or timed out; its log:\n{log.read_text()[-3000:]}")
+        time.sleep(0.01)
+
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_sigkill_inside_an_async_save_that_the_loop_did_not_wait_for_resumes_bitwise(tmp_path, k):
+    """A real process, killed by a real SIGKILL while Orbax writes checkpoint 8 in the background and
+    the loop trains on past it: the rerun resumes from checkpoint 4 and ends bitwise equal to an
+    uninterrupted run (model, optimizer, iterator, metrics of the last step)."""
+    reference = run_process(tmp_path / "reference", 14, k)
+    killed = run_process(tmp_path / "run", 14, k, hold=8)
+    log = tmp_path / "run" / "log.txt"
+    wait_for(lambda: (tmp_path / "run" / "held").exists(), killed, "the save of step 8 to begin", log)
+    # The loop goes on training while the write is held: it reaches step 10 (and blocks at the save
+    # of step 12, which waits for the held one).
+    wait_for(lambda: "step 10\n" in log.read_text(), killed, "the loop to train past the held save", log)
+    assert any(".orbax-checkpoint-tmp" in name for name in os.listdir(tmp_path / "run" / "ckpt"))
+    os.killpg(killed.pid, signal.SIGKILL)
+    assert killed.wait(timeout=60) == -signal.SIGKILL
+    assert sorted(int(p) for p in os.listdir(tmp_path / "run" / "ckpt") if p.isdigit()) == [4]
+    rerun = run_process(tmp_path / "run", 14, k)
+    assert rerun.wait(timeout=240) == 0, log.read_text()[-3000:]
+    assert reference.wait(timeout=240) == 0, (tmp_path / "reference" / "log.txt").read_text()[-3000:]
+    expected = json.loads((tmp_path / "reference" / "result.json").read_text())
+    resumed = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert resumed.pop("resumed_from") == 4 and expected.pop("resumed_from") is None
+    assert resumed == expected

@@ -7,6 +7,11 @@ Events, in the order a run sees them (all methods are optional no-ops):
     on_data_wait_end(trainer, step, seconds)    next() returned after `seconds`
     on_step_begin(trainer, step)                the batch is in hand, the step is about to run
     on_step_end(trainer, logs)                  the step was dispatched (`logs`: StepLogs)
+
+With `Trainer(steps_per_execution=K)` these four events come once per call of K steps: `step`
+is the call's first step in the first three, and `logs.step` its last (`logs.steps` the number
+it covered) in `on_step_end`; a schedule fires at the end of the call in which its step was
+crossed.
     on_eval_begin(trainer, step)                an evaluation starts
     on_eval_step_end(trainer, logs)             an eval batch's step was dispatched (`logs`: StepLogs,
                                                 `step` counting the evaluation's batches from 1)
@@ -14,9 +19,12 @@ Events, in the order a run sees them (all methods are optional no-ops):
     on_checkpoint_save(trainer, info) / on_checkpoint_restore(trainer, info)
     on_train_end(trainer, logs)                 after the last step (or a stop request)
 
-`on_step_end` never waits for the device: `logs.metrics` holds the host values of the
-*previous* step (`logs.metrics_step`), read after the current step was dispatched, so logging
-never forces a sync. `on_train_end` carries the final step's metrics.
+`on_step_end` never waits for the device: `logs.metrics` holds the metrics of the *previous*
+call's last step (`logs.metrics_step`), read from the device only when a callback looks at them
+(`datarax.train.step.HostMetrics`), and then after the current call was dispatched, so the
+device stays busy. A callback that needs them only sometimes should look only then (check its
+schedule first): while no callback looks, the host runs ahead of the device. `on_train_end`
+carries the final step's metrics.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 from datarax.core.checks import is_int, is_number
 
@@ -43,14 +51,19 @@ class StepLogs:
     """What `on_step_end` and `on_train_end` receive.
 
     Attributes:
-        step: the optimizer step just dispatched (1-based: the number of updates so far).
-        batch_size: records in this step's batch.
-        metrics: host floats of step `metrics_step` (empty when none is available yet).
-        metrics_step: the step `metrics` belong to (`step - 1` in `on_step_end`), or None.
-        data_wait: (begin, end) `time.perf_counter()` of the next() call for this step.
+        step: the optimizer step just dispatched (1-based: the number of updates so far); the last
+            step of the call with `steps_per_execution`.
+        steps: the optimizer steps this call covered (`step - steps + 1` is its first): 1, or up
+            to the trainer's `steps_per_execution`.
+        batch_size: records in this call's batches (all `steps` of them).
+        metrics: host floats of step `metrics_step` (empty when none is available yet), read from
+            the device on first use (a `datarax.train.step.HostMetrics`).
+        metrics_step: the step `metrics` belong to (`step - steps` in `on_step_end`: the previous
+            call's last step), or None.
+        data_wait: (begin, end) `time.perf_counter()` of the next() calls for this call.
         dispatched_at: `time.perf_counter()` right after the step was dispatched.
         compile_seconds: time spent compiling the step before this dispatch (0 when cached).
-        output: a device array of this step (its loss) that becomes ready when the step is done;
+        output: a device array of this call (its last step's loss) that becomes ready when the call is done;
             a callback may wait on it off the main thread, never on the main thread.
         epoch: the data epoch this step's batch came from.
         compile_cause: why the step compiled, when it did (e.g. "the epoch's short final batch").
@@ -58,7 +71,7 @@ class StepLogs:
 
     step: int
     batch_size: int = 0
-    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    metrics: MutableMapping[str, float] = dataclasses.field(default_factory=dict)
     metrics_step: int | None = None
     data_wait: tuple[float, float] = (0.0, 0.0)
     dispatched_at: float = 0.0
@@ -66,6 +79,7 @@ class StepLogs:
     output: Any = None
     epoch: int = 0
     compile_cause: str | None = None
+    steps: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

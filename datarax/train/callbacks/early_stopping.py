@@ -16,7 +16,8 @@ class EarlyStopping(Callback):
     """Requests a stop after `patience` checks without an improvement of `monitor`.
 
     `monitor` is `eval/<name>` (checked after every evaluation) or `train/<name>` (checked on
-    every step's metrics). The best value and the wait count are saved in checkpoints, so a
+    every call's metrics: each step's, or each K steps' with `Trainer(steps_per_execution=K)`,
+    which reads them from the device every call). The best value and the wait count are saved in checkpoints, so a
     resumed run stops where an uninterrupted one would.
 
     Args:
@@ -61,7 +62,7 @@ class EarlyStopping(Callback):
                                  f"for {self.patience} checks")
 
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
-        if self.kind == "train" and logs.metrics:
+        if self.kind == "train" and logs.metrics_step is not None and logs.metrics:
             self._check(trainer, logs.metrics_step, logs.metrics)
 
     def on_eval_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None:

@@ -50,9 +50,10 @@ def report_text(report: dict) -> str:
 class GoodputMonitor(Callback):
     """Tracks goodput and data stalls per step; writes a JSON summary and a PNG timeline.
 
-    Per step it records the host time blocked in next(), the exposed device idle before the
-    step (previous result ready -> this step dispatched; a watcher thread waits on every step's
-    output), the part of that idle spent waiting for data, the device step time and compile
+    Per step (per call of K steps with `Trainer(steps_per_execution=K)`) it records the host time
+    blocked in next(), the exposed device idle before the step (previous result ready -> this
+    step dispatched; a watcher thread waits on every step's output), the part of that idle spent
+    waiting for data, the device step time and compile
     time (with its cause); per run the first-batch latency, checkpoint save/restore and eval
     time, and the background reader's time per part (source read, each host stage, copy to
     device). Evaluations get their own account and verdict. With a `directory`, every run of
@@ -68,7 +69,7 @@ class GoodputMonitor(Callback):
     Args:
         directory: where `goodput.json`, `goodput.png` and `goodput_history.json` go (None:
             nowhere, and no history across runs).
-        window: steps in the rolling window.
+        window: calls (steps, or K steps each with `steps_per_execution`) in the rolling window.
         plot: write the PNG timeline (needs matplotlib).
         verbose: print the report's sentences at train end (stderr).
         history_every_steps / history_every_secs: how often the history is rewritten while
@@ -131,15 +132,15 @@ class GoodputMonitor(Callback):
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
         self._ensure_run(trainer)
         index = self.ledger.add_step(logs.step, logs.batch_size, logs.data_wait[0], logs.data_wait[1],
-                                     logs.dispatched_at, logs.compile_seconds, logs.compile_cause)
+                                     logs.dispatched_at, logs.compile_seconds, logs.compile_cause, logs.steps)
         self._watcher.submit(index, logs.output)
         if self.directory is not None:
             if self.history is None:
                 # The first step: a restore (if any) is done, so this run's starting point is known.
                 self.history = RunHistory(self.directory)
-                self.history.begin(began_at=self._began_at, start_step=logs.step - 1,
+                self.history.begin(began_at=self._began_at, start_step=logs.step - logs.steps,
                                    resumed_from=trainer.resumed_from)
-                self.history_schedule.reset(logs.step - 1)
+                self.history_schedule.reset(logs.step - logs.steps)
                 self._record(trainer)
             elif self.history_schedule.due(logs.step):
                 self._record(trainer)

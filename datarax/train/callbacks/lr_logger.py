@@ -30,7 +30,8 @@ class LearningRateLogger(Callback):
     `schedule(s - 1)`, evaluated for `chunk` steps at a time, so the device is asked once per
     chunk rather than once per step (a per-step evaluation would queue behind the running step
     and stall the host). Without it the optimizer must be built with `optax.inject_hyperparams`;
-    the value is then copied on the device every step and read one step late, like every metric.
+    the value is then copied on the device every call and read one call late with the metrics,
+    when something reads them.
     """
 
     order = -10  # before MetricLogger writes the logs
@@ -64,14 +65,15 @@ class LearningRateLogger(Callback):
             offset = 0
         return float(self._table[offset])
 
-    def _value(self, step: int) -> float | None:
+    def _value(self, step: int) -> Any:
+        """The rate of `step`: a float, or a device scalar that the metrics read with the rest."""
         if self.schedule is not None:
             return self._scheduled(step - 1)
         pending, self._pending = self._pending, None
-        return None if pending is None else float(pending)
+        return pending
 
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
-        if logs.metrics:
+        if logs.metrics_step is not None:
             value = self._value(logs.metrics_step)
             if value is not None:
                 logs.metrics["learning_rate"] = value
@@ -80,7 +82,7 @@ class LearningRateLogger(Callback):
             self._pending = jax.device_put(self._variable.get_value(), may_alias=False)
 
     def on_train_end(self, trainer: Trainer, logs: StepLogs) -> None:
-        if logs.metrics and logs.metrics_step is not None:
+        if logs.metrics_step is not None:
             value = self._value(logs.metrics_step)
             if value is not None:
-                logs.metrics["learning_rate"] = value
+                logs.metrics["learning_rate"] = float(value)

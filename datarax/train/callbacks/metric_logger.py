@@ -15,8 +15,11 @@ if TYPE_CHECKING:
 class MetricLogger(Callback):
     """Writes `train/<name>` metrics on a schedule and `eval/<name>` after every evaluation.
 
-    Train metrics arrive one step late (see `StepLogs`), so writing never waits for the device;
-    the final step's metrics are always written at train end.
+    Train metrics arrive one step late (see `StepLogs`), so writing never waits for the device,
+    and they are read from the device only when the schedule fires, so between writes the host
+    runs ahead. With `Trainer(steps_per_execution=K)` the step written is the last of the call in
+    which the schedule's step was crossed (a K dividing `every_steps` keeps it exact). The final
+    step's metrics are always written at train end.
 
     Args:
         writers: objects with `write_scalars(step, scalars)`: `ConsoleWriter`, `JsonlWriter`,
@@ -47,7 +50,8 @@ class MetricLogger(Callback):
         self._last_written = None
 
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
-        if logs.metrics and self.schedule.due(logs.metrics_step):
+        # The schedule first: looking at the metrics reads them from the device.
+        if logs.metrics_step is not None and self.schedule.due(logs.metrics_step) and logs.metrics:
             self._write(logs.metrics_step, {f"train/{k}": v for k, v in logs.metrics.items()})
             self._last_written = logs.metrics_step
 

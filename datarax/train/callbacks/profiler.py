@@ -74,7 +74,9 @@ class Profiler(Callback):
     The trace starts before step `start_step` asks for its batch and stops after step
     `stop_step` has finished on the device (the one place this callback waits for it). A run that
     resumes inside the window traces from the step it resumes at; one that resumes past it, or
-    ends before `start_step`, traces nothing. Only one trace can run in a process at a time.
+    ends before `start_step`, traces nothing. Only one trace can run in a process at a time. With
+    `Trainer(steps_per_execution=K)` the trace covers whole calls: from the call holding
+    `start_step` to the one holding `stop_step`.
 
     Attributes:
         trace_dir: the folder the trace was written to, once it has stopped (else None).
@@ -106,7 +108,9 @@ class Profiler(Callback):
 
     def on_data_wait_begin(self, trainer: Trainer, step: int) -> None:
         cfg = self.config
-        if self._active or self.trace_dir is not None or not cfg.start_step <= step <= cfg.stop_step:
+        # A call of steps_per_execution steps begins at `step`; trace it when it reaches start_step.
+        last = step + getattr(trainer, "steps_per_execution", 1) - 1
+        if self._active or self.trace_dir is not None or last < cfg.start_step or step > cfg.stop_step:
             return
         self._before = self._listing()
         try:

@@ -56,11 +56,14 @@ def _through_bar(file: Any):
 class ProgressBar(Callback):
     """Shows progress from the resumed step to the target: a tqdm bar on a terminal, plain lines elsewhere.
 
-    Throughput is host-side: elements of the last `window` steps over the wall time they took.
+    Throughput is host-side: elements of the last `window` calls over the wall time they took.
+    The metric is read from the device only when it is shown: once per bar redraw
+    (`mininterval`, 0.5 s by default) or plain line, so the host runs ahead between reads.
 
     Args:
-        window: steps averaged for the el/s figure.
-        metric: the train metric shown beside it (one step late, like all metrics).
+        window: calls (steps, or K steps each with `Trainer(steps_per_execution=K)`) averaged for
+            the el/s figure.
+        metric: the train metric shown beside it (one call late, like all metrics).
         mode: "bar" (tqdm), "lines" (plain periodic lines) or "auto" (default): a bar when the
             output is a terminal (`file.isatty()`), lines otherwise.
         every_secs / every_steps: how often a plain line is written in "lines" mode (default
@@ -106,6 +109,8 @@ class ProgressBar(Callback):
         self._began = 0.0
         self._start_step = 0
         self._last_line_step: int | None = None
+        self._metric_text: str | None = None  # the bar's metric, refreshed once per redraw interval
+        self._metric_read_at = -float("inf")
 
     @property
     def stream(self) -> Any:
@@ -123,6 +128,7 @@ class ProgressBar(Callback):
         self._began = self.clock()
         self._start_step = trainer.step
         self._last_line_step = None
+        self._metric_text, self._metric_read_at = None, -float("inf")
         self.schedule.reset(trainer.step, now=self._began)
         resumed_from = getattr(trainer, "resumed_from", None)
         if not self.uses_bar():
@@ -154,15 +160,19 @@ class ProgressBar(Callback):
 
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
         self._recent.append((logs.dispatched_at, logs.batch_size))
+        now = self.clock()
         if self.bar is not None:
             postfix = {"el/s": f"{self.throughput():,.0f}"}
-            if self.metric in logs.metrics:
-                postfix[self.metric] = f"{logs.metrics[self.metric]:.4g}"
+            if logs.metrics_step is not None and now - self._metric_read_at >= self.tqdm_kwargs["mininterval"]:
+                self._metric_read_at = now
+                if self.metric in logs.metrics:
+                    self._metric_text = f"{logs.metrics[self.metric]:.4g}"
+            if self._metric_text is not None:
+                postfix[self.metric] = self._metric_text
             self.bar.set_postfix(postfix, refresh=False)
-            self.bar.update(1)
+            self.bar.update(logs.steps)
             return
-        now = self.clock()
-        if self.schedule.due(logs.step, now=now) or logs.step == self._start_step + 1:
+        if self.schedule.due(logs.step, now=now) or logs.step - logs.steps == self._start_step:
             self._line(trainer, logs.step, logs.metrics, now)
 
     def line(self, trainer: Trainer, step: int, metrics: dict[str, float], now: float) -> str:
