@@ -322,6 +322,9 @@ class HostStageSource(DataSourceModule):
             np.copyto(out[k], v)
         return out
 
+    def upcoming(self, indices: np.ndarray, epoch: int) -> None:
+        self.source.upcoming(indices, epoch)
+
     def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         stochastic = [type(s).__name__ for s in self.stages if s.stochastic]
         if stochastic:
