@@ -324,13 +324,39 @@ def shard_format(url: str, fmt: str) -> str:
                      f"{FORMATS[1:]}")
 
 
-def _parquet_index(fs: Any, path: str, size: int) -> tuple[list[list[int]], dict[str, str], dict[str, list]]:
+def _store_reader(fs: Any, path: str, retry: Any, counter: list[int] | None = None) -> Any:
+    """`fetch(begin, end)`: one retried range request; its final `OSError` comes out as a
+    `_StoreError`, so pyarrow's own `OSError`s (a corrupt page) are told apart from the store's."""
+
+    def fetch(begin: int, end: int) -> bytes:
+        try:
+            data = _request(retry, lambda: fs.cat_file(path, begin, end))
+        except OSError as exc:
+            raise _StoreError(exc) from exc
+        if counter is not None:
+            counter[0] += len(data)
+        return data
+
+    return fetch
+
+
+def parquet_footer(fetch: Any, size: int) -> Any:
+    """A parquet file's metadata from its footer, read with two range requests through `fetch`."""
+    pq = require("pyarrow.parquet", owner="ShardedSource", extra="data", package="pyarrow")
+    tail = fetch(max(0, size - 8), size)
+    if size < 12 or tail[4:] != b"PAR1":
+        raise ValueError(f"it does not end in parquet's magic bytes (last bytes {tail[-4:]!r}, not b'PAR1')")
+    length = int.from_bytes(tail[:4], "little")
+    if length > size - 12:
+        raise ValueError(f"its footer length {length} is more than the file's {size} bytes hold")
+    footer = fetch(size - 8 - length, size)
+    return pq.ParquetFile(_Ranges(size, {size - len(footer): footer}, fetch)).metadata
+
+
+def _parquet_index(meta: Any) -> tuple[list[list[int]], dict[str, str], dict[str, list]]:
     """The row groups (blocks), the columns, and the [min, max] of each 64-bit integer column
     from the footer's statistics (None where a row group has none)."""
-    pq = require("pyarrow.parquet", owner="ShardedSource", extra="data", package="pyarrow")
-    with fs.open(path, "rb") as f:
-        meta = pq.ParquetFile(f).metadata
-        schema = meta.schema.to_arrow_schema()
+    schema = meta.schema.to_arrow_schema()
     columns = {f.name: str(f.type) for f in schema}
     wide = [name for name, kind in columns.items() if kind in ("int64", "uint64")]
     ranges: dict[str, list] = {name: [] for name in wide}
@@ -412,13 +438,15 @@ def _index_shard(url: str, fmt: str, fs: Any, path: str, size: int, config: Shar
     naming the shard (an `OSError` of the store stays one, for the retries)."""
     try:
         if fmt == "parquet":
-            return _parquet_index(fs, path, size)
+            return _parquet_index(parquet_footer(_store_reader(fs, path, config.retry_policy()), size))
         if fmt == "tar":
             return _tar_index(fs, path, url, config.block_records)
         return _array_record_index(path, url, config.block_records)
     except (CorruptFileError, FileNotFoundError):
         raise
-    except (ValueError, EOFError, tarfile.TarError, RuntimeError) as exc:
+    except _StoreError as exc:  # the store failed after its retries: an OSError still
+        raise exc.error from None
+    except (ValueError, OSError, EOFError, tarfile.TarError, RuntimeError) as exc:
         what = {"parquet": "its footer", "tar": "its member headers", "array_record": "its index"}[fmt]
         raise CorruptFileError(f"ShardedSource shard {url!r} is not a readable {fmt} file ({what}: {exc}); it is "
                                "truncated or damaged: restore it, or leave it out of urls") from None
@@ -728,22 +756,10 @@ class ShardedSource(DataSourceModule):
     def _parquet_rows(self, fs, path, shard, shard_index, group, start, data, count) -> dict[str, Any]:
         pq = require("pyarrow.parquet", owner="ShardedSource", extra="data", package="pyarrow")
         size = shard["size"]
-
-        def fetch(begin: int, end: int) -> bytes:
-            try:
-                extra = _request(self._io.retry, lambda: fs.cat_file(path, begin, end))
-            except OSError as exc:  # told apart from pyarrow's own OSErrors (a corrupt page) by `_fetch`
-                raise _StoreError(exc) from exc
-            with self._io.lock:
-                self._io.fetched[0] += len(extra)
-            return extra
-
+        fetch = _store_reader(fs, path, self._io.retry, self._io.fetched)
         metadata = self._io.footers.get(shard_index)
         if metadata is None:  # the footer, read once per shard (two small range requests)
-            length = int.from_bytes(fetch(size - 8, size - 4), "little")
-            footer = fetch(size - 8 - length, size)
-            metadata = pq.ParquetFile(_Ranges(size, {size - len(footer): footer}, fetch)).metadata
-            self._io.footers[shard_index] = metadata
+            metadata = self._io.footers[shard_index] = parquet_footer(fetch, size)
         file = _Ranges(size, {start: data}, fetch)
         table = pq.ParquetFile(file, metadata=metadata, page_checksum_verification=True).read_row_group(
             group, columns=list(self._spec))
