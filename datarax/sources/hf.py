@@ -48,7 +48,7 @@ from datarax.sources._hf_config import Convert as Convert
 from datarax.sources._hf_config import HFSourceConfig as HFSourceConfig
 from datarax.sources._hf_config import check_arguments
 from datarax.sources._hf_stream import HFStreamSource as HFStreamSource
-from datarax.sources._paths import confine, read_data_file
+from datarax.sources._paths import DataPathError, confine, read_data_file
 from datarax.sources.memory import MemorySource, MemorySourceConfig
 
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
@@ -284,7 +284,12 @@ class HFSource(DataSourceModule):
             where = name(row)
             path = confine(path, self._roots, config.allow_outside_root, where,
                            "HFSourceConfig(allow_outside_root=True)")
-            return read_data_file(path, config.max_file_bytes, where, "HFSourceConfig(max_file_bytes=...)")
+            try:
+                return read_data_file(path, config.max_file_bytes, where, "HFSourceConfig(max_file_bytes=...)")
+            except FileNotFoundError:
+                raise DataPathError(f"{where} names {path!r}, which does not exist (moved or deleted since the "
+                                    "dataset was written?): restore the file, set files_root to the folder that holds "
+                                    "it, or leave the row out (dataset.filter)") from None
         return read
 
     def __len__(self) -> int:
