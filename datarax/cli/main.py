@@ -102,7 +102,7 @@ def cmd_preview(args) -> int:
     spec = _load_spec(args)
     pipeline = build_pipeline(spec)
     out = args.out if args.out is not None else os.path.splitext(args.config)[0] + "-preview.png"
-    report = write_preview(pipeline, out, count=args.n, field=args.field)
+    report = write_preview(pipeline, out, count=args.n, field=args.field, label=args.label)
     print(report)
     return 0
 
@@ -207,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     preview.add_argument("--n", type=int, default=16, help="records to show (default 16)")
     preview.add_argument("--field", default=None, help="the field to draw (default: the first image-like field, "
                                                        "else the first audio-like one)")
+    preview.add_argument("--label", default=None, help="the integer field to caption each tile with (default: a "
+                                                       "field named label, labels, class or cls, when there is one)")
     preview.set_defaults(handler=cmd_preview)
     # Listed for --help only: main() hands everything after `materialize` or `bench` to its own parser.
     sub.add_parser("materialize", add_help=False, help="decode an image folder once into a reduced ArrayRecord cache "
