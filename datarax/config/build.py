@@ -22,7 +22,7 @@ from datarax.config.spec import TOP_LEVEL_KEYS, RunSpec, ShardingSection, valida
 
 
 def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
-              overrides: Sequence[str] = (), allow: Sequence[str] = ()) -> RunSpec:
+              overrides: Sequence[str] = (), allow: Sequence[str] = (), pipeline_only: bool = False) -> RunSpec:
     """Reads and validates a configuration file.
 
     Args:
@@ -32,6 +32,9 @@ def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = No
         allow: modules (with their submodules) that the file's import paths may name, added to
             the file's own top-level `allow` list; nothing else is imported (see
             `datarax.config.allow`).
+        pipeline_only: validate what the pipelines are built from, and leave a table whose
+            package is not loaded (`[trainer]` without `datarax.train`) unchecked rather than
+            an error (`load_pipeline` builds nothing from it; `datarax validate` checks it).
 
     Raises:
         ConfigError: listing every problem found (file, include, override and schema problems,
@@ -47,7 +50,7 @@ def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = No
     loaded = loader.load(path, top_level=TOP_LEVEL_KEYS, environ=environ, overrides=overrides, problems=problems)
     if problems.items and not loaded.files:
         problems.raise_if_any()  # nothing could be read at all
-    ctx = Context(problems, loaded.base_dir, top_level=TOP_LEVEL_KEYS, allow=allowed)
+    ctx = Context(problems, loaded.base_dir, top_level=TOP_LEVEL_KEYS, allow=allowed, pipeline_only=pipeline_only)
     spec = validate(loaded.raw, ctx, path=os.fspath(path), overrides=loaded.overrides)
     problems.raise_if_any()
     return spec
@@ -176,7 +179,8 @@ def check_pipeline(spec: RunSpec) -> list[Any]:
 
 def load_pipeline(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
                   overrides: Sequence[str] = (), allow: Sequence[str] = ()):
-    """`build_pipeline(load_spec(path, ...))`."""
-    return build_pipeline(load_spec(path, environ=environ, overrides=overrides, allow=allow))
+    """`build_pipeline(load_spec(path, ..., pipeline_only=True))`: the training pipeline of any
+    configuration, a `[trainer]` table included, whatever was imported before."""
+    return build_pipeline(load_spec(path, environ=environ, overrides=overrides, allow=allow, pipeline_only=True))
 
 

@@ -276,6 +276,8 @@ def register_section(name: str, validate_section: SectionValidator) -> None:
 
 
 def _section(name: str, value: Any, ctx: Context) -> Any:
+    if name not in _SECTIONS and ctx.pipeline_only:
+        return None  # `load_pipeline` builds nothing from this table; `datarax validate` checks it
     if name not in _SECTIONS:
         ctx.problems.add((name,), f"is validated by a package that is not loaded; import it first "
                                   f"(`import datarax.train` for [trainer]; the datarax command line does)")
