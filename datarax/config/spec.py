@@ -31,8 +31,10 @@ a `[dag]`, `stages` holds only host stages, which run before it.
 
 plus optional `[sampler.<name>]` and `[sharding]` tables, an `[eval]` table (the evaluation
 pipeline, as overrides of this one: see `eval_table`), a `[trainer]` table that the training
-kit (`datarax.train`) validates when it is loaded, and `allow = ["mypkg"]`: the user's modules
-that import paths may name (`datarax.config.allow`; nothing else is imported).
+kit (`datarax.train`) validates when it is loaded, `allow = ["mypkg"]`: the user's modules
+that import paths may name (`datarax.config.allow`; nothing else is imported), and
+`imports = ["mypkg.fs"]`: allowed modules imported for their side effects before any component
+(a custom fsspec protocol registering itself, a module filling `memory://`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 
 from datarax.batching import DISPATCH_AHEAD, MAX_DISPATCH_AHEAD
 from datarax.config import registry
-from datarax.config.allow import AllowList
+from datarax.config.allow import AllowList, NotAllowedError
 from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.loader import merge
 from datarax.config.schema import FieldError, Problems, build_dataclass, check_keys, convert, is_table, suggestion
@@ -113,8 +115,9 @@ def _retry_policy(value: Any) -> Any:
         raise FieldError("retry_policy", str(exc)) from None
 
 
-# `allow` is read before everything else (it decides what the other tables may import).
-TOP_LEVEL_KEYS = (*(f.name for f in dataclasses.fields(RunSection)), "allow")
+# `allow` is read before everything else (it decides what the other tables may import), then
+# `imports` (modules imported for their side effects before any component is validated or built).
+TOP_LEVEL_KEYS = (*(f.name for f in dataclasses.fields(RunSection)), "allow", "imports")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +288,23 @@ def _section(name: str, value: Any, ctx: Context) -> Any:
     return _SECTIONS[name](value, ctx)
 
 
+def _imports(value: Any, ctx: Context) -> None:
+    """Imports each module of the file's `imports` list, in order, when the allow-list permits it:
+    a custom fsspec filesystem registers its protocol, a module fills `memory://`, before any
+    source is built."""
+    names = convert(value, list[str], ("imports",), ctx.problems)
+    for i, name in enumerate(names or ()):
+        try:
+            registry.import_module(name, ctx.search_dirs, ctx.allow)
+        except NotAllowedError as exc:
+            ctx.problems.add(("imports", i), str(exc))
+        except (ImportError, ValueError) as exc:
+            ctx.problems.add(("imports", i), f"names {name!r}, which cannot be imported: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the module raised while importing; show what, keep validating
+            ctx.problems.add(("imports", i), f"names {name!r}, whose module raised {type(exc).__name__} on import: "
+                                             f"{exc}")
+
+
 def _allow(value: Any, ctx: Context) -> None:
     """Adds the file's `allow` entries to `ctx.allow` (the caller's own entries stay)."""
     names = convert(value, list[str], ("allow",), ctx.problems)
@@ -367,8 +387,10 @@ def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>",
     ctx.root = raw
     if "allow" in raw:
         _allow(raw["allow"], ctx)
+    if "imports" in raw:
+        _imports(raw["imports"], ctx)
     tables = {k: raw[k] for k in ("source", "sampler", "stages", "dag", "sharding", "trainer", "eval") if k in raw}
-    scalars = {k: v for k, v in raw.items() if k not in tables and k != "allow"}
+    scalars = {k: v for k, v in raw.items() if k not in tables and k not in ("allow", "imports")}
     if "source" not in raw:
         problems.add(("source",), "is required but missing: add a [source.<name>] table, e.g. [source.memory] "
                                   "with data = \"package.module:function\"")
