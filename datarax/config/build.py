@@ -120,7 +120,18 @@ def _host_outputs(spec: RunSpec, source: Any, hosts: list[Any]) -> None:
 
 
 def build_pipeline(spec: RunSpec):
-    """The `Pipeline` a validated configuration describes."""
+    """The `Pipeline` a validated configuration describes; a problem building the `[eval]` pipeline
+    is named under `eval.` (`eval.source.image_folder could not be built: ...`)."""
+    try:
+        return _build_pipeline(spec)
+    except ConfigError as exc:
+        if not spec.key_prefix:
+            raise
+        raise ConfigError([p if p.startswith(spec.key_prefix) else spec.key_prefix + p for p in exc.problems],
+                          exc.source) from exc
+
+
+def _build_pipeline(spec: RunSpec):
     from datarax.pipeline.pipeline import Pipeline
 
     run = spec.run

@@ -175,6 +175,7 @@ class RunSpec:
     overrides: list[str]
     allow: AllowList = dataclasses.field(default_factory=AllowList)
     eval: RunSpec | None = None  # the evaluation pipeline, when the file has an [eval] table
+    key_prefix: str = ""  # "eval." for the [eval] pipeline: where its keys sit in the file
 
     @property
     def host_stages(self) -> list[ComponentSpec]:
@@ -375,6 +376,7 @@ def _eval(raw: dict[str, Any], ctx: Context, path: str) -> RunSpec | None:
         return None
     own = Problems(ctx.problems.source)
     spec = validate(table, dataclasses.replace(ctx, problems=own, root=table), path=path)
+    spec.key_prefix = "eval."
     seen = set(ctx.problems.items)
     ctx.problems.items.extend(f"eval.{item}" for item in own.items if item not in seen)
     return spec

@@ -651,6 +651,46 @@ def test_validate_rejects_bad_training_kit_options_at_their_key(folder, capsys, 
     assert f"datarax: error: {path}: {error}" in capsys.readouterr().err
 
 
+FOLDER_HELPERS = '''
+import numpy as np
+
+def make_model(rngs, width: int = 4):
+    from flax import nnx
+    return nnx.Linear(width, 1, rngs=rngs)
+'''
+# What `train` once rejected only after the run began (or with a second, confusing line): each is
+# rejected by `validate`, at its key, with exactly one line. (job keys, steps, tables after, the error)
+FRICTIONS = [
+    ('optimizer = { adam = { learning_rate = "3e-3" } }', 4, "",
+     "trainer.optimizer.adam.learning_rate must be a number or an import path 'package.module:function', got '3e-3'"),
+    ("", 200.5, "", "trainer.steps must be an integer, got 200.5"),
+    ('model = "folder_helpers:make_model"\nmodel_args = { width = "4" }', 4, "",
+     "trainer.model_args.width must be an integer, got '4'"),
+    ('model = "folder_helpers:make_model"\nmodel_args = { depth = 2 }', 4, "",
+     "trainer.model_args.depth is not a known parameter of 'folder_helpers:make_model'"),
+    ("optimizer = { sgd = { learning_rate = 0.1, momentum = true, nesterov = 1 } }", 4, "",
+     "trainer.optimizer.sgd.nesterov must be true or false, got 1"),
+    ("eval_every_steps = 2", 4, '[eval]\n[eval.source.image_folder]\nroot = "no-such-folder"\n',
+     "eval.source.image_folder"),
+]
+
+
+@pytest.mark.parametrize("keys, steps, after, error", FRICTIONS, ids=[f[3][:40] for f in FRICTIONS])
+def test_validate_rejects_each_friction_at_its_key_in_one_line(folder, capsys, keys, steps, after, error):
+    (folder / "folder_helpers.py").write_text(FOLDER_HELPERS)
+    path = write_job(folder, keys, steps=steps, after=after)
+    text = path.read_text().replace('allow = ["job_helpers"]', 'allow = ["job_helpers", "folder_helpers"]')
+    if "optimizer = {" in keys:  # the job's own optimizer line gives way to the one under test
+        text = text.replace("optimizer = { adam = { learning_rate = 0.01 } }\n", "", 1)
+    if "model = " in keys:
+        text = text.replace('model = "job_helpers:make_model"\n', "", 1)
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("datarax: error:")]
+    assert len(lines) == 1 and f"datarax: error: {path}: {error}" in lines[0], err
+
+
 def test_train_takes_accumulation_ema_precision_and_best_k_from_the_file(folder, capsys):
     keys = 'accumulate_steps = 2\nema_decay = 0.9\nprecision = "bf16"\nkeep_best = 2\nbest_metric = "train/loss"\n'
     path = str(write_job(folder, KIT_KEYS + keys, steps=6))
