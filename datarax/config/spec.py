@@ -333,6 +333,8 @@ def eval_table(raw: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
       false`) unless `[eval.source.<name>]` sets it;
     * the training `sampler` is not inherited (an evaluation visits every record once); `[eval]`
       may give its own;
+    * nor is `drop_remainder`: an evaluation scores every record (`drop_remainder = false`)
+      whatever the training pipeline drops, unless `[eval]` sets it;
     * `stages` replaces the training stages and a training `[dag]`; `[eval.dag]` replaces the
       training `[dag]`.
     """
@@ -342,7 +344,7 @@ def eval_table(raw: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
                                     f"files = [\"test.parquet\"], got {value!r}")
         return None
     check_keys(value, EVAL_KEYS, ("eval",), ctx.problems)
-    out = {k: v for k, v in raw.items() if k in EVAL_KEYS and k != "sampler"}
+    out = {k: v for k, v in raw.items() if k in EVAL_KEYS and k not in ("sampler", "drop_remainder")}
     if "stages" in value:
         out.pop("dag", None)
     for key in ("stages", "dag", "sampler", "batch_size", "seed", "drop_remainder", "prefetch", "dispatch_ahead"):

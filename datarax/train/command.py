@@ -83,7 +83,8 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     write_result(os.path.join(run.run_dir, "result.json"), {
         "config": os.path.abspath(spec.path), "step": result.step, "num_steps": run.num_steps,
         "num_epochs": run.num_epochs, "resumed_from": result.resumed_from, "stop_reason": result.stop_reason,
-        "metrics": result.metrics, "eval_metrics": result.eval_metrics, "goodput": goodput,
+        "metrics": result.metrics, "eval_metrics": result.eval_metrics,
+        "eval_records": run.trainer.last_eval_records if result.eval_metrics else None, "goodput": goodput,
         "params_sha256": state_sha256(run.trainer.model), "checkpoint_dir": run.checkpoint_dir,
         "wall_s": time.perf_counter() - began})
     lines = [f"config       {spec.path}"]
@@ -95,7 +96,8 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     if result.metrics:
         lines.append("metrics      " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.metrics.items())))
     if result.eval_metrics:
-        lines.append("evaluation   " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.eval_metrics.items())))
+        lines.append("evaluation   " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.eval_metrics.items()))
+                     + f" ({run.trainer.last_eval_records} records)")
     if goodput:
         # Every sentence of the report (headline, verdict, evaluation, across runs), one per line.
         text = str(report.get("text") or goodput).replace("\n", "\n             ")

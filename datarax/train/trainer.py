@@ -260,6 +260,7 @@ class Trainer:
         self.last_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
         self.last_eval_results: dict[str, Any] = {}
+        self.last_eval_records = 0  # records the last evaluation scored
         self.target_epoch: int | None = None
         self._iterator = None
         self._resume_state: dict | None = None  # the state of an iterator closed by `close`
@@ -511,6 +512,7 @@ class Trainer:
             metrics.update({k: float(v) for k, v in jax.device_get(merged.compute()).items() if k != "loss"})
         self.last_eval_metrics = metrics
         self.last_eval_results = results
+        self.last_eval_records = int(sum(sizes))
         self.callbacks("on_eval_end", self, self.step, dict(metrics))
         return metrics
 

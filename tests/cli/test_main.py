@@ -5,6 +5,7 @@ from pathlib import Path
 import math
 import textwrap
 
+import numpy as np
 import pytest
 from toml_jobs import write_job
 
@@ -689,6 +690,34 @@ def test_validate_rejects_each_friction_at_its_key_in_one_line(folder, capsys, k
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("datarax: error:")]
     assert len(lines) == 1 and f"datarax: error: {path}: {error}" in lines[0], err
+
+
+EVAL_HELPERS = '''
+import numpy as np
+
+def eval_records():
+    rng = np.random.default_rng(1)
+    x = rng.random((150, 4)).astype(np.float32)
+    return {"x": x, "y": np.arange(150, dtype=np.float32)}
+
+def mean_y(batch, aux):
+    return batch["y"].mean()
+'''
+
+
+def test_eval_scores_every_record_whatever_the_training_pipeline_drops(folder, capsys):
+    """Training drops its short final batch (drop_remainder = true at the top); [eval] does not inherit
+    that: 150 records at batch 32 are all scored (a batch-weighted mean of y is numpy's mean of all 150)."""
+    (folder / "eval_helpers.py").write_text(EVAL_HELPERS)
+    path = write_job(folder, 'metrics = { mean_y = "eval_helpers:mean_y" }', steps=4,
+                     after='[eval]\nbatch_size = 32\n[eval.source.memory]\ndata = "eval_helpers:eval_records"\n')
+    path.write_text(path.read_text().replace('allow = ["job_helpers"]', 'allow = ["job_helpers", "eval_helpers"]\n'
+                                                                        'drop_remainder = true'))
+    assert main(["train", str(path), "--no-progress"]) == 0
+    assert "(150 records)" in capsys.readouterr().out
+    result = json.loads((folder / "runs" / "run" / "result.json").read_text())
+    assert result["eval_records"] == 150
+    assert result["eval_metrics"]["mean_y"] == pytest.approx(np.arange(150).mean(), rel=1e-6)
 
 
 def test_train_takes_accumulation_ema_precision_and_best_k_from_the_file(folder, capsys):
