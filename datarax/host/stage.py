@@ -336,8 +336,12 @@ class HostStageSource(DataSourceModule):
         return f"{self.source.structure()} -> " + " -> ".join(s.structure() for s in self.stages)
 
     def close(self) -> None:
+        """Closes the host stages and the source they read (their threads and files)."""
         for stage in self.stages:
             stage.close()
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
 
 
 def first_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +27,30 @@ from datarax.samplers.base import Sampler
 from datarax.sharding.mesh import DataSharding
 from datarax.sharding.placement import BatchPlacement
 from datarax.sources.stream import StreamSourceModule
+
+
+class LiveReaders:
+    """A pipeline's background readers (`Prefetcher`s) whose threads still run, held weakly: one
+    of an abandoned iterator lives on until its thread ends, so `Pipeline.close` can wait for it.
+    A copied or unpickled pipeline starts with none."""
+
+    def __init__(self):
+        self._readers: weakref.WeakSet = weakref.WeakSet()
+
+    def add(self, reader: Any) -> None:
+        self._readers.add(reader)
+
+    def __iter__(self):
+        return iter(list(self._readers))
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def __deepcopy__(self, memo: dict) -> LiveReaders:
+        return LiveReaders()
 
 
 def compile_stages(pipeline: Pipeline) -> CompiledProgram:
@@ -126,6 +151,7 @@ class Pipeline(nnx.Module, Epochs):
         self.fingerprint = fingerprint(self.structure_parts)
         # The background reader's time per part (source read, host stages, copy to device).
         self.reader_times = StageTimes()
+        self._readers = LiveReaders()  # the background readers `close` stops
         self._output_spec = self._compute_output_spec()
 
     def __deepcopy__(self, memo=None) -> Pipeline:
@@ -202,6 +228,32 @@ class Pipeline(nnx.Module, Epochs):
         """One iterator over `num_epochs` epochs from the next one (None: endless)."""
         check_positive_int(num_epochs, "num_epochs", allow_none=True)
         return PipelineIterator(self, self.reserve_epochs(num_epochs), num_epochs, one_epoch=False)
+
+    def track_reader(self, reader: Any) -> None:
+        """Registers an iterator's background reader (a `Prefetcher`), which `close` stops and waits for."""
+        self._readers.add(reader)
+
+    def close(self) -> None:
+        """Stops the threads the source and its host stages hold (file readers, decode pools, block
+        fetchers) and waits for them; idempotent. A pipeline dropped without `close()` releases them
+        too, once it is collected. Most sources start their threads again on the next read; one
+        whose `close` is final (`ArrayRecordSource` closes its files) cannot be read afterwards.
+
+        Example:
+            >>> with Pipeline(source, [DecodeImage(size=64)], batch_size=32) as pipeline:
+            ...     batch = next(iter(pipeline))
+        """
+        for reader in self._readers:  # first: a running reader would start the pools again
+            reader.close()
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def raw_loader(self, *, ids_key: str = "record_ids", epoch_key: str = "epoch") -> Pipeline:
         """A pipeline over the same source, sampler and batching that yields untransformed batches.
