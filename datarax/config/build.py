@@ -132,12 +132,16 @@ def build_pipeline(spec: RunSpec):
 
 
 def _build_pipeline(spec: RunSpec):
+    from flax import nnx
+
     from datarax.pipeline.pipeline import Pipeline
 
     run = spec.run
     source = build_component(spec.source)
+    # The top-level seed is the pipeline's: host stages without a seed of their own draw from it.
     kwargs: dict[str, Any] = {"drop_remainder": run.drop_remainder, "prefetch": run.prefetch,
-                              "dispatch_ahead": run.dispatch_ahead, "retry_policy": run.retry_policy}
+                              "dispatch_ahead": run.dispatch_ahead, "retry_policy": run.retry_policy,
+                              "rngs": nnx.Rngs(run.seed)}
     if spec.sampler is not None:
         extra = {"num_records": len(source)} if takes_argument(spec.sampler.factory, "num_records") else {}
         extra.update({k: files.record_field(source, v) for k, v in spec.sampler.kwargs.items()

@@ -17,7 +17,7 @@ from datarax.core.operator import BatchContext, OperatorModule, describe, distin
 from datarax.control.producers import READ
 from datarax.host.stage import HostStageSource, check_numeric, split_host_stages
 from datarax.monitoring.stages import StageTimes
-from datarax.core.source import DataSourceModule
+from datarax.core.source import DataSourceModule, seed_from_rngs
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
@@ -73,10 +73,12 @@ class Pipeline(nnx.Module, Epochs):
             (`datarax.host`, e.g. `DecodeImage`) come first: they run on the background reader
             before the compiled program and turn encoded records into fixed-shape arrays.
         batch_size: records per batch.
-        rngs: accepted so that code written for the seed API (`Pipeline(..., rngs=nnx.Rngs(0))`)
-            keeps working, and otherwise unused: the pipeline draws no randomness itself.
-            Shuffling is keyed by the source's seed and each stage's keys come from that stage's
-            own `rngs`.
+        rngs: the pipeline's seed is drawn from it (stream "augment", else "default"): every
+            stochastic host stage that sets no `seed` of its own (`DecodeImage(crop=
+            "random_resized")`, `DecodeAudio(crop="random")`, a stochastic `HostMap`) draws its
+            per-record keys from it, so one seed changes every crop of a run. None: seed 0.
+            Shuffling is keyed by the source's seed, and each device stage's key comes from that
+            stage's own `rngs` (a configuration derives both from its top-level `seed`).
         sampler: which records make up each epoch; defaults to the source's (shuffled when the
             source is configured with `shuffle=True`).
         drop_remainder: drop the final short batch of each epoch.
@@ -120,7 +122,11 @@ class Pipeline(nnx.Module, Epochs):
                   why=" (batches kept dispatched on the device)", hint=f"; the default is {DISPATCH_AHEAD}")
         if sampler is not None and not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be a datarax Sampler, got {describe(sampler)}")
-        source, stages = split_host_stages(source, stages)
+        if rngs is not None and not isinstance(rngs, nnx.Rngs):
+            raise TypeError(f"rngs must be an nnx.Rngs (e.g. nnx.Rngs(0)) or None, got {describe(rngs)}")
+        # The host stages' seed: drawn once, so the same rngs give the same crops on every host.
+        self.seed = seed_from_rngs(None, rngs, "augment")
+        source, stages = split_host_stages(source, stages, self.seed)
         check_numeric(source.element_spec(), f"{type(source).__name__}'s")
         self.source = source
         self.sampler = source.default_sampler() if sampler is None else sampler
