@@ -21,6 +21,7 @@ SCENARIO_MODULES = {
     "host_map": "benchmarks.scenarios.host_map",
     "text": "benchmarks.scenarios.text",
     "overhead": "benchmarks.scenarios.overhead",
+    "accumulate": "benchmarks.scenarios.accumulate",
 }
 
 
