@@ -175,16 +175,19 @@ def _build_pipeline(spec: RunSpec):
     return pipeline
 
 
-def check_pipeline(spec: RunSpec) -> list[Any]:
+def check_pipeline(spec: RunSpec, short: list[str] | None = None) -> list[Any]:
     """What `datarax validate` builds: the pipeline (and the `[eval]` one), as `build_pipeline`
     builds them, with files read only as far as checking needs (`datarax.config.files.probing`:
-    parquet `files` up to one batch of records). Returns the pipelines, closed."""
+    parquet `files` up to one batch of records; `short` gets the files of the training pipeline
+    read short, whose epoch is then not the data's). Returns the pipelines, closed."""
     pipelines = []
     for part in (spec, spec.eval):
         if part is None:
             continue
-        with files.probing(part.run.batch_size):
+        with files.probing(part.run.batch_size) as probed:
             pipeline = build_pipeline(part)
+        if short is not None and part is spec:
+            short.extend(probed)
         close = getattr(pipeline.source, "close", None)
         if close is not None:
             close()

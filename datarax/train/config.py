@@ -280,6 +280,7 @@ class TrainerRun:
     num_epochs: int | None
     checkpoint_dir: str | None
     run_dir: str
+    finetune: dict[str, Any] | None = None  # what [trainer.finetune] loaded and trains (prepare_finetune's report)
 
     def fit(self):
         return self.trainer.fit(self.num_steps, num_epochs=self.num_epochs)
@@ -315,8 +316,9 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     eval_pipeline = build_pipeline(spec.eval) if spec.eval is not None else None
     model = _build_model(spec)
     optimizer = _build_optimizer(spec.trainer)
+    finetune = None
     if spec.trainer.finetune is not None:
-        optimizer = _prepare_finetune(spec, model, optimizer)
+        optimizer, finetune = _prepare_finetune(spec, model, optimizer)
     callbacks = [build_component(c) for c in spec.trainer.callbacks]
     checkpoint_dir = None
     if section.checkpoint_dir is not None:
@@ -346,11 +348,12 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
                               precision=section.precision, param_sharding=section.param_sharding)
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
-    return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec))
+    return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec), finetune)
 
 
 def _prepare_finetune(spec: RunSpec, model: Any, optimizer: Any, *, check_only: bool = False) -> Any:
-    """`[trainer.finetune]` applied to `model` (or only checked, on an abstract model): the optimizer."""
+    """`[trainer.finetune]` applied to `model`: `(optimizer, report)` (`prepare_finetune`); or only
+    checked, on an abstract model (`check_only`: the optimizer)."""
     from datarax.train.pretrained.finetune import check_finetune, prepare_finetune
 
     base_dir = os.path.dirname(os.path.abspath(spec.path))
@@ -358,7 +361,7 @@ def _prepare_finetune(spec: RunSpec, model: Any, optimizer: Any, *, check_only: 
         if check_only:
             check_finetune(model, spec.trainer.finetune, base_dir=base_dir)
             return optimizer
-        return prepare_finetune(model, optimizer, spec.trainer.finetune, base_dir=base_dir)[0]
+        return prepare_finetune(model, optimizer, spec.trainer.finetune, base_dir=base_dir)
     except FieldError as exc:
         raise ConfigError([f"trainer.finetune.{exc.field} {exc}"], spec.path) from exc
     except (ValueError, TypeError, OSError) as exc:  # add_lora finding no layer, a warm start that does not fit

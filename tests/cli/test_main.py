@@ -720,6 +720,26 @@ def test_eval_scores_every_record_whatever_the_training_pipeline_drops(folder, c
     assert result["eval_metrics"]["mean_y"] == pytest.approx(np.arange(150).mean(), rel=1e-6)
 
 
+def test_validate_shows_the_guardrail_warnings_in_the_files_terms_and_train_repeats_them(folder, capsys):
+    """An unshuffled source and a batch size that leaves a short final batch: `validate` says both
+    (the file is still OK), as one line each, naming the keys to set; `train` says the same."""
+    path = write_job(folder, steps=2)
+    path.write_text(path.read_text().replace("shuffle = true\n", "").replace("batch_size = 8", "batch_size = 12"))
+    assert main(["validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("datarax: warning:")]
+    assert len(lines) == 2 and len(err.splitlines()) == 2, err  # one line each, no source line under them
+    short, unshuffled = sorted(lines)
+    assert short.startswith("datarax: warning: ShortFinalBatchWarning: the training pipeline's epoch of 40 records "
+                            "ends in a short batch of 4 (batch_size=12)")
+    assert "Fix: drop_remainder = true at the top of the file (drops 4 records per epoch" in short
+    assert "UnshuffledTrainingWarning: the training pipeline reads MemorySource in the same order every epoch" in \
+        unshuffled and "Fix: set shuffle = true (and seed = 0) in the [source.<name>] table" in unshuffled
+    assert main(["train", str(path), "--no-progress"]) == 0
+    assert sorted(line for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("datarax: warning:")) == sorted(lines)
+
+
 def test_train_takes_accumulation_ema_precision_and_best_k_from_the_file(folder, capsys):
     keys = 'accumulate_steps = 2\nema_decay = 0.9\nprecision = "bf16"\nkeep_best = 2\nbest_metric = "train/loss"\n'
     path = str(write_job(folder, KIT_KEYS + keys, steps=6))
