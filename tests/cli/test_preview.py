@@ -38,6 +38,17 @@ def write(folder, text):
     return str(path)
 
 
+def memory_job(folder, data: str, batch_size: int) -> str:
+    """A configuration over `[source.memory]` data = `data` (a function of an allowed helper module)."""
+    module = data.split(":")[0]
+    return write(folder, f"""
+        allow = ["{module}"]
+        batch_size = {batch_size}
+        [source.memory]
+        data = "{data}"
+    """)
+
+
 def expected_size(count: int, h: int, w: int, captions: bool = True) -> tuple[int, int]:
     """(width, height) of the grid, written from the layout rule: whole-factor upscaling to MIN_TILE,
     ceil(sqrt(n)) columns, GAP pixels between and around tiles, a CAPTION strip under each labelled row."""
@@ -49,12 +60,7 @@ def expected_size(count: int, h: int, w: int, captions: bool = True) -> tuple[in
 
 
 def test_an_image_grid_has_the_layout_size_and_the_records_pixels(folder, capsys):
-    path = write(folder, """
-        allow = ["preview_helpers"]
-        batch_size = 2
-        [source.memory]
-        data = "preview_helpers:images"
-    """)
+    path = memory_job(folder, "preview_helpers:images", 2)
     out = folder / "grid.png"
     assert main(["preview", path, "--out", str(out), "--n", "5"]) == 0
     assert expected_size(5, 8, 8) == (200, 158)  # 8x8 tiles scaled 8x to 64x64, 3 columns, 2 rows, captioned
@@ -88,12 +94,7 @@ def test_each_tile_is_captioned_by_its_label(folder, capsys):
             return {"image": np.zeros((6, 8, 8, 3), np.uint8), "label": np.array([3, 7, 3, 11, 7, 3], np.int32),
                     "other": np.array([5, 5, 5, 5, 5, 5], np.int32)}
     """))
-    path = write(folder, """
-        allow = ["labelled"]
-        batch_size = 6
-        [source.memory]
-        data = "labelled:data"
-    """)
+    path = memory_job(folder, "labelled:data", 6)
     out = folder / "labelled.png"
     assert main(["preview", path, "--out", str(out), "--n", "6"]) == 0
     strips = caption_strips(np.asarray(Image.open(out)), 6)
@@ -111,12 +112,7 @@ def test_each_tile_is_captioned_by_its_label(folder, capsys):
 
 
 def test_an_audio_field_is_drawn_as_spectrograms(folder, capsys):
-    path = write(folder, """
-        allow = ["preview_helpers"]
-        batch_size = 3
-        [source.memory]
-        data = "preview_helpers:tones"
-    """)
+    path = memory_job(folder, "preview_helpers:tones", 3)
     out = folder / "spectrograms.png"
     assert main(["preview", path, "--out", str(out), "--n", "3"]) == 0
     # 1024 samples: n_fft 64 (the power of two up to sqrt(4 * 1024)), hop 16: 33 bins x 61 frames.
@@ -158,12 +154,7 @@ def test_normalised_floats_span_their_percentiles():
 
 
 def test_a_field_that_cannot_be_drawn_is_a_one_line_error(folder, capsys):
-    path = write(folder, """
-        allow = ["preview_helpers"]
-        batch_size = 3
-        [source.memory]
-        data = "preview_helpers:tones"
-    """)
+    path = memory_job(folder, "preview_helpers:tones", 3)
     assert main(["preview", path, "--field", "label", "--out", str(folder / "x.png")]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
