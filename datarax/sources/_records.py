@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from datarax.core.checks import is_int
 from datarax.sources._columns import UnsupportedColumnError, batchable
 from datarax.sources._files import REWRITE, CorruptFileError
 
@@ -128,7 +129,7 @@ def _field_entry(entry: object, i: int, names: set, corrupt) -> tuple[str, np.dt
     if parsed.kind not in _KINDS or parsed.fields is not None or parsed.subdtype is not None or not batchable(parsed):
         raise corrupt(f"field {name!r} has the dtype {dtype!r} ({parsed}), not a numeric or bool type a batch can hold")
     if not isinstance(shape, list) or len(shape) > 32 or \
-            not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**40 for s in shape):
+            not all(is_int(s) and 0 <= s < 2**40 for s in shape):
         raise corrupt(f"field {name!r} has the shape {str(shape)[:40]!r}, not a list of non-negative ints")
     return name, parsed, tuple(shape)
 
