@@ -21,6 +21,7 @@ SCENARIO_MODULES = {
     "host_map": "benchmarks.scenarios.host_map",
     "text": "benchmarks.scenarios.text",
     "overhead": "benchmarks.scenarios.overhead",
+    "train_step": "benchmarks.scenarios.train_step",
     "accumulate": "benchmarks.scenarios.accumulate",
 }
 

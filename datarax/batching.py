@@ -22,6 +22,22 @@ from datarax.core.checks import check_positive_int
 # `dispatch_ahead`); the default was chosen by measurement (docs/benchmarks.md, `overhead`).
 DISPATCH_AHEAD = 1
 MAX_DISPATCH_AHEAD = 64
+# Batches a device-resident pipeline computes in one dispatched program on a TPU when it is not
+# told (`Pipeline(batches_per_dispatch=None)`): a call costs about 150 us to dispatch there, as
+# much as a CIFAR batch's whole augmentation (docs/tpu.md). At most `DISPATCH_BYTES` of output per
+# program. Other backends dispatch each batch: a call costs a few microseconds on the CPU, and
+# nothing was measured on a GPU.
+TPU_BATCHES_PER_DISPATCH = 8
+DISPATCH_BYTES = 64 * 2**20
+
+
+def resolve_batches_per_dispatch(requested: int | None, batch_bytes: int, backend: str) -> int:
+    """`requested`, or the default for `backend` and a batch of `batch_bytes` output bytes (see above)."""
+    if requested is not None:
+        return requested
+    if backend != "tpu":
+        return 1
+    return max(1, min(TPU_BATCHES_PER_DISPATCH, DISPATCH_BYTES // max(1, batch_bytes)))
 
 
 def check_batch_size(batch_size: object) -> int:

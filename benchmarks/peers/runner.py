@@ -24,17 +24,20 @@ A peer without a workload for a scenario yields a row with `skipped` saying so.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 PEER_MODULES = {
     "grain": "benchmarks.peers.grain_peer",
+    "numpy": "benchmarks.peers.numpy_peer",
     "tfdata": "benchmarks.peers.tfdata_peer",
     "torch": "benchmarks.peers.torch_peer",
 }
@@ -141,15 +144,69 @@ def run_isolated(peer: str, recipe: Recipe, *, repeats: int, seed: int = 0, work
                "--batch", str(recipe.batch_size), "--repeats", str(repeats), "--seed", str(seed)]
     if workers is not None:
         command += ["--workers", str(workers)]
+    env = dict(os.environ)
+    if holds_accelerator():
+        # One program at a time can open a TPU, and this benchmark holds it: the peer's JAX runs on
+        # the CPU (its batches end in host memory). `host_rows` times peers feeding the chip.
+        env["JAX_PLATFORMS"] = "cpu"
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"{peer} did not finish {recipe.row_name} within {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
         return {"error": f"{peer} failed on {recipe.row_name} (exit {done.returncode}): {tail[0]}"}
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])
+    if holds_accelerator():
+        result["settings"] = f"{result.get('settings', '')} (own process, JAX on the CPU: the benchmark holds the chip)"
+    return result
+
+
+def holds_accelerator() -> bool:
+    """Whether this process's JAX runs on an accelerator (which a peer process then cannot open)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and jax.default_backend() != "cpu"
+
+
+@contextlib.contextmanager
+def processes_off_the_chip() -> Iterator[None]:
+    """Worker processes started in the block run JAX on the CPU (this process keeps the chip)."""
+    before = os.environ.get("JAX_PLATFORMS")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("JAX_PLATFORMS", None)
+        else:
+            os.environ["JAX_PLATFORMS"] = before
+
+
+def host_rows(scenario: str, data: dict, base: dict, repeats: int, variants: Sequence[tuple[str, str, Any]],
+              batch_size: int) -> list[dict]:
+    """Peers run in this process the way their users feed an accelerator: the loader works on the
+    host and every batch is `device_put` to this process's device (the chip). One row per
+    `(peer, label, workers)` variant that is installed and has a workload for `scenario`;
+    `base` is the scenario's datarax row (for the ratios)."""
+    from benchmarks.peers.common import PeerOptions, time_loader
+
+    rows = []
+    for peer, label, workers in variants:
+        fn = workload(peer, scenario)
+        if fn is None or not installed(peer):
+            continue
+        with processes_off_the_chip():
+            try:
+                result = time_loader(fn(data, PeerOptions(batch_size, repeats, workers=workers)), repeats)
+            except Exception as exc:  # one broken framework must not stop the run: its row says why
+                rows.append({"scenario": scenario, "framework": label, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+        rows.append({"scenario": scenario, "framework": label, "el_s": round(result["el_s"], 1),
+                     "ratio_to_datarax": ratio(result["el_s"], base.get("datarax_el_s")),
+                     "ratio_to_floor": ratio(result["el_s"], base.get("floor_el_s")),
+                     "el_s_runs": result["el_s_runs"], "settings": f"{result['settings']}; host -> device_put"})
+    return rows
 
 
 def ratio(value: float | None, base: float | None) -> float | None:

@@ -8,6 +8,10 @@ Floor: one hand-written jitted function doing the device-resident gather and the
 (the pure functions of `datarax.operators.image`, one key split per record instead of one key
 per stage), fed a precomputed permutation per epoch, last batch padded.
 
+Limit (`benchmarks.limits`): the fastest hand-written program found for the floor's exact
+output: the floor's code, or its crop and flip as selection matrices on lane-dense data, at one
+or 32 batches per program.
+
 Peers (`python -m benchmarks augment_chain --vs torch,tfdata,grain`, each run in its own
 process by `benchmarks.peers`): the torch peer's dataset is `TorchChain` below, the same six
 transforms per element with torch tensor ops (`grid_sample` for the rotation), as a torchvision
@@ -23,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from datarax import Pipeline
+from benchmarks import limits
 from benchmarks.registry import BenchOptions
 from benchmarks.timing import keyed_gather_floor, pipeline_vs_floor
 from datarax.core.fusion import separately
@@ -120,11 +125,67 @@ class TorchChain:
         return image, int(self.labels[index])
 
 
+def _selection_before_rotation(images: jax.Array, keys: jax.Array):
+    """`_before_rotation` for a batch, its crop and flip as selection matrices on the lane-dense view."""
+    pad = images.shape[1] // 8
+
+    def one(key):
+        k_crop, k_noise, k_rest = jax.random.split(key, 3)
+        return jax.random.randint(k_crop, (2,), 0, 2 * pad + 1), jax.random.uniform(k_rest, (4,)), k_noise
+
+    offsets, unit, noise_keys = jax.vmap(one)(keys)
+    images = limits.selection_crop_flip(images, offsets[:, 0], offsets[:, 1], unit[:, 0] < 0.5, pad)
+    images = jax.vmap(color.adjust_brightness)(images, 1.0 + MAX_DELTA * (2 * unit[:, 1] - 1))
+    images = jax.vmap(color.adjust_contrast)(images, 1.0 + MAX_DELTA * (2 * unit[:, 2] - 1))
+    return images, DEGREES * (2 * unit[:, 3] - 1), noise_keys
+
+
+def limit_candidates(data: dict, seed: int = 0) -> dict:
+    """`name -> (per_batch(arrays, idx, epoch), arrays)` computing the floor's exact output."""
+    keys = limits.keyed(seed)
+    shape = data["image"].shape[1:]
+    labels = jax.device_put(data["label"])
+
+    def per_record(arrays, idx, epoch):
+        images = fused_chain_batch(jnp.take(arrays["image"], idx, axis=0), keys(idx, epoch), epoch)
+        return {"image": images, "label": jnp.take(arrays["label"], idx)}
+
+    def selection(arrays, idx, epoch):
+        images = jnp.take(arrays["image"], idx, axis=0).reshape(-1, *shape)
+        images, angles, noise_keys = _selection_before_rotation(images, keys(idx, epoch))
+        rotate = lambda x, a: jax.vmap(geometry.rotate)(x, a)  # noqa: E731
+        rotated = separately(rotate, epoch >= 0, images, angles)
+        return {"image": jax.vmap(_noise)(rotated, noise_keys), "label": jnp.take(arrays["label"], idx)}
+
+    return {"per-record code": (per_record, {"image": jax.device_put(data["image"]), "label": labels}),
+            "selection matrices on lane-dense data": (selection, {"image": jax.device_put(
+                data["image"].reshape(len(data["image"]), -1)), "label": labels})}
+
+
+def check_against_floor(data: dict, batch: int, seed: int = 0):
+    idx = np.random.default_rng(seed).permutation(len(data["label"]))[:batch].astype(np.int32)
+    keys = limits.keyed(seed)(jnp.asarray(idx), 0)
+    want = np.asarray(jax.jit(fused_chain_batch)(jnp.asarray(data["image"][idx]), keys, jnp.int32(0)))
+
+    def check(per_batch, arrays):
+        got = np.asarray(jax.jit(per_batch)(arrays, idx, np.int32(0))["image"])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg="a limit candidate's output is not the floor's")
+
+    return check
+
+
 def run(options: BenchOptions) -> list[dict]:
     rows = []
     for side, records, batch in SIZES:
         data = make_data(options.records(records), side)
-        floor = keyed_gather_floor(None, len(data["label"]), batch, batch_fn=fused_chain_batch)
-        rows.append(pipeline_vs_floor(f"augment_chain_{side}", lambda: build_pipeline(data, side, batch), data, floor,
-                                      options.repeats, batch_size=batch))
+        n = len(data["label"])
+        floor = keyed_gather_floor(None, n, batch, batch_fn=fused_chain_batch)
+        main = pipeline_vs_floor(f"augment_chain_{side}", lambda: build_pipeline(data, side, batch), data, floor,
+                                 options.repeats, batch_size=batch)
+        limit = limits.limit_row(main["scenario"], limit_candidates(data), check_against_floor(data, batch), n, batch,
+                                 options.repeats)
+        limit.update(ratio_to_datarax=round(limit["el_s"] / main["datarax_el_s"], 3),
+                     ratio_to_floor=round(limit["el_s"] / main["floor_el_s"], 3))
+        main["settings"] = f"{main['datarax_el_s'] / limit['el_s']:.3f}x the limit row"
+        rows += [main, limit]
     return rows

@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import MAX_INT32, check_bool, check_seed, field
+from datarax.core.layout import from_storage
 
 if TYPE_CHECKING:
     from datarax.samplers.base import Sampler
@@ -132,7 +133,8 @@ class DataSourceModule(nnx.Module, abc.ABC):
         the others ignore it."""
 
     def device_arrays(self) -> dict[str, jax.Array] | None:
-        """The source's arrays on the device, or None for a host-resident source."""
+        """The source's arrays on the device in their storage layout (`datarax.core.layout`: records
+        may be flattened), or None for a host-resident source. Gather them with `gather_device`."""
         return None
 
     def default_sampler(self) -> Sampler:
@@ -151,8 +153,18 @@ class DataSourceModule(nnx.Module, abc.ABC):
         return f"{type(self).__qualname__}(len={len(self)}, spec={spec})"
 
 
-def gather_device(arrays: dict[str, jax.Array], indices: jax.Array, mode: str = "fill") -> dict[str, jax.Array]:
+def record_shapes(source: DataSourceModule) -> dict[str, tuple[int, ...]]:
+    """Each field's record shape (the source's `element_spec`), as `gather_device` takes them."""
+    return {k: tuple(v.shape) for k, v in source.element_spec().items()}
+
+
+def gather_device(arrays: dict[str, jax.Array], indices: jax.Array, shapes: dict[str, tuple[int, ...]],
+                  mode: str = "fill") -> dict[str, jax.Array]:
     """The device-side gather used inside the pipeline's compiled programs.
+
+    `arrays` are a source's `device_arrays()`, in their storage layout (`datarax.core.layout`:
+    lane-dense on a TPU); `shapes` (`record_shapes(source)`) gives each field's record shape, which
+    the gathered rows are reshaped to.
 
     The indices are always in range (a final short batch repeats its last position), so `mode`
     changes no value, only the code XLA makes. The per-batch programs use `fill` (jnp.take's
@@ -160,4 +172,5 @@ def gather_device(arrays: dict[str, jax.Array], indices: jax.Array, mode: str = 
     waits on every step (docs/benchmarks.md, "Per-batch overhead", "The gather's mode");
     `ScanRunner`, one call per epoch, keeps `clip`, with which its compiled epoch was measured.
     """
-    return {k: jax.numpy.take(v, indices, axis=0, mode=mode) for k, v in arrays.items()}
+    return {k: from_storage(jax.numpy.take(v, indices, axis=0, mode=mode), indices.shape, shapes[k])
+            for k, v in arrays.items()}

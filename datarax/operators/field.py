@@ -32,6 +32,7 @@ from datarax.core.element import Element
 from datarax.core.fusion import separately
 from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, record_keys
 from datarax.operators.learnable import ChannelMagnitude, Learnable, check_learnable_field, learnable_names, magnitudes
+from datarax.operators.lowering import batched_here
 
 Bounds = dict[str, tuple[float, float]]
 
@@ -149,10 +150,29 @@ class FieldOperator(PerRecordOperator):
                              "parameters")
         return jax.vmap(lambda key: self.draw(key, tuple(shape)))(record_keys(self.key, ctx))
 
+    def apply_many(self, x: jax.Array, params: dict[str, Any]) -> jax.Array:
+        """The maths on a whole batch (`x` and every param with a leading batch axis): `apply` vmapped,
+        or a batch formulation where a subclass has one. Backends in
+        `datarax.operators.lowering.BATCHED_BACKENDS` run it; the others vmap `apply_element`."""
+        return jax.vmap(self.apply)(x, params)
+
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
+        if batched_here():
+            return self._apply_many(elements, ctx)
         if not self.separate_on_cpu:
             return super().apply_batch(elements, ctx)
         return separately(super().apply_batch, ctx.epoch >= 0, elements, ctx)
+
+    def _apply_many(self, elements: Element, ctx: BatchContext) -> Element:
+        """`apply_element` for every record, with the batch's draws handed to `apply_many` at once."""
+        x = jax.vmap(self.read)(elements)
+        shape = tuple(x.shape[1:])
+        if self.key is None:
+            params = jax.vmap(lambda _: self.draw(None, shape))(ctx.record_ids)
+        else:
+            params = self.draw_batch(ctx, shape)
+        out = self.apply_many(x, params)
+        return elements.update_data({self.config.out_field or self.config.field: out.astype(x.dtype)})
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:
         x = self.read(element)

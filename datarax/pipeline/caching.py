@@ -29,6 +29,7 @@ from flax import nnx
 
 from datarax.core.checks import check_int, check_positive_int
 from datarax.core.operator import StageKey, describe
+from datarax.core.source import record_shapes
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram
 from datarax.pipeline.iterator import PipelineIterator
@@ -62,7 +63,7 @@ def _check_prefix(pipeline: Pipeline, num_cached_stages: object) -> int:
 def build_cache(pipeline: Pipeline, program: nnx.Module) -> dict[str, np.ndarray]:
     """`program`'s output for every record, in storage order (one compiled call per batch)."""
     source, batch = pipeline.source, pipeline.batch_size
-    compiled = CompiledProgram(program)
+    compiled = CompiledProgram(program, shapes=record_shapes(source))
     values = compiled.values()
     arrays = source.device_arrays()
     n = len(source)

@@ -8,7 +8,6 @@ batch.
 from __future__ import annotations
 
 import functools
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +67,11 @@ class CompiledProgram:
     - `sample_chunk(params, metas)`: the sampler (`Sampler.device_order`) for `chunk_batches`
       batches at once, one `int32[3 + rows] = (start, epoch, num_valid, items...)` row each;
     - `expand_gather_and_run(values, arrays, params, row)`: one batch of a sampled chunk: indices
-      from its row (`Sampler.device_expand`), gather and stages, no data-dependent loop.
+      from its row (`Sampler.device_expand`), gather and stages, no data-dependent loop;
+    - `expand_gather_and_run_many(values, arrays, params, rows)`: several such batches (one per
+      row, at most `chunk_batches`; the pipeline's `batches_per_dispatch`) in one program (a `lax.scan` over the rows), one output each: where a dispatch
+      costs as much as a batch's work (about 150 us on a TPU v5e), several batches per call
+      keep the device busy (docs/tpu.md). Each output is the one `expand_gather_and_run` gives.
 
     `values` are the stage variables (`values()`); `meta = int32[3] = (start, epoch, num_valid)`
     is one batch of the schedule and `metas` a chunk of them (`datarax.batching.chunk_schedule`),
@@ -78,14 +81,17 @@ class CompiledProgram:
     then compute only this process's `rows` of each global batch, with outputs laid out over
     the process's devices, and add the validity field `placement.mask_key` when it is set.
 
+    `shapes` are the source's record shapes (`datarax.core.source.record_shapes`), which the
+    device gather reshapes its stored rows to.
+
     A copy or pickle holds what the programs are built from and builds them again (jitted
     functions close over their program and do not pickle); the copy compiles on first use.
     """
 
     def __init__(self, program: nnx.Module, sampler=None, epoch_length: int = 0, batch_size: int = 0,
-                 placement=None):
+                 placement=None, shapes: dict | None = None):
         self._built_from = dict(program=program, sampler=sampler, epoch_length=epoch_length, batch_size=batch_size,
-                                placement=placement)
+                                placement=placement, shapes=shapes)
         self._graphdef, state = nnx.split(program)
         self._paths = [p for p, _ in nnx.to_flat_state(state)]
         by_path = {p: v for p, v in nnx.iter_graph(program) if isinstance(v, nnx.Variable)}
@@ -106,7 +112,7 @@ class CompiledProgram:
             return out
 
         def gather_and_run(values, arrays, indices, meta):
-            return run(values, gather_device(arrays, indices), indices, meta)
+            return run(values, gather_device(arrays, indices, shapes), indices, meta)
 
         def replicate(x):
             # Every device samples all of the process's rows (a few integer ops) rather than its own:
@@ -136,24 +142,29 @@ class CompiledProgram:
         def expand_gather_and_run(values, arrays, params, row):
             return gather_and_run(values, arrays, replicate(sampler.device_expand(row[3:], params)), row[:3])
 
+        # A scan, not a vmap over the batches: a vmap multiplies every intermediate by the count,
+        # and XLA:TPU then ran out of scoped vector memory compiling 8 CIFAR batches of selection
+        # matrices (seen on a v5e); the scan's body is the one-batch program.
+
+        def expand_gather_and_run_many(values, arrays, params, rows):
+            def body(carry, row):
+                return carry, expand_gather_and_run(values, arrays, params, row)
+
+            _, outs = jax.lax.scan(body, None, jnp.stack(rows))
+            return [jax.tree.map(lambda x, k=k: x[k], outs) for k in range(len(rows))]
+
         jit = jax.jit if placement is None else functools.partial(jax.jit, out_shardings=placement.local_sharding)
         self.run = jit(run)
         self.gather_and_run = jit(gather_and_run)
         self.sample_chunk = jax.jit(sample_chunk)
         self.expand_gather_and_run = jit(expand_gather_and_run)
+        self.expand_gather_and_run_many = jit(expand_gather_and_run_many)
 
     def __getstate__(self) -> dict:
         return self._built_from
 
     def __setstate__(self, built_from: dict) -> None:
         self.__init__(**built_from)
-
-    @property
-    def expand_program(self):
-        """Deprecated name of `expand_gather_and_run`."""
-        warnings.warn("CompiledProgram.expand_program is deprecated: it is named expand_gather_and_run now",
-                      DeprecationWarning, stacklevel=2)
-        return self.expand_gather_and_run
 
     def values(self) -> list:
         """The stage variables' current values, as the programs take them."""

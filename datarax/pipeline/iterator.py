@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections import deque
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ class Chunk(NamedTuple):
     start: int
     rows: list  # one device array per batch, for `CompiledProgram.expand_gather_and_run`
     params: Any  # the sampler's device parameters for `epoch`
+    valid: int  # rows that hold batches of the epoch (the rest are past its end)
 
 
 class PipelineIterator(CheckpointableIterator):
@@ -135,31 +137,46 @@ class PipelineIterator(CheckpointableIterator):
                 self._host.stop()
             self._host = None
 
-    def _dispatch(self, arrays, epoch: int, position: int, num_valid: int, values: list):
-        """Dispatches the device-resident batch at `(epoch, position)` when it is not the next row
-        of the current chunk (a new epoch or chunk, or a host-only sampler); returns its output."""
+    def _dispatch(self, arrays, step: tuple[int, int, int], values: list) -> list[tuple]:
+        """Dispatches the device-resident batch `step = (epoch, position, num_valid)` and, when the
+        pipeline computes several batches per program, the batches after it in the same sampled
+        chunk (taken from the schedule); returns `(epoch, position, num_valid, output)` of each."""
         p = self._pipeline
-        if self._params_epoch != epoch:
-            self._params, self._params_epoch = p.sampler.device_params(epoch), epoch
-        params = self._params
-        meta = np.array([position, epoch, num_valid], np.int32)
-        if params is None:  # a host-only sampler: indices from the host, one small copy per batch
-            positions = padded_positions(position, p.compiled.rows, len(p.sampler))
-            idx = p.sampler.indices(positions, epoch).astype(np.int32)
-            return p.compiled.gather_and_run(values, arrays, idx, meta)
-        metas = chunk_schedule(len(p.sampler), p.batch_size, p.compiled.chunk_batches,
-                               drop_remainder=p.drop_remainder, epoch=epoch, position=position)
-        self._chunk = Chunk(epoch, position, p.compiled.sample_chunk(params, metas), params)
-        return p.compiled.expand_gather_and_run(values, arrays, params, self._chunk.rows[0])
+        compiled, batch = p.compiled, p.batch_size
+        epoch, position, num_valid = step
+        chunk = self._chunk
+        k = position - chunk.start if chunk is not None and chunk.epoch == epoch else -1
+        if not (0 <= k < len(chunk.rows) * batch and k % batch == 0):  # not the next row of the chunk sampled ahead
+            if self._params_epoch != epoch:
+                self._params, self._params_epoch = p.sampler.device_params(epoch), epoch
+            params = self._params
+            if params is None:  # a host-only sampler: indices from the host, one small copy per batch
+                positions = padded_positions(position, compiled.rows, len(p.sampler))
+                idx = p.sampler.indices(positions, epoch).astype(np.int32)
+                meta = np.array([position, epoch, num_valid], np.int32)
+                return [(*step, compiled.gather_and_run(values, arrays, idx, meta))]
+            metas = chunk_schedule(len(p.sampler), batch, compiled.chunk_batches, drop_remainder=p.drop_remainder,
+                                   epoch=epoch, position=position)
+            chunk = self._chunk = Chunk(epoch, position, compiled.sample_chunk(params, metas), params,
+                                        int(np.count_nonzero(metas[:, 2])))
+            k = 0
+        row = k // batch
+        count = min(p.batches_per_dispatch, chunk.valid - row)
+        if p.batches_per_dispatch == 1 or count < 1:
+            return [(*step, compiled.expand_gather_and_run(values, arrays, chunk.params, chunk.rows[row]))]
+        # The chunk's rows are the schedule's next batches of this epoch: take as many as one program computes.
+        steps = [step, *itertools.islice(self._schedule, count - 1)]
+        rows = chunk.rows[row:row + len(steps)]
+        rows += [rows[-1]] * (p.batches_per_dispatch - len(rows))  # one program shape; the padding is dropped
+        outs = compiled.expand_gather_and_run_many(values, arrays, chunk.params, tuple(rows))
+        return [(*s, out) for s, out in zip(steps, outs)]
 
     def _next_device(self, arrays) -> tuple[int, int, int, Any]:
         """`(epoch, position, num_valid, output)` of the next device-resident batch, keeping
         `pipeline.dispatch_ahead` more dispatched behind it."""
         p = self._pipeline
-        compiled, batch = p.compiled, p.batch_size
-        span = compiled.chunk_batches * batch
         ahead = self._ahead
-        values = compiled.values()
+        values = p.compiled.values()
         if ahead and not all(map(operator.is_, values, self._ahead_values)):
             # A stage's variables changed since those batches were dispatched: they must see the new ones.
             ahead.clear()
@@ -170,14 +187,7 @@ class PipelineIterator(CheckpointableIterator):
                 step = next(self._schedule, None)
                 if step is None:
                     break
-                epoch, position, num_valid = step
-                chunk = self._chunk
-                k = position - chunk.start if chunk is not None and chunk.epoch == epoch else -1
-                if 0 <= k < span and k % batch == 0:  # the next row of the chunk sampled ahead
-                    out = compiled.expand_gather_and_run(values, arrays, chunk.params, chunk.rows[k // batch])
-                else:
-                    out = self._dispatch(arrays, epoch, position, num_valid, values)
-                ahead.append((epoch, position, num_valid, out))
+                ahead.extend(self._dispatch(arrays, step, values))
         except BaseException:
             # Nothing was returned past the cursor: start again from it on the next call.
             ahead.clear()

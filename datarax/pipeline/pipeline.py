@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -12,14 +13,15 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import check_bool, check_int, check_positive_int
-from datarax.batching import DISPATCH_AHEAD, MAX_DISPATCH_AHEAD, check_batch_size, num_batches
+from datarax.batching import (DISPATCH_AHEAD, MAX_DISPATCH_AHEAD, check_batch_size, num_batches,
+                              resolve_batches_per_dispatch)
 from datarax.core.operator import BatchContext, OperatorModule, describe, distinct_stage_keys
 from datarax.control.producers import READ
 from datarax.host.stage import HostStageSource, check_numeric, split_host_stages
 from datarax.monitoring.stages import StageTimes
-from datarax.core.source import DataSourceModule, seed_from_rngs
+from datarax.core.source import DataSourceModule, record_shapes, seed_from_rngs
 from datarax.pipeline.chain import Chain
-from datarax.pipeline.compiled import CompiledProgram, run_program
+from datarax.pipeline.compiled import MAX_CHUNK_BATCHES, CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
 from datarax.pipeline.retry import NO_RETRY, RetryPolicy
 from datarax.pipeline.state import Epochs, fingerprint
@@ -56,7 +58,7 @@ class LiveReaders:
 def compile_stages(pipeline: Pipeline) -> CompiledProgram:
     """The jitted batch programs over `pipeline`'s own stages, sampler and layout."""
     return CompiledProgram(pipeline.program, pipeline.sampler, len(pipeline.sampler), pipeline.batch_size,
-                           pipeline.placement)
+                           pipeline.placement, record_shapes(pipeline.source))
 
 
 class Pipeline(nnx.Module, Epochs):
@@ -89,6 +91,12 @@ class Pipeline(nnx.Module, Epochs):
             holds one batch of device memory. Batches dispatched ahead are dropped, and
             dispatched again, when a stage's variables change before they are returned, so every
             batch sees the current parameters. 0: dispatch each batch when it is asked for.
+        batches_per_dispatch: batches of a device-resident source computed by one dispatched
+            program (a scan over them), handed out one by one; the batches, keys and resume
+            points are those of one batch per program. None: 8 on a TPU (at most 64 MiB of
+            output per program), where a dispatch costs about as much as a small batch's work,
+            and 1 elsewhere (`datarax.batching.resolve_batches_per_dispatch`). Sharded
+            pipelines dispatch one batch at a time.
         program: a stage program (e.g. a DAG) to use instead of a linear chain of `stages`.
         sharding: lay each batch out over a device mesh as global `jax.Array`s (see
             `datarax.sharding.DataSharding`); `batch_size` is then the global batch size, each
@@ -107,7 +115,8 @@ class Pipeline(nnx.Module, Epochs):
     def __init__(self, source: DataSourceModule, stages: Sequence[OperatorModule] = (), batch_size: int = 32,
                  rngs: nnx.Rngs | None = None, *, sampler: Sampler | None = None, drop_remainder: bool = False,
                  prefetch: int = 2, program: nnx.Module | None = None, sharding: DataSharding | None = None,
-                 retry_policy: RetryPolicy | None = None, dispatch_ahead: int = DISPATCH_AHEAD):
+                 retry_policy: RetryPolicy | None = None, dispatch_ahead: int = DISPATCH_AHEAD,
+                 batches_per_dispatch: int | None = None):
         if not isinstance(source, (DataSourceModule, StreamSourceModule)):
             raise TypeError(f"source must be a DataSourceModule such as MemorySource, got {describe(source)} "
                             "(or a StreamSourceModule for a stream)")
@@ -120,6 +129,8 @@ class Pipeline(nnx.Module, Epochs):
         prefetch = check_int(prefetch, "prefetch", 1)
         check_int(dispatch_ahead, "dispatch_ahead", 0, high=MAX_DISPATCH_AHEAD,
                   why=" (batches kept dispatched on the device)", hint=f"; the default is {DISPATCH_AHEAD}")
+        check_int(batches_per_dispatch, "batches_per_dispatch", 1, high=MAX_CHUNK_BATCHES, allow_none=True,
+                  why=" (batches computed by one dispatched program)", hint="; None picks the backend's default")
         if sampler is not None and not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be a datarax Sampler, got {describe(sampler)}")
         if rngs is not None and not isinstance(rngs, nnx.Rngs):
@@ -141,6 +152,7 @@ class Pipeline(nnx.Module, Epochs):
             )
         self.prefetch = prefetch
         self.dispatch_ahead = int(dispatch_ahead)
+        self._requested_per_dispatch = batches_per_dispatch
         if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
             raise TypeError(f"retry_policy must be a datarax.pipeline.RetryPolicy or None, got {describe(retry_policy)}")
         # Not part of the fingerprint: retries change when a batch arrives, never what it holds.
@@ -159,6 +171,10 @@ class Pipeline(nnx.Module, Epochs):
         self.reader_times = StageTimes()
         self._readers = LiveReaders()  # the background readers `close` stops
         self._output_spec = self._compute_output_spec()
+        # Not part of the fingerprint either: it changes when a batch is computed, never what it holds.
+        batch_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(self._output_spec))
+        self.batches_per_dispatch = 1 if sharding is not None else resolve_batches_per_dispatch(
+            batches_per_dispatch, batch_bytes, jax.default_backend())
 
     def __deepcopy__(self, memo=None) -> Pipeline:
         # NNX copies an attribute that is no graph node (the compiled programs) apart from the
@@ -285,7 +301,7 @@ class Pipeline(nnx.Module, Epochs):
                              "built with sharding=...; build the pipeline without sharding to train its stages")
         return Pipeline(self.source, [ContextStage(ids_key, epoch_key)], self.batch_size, sampler=self.sampler,
                         drop_remainder=self.drop_remainder, prefetch=self.prefetch, retry_policy=self.retry_policy,
-                        dispatch_ahead=self.dispatch_ahead)
+                        dispatch_ahead=self.dispatch_ahead, batches_per_dispatch=self._requested_per_dispatch)
 
     def transform(self, batch: dict, *, record_ids: Any = None, epoch: Any = 0) -> dict:
         """Runs the stages (everything after the gather) on an already loaded batch.

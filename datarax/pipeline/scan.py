@@ -36,7 +36,7 @@ from flax import nnx
 from datarax.core.checks import check_bool, check_int
 from datarax.batching import padded_positions
 from datarax.core.operator import BatchContext, describe
-from datarax.core.source import gather_device
+from datarax.core.source import gather_device, record_shapes
 from datarax.pipeline.compiled import make_context, run_program
 from datarax.pipeline.iterator import PipelineIterator
 
@@ -120,13 +120,14 @@ class ScanRunner:
         self.raw = raw
         self._compiled: list[tuple[Any, _Functions]] = []
 
-    def _functions(self, graphdef) -> _Functions:
-        """The compiled functions for this module structure (built once)."""
+    def _functions(self, graphdef, shapes: dict[str, tuple[int, ...]]) -> _Functions:
+        """The compiled functions for this module structure and record shapes (built once)."""
+        key = (graphdef, tuple(sorted(shapes.items())))
         for known, functions in self._compiled:
-            if known == graphdef:
+            if known == key:
                 return functions
-        functions = _Functions(graphdef, self.train_step, self.raw)
-        self._compiled.append((graphdef, functions))
+        functions = _Functions(graphdef, self.train_step, self.raw, shapes)
+        self._compiled.append((key, functions))
         return functions
 
     def run(self, iterator: PipelineIterator, *modules: nnx.Pytree, num_steps: int | None = None) -> Any:
@@ -150,7 +151,7 @@ class ScanRunner:
         arrays = p.source.device_arrays()
         carried = (p.program, *modules)
         graphdef, state = nnx.split(carried)
-        fns = self._functions(graphdef)
+        fns = self._functions(graphdef, record_shapes(p.source))
         chunks = _chunks(list(itertools.islice(iterator.upcoming(), num_steps)), p.batch_size, self.steps_per_call)
         full = next((c for c in chunks if c[0][2] == p.batch_size), None)
         short = next((c for c in chunks if c[0][2] < p.batch_size), None)
@@ -188,10 +189,10 @@ class ScanRunner:
 class _Functions:
     """The traced step and its jitted forms for one module structure."""
 
-    def __init__(self, graphdef, train_step: Callable, raw: bool):
+    def __init__(self, graphdef, train_step: Callable, raw: bool, shapes: dict[str, tuple[int, ...]]):
         def step(state, arrays, idx, meta, num_valid=None):
             program, *modules = nnx.merge(graphdef, state)
-            data = gather_device(arrays, idx, mode="clip")
+            data = gather_device(arrays, idx, shapes, mode="clip")
             ctx = make_context(idx, meta[1], meta[2])
             if raw:
                 if num_valid is not None:

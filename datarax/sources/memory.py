@@ -12,6 +12,7 @@ from flax import nnx
 
 from datarax.core.checks import check_bool, check_int, check_int_range, field
 from datarax.core.construct import resolve_config
+from datarax.core.layout import to_storage
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 
@@ -97,7 +98,8 @@ class MemorySource(DataSourceModule):
         resident = config.device_resident
         if resident is None:
             resident = nbytes <= config.max_device_bytes
-        self._device = Handles(arrays={k: jax.device_put(v) for k, v in arrays.items()}) if resident else None
+        # Stored in the backend's fastest layout (lane-dense on a TPU; `datarax.core.layout`).
+        self._device = Handles(arrays={k: jax.device_put(to_storage(v)) for k, v in arrays.items()}) if resident else None
 
     def __len__(self) -> int:
         return self._length

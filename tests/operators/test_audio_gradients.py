@@ -18,13 +18,14 @@ from datarax.core.operator import BatchContext
 from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, FrequencyMaskConfig, FrequencyMaskOperator,
                                      GainConfig, GainOperator, LogMelConfig, LogMelOperator, PCENConfig, PCENOperator,
                                      TimeMaskConfig, TimeMaskOperator, TimeShiftConfig, TimeShiftOperator)
+from on_cpu import float64_on_cpu
 
 STEP = 1e-5
 
 
 @pytest.fixture
 def x64():
-    with jax.enable_x64(True):
+    with float64_on_cpu():
         yield
 
 

@@ -11,6 +11,7 @@ import pytest
 import scipy.signal
 
 from datarax.operators.audio.functional import spectral
+from on_cpu import float64_on_cpu
 
 librosa = pytest.importorskip("librosa")
 
@@ -49,7 +50,7 @@ def test_stft_magnitude_matches_librosa(kw):
 
 
 def test_complex_stft_matches_librosa_in_float64():
-    with jax.enable_x64(True):
+    with float64_on_cpu():
         x = signal(2000, np.float64)
         expected = librosa.stft(x, n_fft=256, hop_length=64)
         got = np.asarray(_stft(jnp.asarray(x), n_fft=256, hop_length=64))

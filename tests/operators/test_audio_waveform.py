@@ -20,6 +20,7 @@ from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, CropPadCo
                                      GainOperator, ResampleConfig, ResampleOperator, TimeShiftConfig,
                                      TimeShiftOperator)
 from datarax.operators.audio.functional import resample, waveform
+from on_cpu import float64_on_cpu
 
 
 _gain = jax.jit(waveform.apply_gain)
@@ -108,7 +109,7 @@ def test_resample_matches_scipy_resample_poly(orig, target):
 
 
 def test_resample_float64_and_batched_match_scipy():
-    with jax.enable_x64(True):
+    with float64_on_cpu():
         x = np.random.default_rng(0).standard_normal((3, 800))
         got = np.asarray(jax.jit(jax.vmap(lambda w: resample.resample(w, 16000, 22050)))(jnp.asarray(x)))
     np.testing.assert_allclose(got, scipy.signal.resample_poly(x, 441, 320, axis=-1), atol=1e-12)

@@ -1,7 +1,8 @@
 """Geometry operators against numpy (flips, crops), PIL (resize, resized crop) and scikit-image
 (rotation, affine, translate) on fixed inputs.
 
-Tolerances: numpy references are exact (atol 0). PIL is run in float mode ("F") per channel and
+Flips, crops and translation run in both formulations (`formulation` fixture: per record, and the
+batch formulation a TPU runs). Tolerances: numpy references are exact (atol 0). PIL is run in float mode ("F") per channel and
 scikit-image in float64, so both allow 1e-5 (our float32 arithmetic).
 """
 
@@ -35,7 +36,7 @@ def pil_resize(channel, size, box=None):
 
 @pytest.mark.parametrize("op_class,config_class,np_flip", [(HorizontalFlipOperator, HorizontalFlipConfig, np.fliplr),
                                                            (VerticalFlipOperator, VerticalFlipConfig, np.flipud)])
-def test_flips_match_numpy(op_class, config_class, np_flip):
+def test_flips_match_numpy(op_class, config_class, np_flip, formulation):
     x = images(1, (16, 5, 6, 3))
     out, params = run(op_class(config_class(p=0.5), rngs=nnx.Rngs(0)), x)
     chosen = np.asarray(params["apply"])
@@ -46,9 +47,10 @@ def test_flips_match_numpy(op_class, config_class, np_flip):
     np.testing.assert_array_equal(fixed.apply(jnp.asarray(x[0]), fixed.draw(None, x.shape[1:])), np_flip(x[0]))
 
 
-# "edge" and "symmetric" reach jnp.pad the same way as "reflect"; two modes keep compile time down.
+# "edge" and "symmetric" reach jnp.pad the same way as "reflect"; two modes keep compile time down
+# (the batch formulation's index maps are swept over every mode in test_image_batched.py).
 @pytest.mark.parametrize("pad_mode", ["constant", "reflect"])
-def test_random_crop_matches_numpy_pad_and_slice(pad_mode):
+def test_random_crop_matches_numpy_pad_and_slice(pad_mode, formulation):
     x = images(2)
     config = RandomCropConfig(size=(7, 10), padding=3, pad_mode=pad_mode, fill=0.5)
     out, params = run(RandomCropOperator(config, rngs=nnx.Rngs(3)), x)
@@ -59,7 +61,7 @@ def test_random_crop_matches_numpy_pad_and_slice(pad_mode):
         np.testing.assert_array_equal(out[i], padded[top:top + 7, left:left + 10])
 
 
-def test_random_crop_offsets_cover_the_range_and_centre_crop_when_fixed():
+def test_random_crop_offsets_cover_the_range_and_centre_crop_when_fixed(formulation):
     x = images(3, (64, 6, 6, 1))
     _, params = run(RandomCropOperator(RandomCropConfig(size=4, padding=1), rngs=nnx.Rngs(0)), x)
     assert set(np.asarray(params["top"]).tolist()) == {0, 1, 2, 3, 4}  # 6 + 2 * 1 - 4 + 1 offsets
@@ -132,7 +134,7 @@ def test_affine_matches_skimage_warp():
         np.testing.assert_allclose(out[i], ref, atol=ATOL)
 
 
-def test_translate_matches_skimage_and_integer_shift_matches_numpy():
+def test_translate_matches_skimage_and_integer_shift_matches_numpy(formulation):
     x = images(8)
     out, params = run(TranslateOperator(TranslateConfig(translate=0.3), rngs=nnx.Rngs(5)), x)
     for i in range(BATCH):

@@ -22,6 +22,7 @@ from datarax.operators.image import (AffineConfig, AffineOperator, BrightnessCon
                                      RandomResizedCropOperator, RotationConfig, RotationOperator, SaturationConfig,
                                      SaturationOperator, SolarizeConfig, SolarizeOperator, TranslateConfig,
                                      TranslateOperator)
+from on_cpu import float64_on_cpu
 
 SHAPE = (2, 5, 6, 3)
 CASES = [
@@ -51,7 +52,7 @@ def loss_and_grad(op, images, weights, ctx):
 
 @pytest.mark.parametrize("op_class,config", CASES, ids=[c[0].__name__ for c in CASES])
 def test_magnitude_gradients_match_finite_differences(op_class, config):
-    with jax.enable_x64(True):
+    with float64_on_cpu():
         rng = np.random.default_rng(0)
         images = jnp.asarray(rng.uniform(0.05, 0.95, SHAPE))
         op = op_class(config, rngs=nnx.Rngs(1))

@@ -22,6 +22,7 @@ from datarax.operators.image.functional.beta import UNIFORMS_PER_BETA, symmetric
 from datarax.operators.image.functional.mix import partners
 from datarax.operators.image.mix import draw_parameters
 from datarax.operators.learnable import bounded
+from on_cpu import float64_on_cpu
 
 NUM_CLASSES = 5
 
@@ -86,7 +87,7 @@ def test_mixup_matches_numpy_keeps_padding_and_draws_beta_weights():
 
 
 def test_symmetric_beta_matches_scipy_distribution():
-    with jax.enable_x64(True):
+    with float64_on_cpu():
         draw = jax.jit(jax.vmap(lambda u, a: symmetric_beta(u, a)["lam"], in_axes=(0, None)))
         for seed, alpha in enumerate((0.2, 1.0, 3.0)):
             unit = jax.random.uniform(jax.random.key(seed), (20000, UNIFORMS_PER_BETA), jnp.float64)
@@ -126,7 +127,7 @@ def test_cutmix_matches_numpy_box_and_area_weighted_labels():
 
 @pytest.mark.parametrize("op_class,config_class", [(MixUpOperator, MixUpConfig), (CutMixOperator, CutMixConfig)])
 def test_alpha_gradient_matches_finite_differences_of_the_reparameterised_draws(op_class, config_class):
-    with jax.enable_x64(True):
+    with float64_on_cpu():
         rng = np.random.default_rng(4)
         images = rng.random((2, 4, 5, 1))
         labels = np.array([0, 1], np.int32)

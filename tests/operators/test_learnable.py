@@ -11,6 +11,7 @@ from flax import nnx
 
 from datarax.operators.learnable import (Magnitude, bounded, check_learnable_field, inverse_bounded,
                                          learnable_names, magnitudes, signed_uniform, uniform)
+from on_cpu import float64_on_cpu
 
 RANGES = [(0.2, 0.0, 1.0), (15.0, 0.0, 180.0), (-0.3, -1.0, 1.0), (1e-3, 0.0, 4.0)]
 
@@ -47,7 +48,7 @@ def test_gradient_matches_sigmoid_derivative():
 
 
 def test_x64_magnitude_is_float64():
-    with jax.enable_x64(True):
+    with float64_on_cpu():
         m = Magnitude(0.25, high=1.0, learnable=True)
         assert m.raw[...].dtype == jnp.float64
         np.testing.assert_allclose(float(m()), 0.25, rtol=1e-14)

@@ -15,6 +15,7 @@ from datarax.operators.strategies import (
     SelectorOperatorConfig, SequentialOperator, WeightedParallelOperator, WeightedParallelOperatorConfig)
 from datarax.sources import MemorySource
 from datarax.typing import Element
+from on_cpu import float64_on_cpu
 
 B = 6
 X = np.arange(B * 2, dtype=np.float32).reshape(B, 2) - 5
@@ -105,7 +106,7 @@ def central_difference(f, x, eps=1e-6):
 
 
 def test_weighted_parallel_learnable_weight_gradient_matches_finite_differences():
-    with jax.enable_x64(True):
+    with float64_on_cpu():
         x = Element({"x": jnp.asarray(X, jnp.float64) / 7})
         op = WeightedParallelOperator(WeightedParallelOperatorConfig(weights=(1.0, 3.0), learnable=True),
                                       operators=[Gain(0.9), affine(-1.5, 0.25)])
@@ -162,7 +163,7 @@ def test_stochastic_router_draws_by_record_identity():
 
 
 def test_gradient_of_param_inside_branch_matches_finite_differences():
-    with jax.enable_x64(True):
+    with float64_on_cpu():
         x = Element({"x": jnp.asarray(X, jnp.float64) / 5, "label": jnp.asarray(LABEL)})
         op = BranchOperator(router=lambda el: el.data["label"] % 2, branches=[affine(3.0), Gain(1.3)])
 

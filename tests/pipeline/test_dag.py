@@ -15,6 +15,7 @@ from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.pipeline.dag import DagProgram
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.typing import Element
+from on_cpu import float64_on_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 N, B = 20, 8
@@ -189,7 +190,7 @@ class Scaled(nnx.Module):
 
 
 def test_gradient_of_param_inside_a_dag_branch_matches_finite_differences():
-    with jax.enable_x64(True):
+    with float64_on_cpu():
         x = jnp.asarray(np.linspace(-1, 1, 6).reshape(3, 2))
         pipeline = Pipeline.from_dag(source=MemorySource(data={"x": np.asarray(x)}),
                                      nodes={"s": Scaled(0.7), "c": scale(2.0), "m": Sum()},

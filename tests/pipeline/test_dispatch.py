@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from datarax import Pipeline
-from datarax.batching import chunk_schedule
+from datarax.batching import chunk_schedule, resolve_batches_per_dispatch
 from datarax.core.operator import OperatorConfig, OperatorModule
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
@@ -261,3 +261,93 @@ def test_warps_are_separated_by_a_branch_on_the_cpu_only(monkeypatch):
     monkeypatch.setattr(fusion.jax, "default_backend", lambda: "gpu")
     names = {e.primitive.name for e in primitives(per_batch_jaxpr(rotated()))}
     assert not names & {"while", "cond"}, sorted(names)
+
+
+def assert_same_batches(got: list[dict], want: list[dict]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert sorted(g) == sorted(w)
+        for k in w:
+            np.testing.assert_array_equal(np.asarray(g[k]), np.asarray(w[k]))
+
+
+# (records, batch size, drop_remainder, records sampled per chunk): short final batches, chunks that a
+# group of batches does not divide, one chunk per epoch.
+PER_DISPATCH_CASES = [(50, 8, False, 24), (50, 8, True, 24), (64, 16, False, 65_536), (37, 5, False, 35),
+                      (9, 4, False, 65_536)]
+
+
+@pytest.mark.parametrize("per_dispatch", [2, 3, 8])
+@pytest.mark.parametrize("n, batch_size, drop, chunk_ids", PER_DISPATCH_CASES)
+def test_several_batches_per_dispatch_give_the_batches_and_states_of_one(monkeypatch, per_dispatch, n, batch_size,
+                                                                        drop, chunk_ids):
+    monkeypatch.setattr(compiled_module, "CHUNK_IDS", chunk_ids)
+    one = build(n, batch_size, drop_remainder=drop, batches_per_dispatch=1).epochs(3)
+    many = build(n, batch_size, drop_remainder=drop, batches_per_dispatch=per_dispatch).epochs(3)
+    want, states = [], []
+    for batch in one:
+        want.append(batch)
+        states.append(one.get_state())
+    got = []
+    for batch, state in zip(many, states):
+        got.append(batch)
+        assert many.get_state() == state
+    assert_same_batches(got, want)
+    with pytest.raises(StopIteration):
+        next(many)
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 5])
+@pytest.mark.parametrize("stop", [1, 4, 7])
+def test_resume_and_seek_inside_a_group_of_batches_continue_exactly(monkeypatch, ahead, stop):
+    monkeypatch.setattr(compiled_module, "CHUNK_IDS", 48)  # chunks of 6 batches of 8, groups of 4
+    reference = list(build(50, 8, batches_per_dispatch=1).epochs(3))
+    it = build(50, 8, batches_per_dispatch=4, dispatch_ahead=ahead).epochs(3)
+    for _ in range(stop):
+        next(it)
+    resumed = build(50, 8, batches_per_dispatch=4, dispatch_ahead=ahead).epochs(3)
+    resumed.set_state(it.get_state())
+    assert_same_batches(list(resumed), reference[stop:])
+    it.seek(1, 13)
+    seeked = build(50, 8, batches_per_dispatch=1).epochs(3)
+    seeked.seek(1, 13)
+    assert_same_batches(list(it), list(seeked))
+
+
+def test_a_group_dispatched_ahead_sees_a_parameter_changed_before_it_is_returned():
+    source = MemorySource(MemorySourceConfig(shuffle=True), data=make_data(64))
+    stage = Scale()
+    it = iter(Pipeline(source, [stage], batch_size=8, batches_per_dispatch=4))
+    x = make_data(64)["x"]
+    first = next(it)  # batches 0-3 were computed in one program, batch 4-7 in the next
+    np.testing.assert_array_equal(np.asarray(first["x"]), x[np.asarray(first["id"])])
+    stage.scale[...] = jnp.float32(3.0)
+    count = 1
+    for batch in it:
+        np.testing.assert_array_equal(np.asarray(batch["x"]), 3.0 * x[np.asarray(batch["id"])])
+        count += 1
+    assert count == 8
+
+
+def test_one_program_computes_each_group(monkeypatch):
+    pipeline = build(64, 8, stochastic=False, batches_per_dispatch=4, dispatch_ahead=0)
+    calls = []
+    real_many, real_one = pipeline.compiled.expand_gather_and_run_many, pipeline.compiled.expand_gather_and_run
+    monkeypatch.setattr(pipeline.compiled, "expand_gather_and_run_many",
+                        lambda *a: calls.append(len(a[3])) or real_many(*a))
+    monkeypatch.setattr(pipeline.compiled, "expand_gather_and_run", lambda *a: calls.append(1) or real_one(*a))
+    assert len(list(pipeline)) == 8
+    assert calls == [4, 4]
+
+
+@pytest.mark.parametrize("requested, batch_bytes, backend, expected", [
+    (None, 1000, "cpu", 1), (None, 1000, "gpu", 1), (None, 1000, "tpu", 8), (None, 20 * 2**20, "tpu", 3),
+    (None, 2**30, "tpu", 1), (5, 1000, "cpu", 5), (2, 2**30, "tpu", 2)])
+def test_batches_per_dispatch_defaults_by_backend(requested, batch_bytes, backend, expected):
+    assert resolve_batches_per_dispatch(requested, batch_bytes, backend) == expected
+
+
+@pytest.mark.parametrize("bad", [0, 65, 1.5, "2"])
+def test_batches_per_dispatch_is_checked(bad):
+    with pytest.raises(ValueError, match=r"batches_per_dispatch must be an int in \[1, 64\].*got"):
+        build(batches_per_dispatch=bad)

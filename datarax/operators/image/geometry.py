@@ -22,7 +22,7 @@ from datarax.core.checks import (check_choice, check_int, check_number, check_ra
 from datarax.operators.field import check_magnitudes
 from datarax.operators.image.base import (ImageOperator, ImageOperatorConfig, check_fill, coin, signed, signed_or_fixed,
                                           uniforms)
-from datarax.operators.image.functional import geometry
+from datarax.operators.image.functional import batched, geometry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +62,9 @@ class HorizontalFlipOperator(ImageOperator):
     def apply(self, image, params):
         return jnp.where(params["apply"], geometry.hflip(image), image)
 
+    def apply_many(self, images, params):
+        return batched.flip(images, params["apply"], axis=2)
+
 
 class VerticalFlipOperator(ImageOperator):
     """Mirrors top-bottom with probability `p`."""
@@ -73,6 +76,9 @@ class VerticalFlipOperator(ImageOperator):
 
     def apply(self, image, params):
         return jnp.where(params["apply"], geometry.vflip(image), image)
+
+    def apply_many(self, images, params):
+        return batched.flip(images, params["apply"], axis=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +126,10 @@ class RandomCropOperator(ImageOperator):
     def apply(self, image, params):
         padded = geometry.pad(image, self.config.padding, self.config.pad_mode, self.config.fill)
         return geometry.crop(padded, params["top"], params["left"], *self.config.size)
+
+    def apply_many(self, images, params):
+        return batched.crop(images, params["top"], params["left"], *self.config.size, padding=self.config.padding,
+                            mode=self.config.pad_mode, fill=self.config.fill)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,3 +332,6 @@ class TranslateOperator(ImageOperator):
 
     def apply(self, image, params):
         return geometry.translate(image, params["dx"], params["dy"], self.config.fill)
+
+    def apply_many(self, images, params):
+        return batched.translate(images, params["dx"], params["dy"], self.config.fill)

@@ -105,7 +105,7 @@ def mel_spectrogram(x: jax.Array, sample_rate: float, n_fft: int = 512, hop_leng
     """
     spectrum = stft_magnitude(x, n_fft, hop_length, center=center, pad_mode=pad_mode, power=power)
     fb = mel_filterbank(sample_rate, n_fft, n_mels, fmin, fmax, htk, norm).astype(np.dtype(spectrum.dtype))
-    return jnp.einsum("mf,...ft->...mt", fb, spectrum)
+    return jnp.einsum("mf,...ft->...mt", fb, spectrum, precision=jax.lax.Precision.HIGHEST)
 
 
 def power_to_db(power: jax.Array, ref: float | str = 1.0, amin: float = 1e-10,
@@ -166,4 +166,5 @@ def mfcc(x: jax.Array, sample_rate: float, n_mfcc: int = 20, n_fft: int = 512, h
     basis = dct_matrix(n_mfcc, n_mels)
     if lifter > 0:
         basis = basis * (1.0 + (lifter / 2.0) * np.sin(np.pi * np.arange(1, n_mfcc + 1) / lifter))[:, None]
-    return jnp.einsum("km,...mt->...kt", basis.astype(np.dtype(log_mel.dtype)), log_mel)
+    return jnp.einsum("km,...mt->...kt", basis.astype(np.dtype(log_mel.dtype)), log_mel,
+                      precision=jax.lax.Precision.HIGHEST)

@@ -20,7 +20,8 @@ def _clip(image: jax.Array) -> jax.Array:
 
 def rgb_to_grayscale(image: jax.Array) -> jax.Array:
     """Luma of an RGB image (H, W, 3) -> (H, W, 1)."""
-    return jnp.tensordot(image, jnp.asarray(LUMA_WEIGHTS, image.dtype), axes=([-1], [0]))[..., None]
+    return jnp.tensordot(image, jnp.asarray(LUMA_WEIGHTS, image.dtype), axes=([-1], [0]),
+                         precision=jax.lax.Precision.HIGHEST)[..., None]
 
 
 def blend(image: jax.Array, degenerate: jax.Array, factor: jax.Array | float) -> jax.Array:

@@ -49,7 +49,7 @@ def _filter_axis(image: jax.Array, kernel: jax.Array, axis: int) -> jax.Array:
     padded = jnp.pad(image, widths, mode="symmetric")
     size = image.shape[axis]
     taps = [jax.lax.slice_in_dim(padded, k, k + size, axis=axis) for k in range(kernel.shape[0])]
-    return jnp.tensordot(kernel, jnp.stack(taps), axes=1)
+    return jnp.tensordot(kernel, jnp.stack(taps), axes=1, precision=jax.lax.Precision.HIGHEST)
 
 
 def gaussian_blur(image: jax.Array, sigma: jax.Array | float, radius: int) -> jax.Array:

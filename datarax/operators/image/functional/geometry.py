@@ -65,7 +65,7 @@ def resized_crop(image: jax.Array, box: jax.Array, height: int, width: int, anti
     box = jnp.asarray(box, jnp.result_type(image.dtype, float))
     rows = resample_weights(height, image.shape[0], height / box[2], box[0], antialias).astype(image.dtype)
     cols = resample_weights(width, image.shape[1], width / box[3], box[1], antialias).astype(image.dtype)
-    return jnp.einsum("ah,hwc,bw->abc", rows, image, cols)
+    return jnp.einsum("ah,hwc,bw->abc", rows, image, cols, precision=jax.lax.Precision.HIGHEST)
 
 
 def resize(image: jax.Array, height: int, width: int, antialias: bool = True) -> jax.Array:
@@ -93,7 +93,7 @@ def affine_matrix(angle: jax.Array | float, center: tuple[float, float], *, scal
     inv = jnp.stack([jnp.stack([d, -b]), jnp.stack([-c, a])]) / det
     cx, cy = center
     shifted = jnp.stack([cx + translate[0], cy + translate[1]])
-    offset = jnp.stack([jnp.asarray(cx, inv.dtype), jnp.asarray(cy, inv.dtype)]) - inv @ shifted
+    offset = jnp.stack([jnp.asarray(cx, inv.dtype), jnp.asarray(cy, inv.dtype)]) - jnp.matmul(inv, shifted, precision=jax.lax.Precision.HIGHEST)
     return jnp.concatenate([inv, offset[:, None]], axis=1)
 
 

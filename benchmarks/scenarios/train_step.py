@@ -1,0 +1,148 @@
+"""`train_step`: what the input pipeline adds to a small ResNet's training step.
+
+A ResNet (CIFAR layout: a 3x3 stem, four stages of two basic blocks, global pooling) trains with
+SGD + momentum on 32x32x3 uint8 records, shuffled, augmented as in `cifar` (reflect-pad 4 random
+crop, flip, normalise), batch 256. Sides, timed in alternating epochs:
+
+* `step alone`: the same jitted step on one batch already on the device (no input pipeline):
+  the model's own rate, the ceiling of every other side;
+* `datarax`: the `cifar_builtin` pipeline (device-resident data, built-in operators) feeding the step;
+* on an accelerator, host-side peers feeding the step as their users do (a NumPy loader on every
+  host core, Grain at its default and with a worker per core, tf.data when installed), each batch
+  `device_put` before the step.
+
+`pipeline_share_pct` is `100 * (1 - datarax / step alone)`: the share of the training time the
+pipeline costs. On the CPU the model is narrower (widths 8-64) and the epoch shorter, so the
+scenario stays quick where it only checks that it runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from benchmarks.peers.common import PeerOptions
+from benchmarks.peers.runner import holds_accelerator, installed, processes_off_the_chip, workload
+from benchmarks.registry import BenchOptions
+from benchmarks.scenarios.cifar import BATCH, HOST_PEERS, build_builtin_pipeline, make_data
+
+RECORDS = {"cpu": 2_048}
+DEFAULT_RECORDS = 50_000
+WIDTHS = {"cpu": (8, 16, 32, 64)}
+DEFAULT_WIDTHS = (64, 128, 256, 512)  # ResNet-18's
+
+
+class Block(nnx.Module):
+    def __init__(self, cin: int, cout: int, stride: int, rngs: nnx.Rngs):
+        self.conv1 = nnx.Conv(cin, cout, (3, 3), strides=stride, use_bias=False, rngs=rngs)
+        self.bn1 = nnx.BatchNorm(cout, rngs=rngs)
+        self.conv2 = nnx.Conv(cout, cout, (3, 3), use_bias=False, rngs=rngs)
+        self.bn2 = nnx.BatchNorm(cout, rngs=rngs)
+        self.skip = (nnx.Conv(cin, cout, (1, 1), strides=stride, use_bias=False, rngs=rngs)
+                     if stride != 1 or cin != cout else None)
+
+    def __call__(self, x):
+        y = nnx.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return nnx.relu(y + (x if self.skip is None else self.skip(x)))
+
+
+class ResNet(nnx.Module):
+    """ResNet-18's layout for 32x32 inputs (two basic blocks per stage)."""
+
+    def __init__(self, widths: tuple[int, ...], num_classes: int = 10, *, rngs: nnx.Rngs):
+        self.stem = nnx.Conv(3, widths[0], (3, 3), use_bias=False, rngs=rngs)
+        self.bn = nnx.BatchNorm(widths[0], rngs=rngs)
+        blocks, cin = [], widths[0]
+        for i, width in enumerate(widths):
+            blocks += [Block(cin, width, 1 if i == 0 else 2, rngs), Block(width, width, 1, rngs)]
+            cin = width
+        self.blocks = nnx.List(blocks)
+        self.head = nnx.Linear(cin, num_classes, rngs=rngs)
+
+    def __call__(self, x):
+        x = nnx.relu(self.bn(self.stem(x)))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x.mean(axis=(1, 2)))
+
+
+def make_step(model: ResNet, tx: optax.GradientTransformation):
+    """A jitted, buffer-donating `step(state, batch) -> (state, loss)` over the split model."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss_fn(params, rest, batch):
+        model = nnx.merge(graphdef, params, rest, copy=True)
+        logits = model(batch["image"])
+        labels = jax.nn.one_hot(batch["label"], logits.shape[-1])
+        loss = optax.softmax_cross_entropy(logits, labels).mean()
+        return loss, nnx.split(model, nnx.Param, ...)[2]  # the batch statistics it updated
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def step(state, batch):
+        params, rest, opt_state = state
+        (loss, rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), rest, opt_state), loss
+
+    return step, (params, rest, tx.init(params))
+
+
+def timed_epochs(sides: dict, step, state, steps: int, repeats: int) -> tuple[dict, object]:
+    """Records per second of `steps` training steps per side (each side a callable giving an
+    iterator of device batches), sides alternating, after one untimed warm-up epoch each."""
+    runs = {name: [] for name in sides}
+    for round_ in range(repeats + 1):
+        for name, batches in sides.items():
+            start = time.perf_counter()
+            loss = None
+            for _, batch in zip(range(steps), batches()):
+                state, loss = step(state, batch)
+            jax.block_until_ready(loss)
+            if round_:
+                runs[name].append(steps * BATCH / (time.perf_counter() - start))
+    return {name: statistics.median(r) for name, r in runs.items()}, runs
+
+
+def run(options: BenchOptions) -> list[dict]:
+    backend = jax.default_backend()
+    data = make_data(options.records(RECORDS.get(backend, DEFAULT_RECORDS)))
+    steps = len(data["label"]) // BATCH
+    widths = WIDTHS.get(backend, DEFAULT_WIDTHS)
+    model = ResNet(widths, rngs=nnx.Rngs(0))
+    step, state = make_step(model, optax.sgd(0.05, momentum=0.9))
+    pipeline = build_builtin_pipeline(data)
+    fixed = jax.device_put(next(iter(pipeline)))
+    iterator = pipeline.epochs(None)
+    sides = {"step alone": lambda: iter(lambda: fixed, None), "datarax": lambda: iterator}
+    labels = {}
+    if holds_accelerator():
+        for peer, label, workers in HOST_PEERS:
+            fn = workload(peer, "cifar")
+            if fn is None or not installed(peer):
+                continue
+            with processes_off_the_chip():
+                loader = fn(data, PeerOptions(BATCH, options.repeats, workers=workers))
+            sides[label] = lambda loader=loader: (jax.device_put(b) for b in loader.epoch())
+            labels[label] = loader.settings
+    with processes_off_the_chip():
+        rates, runs = timed_epochs(sides, step, state, steps, options.repeats)
+    alone = rates["step alone"]
+    rows = [{"scenario": "train_step", "framework": name, "el_s": round(rate, 1),
+             "ratio_to_datarax": round(rate / rates["datarax"], 3), "ratio_to_floor": round(rate / alone, 3),
+             "el_s_runs": [round(r, 1) for r in runs[name]],
+             "pipeline_share_pct": round(100 * (1 - rate / alone), 2),
+             "settings": (f"ResNet widths {widths}, batch {BATCH}, {steps} steps an epoch; "
+                          + ("the step on one device batch" if name == "step alone" else
+                             f"adds {100 * (1 - rate / alone):.1f}% to the step"
+                             + (f"; {labels[name]}; host -> device_put" if name in labels else "")))}
+            for name, rate in rates.items()]
+    iterator.close()
+    return rows

@@ -1,0 +1,135 @@
+"""Batch formulations of the geometry maths, for accelerators: selection and interpolation matrices.
+
+On a TPU a per-record crop or shift under `vmap` (`dynamic_slice`, gathers) lowers to a slow
+gather, and a trailing `(W, 3)` axis fills 3 of every 128 lanes. Written instead as two batched
+matrix products over the lane-dense view `(B, H, W * C)`, a crop, pad, flip or sub-pixel shift
+runs on the matrix unit: on a TPU v5e, reflect-pad-4 random crop + flip + normalise of 256 CIFAR
+images went from 23,554 records/s (per-record `dynamic_slice`) to 516,943 (docs/tpu.md).
+
+Every function takes a batch `(B, H, W, C)` and per-record parameters with a leading `B`:
+
+    out[b] = rows[b] @ image[b] @ cols[b].T        (per channel)
+
+with `rows` `(B, H_out, H)` and `cols` `(B, W_out, W)` holding one-hot rows (crops, pads, flips:
+the output is the input exactly, a product by 1 summed with zeros) or bilinear tap weights
+(sub-pixel shifts: the same taps and weights as `geometry.sample_bilinear`, so results agree to
+float rounding). Products run at `precision_for(dtype)`: float32 at `HIGHEST`, since a TPU's
+default precision rounds the image to bfloat16 (3 digits) inside the product; bfloat16 at the
+default, which is exact for it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from datarax.operators.image.functional.geometry import PAD_MODES
+
+
+def precision_for(dtype) -> jax.lax.Precision:
+    """The matrix precision that keeps a selection of `dtype` values exact."""
+    return jax.lax.Precision.DEFAULT if jnp.dtype(dtype) == jnp.bfloat16 else jax.lax.Precision.HIGHEST
+
+
+def pad_index(positions: jax.Array, size: int, mode: str) -> jax.Array:
+    """The source index that position `p` of an axis of `size`, padded as `numpy.pad(mode=...)`,
+    reads (`p` counted from the unpadded start, so `p < 0` is in the padding); -1 for a constant pad.
+
+    Reflect and symmetric padding repeat with periods `2 (size - 1)` and `2 size`, as numpy's
+    do for pads wider than the axis.
+    """
+    if mode not in PAD_MODES:
+        raise ValueError(f"mode must be one of {PAD_MODES}, got {mode!r}")
+    if mode == "constant":
+        return jnp.where((positions >= 0) & (positions < size), positions, -1)
+    if mode == "edge" or size == 1:
+        return jnp.clip(positions, 0, size - 1)
+    if mode == "reflect":
+        period = 2 * (size - 1)
+        folded = jnp.mod(positions, period)
+        return jnp.where(folded < size, folded, period - folded)
+    period = 2 * size
+    folded = jnp.mod(positions, period)
+    return jnp.where(folded < size, folded, period - 1 - folded)
+
+
+def one_hot_rows(index: jax.Array, size: int, dtype) -> jax.Array:
+    """`(..., size)` rows selecting `index` (an all-zero row where `index` is -1)."""
+    return (index[..., None] == jnp.arange(size)).astype(dtype)
+
+
+def tap_weights(positions: jax.Array, size: int, dtype) -> jax.Array:
+    """`(..., size)` bilinear weights of float `positions` on the taps `0 .. size - 1`; taps outside
+    the axis are left out (their weight is what a fill value gets).
+
+    Written as `geometry.sample_bilinear` weighs its two taps (`floor(p)` gets `1 - frac`, the next
+    `frac`), so the gradient at a whole-pixel position is the same one-sided slope.
+    """
+    low = jnp.floor(positions)
+    frac = (positions - low)[..., None]
+    taps = jnp.arange(size, dtype=positions.dtype)
+    below = taps == low[..., None]
+    above = taps == (low + 1)[..., None]
+    return (jnp.where(below, 1 - frac, 0.0) + jnp.where(above, frac, 0.0)).astype(dtype)
+
+
+def separable(images: jax.Array, rows: jax.Array, cols: jax.Array) -> jax.Array:
+    """`rows[b] @ images[b] @ cols[b].T` for every channel, as two products on `(B, H, W * C)`."""
+    batch, height, width, channels = images.shape
+    out_h, out_w = rows.shape[1], cols.shape[1]
+    precision = precision_for(images.dtype)
+    lanes = images.reshape(batch, height, width * channels)
+    picked = jnp.einsum("bij,bjk->bik", rows.astype(images.dtype), lanes, precision=precision)
+    # The column matrix for the interleaved channels: cols[b].T repeated on each channel's lanes.
+    per_lane = jnp.einsum("blk,cd->bkcld", cols.astype(images.dtype), jnp.eye(channels, dtype=images.dtype),
+                          precision=precision)
+    per_lane = per_lane.reshape(batch, width * channels, out_w * channels)
+    out = jnp.einsum("bik,bkm->bim", picked, per_lane, precision=precision)
+    return out.reshape(batch, out_h, out_w, channels)
+
+
+def crop(images: jax.Array, top: jax.Array, left: jax.Array, height: int, width: int, padding: int = 0,
+         mode: str = "constant", fill: float = 0.0) -> jax.Array:
+    """Pads every image by `padding` (as `geometry.pad`) and takes the `height` x `width` window at
+    each record's (`top`, `left`) of the padded image; equals `geometry.crop(geometry.pad(...))`."""
+    rows = pad_index(top[:, None] + jnp.arange(height) - padding, images.shape[1], mode)
+    cols = pad_index(left[:, None] + jnp.arange(width) - padding, images.shape[2], mode)
+    out = separable(images, one_hot_rows(rows, images.shape[1], images.dtype),
+                    one_hot_rows(cols, images.shape[2], images.dtype))
+    if mode != "constant" or padding == 0:
+        return out
+    inside = (rows >= 0)[:, :, None] & (cols >= 0)[:, None, :]
+    return jnp.where(inside[..., None], out, jnp.asarray(fill, images.dtype))
+
+
+def flip(images: jax.Array, flags: jax.Array, axis: int) -> jax.Array:
+    """Mirrors the records whose `flags` are set along `axis` (1: top-bottom, 2: left-right), with
+    one reversal matrix shared by the batch."""
+    batch, height, width, channels = images.shape
+    precision = precision_for(images.dtype)
+    if axis == 1:
+        reverse = jnp.eye(height, dtype=images.dtype)[::-1]
+        flipped = jnp.einsum("ij,bjk->bik", reverse, images.reshape(batch, height, width * channels),
+                             precision=precision)
+    else:
+        reverse = jnp.kron(jnp.eye(width, dtype=images.dtype)[::-1], jnp.eye(channels, dtype=images.dtype))
+        flipped = jnp.einsum("bik,km->bim", images.reshape(batch, height, width * channels), reverse,
+                             precision=precision)
+    return jnp.where(flags[:, None, None, None], flipped.reshape(images.shape), images)
+
+
+def translate(images: jax.Array, dx: jax.Array, dy: jax.Array, fill: float = 0.0) -> jax.Array:
+    """Shifts content right by `dx` and down by `dy` pixels (fractions interpolate bilinearly;
+    outside taps read `fill`), as `geometry.translate` does per record.
+
+    A shift is separable: output pixel (i, j) samples the source at (i - dy, j - dx), and its taps
+    lie inside the image exactly when their row and their column do, so the weight left to `fill`
+    is `1 - (row weight inside) * (column weight inside)`.
+    """
+    height, width = images.shape[1:3]
+    dtype = jnp.result_type(images.dtype, dx.dtype, float)
+    rows = tap_weights(jnp.arange(height, dtype=dtype)[None] - dy[:, None].astype(dtype), height, images.dtype)
+    cols = tap_weights(jnp.arange(width, dtype=dtype)[None] - dx[:, None].astype(dtype), width, images.dtype)
+    out = separable(images, rows, cols)
+    kept = rows.sum(-1)[:, :, None] * cols.sum(-1)[:, None, :]
+    return out + (jnp.asarray(fill, images.dtype) * (1 - kept))[..., None]

@@ -1,0 +1,135 @@
+"""The batch formulations a TPU runs (`functional/batched.py`) against numpy and the per-record maths.
+
+Index maps are swept against `numpy.pad` for every mode, axis size and pad width (wider than the
+axis included); crops and flips must equal the per-record maths exactly (one-hot products) in
+float32 and bfloat16; shifts agree to float rounding, and so do the gradients through them. A
+pipeline run with the batch formulations gives the per-record batches, and its program holds no
+gather beyond the source's.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from datarax import Pipeline
+from datarax.core.element import Element
+from datarax.core.operator import BatchContext
+from datarax.operators import ToFloatConfig, ToFloatOperator, lowering
+from datarax.operators.image import (CutoutConfig, CutoutOperator, HorizontalFlipConfig, HorizontalFlipOperator,
+                                     NormalizeConfig, NormalizeOperator, RandomCropConfig, RandomCropOperator,
+                                     TranslateConfig, TranslateOperator, VerticalFlipConfig, VerticalFlipOperator)
+from datarax.operators.image.functional import batched, geometry
+from datarax.sources import MemorySource, MemorySourceConfig
+
+MODES = ("constant", "edge", "reflect", "symmetric")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("size", [1, 2, 3, 6])
+@pytest.mark.parametrize("pad", [0, 1, 5, 13])
+def test_pad_index_is_numpy_pad_of_the_positions(mode, size, pad):
+    kwargs = {"constant_values": -1} if mode == "constant" else {}
+    want = np.pad(np.arange(size), pad, mode=mode, **kwargs)
+    got = np.asarray(batched.pad_index(jnp.arange(-pad, size + pad), size, mode))
+    np.testing.assert_array_equal(got, want)
+
+
+def per_record_crop(x, top, left, height, width, padding, mode, fill):
+    return jax.vmap(lambda im, t, lf: geometry.crop(geometry.pad(im, padding, mode, fill), t, lf, height, width))(
+        x, top, left)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape, out, padding", [((7, 9, 3), (7, 9), 2), ((8, 5, 1), (6, 3), 0),
+                                                 ((6, 6, 2), (9, 4), 4)])
+def test_crop_equals_the_per_record_pad_and_slice_exactly(dtype, mode, shape, out, padding):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.random((5, *shape)), dtype)
+    room = (shape[0] + 2 * padding - out[0], shape[1] + 2 * padding - out[1])
+    top = jnp.asarray(rng.integers(0, room[0] + 1, 5), jnp.int32)
+    left = jnp.asarray(rng.integers(0, room[1] + 1, 5), jnp.int32)
+    want = per_record_crop(x, top, left, *out, padding, mode, 0.25)
+    got = jax.jit(batched.crop, static_argnums=(3, 4, 5, 6, 7))(x, top, left, *out, padding, mode, 0.25)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+@pytest.mark.parametrize("axis", [1, 2])
+def test_flip_equals_reversal_exactly(axis):
+    x = jnp.asarray(np.random.default_rng(1).random((6, 5, 7, 3)), jnp.float32)
+    flags = jnp.asarray([True, False, True, True, False, False])
+    got = np.asarray(batched.flip(x, flags, axis))
+    want = np.where(np.asarray(flags)[:, None, None, None], np.flip(np.asarray(x), axis), np.asarray(x))
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("fill", [0.0, 0.75])
+def test_translate_agrees_with_the_per_record_warp(fill):
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.random((6, 9, 11, 2)), jnp.float32)
+    dx = jnp.asarray([0.0, 2.0, -3.25, 10.5, -0.6, 4.999], jnp.float32)
+    dy = jnp.asarray([0.0, -1.0, 2.5, 0.2, -8.75, 3.0], jnp.float32)
+    want = jax.vmap(lambda im, a, b: geometry.translate(im, a, b, fill))(x, dx, dy)
+    np.testing.assert_allclose(np.asarray(batched.translate(x, dx, dy, fill)), np.asarray(want), atol=2e-6)
+    grad = jax.grad(lambda d, f: jnp.sum(f(d) ** 2), argnums=0)
+    per_record = grad(dx, lambda d: jax.vmap(lambda im, a, b: geometry.translate(im, a, b, fill))(x, d, dy))
+    many = grad(dx, lambda d: batched.translate(x, d, dy, fill))
+    np.testing.assert_allclose(np.asarray(many), np.asarray(per_record), rtol=1e-5, atol=1e-5)
+
+
+def stages():
+    return [ToFloatOperator(ToFloatConfig(field="image")),
+            RandomCropOperator(RandomCropConfig(size=12, padding=3, pad_mode="reflect"), rngs=nnx.Rngs(0)),
+            HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(1)),
+            VerticalFlipOperator(VerticalFlipConfig(p=0.3), rngs=nnx.Rngs(2)),
+            RandomCropOperator(RandomCropConfig(size=(10, 8), padding=1, fill=0.5), rngs=nnx.Rngs(3)),
+            CutoutOperator(CutoutConfig(size=0.3), rngs=nnx.Rngs(4)),
+            NormalizeOperator(NormalizeConfig(mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3)))]
+
+
+def build(extra=()):
+    data = {"image": np.random.default_rng(3).integers(0, 256, (45, 12, 12, 3), dtype=np.uint8),
+            "label": np.arange(45, dtype=np.int32)}
+    source = MemorySource(MemorySourceConfig(shuffle=True, seed=1), data=data)
+    return Pipeline(source, [*stages(), *extra], batch_size=16)
+
+
+def gathers(pipeline: Pipeline) -> list[str]:
+    compiled = pipeline.compiled
+    batch, ids = pipeline.input_spec()
+    meta = jax.ShapeDtypeStruct((3,), jnp.int32)
+    text = jax.jit(compiled.run).lower(compiled.values(), batch, ids, meta).as_text()
+    return [line for line in text.splitlines() if "gather" in line or "dynamic_slice" in line]
+
+
+def test_a_pipeline_gives_the_same_batches_in_both_formulations(monkeypatch):
+    want = [jax.device_get(b) for b in build().epochs(2)]
+    assert gathers(build())  # the per-record crops slice per record
+    monkeypatch.setattr(lowering, "BATCHED_BACKENDS", (jax.default_backend(),))
+    pipeline = build()
+    assert gathers(pipeline) == []
+    got = [jax.device_get(b) for b in pipeline.epochs(2)]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g["label"], w["label"])
+        np.testing.assert_allclose(g["image"], w["image"], rtol=0, atol=1e-6)  # Normalize's rounding order
+
+
+def test_gradients_through_a_learnable_shift_agree(monkeypatch):
+    x = jnp.asarray(np.random.default_rng(4).random((8, 10, 10, 3)), jnp.float32)
+
+    def grads():
+        op = TranslateOperator(TranslateConfig(translate=0.2, learnable=True), rngs=nnx.Rngs(7))
+
+        def loss(op):
+            return jnp.sum(op(Element({"image": x}), BatchContext.for_batch(8)).data["image"] ** 2)
+
+        return jax.tree.leaves(nnx.grad(loss)(op))
+
+    want = grads()
+    monkeypatch.setattr(lowering, "BATCHED_BACKENDS", (jax.default_backend(),))
+    for g, w in zip(grads(), want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4)
