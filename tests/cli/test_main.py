@@ -93,7 +93,7 @@ def test_validate_exits_non_zero_with_one_line_per_problem(folder, capsys):
 @pytest.mark.parametrize("argv,words", [
     (["validate", "/nonexistent/run.toml"], "config file '/nonexistent/run.toml' does not exist"),
     (["bench", "no_such_scenario"], "unknown scenario(s) ['no_such_scenario']"),
-    (["bench", "tokens", "--vs", "tf"], "unknown peer(s) ['tf'] in --vs; choose from grain, tfdata, torch"),
+    (["bench", "tokens", "--vs", "tf"], "unknown peer(s) ['tf'] in --vs; choose from grain, numpy, tfdata, torch"),
 ])
 def test_bad_input_is_a_one_line_error(argv, words, capfd):
     assert main(argv) == 1
