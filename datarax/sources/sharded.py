@@ -143,9 +143,10 @@ class ShardedSourceConfig(ShuffleConfig):
         retry_backoff_s: the wait before a request's first retry; each later wait doubles (at most
             30 s).
         verify: at open, hash each shard's first and last 64 KiB again (two small range requests
-            a shard, under 1% of an epoch that reads every block) and refuse a shard whose hash
-            differs from the manifest's: a rewrite that kept size and modification time (a copy
-            tool preserving times) would otherwise be read as the old shard.
+            a shard, at most 128 KiB: under 0.1% of the bytes an epoch reads from shards of
+            128 MiB and more) and refuse a shard whose hash differs from the manifest's: a rewrite
+            that kept size and modification time (a copy tool preserving times) would otherwise be
+            read as the old shard.
     """
 
     urls: tuple[str, ...] | str
