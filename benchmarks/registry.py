@@ -22,6 +22,7 @@ SCENARIO_MODULES = {
     "text": "benchmarks.scenarios.text",
     "overhead": "benchmarks.scenarios.overhead",
     "train_step": "benchmarks.scenarios.train_step",
+    "accumulate": "benchmarks.scenarios.accumulate",
 }
 
 

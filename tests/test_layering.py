@@ -81,6 +81,22 @@ def test_without_the_kit_a_trainer_table_says_what_to_import(tmp_path):
     assert "trainer is validated by a package that is not loaded" in out and "import datarax.train" in out
 
 
+def test_load_pipeline_builds_the_pipeline_of_a_trainer_config_without_importing_the_kit(tmp_path):
+    """`load_pipeline` builds nothing from [trainer], so it needs no import first (and makes none)."""
+    (tmp_path / "job.py").write_text("import numpy as np\ndef data():\n    return {'x': np.arange(6.0)}\n")
+    (tmp_path / "run.toml").write_text('allow = ["job"]\nbatch_size = 3\n[source.memory]\ndata = "job:data"\n'
+                                       '[trainer]\nmodel = "job:data"\nloss = "job:data"\nsteps = 1\n'
+                                       'optimizer = { adam = { learning_rate = 0.1 } }\n')
+    out = run_python(f"""
+        import sys
+        import numpy as np
+        from datarax.config import load_pipeline
+        pipeline = load_pipeline({str(tmp_path / "run.toml")!r})
+        print([np.asarray(b["x"]).tolist() for b in pipeline], "datarax.train" in sys.modules)
+    """)
+    assert out.strip().splitlines()[-1] == "[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] False"
+
+
 def test_the_installed_distribution_holds_only_datarax(tmp_path):
     """`pip install .` installs the wheel built here: its only top-level package is `datarax`."""
     src = tmp_path / "src"

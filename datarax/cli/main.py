@@ -57,11 +57,16 @@ def cmd_validate(args) -> int:
     from datarax.config.build import check_pipeline
 
     spec = _load_spec(args)
-    pipelines = check_pipeline(spec)
+    short: list[str] = []
+    pipelines = check_pipeline(spec, short)
     if spec.trainer is not None:
         from datarax.train.config import check_trainer
+        from datarax.train.guardrails import check_training_pipeline
 
         check_trainer(spec, pipelines[0])
+        # What training would warn about, said now (as warnings: the file is still OK); the epoch's
+        # short batch only when the whole training data was read.
+        check_training_pipeline(pipelines[0], epoch_known=not short)
     shape = (f"DAG of {len(spec.dag.nodes)} nodes" if spec.dag is not None else f"{len(spec.stages)} stage(s)")
     hosts = len(spec.host_stages)
     if hosts:
@@ -102,7 +107,7 @@ def cmd_preview(args) -> int:
     spec = _load_spec(args)
     pipeline = build_pipeline(spec)
     out = args.out if args.out is not None else os.path.splitext(args.config)[0] + "-preview.png"
-    report = write_preview(pipeline, out, count=args.n, field=args.field)
+    report = write_preview(pipeline, out, count=args.n, field=args.field, label=args.label)
     print(report)
     return 0
 
@@ -123,11 +128,12 @@ def cmd_run(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from datarax.cli.wording import config_terms
     from datarax.train.command import train
 
     spec = _load_spec(args)
     status, text = train(spec, progress=_progress(args))
-    print(text)
+    print(config_terms(text))
     return status
 
 
@@ -207,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     preview.add_argument("--n", type=int, default=16, help="records to show (default 16)")
     preview.add_argument("--field", default=None, help="the field to draw (default: the first image-like field, "
                                                        "else the first audio-like one)")
+    preview.add_argument("--label", default=None, help="the integer field to caption each tile with (default: a "
+                                                       "field named label, labels, class or cls, when there is one)")
     preview.set_defaults(handler=cmd_preview)
     # Listed for --help only: main() hands everything after `materialize` or `bench` to its own parser.
     sub.add_parser("materialize", add_help=False, help="decode an image folder once into a reduced ArrayRecord cache "
@@ -219,6 +227,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit status (the console script exits with it)."""
+    import warnings
+
+    from datarax.cli import wording
+
+    previous = wording.install()  # warnings as one line each, in the configuration's terms
+    try:
+        return _main(argv)
+    finally:
+        warnings.showwarning = previous
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from datarax.cli.wording import config_terms
     from datarax.config.schema import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -236,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         where = exc.source or getattr(args, "config", None)
         for problem in exc.problems:
-            print(f"{PROG}: error: {where + ': ' if where else ''}{problem}", file=sys.stderr)
+            print(f"{PROG}: error: {where + ': ' if where else ''}{config_terms(problem)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (`datarax inspect ... | head`): stop quietly, as Unix tools do.
@@ -256,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One line, the first of the message, prefixed with the file the command was given.
         config = getattr(args, "config", None)
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"{PROG}: error: {config + ': ' if config else ''}{message}", file=sys.stderr)
+        print(f"{PROG}: error: {config + ': ' if config else ''}{config_terms(message)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

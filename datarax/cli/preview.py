@@ -17,6 +17,11 @@ Tiles are scaled up by a whole factor (nearest neighbour) until their shorter si
 `MIN_TILE` pixels, and laid out in `ceil(sqrt(count))` columns with `GAP` pixels between and
 around them, so a grid of `n` tiles of `h x w` pixels is
 `(cols * w + (cols + 1) * GAP) x (rows * h + (rows + 1) * GAP)` pixels (width x height).
+
+When the batches have a label field (`--label`, else a field named `label`, `labels`, `class` or
+`cls` holding one integer per record), each tile gets a caption strip of `CAPTION` pixels below it
+with the record's label (and its class name when the source has `class_names`, as
+`ImageFolderSource` does): each row of tiles is then `h + CAPTION` pixels high.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from datarax.core.checks import is_int, require
 
 GAP = 2
 MIN_TILE = 64
+CAPTION = 12
+LABEL_FIELDS = ("label", "labels", "class", "cls")
 BACKGROUND = 96
 DYNAMIC_RANGE_DB = 80.0
 
@@ -106,8 +113,34 @@ def spectrograms(waves: np.ndarray) -> np.ndarray:
     return tiles.transpose(0, 2, 1)[:, ::-1, :]  # frequencies up the tile, time left to right
 
 
-def grid(tiles: np.ndarray) -> np.ndarray:
-    """The tiles `(n, h, w)` or `(n, h, w, c)` laid out on one uint8 RGB canvas (see the module docstring)."""
+def choose_label(spec: Mapping[str, Any], label: str | None, drawn: str) -> str | None:
+    """The field whose value captions each tile: `label` when given (it must hold one integer per
+    record), else the first of `LABEL_FIELDS` that does, else None."""
+    def scalar_int(name: str) -> bool:
+        leaf = spec.get(name)
+        return leaf is not None and tuple(leaf.shape[1:]) == () and np.issubdtype(np.dtype(leaf.dtype), np.integer)
+
+    if label is not None:
+        if not scalar_int(label) or label == drawn:
+            raise ValueError(f"--label {label!r} must name a field holding one integer per record (fields: "
+                             f"{', '.join(f'{n} {np.dtype(v.dtype).name}{list(v.shape[1:])}' for n, v in spec.items())})")
+        return label
+    return next((name for name in LABEL_FIELDS if scalar_int(name)), None)
+
+
+def captions_of(labels: np.ndarray, source: Any) -> list[str]:
+    """`"3 cat"` per record: the label, and its class name when the source lists `class_names`."""
+    names = getattr(getattr(source, "source", source), "class_names", None)
+    out = []
+    for value in labels.tolist():
+        name = names[value] if names is not None and 0 <= value < len(names) else None
+        out.append(f"{value} {name}" if name is not None else str(value))
+    return out
+
+
+def grid(tiles: np.ndarray, captions: list[str] | None = None) -> np.ndarray:
+    """The tiles `(n, h, w)` or `(n, h, w, c)` laid out on one uint8 RGB canvas, each with its caption
+    below it when `captions` are given (see the module docstring)."""
     if tiles.ndim == 3:
         tiles = tiles[..., None]
     if tiles.shape[-1] == 1:
@@ -119,44 +152,64 @@ def grid(tiles: np.ndarray) -> np.ndarray:
     h, w = h * scale, w * scale
     cols = math.ceil(math.sqrt(count))
     rows = math.ceil(count / cols)
-    canvas = np.full((rows * h + (rows + 1) * GAP, cols * w + (cols + 1) * GAP, 3), BACKGROUND, np.uint8)
+    strip = CAPTION if captions is not None else 0
+    canvas = np.full((rows * (h + strip) + (rows + 1) * GAP, cols * w + (cols + 1) * GAP, 3), BACKGROUND, np.uint8)
     for i, tile in enumerate(tiles):
         r, c = divmod(i, cols)
-        top, left = GAP + r * (h + GAP), GAP + c * (w + GAP)
+        top, left = GAP + r * (h + strip + GAP), GAP + c * (w + GAP)
         canvas[top:top + h, left:left + w] = tile
-    return canvas
+    if captions is None:
+        return canvas
+    image_module = require("PIL.Image", owner="datarax preview", extra="image", package="pillow")
+    from PIL import ImageDraw, ImageFont
+
+    image = image_module.fromarray(canvas)
+    draw, font = ImageDraw.Draw(image), ImageFont.load_default()
+    for i, caption in enumerate(captions):
+        r, c = divmod(i, cols)
+        top, left = GAP + r * (h + strip + GAP) + h, GAP + c * (w + GAP)
+        while caption and draw.textlength(caption, font=font) > w - 2:  # what fits under the tile
+            caption = caption[:-1]
+        draw.text((left + 1, top), caption, fill=(255, 255, 255), font=font)
+    return np.asarray(image)
 
 
-def first_records(pipeline: Any, count: int, field: str) -> np.ndarray:
-    """The first `count` records of `field` (fewer when an epoch holds fewer)."""
-    parts, have = [], 0
+def first_records(pipeline: Any, count: int, *fields: str) -> list[np.ndarray]:
+    """The first `count` records of each of `fields` (fewer when an epoch holds fewer)."""
+    parts: list[list[np.ndarray]] = [[] for _ in fields]
+    have = 0
     iterator = iter(pipeline)
     try:
         for batch in iterator:
-            values = np.asarray(jax.device_get(batch[field]))
-            parts.append(values[:count - have])
-            have += len(parts[-1])
+            rows = min(count - have, len(batch[fields[0]]))
+            for part, name in zip(parts, fields):
+                part.append(np.asarray(jax.device_get(batch[name]))[:rows])
+            have += rows
             if have >= count:
                 break
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
-    return np.concatenate(parts)
+    return [np.concatenate(part) for part in parts]
 
 
-def write_preview(pipeline: Any, out: str | os.PathLike, *, count: int = 16, field: str | None = None) -> str:
-    """Writes the PNG grid of `count` records of the pipeline's first batches; returns a one-line report."""
+def write_preview(pipeline: Any, out: str | os.PathLike, *, count: int = 16, field: str | None = None,
+                  label: str | None = None) -> str:
+    """Writes the PNG grid of `count` records of the pipeline's first batches, each tile captioned by
+    its label field when there is one; returns a one-line report."""
     image_module = require("PIL.Image", owner="datarax preview", extra="image", package="pillow")
     if not is_int(count) or count < 1:
         raise ValueError(f"--n must be a positive number of records, got {count!r}")
     name, kind = choose_field(pipeline.output_spec(), field)
-    records = first_records(pipeline, count, name)
+    label = choose_label(pipeline.output_spec(), label, name)
+    records, *labels = first_records(pipeline, count, name, *([label] if label is not None else []))
     tiles = to_uint8(records) if kind == "image" else spectrograms(records)
-    canvas = grid(tiles)
+    canvas = grid(tiles, captions_of(labels[0], pipeline.source) if labels else None)
     folder = os.path.dirname(os.path.abspath(out))
     os.makedirs(folder, exist_ok=True)
     image_module.fromarray(canvas).save(os.fspath(out), format="PNG")
     what = "images" if kind == "image" else "spectrograms"
+    labelled = f", labelled by field {label!r}" if label is not None else ""
     return (f"wrote {os.fspath(out)}: {len(records)} {what} of field {name!r} ({records.dtype.name} "
-            f"{list(records.shape[1:])} per record), {canvas.shape[1]}x{canvas.shape[0]} px")
+            f"{list(records.shape[1:])} per record){labelled}, {canvas.shape[1]}x{canvas.shape[0]} px")

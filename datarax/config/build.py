@@ -22,7 +22,7 @@ from datarax.config.spec import TOP_LEVEL_KEYS, RunSpec, ShardingSection, valida
 
 
 def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
-              overrides: Sequence[str] = (), allow: Sequence[str] = ()) -> RunSpec:
+              overrides: Sequence[str] = (), allow: Sequence[str] = (), pipeline_only: bool = False) -> RunSpec:
     """Reads and validates a configuration file.
 
     Args:
@@ -32,6 +32,9 @@ def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = No
         allow: modules (with their submodules) that the file's import paths may name, added to
             the file's own top-level `allow` list; nothing else is imported (see
             `datarax.config.allow`).
+        pipeline_only: validate what the pipelines are built from, and leave a table whose
+            package is not loaded (`[trainer]` without `datarax.train`) unchecked rather than
+            an error (`load_pipeline` builds nothing from it; `datarax validate` checks it).
 
     Raises:
         ConfigError: listing every problem found (file, include, override and schema problems,
@@ -47,7 +50,7 @@ def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = No
     loaded = loader.load(path, top_level=TOP_LEVEL_KEYS, environ=environ, overrides=overrides, problems=problems)
     if problems.items and not loaded.files:
         problems.raise_if_any()  # nothing could be read at all
-    ctx = Context(problems, loaded.base_dir, top_level=TOP_LEVEL_KEYS, allow=allowed)
+    ctx = Context(problems, loaded.base_dir, top_level=TOP_LEVEL_KEYS, allow=allowed, pipeline_only=pipeline_only)
     spec = validate(loaded.raw, ctx, path=os.fspath(path), overrides=loaded.overrides)
     problems.raise_if_any()
     return spec
@@ -117,13 +120,28 @@ def _host_outputs(spec: RunSpec, source: Any, hosts: list[Any]) -> None:
 
 
 def build_pipeline(spec: RunSpec):
-    """The `Pipeline` a validated configuration describes."""
+    """The `Pipeline` a validated configuration describes; a problem building the `[eval]` pipeline
+    is named under `eval.` (`eval.source.image_folder could not be built: ...`)."""
+    try:
+        return _build_pipeline(spec)
+    except ConfigError as exc:
+        if not spec.key_prefix:
+            raise
+        raise ConfigError([p if p.startswith(spec.key_prefix) else spec.key_prefix + p for p in exc.problems],
+                          exc.source) from exc
+
+
+def _build_pipeline(spec: RunSpec):
+    from flax import nnx
+
     from datarax.pipeline.pipeline import Pipeline
 
     run = spec.run
     source = build_component(spec.source)
+    # The top-level seed is the pipeline's: host stages without a seed of their own draw from it.
     kwargs: dict[str, Any] = {"drop_remainder": run.drop_remainder, "prefetch": run.prefetch,
-                              "dispatch_ahead": run.dispatch_ahead, "retry_policy": run.retry_policy}
+                              "dispatch_ahead": run.dispatch_ahead, "retry_policy": run.retry_policy,
+                              "rngs": nnx.Rngs(run.seed)}
     if spec.sampler is not None:
         extra = {"num_records": len(source)} if takes_argument(spec.sampler.factory, "num_records") else {}
         extra.update({k: files.record_field(source, v) for k, v in spec.sampler.kwargs.items()
@@ -157,16 +175,19 @@ def build_pipeline(spec: RunSpec):
     return pipeline
 
 
-def check_pipeline(spec: RunSpec) -> list[Any]:
+def check_pipeline(spec: RunSpec, short: list[str] | None = None) -> list[Any]:
     """What `datarax validate` builds: the pipeline (and the `[eval]` one), as `build_pipeline`
     builds them, with files read only as far as checking needs (`datarax.config.files.probing`:
-    parquet `files` up to one batch of records). Returns the pipelines, closed."""
+    parquet `files` up to one batch of records; `short` gets the files of the training pipeline
+    read short, whose epoch is then not the data's). Returns the pipelines, closed."""
     pipelines = []
     for part in (spec, spec.eval):
         if part is None:
             continue
-        with files.probing(part.run.batch_size):
+        with files.probing(part.run.batch_size) as probed:
             pipeline = build_pipeline(part)
+        if short is not None and part is spec:
+            short.extend(probed)
         close = getattr(pipeline.source, "close", None)
         if close is not None:
             close()
@@ -176,7 +197,8 @@ def check_pipeline(spec: RunSpec) -> list[Any]:
 
 def load_pipeline(path: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
                   overrides: Sequence[str] = (), allow: Sequence[str] = ()):
-    """`build_pipeline(load_spec(path, ...))`."""
-    return build_pipeline(load_spec(path, environ=environ, overrides=overrides, allow=allow))
+    """`build_pipeline(load_spec(path, ..., pipeline_only=True))`: the training pipeline of any
+    configuration, a `[trainer]` table included, whatever was imported before."""
+    return build_pipeline(load_spec(path, environ=environ, overrides=overrides, allow=allow, pipeline_only=True))
 
 

@@ -60,6 +60,7 @@ class Context:
     top_level: tuple[str, ...] = ()
     allow: AllowList = dataclasses.field(default_factory=AllowList)
     root: dict[str, Any] = dataclasses.field(default_factory=dict)  # the whole loaded configuration
+    pipeline_only: bool = False  # tables of packages not loaded (e.g. [trainer]) are not validated
 
     @property
     def search_dirs(self) -> list[str]:

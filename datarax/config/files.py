@@ -57,16 +57,21 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 IMPORTED = ("dataset", "source")
 
 _PROBE_ROWS: contextvars.ContextVar[int | None] = contextvars.ContextVar("datarax_config_probe_rows", default=None)
+_PROBED: contextvars.ContextVar[list | None] = contextvars.ContextVar("datarax_config_probed", default=None)
 
 
 @contextlib.contextmanager
-def probing(rows: int) -> Iterator[None]:
-    """Within the block, sources opened from parquet `files` read only their first `rows` records."""
+def probing(rows: int) -> Iterator[list[str]]:
+    """Within the block, sources opened from parquet `files` read only their first `rows` records.
+    Yields a list that names each file set read short (so an epoch's length is not the data's)."""
     token = _PROBE_ROWS.set(max(int(rows), 1))
+    short: list[str] = []
+    probed = _PROBED.set(short)
     try:
-        yield
+        yield short
     finally:
         _PROBE_ROWS.reset(token)
+        _PROBED.reset(probed)
 
 
 class Deferred(abc.ABC):
@@ -396,5 +401,8 @@ def probe_parquet(paths: list[str], file_format: str | None, rows: int) -> Any:
         if have >= rows:
             break
     table = pa.Table.from_batches(batches, schema=schema).slice(0, rows)
+    short = _PROBED.get()
+    if short is not None and (len(table) < have or p != paths[-1]):
+        short.append(", ".join(paths))
     features = datasets.Features.from_arrow_schema(schema)
     return datasets.Dataset(datasets.table.InMemoryTable(table), info=datasets.DatasetInfo(features=features))

@@ -243,6 +243,18 @@ def import_object(spec: str, search_dirs: Sequence[str] = (), allow: AllowList |
     return obj
 
 
+def import_module(name: str, search_dirs: Sequence[str] = (), allow: AllowList | None = None) -> Any:
+    """Imports the module `name` for its side effects (a configuration's `imports = [...]`: an
+    fsspec filesystem registering its protocol, a module filling `memory://`), from `sys.path` or
+    `search_dirs`, when `allow` permits it (checked before the import)."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"names {name!r}, which is not a module name such as 'mypkg.fs' (an import path's "
+                         "'package.module' part, without ':attribute')")
+    if allow is not None:
+        allow.check_module(name, name)
+    return _import_module(name, search_dirs)
+
+
 def _import_module(name: str, search_dirs: Sequence[str]):
     try:
         return importlib.import_module(name)

@@ -143,7 +143,9 @@ def describe_hint(hint: Any) -> str:
         return "any value"
     if _is_union(hint):
         arms = [a for a in _args(hint) if a is not type(None)]
-        return " or ".join(dict.fromkeys(describe_hint(a) for a in arms))
+        # Arms a TOML value never is (jax.Array, np.ndarray, complex) say nothing a user can write.
+        writable = [a for a in arms if _writable(a)] or arms
+        return " or ".join(dict.fromkeys(describe_hint(a) for a in writable))
     origin = typing.get_origin(hint)
     if origin is typing.Literal:
         return "one of " + ", ".join(repr(a) for a in _args(hint))
@@ -170,6 +172,14 @@ def describe_hint(hint: Any) -> str:
     if dataclasses.is_dataclass(hint):
         return f"a table of {hint.__name__} fields"
     return f"a {getattr(hint, '__name__', hint)}"
+
+
+def _writable(hint: Any) -> bool:
+    """Whether some TOML value can have this hint's type (for wording a union's choices)."""
+    if not isinstance(hint, type):
+        return True
+    return hint in _SCALARS or hint in (list, tuple, dict) or dataclasses.is_dataclass(hint) or \
+        issubclass(hint, (collections.abc.Mapping, collections.abc.Sequence))
 
 
 def _plural(hint: Any) -> str:
@@ -317,7 +327,8 @@ def build_dataclass(cls: type, table: Mapping[str, Any], path: Path, problems: P
     try:
         instance = cls(**{k: v for k, v in values.items() if k not in failed})
     except FieldError as exc:
-        problems.add((*path, exc.field), str(exc))
+        if exc.field not in failed:  # else a consequence of the failed value's default, already reported
+            problems.add((*path, exc.field), str(exc))
         return None
     except (TypeError, ValueError, KeyError) as exc:
         # Config classes word their errors as "<Class>.<field> must ..."; point at that field.

@@ -31,8 +31,10 @@ a `[dag]`, `stages` holds only host stages, which run before it.
 
 plus optional `[sampler.<name>]` and `[sharding]` tables, an `[eval]` table (the evaluation
 pipeline, as overrides of this one: see `eval_table`), a `[trainer]` table that the training
-kit (`datarax.train`) validates when it is loaded, and `allow = ["mypkg"]`: the user's modules
-that import paths may name (`datarax.config.allow`; nothing else is imported).
+kit (`datarax.train`) validates when it is loaded, `allow = ["mypkg"]`: the user's modules
+that import paths may name (`datarax.config.allow`; nothing else is imported), and
+`imports = ["mypkg.fs"]`: allowed modules imported for their side effects before any component
+(a custom fsspec protocol registering itself, a module filling `memory://`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 
 from datarax.batching import DISPATCH_AHEAD, MAX_DISPATCH_AHEAD
 from datarax.config import registry
-from datarax.config.allow import AllowList
+from datarax.config.allow import AllowList, NotAllowedError
 from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.loader import merge
 from datarax.config.schema import FieldError, Problems, build_dataclass, check_keys, convert, is_table, suggestion
@@ -113,8 +115,9 @@ def _retry_policy(value: Any) -> Any:
         raise FieldError("retry_policy", str(exc)) from None
 
 
-# `allow` is read before everything else (it decides what the other tables may import).
-TOP_LEVEL_KEYS = (*(f.name for f in dataclasses.fields(RunSection)), "allow")
+# `allow` is read before everything else (it decides what the other tables may import), then
+# `imports` (modules imported for their side effects before any component is validated or built).
+TOP_LEVEL_KEYS = (*(f.name for f in dataclasses.fields(RunSection)), "allow", "imports")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +175,7 @@ class RunSpec:
     overrides: list[str]
     allow: AllowList = dataclasses.field(default_factory=AllowList)
     eval: RunSpec | None = None  # the evaluation pipeline, when the file has an [eval] table
+    key_prefix: str = ""  # "eval." for the [eval] pipeline: where its keys sit in the file
 
     @property
     def host_stages(self) -> list[ComponentSpec]:
@@ -276,11 +280,30 @@ def register_section(name: str, validate_section: SectionValidator) -> None:
 
 
 def _section(name: str, value: Any, ctx: Context) -> Any:
+    if name not in _SECTIONS and ctx.pipeline_only:
+        return None  # `load_pipeline` builds nothing from this table; `datarax validate` checks it
     if name not in _SECTIONS:
         ctx.problems.add((name,), f"is validated by a package that is not loaded; import it first "
                                   f"(`import datarax.train` for [trainer]; the datarax command line does)")
         return None
     return _SECTIONS[name](value, ctx)
+
+
+def _imports(value: Any, ctx: Context) -> None:
+    """Imports each module of the file's `imports` list, in order, when the allow-list permits it:
+    a custom fsspec filesystem registers its protocol, a module fills `memory://`, before any
+    source is built."""
+    names = convert(value, list[str], ("imports",), ctx.problems)
+    for i, name in enumerate(names or ()):
+        try:
+            registry.import_module(name, ctx.search_dirs, ctx.allow)
+        except NotAllowedError as exc:
+            ctx.problems.add(("imports", i), str(exc))
+        except (ImportError, ValueError) as exc:
+            ctx.problems.add(("imports", i), f"names {name!r}, which cannot be imported: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the module raised while importing; show what, keep validating
+            ctx.problems.add(("imports", i), f"names {name!r}, whose module raised {type(exc).__name__} on import: "
+                                             f"{exc}")
 
 
 def _allow(value: Any, ctx: Context) -> None:
@@ -310,6 +333,8 @@ def eval_table(raw: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
       false`) unless `[eval.source.<name>]` sets it;
     * the training `sampler` is not inherited (an evaluation visits every record once); `[eval]`
       may give its own;
+    * nor is `drop_remainder`: an evaluation scores every record (`drop_remainder = false`)
+      whatever the training pipeline drops, unless `[eval]` sets it;
     * `stages` replaces the training stages and a training `[dag]`; `[eval.dag]` replaces the
       training `[dag]`.
     """
@@ -319,7 +344,7 @@ def eval_table(raw: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
                                     f"files = [\"test.parquet\"], got {value!r}")
         return None
     check_keys(value, EVAL_KEYS, ("eval",), ctx.problems)
-    out = {k: v for k, v in raw.items() if k in EVAL_KEYS and k != "sampler"}
+    out = {k: v for k, v in raw.items() if k in EVAL_KEYS and k not in ("sampler", "drop_remainder")}
     if "stages" in value:
         out.pop("dag", None)
     for key in ("stages", "dag", "sampler", "batch_size", "seed", "drop_remainder", "prefetch", "dispatch_ahead"):
@@ -353,6 +378,7 @@ def _eval(raw: dict[str, Any], ctx: Context, path: str) -> RunSpec | None:
         return None
     own = Problems(ctx.problems.source)
     spec = validate(table, dataclasses.replace(ctx, problems=own, root=table), path=path)
+    spec.key_prefix = "eval."
     seen = set(ctx.problems.items)
     ctx.problems.items.extend(f"eval.{item}" for item in own.items if item not in seen)
     return spec
@@ -365,8 +391,10 @@ def validate(raw: dict[str, Any], ctx: Context, *, path: str = "<config>",
     ctx.root = raw
     if "allow" in raw:
         _allow(raw["allow"], ctx)
+    if "imports" in raw:
+        _imports(raw["imports"], ctx)
     tables = {k: raw[k] for k in ("source", "sampler", "stages", "dag", "sharding", "trainer", "eval") if k in raw}
-    scalars = {k: v for k, v in raw.items() if k not in tables and k != "allow"}
+    scalars = {k: v for k, v in raw.items() if k not in tables and k not in ("allow", "imports")}
     if "source" not in raw:
         problems.add(("source",), "is required but missing: add a [source.<name>] table, e.g. [source.memory] "
                                   "with data = \"package.module:function\"")

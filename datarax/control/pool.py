@@ -27,6 +27,10 @@ def _work(tasks: queue.SimpleQueue) -> None:
         if task is None:
             return
         task()
+        # Dropped before waiting for the next one: the finished task's closure holds the pool's
+        # owner (a decoding stage, a source), which would otherwise never be collected, and so
+        # never run the finaliser that stops these threads.
+        del task
 
 
 def _stop_threads(tasks: queue.SimpleQueue, count: int) -> None:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from datarax.batching import padded_positions
+from datarax.core.checks import check_int_range, narrowed_dtype
 from datarax.monitoring.stages import StageTimes
 
 # The names of the reader's own parts in its `StageTimes` (host stages add theirs).
@@ -56,20 +57,46 @@ def to_device(buffers: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return jax.block_until_ready(jax.device_put(buffers))
 
 
+def check_int_fields(batch: dict[str, np.ndarray], source: Any, ids: np.ndarray, rows: int | None = None) -> None:
+    """Refuses a batch whose 64-bit integer field holds a value JAX would wrap (64-bit mode off),
+    naming the source, the field, the value and the record: the check of sources whose values
+    are first seen a batch at a time (files read per batch, streams). A few comparisons per
+    64-bit field; nothing for the other dtypes."""
+    flat_ids = np.asarray(ids).reshape(-1)
+    inner = getattr(source, "source", source)  # behind host stages, the source the user built
+    describe = getattr(source, "describe_record", lambda record: f"the record at position {record}")
+    for name, values in batch.items():
+        if narrowed_dtype(values.dtype) is None:
+            continue
+        check_int_range(values[:rows] if rows is not None else values, type(inner).__name__, name,
+                        where=lambda row: describe(int(flat_ids[min(row, flat_ids.size - 1)])),
+                        fix="cast the field where the data is written (to int32, or float64), or leave it out")
+
+
 def indexed_host_batches(pipeline: Any, steps: Iterator[tuple[int, int, int]]) -> Iterator[HostBatch]:
     """A random-access source's batches for each `(epoch, position, num_valid)` of `steps`."""
     p = pipeline
     length = len(p.sampler)
     ring = [None] * ring_size(p.prefetch)
     times = p.reader_times
-    for i, (epoch, position, num_valid) in enumerate(steps):
+    steps = iter(steps)
+    following = next(steps, None)
+    i = -1
+    while following is not None:
+        i += 1
+        epoch, position, num_valid = following
         idx = p.sampler.indices(padded_positions(position, p.compiled.rows, length), epoch)
+        following = next(steps, None)
+        if following is not None:  # the source may start fetching the next batch's records now
+            p.source.upcoming(p.sampler.indices(padded_positions(following[1], p.compiled.rows, length),
+                                                following[0]), following[0])
         slot = i % len(ring)
         with times.measure(READ, records=num_valid, work="read"):
             if ring[slot] is None:
                 ring[slot] = p.retry_policy.call(lambda: p.source.read(idx, epoch))  # noqa: B023 (called at once)
             else:
                 p.retry_policy.call(lambda: p.source.read(idx, epoch, out=ring[slot]))  # noqa: B023
+        check_int_fields(ring[slot], p.source, idx)
         # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
         # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
         with times.measure(COPY, records=num_valid, work="copy"):
@@ -150,9 +177,10 @@ def stream_host_batches(source: Any, *, batch_size: int, drop_remainder: bool, r
                 times.add(READ, times.clock() - began, records=valid, work="read")
                 if valid == 0 or (drop_remainder and valid < batch_size):
                     break
+                ids = np.minimum(np.arange(position, position + batch_size, dtype=np.int64), position + valid - 1)
+                check_int_fields(buffers, source, ids, valid)
                 if valid < batch_size:
                     _pad(buffers, valid)
-                ids = np.minimum(np.arange(position, position + batch_size, dtype=np.int64), position + valid - 1)
                 with times.measure(COPY, records=valid, work="copy"):
                     data = to_device(buffers)
                 yield HostBatch(epoch, position, ids, valid, data, reader.commit())

@@ -71,6 +71,9 @@ class ThreadedSource(DataSourceModule):
     def num_threads(self) -> int:
         return self._pool.num_threads
 
+    def upcoming(self, indices: np.ndarray, epoch: int) -> None:
+        self.source.upcoming(indices, epoch)
+
     def default_sampler(self) -> Sampler:
         return self.source.default_sampler()
 

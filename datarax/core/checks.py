@@ -16,13 +16,17 @@ from __future__ import annotations
 import importlib
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 MAX_INT32 = 2**31 - 1  # the largest index, position or epoch an int32 (jax's default int) holds
 MAX_SEED = 2**63 - 1
+# What JAX keeps a 64-bit integer field in while `jax_enable_x64` is off (it wraps what does not fit).
+_NARROWED = {"i": (np.dtype(np.int32), -(2**31), MAX_INT32), "u": (np.dtype(np.uint32), 0, 2**32 - 1)}
+X64_FIX = ("turn 64-bit mode on before building the source (jax.config.update('jax_enable_x64', True), or "
+           "JAX_ENABLE_X64=1 in the environment), which keeps the field int64")
 
 
 def describe(value: Any) -> str:
@@ -207,6 +211,54 @@ def take_renamed(config: Any, old: str, new: str) -> None:
                   f"write {owner}({new}={value!r})", DeprecationWarning, stacklevel=4)
     object.__setattr__(config, new, value)
     object.__setattr__(config, old, None)
+
+
+class IntegerRangeError(ValueError):
+    """A 64-bit integer field holds a value that JAX, without 64-bit mode, would wrap into 32 bits."""
+
+
+def x64_enabled() -> bool:
+    """Whether JAX keeps 64-bit integers (`jax_enable_x64`)."""
+    import jax
+
+    return bool(jax.config.jax_enable_x64)
+
+
+def narrowed_dtype(dtype: Any) -> np.dtype | None:
+    """The 32-bit dtype JAX turns a 64-bit integer dtype into while 64-bit mode is off; None when
+    JAX keeps `dtype` as it is."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in _NARROWED or dtype.itemsize != 8 or x64_enabled():
+        return None
+    return _NARROWED[dtype.kind][0]
+
+
+def check_int_range(values: Any, owner: str, name: str, *, fix: str,
+                    where: Callable[[int], str] | None = None) -> None:
+    """Refuses a 64-bit integer array holding a value outside the 32 bits JAX would keep it in.
+
+    Without `jax_enable_x64` JAX stores int64 as int32 (uint64 as uint32) and wraps what does not
+    fit: an id of 2**40 becomes 0, silently. Values that fit pass (they become 32-bit exactly), and
+    nothing is checked under 64-bit mode, where the field stays 64-bit. The message names `owner`,
+    the field `name`, the value, the record (`where(row)`, row along the first axis) and two fixes:
+    64-bit mode, or `fix` (the owner's own way to cast or leave the field out).
+    """
+    arr = np.asarray(values)
+    narrow = narrowed_dtype(arr.dtype)
+    if narrow is None or arr.size == 0:
+        return
+    _, low, high = _NARROWED[arr.dtype.kind]
+    if arr.min() >= low and arr.max() <= high:
+        return
+    flat = arr.reshape(-1)
+    first = int(np.flatnonzero((flat < low) | (flat > high))[0])
+    value = flat[first]
+    row = first // max(1, flat.size // max(1, len(arr))) if arr.ndim else 0
+    at = f" ({where(row)})" if where is not None else ""
+    raise IntegerRangeError(
+        f"{owner} field {name!r} holds {int(value)}{at}, outside {narrow} ({low} to {high}): without 64-bit mode JAX "
+        f"keeps {arr.dtype} as {narrow} and would silently wrap it to {int(value.astype(narrow))}. Fix: {X64_FIX}; "
+        f"or {fix}")
 
 
 def require(module: str, *, owner: str, extra: str, package: str | None = None) -> Any:

@@ -127,6 +127,11 @@ class DataSourceModule(nnx.Module, abc.ABC):
         """Where a record comes from, for error messages (a file path, a row of a file)."""
         return f"record {record_id}"
 
+    def upcoming(self, indices: np.ndarray, epoch: int) -> None:
+        """A hint from the pipeline's reader: the records of the batch it reads after the current
+        one, whatever the sampler. A source that fetches ahead (`ShardedSource`) starts on them;
+        the others ignore it."""
+
     def device_arrays(self) -> dict[str, jax.Array] | None:
         """The source's arrays on the device in their storage layout (`datarax.core.layout`: records
         may be flattened), or None for a host-resident source. Gather them with `gather_device`."""

@@ -48,7 +48,7 @@ import numpy as np
 
 from datarax.control.budget import MemoryBudget, default_budget, human
 from datarax.control.pool import ThreadPool
-from datarax.core.checks import check_choice, check_field_name, check_int, check_positive_int, field, is_int, require
+from datarax.core.checks import check_choice, check_field_name, check_positive_int, check_seed, field, is_int, require
 from datarax.core.construct import resolve_config
 from datarax.host.stage import (ON_ERROR, BadRecords, HostContext, HostStage, RecordError, Refusal, Spec,
                                 check_encoded_field)
@@ -75,7 +75,8 @@ class DecodeAudioConfig:
         length: the output length in samples (at `sample_rate`).
         channels: "mono" averages the channels; an int keeps that many and refuses other files.
         crop: where a longer clip is cut: "random" (per record and epoch), "center" or "start".
-        seed: the random crop's seed (with the stage position, epoch and record id).
+        seed: the random crop's seed (with the stage position, epoch and record id); None: the
+            pipeline's seed (`Pipeline(rngs=...)`, a configuration's top-level `seed`).
         num_threads: decoding threads (1 decodes on the reader thread itself).
         on_error: "raise" a `RecordError` on a bad record, or "skip" it (zeros, `<field>_ok`).
         max_decode_bytes: the memory the stage's concurrent decodes may hold at once (None: a
@@ -88,7 +89,7 @@ class DecodeAudioConfig:
     length: int = 16000
     channels: str | int = "mono"
     crop: str = "random"
-    seed: int = 0
+    seed: int | None = None
     num_threads: int = 4
     on_error: str = "raise"
     max_decode_bytes: int | None = None
@@ -101,7 +102,7 @@ class DecodeAudioConfig:
             raise ValueError(f"DecodeAudioConfig.channels must be 'mono' or a positive int (the channel count "
                              f"every file has), got {self.channels!r}")
         check_choice(*field(self, "crop"), _CROPS)
-        check_int(*field(self, "seed"), 0)
+        check_seed(*field(self, "seed"), allow_none=True)
         check_positive_int(*field(self, "num_threads"))
         check_choice(*field(self, "on_error"), ON_ERROR)
         check_positive_int(*field(self, "max_decode_bytes"), allow_none=True, unit="bytes")
@@ -282,6 +283,7 @@ class DecodeAudio(HostStage):
         # The thread count changes how fast records decode, never what they decode to, so a state
         # saved with one count restores with another: it is left out of the fingerprint.
         # The memory budget likewise: it changes no record that fits.
+        # An unset seed reads as 0, the seed it stood for before pipelines had one; the pipeline adds its own.
         settings = {k: v for k, v in dataclasses.asdict(self.config).items()
-                    if k not in ("num_threads", "max_decode_bytes")}
+                    if k not in ("num_threads", "max_decode_bytes")} | {"seed": self.config.seed or 0}
         return "DecodeAudio(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"

@@ -51,7 +51,7 @@ import numpy as np
 from datarax.control.budget import MemoryBudget, default_budget, human
 from datarax.control.pool import ThreadPool
 from datarax.core.checks import (check_choice, check_field_name, check_int, check_numbers, check_positive_int,
-                                 check_range, check_size, field, require, set_field)
+                                 check_range, check_seed, check_size, field, require, set_field)
 from datarax.core.construct import resolve_config
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend
@@ -91,7 +91,8 @@ class DecodeImageConfig:
         on_error: "raise" (a `RecordError` naming the record) or "skip" (write zeros, set
             `<out_field>_ok` to False, count in `DecodeImage.skipped` and warn once per record
             with a `SkippedRecordWarning`).
-        seed: the crop seed (the record generator's key, with the stage position).
+        seed: the crop seed (the record generator's key, with the stage position); None: the
+            pipeline's seed (`Pipeline(rngs=...)`, a configuration's top-level `seed`).
         value_range: the sample values of a 16- or 32-bit single-channel image (Pillow modes
             `I;16`, `I`, `F`) that become 0 and 255, as (low, high); None: (0, 65535) for integer
             modes, (0, 1) for float. A value outside it (or a NaN) refuses the record, naming it.
@@ -117,7 +118,7 @@ class DecodeImageConfig:
     out_field: str | None = None
     num_threads: int | None = None
     on_error: str = "raise"
-    seed: int = 0
+    seed: int | None = None
     backend: str = "auto"
     value_range: tuple[float, float] | None = None
     max_decode_bytes: int | None = None
@@ -135,7 +136,7 @@ class DecodeImageConfig:
         check_field_name(*field(self, "out_field"), allow_none=True)
         check_positive_int(*field(self, "num_threads"), allow_none=True, unit="threads")
         check_choice(*field(self, "on_error"), ON_ERROR)
-        check_int(*field(self, "seed"), 0, high=2**63 - 1)
+        check_seed(*field(self, "seed"), allow_none=True)
         check_choice(*field(self, "backend"), BACKENDS)
         if self.value_range is not None:
             pair = check_numbers(*field(self, "value_range"), "a pair (low, high) of numbers")
@@ -277,7 +278,8 @@ class DecodeImage(HostStage):
         # num_threads and the memory budget change no output; keeping them out lets a run resume on a
         # machine with other cores or memory. The Pillow backend keeps the fingerprint it had before
         # backends existed, and value_range is named only when set, so old states resume.
-        config = dataclasses.replace(self.config, num_threads=None)
+        # An unset seed reads as 0, the seed it stood for before pipelines had one; the pipeline adds its own.
+        config = dataclasses.replace(self.config, num_threads=None, seed=self.config.seed or 0)
         settings = ", ".join(f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
                              if f.name not in ("backend", "max_decode_bytes")
                              and not (f.name == "value_range" and config.value_range is None))

@@ -98,7 +98,8 @@ class HostMapConfig:
         fields: the input fields the function sees (None: all); in processes only these travel.
         batched: the function takes a block of rows (`fn(batch, rngs)`) instead of one record.
         stochastic: the function draws random numbers from the generator it is given.
-        seed: the generators' seed (with the stage position, the epoch and the record id).
+        seed: the generators' seed (with the stage position, the epoch and the record id); None:
+            the pipeline's seed (`Pipeline(rngs=...)`, a configuration's top-level `seed`).
         on_error: "raise" (a `RecordError` naming the record) or "skip" (zeros, a bool
             `<first output>_ok` False, counted in `HostMap.skipped`, warned once per record);
             "skip" needs `batched=False` (a batch function's failure is not one record's).
@@ -110,7 +111,7 @@ class HostMapConfig:
     fields: tuple[str, ...] | None = None
     batched: bool = False
     stochastic: bool = False
-    seed: int = 0
+    seed: int | None = None
     on_error: str = "raise"
     executor: str = "threads"
     num_workers: int | None = None
@@ -125,7 +126,7 @@ class HostMapConfig:
             set_field(self, "fields", tuple(check_field_name(f, "HostMapConfig.fields") for f in fields))
         check_bool(*field(self, "batched"))
         check_bool(*field(self, "stochastic"))
-        check_seed(*field(self, "seed"))
+        check_seed(*field(self, "seed"), allow_none=True)
         check_choice(*field(self, "on_error"), ON_ERROR)
         if self.batched and self.on_error == "skip":
             raise ValueError("HostMapConfig(on_error='skip') zeros the records that fail, but with batched=True a "
@@ -152,8 +153,8 @@ class RecordJob:
         self.name = function_name(fn)
 
     def __call__(self, task: tuple, outputs: dict[str, np.ndarray]) -> list[BaseException | None]:
-        inputs, ids, epoch, stage = task
-        seed, stochastic = self.config.seed, self.config.stochastic
+        inputs, ids, epoch, stage, seed = task
+        stochastic = self.config.stochastic
         if self.config.batched:
             rngs = [record_generator(seed, stage, epoch, int(r)) for r in ids] if stochastic else None
             return [self._store(lambda: self.fn(inputs, rngs), outputs, slice(None), len(ids))]
@@ -261,7 +262,8 @@ class HostMap(HostStage):
 
     def structure(self) -> str:
         # The executor and the worker count change no output; leaving them out lets a run resume on other cores.
-        config = dataclasses.replace(self.config, executor="threads", num_workers=None)
+        # An unset seed reads as 0, the seed it stood for before pipelines had one; the pipeline adds its own.
+        config = dataclasses.replace(self.config, executor="threads", num_workers=None, seed=self.config.seed or 0)
         return f"HostMap(fn={function_name(self.fn)}, {config})"
 
     @property
@@ -277,10 +279,11 @@ class HostMap(HostStage):
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         names = self.config.fields or tuple(batch)
         ids = np.asarray(ctx.record_ids, np.int64)
+        seed = ctx.seed_of(self.config.seed)
         count = len(ids)
 
         def task(low: int, high: int) -> tuple:
-            return {k: batch[k][low:high] for k in names}, ids[low:high], int(ctx.epoch), ctx.stage
+            return {k: batch[k][low:high] for k in names}, ids[low:high], int(ctx.epoch), ctx.stage, seed
 
         if self.processes is None and not self.config.batched:  # a row per task: the pool balances uneven records
             outputs = self._allocate(count)

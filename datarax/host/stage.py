@@ -9,7 +9,9 @@ Randomness is keyed by record identity, as in the device stages: a stochastic ho
 generator for a record is numpy's counter-based Philox keyed by `(stage seed, stage position)`
 with the counter starting at `(0, 0, epoch, record id)`. A record therefore gets the same crop in
 an epoch whatever the batch size, thread count, shuffle order, host count or resume point, and a
-new one the next epoch; two host stages never share a stream, even with the same seed.
+new one the next epoch; two host stages never share a stream, even with the same seed. A stage
+whose `seed` is None takes the pipeline's seed (`Pipeline(rngs=...)`, a configuration's top-level
+`seed`), so one seed changes every crop of a run; a stage given its own seed keeps it.
 
 A pipeline takes host stages at the head of its `stages`:
 
@@ -51,16 +53,22 @@ class HostContext:
         epoch: the epoch the batch belongs to.
         stage: the stage's position among the pipeline's host stages (part of its random key).
         describe_record: names a record's origin for error messages (a path, a row of a file).
+        seed: the pipeline's seed, for a stage that sets none of its own.
     """
 
     record_ids: np.ndarray
     epoch: int
     stage: int = 0
     describe_record: Callable[[int], str] = lambda record_id: f"record {record_id}"
+    seed: int = 0
 
-    def generator(self, seed: int, row: int) -> np.random.Generator:
-        """The generator of row `row`'s record (see `record_generator`)."""
-        return record_generator(seed, self.stage, self.epoch, int(self.record_ids[row]))
+    def seed_of(self, stage_seed: int | None) -> int:
+        """A stage's own seed, or the pipeline's when it has none."""
+        return self.seed if stage_seed is None else stage_seed
+
+    def generator(self, seed: int | None, row: int) -> np.random.Generator:
+        """The generator of row `row`'s record (see `record_generator`); `seed` None: the pipeline's."""
+        return record_generator(self.seed_of(seed), self.stage, self.epoch, int(self.record_ids[row]))
 
     def where(self, row: int) -> str:
         """`record 17 (photos/cat/001.jpg)`: the row's record and its origin, for errors (control
@@ -155,13 +163,14 @@ class HostStage(abc.ABC):
     """Abstract base of host stages.
 
     Subclasses implement `output_spec` and `__call__`; `stochastic` stages draw from
-    `ctx.generator(self.seed, row)` only, so their output depends on the record and the epoch.
+    `ctx.generator(self.seed, row)` only, so their output depends on the record and the epoch
+    (a `seed` of None draws from the pipeline's seed).
     `work` says what kind of work the stage does (one of `datarax.monitoring.stages.WORK`:
     "image_decode", "decode", "python" or "other"); when the stage is the background reader's
     slowest part, it orders the remedies a goodput report suggests.
     """
 
-    seed: int = 0
+    seed: int | None = None
     stochastic: bool = False
     work: str = "other"
 
@@ -257,7 +266,7 @@ class HostStageSource(DataSourceModule):
     """
 
     def __init__(self, source: DataSourceModule, stages: Sequence[HostStage], *,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, seed: int = 0):
         if not isinstance(source, DataSourceModule):
             raise TypeError(f"host stages need a random-access source (a DataSourceModule), got "
                             f"{type(source).__name__}; streams are decoded by their own reader")
@@ -265,6 +274,7 @@ class HostStageSource(DataSourceModule):
             raise ValueError("HostStageSource needs at least one host stage")
         self.source = source
         self.stages = tuple(stages)
+        self.seed = seed  # the pipeline's: stages without a seed of their own draw from it
         spec = source.element_spec()
         for i, stage in enumerate(self.stages):
             if not isinstance(stage, HostStage):
@@ -312,7 +322,7 @@ class HostStageSource(DataSourceModule):
         for i, stage in enumerate(self.stages):
             with times.measure(self._labels[i], records=count, work=stage.work), \
                     jax.profiler.TraceAnnotation(self._trace_names[i]):
-                batch = stage(batch, HostContext(distinct, int(epoch), i, self.source.describe_record))
+                batch = stage(batch, HostContext(distinct, int(epoch), i, self.source.describe_record, self.seed))
         if count < ids.size:
             batch = {k: v[rows] for k, v in batch.items()}
         batch = {k: v.reshape(ids.shape + v.shape[1:]) for k, v in batch.items()}
@@ -322,6 +332,9 @@ class HostStageSource(DataSourceModule):
             np.copyto(out[k], v)
         return out
 
+    def upcoming(self, indices: np.ndarray, epoch: int) -> None:
+        self.source.upcoming(indices, epoch)
+
     def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         stochastic = [type(s).__name__ for s in self.stages if s.stochastic]
         if stochastic:
@@ -330,11 +343,19 @@ class HostStageSource(DataSourceModule):
         return self.read(indices, 0, out)
 
     def structure(self) -> str:
-        return f"{self.source.structure()} -> " + " -> ".join(s.structure() for s in self.stages)
+        def one(stage: HostStage) -> str:  # a stage drawing from the pipeline's seed: that seed (0 read as before)
+            drawn = stage.stochastic and getattr(stage, "seed", None) is None and self.seed != 0
+            return stage.structure() + (f" [pipeline seed {self.seed}]" if drawn else "")
+
+        return f"{self.source.structure()} -> " + " -> ".join(one(s) for s in self.stages)
 
     def close(self) -> None:
+        """Closes the host stages and the source they read (their threads and files)."""
         for stage in self.stages:
             stage.close()
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
 
 
 def first_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -351,8 +372,9 @@ def first_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ids[first[order]], rank[inverse.reshape(-1)]
 
 
-def split_host_stages(source: Any, stages: Sequence[Any]) -> tuple[Any, list[Any]]:
-    """`(source, device stages)`: leading host stages folded into a `HostStageSource`."""
+def split_host_stages(source: Any, stages: Sequence[Any], seed: int = 0) -> tuple[Any, list[Any]]:
+    """`(source, device stages)`: leading host stages folded into a `HostStageSource` (whose
+    stages without a seed of their own draw from `seed`)."""
     if not isinstance(stages, (list, tuple)):
         return source, stages  # not a sequence: the stage chain reports it
     stages = list(stages)
@@ -364,5 +386,5 @@ def split_host_stages(source: Any, stages: Sequence[Any]) -> tuple[Any, list[Any
         raise ValueError(f"stages[{late[0]}] ({type(stages[late[0]]).__name__}) is a host stage after a device "
                          "stage; host stages run before the compiled program, so put them first")
     if count:
-        source = HostStageSource(source, stages[:count])
+        source = HostStageSource(source, stages[:count], seed=seed)
     return source, stages[count:]

@@ -127,6 +127,7 @@ class PipelineIterator(CheckpointableIterator):
         else:
             batches = indexed_host_batches(p, self.upcoming())
         self._host = Prefetcher(batches, p.prefetch)
+        p.track_reader(self._host)
 
     def _stop_host(self, wait: bool = True) -> None:
         if self._host is not None:

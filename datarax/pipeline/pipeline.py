@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from datarax.core.operator import BatchContext, OperatorModule, describe, distin
 from datarax.control.producers import READ
 from datarax.host.stage import HostStageSource, check_numeric, split_host_stages
 from datarax.monitoring.stages import StageTimes
-from datarax.core.source import DataSourceModule, record_shapes
+from datarax.core.source import DataSourceModule, record_shapes, seed_from_rngs
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import MAX_CHUNK_BATCHES, CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
@@ -28,6 +29,30 @@ from datarax.samplers.base import Sampler
 from datarax.sharding.mesh import DataSharding
 from datarax.sharding.placement import BatchPlacement
 from datarax.sources.stream import StreamSourceModule
+
+
+class LiveReaders:
+    """A pipeline's background readers (`Prefetcher`s) whose threads still run, held weakly: one
+    of an abandoned iterator lives on until its thread ends, so `Pipeline.close` can wait for it.
+    A copied or unpickled pipeline starts with none."""
+
+    def __init__(self):
+        self._readers: weakref.WeakSet = weakref.WeakSet()
+
+    def add(self, reader: Any) -> None:
+        self._readers.add(reader)
+
+    def __iter__(self):
+        return iter(list(self._readers))
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def __deepcopy__(self, memo: dict) -> LiveReaders:
+        return LiveReaders()
 
 
 def compile_stages(pipeline: Pipeline) -> CompiledProgram:
@@ -50,10 +75,12 @@ class Pipeline(nnx.Module, Epochs):
             (`datarax.host`, e.g. `DecodeImage`) come first: they run on the background reader
             before the compiled program and turn encoded records into fixed-shape arrays.
         batch_size: records per batch.
-        rngs: accepted so that code written for the seed API (`Pipeline(..., rngs=nnx.Rngs(0))`)
-            keeps working, and otherwise unused: the pipeline draws no randomness itself.
-            Shuffling is keyed by the source's seed and each stage's keys come from that stage's
-            own `rngs`.
+        rngs: the pipeline's seed is drawn from it (stream "augment", else "default"): every
+            stochastic host stage that sets no `seed` of its own (`DecodeImage(crop=
+            "random_resized")`, `DecodeAudio(crop="random")`, a stochastic `HostMap`) draws its
+            per-record keys from it, so one seed changes every crop of a run. None: seed 0.
+            Shuffling is keyed by the source's seed, and each device stage's key comes from that
+            stage's own `rngs` (a configuration derives both from its top-level `seed`).
         sampler: which records make up each epoch; defaults to the source's (shuffled when the
             source is configured with `shuffle=True`).
         drop_remainder: drop the final short batch of each epoch.
@@ -106,7 +133,11 @@ class Pipeline(nnx.Module, Epochs):
                   why=" (batches computed by one dispatched program)", hint="; None picks the backend's default")
         if sampler is not None and not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be a datarax Sampler, got {describe(sampler)}")
-        source, stages = split_host_stages(source, stages)
+        if rngs is not None and not isinstance(rngs, nnx.Rngs):
+            raise TypeError(f"rngs must be an nnx.Rngs (e.g. nnx.Rngs(0)) or None, got {describe(rngs)}")
+        # The host stages' seed: drawn once, so the same rngs give the same crops on every host.
+        self.seed = seed_from_rngs(None, rngs, "augment")
+        source, stages = split_host_stages(source, stages, self.seed)
         check_numeric(source.element_spec(), f"{type(source).__name__}'s")
         self.source = source
         self.sampler = source.default_sampler() if sampler is None else sampler
@@ -138,6 +169,7 @@ class Pipeline(nnx.Module, Epochs):
         self.fingerprint = fingerprint(self.structure_parts)
         # The background reader's time per part (source read, host stages, copy to device).
         self.reader_times = StageTimes()
+        self._readers = LiveReaders()  # the background readers `close` stops
         self._output_spec = self._compute_output_spec()
         # Not part of the fingerprint either: it changes when a batch is computed, never what it holds.
         batch_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(self._output_spec))
@@ -218,6 +250,32 @@ class Pipeline(nnx.Module, Epochs):
         """One iterator over `num_epochs` epochs from the next one (None: endless)."""
         check_positive_int(num_epochs, "num_epochs", allow_none=True)
         return PipelineIterator(self, self.reserve_epochs(num_epochs), num_epochs, one_epoch=False)
+
+    def track_reader(self, reader: Any) -> None:
+        """Registers an iterator's background reader (a `Prefetcher`), which `close` stops and waits for."""
+        self._readers.add(reader)
+
+    def close(self) -> None:
+        """Stops the threads the source and its host stages hold (file readers, decode pools, block
+        fetchers) and waits for them; idempotent. A pipeline dropped without `close()` releases them
+        too, once it is collected. Most sources start their threads again on the next read; one
+        whose `close` is final (`ArrayRecordSource` closes its files) cannot be read afterwards.
+
+        Example:
+            >>> with Pipeline(source, [DecodeImage(size=64)], batch_size=32) as pipeline:
+            ...     batch = next(iter(pipeline))
+        """
+        for reader in self._readers:  # first: a running reader would start the pools again
+            reader.close()
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def raw_loader(self, *, ids_key: str = "record_ids", epoch_key: str = "epoch") -> Pipeline:
         """A pipeline over the same source, sampler and batching that yields untransformed batches.

@@ -50,15 +50,20 @@ class RetryPolicy:
         """Seconds to wait before retry number `retry` (0-based)."""
         return min(self.max_backoff_s, self.backoff_s * 2.0**retry)
 
-    def call(self, read: Callable[[], T], *, sleep: Callable[[float], None] = time.sleep) -> T:
+    def call(self, read: Callable[[], T], *, sleep: Callable[[float], None] = time.sleep,
+             permanent: tuple[type[BaseException], ...] = ()) -> T:
         """`read()`, retried after each `OSError` while retries are left; the last error is raised.
 
         `read` must start from the same position on every attempt (a stream reader reopens at
         the state before the failed read). `sleep` is injectable so tests need no real waits.
+        `permanent` lists `OSError` kinds raised at once (e.g. `FileNotFoundError` where a file
+        cannot come back).
         """
         for retry in range(self.max_retries):
             try:
                 return read()
+            except permanent:
+                raise
             except OSError:
                 sleep(self.delay(retry))
         return read()

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
+from datarax.core.checks import is_int
 from datarax.sources._columns import UnsupportedColumnError, batchable
+from datarax.sources._files import REWRITE, CorruptFileError
 
 MAGIC = b"DRX1"
 _PREFIX = len(MAGIC) + 4
+_KINDS = "biufc"  # bool, integer, unsigned, float, complex: what a batch array may hold
 
 
-class RecordFormatError(ValueError):
+class RecordFormatError(CorruptFileError):
     """Bytes that are not a datarax fixed-layout record, or records whose layouts differ."""
 
 
@@ -62,7 +66,14 @@ def encode_record(record: Mapping[str, object]) -> bytes:
 
 
 def parse_layout(data: bytes, where: str = "record") -> RecordLayout:
-    """The layout of a record, read from its header."""
+    """The layout of a record, read from its header.
+
+    Every part of the header is checked before numpy sees it: a header that is not a JSON list of
+    `[name, dtype, shape]` entries, a name that is not a unique non-empty string, a dtype that is
+    not a plain numeric or bool type (unicode, void, object, structured, datetime), a shape that
+    is not a list of non-negative ints, or sizes that disagree with the record's length raise
+    `RecordFormatError` (a `CorruptFileError`) naming `where` and the fault.
+    """
     if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:4]) != MAGIC:
         head = bytes(data[:16]) if isinstance(data, (bytes, bytearray, memoryview)) else data
         raise RecordFormatError(
@@ -70,21 +81,57 @@ def parse_layout(data: bytes, where: str = "record") -> RecordLayout:
             "write the files with datarax.sources.array_record.write_array_records, or pass decode=fn "
             "that turns one record's bytes into a dict of arrays"
         )
+
+    def corrupt(fault: str) -> RecordFormatError:
+        return RecordFormatError(f"{where} has a corrupt header: {fault}; the file is damaged: {REWRITE}")
+
+    if len(data) < _PREFIX:
+        raise corrupt(f"the record is {len(data)} bytes, shorter than its {_PREFIX}-byte prefix")
     (length,) = struct.unpack("<I", bytes(data[4:_PREFIX]))
+    if _PREFIX + length > len(data):
+        raise corrupt(f"its header length {length} runs past the record's {len(data)} bytes")
     header = bytes(data[:_PREFIX + length])
     try:
         entries = json.loads(header[_PREFIX:].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecordFormatError(f"{where} has a corrupt header ({exc}); the file is damaged") from None
-    fields, offset = [], len(header)
-    for name, dtype, shape in entries:
-        dtype, shape = np.dtype(dtype), tuple(int(s) for s in shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise corrupt(f"it is not UTF-8 JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+    if not isinstance(entries, list) or not entries:
+        raise corrupt(f"it is {type(entries).__name__} {str(entries)[:40]!r}, not a non-empty list of "
+                      "[name, dtype, shape] fields")
+    fields, offset, names = [], len(header), set()
+    for i, entry in enumerate(entries):
+        name, dtype, shape = _field_entry(entry, i, names, corrupt)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if offset + nbytes > len(data):
+            raise corrupt(f"field {name!r} ({dtype}, shape {list(shape)}) needs {nbytes} bytes, past the record's "
+                          f"{len(data)}")
         fields.append(Field(name, dtype, shape, offset, nbytes))
         offset += nbytes
     if offset != len(data):
         raise RecordFormatError(f"{where} is {len(data)} bytes but its header describes {offset}; the file is damaged")
     return RecordLayout(tuple(fields), header, offset)
+
+
+def _field_entry(entry: object, i: int, names: set, corrupt) -> tuple[str, np.dtype, tuple[int, ...]]:
+    """One header entry `[name, dtype, shape]`, each part checked (see `parse_layout`)."""
+    if not isinstance(entry, list) or len(entry) != 3:
+        raise corrupt(f"entry {i} is {str(entry)[:40]!r}, not [name, dtype, shape]")
+    name, dtype, shape = entry
+    if not isinstance(name, str) or not name or name in names:
+        raise corrupt(f"entry {i} has the name {str(name)[:40]!r}, not a new non-empty string")
+    names.add(name)
+    if not isinstance(dtype, str) or len(dtype) > 8:
+        raise corrupt(f"field {name!r} has the dtype {str(dtype)[:40]!r}, not a numpy type string such as '<f4'")
+    try:
+        parsed = np.dtype(dtype)
+    except (TypeError, ValueError, SyntaxError):
+        raise corrupt(f"field {name!r} has the dtype {dtype!r}, which is no numpy type") from None
+    if parsed.kind not in _KINDS or parsed.fields is not None or parsed.subdtype is not None or not batchable(parsed):
+        raise corrupt(f"field {name!r} has the dtype {dtype!r} ({parsed}), not a numeric or bool type a batch can hold")
+    if not isinstance(shape, list) or len(shape) > 32 or \
+            not all(is_int(s) and 0 <= s < 2**40 for s in shape):
+        raise corrupt(f"field {name!r} has the shape {str(shape)[:40]!r}, not a list of non-negative ints")
+    return name, parsed, tuple(shape)
 
 
 def decode_record(data: bytes) -> dict[str, np.ndarray]:
@@ -95,16 +142,19 @@ def decode_record(data: bytes) -> dict[str, np.ndarray]:
     return {name: rows[0] for name, rows in out.items()}
 
 
-def decode_batch_into(records: Sequence[bytes], layout: RecordLayout, out: Mapping[str, np.ndarray]) -> None:
-    """Decodes records sharing `layout` into the rows of the contiguous buffers `out`."""
+def decode_batch_into(records: Sequence[bytes], layout: RecordLayout, out: Mapping[str, np.ndarray],
+                      where: Callable[[int], str] = lambda i: f"record {i} of the batch") -> None:
+    """Decodes records sharing `layout` into the rows of the contiguous buffers `out`; `where(i)`
+    names the batch's record i in errors."""
     n = len(records)
     if n == 0:
         return
     sizes = set(map(len, records))
     if sizes != {layout.size}:
         bad = next(i for i, r in enumerate(records) if len(r) != layout.size)
+        parse_layout(records[bad], where(bad))  # a damaged header raises here, naming the record and the fault
         raise RecordFormatError(
-            f"record {bad} of the batch is {len(records[bad])} bytes, the dataset's records are {layout.size}: "
+            f"{where(bad)} is {len(records[bad])} bytes, the dataset's records are {layout.size}: "
             "records must all have the same fields, dtypes and shapes (pad them when writing), or pass "
             "decode=fn to turn each record into fixed-shape arrays"
         )
@@ -112,9 +162,10 @@ def decode_batch_into(records: Sequence[bytes], layout: RecordLayout, out: Mappi
     head = np.frombuffer(layout.header, np.uint8)
     if not np.array_equal(rows[:, :head.size], np.broadcast_to(head, (n, head.size))):
         bad = int(np.nonzero((rows[:, :head.size] != head).any(axis=1))[0][0])
+        other = parse_layout(records[bad], where(bad))  # a damaged header raises here, naming the record
         raise RecordFormatError(
-            f"record {bad} of the batch has a different layout ({parse_layout(records[bad]).spec()}) from the "
-            f"dataset's ({layout.spec()}); write every record with the same fields, dtypes and shapes"
+            f"{where(bad)} has a different layout ({other.spec()}) from the dataset's ({layout.spec()}); write "
+            "every record with the same fields, dtypes and shapes"
         )
     for f in layout.fields:
         out[f.name].reshape(n, -1).view(np.uint8)[...] = rows[:, f.offset:f.offset + f.nbytes]

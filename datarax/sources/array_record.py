@@ -122,7 +122,7 @@ class ArrayRecordSource(DataSourceModule):
         if config.encoded is not None:
             layout, spec = None, {config.encoded: jax.ShapeDtypeStruct((), ENCODED)}
         elif decode is None:
-            layout = parse_layout(first, f"the first record of {files[0]!r}")
+            layout = parse_layout(first, f"record 0 of {files[int(np.argmax(counts > 0))]!r}")
             spec = layout.spec()
         else:
             layout = None
@@ -167,7 +167,7 @@ class ArrayRecordSource(DataSourceModule):
         if self.config.encoded is not None:
             out[self.config.encoded][...] = _object_array(records)
         elif self._io.layout is not None:
-            decode_batch_into(records, self._io.layout, out)
+            decode_batch_into(records, self._io.layout, out, lambda i: self.describe_record(int(flat[i])))
         else:
             decode = self._io.decode
             stack_into([flatten(decode(r)) for r in records], out, "ArrayRecordSource decode output")

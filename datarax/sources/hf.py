@@ -38,17 +38,17 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import require
+from datarax.core.checks import check_int_range, narrowed_dtype, require
 from datarax.core.source import DataSourceModule, Handles, seed_from_rngs
 from datarax.sources._arrow import TableConverter as TableConverter
-from datarax.sources._arrow import chunk_view, encoded_path, encoded_take
+from datarax.sources._arrow import chunk_view, encoded_path, encoded_take, flatten_chunk
 from datarax.sources._columns import allocate, check_columns, read_batch, spec_text
 from datarax.sources._files import REWRITE, CorruptFileError
 from datarax.sources._hf_config import Convert as Convert
 from datarax.sources._hf_config import HFSourceConfig as HFSourceConfig
 from datarax.sources._hf_config import check_arguments
 from datarax.sources._hf_stream import HFStreamSource as HFStreamSource
-from datarax.sources._paths import confine, read_data_file
+from datarax.sources._paths import DataPathError, confine, read_data_file
 from datarax.sources.memory import MemorySource, MemorySourceConfig
 
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
@@ -199,12 +199,29 @@ class HFSource(DataSourceModule):
                           sorted(os.path.basename(f["filename"]) for f in dataset.cache_files))
         self._origin = ", ".join(f["filename"] for f in dataset.cache_files) or "the in-memory dataset"
         self._roots = files_roots(dataset, config.files_root)
+        self._check_int_ranges()
         if config.encoded and config.mode == "eager":
             raise ValueError(f"HFSourceConfig(mode='eager') cannot hold the encoded columns {config.encoded} in "
                              "arrays; they are read from the Arrow table per batch: use mode='lazy' (or 'auto')")
         eager = not config.encoded and (config.mode == "eager" or (config.mode == "auto"
                                                                     and table.nbytes <= config.eager_max_bytes))
         self.memory = self._materialise(config) if eager else None
+
+    def _check_int_ranges(self) -> None:
+        """Refuses a 64-bit integer column with values JAX (without 64-bit mode) would wrap, naming
+        the table row; one zero-copy pass over those columns only."""
+        for name, spec in self._io.converter.numeric.items():
+            if narrowed_dtype(spec.dtype) is None:
+                continue
+            for c, chunk in enumerate(self._io.chunks):
+                flat = flatten_chunk(chunk.column(name))
+                if isinstance(flat, str) or not len(chunk):
+                    continue
+                start = int(self._io.starts[c])
+                check_int_range(flat[0].reshape(len(chunk), -1), "HFSource", name,
+                                where=lambda row, start=start: f"row {start + row} of {self._origin}",
+                                fix="cast the column in the dataset (dataset.cast_column(name, Value('float64')), or "
+                                    "ids remapped to 0..N-1), or leave it out with fields=(...)")
 
     def _materialise(self, config: HFSourceConfig) -> MemorySource:
         arrays = allocate(self._io.converter.spec, (self._length,))
@@ -267,7 +284,12 @@ class HFSource(DataSourceModule):
             where = name(row)
             path = confine(path, self._roots, config.allow_outside_root, where,
                            "HFSourceConfig(allow_outside_root=True)")
-            return read_data_file(path, config.max_file_bytes, where, "HFSourceConfig(max_file_bytes=...)")
+            try:
+                return read_data_file(path, config.max_file_bytes, where, "HFSourceConfig(max_file_bytes=...)")
+            except FileNotFoundError:
+                raise DataPathError(f"{where} names {path!r}, which does not exist (moved or deleted since the "
+                                    "dataset was written?): restore the file, set files_root to the folder that holds "
+                                    "it, or leave the row out (dataset.filter)") from None
         return read
 
     def __len__(self) -> int:

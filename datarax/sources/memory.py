@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_int, field
+from datarax.core.checks import check_bool, check_int, check_int_range, field
 from datarax.core.construct import resolve_config
 from datarax.core.layout import to_storage
 from datarax.core.operator import describe
@@ -72,6 +72,11 @@ def validate_arrays(data: Any, owner: str) -> dict[str, np.ndarray]:
 class MemorySource(DataSourceModule):
     """Serves a dict of arrays held in memory.
 
+    Integer fields keep their values exactly: an int64 field whose values fit int32 becomes int32
+    on the device (JAX's integers without 64-bit mode), one that does not is refused here
+    (`IntegerRangeError` naming the field, the value and the fix), and under
+    `jax_enable_x64` it stays int64.
+
     Example:
         >>> src = MemorySource(MemorySourceConfig(shuffle=True), data={"x": np.arange(10)}, rngs=nnx.Rngs(0))
         >>> src.get_batch(np.array([3, 1]))["x"]
@@ -82,6 +87,10 @@ class MemorySource(DataSourceModule):
                  rngs: nnx.Rngs | None = None, **settings: Any):
         self.config = config = resolve_config(MemorySourceConfig, config, settings, "MemorySource")
         arrays = validate_arrays(data, "MemorySource")
+        for name, values in arrays.items():
+            check_int_range(values, "MemorySource", name, where=lambda row: f"record {row}",
+                            fix=f"cast the field before building the source (data[{name!r}].astype(np.float64), or "
+                                "ids remapped to 0..N-1), or leave it out")
         self._host = Handles(arrays=arrays)
         self._length = len(next(iter(arrays.values())))
         self.seed = seed_from_rngs(config.seed, rngs)

@@ -10,8 +10,10 @@ block, with datarax's guarantees:
   `block_records` records) with their record counts and byte ranges, plus each shard's size and
   ETag/mtime. It is cached as JSON (`manifest_dir`) and its SHA-256 is the source's fingerprint.
   Opening the source checks every shard against it: a shard whose size or ETag changed is refused,
-  naming it (`ShardChangedError`), a missing one names its URL. So record id -> (shard, block,
-  offset) is arithmetic, on every host, forever.
+  naming it (`ShardChangedError`), a missing one names its URL; with `verify=True` (the default)
+  a hash of each shard's first and last 64 KiB (a parquet footer, the tar's first members, an
+  ArrayRecord index) is compared too, so a rewrite that keeps size and modification time is
+  refused as well. So record id -> (shard, block, offset) is arithmetic, on every host, forever.
 * **A real shuffle in O(1) state** (`BlockShuffleSampler`, the default sampler when
   `shuffle=True`): a Feistel permutation of the blocks keyed by (seed, epoch), then the records
   of each window of `window` consecutive blocks of that order permuted together (Feistel keyed by
@@ -20,13 +22,18 @@ block, with datarax's guarantees:
   number of hosts. Shuffle quality (rank correlation with storage order) per window: docs/sources.md.
 * **Prefetch by knowledge**: the future block order is known, so after each read the source
   fetches the next `prefetch_blocks` blocks of the epoch's order (one range request each) on a
-  thread pool into a cache of at most `cache_blocks` blocks, before they are needed.
+  thread pool into a cache of at most `cache_blocks` blocks, before they are needed. Under any
+  other sampler the pipeline's reader tells the source the next batch's records (`upcoming`),
+  and their blocks are fetched while the current batch is read.
 * **Encoded records**: binary, string and HF `Image`/`Audio` columns (parquet) and tar members are
   encoded fields (`bytes` per record) for `DecodeImage`, `DecodeAudio`, `Tokenize` or `HostMap`,
   whose randomness is keyed by record id and epoch as always.
-* **Faults**: a read that raises `OSError` leaves nothing in the cache, so the pipeline's
-  `RetryPolicy` retries it at the same position and the records are the same afterwards; bytes
-  that do not parse raise `CorruptFileError` naming the shard and block.
+* **Faults**: every request to the store (a range read, a stamp, a shard's index) is retried on
+  its own after an `OSError` (`max_retries` times, backing off from `retry_backoff_s`), so the
+  budget is per request, not per batch: 5% of requests timing out at random cost time, never the
+  run. A block whose every retry failed leaves nothing in the cache, so a pipeline `RetryPolicy`
+  (or the next `next()`) reads it again at the same position. Bytes that do not parse (a
+  truncated shard, a garbled footer or page) raise `CorruptFileError` naming the shard and block.
 
 Example:
     >>> source = ShardedSource(urls=["s3://bucket/train-00000.parquet", ...], encoded=("image",),
@@ -54,7 +61,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_choice, check_int, check_positive_int, field, require
+from datarax.core.checks import (IntegerRangeError, check_bool, check_choice, check_int, check_int_range,
+                                 check_number, check_positive_int, field, narrowed_dtype, require)
 from datarax.core.construct import resolve_config
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.host.stage import ENCODED
@@ -65,19 +73,37 @@ from datarax.sources._files import CorruptFileError
 from datarax.sources.mix import derive_seed
 
 FORMATS = ("auto", "parquet", "tar", "array_record")
-MANIFEST_VERSION = 2  # 2: each block's decoded size
+MANIFEST_VERSION = 3  # 2: each block's decoded size; 3: each shard's sample hash and integer ranges
 _SUFFIXES = {".parquet": "parquet", ".tar": "tar", ".array_record": "array_record"}
 _TAR_BLOCK = 512
 _FIXED_LIST = re.compile(r"fixed_size_list<(?:item|element): (\w+)>\[(\d+)\]")
-# Arrow's type names -> the field dtype (int64 becomes int32, as the other sources' integers do)
+# Arrow's type names -> numpy dtypes. A 64-bit integer column is a 32-bit field unless JAX's 64-bit
+# mode is on (as in every source); values that do not fit are refused, never wrapped.
 _NUMERIC = {"int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
-            "int64": np.dtype(np.int32), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
-            "uint32": np.dtype(np.uint32), "halffloat": np.dtype(np.float16), "float": np.dtype(np.float32),
-            "double": np.dtype(np.float64), "bool": np.dtype(np.bool_)}
+            "int64": np.dtype(np.int64), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
+            "uint32": np.dtype(np.uint32), "uint64": np.dtype(np.uint64), "halffloat": np.dtype(np.float16),
+            "float": np.dtype(np.float32), "double": np.dtype(np.float64), "bool": np.dtype(np.bool_)}
+_SAMPLE_BYTES = 64 * 1024  # the head and the tail of a shard hashed by `verify`
+INT_FIX = ("read it as encoded bytes for a host_map that parses it (parquet: list it in encoded=(...); tar: leave it "
+           "out of int_fields), or rewrite it as int32 or float64")
 
 
 class ShardChangedError(ValueError):
     """A shard differs from the manifest the source (or a saved state) was built on."""
+
+
+class _StoreError(Exception):
+    """Carries an `OSError` of the store (after its retries) out of pyarrow's parsing, where a
+    corrupt page also raises `OSError`."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _device_dtype(dtype: np.dtype) -> np.dtype:
+    """The field dtype of a column: a 64-bit integer is 32-bit unless JAX's 64-bit mode is on."""
+    return narrowed_dtype(dtype) or dtype
 
 
 def default_manifest_dir() -> str:
@@ -112,6 +138,15 @@ class ShardedSourceConfig(ShuffleConfig):
             than cores: the default keeps one window's requests in flight at once).
         manifest_dir: where manifests are cached (None: `~/.cache/datarax/manifests`).
         storage_options: passed to `fsspec.filesystem(protocol, **storage_options)`.
+        max_retries: retries of each request to the store (a block's range read, a footer, a
+            stamp) after an `OSError` such as a timeout, before the error reaches the reader.
+        retry_backoff_s: the wait before a request's first retry; each later wait doubles (at most
+            30 s).
+        verify: at open, hash each shard's first and last 64 KiB again (two small range requests
+            a shard, at most 128 KiB: under 0.1% of the bytes an epoch reads from shards of
+            128 MiB and more) and refuse a shard whose hash differs from the manifest's: a rewrite
+            that kept size and modification time (a copy tool preserving times) would otherwise be
+            read as the old shard.
     """
 
     urls: tuple[str, ...] | str
@@ -126,6 +161,9 @@ class ShardedSourceConfig(ShuffleConfig):
     num_threads: int = 16
     manifest_dir: str | None = None
     storage_options: dict | None = None
+    max_retries: int = 5
+    retry_backoff_s: float = 0.1
+    verify: bool = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -152,6 +190,20 @@ class ShardedSourceConfig(ShuffleConfig):
                              "cache_blocks")
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise TypeError(f"ShardedSourceConfig.storage_options must be a dict or None, got {self.storage_options!r}")
+        check_int(*field(self, "max_retries"), 0)
+        check_number(*field(self, "retry_backoff_s"), 0.0)
+        check_bool(*field(self, "verify"))
+
+    def retry_policy(self) -> Any:
+        """The `datarax.pipeline.RetryPolicy` each request to the store is retried under."""
+        from datarax.pipeline.retry import RetryPolicy  # the pipeline package imports the sources
+
+        return RetryPolicy(max_retries=self.max_retries, backoff_s=self.retry_backoff_s)
+
+
+def _request(retry: Any, fn: Any) -> Any:
+    """`fn()` (one request to the store) under `retry`; a missing file is not retried."""
+    return retry.call(fn, permanent=(FileNotFoundError,))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,12 +295,20 @@ def _stamp(fs: Any, path: str, url: str) -> dict[str, Any]:
     return {"size": int(info["size"]), "etag": None if etag is None else str(etag)}
 
 
-def expand_urls(urls: tuple[str, ...], storage_options: dict | None) -> tuple[str, ...]:
+def sample_hash(fs: Any, path: str, size: int, retry: Any) -> str:
+    """SHA-256 (16 hex digits) of a shard's first and last 64 KiB, two range requests: a parquet
+    footer (row groups, offsets, statistics), an ArrayRecord index, a tar's first members."""
+    head = _request(retry, lambda: fs.cat_file(path, 0, min(size, _SAMPLE_BYTES)))
+    tail = _request(retry, lambda: fs.cat_file(path, max(0, size - _SAMPLE_BYTES), size)) if size > _SAMPLE_BYTES else b""
+    return hashlib.sha256(head + tail).hexdigest()[:16]
+
+
+def expand_urls(urls: tuple[str, ...], storage_options: dict | None, retry: Any = None) -> tuple[str, ...]:
     """A single glob pattern expanded and sorted; explicit lists as given."""
     if len(urls) == 1 and any(c in urls[0] for c in "*?["):
         fs, path = _filesystem(urls[0], storage_options)
         protocol = urls[0].split("://", 1)[0] + "://" if "://" in urls[0] else ""
-        found = sorted(fs.glob(path))
+        found = sorted(fs.glob(path) if retry is None else _request(retry, lambda: fs.glob(path)))
         if not found:
             raise FileNotFoundError(f"ShardedSource urls pattern {urls[0]!r} matches no files; check the pattern")
         return tuple(protocol + f if protocol and not f.startswith(protocol) else f for f in found)
@@ -265,11 +325,42 @@ def shard_format(url: str, fmt: str) -> str:
                      f"{FORMATS[1:]}")
 
 
-def _parquet_index(fs: Any, path: str, size: int) -> tuple[list[list[int]], dict[str, str]]:
+def _store_reader(fs: Any, path: str, retry: Any, counter: list[int] | None = None) -> Any:
+    """`fetch(begin, end)`: one retried range request; its final `OSError` comes out as a
+    `_StoreError`, so pyarrow's own `OSError`s (a corrupt page) are told apart from the store's."""
+
+    def fetch(begin: int, end: int) -> bytes:
+        try:
+            data = _request(retry, lambda: fs.cat_file(path, begin, end))
+        except OSError as exc:
+            raise _StoreError(exc) from exc
+        if counter is not None:
+            counter[0] += len(data)
+        return data
+
+    return fetch
+
+
+def parquet_footer(fetch: Any, size: int) -> Any:
+    """A parquet file's metadata from its footer, read with two range requests through `fetch`."""
     pq = require("pyarrow.parquet", owner="ShardedSource", extra="data", package="pyarrow")
-    with fs.open(path, "rb") as f:
-        meta = pq.ParquetFile(f).metadata
-        schema = meta.schema.to_arrow_schema()
+    tail = fetch(max(0, size - 8), size)
+    if size < 12 or tail[4:] != b"PAR1":
+        raise ValueError(f"it does not end in parquet's magic bytes (last bytes {tail[-4:]!r}, not b'PAR1')")
+    length = int.from_bytes(tail[:4], "little")
+    if length > size - 12:
+        raise ValueError(f"its footer length {length} is more than the file's {size} bytes hold")
+    footer = fetch(size - 8 - length, size)
+    return pq.ParquetFile(_Ranges(size, {size - len(footer): footer}, fetch)).metadata
+
+
+def _parquet_index(meta: Any) -> tuple[list[list[int]], dict[str, str], dict[str, list]]:
+    """The row groups (blocks), the columns, and the [min, max] of each 64-bit integer column
+    from the footer's statistics (None where a row group has none)."""
+    schema = meta.schema.to_arrow_schema()
+    columns = {f.name: str(f.type) for f in schema}
+    wide = [name for name, kind in columns.items() if kind in ("int64", "uint64")]
+    ranges: dict[str, list] = {name: [] for name in wide}
     blocks = []
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
@@ -282,8 +373,13 @@ def _parquet_index(fs: Any, path: str, size: int) -> tuple[list[list[int]], dict
                 col.data_page_offset
             starts.append(start)
             ends.append(start + col.total_compressed_size)
+            name = col.path_in_schema
+            if name in ranges:
+                stats = col.statistics
+                ranges[name].append([int(stats.min), int(stats.max)] if stats is not None and stats.has_min_max
+                                    else None)
         blocks.append([group.num_rows, min(starts), max(ends), g, int(group.total_byte_size)])
-    return blocks, {f.name: str(f.type) for f in schema}
+    return blocks, columns, ranges
 
 
 def _tar_key(name: str) -> tuple[str, str]:
@@ -294,7 +390,7 @@ def _tar_key(name: str) -> tuple[str, str]:
     return os.path.join(folder, stem), ext
 
 
-def _tar_index(fs: Any, path: str, url: str, block_records: int) -> tuple[list[list[int]], dict[str, str]]:
+def _tar_index(fs: Any, path: str, url: str, block_records: int) -> tuple[list[list[int]], dict[str, str], dict]:
     samples: list[tuple[str, int, int, tuple[str, ...]]] = []  # key, first header offset, end, extensions
     with fs.open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as archive:
         for member in archive:
@@ -318,39 +414,60 @@ def _tar_index(fs: Any, path: str, url: str, block_records: int) -> tuple[list[l
     for i in range(0, len(samples), block_records):
         run = samples[i:i + block_records]
         blocks.append([len(run), run[0][1], run[-1][2], i, run[-1][2] - run[0][1]])
-    return blocks, {ext: "bytes" for ext in fields}
+    return blocks, {ext: "bytes" for ext in fields}, {}
 
 
-def _array_record_index(path: str, url: str, block_records: int) -> tuple[list[list[int]], dict[str, str]]:
+def _array_record_index(path: str, url: str, block_records: int) -> tuple[list[list[int]], dict[str, str], dict]:
     ar = require("array_record.python.array_record_module", owner="ShardedSource", extra="data",
                  package="array_record")
     reader = ar.ArrayRecordReader(path, "readahead_buffer_size:0")
     try:
+        if not reader.ok():
+            raise CorruptFileError(f"ShardedSource shard {url!r} is not a readable ArrayRecord file (its index cannot be "
+                                   "read); it is truncated or damaged: restore it, or leave it out of urls")
         n = reader.num_records()
     finally:
         reader.close()
     if n == 0:
         raise CorruptFileError(f"ShardedSource shard {url!r} holds no records")
     return [[min(block_records, n - i), i, min(n, i + block_records), i, 0] for i in range(0, n, block_records)], \
-        {"record": "bytes"}
+        {"record": "bytes"}, {}
+
+
+def _index_shard(url: str, fmt: str, fs: Any, path: str, size: int, config: ShardedSourceConfig) -> tuple:
+    """`(blocks, columns, int ranges)` of one shard; bytes that do not parse are a `CorruptFileError`
+    naming the shard (an `OSError` of the store stays one, for the retries)."""
+    try:
+        if fmt == "parquet":
+            return _parquet_index(parquet_footer(_store_reader(fs, path, config.retry_policy()), size))
+        if fmt == "tar":
+            return _tar_index(fs, path, url, config.block_records)
+        return _array_record_index(path, url, config.block_records)
+    except (CorruptFileError, FileNotFoundError):
+        raise
+    except _StoreError as exc:  # the store failed after its retries: an OSError still
+        raise exc.error from None
+    except (ValueError, OSError, EOFError, tarfile.TarError, RuntimeError) as exc:
+        what = {"parquet": "its footer", "tar": "its member headers", "array_record": "its index"}[fmt]
+        raise CorruptFileError(f"ShardedSource shard {url!r} is not a readable {fmt} file ({what}: {exc}); it is "
+                               "truncated or damaged: restore it, or leave it out of urls") from None
 
 
 def build_manifest(urls: Sequence[str], config: ShardedSourceConfig) -> dict[str, Any]:
-    """Lists every shard's blocks (record counts, byte ranges) and stamps (size, ETag/mtime)."""
+    """Lists every shard's blocks (record counts, byte ranges), stamps (size, ETag/mtime), the hash
+    `verify` compares, and the range of each 64-bit integer column per block (parquet statistics)."""
+    retry = config.retry_policy()
+
     def one(url: str) -> dict[str, Any]:
         fmt = shard_format(url, config.format)
         fs, path = _filesystem(url, config.storage_options)
-        stamp = _stamp(fs, path, url)
-        if fmt == "parquet":
-            blocks, columns = _parquet_index(fs, path, stamp["size"])
-        elif fmt == "tar":
-            blocks, columns = _tar_index(fs, path, url, config.block_records)
-        else:
-            if "://" in url and not url.startswith("file://"):
-                raise ValueError(f"ShardedSource reads ArrayRecord shards from local files only (the reader needs a "
-                                 f"path), got {url!r}; copy the shards to a local disk, or write parquet/tar shards")
-            blocks, columns = _array_record_index(path, url, config.block_records)
-        return {"url": url, "format": fmt, **stamp, "blocks": blocks, "columns": columns}
+        stamp = _request(retry, lambda: _stamp(fs, path, url))
+        if fmt == "array_record" and "://" in url and not url.startswith("file://"):
+            raise ValueError(f"ShardedSource reads ArrayRecord shards from local files only (the reader needs a "
+                             f"path), got {url!r}; copy the shards to a local disk, or write parquet/tar shards")
+        blocks, columns, ranges = _request(retry, lambda: _index_shard(url, fmt, fs, path, stamp["size"], config))
+        return {"url": url, "format": fmt, **stamp, "sample_sha256": sample_hash(fs, path, stamp["size"], retry),
+                "blocks": blocks, "columns": columns, "int_ranges": ranges}
 
     with concurrent.futures.ThreadPoolExecutor(min(16, len(urls))) as pool:
         shards = list(pool.map(one, urls))
@@ -378,7 +495,7 @@ def load_manifest(urls: Sequence[str], config: ShardedSourceConfig) -> dict[str,
         with open(path) as f:
             manifest = json.load(f)
         if manifest.get("version") == MANIFEST_VERSION:
-            check_stamps(manifest, config.storage_options, path)
+            check_stamps(manifest, config, path)
             return manifest
     manifest = build_manifest(urls, config)
     os.makedirs(folder, exist_ok=True)
@@ -389,11 +506,17 @@ def load_manifest(urls: Sequence[str], config: ShardedSourceConfig) -> dict[str,
     return manifest
 
 
-def check_stamps(manifest: dict[str, Any], storage_options: dict | None, where: str) -> None:
-    """Raises `ShardChangedError` naming the first shard whose size or ETag/mtime differ."""
+def check_stamps(manifest: dict[str, Any], config: ShardedSourceConfig, where: str) -> None:
+    """Raises `ShardChangedError` naming the first shard whose size or ETag/mtime differ, or (with
+    `config.verify`) whose sample hash differs."""
+    retry = config.retry_policy()
+
     def stamp(shard):
-        fs, path = _filesystem(shard["url"], storage_options)
-        return shard, _stamp(fs, path, shard["url"])
+        fs, path = _filesystem(shard["url"], config.storage_options)
+        now = _request(retry, lambda: _stamp(fs, path, shard["url"]))
+        if config.verify and now["size"] == shard["size"] and now["etag"] == shard["etag"]:
+            now["sample_sha256"] = sample_hash(fs, path, now["size"], retry)
+        return shard, now
 
     with concurrent.futures.ThreadPoolExecutor(min(16, len(manifest["shards"]))) as pool:
         for shard, now in pool.map(stamp, manifest["shards"]):
@@ -403,6 +526,13 @@ def check_stamps(manifest: dict[str, Any], storage_options: dict | None, where: 
                     f"{shard['size']} -> {now['size']}, etag {shard['etag']} -> {now['etag']}): its records may have "
                     "moved, so positions would name other records; restore the shard, or delete the manifest to "
                     "index the shards again (a saved iterator state will then be refused)")
+            if "sample_sha256" in now and now["sample_sha256"] != shard["sample_sha256"]:
+                raise ShardChangedError(
+                    f"ShardedSource shard {shard['url']!r} was rewritten since its manifest {where!r} was made: same "
+                    f"size ({shard['size']}) and modification time, but the hash of its first and last 64 KiB changed "
+                    f"({shard['sample_sha256']} -> {now['sample_sha256']}; a copy that kept the file times?): its "
+                    "records may have moved; restore the shard, or delete the manifest to index the shards again (a "
+                    "saved iterator state will then be refused)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,7 +596,7 @@ class ShardedSource(DataSourceModule):
 
     def __init__(self, config: ShardedSourceConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
         self.config = resolve_config(ShardedSourceConfig, config, settings, "ShardedSource")
-        urls = expand_urls(self.config.urls, self.config.storage_options)
+        urls = expand_urls(self.config.urls, self.config.storage_options, self.config.retry_policy())
         manifest = load_manifest(urls, self.config)
         self.seed = seed_from_rngs(self.config.seed, rngs)
         self._setup(manifest)
@@ -479,8 +609,9 @@ class ShardedSource(DataSourceModule):
         # A plain holder keeps the block table, the cache and the threads out of NNX state and graph.
         self._io = Handles(manifest=manifest, blocks=blocks, counts=counts, starts=np.concatenate([[0], np.cumsum(counts)]),
                            cache=collections.OrderedDict(), lock=threading.Lock(), pool=None, sampler=None, footers={},
-                           fetched=[0])
+                           fetched=[0], unrequested=[0], retry=self.config.retry_policy())
         self._spec = self._element_spec(manifest["columns"])
+        self._check_int_ranges()
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -491,6 +622,26 @@ class ShardedSource(DataSourceModule):
     def fetched_bytes(self) -> int:
         """Bytes read from the shards so far (for read-amplification reports)."""
         return self._io.fetched[0]
+
+    @property
+    def unrequested_blocks(self) -> int:
+        """Blocks a read had to fetch itself because nothing had asked for them ahead (its own
+        block order, or the reader's `upcoming`): each is a wait on the store."""
+        return self._io.unrequested[0]
+
+    def _check_int_ranges(self) -> None:
+        """Refuses, at open, a 64-bit integer field whose footer statistics hold a value JAX would
+        wrap (row groups without statistics are checked as they are read)."""
+        shards = self._io.manifest["shards"]
+        for name, spec in self._spec.items():
+            if narrowed_dtype(_NUMERIC.get(self._io.manifest["columns"].get(name), np.dtype(object))) is None \
+                    or spec.dtype == ENCODED:
+                continue
+            for shard in shards:
+                for group, bounds in zip(shard["blocks"], shard.get("int_ranges", {}).get(name, ())):
+                    if bounds is not None:
+                        check_int_range(np.asarray(bounds, np.int64), "ShardedSource", name, fix=INT_FIX,
+                                        where=lambda _, g=group[3], u=shard["url"]: f"row group {g} of {u}")
 
     def _element_spec(self, columns: dict[str, str]) -> dict[str, jax.ShapeDtypeStruct]:
         config, spec = self.config, {}
@@ -505,11 +656,11 @@ class ShardedSource(DataSourceModule):
             if fixed:  # fixed_size_list<item: float>[3]: a (3,) field
                 kind, shape = fixed.group(1), (int(fixed.group(2)),)
             if self._format != "parquet":
-                dtype = np.dtype(np.int32) if name in config.int_fields else ENCODED
+                dtype = _device_dtype(np.dtype(np.int64)) if name in config.int_fields else ENCODED
             elif name in config.encoded:
                 dtype = ENCODED
             elif kind in _NUMERIC:
-                dtype = _NUMERIC[kind]
+                dtype = _device_dtype(_NUMERIC[kind])
             else:
                 raise TypeError(f"ShardedSource column {name!r} is {columns[name]}, which is not a number or a fixed-size "
                                 f"list of numbers; list it in encoded=(...) to read it as bytes/str for a host stage, or "
@@ -528,6 +679,18 @@ class ShardedSource(DataSourceModule):
         self._io.sampler = BlockShuffleSampler(self._io.counts, self.config.window, self.seed, bool(self.config.shuffle))
         return self._io.sampler
 
+    def upcoming(self, indices: np.ndarray, epoch: int) -> None:
+        """Fetches the blocks of the records the reader reads next (at most `prefetch_blocks` of
+        them), so a pipeline with its own sampler reads ahead too. Under the source's own block
+        order (`default_sampler`) its `read` already fetches further ahead."""
+        if self.config.prefetch_blocks == 0:
+            return
+        flat = np.clip(np.asarray(indices, np.int64).reshape(-1), 0, len(self) - 1)
+        blocks = np.searchsorted(self._io.starts, flat, side="right") - 1
+        _, first = np.unique(blocks, return_index=True)
+        for b in blocks[np.sort(first)][:self.config.prefetch_blocks].tolist():
+            self._block(int(b), requested=True)
+
     def describe_record(self, record_id: int) -> str:
         b = int(np.searchsorted(self._io.starts, record_id, side="right") - 1)
         shard, _, _, _, native, _ = self._io.blocks[b]
@@ -543,13 +706,16 @@ class ShardedSource(DataSourceModule):
                                                                thread_name_prefix="datarax-sharded")
         return self._io.pool
 
-    def _block(self, b: int) -> concurrent.futures.Future:
-        """The block's future, fetched now unless cached or in flight (LRU, `cache_blocks` at most)."""
+    def _block(self, b: int, *, requested: bool = True) -> concurrent.futures.Future:
+        """The block's future, fetched now unless cached or in flight (LRU, `cache_blocks` at most);
+        `requested=False`: a read needs it now (counted in `unrequested_blocks` when not there)."""
         with self._io.lock:
             future = self._io.cache.get(b)
             if future is not None:
                 self._io.cache.move_to_end(b)
                 return future
+            if not requested:
+                self._io.unrequested[0] += 1
             future = self._executor().submit(self._fetch, b)
             self._io.cache[b] = future
             while len(self._io.cache) > self.config.cache_blocks:
@@ -567,42 +733,37 @@ class ShardedSource(DataSourceModule):
         fs, path = _filesystem(shard["url"], self.config.storage_options)
         if self._format == "array_record":
             return self._fetch_array_record(path, shard, start, count)
-        data = fs.cat_file(path, start, end)
+        data = _request(self._io.retry, lambda: fs.cat_file(path, start, end))
         if len(data) != end - start:
             raise ShardChangedError(f"ShardedSource shard {shard['url']!r} returned {len(data)} bytes for a block of "
                                     f"{end - start}: it changed since its manifest; restore it, or index the shards "
                                     "again")
         with self._io.lock:
             self._io.fetched[0] += len(data)
-        where = f"block {native} of {shard['url']}"
+        unit = "row group" if self._format == "parquet" else "block"
+        where = f"{unit} {native} of {shard['url']}"
         try:
             if self._format == "parquet":
                 return self._parquet_rows(fs, path, shard, shard_index, native, start, data, count)
             return self._tar_rows(data, count, where)
-        except (ValueError, tarfile.TarError) as exc:  # an OSError (a failed fetch) stays one: it is retried
-            if isinstance(exc, (CorruptFileError, ShardChangedError)):
-                raise
-            raise CorruptFileError(f"ShardedSource cannot read {where}: {exc}; the shard is damaged or changed: "
-                                   "restore it, or index the shards again") from None
+        except _StoreError as exc:  # the store failed after its retries: still an OSError, retried later
+            raise exc.error from None
+        except (CorruptFileError, ShardChangedError, IntegerRangeError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the bytes arrived whole: any failure to parse them is damage
+            raise CorruptFileError(f"ShardedSource cannot read {where}: {type(exc).__name__}: {exc}; the shard is "
+                                   "damaged or changed: restore it, or index the shards again") from None
 
     def _parquet_rows(self, fs, path, shard, shard_index, group, start, data, count) -> dict[str, Any]:
         pq = require("pyarrow.parquet", owner="ShardedSource", extra="data", package="pyarrow")
         size = shard["size"]
-
-        def fetch(begin: int, end: int) -> bytes:
-            extra = fs.cat_file(path, begin, end)
-            with self._io.lock:
-                self._io.fetched[0] += len(extra)
-            return extra
-
+        fetch = _store_reader(fs, path, self._io.retry, self._io.fetched)
         metadata = self._io.footers.get(shard_index)
         if metadata is None:  # the footer, read once per shard (two small range requests)
-            length = int.from_bytes(fetch(size - 8, size - 4), "little")
-            footer = fetch(size - 8 - length, size)
-            metadata = pq.ParquetFile(_Ranges(size, {size - len(footer): footer}, fetch)).metadata
-            self._io.footers[shard_index] = metadata
+            metadata = self._io.footers[shard_index] = parquet_footer(fetch, size)
         file = _Ranges(size, {start: data}, fetch)
-        table = pq.ParquetFile(file, metadata=metadata).read_row_group(group, columns=list(self._spec))
+        table = pq.ParquetFile(file, metadata=metadata, page_checksum_verification=True).read_row_group(
+            group, columns=list(self._spec))
         if table.num_rows != count:
             raise ShardChangedError(f"ShardedSource row group {group} of {shard['url']!r} has {table.num_rows} rows, "
                                     f"the manifest {count}; the shard changed: index the shards again")
@@ -611,10 +772,11 @@ class ShardedSource(DataSourceModule):
             column = table.column(name).combine_chunks()
             if spec.dtype == ENCODED:
                 rows[name] = _encoded_column(column, name)
-            elif spec.shape:
-                rows[name] = column.flatten().to_numpy(zero_copy_only=False).astype(spec.dtype).reshape(-1, *spec.shape)
             else:
-                rows[name] = column.to_numpy(zero_copy_only=False).astype(spec.dtype)
+                values = (column.flatten() if spec.shape else column).to_numpy(zero_copy_only=False)
+                check_int_range(values.reshape(count, -1), "ShardedSource", name, fix=INT_FIX,
+                                where=lambda row: f"row {row} of row group {group} of {shard['url']}")
+                rows[name] = values.astype(spec.dtype).reshape(-1, *spec.shape)
         return rows
 
     def _tar_rows(self, data: bytes, count: int, where: str) -> dict[str, Any]:
@@ -632,8 +794,19 @@ class ShardedSource(DataSourceModule):
                     rows[ext].append(int(content.decode().strip()) if ext in self.config.int_fields else content)
         if len(keys) != count or any(len(v) != count for v in rows.values()):
             raise CorruptFileError(f"ShardedSource {where} holds {len(keys)} samples, the manifest {count}")
-        return {name: (np.asarray(v, np.int32) if self._spec[name].dtype != ENCODED else v)
-                for name, v in rows.items()}
+        out = {}
+        for name, values in rows.items():
+            if self._spec[name].dtype == ENCODED:
+                out[name] = values
+                continue
+            try:
+                wide = np.asarray(values, np.int64)
+            except OverflowError:
+                raise CorruptFileError(f"ShardedSource {where}: a '{name}' member holds an integer beyond 64 bits; "
+                                       "int_fields must hold decimal ints of at most 64 bits") from None
+            check_int_range(wide, "ShardedSource", name, fix=INT_FIX, where=lambda row: f"sample {row} of {where}")
+            out[name] = wide.astype(self._spec[name].dtype)
+        return out
 
     def _fetch_array_record(self, path, shard, start, count) -> dict[str, Any]:
         ar = require("array_record.python.array_record_module", owner="ShardedSource", extra="data",
@@ -641,6 +814,10 @@ class ShardedSource(DataSourceModule):
         reader = ar.ArrayRecordReader(path, "readahead_buffer_size:0")
         try:
             records = reader.read(list(range(start, start + count)))
+        except RuntimeError as exc:
+            raise CorruptFileError(f"ShardedSource cannot read block {start // self.config.block_records} of "
+                                   f"{shard['url']} (records {start} to {start + count - 1}): {exc}; the shard is "
+                                   "damaged: restore it, or leave it out of urls") from None
         finally:
             reader.close()
         with self._io.lock:
@@ -657,7 +834,7 @@ class ShardedSource(DataSourceModule):
 
     def _read_flat(self, flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
         blocks = np.searchsorted(self._io.starts, flat, side="right") - 1
-        needed = {b: self._block(b) for b in np.unique(blocks).tolist()}
+        needed = {b: self._block(b, requested=False) for b in np.unique(blocks).tolist()}
         for b, future in needed.items():
             try:
                 rows = future.result()

@@ -61,7 +61,7 @@ class TextSource(DataSourceModule):
         if isinstance(documents, (str, bytes)) or not isinstance(documents, (Sequence, np.ndarray)):
             raise TypeError(f"documents must be a sequence of str, got {type(documents).__name__}; wrap one "
                             "document in a list")
-        docs = [d.decode("utf-8") if isinstance(d, bytes) else d for d in documents]
+        docs = [_text(d, i, origins) for i, d in enumerate(documents)]
         bad = next((i for i, d in enumerate(docs) if not isinstance(d, str)), None)
         if bad is not None:
             raise TypeError(f"documents[{bad}] is {type(docs[bad]).__name__}, not str")
@@ -90,6 +90,7 @@ class TextSource(DataSourceModule):
             paths = [paths]
         documents, origins = [], []
         for path in paths:
+            earlier = len(documents)  # the documents of the files before this one
             try:
                 with open(path, encoding="utf-8", newline="\n") as f:
                     for number, line in enumerate(f, 1):
@@ -98,9 +99,11 @@ class TextSource(DataSourceModule):
                             documents.append(line)
                             origins.append(f"{os.fspath(path)}:{number}")
             except UnicodeDecodeError as exc:
-                raise CorruptFileError(f"TextSource.from_files: {os.fspath(path)!r} is not UTF-8 text ({exc.reason} "
-                                       f"on line {_first_undecodable_line(path)}); convert it to UTF-8 (e.g. iconv -t "
-                                       "utf-8) or leave it out of the paths") from None
+                line = _first_undecodable_line(path)
+                index = earlier + _documents_before(path, line)
+                raise CorruptFileError(f"TextSource.from_files: document {index} ({os.fspath(path)}:{line}) is not "
+                                       f"UTF-8 text ({exc.reason}); convert {os.fspath(path)!r} to UTF-8 (e.g. iconv "
+                                       "-t utf-8) or leave it out of the paths") from None
         if not documents:
             raise ValueError(f"the files {[os.fspath(p) for p in paths]} hold no non-empty line")
         return cls(config, documents=documents, origins=origins, rngs=rngs)
@@ -146,6 +149,25 @@ class TextSource(DataSourceModule):
 
     def __repr__(self) -> str:
         return f"TextSource({len(self)} documents, field={self.config.field!r})"
+
+
+def _text(document: Any, index: int, origins: Sequence[str] | None) -> Any:
+    """A document as str: bytes decoded as UTF-8, or a `CorruptFileError` naming the document."""
+    if not isinstance(document, bytes):
+        return document
+    try:
+        return document.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        origin = f" ({origins[index]})" if origins is not None and index < len(origins) else ""
+        raise CorruptFileError(f"TextSource documents[{index}]{origin} is not UTF-8 text ({exc.reason} at byte "
+                               f"{exc.start}: {document[max(0, exc.start - 8):exc.start + 8]!r}); decode it yourself "
+                               "with its encoding (bytes.decode('latin-1'), say) or leave it out") from None
+
+
+def _documents_before(path: str | os.PathLike, line: int) -> int:
+    """The non-empty lines of `path` before line `line` (the documents `from_files` made of them)."""
+    with open(path, "rb") as f:
+        return sum(1 for number, raw in enumerate(f, 1) if number < line and raw.strip())
 
 
 def _first_undecodable_line(path: str | os.PathLike) -> int:

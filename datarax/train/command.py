@@ -25,6 +25,7 @@ from typing import Any
 from datarax.train.callbacks import GoodputMonitor, MetricLogger, ProgressBar
 from datarax.train.config import build_trainer, run_dir_of
 from datarax.train.hashing import state_sha256
+from datarax.train.pretrained.finetune import finetune_summary
 from datarax.train.writers import JsonlWriter
 
 
@@ -74,6 +75,8 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     run_dir = run_dir_of(spec)
     os.makedirs(run_dir, exist_ok=True)
     run = build_trainer(spec, extra_callbacks=default_callbacks(spec.trainer.callbacks, run_dir, progress=progress))
+    if run.finetune is not None:  # before the run, which may be long; the report repeats it
+        print(f"datarax: finetune: {finetune_summary(run.finetune)}", file=sys.stderr)
     began = time.perf_counter()
     with run.trainer:  # the reader thread stops before the process exits (none left in native code)
         result = run.fit()
@@ -83,10 +86,13 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     write_result(os.path.join(run.run_dir, "result.json"), {
         "config": os.path.abspath(spec.path), "step": result.step, "num_steps": run.num_steps,
         "num_epochs": run.num_epochs, "resumed_from": result.resumed_from, "stop_reason": result.stop_reason,
-        "metrics": result.metrics, "eval_metrics": result.eval_metrics, "goodput": goodput,
+        "metrics": result.metrics, "eval_metrics": result.eval_metrics,
+        "eval_records": run.trainer.last_eval_records if result.eval_metrics else None, "goodput": goodput,
         "params_sha256": state_sha256(run.trainer.model), "checkpoint_dir": run.checkpoint_dir,
-        "wall_s": time.perf_counter() - began})
+        "finetune": run.finetune, "wall_s": time.perf_counter() - began})
     lines = [f"config       {spec.path}"]
+    if run.finetune is not None:
+        lines.append(f"finetune     {finetune_summary(run.finetune)}")
     resumed = result.resumed_from
     if resumed is not None:
         lines.append(f"resumed      from the checkpoint at step {resumed}")
@@ -95,7 +101,8 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     if result.metrics:
         lines.append("metrics      " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.metrics.items())))
     if result.eval_metrics:
-        lines.append("evaluation   " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.eval_metrics.items())))
+        lines.append("evaluation   " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.eval_metrics.items()))
+                     + f" ({run.trainer.last_eval_records} records)")
     if goodput:
         # Every sentence of the report (headline, verdict, evaluation, across runs), one per line.
         text = str(report.get("text") or goodput).replace("\n", "\n             ")

@@ -20,7 +20,8 @@ from typing import Any
 from datarax.config.build import build_component, build_pipeline, load_spec, takes_argument
 from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.registry import Kind, register_kind
-from datarax.config.schema import ConfigError, FieldError, Path, build_dataclass, check_keys, is_table, suggestion
+from datarax.config.schema import (ConfigError, FieldError, Path, Unconvertible, build_dataclass, check_keys, convert,
+                                   is_table, suggestion, type_hints)
 from datarax.config.spec import RunSpec, check_positive, register_section
 from datarax.core.checks import is_int, is_number
 from datarax.train.callbacks import CheckpointCallback, ProfilerConfig
@@ -181,11 +182,29 @@ def _validate_optimizer(value: Any, path: Path, ctx: Context):
         if not is_table(kwargs):
             ctx.problems.add((*here, name), f"must be a table of keyword arguments, got {kwargs!r}")
             continue
-        params = inspect.signature(getattr(optax, name)).parameters
-        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            check_keys(kwargs, list(params), (*here, name), ctx.problems, what=f"argument of optax.{name}")
-        chain.append((name, getattr(optax, name), dict(kwargs)))
+        chain.append((name, getattr(optax, name), check_arguments(getattr(optax, name), kwargs, (*here, name), ctx,
+                                                                  f"argument of optax.{name}")))
     return chain
+
+
+def check_arguments(fn: Callable, kwargs: dict[str, Any], path: Path, ctx: Context, what: str) -> dict[str, Any]:
+    """`kwargs` for `fn`, each key checked against its signature and each value converted by its
+    type hint (the function's own schema: a string where optax wants a number is an error here, not
+    an error in the first optimizer step). Strings with a ':' may name a callable (a schedule)."""
+    def import_path(value: str, where: Path, problems: Any) -> Any:
+        if ":" not in value:
+            raise Unconvertible  # so the union reports the number it wanted, not an import failure
+        return ctx.resolve_callable(value, where, problems)
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check against
+        return dict(kwargs)
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        check_keys(kwargs, [n for n in params if n != "self"], path, ctx.problems, what=what)
+    hints = type_hints(fn.__init__ if isinstance(fn, type) else fn)
+    return {key: convert(value, hints.get(key, Any), (*path, key), ctx.problems, resolve_callable=import_path)
+            if key in params else value for key, value in kwargs.items()}
 
 
 def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
@@ -203,6 +222,10 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
                                                    "datarax.train.Trainer; it was not called")
         section = None
     optimizer = _validate_optimizer(value["optimizer"], (*path, "optimizer"), ctx) if "optimizer" in value else None
+    if section is not None and section.model_args:
+        model_args = check_arguments(section.model, section.model_args, (*path, "model_args"), ctx,
+                                     f"parameter of {value.get('model')!r}")
+        section = dataclasses.replace(section, model_args=model_args)
     callbacks = []
     raw = value.get("callbacks", [])
     if isinstance(raw, list):
@@ -257,6 +280,7 @@ class TrainerRun:
     num_epochs: int | None
     checkpoint_dir: str | None
     run_dir: str
+    finetune: dict[str, Any] | None = None  # what [trainer.finetune] loaded and trains (prepare_finetune's report)
 
     def fit(self):
         return self.trainer.fit(self.num_steps, num_epochs=self.num_epochs)
@@ -292,8 +316,9 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     eval_pipeline = build_pipeline(spec.eval) if spec.eval is not None else None
     model = _build_model(spec)
     optimizer = _build_optimizer(spec.trainer)
+    finetune = None
     if spec.trainer.finetune is not None:
-        optimizer = _prepare_finetune(spec, model, optimizer)
+        optimizer, finetune = _prepare_finetune(spec, model, optimizer)
     callbacks = [build_component(c) for c in spec.trainer.callbacks]
     checkpoint_dir = None
     if section.checkpoint_dir is not None:
@@ -323,11 +348,12 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
                               precision=section.precision, param_sharding=section.param_sharding)
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
-    return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec))
+    return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec), finetune)
 
 
 def _prepare_finetune(spec: RunSpec, model: Any, optimizer: Any, *, check_only: bool = False) -> Any:
-    """`[trainer.finetune]` applied to `model` (or only checked, on an abstract model): the optimizer."""
+    """`[trainer.finetune]` applied to `model`: `(optimizer, report)` (`prepare_finetune`); or only
+    checked, on an abstract model (`check_only`: the optimizer)."""
     from datarax.train.pretrained.finetune import check_finetune, prepare_finetune
 
     base_dir = os.path.dirname(os.path.abspath(spec.path))
@@ -335,7 +361,7 @@ def _prepare_finetune(spec: RunSpec, model: Any, optimizer: Any, *, check_only: 
         if check_only:
             check_finetune(model, spec.trainer.finetune, base_dir=base_dir)
             return optimizer
-        return prepare_finetune(model, optimizer, spec.trainer.finetune, base_dir=base_dir)[0]
+        return prepare_finetune(model, optimizer, spec.trainer.finetune, base_dir=base_dir)
     except FieldError as exc:
         raise ConfigError([f"trainer.finetune.{exc.field} {exc}"], spec.path) from exc
     except (ValueError, TypeError, OSError) as exc:  # add_lora finding no layer, a warm start that does not fit
@@ -388,6 +414,12 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
     optimizer = _build_optimizer(spec.trainer)
     if spec.trainer.finetune is not None:
         _prepare_finetune(spec, model, optimizer, check_only=True)
+    params = nnx.state(model, nnx.Param)
+    try:  # a first update, abstractly: an argument the optimizer takes but cannot use fails here, not at step 1
+        jax.eval_shape(lambda p: optimizer.update(p, optimizer.init(p), p), params)
+    except Exception as exc:  # noqa: BLE001 - whatever the optimizer raised, named at its key
+        raise ConfigError([f"trainer.optimizer cannot update the model's parameters: {type(exc).__name__}: "
+                           f"{_first_line(exc)}"], spec.path) from exc
     graphdef, state = nnx.split(model)
     batch = pipeline.output_spec()
 

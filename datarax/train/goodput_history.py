@@ -21,6 +21,13 @@ spent after saving R (`wall_s - wall_s at R`, of which `busy_s - busy_s at R` on
 with the runs' time inside `fit` as the one denominator; the time between runs (process start,
 imports, building) is reported beside it, not inside it.
 
+What a killed run did after its last record is not known: it may have trained right up to the
+kill. So a restart after a run that did not finish is reported with `unrecorded_s`, the time
+from that run's last record to the next run's start (an upper bound of the work not counted),
+and the lost work is then "at least" what was recorded, or "unknown" when nothing past the
+checkpoint was recorded, never "none". Only restarts after runs that ended cleanly (a SIGTERM
+stop saves a final checkpoint) say that no work was lost.
+
 A run that starts from step 0 without restoring after a run that finished begins a new history
 (a new job in the same directory); a run that trained no steps adds no segment.
 """
@@ -105,31 +112,40 @@ def cumulative(segments: list[dict]) -> dict:
         return {}
     wall = float(sum(s["wall_s"] for s in segments))
     busy = float(sum(s["busy_s"] for s in segments))
-    lost_steps, lost_s, lost_busy, between = 0, 0.0, 0.0, 0.0
+    lost_steps, lost_s, lost_busy, between, unrecorded = 0, 0.0, 0.0, 0.0, 0.0
     restarts = []
     for prev, cur in zip(segments, segments[1:]):
         resumed = cur["resumed_from"] if cur.get("resumed_from") is not None else cur["start_step"]
-        between += max(cur["began_at"] - (prev["began_at"] + prev["wall_s"]), 0.0)
+        gap = max(cur["began_at"] - (prev["began_at"] + prev["wall_s"]), 0.0)
+        between += gap
+        finished = bool(prev.get("finished"))
+        steps = seconds = busy_lost = 0
         if prev["last_step"] > resumed:
             wall_at, busy_at = _mark_at(prev, resumed)
-            steps, seconds = prev["last_step"] - resumed, max(prev["wall_s"] - wall_at, 0.0)
-            lost_steps += steps
-            lost_s += seconds
-            lost_busy += max(prev["busy_s"] - busy_at, 0.0)
-            restarts.append({"resumed_from": resumed, "lost_steps": steps, "lost_s": seconds,
-                             "killed_at_step": prev["last_step"], "finished": bool(prev.get("finished"))})
-        else:
-            restarts.append({"resumed_from": resumed, "lost_steps": 0, "lost_s": 0.0,
-                             "killed_at_step": prev["last_step"], "finished": bool(prev.get("finished"))})
+            steps, seconds, busy_lost = (prev["last_step"] - resumed, max(prev["wall_s"] - wall_at, 0.0),
+                                         max(prev["busy_s"] - busy_at, 0.0))
+        lost_steps, lost_s, lost_busy = lost_steps + steps, lost_s + seconds, lost_busy + busy_lost
+        unrecorded += 0.0 if finished else gap
+        restarts.append({"resumed_from": resumed, "lost_steps": steps, "lost_s": seconds,
+                         "killed_at_step": prev["last_step"], "finished": finished,
+                         "unrecorded_s": 0.0 if finished else gap})
     useful = max(busy - lost_busy, 0.0)
     runs = f"{len(segments)} runs" if len(segments) != 1 else "1 run"
     text = (f"across {runs} ({wall:.1f} s inside fit, plus {between:.1f} s between runs): goodput "
             f"{_pct(useful, wall):.1f}% of the runs' time inside fit")
+    killed = [r for r in restarts if not r["finished"]]
+    after = (f"what a killed run did after its last record is unknown (up to {unrecorded:.1f} s before the next run "
+             "began; its record is rewritten every history_every_secs)")
     if lost_steps:
         text += (f"; {lost_steps} steps (at least; {lost_s:.1f} s, {_pct(lost_s, wall):.1f}% of that time) were "
                  "trained again after a restart: the work done since the last checkpoint before a kill")
+        text += f", and {after}" if killed else ""
+    elif killed:
+        text += (f"; the work lost at a restart is unknown: the run killed at step {killed[-1]['killed_at_step']} had "
+                 f"recorded nothing past the checkpoint the next resumed from, and {after}")
     elif len(segments) > 1:
-        text += "; no work was lost at a restart (each resumed from the step its predecessor reached)"
+        text += "; no work was lost at a restart (each run before one ended cleanly at the step the next resumed from)"
     return {"runs": len(segments), "wall_s": wall, "between_runs_s": between, "busy_s": busy,
             "goodput_s": useful, "goodput_pct": _pct(useful, wall), "lost_steps": lost_steps, "lost_s": lost_s,
-            "lost_busy_s": lost_busy, "lost_pct": _pct(lost_s, wall), "restarts": restarts, "text": text}
+            "lost_busy_s": lost_busy, "lost_pct": _pct(lost_s, wall), "lost_known": not killed,
+            "unrecorded_s": unrecorded, "restarts": restarts, "text": text}

@@ -68,8 +68,9 @@ def _source_name(pipeline: Any) -> str:
     return type(source.source if isinstance(source, HostStageSource) else source).__name__
 
 
-def check_training_pipeline(pipeline: Any, name: str = "train_pipeline") -> None:
-    """Warns (`UnshuffledTrainingWarning`, `ShortFinalBatchWarning`) about a training pipeline."""
+def check_training_pipeline(pipeline: Any, name: str = "train_pipeline", *, epoch_known: bool = True) -> None:
+    """Warns (`UnshuffledTrainingWarning`, `ShortFinalBatchWarning`) about a training pipeline;
+    `epoch_known=False` (a pipeline over a sample of its data) skips the short-batch check."""
     source = _source_name(pipeline)
     if shuffles(pipeline.sampler, pipeline.source) is False:
         warnings.warn(
@@ -78,7 +79,7 @@ def check_training_pipeline(pipeline: Any, name: str = "train_pipeline") -> None
             "stored sorted (by class, by length, by file) trains badly. Fix: build the source with shuffle=True "
             f"(e.g. {source}(shuffle=True, seed=0, ...), or `shuffle = true` in a config file's source table), or "
             "pass Pipeline(..., sampler=ShuffleSampler(len(source), seed=0))", UnshuffledTrainingWarning, stacklevel=3)
-    short = short_final_batch(pipeline)
+    short = short_final_batch(pipeline) if epoch_known else 0
     if short:
         records = len(pipeline.sampler)
         divisors = [d for d in range(max(1, pipeline.batch_size // 2), 2 * pipeline.batch_size + 1)

@@ -18,12 +18,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from datarax.train.ema import ParamEMA
+from datarax.train.masking import masked_mean, per_record, per_record_metrics, record_mask, takes_mask
 from datarax.train.metrics import Metric, add_totals, metric_scalars
-from datarax.train.precision import (LossScale, all_finite, cast_floats, compute_dtype, keep_if, next_scale,
-                                     restore_dtypes)
+from datarax.train.precision import (LossScale, all_finite, cast_floats, compute_dtype, float32_outputs, keep_if,
+                                     next_scale, restore_dtypes)
 
 RECORD_IDS = "_trainers_record_ids"
 EPOCH = "_trainers_epoch"
+RECORDS = "__records__"  # an eval step's count of valid records (a batch with skipped ones)
 
 CHANGED_STRUCTURE = "the training state changed structure inside the step"
 NO_NEW_VARIABLES = "a loss_fn must not add or remove Variables"
@@ -129,11 +131,18 @@ def model_outputs(batch: Any, aux: Any, loss: jax.Array) -> dict[str, Any]:
     return outputs
 
 
-def step_outputs(metric_fns: Any, batch: Any, aux: Any, loss: jax.Array) -> dict[str, Any]:
+def step_outputs(metric_fns: Any, batch: Any, aux: Any, loss: jax.Array, mask: jax.Array | None = None
+                 ) -> dict[str, Any]:
     """`{"loss": ..., name: value}` of one batch before any reduction: a function's scalar, a
-    `datarax.train.metrics.Metric`'s dict of sums, or for a CLU collection `{CLU_STATE: collection}`."""
+    `datarax.train.metrics.Metric`'s dict of sums, or for a CLU collection `{CLU_STATE: collection}`.
+    With a `mask` of valid records (`datarax.train.masking`), over those records only."""
     if is_metric_collection(metric_fns):
-        return {"loss": loss, CLU_STATE: metric_fns.single_from_model_output(**model_outputs(batch, aux, loss))}
+        outputs = model_outputs(batch, aux, loss)
+        if mask is not None:
+            outputs["mask"] = mask
+        return {"loss": loss, CLU_STATE: metric_fns.single_from_model_output(**outputs)}
+    if mask is not None:
+        return {"loss": loss, **per_record_metrics(metric_fns, batch, aux, mask, lambda fn: isinstance(fn, Metric))}
     metrics = {"loss": loss}
     for name, fn in metric_fns.items():
         metrics[name] = fn.update(batch, aux) if isinstance(fn, Metric) else jnp.asarray(fn(batch, aux), jnp.float32)
@@ -149,16 +158,28 @@ def computed(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def step_metrics(metric_fns: Any, batch: Any, aux: Any, loss: jax.Array) -> dict[str, Any]:
-    """`{"loss": ..., name: value}` from a `{name: fn(batch, aux) or Metric}` mapping or a CLU
-    collection; a `datarax.train.metrics.Metric` gives its dict of sums (see `host_metrics`)."""
-    return computed(step_outputs(metric_fns, batch, aux, loss))
+def batch_loss(loss_fn: LossFn, model: nnx.Module, data: Any, mask: jax.Array | None, dtype: Any
+               ) -> tuple[jax.Array, Any]:
+    """`(loss, aux)` of one (micro-)batch in float32: `loss_fn(model, data)`, or with a `mask` of
+    valid records the loss over those only (`loss_fn(model, data, mask)` when it takes one, else
+    per record; `datarax.train.masking`)."""
+    with float32_outputs(model, dtype):  # the loss in float32, whatever the compute dtype
+        if mask is None:
+            loss, aux = split_loss(loss_fn(model, data))
+        elif takes_mask(loss_fn):
+            loss, aux = split_loss(loss_fn(model, data, mask=mask))
+        else:
+            losses, aux = per_record(loss_fn, model, data, split_loss)
+            return masked_mean(losses, mask), aux
+    return check_loss(loss).astype(jnp.float32), aux
 
 
-def combine_micro_batches(stacked: dict[str, Any], metric_fns: Any, k: int) -> dict[str, Any]:
+def combine_micro_batches(stacked: dict[str, Any], metric_fns: Any, k: int, weights: jax.Array | None = None
+                          ) -> dict[str, Any]:
     """One step's metrics from the `step_outputs` of its k equal micro-batches (stacked on axis 0):
-    the loss and metric functions averaged (a per-record mean of the whole batch), a `Metric`'s
-    sums added, CLU collections merged before `compute()`."""
+    the loss and metric functions averaged (a per-record mean of the whole batch; with `weights`,
+    each micro-batch's share of the batch's valid records, their weighted sum), a `Metric`'s sums
+    added, CLU collections merged before `compute()`."""
     out = {}
     for name, value in stacked.items():
         if name == CLU_STATE:
@@ -168,6 +189,8 @@ def combine_micro_batches(stacked: dict[str, Any], metric_fns: Any, k: int) -> d
             out[CLU_STATE] = merged
         elif isinstance(metric_fns, Mapping) and isinstance(metric_fns.get(name), Metric):
             out[name] = jax.tree.map(lambda x: x.sum(axis=0), value)
+        elif weights is not None:
+            out[name] = (value * weights).sum(axis=0)
         else:
             out[name] = value.mean(axis=0)
     return computed(out)
@@ -185,6 +208,25 @@ def split_batch(batch: Any, k: int) -> Any:
         return x.reshape(k, rows // k, *x.shape[1:])
 
     return jax.tree.map(split, batch)
+
+
+# Micro-batches traced one after the other (no loop) up to this many on the CPU: XLA:CPU runs the
+# convolutions and matmuls of a loop body (a `lax.scan`'s while loop, unrolled or not) many times
+# slower than the same ops outside a loop (a CNN step: 5.6 s against 0.18 s for two micro-batches;
+# `python -m benchmarks accumulate`). Past it the program would grow too large to compile quickly.
+MAX_TRACED_MICRO_BATCHES = 16
+
+
+def accumulate(micro_step: Callable, carry: Any, micro_batches: Any, k: int) -> tuple[Any, Any]:
+    """`jax.lax.scan(micro_step, carry, micro_batches)`, traced as k calls in a row on the CPU
+    (for k up to `MAX_TRACED_MICRO_BATCHES`) and as the scan elsewhere (the TPU runs it well)."""
+    if jax.default_backend() != "cpu" or k > MAX_TRACED_MICRO_BATCHES:
+        return jax.lax.scan(micro_step, carry, micro_batches)
+    outs = []
+    for i in range(k):
+        carry, out = micro_step(carry, jax.tree.map(lambda x, i=i: x[i], micro_batches))
+        outs.append(out)
+    return carry, jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
 
 
 def host_metrics(out: Mapping[str, Any], metric_fns: Any) -> dict[str, float]:
@@ -267,46 +309,59 @@ def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mappi
     dtype = compute_dtype(precision)
     scale_positions = [path[0] == "loss_scale" for path in binding.paths]
 
-    def forward(module, batch):
+    def forward(module, batch, valid_total):
+        """(objective, loss, aux, data, mask, weight): the loss to differentiate (over valid
+        records: their sum over all of the step's valid records), the (micro-)batch's loss, and its
+        share `weight` of the step (None without skipped records)."""
         batch = dict(batch)
         if joint:
             ids, epoch = batch.pop(RECORD_IDS), batch.pop(EPOCH)
             model, data = module.model, module.pipeline.transform(batch, record_ids=ids, epoch=epoch[0])
         else:
             model, data = module, batch
-        loss, aux = split_loss(loss_fn(model, data))
-        return check_loss(loss).astype(jnp.float32), aux, data
+        mask = record_mask(data) if valid_total is not None else None
+        loss, aux = batch_loss(loss_fn, model, data, mask, dtype)
+        if mask is None:
+            return loss, loss, aux, data, None, None
+        weight = mask.sum() / valid_total
+        return loss * weight, loss, aux, data, mask, weight
 
     def step(values, batch):
         state = binding.merge(values)
         graphdef, params, rest = nnx.split(state.trainable, nnx.Param, ...)
         scale = state.loss_scale.scale.get_value() if state.loss_scale is not None else None
+        mask = record_mask(batch)  # records a host stage skipped: out of the loss and metrics
+        valid_total = None if mask is None else jnp.maximum(mask.sum(), 1).astype(jnp.float32)
 
         def objective(params, rest, batch):
             # copy=True: `rest` holds the Variables of the step's own trace; a BatchNorm in train
             # mode writes its statistics inside this (grad) trace, which flax refuses on those.
             module = nnx.merge(graphdef, cast_floats(params, dtype), rest, copy=True)
-            loss, aux, data = forward(module, cast_floats(batch, dtype))
+            value, loss, aux, data, micro_mask, weight = forward(module, cast_floats(batch, dtype), valid_total)
             _, new_params, new_rest = nnx.split(module, nnx.Param, ...)
             if jax.tree.structure((new_params, new_rest)) != jax.tree.structure((params, rest)):
                 raise RuntimeError(f"{CHANGED_STRUCTURE} (in the forward pass); {NO_NEW_VARIABLES}")
             new_rest = restore_dtypes(new_rest, rest)
-            return (loss if scale is None else loss * scale), (loss, aux, data, new_rest)
+            return (value if scale is None else value * scale), (loss, aux, data, micro_mask, weight, new_rest)
 
         grad_fn = jax.value_and_grad(objective, has_aux=True)
         if accumulate_steps == 1:
-            (_, (loss, aux, data, rest)), grads = grad_fn(params, rest, batch)
-            metrics = step_metrics(metric_fns, data, aux, loss)
+            (_, (loss, aux, data, micro_mask, _, rest)), grads = grad_fn(params, rest, batch)
+            metrics = computed(step_outputs(metric_fns, data, aux, loss, micro_mask))
         else:
             def micro_step(carry, micro):
                 rest, total = carry
-                (_, (loss, aux, data, rest)), grads = grad_fn(params, rest, micro)
-                return (rest, jax.tree.map(jnp.add, total, grads)), step_outputs(metric_fns, data, aux, loss)
+                (_, (loss, aux, data, micro_mask, weight, rest)), grads = grad_fn(params, rest, micro)
+                outs = step_outputs(metric_fns, data, aux, loss, micro_mask)
+                return (rest, jax.tree.map(jnp.add, total, grads)), (outs, weight)
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            (rest, total), outs = jax.lax.scan(micro_step, (rest, zeros), split_batch(batch, accumulate_steps))
-            grads = jax.tree.map(lambda g: g / accumulate_steps, total)
-            metrics = combine_micro_batches(outs, metric_fns, accumulate_steps)
+            (rest, total), (outs, weights) = accumulate(micro_step, (rest, zeros),
+                                                        split_batch(batch, accumulate_steps), accumulate_steps)
+            # Without skipped records each micro-batch is a k-th of the batch; with them each was
+            # already weighted by its share of the valid records (`forward`).
+            grads = jax.tree.map(lambda g: g / accumulate_steps, total) if mask is None else total
+            metrics = combine_micro_batches(outs, metric_fns, accumulate_steps, weights)
         if scale is not None:
             grads = jax.tree.map(lambda g: g / scale, grads)
         nnx.update(state.trainable, rest)
@@ -363,8 +418,12 @@ def make_eval_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mappin
         graphdef, params, rest = nnx.split(binding.merge(values), nnx.Param, ...)
         model = nnx.merge(graphdef, cast_floats(params, dtype), rest)
         model.eval()
-        loss, aux = split_loss(loss_fn(model, cast_floats(batch, dtype)))
-        return step_outputs(metric_fns, batch, aux, check_loss(loss).astype(jnp.float32))
+        mask = record_mask(batch)  # records a host stage skipped: out of the loss and metrics
+        loss, aux = batch_loss(loss_fn, model, cast_floats(batch, dtype), mask, dtype)
+        out = step_outputs(metric_fns, batch, aux, loss, mask)
+        if mask is not None:
+            out[RECORDS] = mask.sum()
+        return out
 
     return step
 

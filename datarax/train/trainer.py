@@ -29,9 +29,9 @@ from datarax.train.metrics import Metric, add_totals, metric_scalars
 from datarax.train.param_sharding import PARAM_SHARDINGS, constrain, place, state_shardings
 from datarax.train.precision import LossScale, check_precision
 from datarax.train.run_config import flatten, optimizer_fingerprint
-from datarax.train.step import (CLU_STATE, EPOCH, RECORD_IDS, HostMetrics, JointModule, TimedJit, TrainState,
-                                VariableBinding, batch_signature, is_metric_collection, make_eval_step,
-                                make_train_step, scan_steps)
+from datarax.train.step import (CLU_STATE, EPOCH, RECORD_IDS, RECORDS, HostMetrics, JointModule, TimedJit,
+                                TrainState, VariableBinding, batch_signature, is_metric_collection,
+                                make_eval_step, make_train_step, scan_steps)
 
 
 logger = logging.getLogger("datarax.train")
@@ -104,7 +104,11 @@ class Trainer:
             or an `nnx.Optimizer` built over `model`.
         train_pipeline: the training `datarax.Pipeline`; the trainer iterates it endlessly
             (`pipeline.epochs(None)`) and checkpoints the iterator with the model.
-        loss_fn: `loss_fn(model, batch) -> loss` or `-> (loss, aux)`; `loss` is a scalar.
+        loss_fn: `loss_fn(model, batch) -> loss` or `-> (loss, aux)`; `loss` is a scalar. Records a
+            host stage skipped (`on_error="skip"`, a False `<field>_ok` flag) are kept out of the
+            loss, its gradient and the metrics: a `loss_fn(model, batch, mask)` masks them itself,
+            any other is computed per record and averaged over the valid ones
+            (`datarax.train.masking`).
         eval_pipeline: a pipeline for `evaluate()` (one epoch per evaluation).
         metrics: `{name: fn(batch, aux) -> scalar}` computed inside the step, e.g.
             `{"accuracy": lambda batch, logits: (logits.argmax(-1) == batch["label"]).mean()}`,
@@ -294,6 +298,7 @@ class Trainer:
         self.stop_reason: str | None = None
         self.last_eval_metrics: dict[str, float] = {}
         self.last_eval_results: dict[str, Any] = {}
+        self.last_eval_records = 0  # records the last evaluation scored
         self.target_epoch: int | None = None
         self._iterator = None
         self._resume_state: dict | None = None  # the state of an iterator closed by `close`
@@ -546,8 +551,8 @@ class Trainer:
                     break
                 out, compile_seconds = self._eval_step(values, batch)
                 rows = batch_rows(batch)
+                sizes.append(out.pop(RECORDS, rows))  # the valid records, when some were skipped
                 outs.append(out)
-                sizes.append(rows)
                 cause = self._eval_causes.cause(batch) if compile_seconds > 0 else None
                 self.callbacks("on_eval_step_end", self, StepLogs(
                     step=len(outs), batch_size=rows, data_wait=(begin, end), dispatched_at=time.perf_counter(),
@@ -558,7 +563,8 @@ class Trainer:
             raise ValueError("evaluate found no batches in the eval pipeline (an empty epoch); check its source")
         collections = [out.pop(CLU_STATE) for out in outs if CLU_STATE in out]
         host = jax.device_get(outs)
-        weights = np.asarray(sizes, np.float64) / sum(sizes)
+        sizes = [int(size) for size in jax.device_get(sizes)]
+        weights = np.asarray(sizes, np.float64) / max(1, sum(sizes))
         accumulated = {k: m for k, m in (self.metrics.items() if isinstance(self.metrics, Mapping) else ())
                        if isinstance(m, Metric)}
         metrics = {k: float(sum(w * float(o[k]) for w, o in zip(weights, host))) for k in host[0]
@@ -575,6 +581,7 @@ class Trainer:
             metrics.update({k: float(v) for k, v in jax.device_get(merged.compute()).items() if k != "loss"})
         self.last_eval_metrics = metrics
         self.last_eval_results = results
+        self.last_eval_records = int(sum(sizes))
         self.callbacks("on_eval_end", self, self.step, dict(metrics))
         return metrics
 

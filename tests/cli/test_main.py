@@ -5,6 +5,7 @@ from pathlib import Path
 import math
 import textwrap
 
+import numpy as np
 import pytest
 from toml_jobs import write_job
 
@@ -92,7 +93,7 @@ def test_validate_exits_non_zero_with_one_line_per_problem(folder, capsys):
 @pytest.mark.parametrize("argv,words", [
     (["validate", "/nonexistent/run.toml"], "config file '/nonexistent/run.toml' does not exist"),
     (["bench", "no_such_scenario"], "unknown scenario(s) ['no_such_scenario']"),
-    (["bench", "tokens", "--vs", "tf"], "unknown peer(s) ['tf'] in --vs; choose from grain, tfdata, torch"),
+    (["bench", "tokens", "--vs", "tf"], "unknown peer(s) ['tf'] in --vs; choose from grain, numpy, tfdata, torch"),
 ])
 def test_bad_input_is_a_one_line_error(argv, words, capfd):
     assert main(argv) == 1
@@ -649,6 +650,94 @@ def test_validate_rejects_bad_training_kit_options_at_their_key(folder, capsys, 
     path = str(write_job(folder, KIT_KEYS + keys, steps=6))
     assert main(["validate", path]) == 1
     assert f"datarax: error: {path}: {error}" in capsys.readouterr().err
+
+
+FOLDER_HELPERS = '''
+import numpy as np
+
+def make_model(rngs, width: int = 4):
+    from flax import nnx
+    return nnx.Linear(width, 1, rngs=rngs)
+'''
+# What `train` once rejected only after the run began (or with a second, confusing line): each is
+# rejected by `validate`, at its key, with exactly one line. (job keys, steps, tables after, the error)
+FRICTIONS = [
+    ('optimizer = { adam = { learning_rate = "3e-3" } }', 4, "",
+     "trainer.optimizer.adam.learning_rate must be a number or an import path 'package.module:function', got '3e-3'"),
+    ("", 200.5, "", "trainer.steps must be an integer, got 200.5"),
+    ('model = "folder_helpers:make_model"\nmodel_args = { width = "4" }', 4, "",
+     "trainer.model_args.width must be an integer, got '4'"),
+    ('model = "folder_helpers:make_model"\nmodel_args = { depth = 2 }', 4, "",
+     "trainer.model_args.depth is not a known parameter of 'folder_helpers:make_model'"),
+    ("optimizer = { sgd = { learning_rate = 0.1, momentum = true, nesterov = 1 } }", 4, "",
+     "trainer.optimizer.sgd.nesterov must be true or false, got 1"),
+    ("eval_every_steps = 2", 4, '[eval]\n[eval.source.image_folder]\nroot = "no-such-folder"\n',
+     "eval.source.image_folder"),
+]
+
+
+@pytest.mark.parametrize("keys, steps, after, error", FRICTIONS, ids=[f[3][:40] for f in FRICTIONS])
+def test_validate_rejects_each_friction_at_its_key_in_one_line(folder, capsys, keys, steps, after, error):
+    (folder / "folder_helpers.py").write_text(FOLDER_HELPERS)
+    path = write_job(folder, keys, steps=steps, after=after)
+    text = path.read_text().replace('allow = ["job_helpers"]', 'allow = ["job_helpers", "folder_helpers"]')
+    if "optimizer = {" in keys:  # the job's own optimizer line gives way to the one under test
+        text = text.replace("optimizer = { adam = { learning_rate = 0.01 } }\n", "", 1)
+    if "model = " in keys:
+        text = text.replace('model = "job_helpers:make_model"\n', "", 1)
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("datarax: error:")]
+    assert len(lines) == 1 and f"datarax: error: {path}: {error}" in lines[0], err
+
+
+EVAL_HELPERS = '''
+import numpy as np
+
+def eval_records():
+    rng = np.random.default_rng(1)
+    x = rng.random((150, 4)).astype(np.float32)
+    return {"x": x, "y": np.arange(150, dtype=np.float32)}
+
+def mean_y(batch, aux):
+    return batch["y"].mean()
+'''
+
+
+def test_eval_scores_every_record_whatever_the_training_pipeline_drops(folder, capsys):
+    """Training drops its short final batch (drop_remainder = true at the top); [eval] does not inherit
+    that: 150 records at batch 32 are all scored (a batch-weighted mean of y is numpy's mean of all 150)."""
+    (folder / "eval_helpers.py").write_text(EVAL_HELPERS)
+    path = write_job(folder, 'metrics = { mean_y = "eval_helpers:mean_y" }', steps=4,
+                     after='[eval]\nbatch_size = 32\n[eval.source.memory]\ndata = "eval_helpers:eval_records"\n')
+    path.write_text(path.read_text().replace('allow = ["job_helpers"]', 'allow = ["job_helpers", "eval_helpers"]\n'
+                                                                        'drop_remainder = true'))
+    assert main(["train", str(path), "--no-progress"]) == 0
+    assert "(150 records)" in capsys.readouterr().out
+    result = json.loads((folder / "runs" / "run" / "result.json").read_text())
+    assert result["eval_records"] == 150
+    assert result["eval_metrics"]["mean_y"] == pytest.approx(np.arange(150).mean(), rel=1e-6)
+
+
+def test_validate_shows_the_guardrail_warnings_in_the_files_terms_and_train_repeats_them(folder, capsys):
+    """An unshuffled source and a batch size that leaves a short final batch: `validate` says both
+    (the file is still OK), as one line each, naming the keys to set; `train` says the same."""
+    path = write_job(folder, steps=2)
+    path.write_text(path.read_text().replace("shuffle = true\n", "").replace("batch_size = 8", "batch_size = 12"))
+    assert main(["validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("datarax: warning:")]
+    assert len(lines) == 2 and len(err.splitlines()) == 2, err  # one line each, no source line under them
+    short, unshuffled = sorted(lines)
+    assert short.startswith("datarax: warning: ShortFinalBatchWarning: the training pipeline's epoch of 40 records "
+                            "ends in a short batch of 4 (batch_size=12)")
+    assert "Fix: drop_remainder = true at the top of the file (drops 4 records per epoch" in short
+    assert "UnshuffledTrainingWarning: the training pipeline reads MemorySource in the same order every epoch" in \
+        unshuffled and "Fix: set shuffle = true (and seed = 0) in the [source.<name>] table" in unshuffled
+    assert main(["train", str(path), "--no-progress"]) == 0
+    assert sorted(line for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("datarax: warning:")) == sorted(lines)
 
 
 def test_train_takes_accumulation_ema_precision_and_best_k_from_the_file(folder, capsys):

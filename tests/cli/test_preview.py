@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from datarax.cli.main import main
-from datarax.cli.preview import GAP, MIN_TILE, spectrograms, to_uint8
+from datarax.cli.preview import CAPTION, GAP, MIN_TILE, spectrograms, to_uint8
 
 HELPERS = '''
 import numpy as np
@@ -38,48 +38,85 @@ def write(folder, text):
     return str(path)
 
 
-def expected_size(count: int, h: int, w: int) -> tuple[int, int]:
+def memory_job(folder, data: str, batch_size: int) -> str:
+    """A configuration over `[source.memory]` data = `data` (a function of an allowed helper module)."""
+    module = data.split(":")[0]
+    return write(folder, f"""
+        allow = ["{module}"]
+        batch_size = {batch_size}
+        [source.memory]
+        data = "{data}"
+    """)
+
+
+def expected_size(count: int, h: int, w: int, captions: bool = True) -> tuple[int, int]:
     """(width, height) of the grid, written from the layout rule: whole-factor upscaling to MIN_TILE,
-    ceil(sqrt(n)) columns, GAP pixels between and around tiles."""
+    ceil(sqrt(n)) columns, GAP pixels between and around tiles, a CAPTION strip under each labelled row."""
     scale = max(1, math.ceil(MIN_TILE / min(h, w)))
     cols = math.ceil(math.sqrt(count))
     rows = math.ceil(count / cols)
-    return cols * w * scale + (cols + 1) * GAP, rows * h * scale + (rows + 1) * GAP
+    strip = CAPTION if captions else 0
+    return cols * w * scale + (cols + 1) * GAP, rows * (h * scale + strip) + (rows + 1) * GAP
 
 
 def test_an_image_grid_has_the_layout_size_and_the_records_pixels(folder, capsys):
-    path = write(folder, """
-        allow = ["preview_helpers"]
-        batch_size = 2
-        [source.memory]
-        data = "preview_helpers:images"
-    """)
+    path = memory_job(folder, "preview_helpers:images", 2)
     out = folder / "grid.png"
     assert main(["preview", path, "--out", str(out), "--n", "5"]) == 0
-    assert expected_size(5, 8, 8) == (200, 134)  # 8x8 tiles scaled 8x to 64x64, 3 columns, 2 rows
+    assert expected_size(5, 8, 8) == (200, 158)  # 8x8 tiles scaled 8x to 64x64, 3 columns, 2 rows, captioned
     grid = np.asarray(Image.open(out))
-    assert Image.open(out).size == (200, 134) and grid.shape == (134, 200, 3)
-    assert f"wrote {out}: 5 images of field 'image' (uint8 [8, 8, 3] per record), 200x134 px" in capsys.readouterr().out
+    assert Image.open(out).size == (200, 158) and grid.shape == (158, 200, 3)
+    assert (f"wrote {out}: 5 images of field 'image' (uint8 [8, 8, 3] per record), labelled by field 'label', "
+            "200x158 px") in capsys.readouterr().out
     import preview_helpers
 
     records = preview_helpers.images()["image"]  # an unshuffled source: the first five records, in order
+    row = 64 + CAPTION + GAP
     for i, record in enumerate(records):
         r, c = divmod(i, 3)
-        tile = grid[GAP + r * (64 + GAP):GAP + r * (64 + GAP) + 64, GAP + c * (64 + GAP):GAP + c * (64 + GAP) + 64]
+        tile = grid[GAP + r * row:GAP + r * row + 64, GAP + c * (64 + GAP):GAP + c * (64 + GAP) + 64]
         np.testing.assert_array_equal(tile, np.kron(record, np.ones((8, 8, 1), np.uint8)))
 
 
+def caption_strips(grid: np.ndarray, count: int, side: int = 64) -> list[np.ndarray]:
+    cols = math.ceil(math.sqrt(count))
+    row = side + CAPTION + GAP
+    return [grid[GAP + r * row + side:GAP + r * row + side + CAPTION, GAP + c * (side + GAP):GAP + c * (side + GAP) + side]
+            for r, c in (divmod(i, cols) for i in range(count))]
+
+
+def test_each_tile_is_captioned_by_its_label(folder, capsys):
+    """Equal labels give equal captions, different labels different ones, and every caption has ink:
+    the strip under a tile depends on its record's label and on nothing else."""
+    (folder / "labelled.py").write_text(textwrap.dedent("""
+        import numpy as np
+        def data():
+            return {"image": np.zeros((6, 8, 8, 3), np.uint8), "label": np.array([3, 7, 3, 11, 7, 3], np.int32),
+                    "other": np.array([5, 5, 5, 5, 5, 5], np.int32)}
+    """))
+    path = memory_job(folder, "labelled:data", 6)
+    out = folder / "labelled.png"
+    assert main(["preview", path, "--out", str(out), "--n", "6"]) == 0
+    strips = caption_strips(np.asarray(Image.open(out)), 6)
+    labels = [3, 7, 3, 11, 7, 3]
+    for i in range(6):
+        assert (strips[i] != 96).any()  # something is written on the background
+        for j in range(6):
+            assert np.array_equal(strips[i], strips[j]) == (labels[i] == labels[j])
+    assert main(["preview", path, "--out", str(out), "--n", "6", "--label", "other"]) == 0
+    strips = caption_strips(np.asarray(Image.open(out)), 6)
+    assert all(np.array_equal(strip, strips[0]) for strip in strips)
+    assert "labelled by field 'other'" in capsys.readouterr().out
+    assert main(["preview", path, "--out", str(out), "--label", "image"]) == 1
+    assert "--label 'image' must name a field holding one integer per record" in capsys.readouterr().err
+
+
 def test_an_audio_field_is_drawn_as_spectrograms(folder, capsys):
-    path = write(folder, """
-        allow = ["preview_helpers"]
-        batch_size = 3
-        [source.memory]
-        data = "preview_helpers:tones"
-    """)
+    path = memory_job(folder, "preview_helpers:tones", 3)
     out = folder / "spectrograms.png"
     assert main(["preview", path, "--out", str(out), "--n", "3"]) == 0
     # 1024 samples: n_fft 64 (the power of two up to sqrt(4 * 1024)), hop 16: 33 bins x 61 frames.
-    assert Image.open(out).size == expected_size(3, 33, 61) == (250, 138)
+    assert Image.open(out).size == expected_size(3, 33, 61) == (250, 162)
     assert "3 spectrograms of field 'audio'" in capsys.readouterr().out
 
 
@@ -117,12 +154,7 @@ def test_normalised_floats_span_their_percentiles():
 
 
 def test_a_field_that_cannot_be_drawn_is_a_one_line_error(folder, capsys):
-    path = write(folder, """
-        allow = ["preview_helpers"]
-        batch_size = 3
-        [source.memory]
-        data = "preview_helpers:tones"
-    """)
+    path = memory_job(folder, "preview_helpers:tones", 3)
     assert main(["preview", path, "--field", "label", "--out", str(folder / "x.png")]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1

@@ -104,3 +104,60 @@ def test_optax_functions_by_name_need_no_allow(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_spec(path)
     assert [p.split(" ")[0] for p in info.value.problems] == ["trainer.model", "trainer.loss"]
+
+
+FILESYSTEM = '''
+import io
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.implementations.memory import MemoryFileSystem
+
+
+class SlowFileSystem(MemoryFileSystem):
+    """A store whose fsspec package is not auto-registered: its protocol exists once this module is imported."""
+
+    protocol = "{protocol}"
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol("memory://" + path.removeprefix("{protocol}://"))
+
+
+fsspec.register_implementation("{protocol}", SlowFileSystem, clobber=True)
+buf = io.BytesIO()
+pq.write_table(pa.table({{"x": np.arange(6, dtype=np.int32)}}), buf)
+SlowFileSystem().pipe("/{protocol}-data/shard.parquet", buf.getvalue())
+'''
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_imports_run_an_allowed_module_before_the_source_is_built(tmp_path, allowed):
+    """A custom fsspec protocol (filled with a shard at import) named from TOML: imported when allowed,
+    refused at its key (and never imported) when not."""
+    name = f"fs_{uuid.uuid4().hex[:10]}"
+    protocol = name.replace("_", "")
+    (tmp_path / f"{name}.py").write_text(FILESYSTEM.format(protocol=protocol))
+    allow = f'allow = ["{name}"]\n' if allowed else ""
+    path = write(tmp_path, f'{allow}imports = ["{name}"]\nbatch_size = 3\n[source.sharded]\n'
+                           f'urls = ["{protocol}://{protocol}-data/shard.parquet"]\n'
+                           f'manifest_dir = "{tmp_path / "m"}"\n')
+    try:
+        if not allowed:
+            with pytest.raises(ConfigError, match=rf"^.*imports\[0\] names '{name}', whose module '{name}' is not "
+                                                  rf"allowed.*allow = \['{name}'\]"):
+                load_pipeline(path)
+            assert name not in sys.modules
+            return
+        pipeline = load_pipeline(path)
+        assert [int(v) for batch in pipeline for v in batch["x"]] == list(range(6))
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_imports_must_name_modules():
+    from datarax.config import registry
+
+    with pytest.raises(ValueError, match=r"names 'pkg:attr', which is not a module name"):
+        registry.import_module("pkg:attr")

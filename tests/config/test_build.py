@@ -488,3 +488,30 @@ def test_retry_policy_is_a_key(helpers):
     with pytest.raises(ConfigError, match=r"retry_policy.*max_retries"):
         load_pipeline(write(helpers, base.replace("batch_size = 4", "batch_size = 4\n        retry_policy = "
                                                   "{ max_retries = -1 }")))
+
+
+def test_the_top_level_seed_reaches_the_host_stages(tmp_path):
+    """Two runs with seeds 1 and 2 crop differently, a run repeats its own crops, and a stage given
+    its own seed keeps it whatever the run's seed."""
+    from PIL import Image
+
+    for label in ("a", "b"):
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for i in range(4):
+            pixels = np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "images" / label / f"{i}.png")
+
+    def crops(seed: int, stage_seed: str = "") -> np.ndarray:
+        path = write(tmp_path, f"""
+            batch_size = 8
+            seed = {seed}
+            [source.image_folder]
+            root = "images"
+            [[stages]]
+            decode_image = {{ size = 8, crop = "random_resized"{stage_seed} }}
+        """)
+        return np.concatenate([np.asarray(b["image"]) for b in load_pipeline(path)])
+
+    assert not np.array_equal(crops(1), crops(2))
+    np.testing.assert_array_equal(crops(1), crops(1))
+    np.testing.assert_array_equal(crops(1, ", seed = 7"), crops(2, ", seed = 7"))

@@ -70,3 +70,27 @@ def test_no_int_check_is_hand_rolled_outside_core_checks():
     offenders = [hit for path in sorted(root.rglob("*.py")) if path != root / "core" / "checks.py"
                  for hit in hand_rolled_int_checks(path)]
     assert offenders == []
+
+
+@pytest.mark.parametrize("values, refused", [
+    (np.array([0, 2**31 - 1, -(2**31)], np.int64), None),  # int32's whole range fits
+    (np.array([0, 2**31], np.int64), 2**31),
+    (np.array([-(2**31) - 1], np.int64), -(2**31) - 1),
+    (np.array([[1, 2], [3, 2**40]], np.int64), 2**40),
+    (np.array([2**32 - 1], np.uint64), None),  # uint64 becomes uint32
+    (np.array([2**32], np.uint64), 2**32),
+    (np.array([2**40], np.float64), None),  # only 64-bit integers are narrowed
+    (np.array([2**31 - 1], np.int32), None),
+])
+def test_check_int_range_against_numpys_own_wrap(values, refused):
+    from datarax.core.checks import IntegerRangeError, check_int_range
+
+    if refused is None:
+        check_int_range(values, "Src", "f", fix="cast it")
+        return
+    narrow = np.int32 if values.dtype.kind == "i" else np.uint32
+    wrapped = int(np.asarray(refused, values.dtype).astype(narrow))
+    assert wrapped != refused
+    with pytest.raises(IntegerRangeError, match=rf"^Src field 'f' holds {refused} \(row \d\), outside .* wrap it to "
+                                                rf"{wrapped}\. Fix: .*jax_enable_x64.*; or cast it$"):
+        check_int_range(values, "Src", "f", fix="cast it", where=lambda row: f"row {row}")

@@ -340,7 +340,8 @@ SETTINGS = [{"size": 96}, {"size": (40, 56), "crop": "random_resized", "seed": 3
 def lanczos_reference(path: str, stage: DecodeImage, record: int) -> np.ndarray:
     """An accurate reference of the stage's box: full decode, EXIF transpose, Lanczos."""
     image = reference(path)
-    rng = record_generator(stage.seed, 0, 0, record) if stage.stochastic else None
+    # an unset seed is the pipeline's, 0 without rngs
+    rng = record_generator(stage.seed or 0, 0, 0, record) if stage.stochastic else None
     box = stage._box(image.height, image.width, rng)
     h, w = stage.config.size
     return np.asarray(image.resize((w, h), Image.Resampling.LANCZOS, box=box))

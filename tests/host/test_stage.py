@@ -179,3 +179,39 @@ def test_repeated_records_in_a_batch_are_one_read_and_the_same_output():
     assert reads == [[4, 2, 9]]
     np.testing.assert_array_equal(got["x"], [4, 2, 4, 4, 9])
     np.testing.assert_array_equal(got["offset"], [record_generator(3, 0, 1, r).random() for r in (4, 2, 4, 4, 9)])
+
+
+def test_an_unseeded_stage_draws_from_the_pipelines_seed():
+    """Stage seed None: the pipeline's seed (drawn from `Pipeline(rngs=...)`, 0 without) keys the
+    stage, exactly as the reference generator keyed by that seed; a stage's own seed wins."""
+    from flax import nnx
+
+    from datarax.core.source import seed_from_rngs
+
+    def offsets(stage, rngs):
+        source = MemorySource(data={"id": np.arange(12, dtype=np.int32)})
+        return np.concatenate([np.asarray(b["offset"]) for b in Pipeline(source, [stage], batch_size=4, rngs=rngs)])
+
+    def reference(seed):
+        return np.array([record_generator(seed, 0, 0, r).random() for r in range(12)], np.float32)  # on the device
+
+    np.testing.assert_array_equal(offsets(Jitter(None), None), reference(0))  # no rngs: seed 0, as before
+    for k in (1, 2):
+        np.testing.assert_array_equal(offsets(Jitter(None), nnx.Rngs(k)), reference(seed_from_rngs(None, nnx.Rngs(k),
+                                                                                                   "augment")))
+    assert not np.array_equal(offsets(Jitter(None), nnx.Rngs(1)), offsets(Jitter(None), nnx.Rngs(2)))
+    np.testing.assert_array_equal(offsets(Jitter(5), nnx.Rngs(1)), reference(5))
+    np.testing.assert_array_equal(offsets(Jitter(5), nnx.Rngs(2)), reference(5))
+    with pytest.raises(TypeError, match=r"rngs must be an nnx.Rngs \(e.g. nnx.Rngs\(0\)\) or None, got int 3"):
+        Pipeline(MemorySource(data={"id": np.arange(4)}), [], batch_size=2, rngs=3)
+
+
+def test_the_pipeline_seed_is_in_the_fingerprint_of_stages_that_draw_from_it():
+    from flax import nnx
+
+    source = MemorySource(data={"id": np.arange(8, dtype=np.int32)})
+    prints = {k: Pipeline(source, [Jitter(None)], batch_size=4, rngs=None if k is None else nnx.Rngs(k)).fingerprint
+              for k in (None, 1, 2)}
+    assert len(set(prints.values())) == 3
+    own = {k: Pipeline(source, [Jitter(5)], batch_size=4, rngs=nnx.Rngs(k)).fingerprint for k in (1, 2)}
+    assert own[1] == own[2]

@@ -281,3 +281,56 @@ def test_the_short_quickstart_runs_and_is_the_readme_block():
         runpy.run_path(str(ROOT / "examples" / "quickstart_short.py"), run_name="__main__")
     assert out.getvalue().strip().splitlines() == [
         f"Batch {i}: images (32, 28, 28, 1) float32, labels (32,)" for i in range(3)]
+
+
+def settled_thread_count(at_most: int) -> int:
+    """`threading.active_count()` once threads told to stop have ended (a bounded wait, no timing asserted)."""
+    import gc
+    import threading
+    import time
+
+    gc.collect()
+    for _ in range(200):
+        if threading.active_count() <= at_most:
+            break
+        time.sleep(0.02)
+    return threading.active_count()
+
+
+def test_abandoned_pipelines_release_their_threads(tmp_path):
+    """100 image pipelines (a reading pool, a decode pool, a prefetch thread each), iterated two
+    batches and dropped, leave no more threads than one; `close()` and `with` release them at once."""
+    import threading
+
+    from PIL import Image
+
+    from datarax.host import DecodeImage
+    from datarax.sources import ImageFolderSource
+
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+        for i in range(6):
+            Image.fromarray(np.full((8, 8, 3), i * 20, np.uint8)).save(tmp_path / label / f"{i}.png")
+
+    def make():
+        return Pipeline(ImageFolderSource(root=str(tmp_path), shuffle=True, seed=0),
+                        [DecodeImage(size=4, num_threads=2)], batch_size=4)
+
+    def abandon():
+        it = iter(make())
+        next(it), next(it)
+
+    before = threading.active_count()
+    abandon()
+    one = settled_thread_count(before)
+    for _ in range(100):
+        abandon()
+    assert settled_thread_count(one) <= one
+    with make() as pipeline:
+        next(iter(pipeline))
+        assert threading.active_count() > one  # its pools are running
+    assert settled_thread_count(one) <= one
+    pipeline = make()
+    next(iter(pipeline))
+    pipeline.close()
+    assert settled_thread_count(one) <= one

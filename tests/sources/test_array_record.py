@@ -110,10 +110,11 @@ def test_records_with_different_layouts_are_rejected(tmp_path):
         writer.write(record)
     writer.close()
     src = ArrayRecordSource(paths=path)
-    with pytest.raises(RecordFormatError, match=f"record 1 of the batch is {len(records[1])} bytes, the dataset's "
-                                                f"records are {len(records[0])}.*same fields, dtypes and shapes"):
+    with pytest.raises(RecordFormatError, match=f"record 1 of .*mixed.array_record is {len(records[1])} bytes, the "
+                                                f"dataset's records are {len(records[0])}.*same fields, dtypes and "
+                                                "shapes"):
         src.get_batch(np.array([0, 1]))
-    with pytest.raises(RecordFormatError, match="record 1 of the batch has a different layout"):
+    with pytest.raises(RecordFormatError, match="record 2 of .*mixed.array_record has a different layout"):
         src.get_batch(np.array([0, 2]))
 
 
@@ -254,3 +255,94 @@ def test_a_garbled_record_fails_the_epoch_naming_the_file_and_record(files, tmp_
         for batch in Pipeline(source, [], batch_size=32):
             seen += len(batch["id"])
     assert seen < N
+
+
+def crafted(header: bytes, body: bytes = b"\x00" * 8) -> bytes:
+    """A record whose prefix is right but whose header is `header` (written by no one honest)."""
+    import struct
+
+    return b"DRX1" + struct.pack("<I", len(header)) + header + body
+
+
+# (the header's JSON, the fault the error must name): every kind of malformed header
+CRAFTED = [
+    (b'[["x", "<U2", [1]]]', r"dtype '<U2' \(<U2\), not a numeric or bool type"),
+    (b'[["x", "V8", []]]', r"dtype 'V8' \(\|V8\), not a numeric or bool type"),
+    (b'[["x", "O", []]]', r"dtype 'O' \(object\), not a numeric or bool type"),
+    (b'[["x", "i4,i4", []]]', r"dtype 'i4,i4' .*not a numeric or bool type"),
+    (b'[["x", "M8[s]", []]]', r"dtype 'M8\[s\]' .*not a numeric or bool type"),
+    (b'[["x", "zz", []]]', r"dtype 'zz', which is no numpy type"),
+    (b'[["x", "<f4", [-2]]]', r"shape '\[-2\]', not a list of non-negative ints"),
+    (b'[["x", "<f4", [true]]]', r"shape '\[True\]', not a list of non-negative ints"),
+    (b'[["x", "<f4", [1000]]]', r"field 'x' \(float32, shape \[1000\]\) needs 4000 bytes, past the record's"),
+    (b'{"x": 1}', r"it is dict .*not a non-empty list of \[name, dtype, shape\] fields"),
+    (b'[]', r"it is list '\[\]', not a non-empty list"),
+    (b'[["x", "<f4"]]', r"entry 0 is .*not \[name, dtype, shape\]"),
+    (b'[[7, "<f4", [2]]]', r"entry 0 has the name '7', not a new non-empty string"),
+    (b'[["x", "<f4", [1]], ["x", "<f4", [1]]]', r"entry 1 has the name 'x', not a new non-empty string"),
+    (b'[["x", "<f4", [2]', r"it is not UTF-8 JSON \(JSONDecodeError"),
+    (b'\xff\xfe', r"it is not UTF-8 JSON \(UnicodeDecodeError"),
+]
+
+
+@pytest.mark.parametrize("header, fault", CRAFTED)
+def test_a_crafted_header_is_a_corrupt_file_error_naming_file_record_and_fault(tmp_path, header, fault):
+    path = str(tmp_path / "crafted.array_record")
+    good = encode_record({"x": np.zeros(2, np.float32)})
+    for first, position in ((crafted(header), 0), (good, 3)):  # at open (the first record), and at a later read
+        writer = ar.ArrayRecordWriter(path, "group_size:1")
+        for i in range(5):
+            writer.write(crafted(header) if i == position else good)
+        writer.close()
+        with pytest.raises(CorruptFileError, match=rf"^record {position} of '?.*crafted\.array_record'? has a "
+                                                   rf"corrupt header: (field .x. has the )?{fault}"):
+            list(Pipeline(ArrayRecordSource(paths=path), [], batch_size=5))
+
+
+def test_a_header_longer_than_its_record_is_named():
+    from datarax.sources._records import parse_layout
+
+    record = b"DRX1" + (1000).to_bytes(4, "little") + b"[]"
+    with pytest.raises(CorruptFileError, match=r"r has a corrupt header: its header length 1000 runs past"):
+        parse_layout(record, "r")
+
+
+def test_random_header_bytes_never_reach_numpy_or_jax():
+    """Whatever bytes (or JSON) a header holds, parsing gives a layout of plain numeric fields whose
+    sizes add up to the record, or a CorruptFileError: never numpy's or JAX's own errors."""
+    import json
+    import struct
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from datarax.sources._columns import batchable
+    from datarax.sources._records import parse_layout
+
+    json_values = st.recursive(st.none() | st.booleans() | st.integers(-3, 2**41) | st.floats(allow_nan=False)
+                               | st.sampled_from(["x", "<f4", "<U3", "V2", "O", "|b1", "<i8", "c8", "", "m8"]),
+                               lambda inner: st.lists(inner, max_size=4), max_leaves=12)
+
+    def check(record: bytes) -> None:
+        try:
+            layout = parse_layout(record, "r")
+        except CorruptFileError:
+            return
+        assert all(batchable(f.dtype) and f.dtype.kind in "biufc" and all(s >= 0 for s in f.shape)
+                   for f in layout.fields)
+        assert layout.size == len(record) == layout.fields[-1].offset + layout.fields[-1].nbytes
+        decode_record(record)  # and it decodes
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.binary(max_size=64), st.binary(max_size=32))
+    def raw(header, body):
+        check(crafted(header, body))
+
+    @settings(max_examples=300, deadline=None)
+    @given(json_values, st.integers(0, 40))
+    def structured(value, body):
+        check(crafted(json.dumps(value).encode(), b"\x00" * body))
+
+    raw()
+    structured()
+    check(b"DRX1" + struct.pack("<I", 3))  # a prefix whose header is missing

@@ -118,3 +118,18 @@ def test_a_file_deleted_after_the_scan_names_the_record_and_path(tmp_path):
     (tmp_path / "cat" / "b.png").unlink()
     with pytest.raises(FileNotFoundError, match=r"ImageFolderSource record 1: the file is gone .*b\.png'"):
         source.get_batch(np.array([0, 1]))
+
+
+def test_a_missing_file_is_a_data_path_error_naming_row_dataset_and_path(dataset_dir):
+    """Not a bare FileNotFoundError: the row, the dataset's file and the path; through a pipeline
+    with DecodeImage(on_error='skip') too (documented: a missing file is no undecodable record)."""
+    from datarax import Pipeline
+    from datarax.host import DecodeImage
+
+    source = source_for(dataset_dir, ["img/a.png", "img/gone.png"])
+    with pytest.raises(DataPathError, match=r"^HFSource row 1 of .*\.arrow, column 'image', names "
+                                            r"'.*data/img/gone\.png', which does not exist .*files_root"):
+        source.get_batch(np.array([0, 1]))
+    pipeline = Pipeline(source, [DecodeImage(size=4, on_error="skip")], batch_size=2)
+    with pytest.raises(DataPathError, match=r"row 1 .*gone\.png', which does not exist"):
+        list(pipeline)

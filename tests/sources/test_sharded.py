@@ -367,3 +367,138 @@ def test_the_last_batches_of_an_epoch_prefetch_the_next_epochs_first_blocks(tmp_
     # the next epoch's first batch then finds its blocks fetched
     assert set((np.searchsorted(source._io.starts, sampler.indices(np.arange(8), 1), side="right") - 1).tolist()) \
         <= cached_blocks(source)
+
+
+def garble(data: bytes, start: int, count: int = 8) -> bytes:
+    out = bytearray(data)
+    for i in range(start, start + count):
+        out[i] ^= 0xFF
+    return bytes(out)
+
+
+def footer_start(data: bytes) -> int:
+    return len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+
+
+def first_page(data: bytes, group: int) -> int:
+    column = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(group).column(0)
+    return column.data_page_offset + column.total_compressed_size // 2
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda data: data[:len(data) // 2], r"shard 'file://.*shard-1\.parquet' is not a readable parquet file \(its footer"),
+    (lambda data: garble(data, footer_start(data) + 4, 16), r"shard 'file://.*shard-1\.parquet' is not a readable parquet file"),
+    (lambda data: garble(data, first_page(data, 2)), r"cannot read row group 2 of file://.*shard-1\.parquet: OSError"),
+])
+def test_a_damaged_shard_is_refused_naming_its_url_and_block(tmp_path, damage, match):
+    from datarax.sources import CorruptFileError
+
+    urls = write_shards("parquet", "file", tmp_path)
+    path = urls[1].removeprefix("file://")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(damage(data))
+    with pytest.raises(CorruptFileError, match=match):
+        source = ShardedSource(urls=urls, fields=("x",), manifest_dir=str(tmp_path / "m"), block_records=10)
+        list(Pipeline(source, [], batch_size=8))
+
+
+class SeededFlaky(MemoryFileSystem):
+    """The memory filesystem whose every request (range read, info, open) times out with
+    probability `rate`, from a seeded generator."""
+
+    protocol = "seededflaky"
+    rate = 0.0
+    rng = np.random.default_rng(0)
+    failures = [0]
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol("memory://" + path.removeprefix("seededflaky://"))
+
+    def _maybe_fail(self):
+        if SeededFlaky.rng.random() < SeededFlaky.rate:
+            SeededFlaky.failures[0] += 1
+            raise TimeoutError("injected timeout")
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        self._maybe_fail()
+        return super().cat_file(path, start, end, **kwargs)
+
+    def info(self, path, **kwargs):
+        self._maybe_fail()
+        return super().info(path, **kwargs)
+
+    def _open(self, path, *args, **kwargs):
+        self._maybe_fail()
+        return super()._open(path, *args, **kwargs)
+
+
+@pytest.mark.parametrize("rate, settings", [(0.05, {}), (0.2, {"max_retries": 12, "retry_backoff_s": 0.0})])
+def test_random_timeouts_still_give_the_exact_stream_ten_runs_in_ten(tmp_path, rate, settings):
+    """12 shards, two shuffled epochs, every request timing out at `rate`: each of 10 runs (a fresh
+    source, manifest and cache each) reads exactly the stream of a run without faults."""
+    fsspec.register_implementation("seededflaky", SeededFlaky, clobber=True)
+    sizes = [20 + 3 * s for s in range(12)]
+    for shard, n in enumerate(sizes):
+        SeededFlaky().pipe(f"/{tmp_path.name}/t-{shard:02d}.parquet", parquet_bytes(shard, n))
+    urls = [f"seededflaky://{tmp_path.name}/t-{shard:02d}.parquet" for shard in range(12)]
+
+    def run(name: str) -> np.ndarray:
+        source = ShardedSource(urls=urls, fields=("x",), shuffle=True, seed=5, block_records=10, window=2,
+                               manifest_dir=str(tmp_path / name), **settings)
+        return epoch_values(Pipeline(source, [], batch_size=8).epochs(2), "x")
+
+    SeededFlaky.rate = 0.0
+    reference = run("reference")
+    SeededFlaky.rate, SeededFlaky.failures[0] = rate, 0
+    try:
+        for seed in range(10):
+            SeededFlaky.rng = np.random.default_rng(seed)
+            np.testing.assert_array_equal(run(f"run-{seed}"), reference)
+    finally:
+        SeededFlaky.rate = 0.0
+    assert SeededFlaky.failures[0] > 10 * rate * 50  # the faults happened (over 50 requests a run)
+
+
+def test_a_rewrite_keeping_size_and_mtime_is_refused_at_open(tmp_path):
+    import os
+
+    def shard(values) -> bytes:
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"x": np.asarray(values, np.int64)}), buf, compression="none", use_dictionary=False)
+        return buf.getvalue()
+
+    path = tmp_path / "s.parquet"
+    path.write_bytes(shard(range(30)))
+    stat = os.stat(path)
+    url = f"file://{path}"
+    ShardedSource(urls=[url], manifest_dir=str(tmp_path / "m"))  # the manifest, with the shard's hash
+    rewritten = shard(range(100, 130))
+    assert len(rewritten) == stat.st_size
+    path.write_bytes(rewritten)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(ShardChangedError, match=rf"shard '{url}' was rewritten .* same size \({stat.st_size}\) and "
+                                                r"modification time, but the hash .* changed"):
+        ShardedSource(urls=[url], manifest_dir=str(tmp_path / "m"))
+    unverified = ShardedSource(urls=[url], manifest_dir=str(tmp_path / "m"), verify=False)  # documented: not checked
+    assert unverified.get_batch(np.array([0]))["x"].tolist() == [100]
+
+
+def test_a_custom_sampler_still_gets_its_blocks_fetched_ahead(tmp_path):
+    """Under a sampler of the user's, the reader tells the source the next batch's records before it
+    reads the current one: only the first batch's blocks (those the second does not share) are
+    fetched when read (the source's own block order is not in use)."""
+    from datarax.samplers.simple import ShuffleSampler
+
+    urls = write_shards("parquet", "file", tmp_path)
+    source = ShardedSource(urls=urls, fields=("x",), manifest_dir=str(tmp_path / "m"), block_records=10)
+    sampler = ShuffleSampler(len(source), seed=4)
+    pipeline = Pipeline(source, [], batch_size=8, sampler=sampler)
+    values = epoch_values(pipeline, "x")
+    assert sorted(values.tolist()) == sorted(np.concatenate([ids_of(s, n) for s, n in enumerate(SIZES)]).tolist())
+    def blocks(positions):
+        return set((np.searchsorted(source._io.starts, sampler.indices(positions, 0), side="right") - 1).tolist())
+
+    assert source.unrequested_blocks == len(blocks(np.arange(8)) - blocks(np.arange(8, 16))) > 0

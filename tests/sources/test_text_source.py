@@ -1,4 +1,4 @@
-"""`TextSource.from_files`: a file that is not UTF-8 fails naming the file and line, never half-read."""
+"""`TextSource`: text that is not UTF-8 fails naming the document (index, file and line), never half-read."""
 
 import pytest
 
@@ -14,8 +14,15 @@ def test_from_files_reads_one_document_per_non_empty_line(tmp_path):
 def test_a_file_that_is_not_utf8_fails_naming_the_file_and_line(tmp_path):
     (tmp_path / "good.txt").write_text("fine\n", encoding="utf-8")
     (tmp_path / "bad.txt").write_bytes(b"ok line\n" * 5000 + b"caf\xe9 latin-1\nmore\n")
-    with pytest.raises(CorruptFileError, match=r"'.*bad\.txt' is not UTF-8 text .* on line 5001"):
+    with pytest.raises(CorruptFileError, match=r"document 5001 \(.*bad\.txt:5001\) is not UTF-8 text"):
         TextSource.from_files([tmp_path / "good.txt", tmp_path / "bad.txt"])
+
+
+@pytest.mark.parametrize("origins, named", [(None, r"documents\[2\] is"), (["a:1", "a:2", "b:7"], r"documents\[2\] \(b:7\) is")])
+def test_an_undecodable_document_is_named_by_index_and_origin(origins, named):
+    with pytest.raises(CorruptFileError, match=rf"^TextSource {named} not UTF-8 text \(unexpected end of data at byte 3: "
+                                               r"b'caf\\xe9'\)"):
+        TextSource(documents=["fine", b"also fine", b"caf\xe9"], origins=origins)
 
 
 def edited_pair(tmp_path):

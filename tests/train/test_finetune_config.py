@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from pathlib import Path
 
 from datarax.cli.main import main
 from datarax.config.schema import ConfigError, FieldError
@@ -35,6 +36,19 @@ class Net(nnx.Module):
 
 def make_model(classes=3, seed=0):
     return Net(classes, seed)
+
+class ConvNet(nnx.Module):
+    """A convolutional body and a linear head: LoRA's default kinds ("linear") find the head only."""
+
+    def __init__(self, classes=3, seed=0):
+        self.body = nnx.Conv(1, 4, (3,), rngs=nnx.Rngs(seed))
+        self.head = nnx.Linear(16, classes, rngs=nnx.Rngs(seed + 1))
+
+    def __call__(self, x):
+        return self.head(nnx.relu(self.body(x[..., None])).reshape(x.shape[0], -1))
+
+def make_conv(classes=3, seed=0):
+    return ConvNet(classes, seed)
 
 def table(model):
     return [KeyMap("body.weight", "body.kernel", "linear"), KeyMap("body.bias", "body.bias"),
@@ -269,3 +283,40 @@ def test_load_table_include_exclude_leave_the_rest_alone():
     before = np.asarray(model.a.kernel.get_value()).copy()
     load_table(model, tensors, h_table, check_only=True)
     np.testing.assert_array_equal(np.asarray(model.a.kernel.get_value()), before)
+
+
+def test_train_prints_and_writes_what_the_fine_tune_loaded_adapted_and_trains(folder, capsys):
+    """Counts from the layer shapes, by hand: body 4x16 + 16 frozen; head 16x5 + 5 trained; rank-2
+    adapters on body (2 x (4 + 16)) and head (2 x (16 + 5)) trained."""
+    import json
+
+    pretrained_file(folder)
+    path = job(folder, 'weights = "pretrained.safetensors"\nlayout = "ft_helpers:table"\nexclude = ["head."]\n'
+                       'mode = "lora"\nlora_rank = 2\nhead = ["head."]')
+    assert main(["train", path, "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    trained, frozen = (16 * 5 + 5) + 2 * (4 + 16) + 2 * (16 + 5), 4 * 16 + 16
+    summary = (f"mode lora; 2 keys loaded from {folder / 'pretrained.safetensors'}, 2 skipped (head.bias, "
+               f"head.kernel); LoRA adapters on 2 layer(s): body, head; {trained:,} parameters train, "
+               f"{frozen:,} frozen")
+    assert f"finetune     {summary}" in out and f"datarax: finetune: {summary}" in err
+    report = json.loads((folder / "runs" / "run" / "result.json").read_text())["finetune"]
+    assert report["loaded"] == ["body.bias", "body.kernel"] and report["skipped"] == ["head.bias", "head.kernel"]
+    assert report["lora"] == ["body", "head"] and (report["trained"], report["frozen"]) == (trained, frozen)
+    assert "probe in disguise" not in err
+
+
+def test_adapters_only_on_the_new_head_are_named_a_probe_in_disguise(folder, capsys):
+    """The default lora_kinds on a convolutional body adapt the head alone: validate and train say so."""
+    import json
+
+    text = Path(job(folder, 'mode = "lora"\nlora_rank = 2\nhead = ["head."]', classes=3)).read_text()
+    Path(folder / "run.toml").write_text(text.replace('model = "ft_helpers:make_model"', 'model = "ft_helpers:make_conv"'))
+    path = str(folder / "run.toml")
+    assert main(["validate", path]) == 0
+    assert "every LoRA adapter sits in the new head (head): the pretrained backbone trains nothing, so this is a " \
+           "probe in disguise. Put adapters on the backbone: lora_kinds = [\"linear\", \"conv\"]" in capsys.readouterr().err
+    assert main(["train", path, "--no-progress"]) == 0
+    assert "probe in disguise" in capsys.readouterr().err
+    report = json.loads((folder / "runs" / "run" / "result.json").read_text())["finetune"]
+    assert report["lora"] == ["head"] and report["frozen"] == 4 * 3 + 4  # the conv body: frozen whole

@@ -330,10 +330,39 @@ def test_cumulative_goodput_counts_the_work_a_kill_lost():
     assert c["goodput_pct"] == pytest.approx(100 * (6.0 + 4.0 - 2.0) / 14.0)
     assert c["text"] == ("across 2 runs (14.0 s inside fit, plus 1.0 s between runs): goodput 57.1% of the runs' time "
                          "inside fit; 4 steps (at least; 3.0 s, 21.4% of that time) were trained again after a "
-                         "restart: the work done since the last checkpoint before a kill")
+                         "restart: the work done since the last checkpoint before a kill, and what a killed run did "
+                         "after its last record is unknown (up to 1.0 s before the next run began; its record is "
+                         "rewritten every history_every_secs)")
+    assert c["lost_known"] is False and c["unrecorded_s"] == 1.0
     # Killed before any checkpoint: the whole first run is lost.
     c = cumulative([{**segments[0], "checkpoints": []}, {**segments[1], "resumed_from": None, "start_step": 0}])
     assert (c["lost_steps"], c["lost_s"], c["lost_busy_s"]) == (14, 9.0, 6.0)
+
+
+# (the first run's last record, finished, then what the report must say of the lost work): a kill
+# whose run recorded nothing past the checkpoint the next resumed from lost an unknown amount
+# (it may have trained up to the kill), never "none"; only a clean end loses nothing.
+RESTARTS = [
+    (10, False, "the work lost at a restart is unknown: the run killed at step 10 had recorded nothing past the "
+                "checkpoint the next resumed from, and what a killed run did after its last record is unknown (up to "
+                "12.0 s before the next run began"),
+    (10, True, "no work was lost at a restart"),
+    (12, False, "2 steps (at least; "),
+]
+
+
+@pytest.mark.parametrize("last_step, finished, words", RESTARTS)
+def test_lost_work_is_measured_or_unknown_never_none_after_a_kill(last_step, finished, words):
+    from datarax.train.goodput_history import cumulative
+
+    first = {"began_at": 100.0, "start_step": 0, "resumed_from": None, "last_step": last_step, "wall_s": 8.0,
+             "busy_s": 6.0, "finished": finished, "checkpoints": [[10, 6.0, 4.0]]}
+    second = {"began_at": 120.0, "start_step": 10, "resumed_from": 10, "last_step": 20, "wall_s": 5.0,
+              "busy_s": 4.0, "finished": True, "checkpoints": [[20, 5.0, 4.0]]}
+    c = cumulative([first, second])
+    assert words in c["text"]
+    assert ("no work was lost" in c["text"]) == finished and c["lost_known"] == finished
+    assert c["restarts"][0]["unrecorded_s"] == (0.0 if finished else 12.0)
 
 
 CHILD = """
@@ -396,7 +425,8 @@ def test_cumulative_goodput_after_a_real_sigkill(tmp_path):
     c = report["cumulative"]
     assert c["runs"] == 2
     assert c["restarts"] == [{"resumed_from": 8, "lost_steps": 2, "lost_s": c["lost_s"], "killed_at_step": 10,
-                              "finished": False}]
+                              "finished": False, "unrecorded_s": c["restarts"][0]["unrecorded_s"]}]
+    assert c["lost_known"] is False and c["restarts"][0]["unrecorded_s"] > 0
     assert c["lost_steps"] == 2  # steps 9 and 10 were trained twice
     assert c["lost_s"] >= 0.4  # at least the two injected 0.2 s pauses after step 8's save (steps 8 and 9)
     assert "2 steps (at least; " in c["text"] and c["text"] in report["text"]

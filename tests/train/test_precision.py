@@ -108,3 +108,29 @@ def test_a_bad_precision_is_refused():
     with pytest.raises(ValueError, match=r"precision must be one of .*'f32', 'bf16', 'f16'.*got 'fp8'"):
         Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn, precision="fp8")
     assert LossScale().scale[...] == INITIAL_SCALE
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", jnp.bfloat16), ("f16", jnp.float16)])
+def test_the_loss_is_computed_in_float32_from_the_low_precision_outputs(precision, dtype):
+    """The reported loss is a float32 mean over the model's low-precision logits (cast up first),
+    not a mean rounded to bfloat16/float16: against optax in float32 on the same logits."""
+    from flax import nnx
+
+    from datarax import Pipeline
+
+    rng = np.random.default_rng(0)
+    data = {"x": rng.normal(size=(64, 8)).astype(np.float32), "y": rng.integers(0, 5, 64).astype(np.int32)}
+    model = nnx.Linear(8, 5, rngs=nnx.Rngs(0))
+
+    def xent(model, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
+
+    params = {"kernel": model.kernel[...], "bias": model.bias[...]}  # before the step (it donates them)
+    pipeline = Pipeline(MemorySource(data=data), [], batch_size=64)
+    reported = Trainer(model, optax.sgd(0.0), pipeline, xent, precision=precision).fit(num_steps=1).metrics["loss"]
+    logits = jnp.asarray(data["x"], dtype) @ params["kernel"].astype(dtype) + params["bias"].astype(dtype)
+    reference = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), data["y"]).mean()
+    assert reported == pytest.approx(float(reference), rel=1e-6)
+    in_low = float(optax.softmax_cross_entropy_with_integer_labels(logits, data["y"]).mean())
+    assert in_low != pytest.approx(float(reference), rel=1e-6)  # what a loss computed in `dtype` reports
+    assert float(jnp.asarray(reported, dtype)) != reported  # a float32 value, not one rounded to `dtype`

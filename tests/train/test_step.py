@@ -115,3 +115,22 @@ def test_batch_norm_statistics_train_and_match_a_numpy_running_average(accumulat
     np.testing.assert_allclose(np.asarray(model.norm.var[...]), var, rtol=1e-5, atol=1e-6)
     assert not np.allclose(np.asarray(model.head.kernel[...]), np.asarray(Net().head.kernel[...]))  # it trained
     assert jnp.isfinite(trainer.evaluate(pipeline())["loss"])
+
+
+@pytest.mark.parametrize("k", [1, 3, 17])  # traced one after the other up to 16 on the CPU, a scan past it
+def test_accumulate_is_lax_scan(k):
+    import jax
+    import jax.numpy as jnp
+
+    from datarax.train.step import accumulate
+
+    def micro_step(carry, micro):
+        total, count = carry
+        return (total + micro["x"].sum(0), count + 1), {"mean": micro["x"].mean(), "row": micro["x"][0]}
+
+    xs = {"x": jnp.arange(k * 4 * 2, dtype=jnp.float32).reshape(k, 4, 2)}
+    carry = (jnp.zeros(2), jnp.asarray(0))
+    want = jax.lax.scan(micro_step, carry, xs)
+    got = jax.jit(lambda c, m: accumulate(micro_step, c, m, k))(carry, xs)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,49 @@ class FinetuneConfig:
                                          'full rate, e.g. ["fc."]')
 
 
+class FinetuneWarning(UserWarning):
+    """A fine-tune that runs but does not train what its configuration suggests (LoRA adapters only
+    on the new head: a probe in disguise)."""
+
+
+def _lora_where(config: FinetuneConfig) -> Any:
+    return (lambda path: selected(path, config.lora_where, ())) if config.lora_where else None
+
+
+def _check_adapters(model: nnx.Module, config: FinetuneConfig) -> list[str]:
+    """The layers LoRA adapts; warns (`FinetuneWarning`) when every one is in the new head (the
+    `head` prefixes, or the layers `exclude` leaves out of the load): the backbone then trains
+    nothing, which is a probe, not a LoRA fine-tune."""
+    from datarax.train.pretrained.lora import lora_targets
+
+    targets = lora_targets(model, where=_lora_where(config), kinds=config.lora_kinds)
+    new = (*config.head, *config.exclude)
+    if new and all(selected(f"{path}.kernel", new, ()) for path in targets):  # prefixes name parameters
+        warnings.warn(f"every LoRA adapter sits in the new head ({', '.join(targets)}): the pretrained backbone "
+                      f"trains nothing, so this is a probe in disguise. Put adapters on the backbone: lora_kinds = "
+                      '["linear", "conv"] for a convolutional one, or lora_where = [...] naming its layers '
+                      f"(the layers of kinds {list(config.lora_kinds)} are {targets})", FinetuneWarning, stacklevel=3)
+    return targets
+
+
+def finetune_summary(report: dict[str, Any]) -> str:
+    """One line of what `prepare_finetune` did (its `report`), for a log or a terminal."""
+    parts = [f"mode {report['mode']}"]
+    if "loaded" in report:
+        skipped = report.get("skipped", [])
+        parts.append(f"{len(report['loaded'])} keys loaded from {report['source']}"
+                     + (f", {len(skipped)} skipped ({', '.join(skipped[:6])}{', ...' if len(skipped) > 6 else ''})"
+                        if skipped else ""))
+    elif "restored" in report:
+        left = {k: report.get(k, []) for k in ("missing", "unexpected", "mismatched")}
+        parts.append(f"{len(report['restored'])} entries restored from {report['source']}"
+                     + "".join(f", {len(v)} {k}" for k, v in left.items() if v))
+    if "lora" in report:
+        parts.append(f"LoRA adapters on {len(report['lora'])} layer(s): {', '.join(report['lora'])}")
+    parts.append(f"{report['trained']:,} parameters train, {report['frozen']:,} frozen")
+    return "; ".join(parts)
+
+
 def read_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """`{key: array}` of a `.safetensors` file or a PyTorch `.pth` / `.pt` state dict (no torch needed)."""
     from datarax.train.pretrained.safetensors import load_safetensors
@@ -278,6 +322,11 @@ def check_finetune(model: nnx.Module, config: FinetuneConfig, *, base_dir: str |
         _check_selects(model, "head", config.head)
     if config.lora_where:
         _check_selects(model, "lora_where", config.lora_where)
+    if config.mode == "lora":
+        try:
+            _check_adapters(model, config)
+        except ValueError as exc:  # no layer of lora_kinds (at lora_where)
+            raise FieldError("lora_kinds" if not config.lora_where else "lora_where", str(exc)) from exc
 
 
 def prepare_finetune(model: nnx.Module, tx: optax.GradientTransformation, config: FinetuneConfig, *,
@@ -295,9 +344,13 @@ def prepare_finetune(model: nnx.Module, tx: optax.GradientTransformation, config
         `(optimizer, report)`: what to pass to `Trainer` as its optimizer (an optax
         transformation for "full", an `nnx.Optimizer` over the trained variables otherwise) and a
         dict saying what was loaded (`source`, `restored`, `missing`, `unexpected`, `mismatched`
-        for a warm start; `loaded` paths for weights; `lora` layers; `trained` parameter count).
+        for a warm start; `loaded` and `skipped` paths for weights; `lora` layers; `trained` and
+        `frozen` parameter counts); `finetune_summary(report)` words it in one line. Warns
+        (`FinetuneWarning`) when every LoRA adapter sits in the new head.
     """
-    check_finetune(model, config, base_dir=base_dir)
+    with warnings.catch_warnings():  # the adapters are checked once more below, on the real model
+        warnings.simplefilter("ignore", FinetuneWarning)
+        check_finetune(model, config, base_dir=base_dir)
     report: dict[str, Any] = {"mode": config.mode}
     if config.weights is not None:
         path = _resolve(config.weights, base_dir)
@@ -305,7 +358,8 @@ def prepare_finetune(model: nnx.Module, tx: optax.GradientTransformation, config
         load_table(model, read_weights(path), table, ignore=ignore, source=str(path), include=config.include,
                    exclude=config.exclude)
         report |= {"source": str(path), "loaded": sorted(m.path for m in table
-                                                         if selected(m.path, config.include, config.exclude))}
+                                                         if selected(m.path, config.include, config.exclude)),
+                   "skipped": sorted(m.path for m in table if not selected(m.path, config.include, config.exclude))}
     elif config.warm_start is not None:
         from datarax.train.pretrained.warm_start import warm_start
 
@@ -325,10 +379,12 @@ def prepare_finetune(model: nnx.Module, tx: optax.GradientTransformation, config
     else:
         from datarax.train.pretrained.lora import add_lora, lora_optimizer
 
-        where = (lambda path: selected(path, config.lora_where, ())) if config.lora_where else None
-        report["lora"] = add_lora(model, config.lora_rank, where=where, kinds=config.lora_kinds)
+        _check_adapters(model, config)
+        report["lora"] = add_lora(model, config.lora_rank, where=_lora_where(config), kinds=config.lora_kinds)
         optimizer = lora_optimizer(model, tx, head=config.head)
         trained = nnx.LoRAParam if not config.head else nnx.Any(nnx.LoRAParam,
                                                                 nnx.All(nnx.Param, path_prefixes(*config.head)))
     report["trained"] = int(sum(np.size(x) for x in jax.tree_util.tree_leaves(nnx.state(model, trained))))
+    total = int(sum(np.size(x) for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))))
+    report["frozen"] = total - report["trained"]
     return optimizer, report

@@ -127,17 +127,8 @@ def add_lora(model: nnx.Module, rank: int, *, where: Callable[[str], bool] | Non
     selects nothing would otherwise train nothing).
     """
     check_positive_int(rank, "rank")
-    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-    if not kinds or any(k not in KINDS for k in kinds):
-        raise ValueError(f"add_lora: kinds must name layers among {tuple(KINDS)}, got {kinds!r}; e.g. "
-                         "kinds=('conv',) for a convolutional backbone")
     rngs = rngs if rngs is not None else nnx.Rngs(0)
-    candidates = [pair for kind in kinds for pair in _layers(model, KINDS[kind])]
-    found = [(path, node) for path, node in candidates if where is None or where(dotted(path))]
-    if not found:
-        names = " / ".join(f"nnx.{KINDS[k].__name__}" for k in kinds)
-        raise ValueError(f"add_lora: no {names} in {type(model).__name__} matched where=; its layers of those kinds "
-                         f"are {[dotted(p) for p, _ in candidates][:10]}")
+    found = _targets(model, where, kinds)
     for path, layer in found:
         lora = _lora_layer(layer, rank, rngs)
         lora.kernel.set_value(layer.kernel.get_value())
@@ -145,6 +136,27 @@ def add_lora(model: nnx.Module, rank: int, *, where: Callable[[str], bool] | Non
             lora.bias.set_value(layer.bias.get_value())
         _replace(model, path, lora)
     return sorted(dotted(path) for path, _ in found)
+
+
+def lora_targets(model: nnx.Module, *, where: Callable[[str], bool] | None = None,
+                 kinds: Iterable[str] = ("linear",)) -> list[str]:
+    """The dotted paths of the layers `add_lora` would give adapters (sorted), changing nothing;
+    `model` may be abstract (`nnx.eval_shape`)."""
+    return sorted(dotted(path) for path, _ in _targets(model, where, kinds))
+
+
+def _targets(model: nnx.Module, where: Callable[[str], bool] | None, kinds: Iterable[str]) -> list[tuple]:
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise ValueError(f"add_lora: kinds must name layers among {tuple(KINDS)}, got {kinds!r}; e.g. "
+                         "kinds=('conv',) for a convolutional backbone")
+    candidates = [pair for kind in kinds for pair in _layers(model, KINDS[kind])]
+    found = [(path, node) for path, node in candidates if where is None or where(dotted(path))]
+    if not found:
+        names = " / ".join(f"nnx.{KINDS[k].__name__}" for k in kinds)
+        raise ValueError(f"add_lora: no {names} in {type(model).__name__} matched where=; its layers of those kinds "
+                         f"are {[dotted(p) for p, _ in candidates][:10]}")
+    return found
 
 
 def merge_lora(model: nnx.Module) -> list[str]:
