@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.scenarios.cifar import augment_image  # the floor's per-record code
 from datarax.operators.image.functional import geometry
 
 HI = jax.lax.Precision.HIGHEST
@@ -49,15 +50,6 @@ KEY = jax.random.key(0)
 def record_keys(idx, epoch):
     base = jax.random.fold_in(KEY, epoch)
     return jax.vmap(lambda r: jax.random.fold_in(base, r))(idx)
-
-
-def augment_image(image, key):
-    k_crop, k_flip = jax.random.split(key)
-    padded = jnp.pad(image.astype(jnp.float32) / 255.0, ((4, 4), (4, 4), (0, 0)), mode="reflect")
-    dy, dx = jax.random.randint(k_crop, (2,), 0, 9)
-    crop = jax.lax.dynamic_slice(padded, (dy, dx, 0), (32, 32, 3))
-    crop = jnp.where(jax.random.bernoulli(k_flip), crop[:, ::-1], crop)
-    return (crop - MEAN) / STD
 
 
 def draws(keys):
