@@ -296,11 +296,15 @@ def _stamp(fs: Any, path: str, url: str) -> dict[str, Any]:
 
 
 def sample_hash(fs: Any, path: str, size: int, retry: Any) -> str:
-    """SHA-256 (16 hex digits) of a shard's first and last 64 KiB, two range requests: a parquet
-    footer (row groups, offsets, statistics), an ArrayRecord index, a tar's first members."""
-    head = _request(retry, lambda: fs.cat_file(path, 0, min(size, _SAMPLE_BYTES)))
-    tail = _request(retry, lambda: fs.cat_file(path, max(0, size - _SAMPLE_BYTES), size)) if size > _SAMPLE_BYTES else b""
-    return hashlib.sha256(head + tail).hexdigest()[:16]
+    """SHA-256 (16 hex digits) of a shard's first and last 64 KiB: a parquet footer (row groups,
+    offsets, statistics), an ArrayRecord index, a tar's first members. The two range requests run
+    at once, so on a store the check costs one request's latency, not two."""
+    if size <= _SAMPLE_BYTES:
+        return hashlib.sha256(_request(retry, lambda: fs.cat_file(path, 0, size))).hexdigest()[:16]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        tail = pool.submit(_request, retry, lambda: fs.cat_file(path, max(0, size - _SAMPLE_BYTES), size))
+        head = _request(retry, lambda: fs.cat_file(path, 0, min(size, _SAMPLE_BYTES)))
+        return hashlib.sha256(head + tail.result()).hexdigest()[:16]
 
 
 def expand_urls(urls: tuple[str, ...], storage_options: dict | None, retry: Any = None) -> tuple[str, ...]:
