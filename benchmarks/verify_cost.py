@@ -24,9 +24,12 @@ def main() -> None:
                                 shuffle=True, seed=0)
             opens[verify].append(time.perf_counter() - t)
     p = Pipeline(src, [DecodeImage(size=64, resize="fixed", field="image")], batch_size=64)
-    t = time.perf_counter(); n = sum(len(b["label"]) for b in p); epoch = time.perf_counter() - t
+    t = time.perf_counter()
+    n = sum(len(b["label"]) for b in p)
+    epoch = time.perf_counter() - t
     o_v, o_n = statistics.median(opens[True]), statistics.median(opens[False])
-    print(f"open verify=True {o_v:.3f} s, verify=False {o_n:.3f} s, verify cost {o_v - o_n:.3f} s; epoch of {n} records {epoch:.1f} s; cost / epoch {(o_v - o_n) / epoch:.2%}")
+    print(f"open verify=True {o_v:.3f} s, verify=False {o_n:.3f} s, verify cost {o_v - o_n:.3f} s; "
+          f"epoch of {n} records {epoch:.1f} s; cost / epoch {(o_v - o_n) / epoch:.2%}")
 
 
 if __name__ == "__main__":
