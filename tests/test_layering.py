@@ -48,27 +48,6 @@ def test_importing_datarax_and_every_subpackage_never_imports_the_kit_the_benchm
     assert result["above"] == []
 
 
-def test_the_kit_imports_only_downwards():
-    """datarax.train may import datarax; nothing datarax imports at module level is in the kit."""
-    offenders = []
-    for path in sorted((REPO / "datarax").rglob("*.py")):
-        if "train" in path.relative_to(REPO / "datarax").parts[:1]:
-            continue
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            for name in names:
-                if name.split(".")[0] in ("benchmarks", "recipes", "trainers"):
-                    offenders.append(f"{path.relative_to(REPO)}:{node.lineno} imports {name}")
-                elif name.startswith("datarax.train") and path.relative_to(REPO).as_posix() != "datarax/cli/main.py":
-                    offenders.append(f"{path.relative_to(REPO)}:{node.lineno} imports {name}")
-    assert offenders == []
-
-
 def test_without_the_kit_a_trainer_table_says_what_to_import(tmp_path):
     (tmp_path / "run.toml").write_text('[source.memory]\ndata = "x:y"\n[trainer]\nsteps = 1\n')
     out = run_python(f"""
@@ -180,28 +159,128 @@ def test_no_arrow_between_datarax_and_the_benchmark_suite_in_either_direction():
     assert offenders == []
 
 
-# What datarax/core (the contracts every package builds on) may import from datarax: itself only.
-CORE_MAY_IMPORT = ("datarax.core",)
+# The ladder, lowest rung first: a module may import its own package and anything on a lower rung,
+# never a package on its own rung or above (docs/concepts.md, "Where things live").
+LADDER = (
+    ("core",),
+    ("samplers", "operators", "monitoring", "sharding", "batching", "checkpoint", "typing"),
+    ("control",),
+    ("sources",),
+    ("host",),
+    ("pipeline",),
+    ("",),  # `datarax/__init__.py`, which re-exports `Pipeline`
+    ("config",),
+    ("train",),
+    ("cli",),
+)
+RUNG = {package: rung for rung, packages in enumerate(LADDER) for package in packages}
 
 
-def test_core_imports_nothing_above_it_not_even_inside_functions():
-    """No arrow runs back up: `core` names no sampler, source, pipeline or host module at run time,
-    at module level or inside a function (samplers register their choice with core instead);
-    imports for type annotations only (`if TYPE_CHECKING:`) never run."""
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted((REPO / "datarax").rglob("*.py"))}
+
+
+def runtime_imports(name: str) -> list[tuple[int, str]]:
+    """`(line, module)` of each datarax module `name` imports when it runs: at module level or inside
+    a function; imports under `if TYPE_CHECKING:` (for annotations only) never run and are left out.
+    `from package import submodule` counts as importing the submodule."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target not in MODULES and "." in target:
+                target = target.rpartition(".")[0]
+            if target in MODULES:
+                found.append((node.lineno, target))
+    return found
+
+
+def package_of(name: str) -> str:
+    """`datarax.sources.hf` -> `sources`; `datarax.batching` -> `batching`; `datarax` -> ``."""
+    return name.split(".")[1] if "." in name else ""
+
+
+def test_every_package_is_on_the_ladder():
+    assert sorted({package_of(name) for name in MODULES} - set(RUNG)) == []
+
+
+def test_no_import_goes_up_the_ladder_or_across_a_rung():
+    """core < samplers, operators, monitoring, sharding < control < sources < host < pipeline < config
+    < train < cli: a module imports its own package and lower rungs only, at run time."""
     offenders = []
-    for path in sorted((REPO / "datarax" / "core").rglob("*.py")):
-        tree = ast.parse(path.read_text())
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("datarax"):
-                name = node.module
-            elif isinstance(node, ast.Import):
-                name = next((a.name for a in node.names if a.name.startswith("datarax")), None)
-            else:
-                continue
-            if name is not None and name != "datarax" and not name.startswith(CORE_MAY_IMPORT):
-                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} imports {name}")
+    for name in MODULES:
+        own = package_of(name)
+        for line, target in runtime_imports(name):
+            other = package_of(target)
+            if other != own and RUNG.get(other, len(LADDER)) >= RUNG.get(own, len(LADDER)):
+                offenders.append(f"{name}:{line} imports {target} ({other or 'datarax'} is not below {own})")
+    assert offenders == []
+
+
+def test_no_import_circle():
+    """No two modules import each other, directly or around a loop (type-only imports excepted): a
+    loop works only by import order, and breaking it with function-local imports hides it."""
+    graph = {name: {t for _, t in runtime_imports(name) if t != name} for name in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in graph[node]:
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    assert circles == []
+
+
+def test_no_module_imports_another_packages_private_module_or_name():
+    """`datarax.sources._columns` is the sources' own business: another package that needs it is
+    missing a public function (in `core`, or in the package's public modules)."""
+    offenders = []
+    for name in MODULES:
+        own = package_of(name)
+        for line, target in runtime_imports(name):
+            if package_of(target) != own and any(part.startswith("_") and part != "__init__"
+                                                 for part in target.split(".")):
+                offenders.append(f"{name}:{line} imports {target}")
+        for node in ast.walk(ast.parse(MODULES[name].read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("datarax") \
+                    and package_of(node.module) != own:
+                offenders += [f"{name}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
     assert offenders == []
