@@ -269,7 +269,7 @@ def test_no_import_circle():
 
 
 def test_no_module_imports_another_packages_private_module_or_name():
-    """`datarax.sources._columns` is the sources' own business: another package that needs it is
+    """`datarax.core.fields` is the sources' own business: another package that needs it is
     missing a public function (in `core`, or in the package's public modules)."""
     offenders = []
     for name in MODULES:

@@ -100,7 +100,7 @@ def _host_outputs(spec: RunSpec, source: Any, hosts: list[Any]) -> None:
     """Each host stage's output spec from the one before it, a `ConfigError` at the stage that
     cannot take its input (a decoder over a field that is not encoded, a field that is not there);
     without host stages, encoded source fields are an error at `stages`."""
-    from datarax.host.stage import ENCODED
+    from datarax.core.fields import ENCODED
 
     record = dict(source.element_spec())
     for stage_spec, stage in zip(spec.host_stages, hosts):

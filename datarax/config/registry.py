@@ -1,7 +1,7 @@
 """Names for the built-in classes a configuration can use, discovered from the packages that hold them.
 
 Every concrete operator in `datarax.operators` (and its subpackages: image, audio, strategies,
-nodes), every source in `datarax.sources` (random-access and streams) and `datarax.host.materialized`,
+nodes), every source in `datarax.sources` (random-access and streams) and 
 every host stage in `datarax.host` and every sampler in `datarax.samplers` gets a snake_case name
 from its class name, with the kind's suffix dropped:
 
@@ -73,7 +73,7 @@ class Kind:
 
 KINDS = {
     "operator": Kind("operator", ("datarax.operators",), "datarax.core.operator:OperatorModule", ("Operator", "Node")),
-    "source": Kind("source", ("datarax.sources", "datarax.host.materialized"),
+    "source": Kind("source", ("datarax.sources",),
                    ("datarax.core.source:DataSourceModule", "datarax.sources.stream:StreamSourceModule"), ("Source",)),
     "host_stage": Kind("host_stage", ("datarax.host",), "datarax.host.stage:HostStage", ()),
     "sampler": Kind("sampler", ("datarax.samplers",), "datarax.samplers.base:Sampler", ("Sampler",)),

@@ -11,7 +11,6 @@ from datarax.host.stage import ENCODED as ENCODED
 from datarax.host.stage import HostContext as HostContext
 from datarax.host.stage import HostStage as HostStage
 from datarax.host.stage import HostStageSource as HostStageSource
-from datarax.host.stage import RecordError as RecordError
 from datarax.host.stage import record_generator as record_generator
 from datarax.host.audio import DecodeAudio as DecodeAudio
 from datarax.host.audio import DecodeAudioConfig as DecodeAudioConfig
@@ -22,10 +21,6 @@ from datarax.host.text import Tokenize as Tokenize
 from datarax.host.text import TokenizeConfig as TokenizeConfig
 from datarax.host.decode_once import materialize as materialize
 from datarax.host.decode_once import materialize_main as materialize_main
-from datarax.host.materialized import MaterializeConfig as MaterializeConfig
-from datarax.host.materialized import MaterializedSource as MaterializedSource
-from datarax.host.materialized import MaterializedSourceConfig as MaterializedSourceConfig
-from datarax.host.materialized import StaleCacheError as StaleCacheError
 from datarax.host.map import HostMap as HostMap
 from datarax.host.map import HostMapConfig as HostMapConfig
 from datarax.host.processes import WorkerCrashError as WorkerCrashError

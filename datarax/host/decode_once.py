@@ -28,7 +28,7 @@ within `max_side` keeps its original bytes under `format="jpeg"` (no second gene
 A cache is tied to what made it: its `manifest.json` holds the source's `structure()`, a hash of
 its files' sizes and modification times (for sources listing `paths`, such as
 `ImageFolderSource`), the prefix settings, the per-shard record counts and byte sizes, and a
-format version; `MaterializedSource` (`datarax.host.materialized`) refuses a cache that no
+format version; `MaterializedSource` (`datarax.sources.materialized`) refuses a cache that no
 longer matches. Writing goes to a hidden temporary folder beside the target, renamed into place
 when complete, so a crash never leaves a half cache that looks whole.
 """
@@ -52,10 +52,10 @@ from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_positive_int, require
 from datarax.core.source import DataSourceModule
 from datarax.host.bit_depth import to_eight_bits
-from datarax.host.materialized import (FORMAT_VERSION, FORMATS, KIND, MANIFEST, MaterializeConfig, MaterializedSource,
+from datarax.sources.materialized import (FORMAT_VERSION, FORMATS, KIND, MANIFEST, MaterializeConfig, MaterializedSource,
                                        MaterializedSourceConfig, StaleCacheError, source_stamp)
-from datarax.host.stage import ENCODED, RecordError, printable
-from datarax.sources._files import CorruptFileError
+from datarax.core.errors import CorruptFileError, RecordError, printable
+from datarax.core.fields import ENCODED
 
 SHARD_RECORDS = 8192
 # One record per chunk (random access) and no compression: raw pixels barely compress and JPEG

@@ -32,12 +32,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from datarax.core.errors import DataraxError, DataraxWarning, RecordError, printable, record_origin
+from datarax.core.fields import ENCODED, Spec
 from datarax.core.source import DataSourceModule
 from datarax.monitoring.stages import WORK, StageTimes
 from datarax.samplers.keyed import keyed_generator
 
-Spec = dict[str, jax.ShapeDtypeStruct]
-ENCODED = np.dtype(object)  # the dtype of an encoded field (one bytes or str object per record)
+
+
 def record_generator(seed: int, stage: int, epoch: int, record_id: int) -> np.random.Generator:
     """The Philox generator of one record in one epoch for one host stage: `keyed_generator` with
     the stage's position as its stream and the record id as its index."""
@@ -71,30 +73,11 @@ class HostContext:
         return record_generator(self.seed_of(seed), self.stage, self.epoch, int(self.record_ids[row]))
 
     def where(self, row: int) -> str:
-        """`record 17 (photos/cat/001.jpg)`: the row's record and its origin, for errors (control
-        characters in the origin escaped, see `printable`)."""
-        record_id = int(self.record_ids[row])
-        origin = printable(self.describe_record(record_id))
-        return f"record {record_id}" + ("" if origin == f"record {record_id}" else f" ({origin})")
+        """`record 17 (photos/cat/001.jpg)`: the row's record and its origin, for errors."""
+        return record_origin(int(self.record_ids[row]), self.describe_record)
 
 
-def printable(text: str) -> str:
-    """`text` with each non-printable character (newline, carriage return, escape, ...) written as
-    its Python escape (`\\n`, `\\x1b`), as `repr` writes it.
-
-    A file name is data: one holding a newline or a terminal escape code must not forge a log
-    line or recolour a terminal when an error names it.
-    """
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-class RecordError(ValueError):
-    """A record could not be decoded; the message names the record and where it came from."""
-
-
-class Refusal(ValueError):
+class Refusal(DataraxError, ValueError):
     """A decoder's refusal of one record, before decoding it: too large for the stage's memory
     budget, empty, or holding values the stage cannot map. The message continues the record's
     name ("needs 1.2 GiB to decode ...") and says the fix; `HostStage.decode_rows` makes it a
@@ -102,7 +85,7 @@ class Refusal(ValueError):
     """
 
 
-class SkippedRecordWarning(UserWarning):
+class SkippedRecordWarning(DataraxWarning):
     """A host stage replaced a record it could not decode by zeros (`on_error="skip"`)."""
 
 

@@ -14,53 +14,15 @@ an iterator state saved with one tokenizer is refused by a pipeline built with a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import itertools
-import os
 from typing import Any
 
 import jax
 import numpy as np
 
-from datarax.core.checks import check_bool, check_field_name, check_int, field, require
+from datarax.core.checks import check_bool, check_field_name, check_int, field
 from datarax.core.construct import resolve_config, take_positional
-from datarax.host.stage import HostContext, HostStage, RecordError, Spec, check_encoded_field
-
-def load_tokenizer(tokenizer: Any, owner: str) -> tuple[Any, str]:
-    """`(a private copy of the tokenizer, a hash of its JSON)` from a `tokenizers.Tokenizer` or a path.
-
-    The copy has padding and truncation turned off, so the caller sees every token and does its
-    own fixed-length layout; the caller's tokenizer object is left as it was.
-    """
-    tokenizers = require("tokenizers", owner=owner, extra="text")
-    if isinstance(tokenizer, (str, os.PathLike)):
-        try:
-            tokenizer = tokenizers.Tokenizer.from_file(os.fspath(tokenizer))
-        except Exception as exc:  # the Rust side raises a bare Exception for a missing or bad file
-            raise ValueError(f"{owner} could not load a tokenizer from {os.fspath(tokenizer)!r}: {exc}; pass a "
-                             "tokenizer.json path or a tokenizers.Tokenizer") from exc
-    if not isinstance(tokenizer, tokenizers.Tokenizer):
-        raise TypeError(f"{owner} tokenizer must be a tokenizers.Tokenizer or a path to a tokenizer.json, got "
-                        f"{type(tokenizer).__name__}; for a transformers tokenizer pass its `.backend_tokenizer`")
-    text = tokenizer.to_str()
-    copy = tokenizers.Tokenizer.from_str(text)
-    copy.no_padding()
-    copy.no_truncation()
-    return copy, hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def encode(tokenizer: Any, texts: list, add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
-    """`(flat int32 token ids, int64 lengths)` of `texts`, encoded in one batch call.
-
-    `encode_batch_fast` (tokenizers >= 0.20) skips the character offsets nobody here reads.
-    """
-    batch_encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-    encodings = batch_encode(texts, add_special_tokens=add_special_tokens)
-    ids = [e.ids for e in encodings]
-    lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(lengths.sum()))
-    return flat, lengths
-
+from datarax.host.stage import HostContext, HostStage, Spec, check_encoded_field
+from datarax.sources.tokens import as_texts, encode, load_tokenizer
 
 def pad_ragged(flat: np.ndarray, lengths: np.ndarray, length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """`(ids int32[n, length], kept lengths)`: each row's first `length` tokens, padded with `pad_id`."""
@@ -73,24 +35,6 @@ def pad_ragged(flat: np.ndarray, lengths: np.ndarray, length: int, pad_id: int) 
         # Token j of row i sits at flat[starts[i] + j]; the kept ones land in the mask's True cells.
         ids[mask] = flat[(starts[:, None] + columns)[mask]]
     return ids, kept
-
-
-def as_texts(texts: list, field_name: str, ctx: HostContext, owner: str) -> list:
-    """`texts` with UTF-8 bytes decoded, or a `RecordError` naming the first record that is not text.
-
-    Called only when the tokenizer refused a batch, so a batch of str pays no per-record loop.
-    """
-    texts = list(texts)
-    for row, text in enumerate(texts):
-        if isinstance(text, bytes):
-            try:
-                texts[row] = text.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise RecordError(f"{owner}: {ctx.where(row)} field {field_name!r} is not UTF-8 text: {exc}") from exc
-        elif not isinstance(text, str):
-            raise RecordError(f"{owner}: {ctx.where(row)} field {field_name!r} holds {type(text).__name__}, "
-                              "not str or bytes")
-    return texts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +103,7 @@ class Tokenize(HostStage):
         try:
             flat, lengths = encode(self.tokenizer, texts, cfg.add_special_tokens)
         except TypeError:  # bytes, or something that is not text: decode or name the record
-            flat, lengths = encode(self.tokenizer, as_texts(texts, cfg.field, ctx, "Tokenize"), cfg.add_special_tokens)
+            flat, lengths = encode(self.tokenizer, as_texts(texts, cfg.field, ctx.where, "Tokenize"), cfg.add_special_tokens)
         ids, kept = pad_ragged(flat, lengths, cfg.length, cfg.pad_id)
         out = {k: v for k, v in batch.items() if k != cfg.field}
         out[f"{cfg.field}_ids"] = ids

@@ -18,8 +18,13 @@ from datarax.sources.file_folder import FolderLoopError as FolderLoopError
 from datarax.sources.file_folder import SkippedFilesWarning as SkippedFilesWarning
 from datarax.sources.image_folder import ImageFolderSource as ImageFolderSource
 from datarax.sources.image_folder import ImageFolderSourceConfig as ImageFolderSourceConfig
-from datarax.sources._files import CorruptFileError as CorruptFileError
+from datarax.core.errors import CorruptFileError as CorruptFileError
+from datarax.core.errors import RecordError as RecordError
 from datarax.sources._paths import DataPathError as DataPathError
+from datarax.sources.materialized import MaterializeConfig as MaterializeConfig
+from datarax.sources.materialized import MaterializedSource as MaterializedSource
+from datarax.sources.materialized import MaterializedSourceConfig as MaterializedSourceConfig
+from datarax.sources.materialized import StaleCacheError as StaleCacheError
 from datarax.sources.mix import MixDataSources as MixDataSources
 from datarax.sources.mix import MixDataSourcesConfig as MixDataSourcesConfig
 from datarax.sources.packed_text import PackedTextSource as PackedTextSource
@@ -27,6 +32,7 @@ from datarax.sources.packed_text import PackedTextSourceConfig as PackedTextSour
 from datarax.sources.stream import StreamSourceModule as StreamSourceModule
 from datarax.sources.subset import SubsetSource as SubsetSource
 from datarax.sources.text import TextSource as TextSource
+from datarax.sources.threaded import ThreadedSource as ThreadedSource
 from datarax.sources.text import TextSourceConfig as TextSourceConfig
 from datarax.sources.tfds import TFDSSource as TFDSSource
 from datarax.sources.tfds import TFDSSourceConfig as TFDSSourceConfig

@@ -19,8 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from datarax.host.stage import ENCODED
-from datarax.sources._columns import (UnsupportedColumnError, allocate, check_convert_output,
+from datarax.core.fields import ENCODED
+from datarax.core.fields import (UnsupportedColumnError, allocate, check_convert_output,
                                       unsupported_message)
 
 
@@ -156,7 +156,7 @@ def _raise_bad_text(taken: Any, rows: np.ndarray, where: Callable[[int], str]) -
     """Raises `CorruptFileError` naming the first row of `taken` whose text is not UTF-8."""
     import pyarrow as pa
 
-    from datarax.sources._files import REWRITE, CorruptFileError
+    from datarax.core.errors import REWRITE, CorruptFileError
 
     raw = taken.view(pa.large_binary() if pa.types.is_large_string(taken.type) else pa.binary())
     for i, data in enumerate(raw.to_pylist()):

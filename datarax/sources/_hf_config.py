@@ -10,7 +10,7 @@ from typing import Any
 from datarax.core.checks import check_bool, check_positive_int, field, require, take_renamed
 from datarax.core.construct import resolve_config
 from datarax.core.source import ShuffleConfig
-from datarax.sources._columns import check_column_config
+from datarax.core.fields import check_column_config
 from datarax.sources._paths import DEFAULT_MAX_FILE_BYTES
 
 Convert = Callable[[dict[str, Any]], Mapping[str, Any]]

@@ -2,7 +2,7 @@
 
 Records are either datarax fixed-layout records (`write_array_records`; decoded a whole batch at a
 time, see `datarax.sources._records`), any bytes with a user `decode` function (one Python call
-per record; wrap the source in `datarax.control.workers.ThreadedSource` when decoding releases the
+per record; wrap the source in `datarax.sources.ThreadedSource` when decoding releases the
 GIL), or raw encoded records (`ArrayRecordSourceConfig(encoded="jpeg")`: each record's bytes, an
 encoded image or a serialized example, become one field of dtype `ENCODED` for a host stage such
 as `DecodeImage(field="jpeg")` to decode on the reader's threads). Shuffling is the pipeline's Feistel permutation over the global record index, so any epoch
@@ -25,9 +25,9 @@ from flax import nnx
 from datarax.core.checks import check_field_name, check_int, field, require
 from datarax.core.construct import resolve_config
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.host.stage import ENCODED
-from datarax.sources._columns import flatten, read_batch, spec_of, spec_text, stack_into
-from datarax.sources._files import REWRITE, CorruptFileError
+from datarax.core.fields import ENCODED
+from datarax.core.fields import flatten, read_batch, spec_of, spec_text, stack_into
+from datarax.core.errors import REWRITE, CorruptFileError
 from datarax.sources._records import decode_batch_into, encode_record, parse_layout
 from datarax.sources.memory import validate_arrays
 

@@ -36,8 +36,8 @@ from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_field_name, check_positive_int, field
 from datarax.core.construct import resolve_config, warn_at_caller
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.host.stage import ENCODED
-from datarax.sources._columns import read_batch
+from datarax.core.fields import ENCODED
+from datarax.core.fields import read_batch
 from datarax.sources._paths import DEFAULT_MAX_FILE_BYTES, read_data_file
 
 READ_THREADS = 4  # file reads are short syscalls that release the GIL; a few threads hide their latency

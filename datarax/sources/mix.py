@@ -44,7 +44,7 @@ from datarax.core.source import DataSourceModule, default_shuffle, seed_from_rng
 from datarax.samplers.base import Sampler
 from datarax.core.checks import check_seed
 from datarax.samplers.feistel import FeistelPermutation
-from datarax.sources._columns import allocate, spec_text
+from datarax.core.fields import allocate, spec_text
 
 
 def _check_weights(weights: object, owner: str) -> tuple[float, ...]:

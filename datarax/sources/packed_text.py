@@ -41,8 +41,9 @@ import numpy as np
 from datarax.core.checks import check_bool, check_field_name, check_int, check_seed, field
 from datarax.core.construct import resolve_config, take_positional
 from datarax.core.source import DataSourceModule, default_shuffle
-from datarax.host.stage import ENCODED, HostContext
-from datarax.host.text import as_texts, encode, load_tokenizer
+from datarax.core.errors import record_origin
+from datarax.core.fields import ENCODED
+from datarax.sources.tokens import as_texts, encode, load_tokenizer
 from datarax.samplers.simple import ShuffleSampler
 from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
 from datarax.sources.text import document_texts
@@ -153,8 +154,10 @@ class PackedTextSource(StreamSourceModule):
         try:
             flat, lengths = encode(self.tokenizer, texts, cfg.add_special_tokens)
         except TypeError:  # bytes, or something that is not text: decode or name the record
-            ctx = HostContext(np.asarray(record_ids, np.int64), epoch, 0, self.source.describe_record)
-            flat, lengths = encode(self.tokenizer, as_texts(texts, cfg.field, ctx, "PackedTextSource"),
+            def where(row: int) -> str:
+                return record_origin(int(record_ids[row]), self.source.describe_record)
+
+            flat, lengths = encode(self.tokenizer, as_texts(texts, cfg.field, where, "PackedTextSource"),
                                    cfg.add_special_tokens)
         eos = cfg.eos_id is not None
         keep = np.minimum(lengths, cfg.seq_len - eos) if cfg.truncate else lengths

@@ -65,11 +65,11 @@ from datarax.core.checks import (IntegerRangeError, check_bool, check_choice, ch
                                  check_number, check_positive_int, field, narrowed_dtype, require)
 from datarax.core.construct import resolve_config
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.host.stage import ENCODED
+from datarax.core.fields import ENCODED
 from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import FeistelPermutation
-from datarax.sources._columns import read_batch
-from datarax.sources._files import CorruptFileError
+from datarax.core.fields import read_batch
+from datarax.core.errors import CorruptFileError
 from datarax.sources.mix import derive_seed
 
 FORMATS = ("auto", "parquet", "tar", "array_record")

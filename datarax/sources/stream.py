@@ -29,7 +29,7 @@ from datarax.control.producers import stream_host_batches as stream_host_batches
 from datarax.control.producers import to_device as to_device  # moved there; importable here
 from datarax.core.checks import check_int
 from datarax.samplers.base import Sampler
-from datarax.sources._columns import spec_text
+from datarax.core.fields import spec_text
 
 UNBOUNDED = 2**62
 

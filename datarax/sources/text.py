@@ -23,8 +23,8 @@ from flax import nnx
 from datarax.core.checks import check_field_name, field
 from datarax.core.construct import resolve_config, take_positional
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.host.stage import ENCODED
-from datarax.sources._files import CorruptFileError
+from datarax.core.fields import ENCODED
+from datarax.core.errors import CorruptFileError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,7 @@ def test_snake_name(class_name, suffixes, name):
     ("source", "memory", "MemorySource", "MemorySourceConfig"),
     ("source", "packed_text", "PackedTextSource", "PackedTextSourceConfig"),  # a stream
     ("source", "hf_stream", "HFStreamSource", "HFSourceConfig"),
-    ("source", "materialized", "MaterializedSource", "MaterializedSourceConfig"),  # from datarax.host.materialized
+    ("source", "materialized", "MaterializedSource", "MaterializedSourceConfig"),
     ("host_stage", "decode_image", "DecodeImage", "DecodeImageConfig"),
     ("host_stage", "decode_audio", "DecodeAudio", "DecodeAudioConfig"),
     ("host_stage", "tokenize", "Tokenize", "TokenizeConfig"),

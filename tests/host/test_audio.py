@@ -19,7 +19,8 @@ datasets = pytest.importorskip("datasets")
 from scipy.signal import resample_poly  # noqa: E402
 
 from datarax import Pipeline  # noqa: E402
-from datarax.host import DecodeAudio, DecodeAudioConfig, HostContext, RecordError, record_generator  # noqa: E402
+from datarax.host import DecodeAudio, DecodeAudioConfig, HostContext, record_generator
+from datarax.sources import RecordError  # noqa: E402
 from datarax.sources.hf import HFSource, HFSourceConfig, load_files  # noqa: E402
 
 N, RATE, LENGTH = 40, 8000, 3000

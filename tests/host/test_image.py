@@ -18,8 +18,8 @@ from PIL import Image, ImageOps
 from scipy import stats
 from skimage import data as photos
 
-from datarax.host import (DecodeImage, DecodeImageConfig, HostContext, RecordError, SkippedRecordWarning,
-                          record_generator)
+from datarax.host import DecodeImage, DecodeImageConfig, HostContext, SkippedRecordWarning, record_generator
+from datarax.sources import RecordError
 from datarax.host.image import random_resized_box, shorter_side_box
 
 BILINEAR = Image.Resampling.BILINEAR

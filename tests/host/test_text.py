@@ -8,7 +8,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from datarax import Pipeline
-from datarax.host import HostContext, RecordError, Tokenize, TokenizeConfig
+from datarax.host import HostContext, Tokenize, TokenizeConfig
+from datarax.sources import RecordError
 from datarax.sources import TextSource, TextSourceConfig
 
 TOPICS = list(pydoc_data.topics.topics.values())

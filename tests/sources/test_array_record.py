@@ -8,7 +8,7 @@ from source_checks import check_exact_resume, check_shuffled_coverage
 
 from datarax import Pipeline
 from datarax.sources import CorruptFileError
-from datarax.sources._columns import UnsupportedColumnError
+from datarax.core.fields import UnsupportedColumnError
 from datarax.sources._records import RecordFormatError, decode_record, encode_record
 from datarax.sources.array_record import (
     ArrayRecordSource,
@@ -316,7 +316,7 @@ def test_random_header_bytes_never_reach_numpy_or_jax():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from datarax.sources._columns import batchable
+    from datarax.core.fields import batchable
     from datarax.sources._records import parse_layout
 
     json_values = st.recursive(st.none() | st.booleans() | st.integers(-3, 2**41) | st.floats(allow_nan=False)

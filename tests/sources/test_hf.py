@@ -7,7 +7,7 @@ from source_checks import check_exact_resume, check_shuffled_coverage
 
 from datarax import Pipeline
 from datarax.sources import CorruptFileError
-from datarax.sources._columns import UnsupportedColumnError
+from datarax.core.fields import UnsupportedColumnError
 from datarax.sources.hf import HFSource, HFSourceConfig, load_files
 
 datasets = pytest.importorskip("datasets")
@@ -226,7 +226,8 @@ def test_encoded_audio_decodes_like_soundfile_and_names_a_corrupt_record(encoded
 
     import soundfile as sf
 
-    from datarax.host import DecodeAudio, RecordError
+    from datarax.host import DecodeAudio
+    from datarax.sources import RecordError
 
     def make(dataset):
         source = HFSource(HFSourceConfig(fields=("id",), encoded=("audio",), shuffle=True, seed=2), dataset=dataset)

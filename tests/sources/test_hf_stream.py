@@ -3,7 +3,7 @@ import pytest
 from source_checks import check_exact_resume, pipeline_reads_streams, stream_batches
 
 from datarax import Pipeline
-from datarax.sources._columns import UnsupportedColumnError
+from datarax.core.fields import UnsupportedColumnError
 from datarax.sources.hf import HFSourceConfig, HFStreamSource, load_files
 
 datasets = pytest.importorskip("datasets")

@@ -15,7 +15,8 @@ from PIL import Image
 from skimage import data as photos
 
 from datarax import Pipeline
-from datarax.host import DecodeImage, RecordError, SkippedRecordWarning
+from datarax.host import DecodeImage, SkippedRecordWarning
+from datarax.sources import RecordError
 from datarax.sources import ImageFolderSource, ImageFolderSourceConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

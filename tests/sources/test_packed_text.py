@@ -253,7 +253,7 @@ def test_an_epoch_of_unknown_length_has_no_len():
 
 
 def test_a_document_that_is_not_text_is_named():
-    from datarax.host import RecordError
+    from datarax.sources import RecordError
     from datarax.sources import MemorySource
 
     class Documents(MemorySource):

@@ -6,7 +6,7 @@ import pytest
 from source_checks import check_exact_resume, check_shuffled_coverage
 
 from datarax import Pipeline
-from datarax.sources._columns import UnsupportedColumnError
+from datarax.core.fields import UnsupportedColumnError
 from datarax.sources.tfds import NEEDS_TF, TFDSSource, TFDSSourceConfig
 
 tfds = pytest.importorskip("tensorflow_datasets")

@@ -21,9 +21,10 @@ from datarax.core.checks import (check_bool, check_choice, check_field_name, che
                                  field, require)
 from datarax.core.construct import resolve_config
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.host.stage import ENCODED
-from datarax.sources._columns import read_batch
-from datarax.sources._files import CorruptFileError
+from datarax.core.errors import CorruptFileError, DataraxError
+from datarax.core.fields import ENCODED, read_batch
+from datarax.sources.array_record import (ARRAY_RECORD, RANDOM_ACCESS_OPTIONS, ArrayRecordSource,
+                                          ArrayRecordSourceConfig, open_reader)
 
 FORMATS = ("raw", "jpeg")
 FORMAT_VERSION = 1
@@ -31,7 +32,7 @@ KIND = "datarax.materialized"
 MANIFEST = "manifest.json"
 
 
-class StaleCacheError(ValueError):
+class StaleCacheError(DataraxError, ValueError):
     """A materialized cache that no longer matches its source or the prefix asked for."""
 
 
@@ -214,8 +215,6 @@ class MaterializedSource(DataSourceModule):
             raise _corrupt(directory, f"its shards hold {found} records, the manifest says {promised}")
         self.config, self.directory, self.source = config, directory, source
         self.seed = seed_from_rngs(config.seed, rngs)
-        # Imported here: datarax.sources imports datarax.host, which re-exports this module.
-        from datarax.sources.array_record import ArrayRecordSource, ArrayRecordSourceConfig
 
         self.images = ArrayRecordSource(ArrayRecordSourceConfig(encoded=config.field), paths=shards)
         arrays = {}
@@ -272,8 +271,6 @@ class MaterializedSource(DataSourceModule):
 
 def _shard_counts(paths: Sequence[str]) -> list[int]:
     """Each shard's record count, read from its index (its first and last records are read back)."""
-    from datarax.sources.array_record import ARRAY_RECORD, RANDOM_ACCESS_OPTIONS, open_reader
-
     ar = require(ARRAY_RECORD, owner="MaterializedSource", extra="data", package="array_record")
     counts = []
     for path in paths:

@@ -18,7 +18,7 @@ from datarax.core.checks import check_int
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
-from datarax.sources._columns import allocate
+from datarax.core.fields import allocate
 
 
 class ThreadedSource(DataSourceModule):

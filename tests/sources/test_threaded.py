@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from datarax import Pipeline
-from datarax.control.workers import ThreadedSource
+from datarax.sources import ThreadedSource
 from datarax.core.source import DataSourceModule
 from datarax.sources import MemorySource, MemorySourceConfig
 

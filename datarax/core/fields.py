@@ -1,6 +1,6 @@
-"""Helpers shared by the file and library sources: optional imports, field specs, batch buffers.
+"""Field specs and batch buffers: what a source's records look like and how a batch is read into them.
 
-Every source here returns fixed-shape numeric fields. Columns that cannot be batched (strings,
+Every source returns fixed-shape numeric fields. Columns that cannot be batched (strings,
 ragged lists, nested structs) are either left out by the user (`fields=`), or turned into
 arrays by a user function (`convert=`); otherwise the source fails at construction with
 `UnsupportedColumnError` naming the columns and both fixes.
@@ -14,12 +14,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from datarax.core.errors import DataraxError
 from datarax.core.operator import describe
 
+Spec = dict[str, jax.ShapeDtypeStruct]
+ENCODED = np.dtype(object)  # the dtype of an encoded field (one bytes or str object per record)
 FlatReader = Callable[[np.ndarray, dict[str, np.ndarray]], None]
 
 
-class UnsupportedColumnError(TypeError):
+class UnsupportedColumnError(DataraxError, TypeError):
     """A column that cannot become a fixed-shape numeric array, and no `convert` was given."""
 
 
@@ -107,6 +110,7 @@ def spec_text(spec: Mapping[str, jax.ShapeDtypeStruct]) -> dict[str, tuple]:
 
 
 def allocate(spec: Mapping[str, jax.ShapeDtypeStruct], lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Uninitialised buffers for a batch of `spec` records with leading axes `lead`."""
     return {k: np.empty(lead + tuple(s.shape), s.dtype) for k, s in spec.items()}
 
 
