@@ -11,7 +11,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import warnings
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -44,16 +43,6 @@ def ArrayStore(arrays: dict[str, Any]) -> Handles:  # noqa: N802 - the former cl
     warnings.warn("ArrayStore(arrays) is deprecated: write Handles(arrays=arrays) (datarax.core.source)",
                   DeprecationWarning, stacklevel=2)
     return Handles(arrays=arrays)
-
-
-# (num_records, shuffle, seed) -> Sampler, registered by `datarax.samplers` when it is imported:
-# core sits below the samplers, so it is handed the choice rather than importing it.
-_sampler_choice: list[Callable[[int, bool, int], Sampler]] = []
-
-
-def register_sampler_choice(choose: Callable[[int, bool, int], Sampler]) -> None:
-    """Sets the function `DataSourceModule.default_sampler` builds samplers with (`datarax.samplers` does)."""
-    _sampler_choice[:] = [choose]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,15 +126,13 @@ class DataSourceModule(nnx.Module, abc.ABC):
         may be flattened), or None for a host-resident source. Gather them with `gather_device`."""
         return None
 
-    def default_sampler(self) -> Sampler:
-        """The sampler a pipeline uses unless it is given one: a fresh order every epoch, keyed by
+    def sampler(self) -> Sampler | None:
+        """The order the source is read in unless a pipeline is given a sampler, or None (the
+        default) for `datarax.samplers.default_sampler`'s: a fresh order every epoch, keyed by
         `(self.seed, epoch)`, when the source's config has `shuffle=True` (a `ShuffleConfig`),
-        else storage order."""
-        if not _sampler_choice:
-            raise RuntimeError("no sampler is registered: import datarax.samplers (a Pipeline does) before "
-                               "asking a source for its default sampler")
-        shuffle = bool(getattr(getattr(self, "config", None), "shuffle", False))
-        return _sampler_choice[0](len(self), shuffle, getattr(self, "seed", 0))
+        else storage order. A source with an order of its own (a mixture, shards read block by
+        block) returns it; a wrapper returns its inner source's default."""
+        return None
 
     def structure(self) -> str:
         """Identifies the source for iterator fingerprints: class, length and element spec."""

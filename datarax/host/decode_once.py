@@ -112,7 +112,7 @@ def materialize(source: DataSourceModule, directory: str | os.PathLike, *, max_s
         shard_records: records per ArrayRecord shard.
 
     Returns:
-        The cache as a `MaterializedSource` (its sampler follows `source.default_sampler()`).
+        The cache as a `MaterializedSource` (its sampler follows the source's default).
 
     Example:
         >>> cache = materialize(ImageFolderSource(root=root, shuffle=True), "/data/cache-160", max_side=160)

@@ -36,7 +36,9 @@ from datarax.core.errors import DataraxError, DataraxWarning, RecordError, print
 from datarax.core.fields import ENCODED, Spec
 from datarax.core.source import DataSourceModule
 from datarax.monitoring.stages import WORK, StageTimes
+from datarax.samplers.base import Sampler
 from datarax.samplers.keyed import keyed_generator
+from datarax.samplers.simple import default_sampler
 
 
 
@@ -282,8 +284,8 @@ class HostStageSource(DataSourceModule):
     def element_spec(self) -> Spec:
         return dict(self._spec)
 
-    def default_sampler(self):
-        return self.source.default_sampler()
+    def sampler(self) -> Sampler:
+        return default_sampler(self.source)
 
     def describe_record(self, record_id: int) -> str:
         return self.source.describe_record(record_id)

@@ -18,6 +18,7 @@ from datarax.batching import (DISPATCH_AHEAD, MAX_DISPATCH_AHEAD, check_batch_si
 from datarax.core.operator import BatchContext, OperatorModule, describe, distinct_stage_keys
 from datarax.control.producers import READ
 from datarax.host.stage import HostStageSource, check_numeric, split_host_stages
+from datarax.samplers.simple import default_sampler
 from datarax.monitoring.stages import StageTimes
 from datarax.core.source import DataSourceModule, record_shapes, seed_from_rngs
 from datarax.pipeline.chain import Chain
@@ -140,7 +141,7 @@ class Pipeline(nnx.Module, Epochs):
         source, stages = split_host_stages(source, stages, self.seed)
         check_numeric(source.element_spec(), f"{type(source).__name__}'s")
         self.source = source
-        self.sampler = source.default_sampler() if sampler is None else sampler
+        self.sampler = default_sampler(source) if sampler is None else sampler
         self.program = Chain(stages) if program is None else program
         distinct_stage_keys(self.program)
         self.drop_remainder = drop_remainder

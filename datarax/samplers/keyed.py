@@ -42,3 +42,9 @@ def keyed_permutation(n: int, seed: int, epoch: int, *, stream: int | None = Non
         raise ValueError(f"keyed_permutation takes stream= or words=, not both; got stream={stream!r} and "
                          f"words={tuple(words)!r}: a Philox stream is keyed by (seed, stream) and the epoch alone")
     return keyed_generator(seed, stream, epoch).permutation(n)
+
+
+def derive_seed(*words: int) -> int:
+    """A 63-bit seed derived from several ints (for independent sub-permutations)."""
+    hi, lo = np.random.SeedSequence([w & 0xFFFFFFFFFFFFFFFF for w in words]).generate_state(2, np.uint32)
+    return (int(hi) << 31) ^ int(lo)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.core.checks import MAX_INT32, check_positive_int, is_int
-from datarax.core.source import register_sampler_choice
+from typing import TYPE_CHECKING
+
+from datarax.core.checks import MAX_INT32, check_positive_int, check_seed, is_int
 from datarax.samplers.base import Sampler
-from datarax.core.checks import check_seed
 from datarax.samplers.feistel import FeistelPermutation, feistel_device, round_keys
+
+if TYPE_CHECKING:
+    from datarax.core.source import DataSourceModule
+
 
 def check_num_records(num_records: object) -> int:
     """`num_records` as an int, or a ValueError naming the bad value."""
@@ -104,9 +108,13 @@ class RangeSampler(Sampler):
         return f"RangeSampler({r.start}, {r.stop}, {r.step})"
 
 
-def default_sampler(num_records: int, shuffle: bool, seed: int) -> Sampler:
-    """A source's default sampler: shuffled by `(seed, epoch)` when `shuffle`, else storage order."""
-    return ShuffleSampler(num_records, seed=seed) if shuffle else SequentialSampler(num_records)
-
-
-register_sampler_choice(default_sampler)
+def default_sampler(source: DataSourceModule) -> Sampler:
+    """The sampler a pipeline reads `source` with unless it is given one: the source's own
+    (`source.sampler()`), else a fresh order every epoch keyed by `(source.seed, epoch)` when the
+    source's config has `shuffle=True` (a `ShuffleConfig`), else storage order."""
+    own = source.sampler()
+    if own is not None:
+        return own
+    if getattr(getattr(source, "config", None), "shuffle", False):
+        return ShuffleSampler(len(source), seed=getattr(source, "seed", 0))
+    return SequentialSampler(len(source))

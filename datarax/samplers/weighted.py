@@ -5,7 +5,7 @@ the epoch's positions, the epoch length apportioned by the group weights with th
 remainder method: with weights `(1, 1, 1)` every class fills a third of every epoch (class
 balance), with weights proportional to the group sizes every record is read exactly once.
 
-It is the mixture sampler (`datarax.sources.mix.MixSampler`) over the groups: within blocks of
+It is the mixture sampler (`datarax.samplers.mix.MixSampler`) over the groups: within blocks of
 `block_size` positions each group holds its share to within two slots, a group's k-th draw of an
 epoch walks its own shuffled epochs without repeats or gaps (a small group is re-read in a fresh
 order once it is exhausted, a large group is read a part at a time), and position p's record is a
@@ -27,6 +27,7 @@ import numpy as np
 
 from datarax.core.checks import check_bool, check_positive_int, check_seed, is_number
 from datarax.samplers.base import Sampler
+from datarax.samplers.mix import MixSampler, apportion
 
 
 class WeightedSampler(Sampler):
@@ -49,8 +50,6 @@ class WeightedSampler(Sampler):
 
     def __init__(self, groups: Sequence[int] | np.ndarray, weights: Sequence[float] | None = None, *,
                  epoch_length: int | None = None, seed: int = 0, shuffle: bool = True, block_size: int = 1024):
-        from datarax.sources.mix import MixSampler, apportion  # the mixture lives with the sources
-
         groups = np.asarray(groups)
         if groups.ndim != 1 or groups.size == 0 or not np.issubdtype(groups.dtype, np.integer):
             raise TypeError(f"WeightedSampler groups must be a non-empty 1-d array of int group ids (one per record, "

@@ -23,6 +23,8 @@ from datarax.core.construct import resolve_config
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.core.errors import CorruptFileError, DataraxError
 from datarax.core.fields import ENCODED, read_batch
+from datarax.samplers.base import Sampler
+from datarax.samplers.simple import default_sampler
 from datarax.sources.array_record import (ARRAY_RECORD, RANDOM_ACCESS_OPTIONS, ArrayRecordSource,
                                           ArrayRecordSourceConfig, open_reader)
 
@@ -76,7 +78,7 @@ class MaterializedSourceConfig(ShuffleConfig):
         max_side, format, quality, field: the prefix asked for, checked against the cache's
             manifest (see `MaterializeConfig`, which `prefix()` builds and which checks them).
         shuffle: None (the default) follows the source the cache was made from (its
-            `default_sampler()`; storage order when no source is given); True or False
+            default sampler; storage order when no source is given); True or False
             overrides it, as in `ShuffleConfig`.
         seed: the shuffle seed when `shuffle=True` (see `ShuffleConfig`).
     """
@@ -253,11 +255,11 @@ class MaterializedSource(DataSourceModule):
         cached = self.images.describe_record(record_id)
         return cached if self.source is None else f"{cached}, from {self.source.describe_record(record_id)}"
 
-    def default_sampler(self):
-        """The source's sampler under `shuffle=None` (given a source), else the usual choice."""
+    def sampler(self) -> Sampler | None:
+        """The source's default sampler under `shuffle=None` (given a source), else the usual choice."""
         if self.config.shuffle is None and self.source is not None:
-            return self.source.default_sampler()
-        return super().default_sampler()
+            return default_sampler(self.source)
+        return None
 
     def structure(self) -> str:
         # The manifest's hash covers the source's stamp, the prefix and every shard's size.

@@ -131,7 +131,7 @@ class PackedTextSource(StreamSourceModule):
         self.config = config
         self.source = source
         self.tokenizer, self.tokenizer_hash = load_tokenizer(tokenizer, "PackedTextSource")
-        self.sampler = ShuffleSampler(len(source), seed=config.seed) if config.shuffle else None
+        self.order = ShuffleSampler(len(source), seed=config.seed) if config.shuffle else None
 
     @property
     def num_documents(self) -> int:
@@ -145,7 +145,7 @@ class PackedTextSource(StreamSourceModule):
     def document_order(self, positions: np.ndarray, epoch: int) -> np.ndarray:
         """The record ids of the documents at `positions` of `epoch`'s order."""
         positions = np.asarray(positions, np.int64)
-        return positions if self.sampler is None else self.sampler.indices(positions, epoch)
+        return positions if self.order is None else self.order.indices(positions, epoch)
 
     def tokenize(self, record_ids: np.ndarray, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """`(flat int32 tokens, int64 lengths)` of the documents `record_ids`, EOS and truncation applied."""

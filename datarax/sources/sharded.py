@@ -70,7 +70,7 @@ from datarax.samplers.base import Sampler
 from datarax.samplers.feistel import FeistelPermutation
 from datarax.core.fields import read_batch
 from datarax.core.errors import CorruptFileError
-from datarax.sources.mix import derive_seed
+from datarax.samplers.keyed import derive_seed
 
 FORMATS = ("auto", "parquet", "tar", "array_record")
 MANIFEST_VERSION = 3  # 2: each block's decoded size; 3: each shard's sample hash and integer ranges
@@ -678,7 +678,7 @@ class ShardedSource(DataSourceModule):
     def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
         return dict(self._spec)
 
-    def default_sampler(self) -> Sampler:
+    def sampler(self) -> Sampler:
         """The two-level block shuffle when `shuffle=True`, else storage order."""
         self._io.sampler = BlockShuffleSampler(self._io.counts, self.config.window, self.seed, bool(self.config.shuffle))
         return self._io.sampler
@@ -686,7 +686,7 @@ class ShardedSource(DataSourceModule):
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
         """Fetches the blocks of the records the reader reads next (at most `prefetch_blocks` of
         them), so a pipeline with its own sampler reads ahead too. Under the source's own block
-        order (`default_sampler`) its `read` already fetches further ahead."""
+        order (`sampler()`) its `read` already fetches further ahead."""
         if self.config.prefetch_blocks == 0:
             return
         flat = np.clip(np.asarray(indices, np.int64).reshape(-1), 0, len(self) - 1)

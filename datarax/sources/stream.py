@@ -29,6 +29,7 @@ from datarax.control.producers import stream_host_batches as stream_host_batches
 from datarax.control.producers import to_device as to_device  # moved there; importable here
 from datarax.core.checks import check_int
 from datarax.samplers.base import Sampler
+from datarax.samplers.simple import SequentialSampler
 from datarax.core.fields import spec_text
 
 UNBOUNDED = 2**62
@@ -75,24 +76,12 @@ class StreamSourceModule(nnx.Module, abc.ABC):
         """Streams are host-resident."""
         return None
 
-    def default_sampler(self) -> Sampler:
-        return StreamSampler(len(self))
+    def sampler(self) -> Sampler:
+        """Positions in order: a stream record's id is its position in the epoch."""
+        return SequentialSampler(len(self))
 
     def structure(self) -> str:
         return f"{type(self).__qualname__}(records={self.num_records()}, spec={spec_text(self.element_spec())})"
-
-
-class StreamSampler(Sampler):
-    """The positions of a stream epoch; a record's id is its position."""
-
-    def __init__(self, num_records: int):
-        self.num_records = int(num_records)
-
-    def __len__(self) -> int:
-        return self.num_records
-
-    def indices(self, positions: np.ndarray, epoch: int) -> np.ndarray:
-        return np.asarray(positions, dtype=np.int64)
 
 
 def check_stream_state(state: Any, keys: tuple[str, ...], owner: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ class SubsetSource(DataSourceModule):
     """The records of `source` at `indices`, as a source of their own (record i is `indices[i]`).
 
     A view, so it takes its data and the two shuffle settings directly; they are kept as a
-    `ShuffleConfig`, which `DataSourceModule.default_sampler` reads.
+    `ShuffleConfig`, which `datarax.samplers.default_sampler` reads.
     """
 
     def __init__(self, source: DataSourceModule, indices: np.ndarray, *, shuffle: bool = False, seed: int = 0):

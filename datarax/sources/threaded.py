@@ -18,6 +18,7 @@ from datarax.core.checks import check_int
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
+from datarax.samplers.simple import default_sampler
 from datarax.core.fields import allocate
 
 
@@ -74,8 +75,8 @@ class ThreadedSource(DataSourceModule):
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
         self.source.upcoming(indices, epoch)
 
-    def default_sampler(self) -> Sampler:
-        return self.source.default_sampler()
+    def sampler(self) -> Sampler:
+        return default_sampler(self.source)
 
     def structure(self) -> str:
         # Threads change how a batch is read, not what it holds.

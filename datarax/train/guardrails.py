@@ -24,7 +24,7 @@ import jax
 from datarax.host.stage import HostStageSource
 from datarax.samplers.base import Sampler
 from datarax.samplers.simple import RangeSampler, SequentialSampler, ShuffleSampler
-from datarax.sources.stream import StreamSampler, StreamSourceModule
+from datarax.sources.stream import StreamSourceModule
 
 
 class TrainerWarning(UserWarning):
@@ -53,11 +53,11 @@ def shuffles(sampler: Sampler, source: Any) -> bool | None:
     """
     if isinstance(sampler, ShuffleSampler):
         return True
-    if isinstance(sampler, (SequentialSampler, RangeSampler)):
-        return False
-    if isinstance(sampler, StreamSampler):
+    if isinstance(source, StreamSourceModule):
         setting = getattr(getattr(source, "config", None), "shuffle", None)
         return setting if isinstance(setting, bool) else None
+    if isinstance(sampler, (SequentialSampler, RangeSampler)):
+        return False
     setting = getattr(sampler, "shuffle", None)
     return setting if isinstance(setting, bool) else None
 

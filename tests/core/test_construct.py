@@ -14,6 +14,7 @@ import pytest
 import datarax
 from datarax.core.operator import OperatorModule
 from datarax.core.source import DataSourceModule
+from datarax.samplers import default_sampler
 from datarax.host.stage import HostStage
 from datarax.sources.stream import StreamSourceModule
 
@@ -123,7 +124,7 @@ def test_a_source_from_a_config_equals_one_from_settings():
     a = MemorySource(MemorySourceConfig(shuffle=True, seed=3), data=data)
     b = MemorySource(shuffle=True, seed=3, data=data)
     assert a.config == b.config and a.structure() == b.structure()
-    assert (a.default_sampler().indices(np.arange(10), 1) == b.default_sampler().indices(np.arange(10), 1)).all()
+    assert (default_sampler(a).indices(np.arange(10), 1) == default_sampler(b).indices(np.arange(10), 1)).all()
     with pytest.raises(TypeError, match="MemorySource got unknown settings \\['shufle'\\]"):
         MemorySource(shufle=True, data=data)
 

@@ -178,7 +178,7 @@ class FlakySource(DataSourceModule):
         np.copyto(out["id"], got["id"])
         return out
 
-    def default_sampler(self):
+    def sampler(self):
         return ShuffleSampler(len(self), seed=3)
 
 

@@ -6,7 +6,8 @@ from source_checks import check_exact_resume
 
 from datarax import Pipeline
 from datarax.sources import MemorySource
-from datarax.sources.mix import MixDataSources, MixDataSourcesConfig, MixSampler, apportion, webster
+from datarax.sources.mix import MixDataSources, MixDataSourcesConfig
+from datarax.samplers.mix import MixSampler, apportion, webster
 
 
 def source(n: int, base: int) -> MemorySource:

@@ -22,6 +22,7 @@ from scipy import stats
 from datarax import Pipeline
 from datarax.host import HostMap
 from datarax.pipeline import RetryPolicy
+from datarax.samplers import default_sampler
 from datarax.sources import ShardedSource
 from datarax.sources.sharded import BlockShuffleSampler, ShardChangedError
 
@@ -342,7 +343,7 @@ def test_host_stages_read_through_the_source_so_it_prefetches_the_blocks_that_co
                              window=2, prefetch_blocks=4, cache_blocks=12, manifest_dir=str(tmp_path / "m"))
 
     plain, behind = make(), make()
-    plain.default_sampler(), behind.default_sampler()  # what a Pipeline does: the source then knows the order
+    default_sampler(plain), default_sampler(behind)  # what a Pipeline does: the source then knows the order
     ids = plain._io.sampler.indices(np.arange(8), 0)
     plain.read(ids, 0)
     HostStageSource(behind, [stage]).read(ids, 0)
@@ -358,7 +359,7 @@ def test_the_last_batches_of_an_epoch_prefetch_the_next_epochs_first_blocks(tmp_
     urls = write_shards("parquet", "file", tmp_path)
     source = ShardedSource(urls=urls, fields=("x",), shuffle=shuffle, seed=3, window=2, prefetch_blocks=4,
                            cache_blocks=12, manifest_dir=str(tmp_path / "m"))
-    sampler = source.default_sampler()
+    sampler = default_sampler(source)
     ids = sampler.indices(np.arange(TOTAL - 8, TOTAL), 0)
     source.read(ids, 0)
     blocks = set((np.searchsorted(source._io.starts, ids, side="right") - 1).tolist())
