@@ -100,7 +100,7 @@ class RunSection:
 
 def _retry_policy(value: Any) -> Any:
     """`retry_policy = { max_retries = 3, backoff_s = 0.5, max_backoff_s = 30.0 }` as a `RetryPolicy`."""
-    from datarax.pipeline.retry import RetryPolicy
+    from datarax.control.retry import RetryPolicy
 
     known = [f.name for f in dataclasses.fields(RetryPolicy)]
     if not is_table(value):

@@ -1,4 +1,5 @@
-"""The one lazy thread pool: per-record decoders, file reads and chunked batch reads run on it.
+"""The one lazy thread pool: per-record decoders, file reads, chunked batch reads and the shards'
+range requests run on it.
 
 Threads pay off only where the work releases the GIL (file reads, Pillow and libsndfile decodes,
 numpy copies). The pool starts on first use, runs inline for one thread or one item, and copies
@@ -7,6 +8,7 @@ and pickles as its settings (threads and locks neither copy nor pickle; a copy s
 
 from __future__ import annotations
 
+import concurrent.futures
 import queue
 import threading
 import time
@@ -109,6 +111,22 @@ class ThreadPool:
         for start, part in enumerate(results):
             out[start::workers] = part
         return out
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        """Runs `fn(*args)` on a pool thread; returns its future (cancelled if `cancel()`ed first)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def task() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # the caller's future.result() raises it
+                    future.set_exception(exc)
+
+        with self._lock:
+            tasks = self._tasks if self._tasks is not None else self._start()
+        tasks.put(task)
+        return future
 
     def close(self) -> None:
         """Stops the threads (idempotent; a later `map` starts them again), waiting at most

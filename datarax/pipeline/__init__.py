@@ -7,7 +7,7 @@ from datarax.pipeline.dag import DagError as DagError
 from datarax.pipeline.dag import DagProgram as DagProgram
 from datarax.pipeline.iterator import PipelineIterator as PipelineIterator
 from datarax.pipeline.pipeline import Pipeline as Pipeline
-from datarax.pipeline.retry import RetryPolicy as RetryPolicy
+from datarax.control.retry import RetryPolicy as RetryPolicy
 from datarax.pipeline.scan import ScanBatch as ScanBatch
 from datarax.pipeline.scan import ScanRunner as ScanRunner
 from datarax.pipeline.scan import scan_epoch as scan_epoch

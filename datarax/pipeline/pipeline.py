@@ -24,7 +24,7 @@ from datarax.core.source import DataSourceModule, record_shapes, seed_from_rngs
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import MAX_CHUNK_BATCHES, CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
-from datarax.pipeline.retry import NO_RETRY, RetryPolicy
+from datarax.control.retry import NO_RETRY, RetryPolicy
 from datarax.pipeline.state import Epochs, fingerprint
 from datarax.samplers.base import Sampler
 from datarax.sharding.mesh import DataSharding
@@ -104,7 +104,7 @@ class Pipeline(nnx.Module, Epochs):
             process computes only its devices' rows, and final short batches keep the full
             shape with a validity mask field.
         retry_policy: how a host-resident source's reader retries a read that raised `OSError`,
-            at the same position, before raising (see `datarax.pipeline.retry`). None: no
+            at the same position, before raising (see `datarax.control.retry`). None: no
             retries; the error reaches `next()`, and the next `next()` reads that batch again.
 
     Example:

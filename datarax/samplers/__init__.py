@@ -1,6 +1,7 @@
 """Samplers: which records make up each batch, in O(1) memory and resumable by arithmetic."""
 
 from datarax.samplers.base import Sampler as Sampler
+from datarax.samplers.block import BlockShuffleSampler as BlockShuffleSampler
 from datarax.samplers.feistel import FeistelPermutation as FeistelPermutation
 from datarax.samplers.simple import RangeSampler as RangeSampler
 from datarax.samplers.simple import SequentialSampler as SequentialSampler

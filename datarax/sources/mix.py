@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, field, is_number
+from datarax.core.checks import check_bool, check_positive_int, field
 from datarax.core.construct import resolve_config
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule, default_shuffle, seed_from_rngs

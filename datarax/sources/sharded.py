@@ -50,65 +50,27 @@ import hashlib
 import io
 import json
 import os
-import re
 import tarfile
 import threading
-import zlib
-from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 
+from datarax.control.pool import ThreadPool
+from datarax.control.retry import RetryPolicy
 from datarax.core.checks import (IntegerRangeError, check_bool, check_choice, check_int, check_int_range,
                                  check_number, check_positive_int, field, narrowed_dtype, require)
 from datarax.core.construct import resolve_config
-from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.core.fields import ENCODED
-from datarax.samplers.base import Sampler
-from datarax.samplers.feistel import FeistelPermutation
-from datarax.core.fields import read_batch
 from datarax.core.errors import CorruptFileError
-from datarax.samplers.keyed import derive_seed
-
-FORMATS = ("auto", "parquet", "tar", "array_record")
-MANIFEST_VERSION = 3  # 2: each block's decoded size; 3: each shard's sample hash and integer ranges
-_SUFFIXES = {".parquet": "parquet", ".tar": "tar", ".array_record": "array_record"}
-_TAR_BLOCK = 512
-_FIXED_LIST = re.compile(r"fixed_size_list<(?:item|element): (\w+)>\[(\d+)\]")
-# Arrow's type names -> numpy dtypes. A 64-bit integer column is a 32-bit field unless JAX's 64-bit
-# mode is on (as in every source); values that do not fit are refused, never wrapped.
-_NUMERIC = {"int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
-            "int64": np.dtype(np.int64), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
-            "uint32": np.dtype(np.uint32), "uint64": np.dtype(np.uint64), "halffloat": np.dtype(np.float16),
-            "float": np.dtype(np.float32), "double": np.dtype(np.float64), "bool": np.dtype(np.bool_)}
-_SAMPLE_BYTES = 64 * 1024  # the head and the tail of a shard hashed by `verify`
-INT_FIX = ("read it as encoded bytes for a host_map that parses it (parquet: list it in encoded=(...); tar: leave it "
-           "out of int_fields), or rewrite it as int32 or float64")
-
-
-class ShardChangedError(ValueError):
-    """A shard differs from the manifest the source (or a saved state) was built on."""
-
-
-class _StoreError(Exception):
-    """Carries an `OSError` of the store (after its retries) out of pyarrow's parsing, where a
-    corrupt page also raises `OSError`."""
-
-    def __init__(self, error: OSError):
-        super().__init__(str(error))
-        self.error = error
-
-
-def _device_dtype(dtype: np.dtype) -> np.dtype:
-    """The field dtype of a column: a 64-bit integer is 32-bit unless JAX's 64-bit mode is on."""
-    return narrowed_dtype(dtype) or dtype
-
-
-def default_manifest_dir() -> str:
-    return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
-                        "datarax", "manifests")
+from datarax.core.fields import ENCODED, read_batch
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
+from datarax.samplers.base import Sampler
+from datarax.samplers.block import BlockShuffleSampler
+from datarax.sources.manifest import ShardChangedError, expand_urls, load_manifest
+from datarax.sources.shard_formats import (FIXED_LIST, FORMATS, INT_FIX, NUMERIC, Ranges, StoreError, device_dtype,
+                                           encoded_column, filesystem, parquet_footer, request, store_reader, tar_key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,399 +156,10 @@ class ShardedSourceConfig(ShuffleConfig):
         check_number(*field(self, "retry_backoff_s"), 0.0)
         check_bool(*field(self, "verify"))
 
-    def retry_policy(self) -> Any:
+    def retry_policy(self) -> RetryPolicy:
         """The `datarax.pipeline.RetryPolicy` each request to the store is retried under."""
-        from datarax.pipeline.retry import RetryPolicy  # the pipeline package imports the sources
-
         return RetryPolicy(max_retries=self.max_retries, backoff_s=self.retry_backoff_s)
 
-
-def _request(retry: Any, fn: Any) -> Any:
-    """`fn()` (one request to the store) under `retry`; a missing file is not retried."""
-    return retry.call(fn, permanent=(FileNotFoundError,))
-
-
-# ---------------------------------------------------------------------------------------------
-# The shuffle
-
-
-class BlockShuffleSampler(Sampler):
-    """Two-level shuffle of blocked records, O(1) iterator state.
-
-    Args:
-        block_counts: records per block, in storage order (record ids run through the blocks).
-        window: blocks shuffled together.
-        seed: the shuffle seed.
-        shuffle: False gives storage order.
-    """
-
-    def __init__(self, block_counts: Sequence[int], window: int = 16, seed: int = 0, shuffle: bool = True):
-        self.counts = np.asarray(block_counts, np.int64)
-        if self.counts.ndim != 1 or self.counts.size == 0 or (self.counts < 1).any():
-            raise ValueError(f"BlockShuffleSampler block_counts must be a non-empty list of positive counts, got "
-                             f"{block_counts!r}")
-        self.window = check_positive_int(window, "BlockShuffleSampler window")
-        self.seed, self.shuffle = int(seed), bool(shuffle)
-        self.starts = np.concatenate([[0], np.cumsum(self.counts)])
-        self._orders = Handles(epochs=collections.OrderedDict(), lock=threading.Lock())  # out of NNX state
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
-
-    def epoch_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`(block order, rank of each block in it, record offsets of the ordered blocks)` of `epoch`."""
-        epochs = self._orders.epochs
-        with self._orders.lock:
-            if epoch not in epochs:
-                n = len(self.counts)
-                order = (FeistelPermutation(n, derive_seed(self.seed, 0xB10C), epoch)(np.arange(n))
-                         if self.shuffle and n > 1 else np.arange(n))
-                rank = np.empty(n, np.int64)
-                rank[order] = np.arange(n)
-                epochs[epoch] = (order, rank, np.concatenate([[0], np.cumsum(self.counts[order])]))
-                while len(epochs) > 2:
-                    epochs.popitem(last=False)
-            return epochs[epoch]
-
-    def indices(self, positions: np.ndarray, epoch: int) -> np.ndarray:
-        positions = np.asarray(positions, np.int64)
-        flat = positions.reshape(-1)
-        if not self.shuffle:
-            return flat.reshape(positions.shape).copy()
-        order, _, ordered = self.epoch_order(epoch)
-        window_starts = ordered[::self.window]
-        if window_starts[-1] != ordered[-1]:
-            window_starts = np.append(window_starts, ordered[-1])
-        w = np.searchsorted(window_starts, flat, side="right") - 1
-        within = flat - window_starts[w]
-        for win in np.unique(w).tolist():
-            sel = w == win
-            size = int(window_starts[win + 1] - window_starts[win])
-            perm = FeistelPermutation(size, derive_seed(self.seed, epoch, win), 0)
-            within[sel] = perm(within[sel])
-        rank_pos = window_starts[w] + within  # the record's place in the epoch's block order
-        j = np.searchsorted(ordered, rank_pos, side="right") - 1
-        ids = self.starts[order[j]] + (rank_pos - ordered[j])
-        return ids.reshape(positions.shape)
-
-    def structure(self) -> str:
-        return (f"BlockShuffleSampler(blocks={len(self.counts)}, records={len(self)}, "
-                f"counts_crc32={zlib.crc32(self.counts.tobytes()):08x}, window={self.window}, seed={self.seed}, "
-                f"shuffle={self.shuffle})")
-
-
-# ---------------------------------------------------------------------------------------------
-# The manifest
-
-
-def _filesystem(url: str, storage_options: dict | None) -> tuple[Any, str]:
-    fsspec = require("fsspec", owner="ShardedSource", extra="data")
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    return fs, path
-
-
-def _stamp(fs: Any, path: str, url: str) -> dict[str, Any]:
-    try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"ShardedSource shard {url!r} does not exist; check the URL (and its credentials), "
-                                "or remove it from urls=") from None
-    etag = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or info.get("created")
-    return {"size": int(info["size"]), "etag": None if etag is None else str(etag)}
-
-
-def sample_hash(fs: Any, path: str, size: int, retry: Any) -> str:
-    """SHA-256 (16 hex digits) of a shard's first and last 64 KiB: a parquet footer (row groups,
-    offsets, statistics), an ArrayRecord index, a tar's first members. The two range requests run
-    at once, so on a store the check costs one request's latency, not two."""
-    if size <= _SAMPLE_BYTES:
-        return hashlib.sha256(_request(retry, lambda: fs.cat_file(path, 0, size))).hexdigest()[:16]
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        tail = pool.submit(_request, retry, lambda: fs.cat_file(path, max(0, size - _SAMPLE_BYTES), size))
-        head = _request(retry, lambda: fs.cat_file(path, 0, min(size, _SAMPLE_BYTES)))
-        return hashlib.sha256(head + tail.result()).hexdigest()[:16]
-
-
-def expand_urls(urls: tuple[str, ...], storage_options: dict | None, retry: Any = None) -> tuple[str, ...]:
-    """A single glob pattern expanded and sorted; explicit lists as given."""
-    if len(urls) == 1 and any(c in urls[0] for c in "*?["):
-        fs, path = _filesystem(urls[0], storage_options)
-        protocol = urls[0].split("://", 1)[0] + "://" if "://" in urls[0] else ""
-        found = sorted(fs.glob(path) if retry is None else _request(retry, lambda: fs.glob(path)))
-        if not found:
-            raise FileNotFoundError(f"ShardedSource urls pattern {urls[0]!r} matches no files; check the pattern")
-        return tuple(protocol + f if protocol and not f.startswith(protocol) else f for f in found)
-    return urls
-
-
-def shard_format(url: str, fmt: str) -> str:
-    if fmt != "auto":
-        return fmt
-    for suffix, name in _SUFFIXES.items():
-        if url.lower().endswith(suffix):
-            return name
-    raise ValueError(f"ShardedSource cannot tell the format of {url!r} from its extension; pass format= one of "
-                     f"{FORMATS[1:]}")
-
-
-def _store_reader(fs: Any, path: str, retry: Any, counter: list[int] | None = None) -> Any:
-    """`fetch(begin, end)`: one retried range request; its final `OSError` comes out as a
-    `_StoreError`, so pyarrow's own `OSError`s (a corrupt page) are told apart from the store's."""
-
-    def fetch(begin: int, end: int) -> bytes:
-        try:
-            data = _request(retry, lambda: fs.cat_file(path, begin, end))
-        except OSError as exc:
-            raise _StoreError(exc) from exc
-        if counter is not None:
-            counter[0] += len(data)
-        return data
-
-    return fetch
-
-
-def parquet_footer(fetch: Any, size: int) -> Any:
-    """A parquet file's metadata from its footer, read with two range requests through `fetch`."""
-    pq = require("pyarrow.parquet", owner="ShardedSource", extra="data", package="pyarrow")
-    tail = fetch(max(0, size - 8), size)
-    if size < 12 or tail[4:] != b"PAR1":
-        raise ValueError(f"it does not end in parquet's magic bytes (last bytes {tail[-4:]!r}, not b'PAR1')")
-    length = int.from_bytes(tail[:4], "little")
-    if length > size - 12:
-        raise ValueError(f"its footer length {length} is more than the file's {size} bytes hold")
-    footer = fetch(size - 8 - length, size)
-    return pq.ParquetFile(_Ranges(size, {size - len(footer): footer}, fetch)).metadata
-
-
-def _parquet_index(meta: Any) -> tuple[list[list[int]], dict[str, str], dict[str, list]]:
-    """The row groups (blocks), the columns, and the [min, max] of each 64-bit integer column
-    from the footer's statistics (None where a row group has none)."""
-    schema = meta.schema.to_arrow_schema()
-    columns = {f.name: str(f.type) for f in schema}
-    wide = [name for name, kind in columns.items() if kind in ("int64", "uint64")]
-    ranges: dict[str, list] = {name: [] for name in wide}
-    blocks = []
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        if group.num_rows == 0:
-            continue
-        starts, ends = [], []
-        for c in range(group.num_columns):
-            col = group.column(c)
-            start = col.dictionary_page_offset if col.has_dictionary_page and col.dictionary_page_offset else \
-                col.data_page_offset
-            starts.append(start)
-            ends.append(start + col.total_compressed_size)
-            name = col.path_in_schema
-            if name in ranges:
-                stats = col.statistics
-                ranges[name].append([int(stats.min), int(stats.max)] if stats is not None and stats.has_min_max
-                                    else None)
-        blocks.append([group.num_rows, min(starts), max(ends), g, int(group.total_byte_size)])
-    return blocks, columns, ranges
-
-
-def _tar_key(name: str) -> tuple[str, str]:
-    folder, base = os.path.split(name)
-    if "." not in base:
-        return name, ""
-    stem, ext = base.split(".", 1)
-    return os.path.join(folder, stem), ext
-
-
-def _tar_index(fs: Any, path: str, url: str, block_records: int) -> tuple[list[list[int]], dict[str, str], dict]:
-    samples: list[tuple[str, int, int, tuple[str, ...]]] = []  # key, first header offset, end, extensions
-    with fs.open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as archive:
-        for member in archive:
-            if not member.isfile():
-                continue
-            key, ext = _tar_key(member.name)
-            end = member.offset_data + -(-member.size // _TAR_BLOCK) * _TAR_BLOCK
-            if samples and samples[-1][0] == key:
-                k, start, _, exts = samples[-1]
-                samples[-1] = (k, start, end, exts + (ext,))
-            else:
-                samples.append((key, member.offset, end, (ext,)))
-    if not samples:
-        raise CorruptFileError(f"ShardedSource shard {url!r} holds no files; is it a tar archive?")
-    fields = samples[0][3]
-    for key, _, _, exts in samples:
-        if sorted(exts) != sorted(fields):
-            raise CorruptFileError(f"ShardedSource shard {url!r}: sample {key!r} has members {sorted(exts)}, the first "
-                                   f"sample {sorted(fields)}; every sample needs the same extensions")
-    blocks = []
-    for i in range(0, len(samples), block_records):
-        run = samples[i:i + block_records]
-        blocks.append([len(run), run[0][1], run[-1][2], i, run[-1][2] - run[0][1]])
-    return blocks, {ext: "bytes" for ext in fields}, {}
-
-
-def _array_record_index(path: str, url: str, block_records: int) -> tuple[list[list[int]], dict[str, str], dict]:
-    ar = require("array_record.python.array_record_module", owner="ShardedSource", extra="data",
-                 package="array_record")
-    reader = ar.ArrayRecordReader(path, "readahead_buffer_size:0")
-    try:
-        if not reader.ok():
-            raise CorruptFileError(f"ShardedSource shard {url!r} is not a readable ArrayRecord file (its index cannot be "
-                                   "read); it is truncated or damaged: restore it, or leave it out of urls")
-        n = reader.num_records()
-    finally:
-        reader.close()
-    if n == 0:
-        raise CorruptFileError(f"ShardedSource shard {url!r} holds no records")
-    return [[min(block_records, n - i), i, min(n, i + block_records), i, 0] for i in range(0, n, block_records)], \
-        {"record": "bytes"}, {}
-
-
-def _index_shard(url: str, fmt: str, fs: Any, path: str, size: int, config: ShardedSourceConfig) -> tuple:
-    """`(blocks, columns, int ranges)` of one shard; bytes that do not parse are a `CorruptFileError`
-    naming the shard (an `OSError` of the store stays one, for the retries)."""
-    try:
-        if fmt == "parquet":
-            return _parquet_index(parquet_footer(_store_reader(fs, path, config.retry_policy()), size))
-        if fmt == "tar":
-            return _tar_index(fs, path, url, config.block_records)
-        return _array_record_index(path, url, config.block_records)
-    except (CorruptFileError, FileNotFoundError):
-        raise
-    except _StoreError as exc:  # the store failed after its retries: an OSError still
-        raise exc.error from None
-    except (ValueError, OSError, EOFError, tarfile.TarError, RuntimeError) as exc:
-        what = {"parquet": "its footer", "tar": "its member headers", "array_record": "its index"}[fmt]
-        raise CorruptFileError(f"ShardedSource shard {url!r} is not a readable {fmt} file ({what}: {exc}); it is "
-                               "truncated or damaged: restore it, or leave it out of urls") from None
-
-
-def build_manifest(urls: Sequence[str], config: ShardedSourceConfig) -> dict[str, Any]:
-    """Lists every shard's blocks (record counts, byte ranges), stamps (size, ETag/mtime), the hash
-    `verify` compares, and the range of each 64-bit integer column per block (parquet statistics)."""
-    retry = config.retry_policy()
-
-    def one(url: str) -> dict[str, Any]:
-        fmt = shard_format(url, config.format)
-        fs, path = _filesystem(url, config.storage_options)
-        stamp = _request(retry, lambda: _stamp(fs, path, url))
-        if fmt == "array_record" and "://" in url and not url.startswith("file://"):
-            raise ValueError(f"ShardedSource reads ArrayRecord shards from local files only (the reader needs a "
-                             f"path), got {url!r}; copy the shards to a local disk, or write parquet/tar shards")
-        blocks, columns, ranges = _request(retry, lambda: _index_shard(url, fmt, fs, path, stamp["size"], config))
-        return {"url": url, "format": fmt, **stamp, "sample_sha256": sample_hash(fs, path, stamp["size"], retry),
-                "blocks": blocks, "columns": columns, "int_ranges": ranges}
-
-    with concurrent.futures.ThreadPoolExecutor(min(16, len(urls))) as pool:
-        shards = list(pool.map(one, urls))
-    formats = {s["format"] for s in shards}
-    if len(formats) != 1:
-        raise ValueError(f"ShardedSource shards must share one format, got {sorted(formats)}; list them separately")
-    first = shards[0]["columns"]
-    for s in shards[1:]:
-        if s["columns"] != first:
-            raise ValueError(f"ShardedSource shards {shards[0]['url']!r} and {s['url']!r} have different columns "
-                             f"({first} against {s['columns']}); shards of one source share one schema")
-    return {"version": MANIFEST_VERSION, "format": formats.pop(), "columns": first, "shards": shards}
-
-
-def manifest_key(urls: Sequence[str], config: ShardedSourceConfig) -> str:
-    text = json.dumps({"urls": list(urls), "format": config.format, "block_records": config.block_records})
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def load_manifest(urls: Sequence[str], config: ShardedSourceConfig) -> dict[str, Any]:
-    """The cached manifest (every shard re-stamped and compared), else a new one, cached."""
-    folder = config.manifest_dir or default_manifest_dir()
-    path = os.path.join(folder, f"{manifest_key(urls, config)}.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            manifest = json.load(f)
-        if manifest.get("version") == MANIFEST_VERSION:
-            check_stamps(manifest, config, path)
-            return manifest
-    manifest = build_manifest(urls, config)
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f)
-    os.replace(tmp, path)
-    return manifest
-
-
-def check_stamps(manifest: dict[str, Any], config: ShardedSourceConfig, where: str) -> None:
-    """Raises `ShardChangedError` naming the first shard whose size or ETag/mtime differ, or (with
-    `config.verify`) whose sample hash differs."""
-    retry = config.retry_policy()
-
-    def stamp(shard):
-        fs, path = _filesystem(shard["url"], config.storage_options)
-        now = _request(retry, lambda: _stamp(fs, path, shard["url"]))
-        if config.verify and now["size"] == shard["size"] and now["etag"] == shard["etag"]:
-            now["sample_sha256"] = sample_hash(fs, path, now["size"], retry)
-        return shard, now
-
-    with concurrent.futures.ThreadPoolExecutor(min(16, len(manifest["shards"]))) as pool:
-        for shard, now in pool.map(stamp, manifest["shards"]):
-            if now["size"] != shard["size"] or now["etag"] != shard["etag"]:
-                raise ShardChangedError(
-                    f"ShardedSource shard {shard['url']!r} changed since its manifest {where!r} was made (size "
-                    f"{shard['size']} -> {now['size']}, etag {shard['etag']} -> {now['etag']}): its records may have "
-                    "moved, so positions would name other records; restore the shard, or delete the manifest to "
-                    "index the shards again (a saved iterator state will then be refused)")
-            if "sample_sha256" in now and now["sample_sha256"] != shard["sample_sha256"]:
-                raise ShardChangedError(
-                    f"ShardedSource shard {shard['url']!r} was rewritten since its manifest {where!r} was made: same "
-                    f"size ({shard['size']}) and modification time, but the hash of its first and last 64 KiB changed "
-                    f"({shard['sample_sha256']} -> {now['sample_sha256']}; a copy that kept the file times?): its "
-                    "records may have moved; restore the shard, or delete the manifest to index the shards again (a "
-                    "saved iterator state will then be refused)")
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading blocks
-
-
-class _Ranges(io.RawIOBase):
-    """A read-only file of `size` bytes of which some ranges were fetched (a parquet row group):
-    pyarrow reads the row group through it; a read outside them is fetched with `fetch(start, end)`
-    (counted like any other fetch)."""
-
-    def __init__(self, size: int, ranges: dict[int, bytes], fetch):
-        self._size, self._ranges, self._pos, self._fetch = size, sorted(ranges.items()), 0, fetch
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._pos = {0: offset, 1: self._pos + offset, 2: self._size + offset}[whence]
-        return self._pos
-
-    def readinto(self, buffer) -> int:
-        n = min(len(buffer), self._size - self._pos)
-        if n <= 0:
-            return 0
-        for start, data in self._ranges:
-            if start <= self._pos and self._pos + n <= start + len(data):
-                buffer[:n] = data[self._pos - start:self._pos - start + n]
-                break
-        else:
-            buffer[:n] = self._fetch(self._pos, self._pos + n)
-        self._pos += n
-        return n
-
-
-def _encoded_column(column: Any, name: str) -> list:
-    pa = require("pyarrow", owner="ShardedSource", extra="data")
-    if pa.types.is_struct(column.type):  # HF Image/Audio: struct<bytes, path>
-        values = column.field("bytes").to_pylist()
-        if any(v is None for v in values):
-            raise CorruptFileError(f"ShardedSource column {name!r} has rows that store only a path, no bytes; a remote "
-                                   "shard must carry the files' bytes (write it with datarax.sources.write_hf_parquet)")
-        return values
-    return column.to_pylist()
 
 
 class ShardedSource(DataSourceModule):
@@ -638,7 +211,7 @@ class ShardedSource(DataSourceModule):
         wrap (row groups without statistics are checked as they are read)."""
         shards = self._io.manifest["shards"]
         for name, spec in self._spec.items():
-            if narrowed_dtype(_NUMERIC.get(self._io.manifest["columns"].get(name), np.dtype(object))) is None \
+            if narrowed_dtype(NUMERIC.get(self._io.manifest["columns"].get(name), np.dtype(object))) is None \
                     or spec.dtype == ENCODED:
                 continue
             for shard in shards:
@@ -656,15 +229,15 @@ class ShardedSource(DataSourceModule):
                            "pick from those")
         for name in dict.fromkeys([*names, *config.encoded]):
             kind, shape = columns[name], ()
-            fixed = _FIXED_LIST.fullmatch(kind)
+            fixed = FIXED_LIST.fullmatch(kind)
             if fixed:  # fixed_size_list<item: float>[3]: a (3,) field
                 kind, shape = fixed.group(1), (int(fixed.group(2)),)
             if self._format != "parquet":
-                dtype = _device_dtype(np.dtype(np.int64)) if name in config.int_fields else ENCODED
+                dtype = device_dtype(np.dtype(np.int64)) if name in config.int_fields else ENCODED
             elif name in config.encoded:
                 dtype = ENCODED
-            elif kind in _NUMERIC:
-                dtype = _device_dtype(_NUMERIC[kind])
+            elif kind in NUMERIC:
+                dtype = device_dtype(NUMERIC[kind])
             else:
                 raise TypeError(f"ShardedSource column {name!r} is {columns[name]}, which is not a number or a fixed-size "
                                 f"list of numbers; list it in encoded=(...) to read it as bytes/str for a host stage, or "
@@ -704,10 +277,9 @@ class ShardedSource(DataSourceModule):
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+    def _executor(self) -> ThreadPool:
         if self._io.pool is None:
-            self._io.pool = concurrent.futures.ThreadPoolExecutor(self.config.num_threads,
-                                                               thread_name_prefix="datarax-sharded")
+            self._io.pool = ThreadPool(self.config.num_threads, "datarax-sharded")
         return self._io.pool
 
     def _block(self, b: int, *, requested: bool = True) -> concurrent.futures.Future:
@@ -734,10 +306,10 @@ class ShardedSource(DataSourceModule):
     def _fetch(self, b: int) -> dict[str, Any]:
         shard_index, count, start, end, native, _ = self._io.blocks[b]
         shard = self._io.manifest["shards"][shard_index]
-        fs, path = _filesystem(shard["url"], self.config.storage_options)
+        fs, path = filesystem(shard["url"], self.config.storage_options)
         if self._format == "array_record":
             return self._fetch_array_record(path, shard, start, count)
-        data = _request(self._io.retry, lambda: fs.cat_file(path, start, end))
+        data = request(self._io.retry, lambda: fs.cat_file(path, start, end))
         if len(data) != end - start:
             raise ShardChangedError(f"ShardedSource shard {shard['url']!r} returned {len(data)} bytes for a block of "
                                     f"{end - start}: it changed since its manifest; restore it, or index the shards "
@@ -750,7 +322,7 @@ class ShardedSource(DataSourceModule):
             if self._format == "parquet":
                 return self._parquet_rows(fs, path, shard, shard_index, native, start, data, count)
             return self._tar_rows(data, count, where)
-        except _StoreError as exc:  # the store failed after its retries: still an OSError, retried later
+        except StoreError as exc:  # the store failed after its retries: still an OSError, retried later
             raise exc.error from None
         except (CorruptFileError, ShardChangedError, IntegerRangeError):
             raise
@@ -761,11 +333,11 @@ class ShardedSource(DataSourceModule):
     def _parquet_rows(self, fs, path, shard, shard_index, group, start, data, count) -> dict[str, Any]:
         pq = require("pyarrow.parquet", owner="ShardedSource", extra="data", package="pyarrow")
         size = shard["size"]
-        fetch = _store_reader(fs, path, self._io.retry, self._io.fetched)
+        fetch = store_reader(fs, path, self._io.retry, self._io.fetched)
         metadata = self._io.footers.get(shard_index)
         if metadata is None:  # the footer, read once per shard (two small range requests)
             metadata = self._io.footers[shard_index] = parquet_footer(fetch, size)
-        file = _Ranges(size, {start: data}, fetch)
+        file = Ranges(size, {start: data}, fetch)
         table = pq.ParquetFile(file, metadata=metadata, page_checksum_verification=True).read_row_group(
             group, columns=list(self._spec))
         if table.num_rows != count:
@@ -775,7 +347,7 @@ class ShardedSource(DataSourceModule):
         for name, spec in self._spec.items():
             column = table.column(name).combine_chunks()
             if spec.dtype == ENCODED:
-                rows[name] = _encoded_column(column, name)
+                rows[name] = encoded_column(column, name)
             else:
                 values = (column.flatten() if spec.shape else column).to_numpy(zero_copy_only=False)
                 check_int_range(values.reshape(count, -1), "ShardedSource", name, fix=INT_FIX,
@@ -790,7 +362,7 @@ class ShardedSource(DataSourceModule):
             for member in archive:
                 if not member.isfile():
                     continue
-                key, ext = _tar_key(member.name)
+                key, ext = tar_key(member.name)
                 if not keys or keys[-1] != key:
                     keys.append(key)
                 if ext in rows:
@@ -892,9 +464,11 @@ class ShardedSource(DataSourceModule):
         """Stops the fetching threads and drops the cached blocks (a later read starts them again)."""
         with self._io.lock:
             pool, self._io.pool = self._io.pool, None
+            for future in self._io.cache.values():
+                future.cancel()
             self._io.cache.clear()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.close()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.config, "seed": self.seed, "manifest": self.manifest}

@@ -471,7 +471,7 @@ def test_a_host_map_stage_names_an_allowed_function(tmp_path):
 
 
 def test_retry_policy_is_a_key(helpers):
-    from datarax.pipeline.retry import RetryPolicy
+    from datarax.control.retry import RetryPolicy
 
     base = """
         allow = ["cfg_helpers"]

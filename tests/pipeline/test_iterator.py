@@ -14,7 +14,7 @@ from datarax.batching import schedule
 from datarax.core.source import DataSourceModule, Handles
 from datarax.host.stage import HostStage
 from datarax.operators import ElementOperator, ElementOperatorConfig
-from datarax.pipeline.retry import RetryPolicy
+from datarax.control.retry import RetryPolicy
 from datarax.pipeline.state import IteratorStateError
 from datarax.samplers.simple import ShuffleSampler
 from datarax.sources import MemorySource, MemorySourceConfig

@@ -24,7 +24,8 @@ from datarax.host import HostMap
 from datarax.pipeline import RetryPolicy
 from datarax.samplers import default_sampler
 from datarax.sources import ShardedSource
-from datarax.sources.sharded import BlockShuffleSampler, ShardChangedError
+from datarax.samplers import BlockShuffleSampler
+from datarax.sources.manifest import ShardChangedError
 
 SIZES = (40, 47, 54)  # records per shard
 TOTAL = sum(SIZES)
