@@ -11,7 +11,8 @@ import numpy as np
 from flax import nnx
 
 from datarax import Pipeline
-from datarax.monitoring import ConsoleReporter, PipelineMonitor
+from datarax.monitoring import PipelineMonitor
+from datarax.monitoring import ConsoleWriter
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.sources import MemorySource, MemorySourceConfig
 
@@ -42,7 +43,7 @@ def train_step(w, batch):
 
 
 for name, source_class in (("fast source", MemorySource), ("slow source", SlowReads)):
-    monitor = PipelineMonitor(reporters=[ConsoleReporter()])
+    monitor = PipelineMonitor(reporters=[ConsoleWriter()])
     w = jnp.zeros((32 * 32 * 3, 16))
     for batch in monitor.wrap(build(source_class).epochs(3)):
         w = train_step(w, batch)

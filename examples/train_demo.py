@@ -35,7 +35,8 @@ from datarax.train.callbacks import (CheckpointCallback, GoodputMonitor, Learnin
 from datarax.train.hashing import state_sha256
 from datarax.train.locking import run_script
 from datarax.train.trainer import Trainer
-from datarax.train.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, tensorboard_available
+from datarax.train.writers import TensorBoardWriter, tensorboard_available
+from datarax.monitoring.writers import ConsoleWriter, JsonlWriter
 
 NUM_CLASSES = 4
 SIZE = 8

@@ -1,9 +1,9 @@
 """Progress bars on stderr for long CLI work: tqdm when installed, a plain text bar otherwise.
 
 Bars show only when stderr is a terminal (or when forced), so piped and captured output (JSON
-lines, tests) stays clean. A line printed while a bar is drawn must go through `write_line`
-(tqdm's writer): it clears the bar, prints the line and redraws the bar below it, where a plain
-`print` would land inside the bar's line.
+lines, tests) stays clean. A line printed while a bar is drawn must go through
+`datarax.monitoring.writers.write_line` (tqdm's writer): it clears the bar, prints the line and
+redraws the bar below it, where a plain `print` would land inside the bar's line.
 """
 
 from __future__ import annotations
@@ -66,15 +66,3 @@ def bar(total: int | None = None, *, desc: str = "", unit: str = "it", enabled: 
     except ImportError:
         return TextBar(total, desc, unit, file)
     return tqdm.tqdm(total=total, desc=desc, unit=unit, file=file, dynamic_ncols=True, mininterval=0.5, leave=False)
-
-
-def write_line(text: str, file: TextIO | None = None) -> None:
-    """Prints `text` and a newline to `file` (default stdout) above any progress bar being drawn."""
-    file = sys.stdout if file is None else file
-    try:
-        import tqdm
-    except ImportError:
-        print(text, file=file, flush=True)
-        return
-    tqdm.tqdm.write(text, file=file)
-    file.flush()

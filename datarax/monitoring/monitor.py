@@ -28,13 +28,10 @@ compile and eval time as their own buckets.)
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from array import array
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import jax
 import numpy as np
@@ -43,7 +40,7 @@ from datarax.core.checks import check_bool, check_int, check_positive_int, is_nu
 from datarax.monitoring.ledger import INPUT_BOUND_PCT, diagnose, input_remedies, remedies_text, step_ledger
 from datarax.monitoring.watcher import ReadyWatcher
 
-Reporter = Callable[[dict], Any]
+Reporter = Callable[[dict], Any]  # or a writer: its write_summary
 
 
 def _count_records(batch: Any) -> int:
@@ -59,7 +56,8 @@ class PipelineMonitor:
 
     Args:
         window: batches in the rolling window of `summary()["window"]` (>= 2).
-        reporters: callables taking the summary dict, e.g. `ConsoleReporter()`, `JsonlReporter(path)`.
+        reporters: writers (`datarax.monitoring.writers`: `ConsoleWriter()`, `JsonlWriter(path)`) or
+            callables taking the summary dict.
         report_every_batches / report_every_s: when to call the reporters (either, both or neither;
             `report()` calls them on demand).
         sync: block on every batch inside `next()` so its wait includes the data program's device
@@ -67,7 +65,7 @@ class PipelineMonitor:
         clock: seconds as a float, `time.perf_counter` by default (tests inject a fake clock).
 
     Example:
-        >>> monitor = PipelineMonitor(reporters=[ConsoleReporter()], report_every_s=30)
+        >>> monitor = PipelineMonitor(reporters=[ConsoleWriter()], report_every_s=30)
         >>> for batch in monitor.wrap(pipeline.epochs(None)):  # doctest: +SKIP
         ...     state = train_step(state, batch)
     """
@@ -79,11 +77,11 @@ class PipelineMonitor:
         check_positive_int(report_every_batches, "report_every_batches", allow_none=True)
         if report_every_s is not None and (not is_number(report_every_s) or report_every_s <= 0):
             raise ValueError(f"report_every_s must be a positive number of seconds or None, got {report_every_s!r}")
-        reporters = list(reporters)
+        reporters = [getattr(r, "write_summary", r) for r in reporters]
         for reporter in reporters:
             if not callable(reporter):
-                raise TypeError(f"each reporter must be a callable taking the summary dict, got {reporter!r}; "
-                                "e.g. ConsoleReporter() or JsonlReporter('stats.jsonl')")
+                raise TypeError(f"each reporter must be a writer (with write_summary) or a callable taking the summary "
+                                f"dict, got {reporter!r}; e.g. ConsoleWriter() or JsonlWriter('stats.jsonl')")
         check_bool(sync, "sync")
         self.window = window
         self.reporters = reporters
@@ -330,28 +328,3 @@ def format_summary(summary: dict) -> str:
         device = summary["device"]
         parts.append(f"device idle {device['exposed_idle_pct']:.1f}% (data {device['data_stall_pct']:.1f}%)")
     return " | ".join(parts) + "\n  " + summary["diagnosis"]
-
-
-class ConsoleReporter:
-    """Prints `format_summary` to a stream (default stdout)."""
-
-    def __init__(self, stream: TextIO | None = None):
-        self.stream = stream
-
-    def __call__(self, summary: dict) -> None:
-        print(format_summary(summary), file=self.stream if self.stream is not None else sys.stdout, flush=True)
-
-
-class JsonlReporter:
-    """Appends each summary as one JSON line (with a wall-clock `time`) to `path`."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        if self.path.exists() and self.path.is_dir():
-            raise IsADirectoryError(f"JsonlReporter path {str(self.path)!r} is a directory; pass a file path "
-                                    "such as 'runs/monitor.jsonl'")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def __call__(self, summary: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"time": time.time(), **summary}) + "\n")

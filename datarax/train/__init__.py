@@ -27,8 +27,8 @@ from datarax.train.hashing import state_sha256 as state_sha256
 from datarax.train.optimizers import joint_optimizer as joint_optimizer
 from datarax.train.trainer import FitResult as FitResult
 from datarax.train.trainer import Trainer as Trainer
-from datarax.train.writers import ConsoleWriter as ConsoleWriter
-from datarax.train.writers import JsonlWriter as JsonlWriter
+from datarax.monitoring.writers import ConsoleWriter as ConsoleWriter
+from datarax.monitoring.writers import JsonlWriter as JsonlWriter
 from datarax.train.writers import TensorBoardWriter as TensorBoardWriter
 from datarax.train import config as config  # registers [trainer] with datarax.config
 from datarax.train.config import build_trainer as build_trainer

@@ -26,7 +26,7 @@ from datarax.train.callbacks import GoodputMonitor, MetricLogger, ProgressBar
 from datarax.train.config import build_trainer, run_dir_of
 from datarax.train.hashing import state_sha256
 from datarax.train.pretrained.finetune import finetune_summary
-from datarax.train.writers import JsonlWriter
+from datarax.monitoring.writers import JsonlWriter
 
 
 def _plotting_available() -> bool:

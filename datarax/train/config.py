@@ -31,7 +31,8 @@ from datarax.train.precision import PRECISIONS
 from datarax.train.compile_cache import default_cache_dir
 from datarax.train.run_config import NOT_FINGERPRINTED
 from datarax.train.trainer import Trainer
-from datarax.train.writers import JsonlWriter, TensorBoardWriter, WandbWriterConfig
+from datarax.train.writers import TensorBoardWriter, WandbWriterConfig
+from datarax.monitoring.writers import JsonlWriter
 
 CALLBACK_KIND = Kind("callback", ("datarax.train.callbacks",), "datarax.train.callbacks.base:Callback", ("Callback",))
 
@@ -468,7 +469,8 @@ register_kind(CALLBACK_KIND)
 # Metric writers as components of a callback's `writers` (`{ metric_logger = { writers = [{ wandb =
 # { project = "exp1" } }] } }`), and the folders callbacks and writers write into, which a
 # configuration gives relative to its own file (as `checkpoint_dir`).
-WRITER_KIND = Kind("writer", ("datarax.train.writers",), "datarax.train.writers:MetricWriter", ("Writer",))
+WRITER_KIND = Kind("writer", ("datarax.monitoring.writers", "datarax.train.writers"), "datarax.monitoring.writers:MetricWriter",
+                   ("Writer",))
 CONFIG_PATHS = {ProfilerConfig: "log_dir", WandbWriterConfig: "dir"}
 ARGUMENT_PATHS = {JsonlWriter: "path", TensorBoardWriter: "logdir"}
 

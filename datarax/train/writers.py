@@ -1,7 +1,8 @@
-"""Metric writers: console, JSON lines, TensorBoard, Weights & Biases, MLflow, and any CLU-style `MetricWriter`.
+"""The experiment trackers' metric writers: TensorBoard, Weights & Biases, MLflow.
 
 A writer is anything with `write_scalars(step, scalars)` (and optionally `flush()`/`close()`),
-the interface of `clu.metric_writers.MetricWriter`, so a CLU writer can be passed as is.
+the interface of `clu.metric_writers.MetricWriter`, so a CLU writer can be passed as is; the
+console and JSON-lines writers, shared with the pipeline monitor, are `datarax.monitoring.writers`.
 """
 
 from __future__ import annotations
@@ -9,75 +10,13 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import importlib.util
-import json
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, TextIO, runtime_checkable
+from typing import Any
 
-from datarax.cli.progress import write_line
 from datarax.core.checks import require
 from datarax.core.construct import resolve_config
-
-
-@runtime_checkable
-class MetricWriter(Protocol):
-    """The writer interface (CLU's `MetricWriter.write_scalars`)."""
-
-    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None: ...
-
-
-def check_writer(writer: Any, where: str) -> MetricWriter:
-    if not callable(getattr(writer, "write_scalars", None)):
-        raise TypeError(f"{where} must have write_scalars(step, scalars) (a trainers writer or a CLU "
-                        f"MetricWriter), got {type(writer).__name__}: {writer!r:.80}")
-    return writer
-
-
-def _format(value: float) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-class ConsoleWriter:
-    """Prints `step 120 | train/loss 0.4123 | ...` lines (to stdout by default), above a progress bar."""
-
-    def __init__(self, stream: TextIO | None = None):
-        self.stream = stream
-
-    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-        parts = " | ".join(f"{k} {_format(v)}" for k, v in sorted(scalars.items()))
-        # Through tqdm's writer: on a terminal with a ProgressBar the line goes above the bar, not into it.
-        write_line(f"step {step} | {parts}", self.stream or sys.stdout)
-
-    def flush(self) -> None:
-        (self.stream or sys.stdout).flush()
-
-    def close(self) -> None:
-        self.flush()
-
-
-class JsonlWriter:
-    """Appends one JSON object per write: `{"step": 120, "time": ..., "train/loss": 0.41, ...}`.
-
-    The file is opened per write, so a killed run leaves every completed line intact. A resumed
-    run appends: steps between the last checkpoint and a crash appear twice, the later line wins.
-    """
-
-    def __init__(self, path: Any):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-        record = {"step": int(step), "time": time.time(), **{k: float(v) for k, v in scalars.items()}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _summary_writer_class():

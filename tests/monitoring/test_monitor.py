@@ -13,7 +13,8 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.core.element import Element
-from datarax.monitoring import ConsoleReporter, JsonlReporter, PipelineMonitor, format_summary
+from datarax.monitoring import JsonlWriter, PipelineMonitor, format_summary
+from datarax.monitoring import ConsoleWriter
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.sources import MemorySource, MemorySourceConfig
 
@@ -210,7 +211,7 @@ def test_sync_mode_blocks_on_every_batch():
 def test_reporters_run_on_schedule_and_write_what_summary_says(tmp_path):
     path = tmp_path / "logs" / "monitor.jsonl"
     stream = io.StringIO()
-    monitor = PipelineMonitor(reporters=[JsonlReporter(path), ConsoleReporter(stream)], report_every_batches=4,
+    monitor = PipelineMonitor(reporters=[JsonlWriter(path), ConsoleWriter(stream)], report_every_batches=4,
                               window=3)
     consume(monitor.wrap(slow_batches(10, 0.0)), 0.0)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -255,8 +256,8 @@ def test_batches_that_are_not_dicts_count_their_leading_axis():
     ({"report_every_batches": 0}, ValueError, r"report_every_batches must be a positive int or None, got 0"),
     ({"report_every_batches": 2.5}, ValueError, r"report_every_batches must be a positive int or None, got 2.5"),
     ({"report_every_s": -1}, ValueError, r"report_every_s must be a positive number of seconds or None, got -1"),
-    ({"reporters": ["stats.jsonl"]}, TypeError, r"each reporter must be a callable .* got 'stats.jsonl'; e.g. "
-                                                r"ConsoleReporter\(\)"),
+    ({"reporters": ["stats.jsonl"]}, TypeError, r"each reporter must be a writer .* got 'stats.jsonl'; e.g. "
+                                                r"ConsoleWriter\(\)"),
     ({"sync": 1}, TypeError, r"sync must be True or False, got 1"),
 ])
 def test_argument_errors(kwargs, error, match):
@@ -270,7 +271,7 @@ def test_wrap_and_reporter_errors(tmp_path):
     with pytest.raises(TypeError, match=r"wrap takes an iterator of batches, got int"):
         PipelineMonitor().wrap(3)
     with pytest.raises(IsADirectoryError, match=r"is a directory; pass a file path"):
-        JsonlReporter(tmp_path)
+        JsonlWriter(tmp_path)
 
 
 def test_the_monitor_example_names_the_slow_source(capsys):

@@ -130,7 +130,7 @@ def test_trackers_record_what_the_jsonl_writer_records_in_a_training_run(tmp_pat
     uri = mlflow_store(tmp_path, monkeypatch)
     import json
 
-    from datarax.train.writers import JsonlWriter
+    from datarax.monitoring.writers import JsonlWriter
 
     wandb_writer = WandbWriter(project="datarax-test", dir=str(tmp_path / "wandb_dir"))
     mlflow_writer = MlflowWriter(tracking_uri=uri)

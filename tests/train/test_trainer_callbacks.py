@@ -15,7 +15,8 @@ from datarax.train import Trainer
 from datarax.train.callbacks import (Callback, EarlyStopping, LearningRateLogger, MetricLogger, ProgressBar, Schedule,
                                 StepLogs)
 from datarax.train.callbacks.base import CallbackList
-from datarax.train.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, tensorboard_available
+from datarax.train.writers import TensorBoardWriter, tensorboard_available
+from datarax.monitoring.writers import ConsoleWriter, JsonlWriter
 
 
 def reference_fires(start, steps, every=None, on=()):

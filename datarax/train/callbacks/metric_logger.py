@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from datarax.train.callbacks.base import Callback, Schedule, StepLogs
-from datarax.train.writers import ConsoleWriter, MetricWriter, check_writer
+from datarax.monitoring.writers import ConsoleWriter, MetricWriter, check_writer
 
 if TYPE_CHECKING:
     from datarax.train.trainer import Trainer

@@ -1,7 +1,7 @@
 """ProgressBar: a tqdm bar on a terminal, periodic plain lines anywhere else.
 
 On a terminal the bar redraws in place, so anything else printed meanwhile must go through the
-bar's writer: the trainer's `ConsoleWriter` does (`datarax.cli.progress.write_line`), and while
+bar's writer: the trainer's `ConsoleWriter` does (`datarax.monitoring.writers.write_line`), and while
 the bar is shown Python warnings and the `datarax` and root loggers' console handlers are routed
 through it too. Piped into a file or `tee`, a bar would print nothing readable until the end;
 there the callback writes one plain line every `every_secs` seconds (or `every_steps` steps):
@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from datarax.cli.progress import write_line
+from datarax.monitoring.writers import write_line
 from datarax.core.checks import check_choice
 from datarax.train.callbacks.base import Callback, Schedule, StepLogs
 
