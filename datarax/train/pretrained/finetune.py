@@ -40,14 +40,8 @@ from flax import nnx
 
 from datarax.config.schema import FieldError
 from datarax.core.checks import is_int, is_number
-from datarax.train.pretrained.tables import KeyMap, LayoutError, dotted, load_table, selected
-
-
-def path_prefixes(*prefixes: str) -> Any:
-    """An NNX filter: variables whose dotted path starts with one of `prefixes`."""
-    if not prefixes or not all(isinstance(p, str) and p for p in prefixes):
-        raise ValueError(f"path_prefixes needs dotted path prefixes such as 'fc.', got {prefixes!r}")
-    return lambda path, _value: dotted(path).startswith(prefixes)
+from datarax.train.pretrained.lora import KINDS, add_lora, lora_optimizer, lora_targets
+from datarax.train.pretrained.tables import KeyMap, LayoutError, dotted, load_table, path_prefixes, selected
 
 
 def probe_optimizer(model: nnx.Module, tx: optax.GradientTransformation, *, head: Iterable[str]) -> nnx.Optimizer:
@@ -195,7 +189,6 @@ class FinetuneConfig:
         elif self.lora_rank is not None or self.lora_where or self.lora_kinds != ("linear",):
             name = "lora_rank" if self.lora_rank is not None else "lora_where" if self.lora_where else "lora_kinds"
             raise FieldError(name, f'applies to mode = "lora" only, got mode = {self.mode!r}')
-        from datarax.train.pretrained.lora import KINDS
 
         if not self.lora_kinds or any(k not in KINDS for k in self.lora_kinds):
             raise FieldError("lora_kinds", f"must name layer kinds among {tuple(KINDS)}, got {list(self.lora_kinds)!r}")
@@ -224,7 +217,6 @@ def _check_adapters(model: nnx.Module, config: FinetuneConfig) -> list[str]:
     """The layers LoRA adapts; warns (`FinetuneWarning`) when every one is in the new head (the
     `head` prefixes, or the layers `exclude` leaves out of the load): the backbone then trains
     nothing, which is a probe, not a LoRA fine-tune."""
-    from datarax.train.pretrained.lora import lora_targets
 
     targets = lora_targets(model, where=_lora_where(config), kinds=config.lora_kinds)
     new = (*config.head, *config.exclude)
@@ -377,7 +369,6 @@ def prepare_finetune(model: nnx.Module, tx: optax.GradientTransformation, config
         optimizer = probe_optimizer(model, tx, head=config.head)
         trained = nnx.All(nnx.Param, path_prefixes(*config.head))
     else:
-        from datarax.train.pretrained.lora import add_lora, lora_optimizer
 
         _check_adapters(model, config)
         report["lora"] = add_lora(model, config.lora_rank, where=_lora_where(config), kinds=config.lora_kinds)

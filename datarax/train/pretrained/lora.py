@@ -32,8 +32,7 @@ import optax
 from flax import nnx
 
 from datarax.core.checks import check_positive_int
-from datarax.train.pretrained.finetune import path_prefixes
-from datarax.train.pretrained.tables import dotted
+from datarax.train.pretrained.tables import dotted, path_prefixes
 
 KINDS = {"linear": nnx.Linear, "conv": nnx.Conv}
 

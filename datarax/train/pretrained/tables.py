@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -171,3 +172,10 @@ def export_table(model: nnx.Module, table: Iterable[KeyMap]) -> dict[str, np.nda
             raise LayoutError(f"the table maps {m.key!r} to {m.path!r}, which {type(model).__name__} does not have")
         out[m.key] = np.ascontiguousarray(from_nnx(np.asarray(variables[m.path].get_value()), m.transform))
     return out
+
+
+def path_prefixes(*prefixes: str) -> Any:
+    """An NNX filter: variables whose dotted path starts with one of `prefixes`."""
+    if not prefixes or not all(isinstance(p, str) and p for p in prefixes):
+        raise ValueError(f"path_prefixes needs dotted path prefixes such as 'fc.', got {prefixes!r}")
+    return lambda path, _value: dotted(path).startswith(prefixes)
