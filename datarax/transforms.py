@@ -12,8 +12,6 @@ those of the config form:
 
 from __future__ import annotations
 
-import warnings
-
 from datarax.operators.audio import (
     AddNoiseOperator as AddNoise, CropPadOperator as CropPad, FrequencyMaskOperator as FrequencyMask,
     GainOperator as Gain, LogMelOperator as LogMel, LoudnessOperator as Loudness,
@@ -36,9 +34,10 @@ from datarax.operators.image import (
 )
 from datarax.operators.map import MapOperator as Map
 
-
-def shortcut(operator: type, config_class: type | None = None) -> type:
-    """Deprecated: every operator takes its settings as keywords, so `shortcut(X)` is `X`."""
-    warnings.warn(f"datarax.transforms.shortcut({operator.__name__}) is deprecated: {operator.__name__} itself "
-                  "takes its settings as keywords; call it directly", DeprecationWarning, stacklevel=2)
-    return operator
+__all__ = [
+    'AddNoise', 'Affine', 'Brightness', 'Contrast', 'CropPad', 'CutMix', 'Cutout', 'Element', 'FrequencyMask',
+    'Gain', 'Gamma', 'GaussianBlur', 'GaussianNoise', 'Grayscale', 'HorizontalFlip', 'Hue', 'LogMel', 'Loudness',
+    'MFCC', 'Map', 'MelSpectrogram', 'MixUp', 'Normalize', 'PCEN', 'PatchDropout', 'RandomCrop',
+    'RandomResizedCrop', 'Resample', 'Resize', 'Rotation', 'STFT', 'Saturation', 'Solarize', 'Standardize',
+    'TimeMask', 'TimeShift', 'ToFloat', 'Translate', 'VerticalFlip',
+]

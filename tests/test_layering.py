@@ -164,7 +164,7 @@ def test_no_arrow_between_datarax_and_the_benchmark_suite_in_either_direction():
 LADDER = (
     ("core",),
     ("samplers", "operators", "monitoring", "sharding", "batching", "checkpoint", "typing"),
-    ("control",),
+    ("control", "transforms"),
     ("sources",),
     ("host",),
     ("pipeline",),

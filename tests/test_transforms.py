@@ -47,14 +47,13 @@ def test_the_keyword_form_builds_the_config_form(name):
 
 def test_names_are_the_classes_and_errors_name_the_settings():
     assert T.RandomCrop is RandomCropOperator and all(getattr(T, n).__name__ == n + "Operator" for n in NAMES)
-    with pytest.warns(DeprecationWarning, match=r"RandomCropOperator\(int 32, ...\) by position is deprecated"):
-        crop = T.RandomCrop(32, padding=4, field="image", rngs=nnx.Rngs(0))
+    crop = T.RandomCrop(size=32, padding=4, field="image", rngs=nnx.Rngs(0))
     assert (crop.config.size, crop.config.padding, crop.config.field) == ((32, 32), 4, "image")
     assert crop.config == T.RandomCrop(size=32, padding=4, field="image", rngs=nnx.Rngs(0)).config
     with pytest.raises(TypeError, match=r"RandomCropOperator got unknown settings \['paddin'\]; .*'padding'"):
         T.RandomCrop(size=32, paddin=4)
-    with pytest.warns(DeprecationWarning, match=r"shortcut\(RandomCropOperator\) is deprecated"):
-        assert T.shortcut(RandomCropOperator) is RandomCropOperator
+    with pytest.raises(TypeError):
+        T.RandomCrop(32)  # settings are keywords: the one positional argument is the config
 
 
 def test_to_float_scales_integers_by_their_dtype_and_casts_floats():
@@ -70,10 +69,3 @@ def test_to_float_scales_integers_by_their_dtype_and_casts_floats():
         T.ToFloat(stochastic=True)
 
 
-def test_several_settings_by_position_still_work_with_a_deprecation_warning():
-    """`T.Normalize(mean, std)`, the spelling the former keyword builders documented."""
-    with pytest.warns(DeprecationWarning, match=r"write NormalizeOperator\(mean=\.\.\., std=\.\.\.\)"):
-        old = T.Normalize((0.5, 0.4, 0.3), (0.2, 0.2, 0.2), field="image")
-    assert old.config == T.Normalize(mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2), field="image").config
-    with pytest.raises(TypeError, match="positional arguments"):
-        T.Normalize((0.5,), (0.2,), std=(0.3,))

@@ -283,8 +283,8 @@ def _section(name: str, value: Any, ctx: Context) -> Any:
     if name not in _SECTIONS and ctx.pipeline_only:
         return None  # `load_pipeline` builds nothing from this table; `datarax validate` checks it
     if name not in _SECTIONS:
-        ctx.problems.add((name,), f"is validated by a package that is not loaded; import it first "
-                                  f"(`import datarax.train` for [trainer]; the datarax command line does)")
+        ctx.problems.add((name,), "is validated by a package that is not loaded; import it first "
+                                  "(`import datarax.train` for [trainer]; the datarax command line does)")
         return None
     return _SECTIONS[name](value, ctx)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -195,22 +194,6 @@ def require_deterministic(config: Any, reason: str) -> None:
     """For operators that draw nothing; `reason` says why, e.g. "PCEN draws nothing"."""
     if config.stochastic:
         raise ValueError(f"{type(config).__name__}(stochastic=True): {reason}; leave stochastic=False")
-
-
-def take_renamed(config: Any, old: str, new: str) -> None:
-    """Moves a config field's value from its deprecated name `old` to `new` (a DeprecationWarning);
-    both given with different values is an error. For frozen dataclasses, in `__post_init__`."""
-    value = getattr(config, old)
-    if value is None:
-        return
-    owner = type(config).__name__
-    current = getattr(config, new)
-    if current is not None and current != value:
-        raise ValueError(f"{owner} got both {new}={current!r} and the deprecated {old}={value!r}; give only {new}=")
-    warnings.warn(f"{owner}({old}=...) is deprecated: field selection is spelled {new}= everywhere; "
-                  f"write {owner}({new}={value!r})", DeprecationWarning, stacklevel=4)
-    object.__setattr__(config, new, value)
-    object.__setattr__(config, old, None)
 
 
 class IntegerRangeError(ValueError):

@@ -24,8 +24,7 @@ def _article(name: str) -> str:
 
 
 def resolve_config(config_class: type[C], config: Any, settings: dict[str, Any], owner: str, *,
-                   accept: type | None = None, exact: bool = False,
-                   positional: tuple[str, type | tuple[type, ...]] | None = None) -> C:
+                   accept: type | None = None, exact: bool = False) -> C:
     """The config an `owner(config, **settings)` call describes.
 
     Args:
@@ -35,14 +34,8 @@ def resolve_config(config_class: type[C], config: Any, settings: dict[str, Any],
         owner: the class name shown in errors.
         accept: the type a given config must be an instance of (default `config_class`).
         exact: require `type(config) is config_class` (operators whose configs subclass each other).
-        positional: `(setting, types)`: a first argument of one of `types` stands for that setting,
-            the former positional spelling (`DecodeImage(128)` for `size`); it is moved into
-            `settings` with a DeprecationWarning.
     """
     name = config_class.__name__
-    if positional is not None and isinstance(config, positional[1]):
-        warn_positional(owner, positional[0], config)
-        config, settings = None, {positional[0]: config, **settings}
     if config is None:
         known = {f.name for f in dataclasses.fields(config_class) if f.init}
         unknown = sorted(set(settings) - known)
@@ -68,33 +61,3 @@ def warn_at_caller(message: str, category: type[Warning]) -> None:
                                  or frame.f_code.co_filename == "<string>"):  # a dataclass's generated __init__
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
-
-
-def warn_positional(owner: str, name: str, value: Any) -> None:
-    """The DeprecationWarning of a former positional argument, now the keyword `name`, at the user's line."""
-    warn_at_caller(f"{owner}({describe(value)}, ...) by position is deprecated: the first argument is the config; "
-                   f"write {owner}({name}=...)", DeprecationWarning)
-
-
-def take_positional(owner: str, config_class: type, args: tuple[Any, ...], data: dict[str, Any]) -> Any:
-    """The config of a constructor that once took its required data by position.
-
-    `args` is `(config, *extra positional arguments)` as received and `data` the required data
-    given by keyword (None when not). The former spelling `owner(*data, config)` still works with a
-    DeprecationWarning: its values are written into `data`, which the caller reads back.
-    """
-    config, *rest = args
-    names = list(data)
-    if config is not None and not isinstance(config, config_class) and all(v is None for v in data.values()):
-        warn_positional(owner, names[0], config)
-        values = [config, *rest]
-        data.update(zip(names, values))
-        rest = values[len(names):]
-        config = rest.pop(0) if rest else None
-    if rest:
-        raise TypeError(f"{owner} takes one positional argument, the config ({config_class.__name__}); got "
-                        f"{len(rest) + 1}: pass {', '.join(f'{n}=' for n in names)} by keyword")
-    missing = [n for n, v in data.items() if v is None]
-    if missing:
-        raise TypeError(f"{owner} needs {', '.join(f'{n}=...' for n in missing)}")
-    return config

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -38,13 +37,6 @@ class Handles:
         return f"Handles({sorted(self.__dict__)})"
 
 
-def ArrayStore(arrays: dict[str, Any]) -> Handles:  # noqa: N802 - the former class name
-    """Deprecated: `Handles(arrays=arrays)`."""
-    warnings.warn("ArrayStore(arrays) is deprecated: write Handles(arrays=arrays) (datarax.core.source)",
-                  DeprecationWarning, stacklevel=2)
-    return Handles(arrays=arrays)
-
-
 @dataclasses.dataclass(frozen=True)
 class ShuffleConfig:
     """The shuffling fields every shuffling source's config has (keyword-only, after its own).
@@ -61,18 +53,6 @@ class ShuffleConfig:
     def __post_init__(self):
         check_bool(*field(self, "shuffle"))
         check_seed(*field(self, "seed"), allow_none=True)
-
-
-def default_shuffle(config: Any, owner: str) -> None:
-    """Resolves a `shuffle=None` (not given) of a source that shuffled by default before sources
-    agreed on `shuffle=False`: True, as before, with a FutureWarning at the user's line."""
-    if config.shuffle is None:
-        from datarax.core.construct import warn_at_caller
-
-        warn_at_caller(f"{owner} shuffles by default today, but every other source keeps storage order unless "
-                       f"given shuffle=True, and {owner} will too in a future release; pass shuffle=True to keep "
-                       "shuffling (or shuffle=False for storage order) and silence this warning", FutureWarning)
-        object.__setattr__(config, "shuffle", True)
 
 
 def seed_from_rngs(seed: int | None, rngs: nnx.Rngs | None, stream: str = "shuffle") -> int:

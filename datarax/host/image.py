@@ -41,7 +41,6 @@ import dataclasses
 import io
 import math
 import os
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +49,7 @@ import numpy as np
 
 from datarax.control.budget import MemoryBudget, default_budget, human
 from datarax.control.pool import ThreadPool
-from datarax.core.checks import (check_choice, check_field_name, check_int, check_numbers, check_positive_int,
+from datarax.core.checks import (check_choice, check_field_name, check_numbers, check_positive_int,
                                  check_range, check_seed, check_size, field, require, set_field)
 from datarax.core.construct import resolve_config
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
@@ -239,15 +238,7 @@ class DecodeImage(HostStage):
     work = "image_decode"
 
     def __init__(self, config: DecodeImageConfig | None = None, **settings: Any):
-        self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage",
-                                   positional=("size", (int, tuple, list))))
-
-    @classmethod
-    def from_config(cls, config: DecodeImageConfig) -> DecodeImage:
-        """Deprecated: `DecodeImage(config)`."""
-        warnings.warn("DecodeImage.from_config(config) is deprecated: write DecodeImage(config)", DeprecationWarning,
-                      stacklevel=2)
-        return cls(config)
+        self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage"))
 
     def _setup(self, config: DecodeImageConfig) -> None:
         self.config = config

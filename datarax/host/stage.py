@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from datarax.core.errors import DataraxError, DataraxWarning, RecordError, printable, record_origin
+from datarax.core.errors import DataraxError, DataraxWarning, RecordError, record_origin
 from datarax.core.fields import ENCODED, Spec
 from datarax.core.source import DataSourceModule
 from datarax.monitoring.stages import WORK, StageTimes

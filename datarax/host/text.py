@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from datarax.core.checks import check_bool, check_field_name, check_int, field
-from datarax.core.construct import resolve_config, take_positional
+from datarax.core.construct import resolve_config
 from datarax.host.stage import HostContext, HostStage, Spec, check_encoded_field
 from datarax.sources.tokens import as_texts, encode, load_tokenizer
 
@@ -79,11 +79,8 @@ class Tokenize(HostStage):
 
     work = "decode"
 
-    def __init__(self, config: TokenizeConfig | None = None, *legacy: Any, tokenizer: Any = None, **settings: Any):
-        data = {"tokenizer": tokenizer}
-        config = take_positional("Tokenize", TokenizeConfig, (config, *legacy), data)
+    def __init__(self, config: TokenizeConfig | None = None, *, tokenizer: Any, **settings: Any):
         self.config = resolve_config(TokenizeConfig, config, settings, "Tokenize")
-        tokenizer = data["tokenizer"]
         self.tokenizer, self.tokenizer_hash = load_tokenizer(tokenizer, "Tokenize")
 
     def output_spec(self, input_spec: Spec) -> Spec:

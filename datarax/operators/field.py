@@ -27,7 +27,7 @@ import jax
 from flax import nnx
 
 from datarax.core.checks import check_field_name, check_number, field
-from datarax.core.construct import resolve_config, warn_positional
+from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.fusion import separately
 from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, record_keys
@@ -65,18 +65,6 @@ def check_magnitudes(config: FieldOperatorConfig, bounds: Bounds, *, open_low: t
         check_number(*field(config, name), low, high, open_low=name in open_low)
 
 
-def former_order(config_class: type[FieldOperatorConfig]) -> list[str]:
-    """The settings bare positional arguments once stood for, in their order (`T.Normalize(mean,
-    std)`, `T.RandomCrop(32)`; deprecated): the own fields without a default, then the others."""
-    shared = {f.name for f in dataclasses.fields(FieldOperatorConfig)}
-    own = [f for f in dataclasses.fields(config_class) if f.init and f.name not in shared]
-    required = [f.name for f in own if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    return required + [f.name for f in own if f.name not in required]
-
-
-_PLAIN = (int, float, str, tuple, list)  # what a former positional setting was; a config never is
-
-
 class FieldOperator(PerRecordOperator):
     """Abstract base of the image and audio operators (see the module docstring).
 
@@ -91,18 +79,8 @@ class FieldOperator(PerRecordOperator):
     # Bilinear warps: computed as their own XLA computation on CPU (see `datarax.core.fusion`).
     separate_on_cpu: ClassVar[bool] = False
 
-    def __init__(self, config: FieldOperatorConfig | None = None, *former: Any, rngs: nnx.Rngs | None = None,
-                 **settings: Any):
-        order = former_order(self.config_class)
-        if former:  # `T.Normalize(mean, std)`: several settings by position, as `datarax.transforms` once took
-            names = order[:len(former) + 1]
-            if not isinstance(config, _PLAIN) or len(former) + 1 > len(order) or set(names) & set(settings):
-                raise TypeError(f"{type(self).__name__} takes a config or keyword settings; got {len(former) + 1} "
-                                f"positional arguments: write {type(self).__name__}({'=..., '.join(order)}=...)")
-            warn_positional(type(self).__name__, "=..., ".join(names), (config, *former))
-            config, settings = None, {**dict(zip(names, (config, *former))), **settings}
-        first = (order[0], _PLAIN) if order else None  # `T.RandomCrop(32)`
-        config = resolve_config(self.config_class, config, settings, type(self).__name__, exact=True, positional=first)
+    def __init__(self, config: FieldOperatorConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
+        config = resolve_config(self.config_class, config, settings, type(self).__name__, exact=True)
         owner = self.config_class.__name__
         bounds = self.active_bounds(config)
         available = [*bounds, *self.channel_bounds]

@@ -9,7 +9,6 @@ from typing import Any
 import jax
 from flax import nnx
 
-from datarax.core.checks import take_renamed
 from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator
@@ -24,15 +23,12 @@ class MapOperatorConfig(OperatorConfig):
         fields: which fields to transform: None for all of them, a tuple of field names, or a
             nested dict mirroring `element.data` whose present keys mark the fields (values are
             ignored unless they are dicts, which select inside that field).
-        subtree: the former name of `fields` (deprecated; moved to `fields` with a warning).
     """
 
     fields: tuple[str, ...] | Mapping[str, Any] | None = None
-    subtree: tuple[str, ...] | Mapping[str, Any] | None = None
 
     def __post_init__(self):
         super().__post_init__()
-        take_renamed(self, "subtree", "fields")
         if isinstance(self.fields, list):
             object.__setattr__(self, "fields", tuple(self.fields))
         if self.fields is not None and not isinstance(self.fields, (tuple, Mapping)):

@@ -37,7 +37,7 @@ from datarax.pipeline.pipeline import Pipeline
 from datarax.pipeline.state import CheckpointableIterator, Epochs, check_state, fingerprint, make_state
 from datarax.core.checks import check_seed
 from datarax.samplers.keyed import INTERLEAVE_STREAM, keyed_permutation
-from datarax.sources.subset import SubsetSource as SubsetSource  # moved to datarax.sources; importable here
+from datarax.sources.subset import SubsetSource
 
 
 def assign_buckets(lengths: Sequence[int], boundaries: Sequence[int]) -> np.ndarray:

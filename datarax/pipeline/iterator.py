@@ -14,8 +14,7 @@ from flax import nnx
 
 from datarax.batching import chunk_schedule, padded_positions, schedule
 from datarax.control.prefetch import Prefetcher
-from datarax.control.producers import indexed_host_batches as indexed_host_batches  # moved; importable here
-from datarax.control.producers import ring_size, stream_host_batches
+from datarax.control.producers import indexed_host_batches, ring_size, stream_host_batches
 from datarax.core.checks import MAX_INT32, check_int
 from datarax.pipeline.state import CheckpointableIterator, IteratorStateError, check_state, make_state
 from datarax.sources.stream import StreamSourceModule

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from datarax.core.checks import check_bool, check_positive_int, field, require, take_renamed
+from datarax.core.checks import check_bool, check_positive_int, field, require
 from datarax.core.construct import resolve_config
 from datarax.core.source import ShuffleConfig
 from datarax.core.fields import check_column_config
@@ -37,7 +37,6 @@ class HFSourceConfig(ShuffleConfig):
         allow_outside_root: read paths in rows that lie outside the dataset's roots (resolved
             with symlinks followed); off by default, so a row naming `/etc/passwd` or `../x` is refused.
         max_file_bytes: the largest file a row's path may name; a larger one is refused unread.
-        columns: the former name of `fields` (deprecated; moved to `fields` with a warning).
     """
 
     fields: tuple[str, ...] | None = None
@@ -49,11 +48,9 @@ class HFSourceConfig(ShuffleConfig):
     files_root: str | None = None
     allow_outside_root: bool = False
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
-    columns: tuple[str, ...] | None = None
 
     def __post_init__(self):
         super().__post_init__()
-        take_renamed(self, "columns", "fields")
         check_column_config(self.fields, "HFSourceConfig")
         if not isinstance(self.encoded, tuple) or not all(isinstance(c, str) and c for c in self.encoded):
             raise TypeError(f"HFSourceConfig.encoded must be a tuple of column names, e.g. ('image',), got "

@@ -191,8 +191,7 @@ class FileFolderSource(DataSourceModule):
 
     def __init__(self, config: FileFolderSourceConfig | None = None, *, rngs: nnx.Rngs | None = None,
                  **settings: Any):
-        self.config = resolve_config(self.config_class, config, settings, type(self).__name__,
-                                     positional=("root", (str, os.PathLike)))
+        self.config = resolve_config(self.config_class, config, settings, type(self).__name__)
         skipped: list[str] = []
         classes, paths, labels = scan_folder(self.config.root, self.config.extensions, type(self).__name__, self._what,
                                              skipped)

@@ -17,7 +17,6 @@ It is `FileFolderSource` (any file type) with image extensions and the field `im
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import numpy as np
 
@@ -83,13 +82,6 @@ class ImageFolderSource(FileFolderSource):
 
     config_class = ImageFolderSourceConfig
     _what = "images"
-
-    @classmethod
-    def from_config(cls, config: ImageFolderSourceConfig) -> ImageFolderSource:
-        """Deprecated: `ImageFolderSource(config)`."""
-        warnings.warn("ImageFolderSource.from_config(config) is deprecated: write ImageFolderSource(config)",
-                      DeprecationWarning, stacklevel=2)
-        return cls(config)
 
     def _structure_extra(self) -> str:
         return ""  # the field is always "image": the fingerprint it had before FileFolderSource existed

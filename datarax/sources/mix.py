@@ -24,7 +24,7 @@ from flax import nnx
 from datarax.core.checks import check_bool, check_positive_int, field
 from datarax.core.construct import resolve_config
 from datarax.core.operator import describe
-from datarax.core.source import DataSourceModule, default_shuffle, seed_from_rngs
+from datarax.core.source import DataSourceModule, seed_from_rngs
 from datarax.core.checks import check_seed
 from datarax.core.fields import allocate, spec_text
 from datarax.samplers.base import Sampler
@@ -38,8 +38,7 @@ class MixDataSourcesConfig:
     Attributes:
         weights: one non-negative weight per source (normalised); may change on restore.
         seed: the mixing and shuffle seed; None draws it from `rngs` (or uses 0).
-        shuffle: walk each component in a shuffled order (else in storage order). Not given, it
-            is True with a FutureWarning (docs/sources.md, "Shuffling").
+        shuffle: walk each component in a shuffled order (else in storage order).
         epoch_length: positions per mixture epoch; None is the total number of records.
         block_size: positions per block in which the weights are met exactly.
         source_field: when set, each record gets an int32 field of this name holding the index
@@ -48,7 +47,7 @@ class MixDataSourcesConfig:
 
     weights: tuple[float, ...]
     seed: int | None = None
-    shuffle: bool | None = None
+    shuffle: bool = False
     epoch_length: int | None = None
     block_size: int = 1024
     source_field: str | None = None
@@ -57,13 +56,12 @@ class MixDataSourcesConfig:
         check_weights(self.weights, "MixDataSourcesConfig")
         if self.seed is not None:
             check_seed(self.seed, "MixDataSourcesConfig.seed")
-        check_bool(*field(self, "shuffle"), allow_none=True)
+        check_bool(*field(self, "shuffle"))
         for name in ("epoch_length", "block_size"):
             check_positive_int(*field(self, name), allow_none=True)
         if self.source_field is not None and not isinstance(self.source_field, str):
             raise TypeError(f"MixDataSourcesConfig.source_field must be a field name or None, "
                             f"got {self.source_field!r}")
-        default_shuffle(self, "MixDataSources")
 
 
 class MixDataSources(DataSourceModule):

@@ -39,8 +39,8 @@ import jax
 import numpy as np
 
 from datarax.core.checks import check_bool, check_field_name, check_int, check_seed, field
-from datarax.core.construct import resolve_config, take_positional
-from datarax.core.source import DataSourceModule, default_shuffle
+from datarax.core.construct import resolve_config
+from datarax.core.source import DataSourceModule
 from datarax.core.errors import record_origin
 from datarax.core.fields import ENCODED
 from datarax.sources.tokens import as_texts, encode, load_tokenizer
@@ -59,8 +59,6 @@ class PackedTextSourceConfig:
         seq_len: tokens per row.
         field: the source's text field.
         shuffle: visit documents in a fresh order every epoch (Feistel, keyed by (seed, epoch)).
-            Not given, it is True with a FutureWarning: every other source keeps storage order
-            unless asked, and this one will too (docs/sources.md, "Shuffling").
         seed: the shuffle seed.
         eos_id: a token appended to every document (a separator between packed documents), or
             None for none.
@@ -74,7 +72,7 @@ class PackedTextSourceConfig:
 
     seq_len: int = 512
     field: str = "text"
-    shuffle: bool | None = None
+    shuffle: bool = False
     seed: int = 0
     eos_id: int | None = None
     pad_id: int = 0
@@ -86,7 +84,7 @@ class PackedTextSourceConfig:
     def __post_init__(self):
         check_int(*field(self, "seq_len"), 1)
         check_field_name(*field(self, "field"))
-        check_bool(*field(self, "shuffle"), allow_none=True)
+        check_bool(*field(self, "shuffle"))
         check_seed(*field(self, "seed"))
         check_int(*field(self, "eos_id"), 0, allow_none=True)
         check_int(*field(self, "pad_id"), 0)
@@ -98,7 +96,6 @@ class PackedTextSourceConfig:
             raise ValueError("PackedTextSourceConfig(seq_len=1, truncate=True, eos_id=...) leaves no room for a "
                              "document's tokens: each row would hold only the EOS token. Use seq_len >= 2, or "
                              "eos_id=None")
-        default_shuffle(self, "PackedTextSource")
 
 
 class PackedTextSource(StreamSourceModule):
@@ -115,11 +112,8 @@ class PackedTextSource(StreamSourceModule):
         >>> pipeline = Pipeline(packed, [], batch_size=8)
     """
 
-    def __init__(self, config: PackedTextSourceConfig | None = None, *legacy: Any,
-                 source: DataSourceModule | None = None, tokenizer: Any = None, **settings: Any):
-        data = {"source": source, "tokenizer": tokenizer}
-        config = take_positional("PackedTextSource", PackedTextSourceConfig, (config, *legacy), data)
-        source, tokenizer = data["source"], data["tokenizer"]
+    def __init__(self, config: PackedTextSourceConfig | None = None, *, source: DataSourceModule, tokenizer: Any,
+                 **settings: Any):
         config = resolve_config(PackedTextSourceConfig, config, settings, "PackedTextSource")
         if not isinstance(source, DataSourceModule):
             raise TypeError(f"PackedTextSource reads a random-access source (e.g. TextSource), got "

@@ -25,8 +25,6 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.control.producers import stream_host_batches as stream_host_batches  # moved there; importable here
-from datarax.control.producers import to_device as to_device  # moved there; importable here
 from datarax.core.checks import check_int
 from datarax.samplers.base import Sampler
 from datarax.samplers.simple import SequentialSampler

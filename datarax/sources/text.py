@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import check_field_name, field
-from datarax.core.construct import resolve_config, take_positional
+from datarax.core.construct import resolve_config
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.core.fields import ENCODED
 from datarax.core.errors import CorruptFileError
@@ -52,11 +52,8 @@ class TextSource(DataSourceModule):
         rngs: where an unset shuffle seed is drawn from.
     """
 
-    def __init__(self, config: TextSourceConfig | None = None, *legacy: Any, documents: Sequence[str] | None = None,
+    def __init__(self, config: TextSourceConfig | None = None, *, documents: Sequence[str],
                  origins: Sequence[str] | None = None, rngs: nnx.Rngs | None = None, **settings: Any):
-        data = {"documents": documents}
-        config = take_positional("TextSource", TextSourceConfig, (config, *legacy), data)
-        documents = data["documents"]
         config = resolve_config(TextSourceConfig, config, settings, "TextSource")
         if isinstance(documents, (str, bytes)) or not isinstance(documents, (Sequence, np.ndarray)):
             raise TypeError(f"documents must be a sequence of str, got {type(documents).__name__}; wrap one "

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, field, require, take_renamed
+from datarax.core.checks import check_bool, field, require
 from datarax.core.construct import resolve_config
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.core.fields import (UnsupportedColumnError, batchable, check_column_config, check_columns,
@@ -41,7 +41,6 @@ class TFDSSourceConfig(ShuffleConfig):
         fields: the features to read (nested ones as "a/b"); None reads all.
         read: "data_source" (random access, no TensorFlow) or "load" (needs TensorFlow).
         download: let TFDS download and prepare the dataset if it is missing.
-        columns: the former name of `fields` (deprecated; moved to `fields` with a warning).
     """
 
     name: str
@@ -50,7 +49,6 @@ class TFDSSourceConfig(ShuffleConfig):
     fields: tuple[str, ...] | None = None
     read: str = "data_source"
     download: bool = False
-    columns: tuple[str, ...] | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -58,7 +56,6 @@ class TFDSSourceConfig(ShuffleConfig):
             raise TypeError(f"TFDSSourceConfig.name must be a dataset name such as 'mnist', got {self.name!r}")
         if not isinstance(self.split, str) or not self.split:
             raise TypeError(f"TFDSSourceConfig.split must be a split name such as 'train', got {self.split!r}")
-        take_renamed(self, "columns", "fields")
         check_column_config(self.fields, "TFDSSourceConfig")
         check_bool(*field(self, "download"))
         if self.read not in _READS:

@@ -223,7 +223,7 @@ PROBLEMS = [  # (source table, the words of the problem)
     ('[source.text]\ndocuments = ["a"]\n[[stages]]\ntokenize = { tokenizer = "tok.json" }\n',
      r"stages\[0\]\.tokenize\.tokenizer names 'tok\.json', which does not exist"),
     ('[source.packed_text]\ntokenizer = "a.parquet"\nshuffle = false\n',
-     r"source\.packed_text could not be built: PackedTextSource needs source=\.\.\."),
+     r"source\.packed_text\.source is required by .packed_text. but missing"),
 ]
 
 

@@ -129,18 +129,3 @@ def test_a_source_from_a_config_equals_one_from_settings():
         MemorySource(shufle=True, data=data)
 
 
-@pytest.mark.parametrize("build, message", [
-    (lambda tmp: __import__("datarax.host", fromlist=["x"]).DecodeImage(8), "DecodeImage(size=...)"),
-    (lambda tmp: __import__("datarax.sources", fromlist=["x"]).TextSource(["a"]), "TextSource(documents=...)"),
-    (lambda tmp: __import__("datarax.sources", fromlist=["x"]).ImageFolderSource(str(tmp)), "ImageFolderSource(root=...)"),
-    (lambda tmp: __import__("datarax.host", fromlist=["x"]).DecodeImage.from_config(
-        __import__("datarax.host", fromlist=["x"]).DecodeImageConfig(size=8)), "write DecodeImage\\(config\\)"),
-])
-def test_former_positional_spellings_still_work_with_a_deprecation_warning(tmp_path, build, message):
-    from PIL import Image
-
-    (tmp_path / "cat").mkdir()
-    Image.new("RGB", (4, 4)).save(tmp_path / "cat" / "a.png")
-    with pytest.warns(DeprecationWarning, match=message.replace("(", "\\(").replace(")", "\\)")
-                      if "\\" not in message else message):
-        build(tmp_path)

@@ -347,9 +347,3 @@ def test_structure_names_config_and_children():
     assert "ElementOperator(ElementOperatorConfig(stochastic=True" in op.structure()
 
 
-def test_subtree_is_the_deprecated_name_of_fields():
-    from datarax.operators import MapOperatorConfig
-
-    with pytest.warns(DeprecationWarning, match=r"MapOperatorConfig\(subtree=\.\.\.\) is deprecated"):
-        old = MapOperatorConfig(subtree=("x",))
-    assert old == MapOperatorConfig(fields=("x",))

@@ -58,7 +58,7 @@ def stream_batches(source, field: str, *, batch_size: int, epoch: int = 0, posit
     """(valid values of `field`, epoch, position after, JSON round-tripped state after) per batch,
     read the way the pipeline iterator reads a stream source. Values are copied: on CPU a
     `device_put` of an aligned host buffer may alias it, and the reader reuses its buffers."""
-    from datarax.sources.stream import stream_host_batches
+    from datarax.control.producers import stream_host_batches
 
     out = []
     for ep, pos, _, valid, batch, after in stream_host_batches(

@@ -266,14 +266,6 @@ def test_encoded_columns_errors_say_how(encoded_ds):
         HFSource(HFSourceConfig(encoded=("img",)), dataset=encoded_ds)
 
 
-def test_columns_is_the_deprecated_name_of_fields(parquet_ds):
-    with pytest.warns(DeprecationWarning, match=r"HFSourceConfig\(columns=\.\.\.\) is deprecated: .* fields="):
-        old = HFSourceConfig(columns=NUMERIC)
-    assert old == HFSourceConfig(fields=NUMERIC)
-    with pytest.raises(ValueError, match=r"both fields=\('id',\) and the deprecated columns"):
-        HFSourceConfig(fields=("id",), columns=NUMERIC)
-
-
 @pytest.mark.parametrize("kind", ["parquet", "arrow"])
 @pytest.mark.parametrize("streaming", [False, True])
 def test_a_truncated_table_file_among_good_ones_fails_naming_the_file(files, tmp_path, kind, streaming):

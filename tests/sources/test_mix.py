@@ -144,7 +144,3 @@ def test_webster_never_takes_a_seat_back_as_the_house_grows():
         assert np.all(np.diff(totals, axis=0) >= 0)
 
 
-def test_shuffle_not_given_warns_that_its_default_will_become_storage_order():
-    with pytest.warns(FutureWarning, match=r"MixDataSources shuffles by default today") as seen:
-        config = MixDataSourcesConfig(weights=(1, 1))
-    assert seen[0].filename == __file__ and config.shuffle is True

@@ -177,7 +177,7 @@ from datarax import Pipeline
 from datarax.sources import PackedTextSource, TextSource
 root = sys.argv[1]
 source = PackedTextSource(source=TextSource.from_files([root + "/corpus.txt"]), tokenizer=root + "/tokenizer.json", seq_len=24,
-                          eos_id=50, block_size=8, seed=9)
+                          eos_id=50, block_size=8, seed=9, shuffle=True)
 iterator = Pipeline(source, [], batch_size=4).epochs(None)
 iterator.set_state(json.load(open(root + "/state.json")))
 rows = [next(iterator) for _ in range(int(sys.argv[2]))]
@@ -282,18 +282,11 @@ def test_a_document_that_is_not_text_is_named():
         reader.read(out, 0, 4)
 
 
-def test_shuffle_not_given_warns_that_its_default_will_become_storage_order():
-    """Every other source keeps storage order unless given shuffle=True; PackedTextSource still
-    shuffles by default, with a FutureWarning at the caller's line, and the fingerprint of a state
-    saved before (shuffle=True) is unchanged."""
-    with pytest.warns(FutureWarning, match=r"PackedTextSource shuffles by default today.*pass shuffle=True") as seen:
-        source = PackedTextSource(source=TextSource(documents=["w1 w2"]), tokenizer=word_tokenizer())
-    assert seen[0].filename == __file__
-    assert source.config.shuffle is True and "shuffle=True" in source.structure()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for shuffle in (True, False):
-            assert PackedTextSourceConfig(shuffle=shuffle).shuffle is shuffle
+def test_shuffle_defaults_to_storage_order_as_in_every_source():
+    source = PackedTextSource(source=TextSource(documents=["w1 w2"]), tokenizer=word_tokenizer())
+    assert source.config.shuffle is False and source.order is None
+    for shuffle in (True, False):
+        assert PackedTextSourceConfig(shuffle=shuffle).shuffle is shuffle
 
 
 def test_truncating_to_one_token_with_eos_is_refused_not_all_eos():

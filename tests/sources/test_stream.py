@@ -66,7 +66,7 @@ def test_batches_match_python_slicing_over_epochs(n, batch, drop):
 
 
 def test_padding_repeats_the_last_record_like_clipped_indices():
-    from datarax.sources.stream import stream_host_batches
+    from datarax.control.producers import stream_host_batches
 
     (_, _, ids, valid, batch, _), = stream_host_batches(RangeStream(2), batch_size=5, drop_remainder=False,
                                                         ring_size=2, epoch=0, position=0, state=None, end_epoch=1)

@@ -122,9 +122,9 @@ class MixOperator(OperatorModule):
     def read(self, elements: Element) -> tuple[jax.Array, jax.Array]:
         """The batch's images and labels (as (B, num_classes) floats in the image dtype)."""
         name, config = type(self).__name__, self.config
-        for field in (config.field, config.label_field):
-            if field not in elements.data:
-                raise KeyError(f"{name} reads field {field!r}, but the batch has fields {sorted(elements.data)}; "
+        for wanted in (config.field, config.label_field):
+            if wanted not in elements.data:
+                raise KeyError(f"{name} reads field {wanted!r}, but the batch has fields {sorted(elements.data)}; "
                                f"set {self.config_class.__name__}(field=..., label_field=...)")
         images, labels = elements.data[config.field], elements.data[config.label_field]
         if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
