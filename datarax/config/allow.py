@@ -25,10 +25,12 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
+from datarax.core.errors import DataraxError
+
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-class NotAllowedError(ValueError):
+class NotAllowedError(DataraxError, ValueError):
     """An import path outside the allow-list (raised before its module is imported)."""
 
 

@@ -22,11 +22,13 @@ import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from datarax.core.errors import DataraxError
+
 Path = tuple[str | int, ...]
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-class ConfigError(ValueError):
+class ConfigError(DataraxError, ValueError):
     """A configuration with one or more problems; `problems` lists them, one line each."""
 
     def __init__(self, problems: Sequence[str], source: str | None = None):
@@ -52,7 +54,7 @@ def format_path(path: Path) -> str:
     return text or "(top level)"
 
 
-class FieldError(ValueError):
+class FieldError(DataraxError, ValueError):
     """Raised by a schema dataclass's `__post_init__` to report a problem at one of its fields."""
 
     def __init__(self, field: str, message: str):
@@ -194,7 +196,7 @@ def _plural(hint: Any) -> str:
 _SCALARS = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
 
 
-class Unconvertible(Exception):
+class Unconvertible(DataraxError):
     """Internal: a value does not fit a hint (the caller words the problem)."""
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from datarax.core.errors import DataraxError
+
 MAX_INT32 = 2**31 - 1  # the largest index, position or epoch an int32 (jax's default int) holds
 MAX_SEED = 2**63 - 1
 # What JAX keeps a 64-bit integer field in while `jax_enable_x64` is off (it wraps what does not fit).
@@ -196,7 +198,7 @@ def require_deterministic(config: Any, reason: str) -> None:
         raise ValueError(f"{type(config).__name__}(stochastic=True): {reason}; leave stochastic=False")
 
 
-class IntegerRangeError(ValueError):
+class IntegerRangeError(DataraxError, ValueError):
     """A 64-bit integer field holds a value that JAX, without 64-bit mode, would wrap into 32 bits."""
 
 

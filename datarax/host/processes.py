@@ -36,11 +36,13 @@ from typing import Any
 
 import numpy as np
 
+from datarax.core.errors import DataraxError
+
 _ALIGN = 64
 Layout = tuple[tuple[str, int, tuple[int, ...], str], ...]  # (field, byte offset, record shape, dtype)
 
 
-class WorkerCrashError(RuntimeError):
+class WorkerCrashError(DataraxError, RuntimeError):
     """A worker process died (not an exception in the job: those are reported per record)."""
 
 

@@ -16,9 +16,9 @@ from flax import nnx
 
 from datarax.batching import num_batches, padded_positions
 from datarax.core.element import Element
+from datarax.core.errors import DataraxError
 from datarax.core.operator import BatchContext, describe, planned_record_keys
 from datarax.core.source import gather_device
-
 
 # Record positions sampled per chunk (at most): 256 KiB of int32, enough that the sampling
 # program's dispatch (and its loop's round trips on a GPU) is spread over many batches.
@@ -26,7 +26,7 @@ CHUNK_IDS = 65_536
 MAX_CHUNK_BATCHES = 64  # and at most this many batches (one output of the sampling program each)
 
 
-class InconsistentOutputError(ValueError):
+class InconsistentOutputError(DataraxError, ValueError):
     """A stage produced output whose structure or batch size does not fit the batch."""
 
 

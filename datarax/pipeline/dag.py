@@ -34,10 +34,11 @@ from typing import Any
 from flax import nnx
 
 from datarax.core.element import Element
+from datarax.core.errors import DataraxError
 from datarax.core.operator import BatchContext, OperatorModule, describe
 
 
-class DagError(ValueError):
+class DagError(DataraxError, ValueError):
     """A DAG whose nodes, edges or sink are inconsistent."""
 
 

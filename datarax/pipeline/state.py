@@ -17,6 +17,7 @@ from typing import Any
 # this would be accepted and then fail in `next()`.
 from datarax.core.checks import MAX_INT32 as MAX_INT32
 from datarax.core.checks import check_int, is_int
+from datarax.core.errors import DataraxError
 
 STATE_VERSION = 1
 _KEYS = ("version", "epoch", "position", "fingerprint")
@@ -26,7 +27,7 @@ _SIZES = {"num_records": "from a pipeline over {saved} records, this one has {he
                         "the saved batch size"}
 
 
-class IteratorStateError(ValueError):
+class IteratorStateError(DataraxError, ValueError):
     """A state that cannot be restored into this pipeline (foreign, corrupt or from a newer version)."""
 
 

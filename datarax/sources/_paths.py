@@ -21,11 +21,13 @@ import os
 import stat
 from collections.abc import Sequence
 
+from datarax.core.errors import DataraxError
+
 DEFAULT_MAX_FILE_BYTES = 256 * 2**20  # far above any image or clip a host stage decodes; far below memory
 _CHUNK = 1 << 20
 
 
-class DataPathError(ValueError):
+class DataPathError(DataraxError, ValueError):
     """A file named by data was refused (not a regular file, too large, or outside the dataset).
 
     Not an `OSError`: a `RetryPolicy` does not retry it, since the same path is refused again.

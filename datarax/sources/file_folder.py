@@ -35,9 +35,9 @@ from flax import nnx
 from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_field_name, check_positive_int, field
 from datarax.core.construct import resolve_config, warn_at_caller
+from datarax.core.errors import DataraxError, DataraxWarning
+from datarax.core.fields import ENCODED, read_batch
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.core.fields import ENCODED
-from datarax.core.fields import read_batch
 from datarax.sources._paths import DEFAULT_MAX_FILE_BYTES, read_data_file
 
 READ_THREADS = 4  # file reads are short syscalls that release the GIL; a few threads hide their latency
@@ -93,11 +93,11 @@ class FileFolderSourceConfig(ShuffleConfig):
         check_positive_int(*field(self, "max_file_bytes"), unit="bytes")
 
 
-class SkippedFilesWarning(UserWarning):
+class SkippedFilesWarning(DataraxWarning):
     """A folder scan left out hidden files or folders (AppleDouble `._x.jpg`, `.DS_Store`, `.git`)."""
 
 
-class FolderLoopError(ValueError):
+class FolderLoopError(DataraxError, ValueError):
     """A folder scan reached one real directory twice through a symlink (a loop, or a link into
     another class); the message names the link."""
 

@@ -53,8 +53,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_int
 from datarax.checkpoint import IteratorRestore, IteratorSave
+from datarax.core.checks import check_bool, check_int
+from datarax.core.errors import DataraxError, DataraxWarning
 from datarax.pipeline.state import IteratorStateError
 from datarax.train.integrity import CheckpointIntegrityError as CheckpointIntegrityError
 from datarax.train.integrity import UnverifiedCheckpointWarning as UnverifiedCheckpointWarning
@@ -75,19 +76,19 @@ ON_DAMAGED_ENV = "DATARAX_ON_DAMAGED_CHECKPOINTS"
 CORRUPT_PREFIX = "corrupt-"
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(DataraxError, ValueError):
     """A checkpoint that is intact but was written by a different run set-up (data, batch size, model)."""
 
 
-class CheckpointRestoreError(RuntimeError):
+class CheckpointRestoreError(DataraxError, RuntimeError):
     """No checkpoint in the directory could be restored."""
 
 
-class CheckpointSaveError(RuntimeError):
+class CheckpointSaveError(DataraxError, RuntimeError):
     """A checkpoint write failed (raised from the next save, `wait` or `close` when asynchronous)."""
 
 
-class CorruptCheckpointWarning(UserWarning):
+class CorruptCheckpointWarning(DataraxWarning):
     """The latest checkpoint could not be read; an earlier one is used instead (or a fresh start)."""
 
 

@@ -21,13 +21,14 @@ from typing import Any
 
 import jax
 
+from datarax.core.errors import DataraxWarning
 from datarax.host.stage import HostStageSource
 from datarax.samplers.base import Sampler
 from datarax.samplers.simple import RangeSampler, SequentialSampler, ShuffleSampler
 from datarax.sources.stream import StreamSourceModule
 
 
-class TrainerWarning(UserWarning):
+class TrainerWarning(DataraxWarning):
     """A Trainer set-up that runs but trains worse or slower than intended (see the subclasses)."""
 
 

@@ -13,14 +13,15 @@ from typing import Any
 
 import jax
 
+from datarax.core.errors import DataraxError, DataraxWarning
 from datarax.train.hashing import tree_sha256
 
 
-class CheckpointIntegrityError(RuntimeError):
+class CheckpointIntegrityError(DataraxError, RuntimeError):
     """A checkpoint reads back other data than was written (treated as an unreadable step)."""
 
 
-class UnverifiedCheckpointWarning(UserWarning):
+class UnverifiedCheckpointWarning(DataraxWarning):
     """A checkpoint written before integrity data existed was restored without verification."""
 
 

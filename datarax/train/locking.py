@@ -16,10 +16,12 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from datarax.core.errors import DataraxError
+
 LOCK_NAME = ".lock"
 
 
-class CheckpointLockedError(RuntimeError):
+class CheckpointLockedError(DataraxError, RuntimeError):
     """Another `Checkpointer` (another run, or another object in this process) holds the directory."""
 
 

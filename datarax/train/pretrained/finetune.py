@@ -40,6 +40,7 @@ from flax import nnx
 
 from datarax.config.schema import FieldError
 from datarax.core.checks import is_int, is_number
+from datarax.core.errors import DataraxWarning
 from datarax.train.pretrained.lora import KINDS, add_lora, lora_optimizer, lora_targets
 from datarax.train.pretrained.tables import KeyMap, LayoutError, dotted, load_table, path_prefixes, selected
 
@@ -204,7 +205,7 @@ class FinetuneConfig:
                                          'full rate, e.g. ["fc."]')
 
 
-class FinetuneWarning(UserWarning):
+class FinetuneWarning(DataraxWarning):
     """A fine-tune that runs but does not train what its configuration suggests (LoRA adapters only
     on the new head: a probe in disguise)."""
 

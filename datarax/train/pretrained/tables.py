@@ -28,10 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from datarax.core.errors import DataraxError
+
 TRANSFORMS = ("copy", "linear", "conv")
 
 
-class LayoutError(ValueError):
+class LayoutError(DataraxError, ValueError):
     """A checkpoint does not fit a module through its table (keys missing, unexpected or misshapen)."""
 
 

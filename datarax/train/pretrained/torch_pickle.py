@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from datarax.core.errors import DataraxError
+
 # torch's storage class names and the numpy dtype of their elements.
 STORAGE_DTYPES = {
     "DoubleStorage": np.float64, "FloatStorage": np.float32, "HalfStorage": np.float16,
@@ -37,7 +39,7 @@ STORAGE_DTYPES = {
 }
 
 
-class UnsafePickleError(pickle.UnpicklingError):
+class UnsafePickleError(DataraxError, pickle.UnpicklingError):
     """A `.pth` pickle names a global outside the state-dict allow list (it would run that code)."""
 
 

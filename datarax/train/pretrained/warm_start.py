@@ -27,12 +27,13 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from datarax.core.errors import DataraxError
 from datarax.train.checkpointing import abstract_target
 from datarax.train.integrity import verify_arrays
 from datarax.train.pretrained.tables import check_prefixes, dotted, selected
 
 
-class WarmStartError(ValueError):
+class WarmStartError(DataraxError, ValueError):
     """`warm_start(strict=True)` found entries it could not restore; the message names them."""
 
 
