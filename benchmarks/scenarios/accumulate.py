@@ -12,7 +12,7 @@ units of k small steps (the goal: at most 1.2, a ratio of at least 0.83).
 
 On the CPU a `lax.scan` over the micro-batches cost 20-35 small steps for k = 2 (XLA:CPU runs the
 convolutions of a loop body many times slower); the step now traces the micro-batches one after
-the other (`datarax.train.step.accumulate`).
+the other (`datarax.train.loop.step.accumulate`).
 """
 
 from __future__ import annotations

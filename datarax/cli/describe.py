@@ -8,10 +8,9 @@ sharding lays the batch out).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
-
-import dataclasses
 
 import jax
 import numpy as np

@@ -61,7 +61,7 @@ def cmd_validate(args) -> int:
     pipelines = check_pipeline(spec, short)
     if spec.trainer is not None:
         from datarax.train.config import check_trainer
-        from datarax.train.guardrails import check_training_pipeline
+        from datarax.train.loop.guardrails import check_training_pipeline
 
         check_trainer(spec, pipelines[0])
         # What training would warn about, said now (as warnings: the file is still OK); the epoch's

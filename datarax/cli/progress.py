@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import time
-
 from typing import Any, TextIO
 
 

@@ -9,29 +9,29 @@ component kind with `datarax.config`.
 goodput and data stalls, log metrics and show progress. See docs/trainers.md.
 """
 
-from datarax.train.checkpointing import CheckpointMismatchError as CheckpointMismatchError
-from datarax.train.checkpointing import CheckpointRestoreError as CheckpointRestoreError
-from datarax.train.checkpointing import CheckpointSaveError as CheckpointSaveError
-from datarax.train.checkpointing import Checkpointer as Checkpointer
-from datarax.train.checkpointing import CorruptCheckpointWarning as CorruptCheckpointWarning
-from datarax.train.goodput import GoodputLedger as GoodputLedger
-from datarax.train.guardrails import ShortFinalBatchWarning as ShortFinalBatchWarning
-from datarax.train.guardrails import TrainerWarning as TrainerWarning
-from datarax.train.guardrails import UnknownEpochLengthWarning as UnknownEpochLengthWarning
-from datarax.train.guardrails import UnshuffledTrainingWarning as UnshuffledTrainingWarning
-from datarax.train.metrics import ConfusionMatrix as ConfusionMatrix
-from datarax.train.metrics import Metric as Metric
-from datarax.train.metrics import PerClassAccuracy as PerClassAccuracy
-from datarax.train.metrics import Perplexity as Perplexity
-from datarax.train.hashing import state_sha256 as state_sha256
-from datarax.train.optimizers import joint_optimizer as joint_optimizer
-from datarax.train.trainer import FitResult as FitResult
-from datarax.train.trainer import Trainer as Trainer
 from datarax.monitoring.writers import ConsoleWriter as ConsoleWriter
 from datarax.monitoring.writers import JsonlWriter as JsonlWriter
-from datarax.train.writers import TensorBoardWriter as TensorBoardWriter
 from datarax.train import config as config  # registers [trainer] with datarax.config
+from datarax.train.checkpointing.checkpointer import Checkpointer as Checkpointer
+from datarax.train.checkpointing.checkpointer import CheckpointMismatchError as CheckpointMismatchError
+from datarax.train.checkpointing.checkpointer import CheckpointRestoreError as CheckpointRestoreError
+from datarax.train.checkpointing.checkpointer import CheckpointSaveError as CheckpointSaveError
+from datarax.train.checkpointing.checkpointer import CorruptCheckpointWarning as CorruptCheckpointWarning
+from datarax.train.checkpointing.hashing import state_sha256 as state_sha256
 from datarax.train.config import build_trainer as build_trainer
 from datarax.train.config import load_trainer as load_trainer
+from datarax.train.loop.guardrails import ShortFinalBatchWarning as ShortFinalBatchWarning
+from datarax.train.loop.guardrails import TrainerWarning as TrainerWarning
+from datarax.train.loop.guardrails import UnknownEpochLengthWarning as UnknownEpochLengthWarning
+from datarax.train.loop.guardrails import UnshuffledTrainingWarning as UnshuffledTrainingWarning
+from datarax.train.loop.optimizers import joint_optimizer as joint_optimizer
+from datarax.train.loop.trainer import FitResult as FitResult
+from datarax.train.loop.trainer import Trainer as Trainer
+from datarax.train.metrics.accumulated import ConfusionMatrix as ConfusionMatrix
+from datarax.train.metrics.accumulated import Metric as Metric
+from datarax.train.metrics.accumulated import PerClassAccuracy as PerClassAccuracy
+from datarax.train.metrics.accumulated import Perplexity as Perplexity
+from datarax.train.metrics.goodput import GoodputLedger as GoodputLedger
+from datarax.train.metrics.writers import TensorBoardWriter as TensorBoardWriter
 
 __all__ = ['CheckpointMismatchError', 'CheckpointRestoreError', 'CheckpointSaveError', 'Checkpointer', 'ConfusionMatrix', 'ConsoleWriter', 'CorruptCheckpointWarning', 'FitResult', 'GoodputLedger', 'JsonlWriter', 'Metric', 'PerClassAccuracy', 'Perplexity', 'ShortFinalBatchWarning', 'TensorBoardWriter', 'Trainer', 'TrainerWarning', 'UnknownEpochLengthWarning', 'UnshuffledTrainingWarning', 'build_trainer', 'joint_optimizer', 'load_trainer', 'state_sha256']

@@ -22,11 +22,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from datarax.train.callbacks import GoodputMonitor, MetricLogger, ProgressBar
-from datarax.train.config import build_trainer, run_dir_of
-from datarax.train.hashing import state_sha256
-from datarax.train.pretrained.finetune import finetune_summary
 from datarax.monitoring.writers import JsonlWriter
+from datarax.train.callbacks import GoodputMonitor, MetricLogger, ProgressBar
+from datarax.train.checkpointing.hashing import state_sha256
+from datarax.train.config import build_trainer, run_dir_of
+from datarax.train.pretrained.finetune import finetune_summary
 
 
 def _plotting_available() -> bool:

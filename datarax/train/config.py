@@ -20,19 +20,29 @@ from typing import Any
 from datarax.config.build import build_component, build_pipeline, load_spec, takes_argument
 from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.registry import Kind, register_kind
-from datarax.config.schema import (ConfigError, FieldError, Path, Unconvertible, build_dataclass, check_keys, convert,
-                                   is_table, suggestion, type_hints)
+from datarax.config.schema import (
+    ConfigError,
+    FieldError,
+    Path,
+    Unconvertible,
+    build_dataclass,
+    check_keys,
+    convert,
+    is_table,
+    suggestion,
+    type_hints,
+)
 from datarax.config.spec import RunSpec, check_positive, register_section
 from datarax.core.checks import is_int, is_number
-from datarax.train.callbacks import CheckpointCallback, ProfilerConfig
-from datarax.train.checkpointing import BEST_MODES, ON_DAMAGED
-from datarax.train.param_sharding import PARAM_SHARDINGS
-from datarax.train.precision import PRECISIONS
-from datarax.train.compile_cache import default_cache_dir
-from datarax.train.run_config import NOT_FINGERPRINTED
-from datarax.train.trainer import Trainer
-from datarax.train.writers import TensorBoardWriter, WandbWriterConfig
 from datarax.monitoring.writers import JsonlWriter
+from datarax.train.callbacks import CheckpointCallback, ProfilerConfig
+from datarax.train.checkpointing.checkpointer import BEST_MODES, ON_DAMAGED
+from datarax.train.checkpointing.run_config import NOT_FINGERPRINTED
+from datarax.train.loop.compile_cache import default_cache_dir
+from datarax.train.loop.param_sharding import PARAM_SHARDINGS
+from datarax.train.loop.precision import PRECISIONS
+from datarax.train.loop.trainer import Trainer
+from datarax.train.metrics.writers import TensorBoardWriter, WandbWriterConfig
 
 CALLBACK_KIND = Kind("callback", ("datarax.train.callbacks",), "datarax.train.callbacks.base:Callback", ("Callback",))
 
@@ -64,11 +74,11 @@ class TrainerSection:
             to the config file); false leaves JAX's setting alone.
         on_damaged: what a restart does when `checkpoint_dir` holds checkpoints but none can be
             restored: "refuse" (the default; or `$DATARAX_ON_DAMAGED_CHECKPOINTS`) or
-            "start_fresh" (see `datarax.train.checkpointing`).
+            "start_fresh" (see `datarax.train.checkpointing.checkpointer`).
         allow_config_change: resume a checkpoint written under another `[trainer]` table anyway.
             Without it, a run whose table differs from the one the checkpoint was written under
             (any key but steps, epochs, the directories, intervals, callbacks, compilation_cache
-            and these two) is refused, naming each difference (`datarax.train.run_config`).
+            and these two) is refused, naming each difference (`datarax.train.checkpointing.run_config`).
         accumulate_steps: micro-batches per optimizer step (`Trainer(accumulate_steps=...)`); the
             top-level `batch_size` is the step's batch and must divide by it.
         ema_decay: keep a moving average of the parameters (`Trainer(ema_decay=...)`), in (0, 1).
@@ -469,7 +479,7 @@ register_kind(CALLBACK_KIND)
 # Metric writers as components of a callback's `writers` (`{ metric_logger = { writers = [{ wandb =
 # { project = "exp1" } }] } }`), and the folders callbacks and writers write into, which a
 # configuration gives relative to its own file (as `checkpoint_dir`).
-WRITER_KIND = Kind("writer", ("datarax.monitoring.writers", "datarax.train.writers"), "datarax.monitoring.writers:MetricWriter",
+WRITER_KIND = Kind("writer", ("datarax.monitoring.writers", "datarax.train.metrics.writers"), "datarax.monitoring.writers:MetricWriter",
                    ("Writer",))
 CONFIG_PATHS = {ProfilerConfig: "log_dir", WandbWriterConfig: "dir"}
 ARGUMENT_PATHS = {JsonlWriter: "path", TensorBoardWriter: "logdir"}

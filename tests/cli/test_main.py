@@ -1,9 +1,9 @@
 """The `datarax` command line, called in-process through `main(argv)`."""
 
 import json
-from pathlib import Path
 import math
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -747,7 +747,7 @@ def test_train_takes_accumulation_ema_precision_and_best_k_from_the_file(folder,
     assert main(["train", path, "--no-progress"]) == 0
     result = json.loads((folder / "runs" / "run" / "result.json").read_text())
     assert result["step"] == 6 and math.isfinite(result["metrics"]["loss"])
-    from datarax.train.checkpointing import Checkpointer
+    from datarax.train.checkpointing.checkpointer import Checkpointer
 
     ckpt = Checkpointer(folder / "ckpt", keep_best=2, best_metric="train/loss")
     steps = ckpt.steps()

@@ -13,8 +13,7 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.core.element import Element
-from datarax.monitoring import JsonlWriter, PipelineMonitor, format_summary
-from datarax.monitoring import ConsoleWriter
+from datarax.monitoring import ConsoleWriter, JsonlWriter, PipelineMonitor, format_summary
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.sources import MemorySource, MemorySourceConfig
 

@@ -17,7 +17,7 @@ from datarax.monitoring.stages import StageTimes, describe_reader, reader_breakd
 from datarax.sources import MemorySource
 from datarax.train import Trainer
 from datarax.train.callbacks import GoodputMonitor
-from datarax.train.goodput import diagnose
+from datarax.train.metrics.goodput import diagnose
 
 
 class FakeClock:

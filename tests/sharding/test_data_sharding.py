@@ -7,7 +7,8 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from datarax.sharding import DataSharding, describe_processes, is_multi_process, process_rows, rows_by_process
 

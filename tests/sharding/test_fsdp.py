@@ -14,14 +14,15 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from datarax import Pipeline
 from datarax.sharding import DataSharding
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import Trainer
 from datarax.train.callbacks import Callback, CheckpointCallback
-from datarax.train.param_sharding import describe, fsdp_spec, state_shardings
+from datarax.train.loop.param_sharding import describe, fsdp_spec, state_shardings
 
 NUM_RECORDS, BATCH = 96, 16  # 6 steps an epoch
 

@@ -20,11 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import multihost_worker as worker
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-import multihost_worker as worker
 from datarax.checkpoint import IteratorRestore, IteratorSave
 from datarax.sharding import DataSharding
 

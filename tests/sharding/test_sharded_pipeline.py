@@ -24,7 +24,6 @@ from datarax.sharding import DataSharding
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.typing import Element
 
-
 # The per-record maths is the same whatever the layout, but XLA may vectorise a batch of 2 rows
 # differently from one of 8: bitwise equal on some machines, 1 ulp apart on others (seen on a 16-core x86 box).
 AUGMENT_TOL = dict(rtol=1e-6, atol=1e-6)

@@ -162,7 +162,7 @@ def test_demo_argument_errors(tmp_path, capsys, argv, message):
 
 
 def test_the_demo_under_a_held_lock_prints_one_line_not_a_traceback(tmp_path, cache):
-    from datarax.train.checkpointing import Checkpointer
+    from datarax.train.checkpointing.checkpointer import Checkpointer
 
     holder = Checkpointer(tmp_path / "checkpoints")  # this process holds the run's checkpoint directory
     try:

@@ -21,7 +21,7 @@ crossed.
 
 `on_step_end` never waits for the device: `logs.metrics` holds the metrics of the *previous*
 call's last step (`logs.metrics_step`), read from the device only when a callback looks at them
-(`datarax.train.step.HostMetrics`), and then after the current call was dispatched, so the
+(`datarax.train.loop.step.HostMetrics`), and then after the current call was dispatched, so the
 device stays busy. A callback that needs them only sometimes should look only then (check its
 schedule first): while no callback looks, the host runs ahead of the device. `on_train_end`
 carries the final step's metrics.
@@ -34,10 +34,11 @@ import dataclasses
 import time
 from collections.abc import Iterable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
+
 from datarax.core.checks import is_int, is_number
 
 if TYPE_CHECKING:
-    from datarax.train.trainer import Trainer
+    from datarax.train.loop.trainer import Trainer
 
 EVENTS = (
     "on_train_begin", "on_data_wait_begin", "on_data_wait_end", "on_step_begin", "on_step_end",
@@ -57,7 +58,7 @@ class StepLogs:
             to the trainer's `steps_per_execution`.
         batch_size: records in this call's batches (all `steps` of them).
         metrics: host floats of step `metrics_step` (empty when none is available yet), read from
-            the device on first use (a `datarax.train.step.HostMetrics`).
+            the device on first use (a `datarax.train.loop.step.HostMetrics`).
         metrics_step: the step `metrics` belong to (`step - steps` in `on_step_end`: the previous
             call's last step), or None.
         data_wait: (begin, end) `time.perf_counter()` of the next() calls for this call.

@@ -9,7 +9,7 @@ from datarax.core.checks import check_int, is_number
 from datarax.train.callbacks.base import Callback, StepLogs
 
 if TYPE_CHECKING:
-    from datarax.train.trainer import Trainer
+    from datarax.train.loop.trainer import Trainer
 
 
 class EarlyStopping(Callback):

@@ -15,11 +15,11 @@ import numpy as np
 from datarax.monitoring.stages import reader_breakdown, since
 from datarax.monitoring.watcher import ReadyWatcher
 from datarax.train.callbacks.base import Callback, CheckpointInfo, Schedule, StepLogs
-from datarax.train.goodput import GoodputLedger, eval_summary
-from datarax.train.goodput_history import RunHistory, cumulative
+from datarax.train.metrics.goodput import GoodputLedger, eval_summary
+from datarax.train.metrics.goodput_history import RunHistory, cumulative
 
 if TYPE_CHECKING:
-    from datarax.train.trainer import Trainer
+    from datarax.train.loop.trainer import Trainer
 
 MAX_STEPS_IN_JSON = 2000
 REPORT = "goodput.json"
@@ -59,7 +59,7 @@ class GoodputMonitor(Callback):
     device). Evaluations get their own account and verdict. With a `directory`, every run of
     the job is recorded in `goodput_history.json` while it trains, so the report adds the
     job's goodput across restarts, including work lost since the last checkpoint before a kill
-    (`datarax.train.goodput_history`). See `datarax.train.goodput` for the definitions and
+    (`datarax.train.metrics.goodput_history`). See `datarax.train.metrics.goodput` for the definitions and
     docs/trainers.md for an example report.
 
     A run that trains no steps (a rerun of a finished job) leaves `goodput.json`,
@@ -253,7 +253,7 @@ class GoodputMonitor(Callback):
         tmp.write_text(json.dumps(_jsonable(summary), indent=1))
         os.replace(tmp, paths["json"])
         if self.plot:
-            from datarax.train.timeline import plot_timeline
+            from datarax.train.metrics.timeline import plot_timeline
 
             paths["png"] = plot_timeline(self.ledger, directory / "goodput.png", summary=self.report)
         return paths

@@ -12,7 +12,7 @@ from flax import nnx
 from datarax.train.callbacks.base import Callback, StepLogs
 
 if TYPE_CHECKING:
-    from datarax.train.trainer import Trainer
+    from datarax.train.loop.trainer import Trainer
 
 
 def find_learning_rate(optimizer: nnx.Optimizer) -> nnx.Variable | None:

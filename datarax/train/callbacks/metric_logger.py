@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from datarax.train.callbacks.base import Callback, Schedule, StepLogs
 from datarax.monitoring.writers import ConsoleWriter, MetricWriter, check_writer
+from datarax.train.callbacks.base import Callback, Schedule, StepLogs
 
 if TYPE_CHECKING:
-    from datarax.train.trainer import Trainer
+    from datarax.train.loop.trainer import Trainer
 
 
 class MetricLogger(Callback):

@@ -29,7 +29,7 @@ from datarax.core.construct import resolve_config
 from datarax.train.callbacks.base import Callback, StepLogs
 
 if TYPE_CHECKING:
-    from datarax.train.trainer import Trainer
+    from datarax.train.loop.trainer import Trainer
 
 NEXT = "datarax/next"
 STEP = "datarax/step"

@@ -20,12 +20,12 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from datarax.monitoring.writers import write_line
 from datarax.core.checks import check_choice
+from datarax.monitoring.writers import write_line
 from datarax.train.callbacks.base import Callback, Schedule, StepLogs
 
 if TYPE_CHECKING:
-    from datarax.train.trainer import Trainer
+    from datarax.train.loop.trainer import Trainer
 
 MODES = ("auto", "bar", "lines")
 

@@ -22,7 +22,6 @@ from datarax.train.pretrained.crepe import load_crepe as load_crepe
 from datarax.train.pretrained.finetune import FinetuneConfig as FinetuneConfig
 from datarax.train.pretrained.finetune import check_finetune as check_finetune
 from datarax.train.pretrained.finetune import discriminative as discriminative
-from datarax.train.pretrained.tables import path_prefixes as path_prefixes
 from datarax.train.pretrained.finetune import prepare_finetune as prepare_finetune
 from datarax.train.pretrained.finetune import probe_optimizer as probe_optimizer
 from datarax.train.pretrained.finetune import read_weights as read_weights
@@ -39,6 +38,7 @@ from datarax.train.pretrained.tables import KeyMap as KeyMap
 from datarax.train.pretrained.tables import LayoutError as LayoutError
 from datarax.train.pretrained.tables import export_table as export_table
 from datarax.train.pretrained.tables import load_table as load_table
+from datarax.train.pretrained.tables import path_prefixes as path_prefixes
 from datarax.train.pretrained.torch_pickle import UnsafePickleError as UnsafePickleError
 from datarax.train.pretrained.torch_pickle import read_pth as read_pth
 from datarax.train.pretrained.warm_start import WarmStartError as WarmStartError

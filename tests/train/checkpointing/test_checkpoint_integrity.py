@@ -19,10 +19,15 @@ from trainer_helpers import METRICS, assert_bitwise_equal, loss_fn, make_setup
 
 from datarax.train import Trainer
 from datarax.train.callbacks import CheckpointCallback
-from datarax.train.checkpointing import CheckpointRestoreError, Checkpointer, CorruptCheckpointWarning, abstract_target
+from datarax.train.checkpointing.checkpointer import (
+    Checkpointer,
+    CheckpointRestoreError,
+    CorruptCheckpointWarning,
+    abstract_target,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parents[2]  # where trainer_helpers.py lives
 STEPS, EVERY = 8, 4
 
 # Orbax's reader leaves an asyncio callback behind when a checkpoint fails to read (its issue, not ours).

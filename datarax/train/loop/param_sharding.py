@@ -63,7 +63,7 @@ def _annotated(variable: Any) -> PartitionSpec | None:
 
 def state_shardings(root: nnx.Module, mesh: Mesh, axis: str | tuple[str, ...], mode: str) -> list[NamedSharding]:
     """One `NamedSharding` per variable of `root`, in `nnx.to_flat_state(nnx.state(root))` order
-    (the order of `datarax.train.step.VariableBinding`), under `mode` ("replicated" or "fsdp")."""
+    (the order of `datarax.train.loop.step.VariableBinding`), under `mode` ("replicated" or "fsdp")."""
     if mode not in PARAM_SHARDINGS:
         raise ValueError(f"param_sharding must be one of {PARAM_SHARDINGS} or None, got {mode!r}")
     axes = (axis,) if isinstance(axis, str) else tuple(axis)

@@ -14,7 +14,7 @@ from trainer_helpers import assert_bitwise_equal, leaves, loss_fn, make_setup, p
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import Trainer
 from datarax.train.callbacks import CheckpointCallback
-from datarax.train.precision import GROWTH_INTERVAL, INITIAL_SCALE, LossScale, next_scale
+from datarax.train.loop.precision import GROWTH_INTERVAL, INITIAL_SCALE, LossScale, next_scale
 
 STEPS = 30
 # Measured on this model (a 4 -> 3 linear classifier, adam(1e-2), batch 16, 30 steps): the largest

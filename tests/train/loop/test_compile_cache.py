@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from toml_jobs import write_job
 
-from datarax.train.compile_cache import default_cache_dir
+from datarax.train.loop.compile_cache import default_cache_dir
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 CHILD = """
 import sys
@@ -63,7 +63,7 @@ def entries(directory: Path) -> set[str]:
 @pytest.fixture
 def child(tmp_path) -> Path:
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(helpers=str(Path(__file__).parent)))
+    script.write_text(CHILD.format(helpers=str(Path(__file__).resolve().parents[2])))
     return script
 
 

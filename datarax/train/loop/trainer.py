@@ -20,19 +20,36 @@ from flax import nnx
 from datarax.core.checks import check_bool, check_int
 from datarax.pipeline.pipeline import Pipeline
 from datarax.train.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
-from datarax.train.checkpointing import Checkpointer, RestoredCheckpoint
-from datarax.train.compile_cache import use_compilation_cache
-from datarax.train.ema import ParamEMA, param_paths
-from datarax.train.guardrails import (CompileCauses, batch_rows, check_training_pipeline, epoch_length_known,
-                                      warn_unknown_epoch_length)
-from datarax.train.metrics import Metric, add_totals, metric_scalars
-from datarax.train.param_sharding import PARAM_SHARDINGS, constrain, place, state_shardings
-from datarax.train.precision import LossScale, check_precision
-from datarax.train.run_config import flatten, optimizer_fingerprint
-from datarax.train.step import (CLU_STATE, EPOCH, RECORD_IDS, RECORDS, HostMetrics, JointModule, TimedJit,
-                                TrainState, VariableBinding, batch_signature, is_metric_collection,
-                                make_eval_step, make_train_step, scan_steps)
-
+from datarax.train.checkpointing.checkpointer import Checkpointer, RestoredCheckpoint
+from datarax.train.checkpointing.run_config import flatten, optimizer_fingerprint
+from datarax.train.loop.compile_cache import use_compilation_cache
+from datarax.train.loop.ema import ParamEMA, param_paths
+from datarax.train.loop.guardrails import (
+    CompileCauses,
+    batch_rows,
+    check_training_pipeline,
+    epoch_length_known,
+    warn_unknown_epoch_length,
+)
+from datarax.train.loop.param_sharding import PARAM_SHARDINGS, constrain, place, state_shardings
+from datarax.train.loop.precision import LossScale, check_precision
+from datarax.train.loop.step import (
+    CLU_STATE,
+    EPOCH,
+    RECORD_IDS,
+    RECORDS,
+    HostMetrics,
+    JointModule,
+    TimedJit,
+    TrainState,
+    VariableBinding,
+    batch_signature,
+    is_metric_collection,
+    make_eval_step,
+    make_train_step,
+    scan_steps,
+)
+from datarax.train.metrics.accumulated import Metric, add_totals, metric_scalars
 
 logger = logging.getLogger("datarax.train")
 
@@ -108,11 +125,11 @@ class Trainer:
             host stage skipped (`on_error="skip"`, a False `<field>_ok` flag) are kept out of the
             loss, its gradient and the metrics: a `loss_fn(model, batch, mask)` masks them itself,
             any other is computed per record and averaged over the valid ones
-            (`datarax.train.masking`).
+            (`datarax.train.loop.masking`).
         eval_pipeline: a pipeline for `evaluate()` (one epoch per evaluation).
         metrics: `{name: fn(batch, aux) -> scalar}` computed inside the step, e.g.
             `{"accuracy": lambda batch, logits: (logits.argmax(-1) == batch["label"]).mean()}`,
-            where a value may also be a `datarax.train.metrics.Metric` (`Perplexity`,
+            where a value may also be a `datarax.train.metrics.accumulated.Metric` (`Perplexity`,
             `PerClassAccuracy`, `ConfusionMatrix`), accumulated as sums over an evaluation;
             or a CLU `clu.metrics.Collection` subclass: its metrics read the batch's fields, the
             loss function's aux (a dict is spread, anything else is passed as `logits`) and
@@ -126,14 +143,14 @@ class Trainer:
         compilation_cache: JAX's persistent compilation cache, so a restarted run loads its
             compiled steps instead of compiling them again: True (default) uses
             `$DATARAX_COMPILATION_CACHE`, else `~/.cache/datarax/jax` (see
-            `datarax.train.compile_cache`); a path uses that directory; False leaves JAX's
+            `datarax.train.loop.compile_cache`); a path uses that directory; False leaves JAX's
             setting alone. A cache directory the user already configured in JAX is kept.
         run_config: the run's configuration (a mapping of plain values, nested as you like:
             hyperparameters, model settings, data version). It is written into every checkpoint
             with what the trainer sees (the model's class, the optimizer state's structure and
             its update for a fixed probe gradient, so its learning rate at step 0); restoring a checkpoint
             written under another configuration raises `CheckpointMismatchError` naming each
-            difference (`datarax.train.run_config`).
+            difference (`datarax.train.checkpointing.run_config`).
         allow_config_change: resume a checkpoint written under another configuration anyway.
         accumulate_steps: split each training batch into this many equal micro-batches, run one
             after the other inside the one jitted step (a `jax.lax.scan`), and apply the mean of
@@ -142,20 +159,20 @@ class Trainer:
             loss and metric functions are the means over its micro-batches (a `Metric`'s sums are
             added, a CLU collection merged), so one step is one logged step.
         ema_decay: keep an exponential moving average of the model's parameters, updated inside
-            the step after every optimizer update (`datarax.train.ema`; e.g. 0.999; None: off). It
+            the step after every optimizer update (`datarax.train.loop.ema`; e.g. 0.999; None: off). It
             is checkpointed as its own item; `evaluate(ema=True)` evaluates with it.
         precision: "f32" (default), "bf16" or "f16": the dtype the loss is computed in, with
-            float32 master parameters, gradients and optimizer (`datarax.train.precision`); "f16"
+            float32 master parameters, gradients and optimizer (`datarax.train.loop.precision`); "f16"
             adds dynamic loss scaling, skipping steps whose gradients overflow.
         param_sharding: None (default: the state stays where the model's arrays are), "replicated"
             (a full copy on every device of the training pipeline's mesh) or "fsdp" (parameters,
             optimizer state and average cut along the mesh's batch axis, FSDP-style; variables
             annotated with `nnx.with_partitioning` keep their spec; see
-            `datarax.train.param_sharding`). Needs `train_pipeline` built with a `sharding`.
+            `datarax.train.loop.param_sharding`). Needs `train_pipeline` built with a `sharding`.
         steps_per_execution: optimizer steps per jitted call (Keras' option of that name; default
             1). With K > 1 the trainer takes K batches from the iterator and runs K steps in one
             jitted program (a `jax.lax.scan` over the batches, stacked inside it:
-            `datarax.train.step.scan_steps`), so the per-call cost (dispatch, the loop's Python,
+            `datarax.train.loop.step.scan_steps`), so the per-call cost (dispatch, the loop's Python,
             callbacks) is paid once per K steps; the K batches are on the device at once. On the
             CPU backend keep K = 1 for convolutional models (see `scan_steps`). A call covers the
             steps (m*K, (m+1)*K], so a resumed run groups its steps as an uninterrupted one and
@@ -180,7 +197,7 @@ class Trainer:
     host run ahead of the device in between; `last_metrics`, `FitResult.metrics` and the end of
     `fit` read them.
 
-    Construction warns (`datarax.train.guardrails.TrainerWarning`, each with its fix) about a
+    Construction warns (`datarax.train.loop.guardrails.TrainerWarning`, each with its fix) about a
     training pipeline that does not shuffle or whose epoch ends in a short batch (a second
     compile of the step).
 
@@ -214,7 +231,7 @@ class Trainer:
             for name, fn in metrics.items():
                 if not isinstance(name, str) or not (callable(fn) or isinstance(fn, Metric)) or name == "loss":
                     raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux) or a "
-                                    f"datarax.train.metrics.Metric, got {name!r}: {fn!r:.60}")
+                                    f"datarax.train.metrics.accumulated.Metric, got {name!r}: {fn!r:.60}")
         check_bool(train_pipeline_params, "train_pipeline_params")
         check_bool(allow_config_change, "allow_config_change")
         self.accumulate_steps = check_int(accumulate_steps, "accumulate_steps", 1, why=" (micro-batches per step)")
@@ -523,7 +540,7 @@ class Trainer:
         evaluation (needs `ema_decay`); the model itself is left as it is.
 
         The loss and plain metric functions are batch-size weighted means over the epoch; a
-        `datarax.train.metrics.Metric` adds its sums over every batch before its one division
+        `datarax.train.metrics.accumulated.Metric` adds its sums over every batch before its one division
         (a token-weighted perplexity, counts per class), and its full `result` (e.g. a confusion
         matrix) is kept in `last_eval_results[name]`; a CLU collection merges across batches.
         """

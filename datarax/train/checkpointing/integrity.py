@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from datarax.core.errors import DataraxError, DataraxWarning
-from datarax.train.hashing import tree_sha256
+from datarax.train.checkpointing.hashing import tree_sha256
 
 
 class CheckpointIntegrityError(DataraxError, RuntimeError):

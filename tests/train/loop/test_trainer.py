@@ -404,7 +404,7 @@ def test_steps_per_execution_checkpoints_and_resumes_like_single_steps(tmp_path)
     hashes written with them); resumed from it, and from K = 1's checkpoint at step 6 (not a multiple
     of K: steps 7 and 8 are a call of two single steps, then calls of 4 again), K = 4 ends bitwise
     equal to K = 1."""
-    from datarax.train.checkpointing import Checkpointer
+    from datarax.train.checkpointing.checkpointer import Checkpointer
 
     reference = Recorder()
     single, single_setup = make_trainer([reference, CheckpointCallback(tmp_path / "k1", on_steps=(6, 8))])
@@ -456,7 +456,7 @@ class CountReads:
     """Counts the trainer's reads of step metrics from the device."""
 
     def __init__(self, monkeypatch):
-        import datarax.train.step as step_module
+        import datarax.train.loop.step as step_module
 
         self.reads, original = [], step_module.host_metrics
 

@@ -21,7 +21,7 @@ from trainer_helpers import METRICS, loss_fn, make_setup
 
 from datarax.train import Trainer
 from datarax.train.callbacks import MetricLogger
-from datarax.train.writers import MlflowWriter, MlflowWriterConfig, WandbWriter, WandbWriterConfig
+from datarax.train.metrics.writers import MlflowWriter, MlflowWriterConfig, WandbWriter, WandbWriterConfig
 
 BLOCK = 32768
 HEADER = 7
@@ -215,9 +215,8 @@ def test_train_logs_to_both_trackers_from_the_file(folder, capsys, monkeypatch):
     monkeypatch.chdir(folder.parent)  # paths are relative to the file, not the working directory
     assert main(["validate", str(path)]) == 0
     assert main(["train", str(path), "--no-progress"]) == 0
-    from mlflow.tracking import MlflowClient
-
     import wandb
+    from mlflow.tracking import MlflowClient
 
     wandb.teardown()  # finishes the writer's run and waits for its file, as the process's exit would
     reference = {}

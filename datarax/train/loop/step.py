@@ -17,11 +17,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from datarax.train.ema import ParamEMA
-from datarax.train.masking import masked_mean, per_record, per_record_metrics, record_mask, takes_mask
-from datarax.train.metrics import Metric, add_totals, metric_scalars
-from datarax.train.precision import (LossScale, all_finite, cast_floats, compute_dtype, float32_outputs, keep_if,
-                                     next_scale, restore_dtypes)
+from datarax.train.loop.ema import ParamEMA
+from datarax.train.loop.masking import masked_mean, per_record, per_record_metrics, record_mask, takes_mask
+from datarax.train.loop.precision import (
+    LossScale,
+    all_finite,
+    cast_floats,
+    compute_dtype,
+    float32_outputs,
+    keep_if,
+    next_scale,
+    restore_dtypes,
+)
+from datarax.train.metrics.accumulated import Metric, add_totals, metric_scalars
 
 RECORD_IDS = "_trainers_record_ids"
 EPOCH = "_trainers_epoch"
@@ -134,8 +142,8 @@ def model_outputs(batch: Any, aux: Any, loss: jax.Array) -> dict[str, Any]:
 def step_outputs(metric_fns: Any, batch: Any, aux: Any, loss: jax.Array, mask: jax.Array | None = None
                  ) -> dict[str, Any]:
     """`{"loss": ..., name: value}` of one batch before any reduction: a function's scalar, a
-    `datarax.train.metrics.Metric`'s dict of sums, or for a CLU collection `{CLU_STATE: collection}`.
-    With a `mask` of valid records (`datarax.train.masking`), over those records only."""
+    `datarax.train.metrics.accumulated.Metric`'s dict of sums, or for a CLU collection `{CLU_STATE: collection}`.
+    With a `mask` of valid records (`datarax.train.loop.masking`), over those records only."""
     if is_metric_collection(metric_fns):
         outputs = model_outputs(batch, aux, loss)
         if mask is not None:
@@ -162,7 +170,7 @@ def batch_loss(loss_fn: LossFn, model: nnx.Module, data: Any, mask: jax.Array | 
                ) -> tuple[jax.Array, Any]:
     """`(loss, aux)` of one (micro-)batch in float32: `loss_fn(model, data)`, or with a `mask` of
     valid records the loss over those only (`loss_fn(model, data, mask)` when it takes one, else
-    per record; `datarax.train.masking`)."""
+    per record; `datarax.train.loop.masking`)."""
     with float32_outputs(model, dtype):  # the loss in float32, whatever the compute dtype
         if mask is None:
             loss, aux = split_loss(loss_fn(model, data))
@@ -303,7 +311,7 @@ def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mappi
     `accumulate_steps=k` the batch is split into k micro-batches that a `jax.lax.scan` runs one
     after the other, adding their gradients; the optimizer then applies their mean once, so a loss
     that is a per-record mean gets the gradient of the whole batch. `precision` casts parameters
-    and float inputs inside the loss (`datarax.train.precision`); the TrainState's `ema` and
+    and float inputs inside the loss (`datarax.train.loop.precision`); the TrainState's `ema` and
     `loss_scale`, when present, are updated after the optimizer.
     """
     dtype = compute_dtype(precision)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from datarax.train.goodput import GoodputLedger
+from datarax.train.metrics.goodput import GoodputLedger
 
 _COLORS = {"device busy": "#2b8a3e", "host in next()": "#1c7ed6", "data stall": "#e03131",
            "compile": "#f08c00", "checkpoint_save": "#7048e8", "checkpoint_restore": "#ae3ec9",

@@ -11,15 +11,27 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from trainer_helpers import loss_fn, make_setup
 
 from datarax.train import Trainer
 from datarax.train.callbacks import CheckpointCallback
-from datarax.train.pretrained import (KeyMap, LoRAConv, WarmStartError, add_lora, discriminative, export_table,
-                                      load_safetensors, load_table, lora_optimizer, merge_lora, probe_optimizer,
-                                      save_safetensors, warm_start)
-from trainer_helpers import loss_fn, make_setup
+from datarax.train.pretrained import (
+    KeyMap,
+    LoRAConv,
+    WarmStartError,
+    add_lora,
+    discriminative,
+    export_table,
+    load_safetensors,
+    load_table,
+    lora_optimizer,
+    merge_lora,
+    probe_optimizer,
+    save_safetensors,
+    warm_start,
+)
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "trainers.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "trainers.md"
 
 
 class Net(nnx.Module):

@@ -18,7 +18,7 @@ from datarax import Pipeline
 from datarax.host import DecodeImage
 from datarax.sources import ImageFolderSource
 from datarax.train import Trainer
-from datarax.train.masking import record_mask
+from datarax.train.loop.masking import record_mask
 
 GOOD = 7
 

@@ -20,8 +20,13 @@ from trainer_helpers import assert_bitwise_equal, make_setup, points
 
 from datarax import Pipeline
 from datarax.sources import MemorySource, MemorySourceConfig
-from datarax.train.checkpointing import (CheckpointMismatchError, CheckpointRestoreError, Checkpointer,
-                                    CheckpointSaveError, CorruptCheckpointWarning)
+from datarax.train.checkpointing.checkpointer import (
+    Checkpointer,
+    CheckpointMismatchError,
+    CheckpointRestoreError,
+    CheckpointSaveError,
+    CorruptCheckpointWarning,
+)
 
 
 class DropoutNet(nnx.Module):
@@ -393,7 +398,7 @@ import optax, orbax.checkpoint as ocp
 from trainer_helpers import RECORD_METRICS, loss_fn, make_setup
 from datarax.train import Trainer
 from datarax.train.callbacks import Callback, CheckpointCallback
-from datarax.train.hashing import state_sha256
+from datarax.train.checkpointing.hashing import state_sha256
 
 workdir, steps, k, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 original = ocp.StandardCheckpointHandler.async_save
@@ -422,13 +427,13 @@ with open(os.path.join(workdir, "result.json"), "w") as f:
 """
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run_process(workdir: Path, steps: int, k: int, hold: int = 0) -> subprocess.Popen:
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, JAX_PLATFORMS="cpu", DATARAX_COMPILATION_CACHE="off", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "train")]))
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
     env.pop("XLA_FLAGS", None)
     with open(workdir / "log.txt", "a") as log:
         return subprocess.Popen([sys.executable, "-c", RUN, str(workdir), str(steps), str(k), str(hold)], env=env,

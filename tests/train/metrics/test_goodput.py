@@ -17,7 +17,7 @@ from datarax.samplers.base import Sampler
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import Trainer
 from datarax.train.callbacks import GoodputMonitor
-from datarax.train.goodput import GoodputLedger, diagnose
+from datarax.train.metrics.goodput import GoodputLedger, diagnose
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
@@ -217,7 +217,7 @@ def lane_total(lanes, name) -> float:
 
 def test_the_plot_shows_the_reports_numbers(tmp_path):
     """The picture's title is the report's headline and its lanes add up to the report's buckets."""
-    from datarax.train.timeline import plot_timeline, timeline_data
+    from datarax.train.metrics.timeline import plot_timeline, timeline_data
 
     ledger = hand_ledger()
     summary = ledger.summary()
@@ -237,7 +237,7 @@ def test_the_plot_shows_the_reports_numbers(tmp_path):
 
 
 def test_a_real_runs_plot_data_equals_its_report(tmp_path):
-    from datarax.train.timeline import timeline_data
+    from datarax.train.metrics.timeline import timeline_data
 
     source = SlowSource(points(64), delay_s=0.01)
     monitor = GoodputMonitor(tmp_path, verbose=False, plot=False)
@@ -254,7 +254,7 @@ def test_a_real_runs_plot_data_equals_its_report(tmp_path):
 
 
 def test_evaluation_gets_its_own_verdict():
-    from datarax.train.goodput import eval_summary
+    from datarax.train.metrics.goodput import eval_summary
 
     ledger = GoodputLedger()
     ledger.start(0.0)
@@ -315,7 +315,7 @@ def test_a_rerun_that_trains_no_step_keeps_the_last_report(tmp_path):
 
 
 def test_cumulative_goodput_counts_the_work_a_kill_lost():
-    from datarax.train.goodput_history import cumulative
+    from datarax.train.metrics.goodput_history import cumulative
 
     segments = [
         {"began_at": 100.0, "start_step": 0, "resumed_from": None, "last_step": 14, "wall_s": 9.0, "busy_s": 6.0,
@@ -353,7 +353,7 @@ RESTARTS = [
 
 @pytest.mark.parametrize("last_step, finished, words", RESTARTS)
 def test_lost_work_is_measured_or_unknown_never_none_after_a_kill(last_step, finished, words):
-    from datarax.train.goodput_history import cumulative
+    from datarax.train.metrics.goodput_history import cumulative
 
     first = {"began_at": 100.0, "start_step": 0, "resumed_from": None, "last_step": last_step, "wall_s": 8.0,
              "busy_s": 6.0, "finished": finished, "checkpoints": [[10, 6.0, 4.0]]}
@@ -398,9 +398,9 @@ def test_cumulative_goodput_after_a_real_sigkill(tmp_path):
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(helpers=str(Path(__file__).parent), ckpt=str(tmp_path / "ckpt"),
+    script.write_text(CHILD.format(helpers=str(Path(__file__).resolve().parents[2]), ckpt=str(tmp_path / "ckpt"),
                                    run=str(tmp_path / "run")))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(repo), PYTHONUNBUFFERED="1")
     env.pop("XLA_FLAGS", None)
@@ -434,7 +434,7 @@ def test_cumulative_goodput_after_a_real_sigkill(tmp_path):
 
 def test_calls_of_several_steps_are_counted_by_their_steps():
     """Three calls of steps_per_execution=4 (the last one 2 steps) on a made-up timeline, worked out by hand."""
-    from datarax.train.timeline import timeline_data
+    from datarax.train.metrics.timeline import timeline_data
 
     ledger = GoodputLedger(window=2)
     ledger.start(0.0)

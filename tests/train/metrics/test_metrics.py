@@ -13,7 +13,7 @@ from flax import nnx
 from datarax import Pipeline
 from datarax.sources import MemorySource
 from datarax.train import ConfusionMatrix, PerClassAccuracy, Perplexity, Trainer
-from datarax.train.metrics import add_totals, confusion_matrix, per_class_accuracy
+from datarax.train.metrics.accumulated import add_totals, confusion_matrix, per_class_accuracy
 
 N, T, V, C = 11, 6, 7, 4  # 11 records: eval batches of 4, 4 and 3
 

@@ -24,7 +24,7 @@ is restored. When no step can be restored, every run refuses until the user choo
 
 One process at a time: the `Checkpointer` holds an exclusive `flock` on `<directory>/.lock` while
 it is open; the operating system releases it when the process dies, so a killed run's lock never
-blocks the next one (`datarax.train.locking`). The integrity hashes are `datarax.train.integrity`.
+blocks the next one (`datarax.train.locking`). The integrity hashes are `datarax.train.checkpointing.integrity`.
 
 Retention keeps the `max_to_keep` newest steps and, with `keep_best=k`, also the k best by
 `best_metric` (the value the trainer had when the step was saved): Orbax's own policies composed,
@@ -57,13 +57,13 @@ from datarax.checkpoint import IteratorRestore, IteratorSave
 from datarax.core.checks import check_bool, check_int
 from datarax.core.errors import DataraxError, DataraxWarning
 from datarax.pipeline.state import IteratorStateError
-from datarax.train.integrity import CheckpointIntegrityError as CheckpointIntegrityError
-from datarax.train.integrity import UnverifiedCheckpointWarning as UnverifiedCheckpointWarning
-from datarax.train.integrity import arrays_sha256, iterator_integrity, verify_arrays, verify_iterator
+from datarax.train.checkpointing.integrity import CheckpointIntegrityError as CheckpointIntegrityError
+from datarax.train.checkpointing.integrity import UnverifiedCheckpointWarning as UnverifiedCheckpointWarning
+from datarax.train.checkpointing.integrity import arrays_sha256, iterator_integrity, verify_arrays, verify_iterator
+from datarax.train.checkpointing.run_config import RESUME_ANYWAY, config_differences
 from datarax.train.locking import LOCK_NAME as LOCK_NAME
 from datarax.train.locking import CheckpointLockedError as CheckpointLockedError
 from datarax.train.locking import DirectoryLock, ProcessTemporaryPath
-from datarax.train.run_config import RESUME_ANYWAY, config_differences
 
 # 2: meta carries "integrity" (array and iterator hashes written at save time).
 FORMAT_VERSION = 2
@@ -484,7 +484,7 @@ class Checkpointer:
         differs: a part of the pipeline's `structure` (`Pipeline.structure_parts`: source,
         sampler, num_records, batch_size, drop_remainder, stages) or the state paths whose shape
         or dtype differ, or a key of `run_config` (the trainer's configuration fingerprint,
-        `datarax.train.run_config`; None skips the check) that differs from the one saved.
+        `datarax.train.checkpointing.run_config`; None skips the check) that differs from the one saved.
 
         When the directory holds damaged checkpoints (found now or moved aside by an earlier run)
         and none that can be restored, this raises `CheckpointRestoreError` every time, unless

@@ -21,7 +21,7 @@ row; a row is valid when all of them are True (`record_mask`). When a batch carr
 
 Metric functions are computed per record too (on the rows of the batch and of the loss's aux,
 which must then have one row per record) and averaged over the valid rows; a
-`datarax.train.metrics.Metric` adds only the valid rows' sums; a CLU collection gets `mask=`
+`datarax.train.metrics.accumulated.Metric` adds only the valid rows' sums; a CLU collection gets `mask=`
 among the model outputs (CLU's own masking). A step's micro-batches (`accumulate_steps`) are
 weighted by their valid rows, so the step's loss and gradient are the mean over every valid
 record of its batch. A batch with no valid record contributes a zero loss and gradient.
@@ -85,7 +85,7 @@ def per_record(loss_fn: Callable, model: nnx.Module, data: Mapping[str, jax.Arra
         raise ValueError(f"{type(model).__name__} keeps batch statistics (nnx.BatchStat), which a loss computed "
                          f"record by record would take over single records; a batch with skipped records (a "
                          f"'<field>{OK_SUFFIX}' flag) then needs a loss that masks them itself: give it a mask "
-                         "argument, loss_fn(model, batch, mask) (see datarax.train.masking)")
+                         "argument, loss_fn(model, batch, mask) (see datarax.train.loop.masking)")
     rows = jax.tree.leaves(data)[0].shape[0]
 
     def one(row: Mapping[str, jax.Array], index: jax.Array):

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 from toml_jobs import write_job
 from trainer_helpers import loss_fn, points
 
@@ -20,7 +21,6 @@ from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import Trainer
 from datarax.train.callbacks import Profiler, ProfilerConfig
 from datarax.train.callbacks.profiler import HOST_STAGE, NEXT, STEP
-from flax import nnx
 
 
 class Shift(HostStage):
@@ -174,7 +174,7 @@ def doc_blocks(title: str) -> list[str]:
     """The python blocks of one section of docs/trainers.md."""
     import re
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "trainers.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "trainers.md").read_text()
     section = text[text.index(f"\n## {title}\n"):]
     section = section[:section.index("\n## ", 1)]
     return re.findall(r"```python\n(.*?)```", section, re.S)

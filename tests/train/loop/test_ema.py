@@ -13,7 +13,7 @@ from trainer_helpers import METRICS, assert_bitwise_equal, leaves, loss_fn, make
 
 from datarax.train import CheckpointMismatchError, Trainer
 from datarax.train.callbacks import CheckpointCallback
-from datarax.train.ema import param_values
+from datarax.train.loop.ema import param_values
 
 DECAY = 0.9
 
