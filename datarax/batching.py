@@ -16,12 +16,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from datarax.core.checks import check_positive_int
+from datarax.core.checks import check_bool, check_int, check_positive_int
 
 # Batches a device-resident pipeline keeps dispatched behind the one it returns (`Pipeline`'s
 # `dispatch_ahead`); the default was chosen by measurement (docs/benchmarks.md, `overhead`).
 DISPATCH_AHEAD = 1
 MAX_DISPATCH_AHEAD = 64
+MAX_PREFETCH = 64  # batches a host-resident source prepares ahead, at most
 # Batches a device-resident pipeline computes in one dispatched program on a TPU when it is not
 # told (`Pipeline(batches_per_dispatch=None)`): a call costs about 150 us to dispatch there, as
 # much as a CIFAR batch's whole augmentation (docs/tpu.md). At most `DISPATCH_BYTES` of output per
@@ -43,6 +44,19 @@ def resolve_batches_per_dispatch(requested: int | None, batch_bytes: int, backen
 def check_batch_size(batch_size: object) -> int:
     """`batch_size` as an int, or a ValueError naming the bad value."""
     return check_positive_int(batch_size, "batch_size")
+
+
+def check_settings(*, batch_size: object = 32, drop_remainder: object = False, prefetch: object = 2,
+                   dispatch_ahead: object = DISPATCH_AHEAD) -> tuple[int, int]:
+    """`Pipeline`'s checks of its batching settings (a configuration file's top-level keys use them
+    too); returns (batch_size, prefetch)."""
+    batch_size = check_batch_size(batch_size)
+    check_bool(drop_remainder, "drop_remainder")
+    prefetch = check_int(prefetch, "prefetch", 1, high=MAX_PREFETCH, why=" (batches held ready in memory)",
+                         hint="; a few batches hide reading jitter, use 2-8")
+    check_int(dispatch_ahead, "dispatch_ahead", 0, high=MAX_DISPATCH_AHEAD,
+              why=" (batches kept dispatched on the device)", hint=f"; the default is {DISPATCH_AHEAD}")
+    return batch_size, prefetch
 
 
 def num_batches(length: int, batch_size: int, drop_remainder: bool) -> int:

@@ -13,23 +13,113 @@ those of the config form:
 from __future__ import annotations
 
 from datarax.operators.audio import (
-    AddNoiseOperator as AddNoise, CropPadOperator as CropPad, FrequencyMaskOperator as FrequencyMask,
-    GainOperator as Gain, LogMelOperator as LogMel, LoudnessOperator as Loudness,
-    MelSpectrogramOperator as MelSpectrogram, MFCCOperator as MFCC, PCENOperator as PCEN,
-    ResampleOperator as Resample, STFTOperator as STFT, TimeMaskOperator as TimeMask,
+    AddNoiseOperator as AddNoise,
+)
+from datarax.operators.audio import (
+    CropPadOperator as CropPad,
+)
+from datarax.operators.audio import (
+    FrequencyMaskOperator as FrequencyMask,
+)
+from datarax.operators.audio import (
+    GainOperator as Gain,
+)
+from datarax.operators.audio import (
+    LogMelOperator as LogMel,
+)
+from datarax.operators.audio import (
+    LoudnessOperator as Loudness,
+)
+from datarax.operators.audio import (
+    MelSpectrogramOperator as MelSpectrogram,
+)
+from datarax.operators.audio import (
+    MFCCOperator as MFCC,
+)
+from datarax.operators.audio import (
+    PCENOperator as PCEN,
+)
+from datarax.operators.audio import (
+    ResampleOperator as Resample,
+)
+from datarax.operators.audio import (
+    STFTOperator as STFT,
+)
+from datarax.operators.audio import (
+    TimeMaskOperator as TimeMask,
+)
+from datarax.operators.audio import (
     TimeShiftOperator as TimeShift,
 )
 from datarax.operators.dtype import ToFloatOperator as ToFloat
 from datarax.operators.element import ElementOperator as Element
 from datarax.operators.image import (
-    AffineOperator as Affine, BrightnessOperator as Brightness, ContrastOperator as Contrast,
-    CutMixOperator as CutMix, CutoutOperator as Cutout, GammaOperator as Gamma,
-    GaussianBlurOperator as GaussianBlur, GaussianNoiseOperator as GaussianNoise,
-    GrayscaleOperator as Grayscale, HorizontalFlipOperator as HorizontalFlip, HueOperator as Hue,
-    MixUpOperator as MixUp, NormalizeOperator as Normalize, PatchDropoutOperator as PatchDropout,
-    RandomCropOperator as RandomCrop, RandomResizedCropOperator as RandomResizedCrop,
-    ResizeOperator as Resize, RotationOperator as Rotation, SaturationOperator as Saturation,
-    SolarizeOperator as Solarize, StandardizeOperator as Standardize, TranslateOperator as Translate,
+    AffineOperator as Affine,
+)
+from datarax.operators.image import (
+    BrightnessOperator as Brightness,
+)
+from datarax.operators.image import (
+    ContrastOperator as Contrast,
+)
+from datarax.operators.image import (
+    CutMixOperator as CutMix,
+)
+from datarax.operators.image import (
+    CutoutOperator as Cutout,
+)
+from datarax.operators.image import (
+    GammaOperator as Gamma,
+)
+from datarax.operators.image import (
+    GaussianBlurOperator as GaussianBlur,
+)
+from datarax.operators.image import (
+    GaussianNoiseOperator as GaussianNoise,
+)
+from datarax.operators.image import (
+    GrayscaleOperator as Grayscale,
+)
+from datarax.operators.image import (
+    HorizontalFlipOperator as HorizontalFlip,
+)
+from datarax.operators.image import (
+    HueOperator as Hue,
+)
+from datarax.operators.image import (
+    MixUpOperator as MixUp,
+)
+from datarax.operators.image import (
+    NormalizeOperator as Normalize,
+)
+from datarax.operators.image import (
+    PatchDropoutOperator as PatchDropout,
+)
+from datarax.operators.image import (
+    RandomCropOperator as RandomCrop,
+)
+from datarax.operators.image import (
+    RandomResizedCropOperator as RandomResizedCrop,
+)
+from datarax.operators.image import (
+    ResizeOperator as Resize,
+)
+from datarax.operators.image import (
+    RotationOperator as Rotation,
+)
+from datarax.operators.image import (
+    SaturationOperator as Saturation,
+)
+from datarax.operators.image import (
+    SolarizeOperator as Solarize,
+)
+from datarax.operators.image import (
+    StandardizeOperator as Standardize,
+)
+from datarax.operators.image import (
+    TranslateOperator as Translate,
+)
+from datarax.operators.image import (
     VerticalFlipOperator as VerticalFlip,
 )
 from datarax.operators.map import MapOperator as Map

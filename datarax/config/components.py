@@ -40,8 +40,18 @@ from flax import nnx
 
 from datarax.config import files, registry
 from datarax.config.allow import AllowList, NotAllowedError
-from datarax.config.schema import (Path, Problems, build_dataclass, check_keys, convert, format_path, is_table,
-                                   suggestion, type_hints, type_name)
+from datarax.config.schema import (
+    Path,
+    Problems,
+    build_dataclass,
+    check_keys,
+    convert,
+    format_path,
+    is_table,
+    suggestion,
+    type_hints,
+    type_name,
+)
 
 RNGS_KEY = "rngs"
 # A `[[stages]]` table names one of these kinds: host stages run first, on the background reader.

@@ -62,6 +62,20 @@ class FieldError(DataraxError, ValueError):
         self.field = field
 
 
+def field_checked(check: Callable[..., Any], **fields: Any) -> Any:
+    """`check(**fields)`, the constructor's own check, with its error reported at the field it names:
+    "prefetch must be ..." becomes `FieldError("prefetch", "must be ...")`, so a file and a Python
+    call get the same message."""
+    try:
+        return check(**fields)
+    except (TypeError, ValueError) as exc:
+        text = str(exc)
+        for name in fields:
+            if text.startswith(name + " "):
+                raise FieldError(name, text[len(name) + 1:]) from None
+        raise FieldError(next(iter(fields)), text) from None
+
+
 class Problems:
     """Collects problems during validation; `raise_if_any` raises them together."""
 

@@ -44,17 +44,22 @@ import graphlib
 from collections.abc import Callable
 from typing import Any
 
-from datarax.batching import DISPATCH_AHEAD, MAX_DISPATCH_AHEAD
+from datarax.batching import DISPATCH_AHEAD, check_settings
 from datarax.config import registry
 from datarax.config.allow import AllowList, NotAllowedError
 from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.loader import merge
-from datarax.config.schema import FieldError, Problems, build_dataclass, check_keys, convert, is_table, suggestion
+from datarax.config.schema import (
+    FieldError,
+    Problems,
+    build_dataclass,
+    check_keys,
+    convert,
+    field_checked,
+    is_table,
+    suggestion,
+)
 from datarax.core.checks import is_int
-
-# A prefetched batch is a whole batch held in memory; a few hide the jitter of reading, and past
-# this many the queue only holds memory (the default is 2, no recipe uses more than 8).
-MAX_PREFETCH = 64
 
 
 def check_positive(name: str, value: Any, minimum: int = 1) -> None:
@@ -85,17 +90,10 @@ class RunSection:
     def __post_init__(self):
         if self.retry_policy is not None:
             object.__setattr__(self, "retry_policy", _retry_policy(self.retry_policy))
-        check_positive("batch_size", self.batch_size)
+        field_checked(check_settings, batch_size=self.batch_size, drop_remainder=self.drop_remainder,
+                      prefetch=self.prefetch, dispatch_ahead=self.dispatch_ahead)
         check_positive("seed", self.seed, 0)
-        check_positive("prefetch", self.prefetch)
         check_positive("epochs", self.epochs)
-        if self.prefetch > MAX_PREFETCH:
-            raise FieldError("prefetch", f"must be at most {MAX_PREFETCH} (batches held ready in memory), got "
-                                         f"{self.prefetch!r}; a few batches hide reading jitter, use 2-8")
-        check_positive("dispatch_ahead", self.dispatch_ahead, 0)
-        if self.dispatch_ahead > MAX_DISPATCH_AHEAD:
-            raise FieldError("dispatch_ahead", f"must be at most {MAX_DISPATCH_AHEAD} (batches kept dispatched on the "
-                                               f"device), got {self.dispatch_ahead!r}; the default is {DISPATCH_AHEAD}")
 
 
 def _retry_policy(value: Any) -> Any:

@@ -29,7 +29,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-
 LOWBIAS32_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
 
 

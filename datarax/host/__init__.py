@@ -7,20 +7,20 @@ images (`datarax.host.image`, 16/32-bit ones through `datarax.host.bit_depth`);
 `HostMap` runs any Python function as a host stage, on threads or processes (`datarax.host.map`).
 """
 
+from datarax.host.audio import DecodeAudio as DecodeAudio
+from datarax.host.audio import DecodeAudioConfig as DecodeAudioConfig
+from datarax.host.decode_once import materialize as materialize
+from datarax.host.decode_once import materialize_main as materialize_main
+from datarax.host.image import DecodeImage as DecodeImage
+from datarax.host.image import DecodeImageConfig as DecodeImageConfig
+from datarax.host.map import HostMap as HostMap
+from datarax.host.map import HostMapConfig as HostMapConfig
+from datarax.host.processes import WorkerCrashError as WorkerCrashError
 from datarax.host.stage import ENCODED as ENCODED
 from datarax.host.stage import HostContext as HostContext
 from datarax.host.stage import HostStage as HostStage
 from datarax.host.stage import HostStageSource as HostStageSource
-from datarax.host.stage import record_generator as record_generator
-from datarax.host.audio import DecodeAudio as DecodeAudio
-from datarax.host.audio import DecodeAudioConfig as DecodeAudioConfig
-from datarax.host.image import DecodeImage as DecodeImage
-from datarax.host.image import DecodeImageConfig as DecodeImageConfig
 from datarax.host.stage import SkippedRecordWarning as SkippedRecordWarning
+from datarax.host.stage import record_generator as record_generator
 from datarax.host.text import Tokenize as Tokenize
 from datarax.host.text import TokenizeConfig as TokenizeConfig
-from datarax.host.decode_once import materialize as materialize
-from datarax.host.decode_once import materialize_main as materialize_main
-from datarax.host.map import HostMap as HostMap
-from datarax.host.map import HostMapConfig as HostMapConfig
-from datarax.host.processes import WorkerCrashError as WorkerCrashError

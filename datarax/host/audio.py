@@ -50,8 +50,16 @@ from datarax.control.budget import MemoryBudget, default_budget, human
 from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_choice, check_field_name, check_positive_int, check_seed, field, is_int, require
 from datarax.core.construct import resolve_config
-from datarax.host.stage import (ON_ERROR, BadRecords, HostContext, HostStage, RecordError, Refusal, Spec,
-                                check_encoded_field)
+from datarax.host.stage import (
+    ON_ERROR,
+    BadRecords,
+    HostContext,
+    HostStage,
+    RecordError,
+    Refusal,
+    Spec,
+    check_encoded_field,
+)
 
 _CROPS = ("random", "center", "start")
 _BUFFER = re.compile(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>")

@@ -50,12 +50,21 @@ import numpy as np
 
 from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_positive_int, require
-from datarax.core.source import DataSourceModule
-from datarax.host.bit_depth import to_eight_bits
-from datarax.sources.materialized import (FORMAT_VERSION, FORMATS, KIND, MANIFEST, MaterializeConfig, MaterializedSource,
-                                       MaterializedSourceConfig, StaleCacheError, source_stamp)
 from datarax.core.errors import CorruptFileError, RecordError, printable
 from datarax.core.fields import ENCODED
+from datarax.core.source import DataSourceModule
+from datarax.host.bit_depth import to_eight_bits
+from datarax.sources.materialized import (
+    FORMAT_VERSION,
+    FORMATS,
+    KIND,
+    MANIFEST,
+    MaterializeConfig,
+    MaterializedSource,
+    MaterializedSourceConfig,
+    StaleCacheError,
+    source_stamp,
+)
 
 SHARD_RECORDS = 8192
 # One record per chunk (random access) and no compression: raw pixels barely compress and JPEG

@@ -49,8 +49,18 @@ import numpy as np
 
 from datarax.control.budget import MemoryBudget, default_budget, human
 from datarax.control.pool import ThreadPool
-from datarax.core.checks import (check_choice, check_field_name, check_numbers, check_positive_int,
-                                 check_range, check_seed, check_size, field, require, set_field)
+from datarax.core.checks import (
+    check_choice,
+    check_field_name,
+    check_numbers,
+    check_positive_int,
+    check_range,
+    check_seed,
+    check_size,
+    field,
+    require,
+    set_field,
+)
 from datarax.core.construct import resolve_config
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend

@@ -53,8 +53,17 @@ import jax
 import numpy as np
 
 from datarax.control.pool import ThreadPool
-from datarax.core.checks import (check_bool, check_choice, check_field_name, check_int, check_positive_int, check_seed,
-                                 describe, field, set_field)
+from datarax.core.checks import (
+    check_bool,
+    check_choice,
+    check_field_name,
+    check_int,
+    check_positive_int,
+    check_seed,
+    describe,
+    field,
+    set_field,
+)
 from datarax.core.construct import resolve_config
 from datarax.host.processes import SharedOutputs, WorkerPool
 from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, Spec, record_generator

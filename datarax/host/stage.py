@@ -41,7 +41,6 @@ from datarax.samplers.keyed import keyed_generator
 from datarax.samplers.simple import default_sampler
 
 
-
 def record_generator(seed: int, stage: int, epoch: int, record_id: int) -> np.random.Generator:
     """The Philox generator of one record in one epoch for one host stage: `keyed_generator` with
     the stage's position as its stream and the record id as its index."""

@@ -24,6 +24,7 @@ from datarax.core.construct import resolve_config
 from datarax.host.stage import HostContext, HostStage, Spec, check_encoded_field
 from datarax.sources.tokens import as_texts, encode, load_tokenizer
 
+
 def pad_ragged(flat: np.ndarray, lengths: np.ndarray, length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """`(ids int32[n, length], kept lengths)`: each row's first `length` tokens, padded with `pad_id`."""
     kept = np.minimum(lengths, length)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import jax
 from flax import nnx

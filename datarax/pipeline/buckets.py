@@ -31,11 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from datarax.core.checks import check_bool, check_positive_int
+from datarax.core.checks import check_bool, check_positive_int, check_seed
 from datarax.core.source import DataSourceModule
 from datarax.pipeline.pipeline import Pipeline
 from datarax.pipeline.state import CheckpointableIterator, Epochs, check_state, fingerprint, make_state
-from datarax.core.checks import check_seed
 from datarax.samplers.keyed import INTERLEAVE_STREAM, keyed_permutation
 from datarax.sources.subset import SubsetSource
 

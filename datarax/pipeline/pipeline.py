@@ -12,21 +12,25 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_int, check_positive_int
-from datarax.batching import (DISPATCH_AHEAD, MAX_DISPATCH_AHEAD, check_batch_size, num_batches,
-                              resolve_batches_per_dispatch)
-from datarax.core.operator import BatchContext, OperatorModule, describe, distinct_stage_keys
+from datarax.batching import (
+    DISPATCH_AHEAD,
+    check_settings,
+    num_batches,
+    resolve_batches_per_dispatch,
+)
 from datarax.control.producers import READ
-from datarax.host.stage import HostStageSource, check_numeric, split_host_stages
-from datarax.samplers.simple import default_sampler
-from datarax.monitoring.stages import StageTimes
+from datarax.control.retry import NO_RETRY, RetryPolicy
+from datarax.core.checks import check_int, check_positive_int
+from datarax.core.operator import BatchContext, OperatorModule, describe, distinct_stage_keys
 from datarax.core.source import DataSourceModule, record_shapes, seed_from_rngs
+from datarax.host.stage import HostStageSource, check_numeric, split_host_stages
+from datarax.monitoring.stages import StageTimes
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import MAX_CHUNK_BATCHES, CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
-from datarax.control.retry import NO_RETRY, RetryPolicy
 from datarax.pipeline.state import Epochs, fingerprint
 from datarax.samplers.base import Sampler
+from datarax.samplers.simple import default_sampler
 from datarax.sharding.mesh import DataSharding
 from datarax.sharding.placement import BatchPlacement
 from datarax.sources.stream import StreamSourceModule
@@ -125,11 +129,8 @@ class Pipeline(nnx.Module, Epochs):
             raise TypeError(f"{type(source).__name__} is a stream, read in order on one process: sampler and "
                             f"sharding must be None, got sampler={describe(sampler)}, sharding={describe(sharding)}; "
                             "shuffle with the source's own config, and give each process its own stream")
-        self.batch_size = check_batch_size(batch_size)
-        check_bool(drop_remainder, "drop_remainder")
-        prefetch = check_int(prefetch, "prefetch", 1)
-        check_int(dispatch_ahead, "dispatch_ahead", 0, high=MAX_DISPATCH_AHEAD,
-                  why=" (batches kept dispatched on the device)", hint=f"; the default is {DISPATCH_AHEAD}")
+        self.batch_size, prefetch = check_settings(batch_size=batch_size, drop_remainder=drop_remainder,
+                                                   prefetch=prefetch, dispatch_ahead=dispatch_ahead)
         check_int(batches_per_dispatch, "batches_per_dispatch", 1, high=MAX_CHUNK_BATCHES, allow_none=True,
                   why=" (batches computed by one dispatched program)", hint="; None picks the backend's default")
         if sampler is not None and not isinstance(sampler, Sampler):

@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_int
 from datarax.batching import padded_positions
+from datarax.core.checks import check_bool, check_int
 from datarax.core.operator import BatchContext, describe
 from datarax.core.source import gather_device, record_shapes
 from datarax.pipeline.compiled import make_context, run_program

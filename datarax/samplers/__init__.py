@@ -7,6 +7,6 @@ from datarax.samplers.simple import RangeSampler as RangeSampler
 from datarax.samplers.simple import SequentialSampler as SequentialSampler
 from datarax.samplers.simple import ShuffleSampler as ShuffleSampler
 from datarax.samplers.simple import default_sampler as default_sampler
+from datarax.samplers.weighted import WeightedSampler as WeightedSampler
 from datarax.samplers.windowed import EpochAwareSampler as EpochAwareSampler
 from datarax.samplers.windowed import SlidingWindowSampler as SlidingWindowSampler
-from datarax.samplers.weighted import WeightedSampler as WeightedSampler

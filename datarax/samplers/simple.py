@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax.numpy as jnp
 import numpy as np
-
-from typing import TYPE_CHECKING
 
 from datarax.core.checks import MAX_INT32, check_positive_int, check_seed, is_int
 from datarax.samplers.base import Sampler

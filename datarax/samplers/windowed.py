@@ -5,9 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.core.checks import MAX_INT32, check_positive_int
+from datarax.core.checks import MAX_INT32, check_positive_int, check_seed
 from datarax.samplers.base import Sampler
-from datarax.core.checks import check_seed
 from datarax.samplers.feistel import FeistelPermutation, feistel_device, round_keys
 from datarax.samplers.simple import check_num_records
 

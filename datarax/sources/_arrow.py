@@ -19,9 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from datarax.core.fields import ENCODED
-from datarax.core.fields import (UnsupportedColumnError, allocate, check_convert_output,
-                                      unsupported_message)
+from datarax.core.fields import ENCODED, UnsupportedColumnError, allocate, check_convert_output, unsupported_message
 
 
 def _storage(array: Any) -> Any:

@@ -9,8 +9,8 @@ from typing import Any
 
 from datarax.core.checks import check_bool, check_positive_int, field, require
 from datarax.core.construct import resolve_config
-from datarax.core.source import ShuffleConfig
 from datarax.core.fields import check_column_config
+from datarax.core.source import ShuffleConfig
 from datarax.sources._paths import DEFAULT_MAX_FILE_BYTES
 
 Convert = Callable[[dict[str, Any]], Mapping[str, Any]]

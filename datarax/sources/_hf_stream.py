@@ -20,10 +20,10 @@ import jax
 import numpy as np
 from flax import nnx
 
+from datarax.core.fields import check_columns, spec_text
 from datarax.core.source import Handles, seed_from_rngs
 from datarax.samplers.keyed import SHARD_ORDER_WORD, keyed_permutation
 from datarax.sources._arrow import TableConverter
-from datarax.core.fields import check_columns, spec_text
 from datarax.sources._hf_config import Convert, HFSourceConfig, check_arguments
 from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
 

@@ -19,8 +19,8 @@ import jax
 import numpy as np
 
 from datarax.core.checks import is_int
-from datarax.core.fields import UnsupportedColumnError, batchable
 from datarax.core.errors import REWRITE, CorruptFileError
+from datarax.core.fields import UnsupportedColumnError, batchable
 
 MAGIC = b"DRX1"
 _PREFIX = len(MAGIC) + 4

@@ -24,10 +24,9 @@ from flax import nnx
 
 from datarax.core.checks import check_field_name, check_int, field, require
 from datarax.core.construct import resolve_config
-from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.core.fields import ENCODED
-from datarax.core.fields import flatten, read_batch, spec_of, spec_text, stack_into
 from datarax.core.errors import REWRITE, CorruptFileError
+from datarax.core.fields import ENCODED, flatten, read_batch, spec_of, spec_text, stack_into
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.sources._records import decode_batch_into, encode_record, parse_layout
 from datarax.sources.memory import validate_arrays
 

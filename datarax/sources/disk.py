@@ -16,9 +16,9 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.construct import resolve_config
-from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.core.fields import batchable, spec_text
 from datarax.core.errors import REWRITE, CorruptFileError
+from datarax.core.fields import batchable, spec_text
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.sources.memory import validate_arrays
 
 

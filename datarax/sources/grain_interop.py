@@ -28,9 +28,9 @@ from flax import nnx
 
 from datarax.core.checks import check_bool, check_positive_int, field, require
 from datarax.core.construct import resolve_config
+from datarax.core.fields import flatten, read_batch, spec_of, spec_text, stack_into
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.core.fields import flatten, read_batch, spec_of, spec_text, stack_into
 from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
 
 Decoder = Callable[[Any], Mapping[str, Any]]

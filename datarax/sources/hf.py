@@ -39,11 +39,11 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import check_int_range, narrowed_dtype, require
+from datarax.core.errors import REWRITE, CorruptFileError
+from datarax.core.fields import allocate, check_columns, read_batch, spec_text
 from datarax.core.source import DataSourceModule, Handles, seed_from_rngs
 from datarax.sources._arrow import TableConverter as TableConverter
 from datarax.sources._arrow import chunk_view, encoded_path, encoded_take, flatten_chunk
-from datarax.core.fields import allocate, check_columns, read_batch, spec_text
-from datarax.core.errors import REWRITE, CorruptFileError
 from datarax.sources._hf_config import Convert as Convert
 from datarax.sources._hf_config import HFSourceConfig as HFSourceConfig
 from datarax.sources._hf_config import check_arguments

@@ -25,7 +25,6 @@ from datarax.core.source import ShuffleConfig
 from datarax.sources._paths import DEFAULT_MAX_FILE_BYTES
 from datarax.sources.file_folder import READ_THREADS, FileFolderSource, check_extensions, check_root, scan_folder
 
-
 # torchvision's IMG_EXTENSIONS, compared without case.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 

@@ -17,16 +17,29 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import (check_bool, check_choice, check_field_name, check_int, check_positive_int, check_seed,
-                                 field, require)
+from datarax.core.checks import (
+    check_bool,
+    check_choice,
+    check_field_name,
+    check_int,
+    check_positive_int,
+    check_seed,
+    field,
+    require,
+)
 from datarax.core.construct import resolve_config
-from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.core.errors import CorruptFileError, DataraxError
 from datarax.core.fields import ENCODED, read_batch
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.samplers.base import Sampler
 from datarax.samplers.simple import default_sampler
-from datarax.sources.array_record import (ARRAY_RECORD, RANDOM_ACCESS_OPTIONS, ArrayRecordSource,
-                                          ArrayRecordSourceConfig, open_reader)
+from datarax.sources.array_record import (
+    ARRAY_RECORD,
+    RANDOM_ACCESS_OPTIONS,
+    ArrayRecordSource,
+    ArrayRecordSourceConfig,
+    open_reader,
+)
 
 FORMATS = ("raw", "jpeg")
 FORMAT_VERSION = 1

@@ -21,12 +21,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, field
+from datarax.core.checks import check_bool, check_positive_int, check_seed, field
 from datarax.core.construct import resolve_config
+from datarax.core.fields import allocate, spec_text
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule, seed_from_rngs
-from datarax.core.checks import check_seed
-from datarax.core.fields import allocate, spec_text
 from datarax.samplers.base import Sampler
 from datarax.samplers.mix import MixSampler, check_weights
 

@@ -40,13 +40,13 @@ import numpy as np
 
 from datarax.core.checks import check_bool, check_field_name, check_int, check_seed, field
 from datarax.core.construct import resolve_config
-from datarax.core.source import DataSourceModule
 from datarax.core.errors import record_origin
 from datarax.core.fields import ENCODED
-from datarax.sources.tokens import as_texts, encode, load_tokenizer
+from datarax.core.source import DataSourceModule
 from datarax.samplers.simple import ShuffleSampler
 from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
 from datarax.sources.text import document_texts
+from datarax.sources.tokens import as_texts, encode, load_tokenizer
 
 FIELDS = ("tokens", "segment_ids", "positions", "loss_mask")
 

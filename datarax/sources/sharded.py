@@ -60,8 +60,18 @@ from flax import nnx
 
 from datarax.control.pool import ThreadPool
 from datarax.control.retry import RetryPolicy
-from datarax.core.checks import (IntegerRangeError, check_bool, check_choice, check_int, check_int_range,
-                                 check_number, check_positive_int, field, narrowed_dtype, require)
+from datarax.core.checks import (
+    IntegerRangeError,
+    check_bool,
+    check_choice,
+    check_int,
+    check_int_range,
+    check_number,
+    check_positive_int,
+    field,
+    narrowed_dtype,
+    require,
+)
 from datarax.core.construct import resolve_config
 from datarax.core.errors import CorruptFileError
 from datarax.core.fields import ENCODED, read_batch
@@ -69,8 +79,21 @@ from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_f
 from datarax.samplers.base import Sampler
 from datarax.samplers.block import BlockShuffleSampler
 from datarax.sources.manifest import ShardChangedError, expand_urls, load_manifest
-from datarax.sources.shard_formats import (FIXED_LIST, FORMATS, INT_FIX, NUMERIC, Ranges, StoreError, device_dtype,
-                                           encoded_column, filesystem, parquet_footer, request, store_reader, tar_key)
+from datarax.sources.shard_formats import (
+    FIXED_LIST,
+    FORMATS,
+    INT_FIX,
+    NUMERIC,
+    Ranges,
+    StoreError,
+    device_dtype,
+    encoded_column,
+    filesystem,
+    parquet_footer,
+    request,
+    store_reader,
+    tar_key,
+)
 
 
 @dataclasses.dataclass(frozen=True)

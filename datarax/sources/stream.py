@@ -26,9 +26,9 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import check_int
+from datarax.core.fields import spec_text
 from datarax.samplers.base import Sampler
 from datarax.samplers.simple import SequentialSampler
-from datarax.core.fields import spec_text
 
 UNBOUNDED = 2**62
 

@@ -22,9 +22,9 @@ from flax import nnx
 
 from datarax.core.checks import check_field_name, field
 from datarax.core.construct import resolve_config
-from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.core.fields import ENCODED
 from datarax.core.errors import CorruptFileError
+from datarax.core.fields import ENCODED
+from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 
 
 @dataclasses.dataclass(frozen=True)

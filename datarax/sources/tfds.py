@@ -18,10 +18,19 @@ from flax import nnx
 
 from datarax.core.checks import check_bool, field, require
 from datarax.core.construct import resolve_config
+from datarax.core.fields import (
+    UnsupportedColumnError,
+    batchable,
+    check_column_config,
+    check_columns,
+    check_convert_output,
+    flatten,
+    read_batch,
+    spec_text,
+    stack_into,
+    unsupported_message,
+)
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.core.fields import (UnsupportedColumnError, batchable, check_column_config, check_columns,
-                                      check_convert_output, flatten, read_batch, spec_text, stack_into,
-                                      unsupported_message)
 from datarax.sources.memory import MemorySource, MemorySourceConfig
 
 Convert = Callable[[dict[str, Any]], Mapping[str, Any]]

@@ -15,11 +15,11 @@ import numpy as np
 
 from datarax.control.pool import ThreadPool
 from datarax.core.checks import check_int
+from datarax.core.fields import allocate
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
 from datarax.samplers.simple import default_sampler
-from datarax.core.fields import allocate
 
 
 class ThreadedSource(DataSourceModule):

@@ -13,10 +13,10 @@ from datarax.monitoring.writers import ConsoleWriter as ConsoleWriter
 from datarax.monitoring.writers import JsonlWriter as JsonlWriter
 from datarax.train import config as config  # registers [trainer] with datarax.config
 from datarax.train.checkpointing.checkpointer import Checkpointer as Checkpointer
-from datarax.train.checkpointing.checkpointer import CheckpointMismatchError as CheckpointMismatchError
-from datarax.train.checkpointing.checkpointer import CheckpointRestoreError as CheckpointRestoreError
-from datarax.train.checkpointing.checkpointer import CheckpointSaveError as CheckpointSaveError
-from datarax.train.checkpointing.checkpointer import CorruptCheckpointWarning as CorruptCheckpointWarning
+from datarax.train.checkpointing.errors import CheckpointMismatchError as CheckpointMismatchError
+from datarax.train.checkpointing.errors import CheckpointRestoreError as CheckpointRestoreError
+from datarax.train.checkpointing.errors import CheckpointSaveError as CheckpointSaveError
+from datarax.train.checkpointing.errors import CorruptCheckpointWarning as CorruptCheckpointWarning
 from datarax.train.checkpointing.hashing import state_sha256 as state_sha256
 from datarax.train.config import build_trainer as build_trainer
 from datarax.train.config import load_trainer as load_trainer

@@ -28,19 +28,19 @@ from datarax.config.schema import (
     build_dataclass,
     check_keys,
     convert,
+    field_checked,
     is_table,
     suggestion,
     type_hints,
 )
 from datarax.config.spec import RunSpec, check_positive, register_section
-from datarax.core.checks import is_int, is_number
+from datarax.core.checks import is_int
 from datarax.monitoring.writers import JsonlWriter
 from datarax.train.callbacks import CheckpointCallback, ProfilerConfig
-from datarax.train.checkpointing.checkpointer import BEST_MODES, ON_DAMAGED
+from datarax.train.checkpointing.policies import check_best, check_max_to_keep, resolve_on_damaged
 from datarax.train.checkpointing.run_config import NOT_FINGERPRINTED
 from datarax.train.loop.compile_cache import default_cache_dir
-from datarax.train.loop.param_sharding import PARAM_SHARDINGS
-from datarax.train.loop.precision import PRECISIONS
+from datarax.train.loop.settings import check_settings
 from datarax.train.loop.trainer import Trainer
 from datarax.train.metrics.writers import TensorBoardWriter, WandbWriterConfig
 
@@ -131,30 +131,13 @@ class TrainerSection:
         check_positive("epochs", self.epochs, 0)
         check_positive("checkpoint_every", self.checkpoint_every)
         check_positive("eval_every_steps", self.eval_every_steps)
-        check_positive("max_to_keep", self.max_to_keep)
-        if self.on_damaged is not None and self.on_damaged not in ON_DAMAGED:
-            raise FieldError("on_damaged", f"must be one of {ON_DAMAGED}, got {self.on_damaged!r}")
-        if not isinstance(self.allow_config_change, bool):
-            raise FieldError("allow_config_change", f"must be true or false, got {self.allow_config_change!r}")
-        check_positive("accumulate_steps", self.accumulate_steps)
-        if self.ema_decay is not None and not (is_number(self.ema_decay) and 0 < self.ema_decay < 1):
-            raise FieldError("ema_decay", f"must be a number in (0, 1), e.g. 0.999, got {self.ema_decay!r}")
-        if self.precision not in PRECISIONS:
-            raise FieldError("precision", f"must be one of {tuple(PRECISIONS)}, got {self.precision!r}")
-        if self.param_sharding is not None and self.param_sharding not in PARAM_SHARDINGS:
-            raise FieldError("param_sharding", f"must be one of {PARAM_SHARDINGS}, got {self.param_sharding!r}")
-        check_positive("keep_best", self.keep_best)
-        if self.best_mode not in BEST_MODES:
-            raise FieldError("best_mode", f"must be one of {BEST_MODES}, got {self.best_mode!r}")
-        if self.keep_best is not None and self.best_metric is None:
-            raise FieldError("best_metric", 'is needed with keep_best: the metric that ranks checkpoints, e.g. '
-                                            'best_metric = "eval/loss"')
-        if self.best_metric is not None and self.keep_best is None:
-            raise FieldError("keep_best", "is needed with best_metric: how many of the best checkpoints to keep, "
-                                          "e.g. keep_best = 3")
-        if self.best_metric is not None and not (isinstance(self.best_metric, str) and
-                                                 self.best_metric.startswith(("eval/", "train/"))):
-            raise FieldError("best_metric", f'must be "eval/<metric>" or "train/<metric>", got {self.best_metric!r}')
+        field_checked(check_max_to_keep, max_to_keep=self.max_to_keep)
+        if self.on_damaged is not None:
+            field_checked(resolve_on_damaged, on_damaged=self.on_damaged)
+        field_checked(check_settings, allow_config_change=self.allow_config_change,
+                      accumulate_steps=self.accumulate_steps, ema_decay=self.ema_decay, precision=self.precision,
+                      param_sharding=self.param_sharding)
+        field_checked(check_best, keep_best=self.keep_best, best_metric=self.best_metric, best_mode=self.best_mode)
         if self.keep_best is not None and self.checkpoint_dir is None:
             raise FieldError("keep_best", "needs checkpoint_dir (the directory the best checkpoints are kept in)")
 

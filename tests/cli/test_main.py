@@ -386,10 +386,23 @@ SIZES = [  # (top-level lines over the 40 records of make_data, the key, words o
     ("batch_size = 1_000_000_000_000", "batch_size", "larger than the 40 records of an epoch"),
     ("batch_size = 100_000_000", "batch_size", "larger than the 40 records of an epoch"),
     ("batch_size = 41\ndrop_remainder = true", "batch_size", "larger than the 40 records of an epoch"),
-    ("prefetch = 1_000_000_000_000", "prefetch", "must be at most 64"),
-    ("dispatch_ahead = 65", "dispatch_ahead", "must be at most 64"),
-    ("dispatch_ahead = -1", "dispatch_ahead", "must be an integer >= 0"),
+    ("prefetch = 1_000_000_000_000", "prefetch", "must be an int in [1, 64]"),
+    ("dispatch_ahead = 65", "dispatch_ahead", "must be an int in [0, 64]"),
+    ("dispatch_ahead = -1", "dispatch_ahead", "must be an int in [0, 64]"),
 ]
+
+
+@pytest.mark.parametrize("key, value", [("batch_size", 0), ("prefetch", 65), ("prefetch", 0), ("dispatch_ahead", 65)])
+def test_a_top_level_key_fails_with_the_message_of_pipeline(folder, capsys, key, value):
+    from datarax import Pipeline
+    from datarax.sources import MemorySource, MemorySourceConfig
+
+    source = MemorySource(MemorySourceConfig(), data={"x": np.zeros((8, 2), np.float32)})
+    with pytest.raises((TypeError, ValueError)) as python:
+        Pipeline(source, **{key: value})
+    path = write(folder, f"{key} = {str(value).lower() if isinstance(value, bool) else value}\n" + npz_data(folder))
+    assert main(["validate", path]) == 1
+    assert f"{path}: {python.value}" in _one_paragraph_error(capsys)
 
 
 def npz_data(folder) -> str:
@@ -629,17 +642,8 @@ def test_a_second_train_with_another_learning_rate_is_refused_naming_it(folder, 
 
 KIT_KEYS = 'checkpoint_dir = "ckpt"\ncheckpoint_every = 1\nmax_to_keep = 1\n'
 KIT_REJECTED = [  # (keys added to [trainer], the error after "<path>: ")
-    ("accumulate_steps = 0", "trainer.accumulate_steps must be an integer >= 1, got 0"),
     ("accumulate_steps = 3", "trainer.accumulate_steps = 3 must divide batch_size = 8"),
-    ("ema_decay = 1.5", "trainer.ema_decay must be a number in (0, 1), e.g. 0.999, got 1.5"),
     ('ema_decay = "high"', "trainer.ema_decay"),
-    ('precision = "fp8"', "trainer.precision must be one of ('f32', 'bf16', 'f16'), got 'fp8'"),
-    ("keep_best = 2", "trainer.best_metric is needed with keep_best"),
-    ('best_metric = "eval/loss"', "trainer.keep_best is needed with best_metric"),
-    ('keep_best = 0\nbest_metric = "eval/loss"', "trainer.keep_best must be an integer >= 1, got 0"),
-    ('keep_best = 2\nbest_metric = "loss"', "trainer.best_metric must be \"eval/<metric>\" or \"train/<metric>\""),
-    ('best_mode = "lowest"', "trainer.best_mode must be one of ('min', 'max'), got 'lowest'"),
-    ('param_sharding = "zero3"', "trainer.param_sharding must be one of ('replicated', 'fsdp'), got 'zero3'"),
     ('param_sharding = "fsdp"', "trainer.param_sharding = 'fsdp' lays the training state out over the pipeline's "
                                 "mesh: add a [sharding] table"),
 ]
@@ -650,6 +654,41 @@ def test_validate_rejects_bad_training_kit_options_at_their_key(folder, capsys, 
     path = str(write_job(folder, KIT_KEYS + keys, steps=6))
     assert main(["validate", path]) == 1
     assert f"datarax: error: {path}: {error}" in capsys.readouterr().err
+
+
+SAME_AS_PYTHON = [  # (keys added to [trainer], who checks them in Python, its keyword arguments)
+    ("accumulate_steps = 0", "Trainer", {"accumulate_steps": 0}),
+    ("ema_decay = 1.5", "Trainer", {"ema_decay": 1.5}),
+    ("ema_decay = 1.0", "Trainer", {"ema_decay": 1.0}),
+    ('precision = "fp8"', "Trainer", {"precision": "fp8"}),
+    ('param_sharding = "zero3"', "Trainer", {"param_sharding": "zero3"}),
+    ("max_to_keep = 0", "Checkpointer", {"max_to_keep": 0}),
+    ('on_damaged = "ignore"', "CheckpointCallback", {"on_damaged": "ignore"}),
+    ("keep_best = 2", "CheckpointCallback", {"keep_best": 2}),
+    ('best_metric = "eval/loss"', "CheckpointCallback", {"best_metric": "eval/loss"}),
+    ('keep_best = 0\nbest_metric = "eval/loss"', "CheckpointCallback", {"keep_best": 0, "best_metric": "eval/loss"}),
+    ('keep_best = 2\nbest_metric = "loss"', "CheckpointCallback", {"keep_best": 2, "best_metric": "loss"}),
+    ('best_mode = "lowest"', "CheckpointCallback", {"best_mode": "lowest"}),
+]
+
+
+@pytest.mark.parametrize("keys, owner, kwargs", SAME_AS_PYTHON, ids=[k for k, _, _ in SAME_AS_PYTHON])
+def test_a_trainer_key_fails_with_the_message_of_its_python_argument(folder, capsys, keys, owner, kwargs):
+    import optax
+    from trainer_helpers import loss_fn, make_setup
+
+    from datarax.train import Checkpointer, Trainer
+    from datarax.train.callbacks import CheckpointCallback
+
+    with pytest.raises((TypeError, ValueError)) as python:
+        if owner == "Trainer":
+            setup = make_setup()
+            Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn, **kwargs)
+        else:
+            {"Checkpointer": Checkpointer, "CheckpointCallback": CheckpointCallback}[owner](str(folder / "py"), **kwargs)
+    path = str(write_job(folder, KIT_KEYS.replace("max_to_keep = 1\n", "") + keys, steps=6))
+    assert main(["validate", path]) == 1
+    assert f"datarax: error: {path}: trainer.{python.value}" in capsys.readouterr().err
 
 
 FOLDER_HELPERS = '''

@@ -215,7 +215,7 @@ ERRORS = [
     (SOURCE + '[[stages]]\nelement = { fn = "cfg_helpers.double" }\n',
      r"stages\[0\]\.element\.fn names 'cfg_helpers\.double', which cannot be imported: import path "
      r"'cfg_helpers\.double' is not of the form 'package\.module:attribute'"),
-    ("batch_size = 0\n" + SOURCE, r"batch_size must be an integer >= 1, got 0"),
+    ("batch_size = 0\n" + SOURCE, r"batch_size must be a positive int, got 0"),
     ("batch_size = 4\n", r"source is required but missing"),
     ('[source.memory]\ndata = "missing.npz"\n', r"source\.memory\.data names 'missing\.npz', which does not exist"),
     ('[source.memory]\ndata = "x.npy"\n', r"source\.memory\.data names one array file 'x\.npy'"),

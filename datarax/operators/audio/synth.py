@@ -17,8 +17,16 @@ from typing import Any
 import jax
 from flax import nnx
 
-from datarax.core.checks import (check_field_name, check_number, check_positive_int, describe, field, is_number,
-                                 require_deterministic, require_stochastic)
+from datarax.core.checks import (
+    check_field_name,
+    check_number,
+    check_positive_int,
+    describe,
+    field,
+    is_number,
+    require_deterministic,
+    require_stochastic,
+)
 from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator, read_field

@@ -20,7 +20,6 @@ from datarax.core.operator import read_field
 from datarax.operators.field import FieldOperator, FieldOperatorConfig
 from datarax.operators.learnable import signed_uniform
 
-
 # A fill value (what warps read outside the image, what holes get) is any sane pixel value.
 FILL_LIMIT = 1e6
 

@@ -17,11 +17,26 @@ import math
 import jax
 import jax.numpy as jnp
 
-from datarax.core.checks import (check_choice, check_int, check_number, check_range, check_size, field,
-                                 require_stochastic, set_field)
+from datarax.core.checks import (
+    check_choice,
+    check_int,
+    check_number,
+    check_range,
+    check_size,
+    field,
+    require_stochastic,
+    set_field,
+)
 from datarax.operators.field import check_magnitudes
-from datarax.operators.image.base import (ImageOperator, ImageOperatorConfig, check_fill, coin, signed, signed_or_fixed,
-                                          uniforms)
+from datarax.operators.image.base import (
+    ImageOperator,
+    ImageOperatorConfig,
+    check_fill,
+    coin,
+    signed,
+    signed_or_fixed,
+    uniforms,
+)
 from datarax.operators.image.functional import batched, geometry
 
 

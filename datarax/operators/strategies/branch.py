@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -12,8 +12,14 @@ from flax import nnx
 
 from datarax.core.construct import resolve_config
 from datarax.core.element import Element
-from datarax.core.operator import (BatchContext, OperatorConfig, OperatorModule, describe, record_keys,
-                                   stage_key_from_rngs)
+from datarax.core.operator import (
+    BatchContext,
+    OperatorConfig,
+    OperatorModule,
+    describe,
+    record_keys,
+    stage_key_from_rngs,
+)
 from datarax.operators.element import fn_name, takes_key
 from datarax.operators.strategies.common import check_operators, check_same_structure, run_all, select_records
 

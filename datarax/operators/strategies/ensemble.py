@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 from datarax.core.checks import check_choice, field
 from datarax.core.construct import resolve_config

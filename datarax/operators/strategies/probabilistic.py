@@ -12,8 +12,14 @@ from flax import nnx
 from datarax.core.checks import check_probability, field
 from datarax.core.construct import resolve_config
 from datarax.core.element import Element
-from datarax.core.operator import (BatchContext, OperatorConfig, OperatorModule, describe, record_keys,
-                                   stage_key_from_rngs)
+from datarax.core.operator import (
+    BatchContext,
+    OperatorConfig,
+    OperatorModule,
+    describe,
+    record_keys,
+    stage_key_from_rngs,
+)
 from datarax.operators.strategies.common import check_same_structure, select_records
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

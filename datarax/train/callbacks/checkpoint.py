@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from datarax.train.callbacks.base import Callback, Schedule, StepLogs
-from datarax.train.checkpointing.checkpointer import Checkpointer, RestoredCheckpoint, check_best, resolve_on_damaged
+from datarax.train.checkpointing.checkpointer import Checkpointer, RestoredCheckpoint
+from datarax.train.checkpointing.policies import check_best, resolve_on_damaged
 
 if TYPE_CHECKING:
     from datarax.train.loop.trainer import Trainer

@@ -24,13 +24,9 @@ is restored. When no step can be restored, every run refuses until the user choo
 
 One process at a time: the `Checkpointer` holds an exclusive `flock` on `<directory>/.lock` while
 it is open; the operating system releases it when the process dies, so a killed run's lock never
-blocks the next one (`datarax.train.locking`). The integrity hashes are `datarax.train.checkpointing.integrity`.
-
-Retention keeps the `max_to_keep` newest steps and, with `keep_best=k`, also the k best by
-`best_metric` (the value the trainer had when the step was saved): Orbax's own policies composed,
-`AnyPreservationPolicy([LatestN(max_to_keep), BestN(k)])`, with Orbax's `best_fn` so that the
-manager writes each step's metric and `best_step()` reads it back after a restart. A step saved
-before the metric has a value (no evaluation yet) is kept only while it is among the newest.
+blocks the next one (`datarax.train.locking`). The integrity hashes are
+`datarax.train.checkpointing.integrity`.
+Retention and `on_damaged` are `datarax.train.checkpointing.policies`.
 """
 
 from __future__ import annotations
@@ -38,11 +34,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
-import json
-import logging
 import math
-import os
 import threading
 import time
 import warnings
@@ -54,42 +46,45 @@ from etils import epath
 from flax import nnx
 
 from datarax.checkpoint import IteratorRestore, IteratorSave
-from datarax.core.checks import check_bool, check_int
-from datarax.core.errors import DataraxError, DataraxWarning
+from datarax.core.checks import check_bool
 from datarax.pipeline.state import IteratorStateError
+from datarax.train.checkpointing.errors import (
+    CheckpointMismatchError,
+    CheckpointRestoreError,
+    CheckpointSaveError,
+    CorruptCheckpointWarning,
+)
 from datarax.train.checkpointing.integrity import CheckpointIntegrityError as CheckpointIntegrityError
 from datarax.train.checkpointing.integrity import UnverifiedCheckpointWarning as UnverifiedCheckpointWarning
 from datarax.train.checkpointing.integrity import arrays_sha256, iterator_integrity, verify_arrays, verify_iterator
+from datarax.train.checkpointing.policies import (
+    ON_DAMAGED_ENV,
+    check_best,
+    check_max_to_keep,
+    metric_value,
+    quiet_missing_metrics,
+    resolve_on_damaged,
+    retention,
+)
 from datarax.train.checkpointing.run_config import RESUME_ANYWAY, config_differences
+from datarax.train.checkpointing.trees import (
+    abstract_target,
+    layout,
+    load_into,
+    savable,
+    structure_differences,
+    tree_differences,
+    tree_layout,
+)
 from datarax.train.locking import LOCK_NAME as LOCK_NAME
 from datarax.train.locking import CheckpointLockedError as CheckpointLockedError
 from datarax.train.locking import DirectoryLock, ProcessTemporaryPath
 
 # 2: meta carries "integrity" (array and iterator hashes written at save time).
 FORMAT_VERSION = 2
-ON_DAMAGED = ("refuse", "start_fresh")
-BEST_MODES = ("min", "max")
 # The items every checkpoint has; any other array item (ema, loss_scale) is optional training state.
 CORE_ITEMS = ("model", "optimizer", "pipeline")
-# What `on_damaged=None` falls back to, so a command line run can choose without code changes.
-ON_DAMAGED_ENV = "DATARAX_ON_DAMAGED_CHECKPOINTS"
 CORRUPT_PREFIX = "corrupt-"
-
-
-class CheckpointMismatchError(DataraxError, ValueError):
-    """A checkpoint that is intact but was written by a different run set-up (data, batch size, model)."""
-
-
-class CheckpointRestoreError(DataraxError, RuntimeError):
-    """No checkpoint in the directory could be restored."""
-
-
-class CheckpointSaveError(DataraxError, RuntimeError):
-    """A checkpoint write failed (raised from the next save, `wait` or `close` when asynchronous)."""
-
-
-class CorruptCheckpointWarning(DataraxWarning):
-    """The latest checkpoint could not be read; an earlier one is used instead (or a fresh start)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,54 +110,6 @@ class _FrozenIteratorState:
 
     def get_state(self) -> dict:
         return self._state
-
-
-def _is_key(x: Any) -> bool:
-    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-def savable(module: nnx.Module) -> dict:
-    """The module's state as a pure dict of fresh arrays (PRNG keys as raw key data).
-
-    The copies matter: the train step donates its inputs, so an asynchronous save must not hold
-    the arrays the next step will overwrite.
-    """
-    pure = nnx.to_pure_dict(nnx.state(module))
-    pure = jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, pure)
-    return jax.device_put(pure, may_alias=False)
-
-
-def abstract_target(module: nnx.Module) -> dict:
-    """Shape/dtype/sharding of `savable(module)`, the restore target."""
-
-    def spec(x):
-        x = jax.random.key_data(x) if _is_key(x) else x
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-
-    return jax.tree.map(spec, nnx.to_pure_dict(nnx.state(module)))
-
-
-def tree_layout(tree: dict) -> str:
-    """A short hash of a state tree's paths, shapes and dtypes (arrays or their specs alike)."""
-    spec = jax.tree_util.tree_flatten_with_path(tree)[0]
-    text = json.dumps([(jax.tree_util.keystr(path), list(x.shape), str(x.dtype)) for path, x in spec])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def layout(module: nnx.Module) -> str:
-    """`tree_layout` of the module's saved state, to tell a foreign checkpoint from a corrupt one."""
-    return tree_layout(abstract_target(module))
-
-
-def load_into(module: nnx.Module, restored: dict) -> None:
-    """Writes a restored pure dict into `module`'s existing Variables (keys re-wrapped)."""
-    state = nnx.state(module)
-    current = nnx.to_pure_dict(state)
-    fixed = jax.tree.map(
-        lambda cur, new: jax.random.wrap_key_data(new, impl=jax.random.key_impl(cur)) if _is_key(cur) else new,
-        current, restored)
-    nnx.replace_by_pure_dict(state, fixed)
-    nnx.update(module, state)
 
 
 class Checkpointer:
@@ -198,7 +145,7 @@ class Checkpointer:
     def __init__(self, directory: Any, *, max_to_keep: int | None = 3, asynchronous: bool = True,
                  on_damaged: str | None = None, keep_best: int | None = None, best_metric: str | None = None,
                  best_mode: str = "min"):
-        check_int(max_to_keep, "max_to_keep", 1, allow_none=True, why=" (keep all)")
+        check_max_to_keep(max_to_keep)
         self.keep_best, self.best_metric, self.best_mode = check_best(keep_best, best_metric, best_mode)
         self.on_damaged = resolve_on_damaged(on_damaged)
         self.directory = epath.Path(directory).absolute()
@@ -218,7 +165,7 @@ class Checkpointer:
                 self.directory,
                 options=ocp.CheckpointManagerOptions(
                     preservation_policy=retention(max_to_keep, self.keep_best, self.best_mode),
-                    best_fn=_metric_value if self.keep_best is not None else None, best_mode=self.best_mode,
+                    best_fn=metric_value if self.keep_best is not None else None, best_mode=self.best_mode,
                     # The background write is this class's own thread, so Orbax writes synchronously on it.
                     enable_async_checkpointing=False, cleanup_tmp_directories=True, create=True,
                     temporary_path_class=temporary),
@@ -299,7 +246,7 @@ class Checkpointer:
         items = {name: ocp.args.StandardSave(tree) for name, tree in arrays.items()}
         items["iterator"] = IteratorSave(_FrozenIteratorState(iterator_state))
         items["meta"] = ocp.args.JsonSave(meta)
-        with _quiet_missing_metrics() if ranked is None else contextlib.nullcontext():
+        with quiet_missing_metrics() if ranked is None else contextlib.nullcontext():
             self._manager.save(step, args=ocp.args.Composite(**items), force=True,
                                metrics=None if ranked is None else {self.best_metric: ranked})
 
@@ -543,95 +490,3 @@ class Checkpointer:
             source.rename(target)
         self._manager.reload()
         return target
-
-
-def _short(value: Any, width: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def structure_differences(saved: Any, here: dict | None) -> str:
-    """`batch_size differs: saved 32, this run 64` for each part of a pipeline structure that differs."""
-    if not isinstance(saved, dict) or not isinstance(here, dict):
-        return ""
-    parts = [f"{key} differs: saved {_short(saved.get(key))}, this run {_short(here.get(key))}"
-             for key in sorted(set(saved) | set(here)) if saved.get(key) != here.get(key)]
-    return "; ".join(parts)
-
-
-def tree_differences(saved: dict[str, tuple], here: dict[str, tuple], name: str, limit: int = 5) -> str:
-    """The paths of `name` whose (shape, dtype) differ, or that only one side has (at most `limit`)."""
-    lines = []
-    for path in sorted(set(saved) | set(here)):
-        if path not in here:
-            lines.append(f"{name}{path} is in the checkpoint only ({saved[path][0]} {saved[path][1]})")
-        elif path not in saved:
-            lines.append(f"{name}{path} is in this run only ({here[path][0]} {here[path][1]})")
-        elif saved[path] != here[path]:
-            lines.append(f"{name}{path}: saved {saved[path][0]} {saved[path][1]}, this run {here[path][0]} "
-                         f"{here[path][1]}")
-    more = f" (and {len(lines) - limit} more)" if len(lines) > limit else ""
-    return "; ".join(lines[:limit]) + more
-
-
-class _MissingMetricsFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "did not provide metrics" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _quiet_missing_metrics():
-    """Hides Orbax's warning for a step saved before the ranking metric has a value (an expected
-    case here: such a step is kept only while it is among the newest)."""
-    absl_logger, quiet = logging.getLogger("absl"), _MissingMetricsFilter()
-    absl_logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        absl_logger.removeFilter(quiet)
-
-
-def _metric_value(metrics: dict) -> float:
-    """Orbax's `best_fn`: a step's metrics hold exactly one value, the ranking metric's."""
-    (value,) = metrics.values()
-    return float(value)
-
-
-def retention(max_to_keep: int | None, keep_best: int | None, best_mode: str):
-    """The Orbax preservation policy: the newest `max_to_keep` (None: all), and the `keep_best` best."""
-    policies = ocp.checkpoint_managers
-    if max_to_keep is None:
-        return None  # Orbax's default keeps every step
-    latest = policies.LatestN(max_to_keep)
-    if keep_best is None:
-        return latest
-    # BestN sorts ascending (descending with reverse) and keeps the last n: the largest for "max".
-    best = policies.BestN(get_metric_fn=_metric_value, reverse=best_mode == "min", n=keep_best,
-                          keep_checkpoints_without_metrics=False)
-    return policies.AnyPreservationPolicy([latest, best])
-
-
-def check_best(keep_best: Any, best_metric: Any, best_mode: Any) -> tuple[int | None, str | None, str]:
-    """(keep_best, best_metric, best_mode) checked: a metric named "eval/<name>" or "train/<name>",
-    given exactly when keep_best is."""
-    check_int(keep_best, "keep_best", 1, allow_none=True, why=" (None keeps only the newest)")
-    if (keep_best is None) != (best_metric is None):
-        raise ValueError(f"keep_best and best_metric go together, got keep_best={keep_best!r}, best_metric="
-                         f"{best_metric!r}; e.g. keep_best=3, best_metric='eval/loss'")
-    if best_metric is not None and (not isinstance(best_metric, str) or not best_metric.startswith(("eval/", "train/"))
-                                    or best_metric.endswith("/")):
-        raise ValueError(f"best_metric must be 'eval/<metric>' or 'train/<metric>', got {best_metric!r}")
-    if best_mode not in BEST_MODES:
-        raise ValueError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
-    return keep_best, best_metric, best_mode
-
-
-def resolve_on_damaged(on_damaged: str | None) -> str:
-    """`on_damaged` checked; None becomes $DATARAX_ON_DAMAGED_CHECKPOINTS, else "refuse"."""
-    where = "on_damaged"
-    if on_damaged is None:
-        on_damaged = os.environ.get(ON_DAMAGED_ENV) or "refuse"
-        where = f"the environment variable {ON_DAMAGED_ENV}"
-    if on_damaged not in ON_DAMAGED:
-        raise ValueError(f"{where} must be 'refuse' or 'start_fresh', got {on_damaged!r}")
-    return on_damaged

@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -39,6 +41,14 @@ class EMAValue(nnx.Variable):
     """One parameter's moving average (not a Param: no optimizer or gradient touches it)."""
 
 
+def check_decay(decay: Any) -> float:
+    """`ema_decay`, a number in (0, 1)."""
+    decay = check_number(decay, "ema_decay", 0.0, 1.0, open_low=True)
+    if decay == 1.0:
+        raise ValueError("ema_decay must be < 1 (1.0 never moves the average), got 1.0; e.g. ema_decay=0.999")
+    return decay
+
+
 class ParamEMA(nnx.Module):
     """The moving averages of a module's parameters, in `param_values` order.
 
@@ -48,9 +58,7 @@ class ParamEMA(nnx.Module):
     """
 
     def __init__(self, module: nnx.Module, decay: float):
-        self.decay = check_number(decay, "ema_decay", 0.0, 1.0, open_low=True)
-        if self.decay == 1.0:
-            raise ValueError("ema_decay must be < 1 (1.0 never moves the average), got 1.0; e.g. ema_decay=0.999")
+        self.decay = check_decay(decay)
         # Copies: the train step donates the parameters' buffers, and a buffer may be donated once.
         self.averages = nnx.List([EMAValue(jnp.array(v, copy=True)) for v in param_values(module)])
 

@@ -6,14 +6,11 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 import optax
 from flax import nnx
 
@@ -24,6 +21,7 @@ from datarax.train.checkpointing.checkpointer import Checkpointer, RestoredCheck
 from datarax.train.checkpointing.run_config import flatten, optimizer_fingerprint
 from datarax.train.loop.compile_cache import use_compilation_cache
 from datarax.train.loop.ema import ParamEMA, param_paths
+from datarax.train.loop.evaluation import eval_summary
 from datarax.train.loop.guardrails import (
     CompileCauses,
     batch_rows,
@@ -31,10 +29,11 @@ from datarax.train.loop.guardrails import (
     epoch_length_known,
     warn_unknown_epoch_length,
 )
-from datarax.train.loop.param_sharding import PARAM_SHARDINGS, constrain, place, state_shardings
-from datarax.train.loop.precision import LossScale, check_precision
+from datarax.train.loop.param_sharding import constrain, place, state_shardings
+from datarax.train.loop.precision import LossScale
+from datarax.train.loop.settings import check_settings
+from datarax.train.loop.signals import StopOnSignals
 from datarax.train.loop.step import (
-    CLU_STATE,
     EPOCH,
     RECORD_IDS,
     RECORDS,
@@ -49,7 +48,7 @@ from datarax.train.loop.step import (
     make_train_step,
     scan_steps,
 )
-from datarax.train.metrics.accumulated import Metric, add_totals, metric_scalars
+from datarax.train.metrics.accumulated import Metric
 
 logger = logging.getLogger("datarax.train")
 
@@ -73,33 +72,6 @@ class FitResult:
     metrics: dict[str, float]
     eval_metrics: dict[str, float]
     resumed_from: int | None = None
-
-
-class _StopOnSignals:
-    """Turns SIGTERM/SIGINT into a graceful stop request for the duration of `fit`.
-
-    A second SIGINT raises KeyboardInterrupt, so a user can still break out of a stuck save.
-    """
-
-    def __init__(self, trainer: Trainer):
-        self._trainer = trainer
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum, frame) -> None:
-        if signum == signal.SIGINT and self._trainer.stop_reason is not None:
-            raise KeyboardInterrupt
-        self._trainer.request_stop(signal.Signals(signum).name)
-
-    def __enter__(self) -> _StopOnSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
 
 
 def _keep_layout(step: Callable, shardings: list) -> Callable:
@@ -169,27 +141,15 @@ class Trainer:
             optimizer state and average cut along the mesh's batch axis, FSDP-style; variables
             annotated with `nnx.with_partitioning` keep their spec; see
             `datarax.train.loop.param_sharding`). Needs `train_pipeline` built with a `sharding`.
-        steps_per_execution: optimizer steps per jitted call (Keras' option of that name; default
-            1). With K > 1 the trainer takes K batches from the iterator and runs K steps in one
-            jitted program (a `jax.lax.scan` over the batches, stacked inside it:
-            `datarax.train.loop.step.scan_steps`), so the per-call cost (dispatch, the loop's Python,
-            callbacks) is paid once per K steps; the K batches are on the device at once. On the
-            CPU backend keep K = 1 for convolutional models (see `scan_steps`). A call covers the
-            steps (m*K, (m+1)*K], so a resumed run groups its steps as an uninterrupted one and
-            resumes bitwise; it trains on the same batches with the same keys as K = 1, and the
-            iterator position of every step is K = 1's. The parameters are K = 1's bitwise where
-            XLA compiles the step inside the scan as it compiles it alone (the CPU tests: dense
-            models with every option of this class), which XLA does not promise. Callbacks see
-            one call: `on_data_wait_begin`, `on_step_begin` (with its first step) and
-            `on_step_end` once, `StepLogs.step` the last step and `StepLogs.steps` the steps it
-            covered; schedules (`CheckpointCallback(every_steps=N)`, `MetricLogger`,
-            `eval_every_steps`) fire at the end of the call in which their step was crossed, so a
-            K that divides their intervals keeps them exact; a stop request (SIGTERM) takes effect
-            after the call. A call of fewer than K steps (up to the first multiple of K after a
-            resume, the last steps before `num_steps`, the end of `num_epochs` on a stream, or
-            batches whose shapes differ, such as an epoch's short final batch) runs them one
-            jitted step each, still as one call for the callbacks. K does not enter the run
-            configuration (it changes no result).
+        steps_per_execution: optimizer steps per jitted call (Keras' option; default 1). K > 1 runs K
+            batches as one jitted `jax.lax.scan` (`datarax.train.loop.step.scan_steps`), paying
+            the per-call cost once per K steps; calls cover the steps (m*K, (m+1)*K], so runs
+            resume bitwise and train on K = 1's batches and keys. Callbacks see one call
+            (`StepLogs.steps` the steps it covered); schedules fire at the end of the call that
+            crossed their step; shorter calls (after a resume, before `num_steps`, mixed batch
+            shapes) run one jitted step each. Keep K = 1 for convolutional models on the CPU
+            backend. K is not part of the run configuration. See docs/trainers.md,
+            "Several steps per call".
 
     Metrics stay on the device until something reads them: `StepLogs.metrics` of `on_step_end`
     (the previous call's last step) is read on first use, so a callback that looks at it only
@@ -232,12 +192,11 @@ class Trainer:
                 if not isinstance(name, str) or not (callable(fn) or isinstance(fn, Metric)) or name == "loss":
                     raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux) or a "
                                     f"datarax.train.metrics.accumulated.Metric, got {name!r}: {fn!r:.60}")
-        check_bool(train_pipeline_params, "train_pipeline_params")
-        check_bool(allow_config_change, "allow_config_change")
-        self.accumulate_steps = check_int(accumulate_steps, "accumulate_steps", 1, why=" (micro-batches per step)")
-        self.steps_per_execution = check_int(steps_per_execution, "steps_per_execution", 1,
-                                             why=" (optimizer steps per jitted call)")
-        self.precision = check_precision(precision)
+        check_settings(accumulate_steps=accumulate_steps, steps_per_execution=steps_per_execution, precision=precision,
+                       param_sharding=param_sharding, ema_decay=ema_decay, allow_config_change=allow_config_change,
+                       train_pipeline_params=train_pipeline_params)
+        self.accumulate_steps, self.steps_per_execution = int(accumulate_steps), int(steps_per_execution)
+        self.precision = precision
         if train_pipeline is not None and getattr(train_pipeline, "batch_size", 0) % self.accumulate_steps:
             raise ValueError(f"accumulate_steps={accumulate_steps} must divide the training pipeline's batch_size="
                              f"{train_pipeline.batch_size} (each step's batch is split into accumulate_steps equal "
@@ -252,8 +211,6 @@ class Trainer:
             raise ValueError("train_pipeline_params=True trains on unsharded batches, but train_pipeline has "
                              f"sharding={train_pipeline.sharding!r}; drop one of the two")
         if param_sharding is not None:
-            if param_sharding not in PARAM_SHARDINGS:
-                raise ValueError(f"param_sharding must be one of {PARAM_SHARDINGS} or None, got {param_sharding!r}")
             if getattr(train_pipeline, "sharding", None) is None:
                 raise ValueError(f"param_sharding={param_sharding!r} lays the training state out over the training "
                                  "pipeline's mesh, but train_pipeline has no sharding; build it with "
@@ -448,7 +405,7 @@ class Trainer:
         values = jax.device_put(self._binding.values(), may_alias=False)
         self._binding.assign([v.astype(v.dtype) if getattr(v, "weak_type", False) else v for v in values])
         try:
-            with _StopOnSignals(self):
+            with StopOnSignals(self):
                 self.callbacks("on_train_begin", self)
                 self._eval_schedule.reset(self.step)
                 while (target is None or self.step < target) and self.stop_reason is None:
@@ -578,27 +535,10 @@ class Trainer:
             iterator.close()
         if not outs:
             raise ValueError("evaluate found no batches in the eval pipeline (an empty epoch); check its source")
-        collections = [out.pop(CLU_STATE) for out in outs if CLU_STATE in out]
-        host = jax.device_get(outs)
-        sizes = [int(size) for size in jax.device_get(sizes)]
-        weights = np.asarray(sizes, np.float64) / max(1, sum(sizes))
-        accumulated = {k: m for k, m in (self.metrics.items() if isinstance(self.metrics, Mapping) else ())
-                       if isinstance(m, Metric)}
-        metrics = {k: float(sum(w * float(o[k]) for w, o in zip(weights, host))) for k in host[0]
-                   if k not in accumulated}
-        results = {}
-        for name, metric in accumulated.items():
-            totals = add_totals([o[name] for o in host])
-            metrics.update(metric_scalars(name, metric, totals))
-            results[name] = metric.result(totals)
-        if collections:
-            merged = collections[0]
-            for collection in collections[1:]:
-                merged = merged.merge(collection)
-            metrics.update({k: float(v) for k, v in jax.device_get(merged.compute()).items() if k != "loss"})
+        metrics, results, records = eval_summary(outs, sizes, self.metrics)
         self.last_eval_metrics = metrics
         self.last_eval_results = results
-        self.last_eval_records = int(sum(sizes))
+        self.last_eval_records = records
         self.callbacks("on_eval_end", self, self.step, dict(metrics))
         return metrics
 

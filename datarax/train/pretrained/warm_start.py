@@ -28,8 +28,8 @@ from etils import epath
 from flax import nnx
 
 from datarax.core.errors import DataraxError
-from datarax.train.checkpointing.checkpointer import abstract_target
 from datarax.train.checkpointing.integrity import verify_arrays
+from datarax.train.checkpointing.trees import abstract_target
 from datarax.train.pretrained.tables import check_prefixes, dotted, selected
 
 

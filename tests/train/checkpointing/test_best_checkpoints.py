@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from test_trainer_checkpointing import advance, build, save
+from test_trainer_checkpointing import advance, build
 from trainer_helpers import assert_bitwise_equal, leaves, loss_fn, make_setup
 
 from datarax.train import Trainer

@@ -20,8 +20,8 @@ from trainer_helpers import assert_bitwise_equal, make_setup, points
 
 from datarax import Pipeline
 from datarax.sources import MemorySource, MemorySourceConfig
-from datarax.train.checkpointing.checkpointer import (
-    Checkpointer,
+from datarax.train.checkpointing.checkpointer import Checkpointer
+from datarax.train.checkpointing.errors import (
     CheckpointMismatchError,
     CheckpointRestoreError,
     CheckpointSaveError,

@@ -21,7 +21,7 @@ from trainer_helpers import METRICS, loss_fn, make_setup
 
 from datarax.train import Trainer
 from datarax.train.callbacks import MetricLogger
-from datarax.train.metrics.writers import MlflowWriter, MlflowWriterConfig, WandbWriter, WandbWriterConfig
+from datarax.train.metrics.writers import MlflowWriter, WandbWriter
 
 BLOCK = 32768
 HEADER = 7
