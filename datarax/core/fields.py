@@ -114,6 +114,16 @@ def allocate(spec: Mapping[str, jax.ShapeDtypeStruct], lead: tuple[int, ...]) ->
     return {k: np.empty(lead + tuple(s.shape), s.dtype) for k, s in spec.items()}
 
 
+def take_batch(arrays: Mapping[str, np.ndarray], indices: np.ndarray,
+               out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The rows `indices` of every array (clipped like `np.take(..., mode="clip")`), into `out` when given."""
+    if out is None:
+        return {k: np.take(v, indices, axis=0, mode="clip") for k, v in arrays.items()}
+    for k, v in arrays.items():
+        np.take(v, indices, axis=0, out=out[k], mode="clip")
+    return out
+
+
 def read_batch(indices: np.ndarray, out: dict[str, np.ndarray] | None, spec: Mapping[str, jax.ShapeDtypeStruct],
                num_records: int, read_flat: FlatReader) -> dict[str, np.ndarray]:
     """Runs `read_flat(flat_indices, flat_out)` for indices of any shape, into `out` when given.

@@ -17,6 +17,7 @@ from datarax.host.map import HostMap as HostMap
 from datarax.host.map import HostMapConfig as HostMapConfig
 from datarax.host.processes import WorkerCrashError as WorkerCrashError
 from datarax.host.stage import ENCODED as ENCODED
+from datarax.host.stage import DecodingStage as DecodingStage
 from datarax.host.stage import HostContext as HostContext
 from datarax.host.stage import HostStage as HostStage
 from datarax.host.stage import HostStageSource as HostStageSource

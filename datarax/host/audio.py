@@ -53,8 +53,8 @@ from datarax.core.construct import resolve_config
 from datarax.host.stage import (
     ON_ERROR,
     BadRecords,
+    DecodingStage,
     HostContext,
-    HostStage,
     RecordError,
     Refusal,
     Spec,
@@ -185,7 +185,7 @@ def read_plan(frames: int, rate: int, target: int | None, length: int, crop: str
     return ReadPlan(first, max(0, last - first), up, down, start - first * up // down, valid)
 
 
-class DecodeAudio(HostStage):
+class DecodeAudio(DecodingStage):
     """Decodes encoded audio records into fixed-length float32 waveforms (see the module docstring).
 
     Args:
@@ -204,15 +204,6 @@ class DecodeAudio(HostStage):
         ok_field = f"{config.field}_ok" if config.on_error == "skip" else None
         self.bad_records = BadRecords(config.on_error, "DecodeAudio", config.field, ok_field,
                                       "Remove or replace the file (corrupt, truncated or not audio)")
-
-    @property
-    def skipped(self) -> int:
-        """Records replaced by zeros so far (`on_error="skip"`; once per batch a record is read in)."""
-        return self.bad_records.skipped
-
-    def held_bytes(self) -> int:
-        """The most memory the stage's decodes hold at once: its budget, `max_decode_bytes`."""
-        return self.budget.limit
 
     def _shape(self) -> tuple[int, ...]:
         c = self.config
@@ -279,8 +270,8 @@ class DecodeAudio(HostStage):
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         c = self.config
         records = batch[c.field].reshape(-1)
-        waves = np.zeros((len(records),) + self._shape(), np.float32)
-        lengths = np.zeros(len(records), np.int32)
+        waves = ctx.buffer(c.field, (len(records),) + self._shape(), np.float32, zeros=True)
+        lengths = ctx.buffer(f"{c.field}_length", (len(records),), np.int32, zeros=True)
 
         def work(row: int) -> None:
             lengths[row] = self._decode(records[row], ctx, row, waves[row])

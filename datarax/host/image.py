@@ -64,7 +64,15 @@ from datarax.core.checks import (
 from datarax.core.construct import resolve_config
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend
-from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, Refusal, Spec, check_encoded_field
+from datarax.host.stage import (
+    ON_ERROR,
+    BadRecords,
+    DecodingStage,
+    HostContext,
+    Refusal,
+    Spec,
+    check_encoded_field,
+)
 
 RESIZE_MODES = ("shorter_side", "fixed", "none")
 CROP_MODES = ("center", "random_resized")
@@ -227,7 +235,7 @@ def _transposes() -> dict[int, Any]:
             7: t.TRANSVERSE, 8: t.ROTATE_90}
 
 
-class DecodeImage(HostStage):
+class DecodeImage(DecodingStage):
     """Decodes encoded images into fixed-size uint8 RGB arrays (HWC), with a crop fused into the decode.
 
     Grayscale, RGBA, CMYK and palette images become RGB (Pillow's `convert("RGB")`), 16- and
@@ -289,7 +297,7 @@ class DecodeImage(HostStage):
 
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         data = batch[self.config.field]
-        out = np.empty((len(data), *self.config.size, 3), np.uint8)
+        out = ctx.buffer(self.out_field, (len(data), *self.config.size, 3), np.uint8)
 
         def decode(row: int) -> None:
             self.decode_into(data[row], ctx.generator(self.seed, row) if self.stochastic else None, out[row])
@@ -306,15 +314,6 @@ class DecodeImage(HostStage):
         """
         return self._turbo is not None and all(
             isinstance(d, bytes) and d[:2] in (b"P6", b"P5") and len(d) <= INLINE_RAW_BYTES for d in data)
-
-    @property
-    def skipped(self) -> int:
-        """Records replaced by zeros so far (`on_error="skip"`; once per batch a record is read in)."""
-        return self.bad_records.skipped
-
-    def held_bytes(self) -> int:
-        """The most memory the stage's decodes hold at once: its budget, `max_decode_bytes`."""
-        return self.budget.limit
 
     def decode(self, data: bytes, rng: np.random.Generator | None = None) -> np.ndarray:
         """One record: encoded bytes to a `(h, w, 3)` uint8 array (`rng` draws a random-resized box)."""

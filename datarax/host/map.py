@@ -66,7 +66,7 @@ from datarax.core.checks import (
 )
 from datarax.core.construct import resolve_config
 from datarax.host.processes import SharedOutputs, WorkerPool
-from datarax.host.stage import ON_ERROR, BadRecords, HostContext, HostStage, Spec, record_generator
+from datarax.host.stage import ON_ERROR, BadRecords, DecodingStage, HostContext, Spec, record_generator
 
 EXECUTORS = ("threads", "processes")
 OutputSpec = tuple[tuple[str, tuple[int, ...], str], ...]  # (field, record shape, dtype)
@@ -207,7 +207,7 @@ def picklable(exc: BaseException) -> BaseException:
     return exc
 
 
-class HostMap(HostStage):
+class HostMap(DecodingStage):
     """A Python function applied on the host to each record (or block of rows) of a batch.
 
     Args:
@@ -276,11 +276,6 @@ class HostMap(HostStage):
         return f"HostMap(fn={function_name(self.fn)}, {config})"
 
     @property
-    def skipped(self) -> int:
-        """Records replaced by zeros so far (`on_error="skip"`; once per batch a record is read in)."""
-        return self.bad_records.skipped
-
-    @property
     def worker_pids(self) -> list[int]:
         """The worker processes' ids (`executor="processes"`; empty until the first batch, and after close)."""
         return [] if self.processes is None else self.processes.pids
@@ -295,7 +290,7 @@ class HostMap(HostStage):
             return {k: batch[k][low:high] for k in names}, ids[low:high], int(ctx.epoch), ctx.stage, seed
 
         if self.processes is None and not self.config.batched:  # a row per task: the pool balances uneven records
-            outputs = self._allocate(count)
+            outputs = self._allocate(count, ctx)
 
             def work(row: int) -> None:
                 failure = self.job(task(row, row + 1), {k: v[row:row + 1] for k, v in outputs.items()})[0]
@@ -311,20 +306,16 @@ class HostMap(HostStage):
                 results = self.processes.run(self._shared, chunks)
                 outputs = {k: v.copy() for k, v in self._shared.views(count).items()}  # the segment is reused
         else:
-            outputs = self._allocate(count)
+            outputs = self._allocate(count, ctx)
             results = self.pool.map(lambda chunk: self.job(chunk[2], {k: v[chunk[0]:chunk[1]]
                                                                       for k, v in outputs.items()}), chunks)
         failures: list[BaseException | None] = [None] * count
         for (low, _, _), block in zip(chunks, results):
             failures[low:low + len(block)] = block  # a batched block reports one failure, at its first record
-        ok = self.bad_records.resolve(failures, ctx, list(outputs.values()))
-        result = {**batch, **outputs}
-        if ok is not None:
-            result[self.bad_records.ok_field] = ok
-        return result
+        return self.resolve_rows(batch, ctx, outputs, failures)
 
-    def _allocate(self, count: int) -> dict[str, np.ndarray]:
-        return {name: np.empty((count,) + shape, dtype) for name, shape, dtype in self.config.outputs}
+    def _allocate(self, count: int, ctx: HostContext) -> dict[str, np.ndarray]:
+        return {name: ctx.buffer(name, (count,) + shape, dtype) for name, shape, dtype in self.config.outputs}
 
     def close(self) -> None:
         """Stops the threads or worker processes and frees the shared memory (a later batch restarts them)."""

@@ -57,6 +57,8 @@ class HostContext:
         stage: the stage's position among the pipeline's host stages (part of its random key).
         describe_record: names a record's origin for error messages (a path, a row of a file).
         seed: the pipeline's seed, for a stage that sets none of its own.
+        out: the pipeline's reused batch buffers (one row per record), when this stage's outputs go
+            straight into them; `buffer` hands them out.
     """
 
     record_ids: np.ndarray
@@ -64,6 +66,17 @@ class HostContext:
     stage: int = 0
     describe_record: Callable[[int], str] = lambda record_id: f"record {record_id}"
     seed: int = 0
+    out: dict[str, np.ndarray] | None = None
+
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: Any, *, zeros: bool = False) -> np.ndarray:
+        """An array for the output field `name`: the reused batch buffer when it has this shape and
+        dtype (so the stage writes the batch's final copy), else a new one."""
+        target = None if self.out is None else self.out.get(name)
+        if target is None or target.shape != tuple(shape) or target.dtype != np.dtype(dtype):
+            return np.zeros(shape, dtype) if zeros else np.empty(shape, dtype)
+        if zeros:
+            target.fill(0)
+        return target
 
     def seed_of(self, stage_seed: int | None) -> int:
         """A stage's own seed, or the pipeline's when it has none."""
@@ -81,7 +94,7 @@ class HostContext:
 class Refusal(DataraxError, ValueError):
     """A decoder's refusal of one record, before decoding it: too large for the stage's memory
     budget, empty, or holding values the stage cannot map. The message continues the record's
-    name ("needs 1.2 GiB to decode ...") and says the fix; `HostStage.decode_rows` makes it a
+    name ("needs 1.2 GiB to decode ...") and says the fix; `DecodingStage.decode_rows` makes it a
     `RecordError` naming the record, so `on_error="skip"` can skip it.
     """
 
@@ -185,30 +198,48 @@ class HostStage(abc.ABC):
         budget); the configuration's memory check counts it."""
         return 0
 
+
+class DecodingStage(HostStage):
+    """Abstract base of the stages that decode record by record on a thread pool (`pool`), with
+    `bad_records` for the records that fail and, for the decoders, a memory `budget`."""
+
+    pool: Any
+    bad_records: BadRecords
+    budget: Any = None
+
+    @property
+    def skipped(self) -> int:
+        """Records replaced by zeros so far (`on_error="skip"`; once per batch a record is read in)."""
+        return self.bad_records.skipped
+
+    def held_bytes(self) -> int:
+        """The most memory the stage's decodes hold at once: its budget, `max_decode_bytes`."""
+        return 0 if self.budget is None else self.budget.limit
+
     def decode_rows(self, batch: dict[str, np.ndarray], ctx: HostContext, outputs: dict[str, np.ndarray],
                     work: Callable[[int], None], catch: type[BaseException] | tuple = Exception, *,
                     inline: bool = False) -> dict[str, np.ndarray]:
-        """The per-row decode skeleton of decoding stages (which hold `pool` and `bad_records`).
-
-        Runs `work(row)` for every row of the preallocated `outputs` on the stage's thread pool
-        (on the calling thread with `inline=True`: for work so short that threads only contend for
-        the GIL),
-        resolves the rows that raised `catch` through `bad_records` (raise, or zeros and an
-        `ok` flag), and returns `batch` with `outputs` (and the flags) added. A `Refusal` becomes
-        a `RecordError` naming the row's record.
-        """
+        """Runs `work(row)` for every row of the preallocated `outputs` on the stage's thread pool (on
+        the calling thread with `inline=True`, for work so short that threads only contend for the
+        GIL), then `resolve_rows`. A `Refusal` becomes a `RecordError` naming the row's record."""
 
         def guarded(row: int) -> BaseException | None:
             try:
                 work(row)
             except Refusal as exc:
                 return RecordError(f"{self.bad_records.stage}: {ctx.where(row)} {exc}")
-            except catch as exc:  # noqa: BLE001 - decoders raise many kinds for bad bytes; all name the record
+            except catch as exc:  # decoders raise many kinds for bad bytes; all name the record
                 return exc
             return None
 
         count = len(next(iter(outputs.values())))
         failures = [guarded(row) for row in range(count)] if inline else self.pool.map(guarded, range(count))
+        return self.resolve_rows(batch, ctx, outputs, failures)
+
+    def resolve_rows(self, batch: dict[str, np.ndarray], ctx: HostContext, outputs: dict[str, np.ndarray],
+                     failures: Sequence[BaseException | None]) -> dict[str, np.ndarray]:
+        """`batch` with `outputs` added, the rows that failed resolved through `bad_records` (raise, or
+        zeros and an `ok` flag field)."""
         ok = self.bad_records.resolve(failures, ctx, list(outputs.values()))
         result = {**batch, **outputs}
         if ok is not None:
@@ -303,17 +334,22 @@ class HostStageSource(DataSourceModule):
             # `read`, not `get_batch`: a source that acts on the epoch's order (ShardedSource
             # fetches the blocks that come next) sees it behind host stages too.
             batch = self.source.read(distinct, int(epoch))
+        # The last stage decodes straight into `out` when every row is a distinct record.
+        direct = None if out is None or count < ids.size else flat_views(out, ids.shape)
         for i, stage in enumerate(self.stages):
+            last = direct if i == len(self.stages) - 1 else None
             with times.measure(self._labels[i], records=count, work=stage.work), \
                     jax.profiler.TraceAnnotation(self._trace_names[i]):
-                batch = stage(batch, HostContext(distinct, int(epoch), i, self.source.describe_record, self.seed))
+                batch = stage(batch, HostContext(distinct, int(epoch), i, self.source.describe_record, self.seed, last))
+        written = {k for k, v in batch.items() if direct is not None and v is direct.get(k)}
         if count < ids.size:
             batch = {k: v[rows] for k, v in batch.items()}
         batch = {k: v.reshape(ids.shape + v.shape[1:]) for k, v in batch.items()}
         if out is None:
             return batch
         for k, v in batch.items():
-            np.copyto(out[k], v)
+            if k not in written:
+                np.copyto(out[k], v)
         return out
 
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
@@ -340,6 +376,14 @@ class HostStageSource(DataSourceModule):
         close = getattr(self.source, "close", None)
         if close is not None:
             close()
+
+
+def flat_views(out: dict[str, np.ndarray], lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """`out`'s buffers with their `lead` axes as one row axis: views (a contiguous buffer reshapes
+    without a copy); a buffer of another layout is left out."""
+    count = int(np.prod(lead))
+    return {k: v.reshape((count,) + v.shape[len(lead):]) for k, v in out.items()
+            if v.shape[:len(lead)] == tuple(lead) and v.flags.c_contiguous}
 
 
 def first_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

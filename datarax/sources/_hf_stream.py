@@ -25,12 +25,12 @@ from datarax.core.source import Handles, seed_from_rngs
 from datarax.samplers.keyed import SHARD_ORDER_WORD, keyed_permutation
 from datarax.sources._arrow import TableConverter
 from datarax.sources._hf_config import Convert, HFSourceConfig, check_arguments
-from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
+from datarax.sources.stream import ChunkReader, StreamSourceModule, check_stream_state
 
 _KEYS = ("part", "block", "offset")
 
 
-class HFBlockReader(RecordReader):
+class HFBlockReader(ChunkReader):
     """Reads one epoch of an `HFStreamSource` from a state (see the module docstring)."""
 
     def __init__(self, source: HFStreamSource, epoch: int, state: dict[str, Any] | None):
@@ -91,19 +91,17 @@ class HFBlockReader(RecordReader):
             self._perm = np.arange(n)
         return True
 
-    def read(self, out: dict[str, np.ndarray], start: int, count: int) -> int:
-        done = 0
-        while done < count:
-            if self._perm is None or self._offset == len(self._perm):
-                if self._perm is None or not self._next_block():
-                    break
-            take = min(count - done, len(self._perm) - self._offset)
-            rows = self._perm[self._offset:self._offset + take]
-            for name, values in self._arrays.items():
-                np.take(values, rows, axis=0, out=out[name][start + done:start + done + take])
-            self._offset += take
-            done += take
-        return done
+    def remaining(self) -> int:
+        return 0 if self._perm is None else len(self._perm) - self._offset
+
+    def next_chunk(self) -> bool:
+        return self._perm is not None and self._next_block()
+
+    def take(self, out: dict[str, np.ndarray], count: int) -> None:
+        rows = self._perm[self._offset:self._offset + count]
+        for name, values in self._arrays.items():
+            np.take(values, rows, axis=0, out=out[name])
+        self._offset += count
 
     def get_state(self) -> dict[str, Any]:
         return {"part": self._part, "block": self._block, "offset": self._offset, "hf": self._block_start}

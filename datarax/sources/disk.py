@@ -17,7 +17,7 @@ from flax import nnx
 
 from datarax.core.construct import resolve_config
 from datarax.core.errors import REWRITE, CorruptFileError
-from datarax.core.fields import batchable, spec_text
+from datarax.core.fields import batchable, spec_text, take_batch
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.sources.memory import validate_arrays
 
@@ -92,11 +92,7 @@ class StreamingDiskSource(DataSourceModule):
         return {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in self._maps.arrays.items()}
 
     def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        if out is None:
-            return {k: np.take(v, indices, axis=0, mode="clip") for k, v in self._maps.arrays.items()}
-        for k, v in self._maps.arrays.items():
-            np.take(v, indices, axis=0, out=out[k], mode="clip")
-        return out
+        return take_batch(self._maps.arrays, indices, out)
 
     def structure(self) -> str:
         return f"StreamingDiskSource(len={len(self)}, spec={spec_text(self.element_spec())}, files={list(self._files)})"

@@ -31,7 +31,7 @@ from datarax.core.construct import resolve_config
 from datarax.core.fields import flatten, read_batch, spec_of, spec_text, stack_into
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
-from datarax.sources.stream import RecordReader, StreamSourceModule, check_stream_state
+from datarax.sources.stream import ChunkReader, RecordReader, StreamSourceModule, check_stream_state
 
 Decoder = Callable[[Any], Mapping[str, Any]]
 
@@ -163,7 +163,7 @@ class GrainStreamSource(StreamSourceModule):
                 f"dataset={self._name}, batched={self.config.batched})")
 
 
-class _GrainReader(RecordReader):
+class _GrainReader(ChunkReader):
     """State: `{"grain": iterator state at the current grain element, "offset": rows used of it}`."""
 
     def __init__(self, source: GrainStreamSource, epoch: int, state: dict[str, Any] | None):
@@ -192,20 +192,17 @@ class _GrainReader(RecordReader):
         self._offset = 0
         return True
 
-    def read(self, out: dict[str, np.ndarray], start: int, count: int) -> int:
-        done = 0
-        while done < count:
-            if self._current is None or self._offset == self._size:
-                if not self._pull():
-                    break
-            take = min(count - done, self._size - self._offset)
-            for name, buf in out.items():
-                value = self._current[name]
-                rows = value[self._offset:self._offset + take] if self._batched else value
-                buf[start + done:start + done + take] = rows
-            self._offset += take
-            done += take
-        return done
+    def remaining(self) -> int:
+        return 0 if self._current is None else self._size - self._offset
+
+    def next_chunk(self) -> bool:
+        return self._pull()
+
+    def take(self, out: dict[str, np.ndarray], count: int) -> None:
+        for name, buf in out.items():
+            value = self._current[name]
+            buf[...] = value[self._offset:self._offset + count] if self._batched else value
+        self._offset += count
 
     def get_state(self) -> dict[str, Any]:
         if self._current is not None and self._offset == self._size:

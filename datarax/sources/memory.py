@@ -12,6 +12,7 @@ from flax import nnx
 
 from datarax.core.checks import check_bool, check_int, check_int_range, field
 from datarax.core.construct import resolve_config
+from datarax.core.fields import take_batch
 from datarax.core.layout import to_storage
 from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
@@ -108,11 +109,7 @@ class MemorySource(DataSourceModule):
         return {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in self._host.arrays.items()}
 
     def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        if out is None:
-            return {k: np.take(v, indices, axis=0, mode="clip") for k, v in self._host.arrays.items()}
-        for k, v in self._host.arrays.items():
-            np.take(v, indices, axis=0, out=out[k], mode="clip")
-        return out
+        return take_batch(self._host.arrays, indices, out)
 
     def device_arrays(self) -> dict[str, jax.Array] | None:
         return None if self._device is None else self._device.arrays

@@ -51,6 +51,33 @@ class RecordReader(abc.ABC):
         """Releases the reader's resources (idempotent)."""
 
 
+class ChunkReader(RecordReader):
+    """Abstract base of the readers that hold one chunk of records at a time (a block of a file, a
+    batch of an iterator): `read` copies from the chunk and loads the next one when it runs out."""
+
+    @abc.abstractmethod
+    def remaining(self) -> int:
+        """Records left in the current chunk (0 when there is none)."""
+
+    @abc.abstractmethod
+    def next_chunk(self) -> bool:
+        """Loads the next chunk; False at the end of the epoch."""
+
+    @abc.abstractmethod
+    def take(self, out: dict[str, np.ndarray], count: int) -> None:
+        """Copies the chunk's next `count` records into the rows of `out` and moves past them."""
+
+    def read(self, out: dict[str, np.ndarray], start: int, count: int) -> int:
+        done = 0
+        while done < count:
+            if self.remaining() == 0 and not self.next_chunk():
+                break
+            step = min(count - done, self.remaining())
+            self.take({k: v[start + done:start + done + step] for k, v in out.items()}, step)
+            done += step
+        return done
+
+
 class StreamSourceModule(nnx.Module, abc.ABC):
     """Abstract base of sources that are read in order, not by index."""
 

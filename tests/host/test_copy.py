@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 import pickle
 import wave
@@ -93,7 +94,8 @@ def test_every_host_stage_has_a_case():
             yield sub
             yield from subclasses(sub)
 
-    stages = {c.__name__ for c in subclasses(HostStage) if c.__module__.startswith("datarax.")}  # not tests' own
+    stages = {c.__name__ for c in subclasses(HostStage)  # not tests' own, nor the abstract DecodingStage
+              if c.__module__.startswith("datarax.") and not inspect.isabstract(c)}
     assert stages == {name.split("/")[0] for name in CASES}
 
 

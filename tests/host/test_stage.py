@@ -216,3 +216,62 @@ def test_the_pipeline_seed_is_in_the_fingerprint_of_stages_that_draw_from_it():
     assert len(set(prints.values())) == 3
     own = {k: Pipeline(source, [Jitter(5)], batch_size=4, rngs=nnx.Rngs(k)).fingerprint for k in (1, 2)}
     assert own[1] == own[2]
+
+
+class PngSource(MemorySource):
+    """`count` random 12x10 PNG images (field "image") and their labels."""
+
+    def __init__(self, count: int):
+        import io
+
+        from PIL import Image
+
+        super().__init__(MemorySourceConfig(), data={"label": np.arange(count, dtype=np.int32)})
+        rng = np.random.default_rng(0)
+        self.images = np.empty(count, object)
+        for i in range(count):
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (12, 10, 3), np.uint8)).save(buf, "PNG")
+            self.images[i] = buf.getvalue()
+
+    def element_spec(self):
+        return {**super().element_spec(), "image": jax.ShapeDtypeStruct((), ENCODED)}
+
+    def get_batch(self, indices, out=None):
+        return {**super().get_batch(indices), "image": self.images[np.asarray(indices)]}
+
+
+def test_the_last_stage_decodes_straight_into_the_reused_batch_buffer(monkeypatch):
+    from datarax.core.fields import allocate
+    from datarax.host import DecodeImage
+
+    host = HostStageSource(PngSource(6), [DecodeImage(size=8, num_threads=1)])
+    ring = allocate(host.element_spec(), (4,))
+    targets = []
+    decode_into = DecodeImage.decode_into
+
+    def spy(self, data, rng, out):
+        targets.append(np.shares_memory(out, ring["image"]))
+        return decode_into(self, data, rng, out)
+
+    monkeypatch.setattr(DecodeImage, "decode_into", spy)
+    copies, copyto = [], np.copyto
+    monkeypatch.setattr(np, "copyto", lambda dst, src, **kw: copies.append(dst.shape) or copyto(dst, src, **kw))
+    indices = np.array([5, 0, 3, 1])
+    got = host.read(indices, 0, out=ring)
+    assert got is ring and targets == [True] * 4  # every record decoded into its row of the buffer
+    assert copies == [(4,)]  # only the label is copied in; the pixels are already there
+    fresh = host.read(indices, 0)  # without a buffer: the stage's own arrays, the same pixels
+    for key in ("image", "label"):
+        np.testing.assert_array_equal(ring[key], fresh[key])
+
+
+def test_a_batch_with_repeated_records_still_fills_the_buffer_by_copy():
+    from datarax.core.fields import allocate
+    from datarax.host import DecodeImage
+
+    host = HostStageSource(PngSource(6), [DecodeImage(size=8, num_threads=1)])
+    ring = allocate(host.element_spec(), (4,))
+    host.read(np.array([2, 4, 4, 4]), 0, out=ring)  # a final short batch's padding repeats its last record
+    np.testing.assert_array_equal(ring["image"], host.read(np.array([2, 4, 4, 4]), 0)["image"])
+    np.testing.assert_array_equal(ring["image"][2], ring["image"][1])
