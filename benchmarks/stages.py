@@ -24,6 +24,7 @@ import numpy as np
 from benchmarks.scenarios.augment_chain import hand_written_chain
 from datarax.core import noise
 
+
 def threefry_16bit_normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """The previous scheme: 16-bit uniforms, two per threefry word, through the inverse normal CDF."""
     size = math.prod(shape)

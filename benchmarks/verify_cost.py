@@ -9,7 +9,6 @@ from datarax.host import DecodeImage
 from datarax.sources import ShardedSource
 
 
-
 def main() -> None:
     remote.register_slow_filesystem()
     paths = remote.write_shards(24_000)["parquet"]

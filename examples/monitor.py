@@ -11,8 +11,7 @@ import numpy as np
 from flax import nnx
 
 from datarax import Pipeline
-from datarax.monitoring import PipelineMonitor
-from datarax.monitoring import ConsoleWriter
+from datarax.monitoring import ConsoleWriter, PipelineMonitor
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.sources import MemorySource, MemorySourceConfig
 

@@ -7,6 +7,6 @@ keeps `import trainers` working for scripts run from a checkout and points reade
 Write `from datarax.train import Trainer` in new code.
 """
 
-from datarax.train import *  # noqa: F401,F403
-from datarax.train import __all__ as __all__  # noqa: F401
-from datarax.train import callbacks as callbacks  # noqa: F401
+from datarax.train import *  # noqa: F403 - the shim re-exports the kit's public names
+from datarax.train import __all__ as __all__
+from datarax.train import callbacks as callbacks

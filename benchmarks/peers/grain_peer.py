@@ -19,8 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.peers.common import (CIFAR_PAD, Loader, PeerOptions, augment_chain_numpy, cifar_augment_numpy,
-                                        jpeg_pillow, jpeg_turbo, pillow_crop_resize, require, turbo_crop_resize)
+from benchmarks.peers.common import (
+    CIFAR_PAD,
+    Loader,
+    PeerOptions,
+    augment_chain_numpy,
+    cifar_augment_numpy,
+    jpeg_pillow,
+    jpeg_turbo,
+    pillow_crop_resize,
+    require,
+    turbo_crop_resize,
+)
 
 NAME = "grain"
 INSTALL = "pip install grain"

@@ -14,8 +14,20 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.peers.common import (CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, JPEG_MEAN, JPEG_RATIO, JPEG_SCALE, JPEG_SIZE,
-                                        JPEG_STD, Loader, PeerOptions, augment_chain_settings, require)
+from benchmarks.peers.common import (
+    CIFAR_MEAN,
+    CIFAR_PAD,
+    CIFAR_STD,
+    JPEG_MEAN,
+    JPEG_RATIO,
+    JPEG_SCALE,
+    JPEG_SIZE,
+    JPEG_STD,
+    Loader,
+    PeerOptions,
+    augment_chain_settings,
+    require,
+)
 
 NAME = "tfdata"
 INSTALL = "pip install tensorflow-cpu"

@@ -18,8 +18,21 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.peers.common import (CIFAR_MEAN, CIFAR_PAD, CIFAR_STD, JPEG_MEAN, JPEG_RATIO, JPEG_SCALE, JPEG_SIZE,
-                                     JPEG_STD, Loader, PeerOptions, jpeg_pillow, pillow_crop_resize, require)
+from benchmarks.peers.common import (
+    CIFAR_MEAN,
+    CIFAR_PAD,
+    CIFAR_STD,
+    JPEG_MEAN,
+    JPEG_RATIO,
+    JPEG_SCALE,
+    JPEG_SIZE,
+    JPEG_STD,
+    Loader,
+    PeerOptions,
+    jpeg_pillow,
+    pillow_crop_resize,
+    require,
+)
 
 NAME = "torch"
 INSTALL = "pip install torch"

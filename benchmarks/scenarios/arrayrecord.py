@@ -26,9 +26,9 @@ import time
 import jax
 import numpy as np
 
-from datarax import Pipeline
 from benchmarks.registry import BenchOptions
 from benchmarks.timing import epoch_rate, first_batch_seconds, row
+from datarax import Pipeline
 from datarax.sources._records import decode_batch_into, parse_layout
 from datarax.sources.array_record import ArrayRecordSource, ArrayRecordSourceConfig, write_array_records
 

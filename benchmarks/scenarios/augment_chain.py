@@ -26,15 +26,25 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from datarax import Pipeline
 from benchmarks import limits
 from benchmarks.registry import BenchOptions
 from benchmarks.timing import keyed_gather_floor, pipeline_vs_floor
+from datarax import Pipeline
 from datarax.core.fusion import separately
-from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
-                                     GaussianNoiseConfig, GaussianNoiseOperator, HorizontalFlipConfig,
-                                     HorizontalFlipOperator, RandomCropConfig, RandomCropOperator, RotationConfig,
-                                     RotationOperator)
+from datarax.operators.image import (
+    BrightnessConfig,
+    BrightnessOperator,
+    ContrastConfig,
+    ContrastOperator,
+    GaussianNoiseConfig,
+    GaussianNoiseOperator,
+    HorizontalFlipConfig,
+    HorizontalFlipOperator,
+    RandomCropConfig,
+    RandomCropOperator,
+    RotationConfig,
+    RotationOperator,
+)
 from datarax.operators.image.functional import color, filters, geometry
 from datarax.sources import MemorySource, MemorySourceConfig
 
@@ -82,7 +92,8 @@ def hand_written_chain(images: jax.Array, keys: jax.Array, token: jax.Array, *, 
     """The whole chain for a batch, written by hand. With `separate` the rotation is computed on
     its own on CPU, as the `RotationOperator` does (`datarax.core.fusion.separately`)."""
     images, angles, noise_keys = jax.vmap(_before_rotation)(images, keys)
-    rotate = lambda x, a: jax.vmap(geometry.rotate)(x, a)  # noqa: E731
+    def rotate(x, a):
+        return jax.vmap(geometry.rotate)(x, a)
     rotated = separately(rotate, token, images, angles) if separate else rotate(images, angles)
     return jax.vmap(_noise)(rotated, noise_keys) if with_noise else rotated
 
@@ -153,7 +164,8 @@ def limit_candidates(data: dict, seed: int = 0) -> dict:
     def selection(arrays, idx, epoch):
         images = jnp.take(arrays["image"], idx, axis=0).reshape(-1, *shape)
         images, angles, noise_keys = _selection_before_rotation(images, keys(idx, epoch))
-        rotate = lambda x, a: jax.vmap(geometry.rotate)(x, a)  # noqa: E731
+        def rotate(x, a):
+            return jax.vmap(geometry.rotate)(x, a)
         rotated = separately(rotate, epoch >= 0, images, angles)
         return {"image": jax.vmap(_noise)(rotated, noise_keys), "label": jnp.take(arrays["label"], idx)}
 
@@ -169,7 +181,8 @@ def check_against_floor(data: dict, batch: int, seed: int = 0):
 
     def check(per_batch, arrays):
         got = np.asarray(jax.jit(per_batch)(arrays, idx, np.int32(0))["image"])
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg="a limit candidate's output is not the floor's")
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5,
+                                   err_msg="a limit candidate's output is not the floor's")
 
     return check
 

@@ -26,15 +26,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from datarax import Pipeline
 from benchmarks import limits
 from benchmarks.peers.runner import holds_accelerator, host_rows
 from benchmarks.registry import BenchOptions
 from benchmarks.timing import keyed_gather_floor, pipeline_vs_floor
+from datarax import Pipeline
 from datarax.core.element import Element
 from datarax.operators import ElementOperator, ElementOperatorConfig, ToFloatConfig, ToFloatOperator
-from datarax.operators.image import (HorizontalFlipConfig, HorizontalFlipOperator, NormalizeConfig, NormalizeOperator,
-                                     RandomCropConfig, RandomCropOperator)
+from datarax.operators.image import (
+    HorizontalFlipConfig,
+    HorizontalFlipOperator,
+    NormalizeConfig,
+    NormalizeOperator,
+    RandomCropConfig,
+    RandomCropOperator,
+)
 from datarax.sources import MemorySource, MemorySourceConfig
 
 NUM_RECORDS = 50_000
@@ -116,7 +122,8 @@ def check_against_floor(data: dict, seed: int = 0):
 
     def check(per_batch, arrays):
         got = np.asarray(jax.jit(per_batch)(arrays, idx, np.int32(0))["image"])
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg="a limit candidate's output is not the floor's")
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5,
+                                   err_msg="a limit candidate's output is not the floor's")
 
     return check
 

@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from datarax import Pipeline
 from benchmarks.registry import BenchOptions
 from benchmarks.scenarios.cifar import make_data
 from benchmarks.timing import keyed_gather_floor, pipeline_vs_floor
+from datarax import Pipeline
 from datarax.core.element import Element
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.sources import MemorySource, MemorySourceConfig

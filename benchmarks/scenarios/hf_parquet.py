@@ -21,9 +21,9 @@ import time
 import jax
 import numpy as np
 
-from datarax import Pipeline
 from benchmarks.registry import BenchOptions
 from benchmarks.timing import epoch_rate, first_batch_seconds, row
+from datarax import Pipeline
 from datarax.samplers.simple import ShuffleSampler
 from datarax.sources.hf import HFSource, HFSourceConfig, load_files
 

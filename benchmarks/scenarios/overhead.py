@@ -32,9 +32,16 @@ from benchmarks.registry import BenchOptions
 from benchmarks.timing import block, gather_floor, interleaved_rates, keyed_gather_floor, pipeline_vs_floor, row
 from datarax import Pipeline
 from datarax.batching import DISPATCH_AHEAD
-from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
-                                     HorizontalFlipConfig, HorizontalFlipOperator, RandomCropConfig,
-                                     RandomCropOperator)
+from datarax.operators.image import (
+    BrightnessConfig,
+    BrightnessOperator,
+    ContrastConfig,
+    ContrastOperator,
+    HorizontalFlipConfig,
+    HorizontalFlipOperator,
+    RandomCropConfig,
+    RandomCropOperator,
+)
 from datarax.operators.image.functional import color, geometry
 from datarax.sources import MemorySource, MemorySourceConfig
 

@@ -339,7 +339,8 @@ def run(options: BenchOptions) -> list[dict]:
     main = row("remote", rates["datarax"], rates["floor"], records=n, batch_size=BATCH, latency_ms=LATENCY_S * 1e3,
                bandwidth_mb_s=BANDWIDTH / 1e6, first_batch_s=firsts["datarax"], floor_first_batch_s=firsts["floor"],
                rank_correlation=round(rank_correlation(pipeline), 4),
-               rank_correlation_over_epochs=rank_correlation_over_epochs(pipeline), window=pipeline.source.source.config.window,
+               rank_correlation_over_epochs=rank_correlation_over_epochs(pipeline),
+               window=pipeline.source.source.config.window,
                read_amplification_by_hosts=amplification_by_hosts(pipeline.sampler, pipeline.source.source),
                requests=fetched.get("datarax", (0, 0))[0],
                read_amplification=round(fetched.get("datarax", (0, 0))[1] / shard_bytes["parquet"], 3))

@@ -21,9 +21,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from datarax import Pipeline
 from benchmarks.registry import BenchOptions
 from benchmarks.timing import block, epoch_rate, row
+from datarax import Pipeline
 from datarax.core.element import Element
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.pipeline.scan import ScanRunner
@@ -130,7 +130,8 @@ def run(options: BenchOptions) -> list[dict]:
 
     loop_pipeline, loop_model, loop_opt = build(data)
     step = nnx.jit(train_step)
-    loop_epoch = lambda: [step(loop_model, loop_opt, batch) for batch in loop_pipeline]  # noqa: E731
+    def loop_epoch():
+        return [step(loop_model, loop_opt, batch) for batch in loop_pipeline]
     block(loop_epoch())
     loop = epoch_rate(loop_epoch, n, options.repeats)
 

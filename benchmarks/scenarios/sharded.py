@@ -31,9 +31,9 @@ def measure(devices: int, options: BenchOptions) -> dict:
     import jax
     from flax import nnx
 
-    from datarax import Pipeline
     from benchmarks.scenarios.cifar import BATCH, NUM_RECORDS, augment, make_data
     from benchmarks.timing import epoch_rate, first_batch_seconds, row
+    from datarax import Pipeline
     from datarax.operators import ElementOperator, ElementOperatorConfig
     from datarax.sharding import DataSharding
     from datarax.sources import MemorySource, MemorySourceConfig

@@ -10,9 +10,9 @@ import time
 
 import numpy as np
 
-from datarax import Pipeline
 from benchmarks.registry import BenchOptions
 from benchmarks.timing import block, first_batch_seconds, gather_floor, interleaved_rates, row
+from datarax import Pipeline
 from datarax.sources import MemorySource, MemorySourceConfig
 
 NUM_RECORDS = 200_000

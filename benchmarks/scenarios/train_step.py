@@ -23,8 +23,6 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 

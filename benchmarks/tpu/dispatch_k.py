@@ -3,15 +3,21 @@ import json
 import time
 
 import jax
+from flax import nnx
 
 from benchmarks.scenarios.cifar import BATCH, make_data
 from benchmarks.timing import interleaved_rates
 from datarax import Pipeline
 from datarax.operators import ToFloatConfig, ToFloatOperator
-from datarax.operators.image import (HorizontalFlipConfig, HorizontalFlipOperator, NormalizeConfig, NormalizeOperator,
-                                     RandomCropConfig, RandomCropOperator)
+from datarax.operators.image import (
+    HorizontalFlipConfig,
+    HorizontalFlipOperator,
+    NormalizeConfig,
+    NormalizeOperator,
+    RandomCropConfig,
+    RandomCropOperator,
+)
 from datarax.sources import MemorySource, MemorySourceConfig
-from flax import nnx
 
 data = make_data(50_000)
 

@@ -43,7 +43,7 @@ def _progress(args) -> bool | None:
 
 def _load_spec(args):
     """The validated configuration; the training kit is loaded first so a `[trainer]` table validates."""
-    import datarax.train.config  # noqa: F401  (registers [trainer] and the callback kind)
+    import datarax.train.config  # noqa: F401 - imported to register [trainer] and the callback kind
     from datarax.config import load_spec
 
     allow = [name.strip() for text in args.allow for name in text.split(",") if name.strip()]

@@ -123,7 +123,8 @@ def choose_label(spec: Mapping[str, Any], label: str | None, drawn: str) -> str 
     if label is not None:
         if not scalar_int(label) or label == drawn:
             raise ValueError(f"--label {label!r} must name a field holding one integer per record (fields: "
-                             f"{', '.join(f'{n} {np.dtype(v.dtype).name}{list(v.shape[1:])}' for n, v in spec.items())})")
+                             + ', '.join(f'{n} {np.dtype(v.dtype).name}{list(v.shape[1:])}' for n, v in spec.items())
+                             + ")")
         return label
     return next((name for name in LABEL_FIELDS if scalar_int(name)), None)
 

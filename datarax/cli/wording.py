@@ -21,8 +21,8 @@ from typing import Any, TextIO
 TERMS: tuple[tuple[str, str], ...] = (
     (r"pass Pipeline\(\.\.\., sampler=ShuffleSampler\(len\(source\), seed=0\)\)",
      "add a [sampler.shuffle] table with seed = 0"),
-    (r"build the source with shuffle=True \(e\.g\. \w+\(shuffle=True, seed=0, \.\.\.\), or `shuffle = true` in a config "
-     r"file's source table\)", "set shuffle = true (and seed = 0) in the [source.<name>] table"),
+    (r"build the source with shuffle=True \(e\.g\. \w+\(shuffle=True, seed=0, \.\.\.\), or `shuffle = true` in a "
+     r"config file's source table\)", "set shuffle = true (and seed = 0) in the [source.<name>] table"),
     (r"Pipeline\((?:\.\.\., )?drop_remainder=True\)", "drop_remainder = true at the top of the file"),
     (r"Pipeline\((?:\.\.\., )?prefetch=(?:\.\.\.|N)\)", "prefetch = N at the top of the file"),
     (r"on_error='skip'", "on_error = \"skip\" in the stage's table"),

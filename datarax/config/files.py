@@ -118,7 +118,7 @@ class Imported(Deferred):
             return self.target
         try:
             return self.target()
-        except Exception as exc:  # noqa: BLE001 - whatever the user's function raised, named at its key
+        except Exception as exc:  # whatever the user's function raised, named at its key
             raise ConfigError([f"{format_path(self.path)} names {self.spec!r}, which raised "
                                f"{type(exc).__name__}: {first_line(exc)}"]) from exc
 
@@ -363,7 +363,7 @@ class RouteFactory:
             return self.route.open(self.cls, list(self.paths), dict(self.options), kwargs)
         except ConfigError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a reader's own error (datasets, pyarrow), named at the key
+        except Exception as exc:  # a reader's own error (datasets, pyarrow), named at the key
             raise ConfigError([f"{format_path((*self.path, 'files'))} could not be opened as {self.cls.__name__}: "
                                f"{type(exc).__name__}: {first_line(exc)}"]) from exc
 

@@ -1,7 +1,7 @@
 """Names for the built-in classes a configuration can use, discovered from the packages that hold them.
 
 Every concrete operator in `datarax.operators` (and its subpackages: image, audio, strategies,
-nodes), every source in `datarax.sources` (random-access and streams) and 
+nodes), every source in `datarax.sources` (random-access and streams) and
 every host stage in `datarax.host` and every sampler in `datarax.samplers` gets a snake_case name
 from its class name, with the kind's suffix dropped:
 
@@ -277,7 +277,8 @@ def _import_module(name: str, search_dirs: Sequence[str]):
         finally:
             if directory in sys.path:
                 sys.path.remove(directory)
-    raise ModuleNotFoundError(f"{first_error} (looked on sys.path and in {', '.join(search_dirs) or 'no other folder'})",
+    where = ", ".join(search_dirs) or "no other folder"
+    raise ModuleNotFoundError(f"{first_error} (looked on sys.path and in {where})",
                               name=first_error.name) from None
 
 

@@ -43,7 +43,7 @@ def memory_bytes() -> int | None:
         stats = jax.local_devices()[0].memory_stats() or {}
         if stats.get("bytes_limit"):
             limits.append(int(stats["bytes_limit"]))
-    except Exception:  # noqa: BLE001, S110  (a backend without memory statistics: the host limit stands)
+    except Exception:  # a backend without memory statistics: the host limit stands
         pass
     return min(limits) if limits else None
 

@@ -237,7 +237,8 @@ def _dag(value: Any, ctx: Context) -> DagSpec | None:
     if not isinstance(sink, str):
         problems.add((*path, "sink"), f"must name the node whose output is the batch, got {sink!r}")
     elif sink not in names:
-        problems.add((*path, "sink"), f"names unknown node {sink!r}{suggestion(sink, names)} (nodes: {', '.join(names)})")
+        problems.add((*path, "sink"), f"names unknown node {sink!r}{suggestion(sink, names)} "
+                                      f"(nodes: {', '.join(names)})")
     try:
         graphlib.TopologicalSorter({n: [p for p in e if p in names] for n, e in edges.items()}).prepare()
     except graphlib.CycleError as exc:
@@ -253,8 +254,9 @@ def _dag(value: Any, ctx: Context) -> DagSpec | None:
                         todo.append(pred)
             for name in names:
                 if name not in feeding:
-                    problems.add((*path, "nodes", name), f"does not lead to the sink {sink!r}, so its output would be "
-                                                         "discarded; list it in a downstream node's inputs or remove it")
+                    problems.add((*path, "nodes", name), f"does not lead to the sink {sink!r}, so its output would "
+                                                         "be discarded; list it in a downstream node's inputs or "
+                                                         "remove it")
     return DagSpec(nodes, edges, sink) if isinstance(sink, str) else None
 
 
@@ -299,7 +301,7 @@ def _imports(value: Any, ctx: Context) -> None:
             ctx.problems.add(("imports", i), str(exc))
         except (ImportError, ValueError) as exc:
             ctx.problems.add(("imports", i), f"names {name!r}, which cannot be imported: {exc}")
-        except Exception as exc:  # noqa: BLE001 - the module raised while importing; show what, keep validating
+        except Exception as exc:  # the module raised while importing; show what, keep validating
             ctx.problems.add(("imports", i), f"names {name!r}, whose module raised {type(exc).__name__} on import: "
                                              f"{exc}")
 

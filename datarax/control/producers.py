@@ -93,9 +93,9 @@ def indexed_host_batches(pipeline: Any, steps: Iterator[tuple[int, int, int]]) -
         slot = i % len(ring)
         with times.measure(READ, records=num_valid, work="read"):
             if ring[slot] is None:
-                ring[slot] = p.retry_policy.call(lambda: p.source.read(idx, epoch))  # noqa: B023 (called at once)
+                ring[slot] = p.retry_policy.call(lambda: p.source.read(idx, epoch))  # called at once
             else:
-                p.retry_policy.call(lambda: p.source.read(idx, epoch, out=ring[slot]))  # noqa: B023
+                p.retry_policy.call(lambda: p.source.read(idx, epoch, out=ring[slot]))  # called at once
         check_int_fields(ring[slot], p.source, idx)
         # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
         # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
@@ -173,7 +173,7 @@ def stream_host_batches(source: Any, *, batch_size: int, drop_remainder: bool, r
                 if retry_policy is None:
                     valid = reader.read(buffers, batch_size)
                 else:
-                    valid = retry_policy.call(lambda: reader.read(buffers, batch_size))  # noqa: B023 (called at once)
+                    valid = retry_policy.call(lambda: reader.read(buffers, batch_size))  # called at once
                 times.add(READ, times.clock() - began, records=valid, work="read")
                 if valid == 0 or (drop_remainder and valid < batch_size):
                     break

@@ -37,7 +37,7 @@ def unsupported_message(owner: str, problems: Mapping[str, str]) -> str:
 
 def batchable(dtype: Any) -> bool:
     dtype = np.dtype(dtype)
-    return dtype != object and (np.issubdtype(dtype, np.number) or dtype == np.bool_)
+    return dtype.kind != "O" and (np.issubdtype(dtype, np.number) or dtype == np.bool_)
 
 
 def check_columns(columns: Any, available: Sequence[str], owner: str) -> tuple[str, ...]:

@@ -211,7 +211,7 @@ def _shrink_batch(source: DataSourceModule, data: np.ndarray, ids: np.ndarray, c
     def shrink(row: int) -> bytes | Exception:
         try:
             return shrink_image(data[row], config)
-        except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for bad bytes; all name the record
+        except Exception as exc:  # Pillow raises many kinds for bad bytes; all name the record
             return exc
 
     results = pool.map(shrink, range(len(ids)))

@@ -65,6 +65,7 @@ from datarax.core.checks import (
     set_field,
 )
 from datarax.core.construct import resolve_config
+from datarax.core.fields import batchable
 from datarax.host.processes import SharedOutputs, WorkerPool
 from datarax.host.stage import ON_ERROR, BadRecords, DecodingStage, HostContext, Spec, record_generator
 
@@ -89,7 +90,7 @@ def output_spec_of(outputs: Any, owner: str = "HostMap outputs") -> OutputSpec:
         except TypeError:
             raise TypeError(f"{owner}[{name!r}] must be (shape, dtype) or a jax.ShapeDtypeStruct, got "
                             f"{leaf!r}") from None
-        if dtype == object or not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+        if not batchable(dtype):
             raise TypeError(f"{owner}[{name!r}] has dtype {dtype}; outputs enter the compiled program, so they "
                             "must be numeric or bool arrays")
         spec.append((name, shape, dtype.str))
@@ -171,7 +172,8 @@ class RecordJob:
         for row in range(len(ids)):
             rng = record_generator(seed, stage, epoch, int(ids[row])) if stochastic else None
             record = {k: v[row] for k, v in inputs.items()}
-            failures.append(self._store(lambda: self.fn(record, rng), outputs, slice(row, row + 1), None))  # noqa: B023
+            # The lambda is called at once, inside this iteration.
+            failures.append(self._store(lambda: self.fn(record, rng), outputs, slice(row, row + 1), None))
         return failures
 
     def _store(self, call: Callable[[], Any], outputs: dict[str, np.ndarray], where: Any,
@@ -193,7 +195,7 @@ class RecordJob:
                     raise ValueError(f"HostMap function {self.name} returned {name!r} with shape {value.shape}, "
                                      f"outputs= declares {want}; return that shape or change outputs=")
                 np.copyto(outputs[name][where], value if rows is not None else value[np.newaxis], casting="same_kind")
-        except Exception as exc:  # noqa: BLE001 - a record's failure, reported with its record by BadRecords
+        except Exception as exc:  # a record's failure, reported with its record by BadRecords
             return picklable(exc)
         return None
 
@@ -202,7 +204,7 @@ def picklable(exc: BaseException) -> BaseException:
     """`exc`, or a RuntimeError with its text when it cannot travel back from a worker process."""
     try:
         pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - any exception that does not round-trip
+    except Exception:  # any exception that does not round-trip
         return RuntimeError(f"{type(exc).__name__}: {exc}")
     return exc
 
@@ -236,7 +238,7 @@ class HostMap(DecodingStage):
         if config.executor == "processes":
             try:
                 pickle.loads(pickle.dumps(fn))
-            except Exception as exc:  # noqa: BLE001 - PicklingError, AttributeError, TypeError: all mean the same
+            except Exception as exc:  # PicklingError, AttributeError, TypeError: all mean the same
                 raise TypeError(
                     f"HostMap fn {function_name(fn)} cannot be sent to worker processes ({type(exc).__name__}: "
                     f"{exc}); define it with `def` at module level in an importable module (not a lambda, a nested "

@@ -232,7 +232,7 @@ def worker_main(conn: Any, payload: bytes, path: list[str]) -> None:
     sys.path[:] = path
     try:
         job = pickle.loads(payload)
-    except BaseException:  # noqa: BLE001 - any failure to load the job is reported, then the worker ends
+    except BaseException:  # any failure to load the job is reported, then the worker ends
         conn.send(("error", "a worker process could not load the function: " + traceback.format_exc(limit=4)
                    + "Define the function at module level in an importable module (not in a notebook cell or "
                      "under `if __name__ == '__main__':`)"))
@@ -249,7 +249,7 @@ def worker_main(conn: Any, payload: bytes, path: list[str]) -> None:
             segments = {name: attach(name)}
         try:
             result = ("ok", job(task, views(segments[name].buf, layout, rows, low, high)))
-        except BaseException:  # noqa: BLE001 - the parent raises it with the worker's traceback
+        except BaseException:  # the parent raises it with the worker's traceback
             result = ("error", f"a worker process failed outside the function: {traceback.format_exc()}")
         conn.send(result)
     for segment in segments.values():

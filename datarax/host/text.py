@@ -101,7 +101,8 @@ class Tokenize(HostStage):
         try:
             flat, lengths = encode(self.tokenizer, texts, cfg.add_special_tokens)
         except TypeError:  # bytes, or something that is not text: decode or name the record
-            flat, lengths = encode(self.tokenizer, as_texts(texts, cfg.field, ctx.where, "Tokenize"), cfg.add_special_tokens)
+            texts = as_texts(texts, cfg.field, ctx.where, "Tokenize")
+            flat, lengths = encode(self.tokenizer, texts, cfg.add_special_tokens)
         ids, kept = pad_ragged(flat, lengths, cfg.length, cfg.pad_id)
         out = {k: v for k, v in batch.items() if k != cfg.field}
         out[f"{cfg.field}_ids"] = ids

@@ -248,8 +248,8 @@ class PipelineMonitor:
         host = steady["data"] == "host"
         if wait < INPUT_BOUND_PCT:
             return (f"consumer-bound: {waited}, so the pipeline keeps up, delivering "
-                    f"{steady['records_per_s']:,.0f} records/s to a loop that takes {steady['consumer_ms_mean']:.2f} ms "
-                    "per batch")
+                    f"{steady['records_per_s']:,.0f} records/s to a loop that takes "
+                    f"{steady['consumer_ms_mean']:.2f} ms per batch")
         if host and steady["empty_buffer_pct"] >= 50.0:
             return ("input-bound: the background producer had no batch ready on "
                     f"{steady['empty_buffer_pct']:.0f}% of calls and {waited}; reading and host work are the "

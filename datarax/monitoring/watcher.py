@@ -1,5 +1,5 @@
-"""Timing helpers shared with the training kit (`datarax.train`): a thread that records when each step's output became ready,
-and the overlap of an interval with sorted host intervals."""
+"""Timing helpers shared with the training kit (`datarax.train`): a thread that records when each
+step's output became ready, and the overlap of an interval with sorted host intervals."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class ReadyWatcher:
             index, output = item
             try:
                 jax.block_until_ready(output)
-            except Exception:  # noqa: BLE001 - the main thread reports the failure; only the time matters here
+            except Exception:  # the main thread reports the failure; only the time matters here
                 pass
             self._on_ready(index, self._clock())
 

@@ -69,7 +69,8 @@ class CompiledProgram:
     - `expand_gather_and_run(values, arrays, params, row)`: one batch of a sampled chunk: indices
       from its row (`Sampler.device_expand`), gather and stages, no data-dependent loop;
     - `expand_gather_and_run_many(values, arrays, params, rows)`: several such batches (one per
-      row, at most `chunk_batches`; the pipeline's `batches_per_dispatch`) in one program (a `lax.scan` over the rows), one output each: where a dispatch
+      row, at most `chunk_batches`; the pipeline's `batches_per_dispatch`) in one program (a `lax.scan` over the rows),
+      one output each: where a dispatch
       costs as much as a batch's work (about 150 us on a TPU v5e), several batches per call
       keep the device busy (docs/tpu.md). Each output is the one `expand_gather_and_run` gives.
 

@@ -180,7 +180,8 @@ def _check_arity(name: str, module: nnx.Module, num_preds: int) -> None:
 
 def _keyword_only(module: nnx.Module, keyword: str) -> bool:
     sig = _signature(module)
-    return sig is not None and keyword in sig.parameters and sig.parameters[keyword].kind == inspect.Parameter.KEYWORD_ONLY
+    return (sig is not None and keyword in sig.parameters
+            and sig.parameters[keyword].kind == inspect.Parameter.KEYWORD_ONLY)
 
 
 def node_structure(module: nnx.Module) -> str:

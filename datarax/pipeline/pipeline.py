@@ -156,7 +156,8 @@ class Pipeline(nnx.Module, Epochs):
         self.dispatch_ahead = int(dispatch_ahead)
         self._requested_per_dispatch = batches_per_dispatch
         if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
-            raise TypeError(f"retry_policy must be a datarax.pipeline.RetryPolicy or None, got {describe(retry_policy)}")
+            raise TypeError(f"retry_policy must be a datarax.pipeline.RetryPolicy or None, "
+                            f"got {describe(retry_policy)}")
         # Not part of the fingerprint: retries change when a batch arrives, never what it holds.
         self.retry_policy = NO_RETRY if retry_policy is None else retry_policy
         # The fingerprint leaves the sharding out on purpose: the stream is the same on any layout.

@@ -211,9 +211,11 @@ class _Functions:
                 return step(carry, arrays, x[2], x[0])
 
             def padded_body(carry, x):
-                run = lambda c: body(c, x)  # noqa: E731
+                def run(c):
+                    return body(c, x)
                 out_spec = jax.eval_shape(run, carry)[1]
-                skip = lambda c: (c, jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), out_spec))  # noqa: E731
+                def skip(c):
+                    return (c, jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), out_spec))
                 return jax.lax.cond(x[1], run, skip, carry)
 
             # A full chunk runs without the per-step cond, so the step stays one straight-line body.
@@ -225,7 +227,8 @@ class _Functions:
 
     def check_output_shapes(self, state, arrays, full: tuple, short: tuple) -> None:
         """Fails before running anything when the short batch would change the step's output shapes."""
-        spec = lambda out: [(x.shape, str(x.dtype)) for x in jax.tree.leaves(out[1])]  # noqa: E731
+        def spec(out):
+            return [(x.shape, str(x.dtype)) for x in jax.tree.leaves(out[1])]
         num_valid = int(short[1][0][2])
         full_spec = spec(jax.eval_shape(self.step, state, arrays, full[0][0], full[1][0]))
         short_spec = spec(jax.eval_shape(functools.partial(self.step, num_valid=num_valid), state, arrays,

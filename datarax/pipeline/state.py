@@ -51,7 +51,8 @@ def check_state(state: Any, *, fingerprint: str, epoch_length: int, owner: str =
     `make_state` sizes the state must match (`num_records`, `batch_size`).
     """
     if not isinstance(state, dict):
-        raise IteratorStateError(f"iterator state must be a dict from get_state(), got {type(state).__name__}: {state!r:.200}")
+        raise IteratorStateError(f"iterator state must be a dict from get_state(), got {type(state).__name__}: "
+                                 f"{state!r:.200}")
     missing = [k for k in (*_KEYS, *sizes) if k not in state]
     if missing:
         raise IteratorStateError(f"iterator state is missing {missing}; it is corrupt or not from a datarax "

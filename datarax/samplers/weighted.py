@@ -72,7 +72,8 @@ class WeightedSampler(Sampler):
             raise ValueError(f"WeightedSampler weights give group(s) {empty} a share, but no record has that group id; "
                              "set their weights to 0 or check the labels")
         self.num_records = int(groups.size)
-        self.seed, self.shuffle = check_seed(seed, "WeightedSampler seed"), check_bool(shuffle, "WeightedSampler shuffle")
+        self.seed = check_seed(seed, "WeightedSampler seed")
+        self.shuffle = check_bool(shuffle, "WeightedSampler shuffle")
         self.epoch_length = (self.num_records if epoch_length is None
                              else check_positive_int(epoch_length, "WeightedSampler epoch_length"))
         present = np.flatnonzero(self.counts)  # groups with records: the mixture's components

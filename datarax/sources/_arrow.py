@@ -177,7 +177,8 @@ def encoded_path(chunk: Any, row: int) -> str | None:
 class TableConverter:
     """Turns rows of the selected Arrow columns into the source's arrays (`convert` included)."""
 
-    def __init__(self, sample: Any, names: tuple[str, ...], convert: Callable[[dict[str, Any]], Mapping[str, Any]] | None, owner: str,
+    def __init__(self, sample: Any, names: tuple[str, ...],
+                 convert: Callable[[dict[str, Any]], Mapping[str, Any]] | None, owner: str,
                  encoded: tuple[str, ...] = ()):
         self.owner, self.convert, self.encoded = owner, convert, encoded
         self.names = tuple(n for n in names if n not in encoded)

@@ -130,7 +130,8 @@ class HFStreamSource(StreamSourceModule):
                              "decode them need random access. For shards on a remote store or the Hub (parquet "
                              "with Image/Audio columns), use datarax.sources.ShardedSource(urls=[...], "
                              f"encoded={tuple(config.encoded)!r}), which reads them by byte range with exact resume; "
-                             "for local files, HFSource on a map-style dataset (load_files(...) without streaming=True)")
+                             "for local files, HFSource on a map-style dataset (load_files(...) without "
+                             "streaming=True)")
         self.config = config
         probe = dataset.with_format("arrow")
         sample = next(iter(probe.iter(batch_size=min(config.block_size, 256))), None)

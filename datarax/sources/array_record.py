@@ -5,7 +5,8 @@ time, see `datarax.sources._records`), any bytes with a user `decode` function (
 per record; wrap the source in `datarax.sources.ThreadedSource` when decoding releases the
 GIL), or raw encoded records (`ArrayRecordSourceConfig(encoded="jpeg")`: each record's bytes, an
 encoded image or a serialized example, become one field of dtype `ENCODED` for a host stage such
-as `DecodeImage(field="jpeg")` to decode on the reader's threads). Shuffling is the pipeline's Feistel permutation over the global record index, so any epoch
+as `DecodeImage(field="jpeg")` to decode on the reader's threads). Shuffling is the pipeline's Feistel permutation over
+the global record index, so any epoch
 and position is reached by arithmetic and resume is exact.
 """
 

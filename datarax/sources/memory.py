@@ -100,7 +100,8 @@ class MemorySource(DataSourceModule):
         if resident is None:
             resident = nbytes <= config.max_device_bytes
         # Stored in the backend's fastest layout (lane-dense on a TPU; `datarax.core.layout`).
-        self._device = Handles(arrays={k: jax.device_put(to_storage(v)) for k, v in arrays.items()}) if resident else None
+        device = {k: jax.device_put(to_storage(v)) for k, v in arrays.items()} if resident else None
+        self._device = Handles(arrays=device) if resident else None
 
     def __len__(self) -> int:
         return self._length

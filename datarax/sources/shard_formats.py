@@ -169,8 +169,8 @@ def array_record_index(path: str, url: str, block_records: int) -> tuple[list[li
     reader = ar.ArrayRecordReader(path, "readahead_buffer_size:0")
     try:
         if not reader.ok():
-            raise CorruptFileError(f"ShardedSource shard {url!r} is not a readable ArrayRecord file (its index cannot be "
-                                   "read); it is truncated or damaged: restore it, or leave it out of urls")
+            raise CorruptFileError(f"ShardedSource shard {url!r} is not a readable ArrayRecord file (its index "
+                                   "cannot be read); it is truncated or damaged: restore it, or leave it out of urls")
         n = reader.num_records()
     finally:
         reader.close()

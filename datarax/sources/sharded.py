@@ -207,7 +207,8 @@ class ShardedSource(DataSourceModule):
         blocks = [(s, *b) for s, shard in enumerate(manifest["shards"]) for b in shard["blocks"]]
         counts = np.array([b[1] for b in blocks], np.int64)
         # A plain holder keeps the block table, the cache and the threads out of NNX state and graph.
-        self._io = Handles(manifest=manifest, blocks=blocks, counts=counts, starts=np.concatenate([[0], np.cumsum(counts)]),
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        self._io = Handles(manifest=manifest, blocks=blocks, counts=counts, starts=starts,
                            cache=collections.OrderedDict(), lock=threading.Lock(), pool=None, sampler=None, footers={},
                            fetched=[0], unrequested=[0], retry=self.config.retry_policy())
         self._spec = self._element_spec(manifest["columns"])
@@ -262,8 +263,9 @@ class ShardedSource(DataSourceModule):
             elif kind in NUMERIC:
                 dtype = device_dtype(NUMERIC[kind])
             else:
-                raise TypeError(f"ShardedSource column {name!r} is {columns[name]}, which is not a number or a fixed-size "
-                                f"list of numbers; list it in encoded=(...) to read it as bytes/str for a host stage, or "
+                raise TypeError(f"ShardedSource column {name!r} is {columns[name]}, which is not a number or a "
+                                f"fixed-size list of numbers; list it in encoded=(...) to read it as bytes/str for a "
+                                "host stage, or "
                                 "leave it out of fields")
             spec[name] = jax.ShapeDtypeStruct(shape, dtype)
         return spec
@@ -276,7 +278,8 @@ class ShardedSource(DataSourceModule):
 
     def sampler(self) -> Sampler:
         """The two-level block shuffle when `shuffle=True`, else storage order."""
-        self._io.sampler = BlockShuffleSampler(self._io.counts, self.config.window, self.seed, bool(self.config.shuffle))
+        shuffle = bool(self.config.shuffle)
+        self._io.sampler = BlockShuffleSampler(self._io.counts, self.config.window, self.seed, shuffle)
         return self._io.sampler
 
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
@@ -349,7 +352,7 @@ class ShardedSource(DataSourceModule):
             raise exc.error from None
         except (CorruptFileError, ShardChangedError, IntegerRangeError):
             raise
-        except Exception as exc:  # noqa: BLE001 - the bytes arrived whole: any failure to parse them is damage
+        except Exception as exc:  # the bytes arrived whole: any failure to parse them is damage
             raise CorruptFileError(f"ShardedSource cannot read {where}: {type(exc).__name__}: {exc}; the shard is "
                                    "damaged or changed: restore it, or index the shards again") from None
 

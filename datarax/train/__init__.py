@@ -34,4 +34,10 @@ from datarax.train.metrics.accumulated import Perplexity as Perplexity
 from datarax.train.metrics.goodput import GoodputLedger as GoodputLedger
 from datarax.train.metrics.writers import TensorBoardWriter as TensorBoardWriter
 
-__all__ = ['CheckpointMismatchError', 'CheckpointRestoreError', 'CheckpointSaveError', 'Checkpointer', 'ConfusionMatrix', 'ConsoleWriter', 'CorruptCheckpointWarning', 'FitResult', 'GoodputLedger', 'JsonlWriter', 'Metric', 'PerClassAccuracy', 'Perplexity', 'ShortFinalBatchWarning', 'TensorBoardWriter', 'Trainer', 'TrainerWarning', 'UnknownEpochLengthWarning', 'UnshuffledTrainingWarning', 'build_trainer', 'joint_optimizer', 'load_trainer', 'state_sha256']
+__all__ = [
+    'CheckpointMismatchError', 'CheckpointRestoreError', 'CheckpointSaveError', 'Checkpointer', 'ConfusionMatrix',
+    'ConsoleWriter', 'CorruptCheckpointWarning', 'FitResult', 'GoodputLedger', 'JsonlWriter', 'Metric',
+    'PerClassAccuracy', 'Perplexity', 'ShortFinalBatchWarning', 'TensorBoardWriter', 'Trainer', 'TrainerWarning',
+    'UnknownEpochLengthWarning', 'UnshuffledTrainingWarning', 'build_trainer', 'joint_optimizer', 'load_trainer',
+    'state_sha256',
+]

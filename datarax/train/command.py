@@ -1,4 +1,5 @@
-"""`datarax train CONFIG` (the command line dispatches here): run the configured trainer; rerunning resumes from the newest checkpoint.
+"""`datarax train CONFIG` (the command line dispatches here): run the configured trainer; rerunning
+resumes from the newest checkpoint.
 
 Resuming needs `trainer.checkpoint_dir`: the trainer's checkpoint callback restores the newest
 readable checkpoint (model, optimizer and data iterator) when training begins, and targets are
@@ -31,7 +32,7 @@ from datarax.train.pretrained.finetune import finetune_summary
 
 def _plotting_available() -> bool:
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - imported only to see whether it is installed
     except ImportError:
         return False
     return True

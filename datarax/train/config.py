@@ -400,7 +400,7 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
     section = spec.trainer.section
     try:
         model = nnx.eval_shape(lambda: section.model(**_model_args(spec)))
-    except Exception as exc:  # noqa: BLE001 - whatever the user's model function raised, named at its key
+    except Exception as exc:  # whatever the user's model function raised, named at its key
         raise ConfigError([f"trainer.model could not be built: {type(exc).__name__}: {_first_line(exc)}"],
                           spec.path) from exc
     if not isinstance(model, nnx.Module):
@@ -411,7 +411,7 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
     params = nnx.state(model, nnx.Param)
     try:  # a first update, abstractly: an argument the optimizer takes but cannot use fails here, not at step 1
         jax.eval_shape(lambda p: optimizer.update(p, optimizer.init(p), p), params)
-    except Exception as exc:  # noqa: BLE001 - whatever the optimizer raised, named at its key
+    except Exception as exc:  # whatever the optimizer raised, named at its key
         raise ConfigError([f"trainer.optimizer cannot update the model's parameters: {type(exc).__name__}: "
                            f"{_first_line(exc)}"], spec.path) from exc
     graphdef, state = nnx.split(model)
@@ -423,7 +423,7 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
 
     try:
         value = jax.eval_shape(loss, state, batch)
-    except Exception as exc:  # noqa: BLE001 - the user's loss on this batch, named at its key
+    except Exception as exc:  # the user's loss on this batch, named at its key
         fields = ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in batch.items())
         raise ConfigError([f"trainer.loss fails on the pipeline's output batch ({fields}): {type(exc).__name__}: "
                            f"{_first_line(exc)}"], spec.path) from exc
@@ -462,8 +462,8 @@ register_kind(CALLBACK_KIND)
 # Metric writers as components of a callback's `writers` (`{ metric_logger = { writers = [{ wandb =
 # { project = "exp1" } }] } }`), and the folders callbacks and writers write into, which a
 # configuration gives relative to its own file (as `checkpoint_dir`).
-WRITER_KIND = Kind("writer", ("datarax.monitoring.writers", "datarax.train.metrics.writers"), "datarax.monitoring.writers:MetricWriter",
-                   ("Writer",))
+WRITER_KIND = Kind("writer", ("datarax.monitoring.writers", "datarax.train.metrics.writers"),
+                   "datarax.monitoring.writers:MetricWriter", ("Writer",))
 CONFIG_PATHS = {ProfilerConfig: "log_dir", WandbWriterConfig: "dir"}
 ARGUMENT_PATHS = {JsonlWriter: "path", TensorBoardWriter: "logdir"}
 

@@ -85,6 +85,7 @@ def tones(folder: str, count: int = 256) -> None:
 
 def text(folder: str, vocab: int = 512) -> None:
     from pydoc_data.topics import topics
+
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     documents = [" ".join(topics[name].split()) for name in sorted(topics)]

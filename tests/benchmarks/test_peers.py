@@ -82,7 +82,8 @@ def test_peer_tokens_loader_delivers_each_row_once(peer):
 
 
 def test_check_peers_names_the_choices():
-    with pytest.raises(ValueError, match=r"unknown peer\(s\) \['tf'\] in --vs; choose from grain, numpy, tfdata, torch"):
+    with pytest.raises(ValueError,
+                       match=r"unknown peer\(s\) \['tf'\] in --vs; choose from grain, numpy, tfdata, torch"):
         runner.check_peers(["grain", "tf"])
 
 

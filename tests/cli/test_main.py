@@ -79,7 +79,8 @@ def test_validate_accepts_a_good_file(folder, capsys):
 
 
 def test_validate_exits_non_zero_with_one_line_per_problem(folder, capsys):
-    text = PIPELINE.replace("size = [4, 6]", 'size = "big"').replace('"cli_helpers:double"', '"cli_helpers:double", scale = 2')
+    text = PIPELINE.replace("size = [4, 6]", 'size = "big"').replace('"cli_helpers:double"', '"cli_helpers:double", '
+                                                                                             'scale = 2')
     path = write(folder, text)
     assert main(["validate", path]) == 1
     captured = capsys.readouterr()
@@ -410,7 +411,8 @@ def npz_data(folder) -> str:
     import numpy as np
 
     rng = np.random.default_rng(3)
-    np.savez(folder / "data.npz", image=rng.random((40, 8, 8, 3)).astype(np.float32), label=np.arange(40, dtype=np.int32))
+    np.savez(folder / "data.npz", image=rng.random((40, 8, 8, 3)).astype(np.float32), label=np.arange(40,
+                                                                                                      dtype=np.int32))
     return '[source.memory]\ndata = "data.npz"\n'
 
 
@@ -685,7 +687,8 @@ def test_a_trainer_key_fails_with_the_message_of_its_python_argument(folder, cap
             setup = make_setup()
             Trainer(setup.model, optax.sgd(0.1), setup.pipeline, loss_fn, **kwargs)
         else:
-            {"Checkpointer": Checkpointer, "CheckpointCallback": CheckpointCallback}[owner](str(folder / "py"), **kwargs)
+            {"Checkpointer": Checkpointer, "CheckpointCallback": CheckpointCallback}[owner](str(folder / "py"),
+                                                                                            **kwargs)
     path = str(write_job(folder, KIT_KEYS.replace("max_to_keep = 1\n", "") + keys, steps=6))
     assert main(["validate", path]) == 1
     assert f"datarax: error: {path}: trainer.{python.value}" in capsys.readouterr().err
@@ -810,7 +813,8 @@ def test_train_takes_fsdp_from_the_file_and_resumes_on_another_mesh(folder, caps
     assert main(["validate", path]) == 0
     assert main(["train", path, "--no-progress"]) == 0
     path = str(write_job(folder, keys, steps=6,
-                         after='[sharding]\nmesh_shape = [4, 2]\naxis_names = ["data", "model"]\nbatch_axes = "data"\n'))
+                         after='[sharding]\nmesh_shape = [4, 2]\naxis_names = ["data", "model"]\n'
+                               'batch_axes = "data"\n'))
     assert main(["train", path, "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "resumed      from the checkpoint at step 4" in out and "trained      to step 6" in out

@@ -81,7 +81,8 @@ def test_an_image_grid_has_the_layout_size_and_the_records_pixels(folder, capsys
 def caption_strips(grid: np.ndarray, count: int, side: int = 64) -> list[np.ndarray]:
     cols = math.ceil(math.sqrt(count))
     row = side + CAPTION + GAP
-    return [grid[GAP + r * row + side:GAP + r * row + side + CAPTION, GAP + c * (side + GAP):GAP + c * (side + GAP) + side]
+    return [grid[GAP + r * row + side:GAP + r * row + side + CAPTION,
+                 GAP + c * (side + GAP):GAP + c * (side + GAP) + side]
             for r, c in (divmod(i, cols) for i in range(count))]
 
 

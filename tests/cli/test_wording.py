@@ -11,7 +11,8 @@ from datarax.cli.wording import config_terms
 @pytest.mark.parametrize("python, toml", [
     ("Fix: Pipeline(..., drop_remainder=True) (drops 24 records)",
      "Fix: drop_remainder = true at the top of the file (drops 24 records)"),
-    ("or pass on_error='skip' to replace bad records", "or pass on_error = \"skip\" in the stage's table to replace bad "
+    ("or pass on_error='skip' to replace bad records", "or pass on_error = \"skip\" in the stage's table to replace "
+                                                       "bad "
                                                        "records"),
     ("a deeper prefetch, `Pipeline(prefetch=...)`: it absorbs", "a deeper prefetch, `prefetch = N at the top of the "
                                                                 "file`: it absorbs"),

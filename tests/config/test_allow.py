@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-import datarax.train  # noqa: F401  (registers the [trainer] table)
+import datarax.train  # noqa: F401 - imported for its side effect (registers the [trainer] table)
 from datarax.config import ConfigError, load_pipeline, load_spec
 from datarax.config.allow import AllowList
 
@@ -54,7 +54,8 @@ def test_allowing_the_module_in_the_file_or_from_python(tmp_path, helper, how):
     if how == "toml":
         text = f'allow = ["{helper}"]\n' + text
     path_before = list(sys.path)
-    pipeline = load_pipeline(write(tmp_path, text), allow={"toml": [], "python list": [helper], "python str": helper}[how])
+    pipeline = load_pipeline(write(tmp_path, text), allow={"toml": [], "python list": [helper],
+                                                           "python str": helper}[how])
     assert len(pipeline.source) == 6 and (tmp_path / "IMPORTED").exists()
     assert sys.path == path_before  # the config's folder was on sys.path only while importing
 

@@ -7,10 +7,9 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-
-import datarax.train  # noqa: F401  (registers the [trainer] table, which the kit validates)
 from flax import nnx
 
+import datarax.train  # noqa: F401 - imported for its side effect (registers the [trainer] table, which the kit validates)
 from datarax import Pipeline
 from datarax.config import ConfigError, load_pipeline, load_spec
 from datarax.operators.image import BrightnessConfig, BrightnessOperator, HorizontalFlipConfig, HorizontalFlipOperator
@@ -145,7 +144,8 @@ def test_built_in_operators_nested_operators_and_a_sampler(helpers):
                 HorizontalFlipOperator(HorizontalFlipConfig(stochastic=False))]
     reference = Pipeline(MemorySource(MemorySourceConfig(), data=data),
                          [ElementOperator(fn=cfg_helpers.double),
-                          ParallelOperator(ParallelOperatorConfig(merge="mean", fields=("image",)), operators=branches)],
+                          ParallelOperator(ParallelOperatorConfig(merge="mean", fields=("image",)),
+                                           operators=branches)],
                          16, sampler=ShuffleSampler(40, seed=3), drop_remainder=True)
     assert isinstance(built.sampler, ShuffleSampler) and len(built.sampler) == 40
     assert same_stream(reference, built) == 2
@@ -200,8 +200,10 @@ ERRORS = [
      r"source\.memory\.batch_size is a top-level key, but it sits in the \[source\.memory\] table"),
     (SOURCE + "[[stages]]\nbrightness = {}\nseed = 3\n",
      r"stages\[0\]\.seed is a top-level key, but it sits in the \[stages\[0\]\] table"),
-    (SOURCE + "[[stages]]\nbrightnes = {}\n", r"stages\[0\]\.brightnes is not a known stage; did you mean 'brightness'\?"),
-    ('[source.memroy]\ndata = "cfg_helpers:make_data"\n', r"source\.memroy is not a known source; did you mean 'memory'\?"),
+    (SOURCE + "[[stages]]\nbrightnes = {}\n", r"stages\[0\]\.brightnes is not a known stage; did you mean "
+                                              r"'brightness'\?"),
+    ('[source.memroy]\ndata = "cfg_helpers:make_data"\n', r"source\.memroy is not a known source; did you mean "
+                                                          r"'memory'\?"),
     (SOURCE + "[[stages]]\nelement = {}\n", r"stages\[0\]\.element\.fn is required by 'element' but missing"),
     (SOURCE + "[[stages]]\nbrightness = {}\ncontrast = {}\n",
      r"stages\[0\] must name exactly one stage .*got keys \['brightness', 'contrast'\]"),

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-import datarax.train  # noqa: F401  (registers [trainer])
+import datarax.train  # noqa: F401 - imported for its side effect (registers [trainer])
 from datarax import Pipeline
 from datarax.config import ConfigError, load_pipeline, load_spec
 from datarax.config.files import probe_parquet

@@ -6,8 +6,16 @@ from typing import Any, Literal
 
 import pytest
 
-from datarax.config.schema import (ConfigError, FieldError, Problems, build_dataclass, convert, describe_hint,
-                                   format_path, suggestion)
+from datarax.config.schema import (
+    ConfigError,
+    FieldError,
+    Problems,
+    build_dataclass,
+    convert,
+    describe_hint,
+    format_path,
+    suggestion,
+)
 
 # (value, hint, expected converted value); expected values are written out by hand.
 ACCEPTED = [

@@ -3,15 +3,24 @@
 import numpy as np
 import pytest
 
-from datarax.core.checks import (check_bool, check_choice, check_int, check_number, check_positive_int,
-                                 check_probability, check_range, check_size)
+from datarax.core.checks import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    check_positive_int,
+    check_probability,
+    check_range,
+    check_size,
+)
 
 
 @pytest.mark.parametrize("call, error, match", [
     (lambda: check_int(True, "n", 1), ValueError, r"n must be an int >= 1, got True"),
     (lambda: check_int(0, "n", 1, allow_none=True), ValueError, r"n must be an int >= 1 or None, got 0"),
     (lambda: check_int(5, "n", 1, high=4), ValueError, r"n must be an int in \[1, 4\], got 5"),
-    (lambda: check_int(1, "k", 2, why=" (pairs)", hint="; e.g. k=2"), ValueError, r"k must be an int >= 2 \(pairs\), got 1; e.g. k=2"),
+    (lambda: check_int(1, "k", 2, why=" (pairs)", hint="; e.g. k=2"), ValueError, r"k must be an int >= 2 \(pairs\), "
+                                                                                  r"got 1; e.g. k=2"),
     (lambda: check_positive_int(2.0, "rate", unit="Hz"), ValueError, r"rate must be a positive int \(Hz\), got 2.0"),
     (lambda: check_number("3", "x", 0, 1), TypeError, r"x must be a number in \[0, 1\], got '3'"),
     (lambda: check_number(float("nan"), "x", 0, 1), TypeError, r"x must be a number"),
@@ -21,7 +30,8 @@ from datarax.core.checks import (check_bool, check_choice, check_int, check_numb
     (lambda: check_bool("x", "d", allow_none=True), TypeError, r"d must be None, True or False, got 'x'"),
     (lambda: check_choice("zip", "mode", ("a", "b")), ValueError, r"mode must be one of \('a', 'b'\), got 'zip'"),
     (lambda: check_size((3, 0), "size"), ValueError, r"size must be a positive int or a \(height, width\) pair"),
-    (lambda: check_range((0.5, 0.2), "scale", 0.0, 1.0), ValueError, r"scale must be a pair \(a, b\) with 0.0 < a <= b"),
+    (lambda: check_range((0.5, 0.2), "scale", 0.0, 1.0), ValueError,
+     r"scale must be a pair \(a, b\) with 0.0 < a <= b"),
 ])
 def test_messages_name_argument_and_value(call, error, match):
     with pytest.raises(error, match=match):

@@ -14,8 +14,8 @@ import pytest
 import datarax
 from datarax.core.operator import OperatorModule
 from datarax.core.source import DataSourceModule
-from datarax.samplers import default_sampler
 from datarax.host.stage import HostStage
+from datarax.samplers import default_sampler
 from datarax.sources.stream import StreamSourceModule
 
 # Wrappers that hold other objects and have no settings of their own, each with its reason.
@@ -52,7 +52,7 @@ def config_class(cls: type) -> type | None:
         return annotation
     hint = inspect.signature(cls.__init__).parameters["config"].annotation
     module = importlib.import_module(cls.__module__)
-    return eval(hint.split("|")[0].strip(), vars(module))  # noqa: S307 - our own annotation text
+    return eval(hint.split("|")[0].strip(), vars(module))  # our own annotation text
 
 
 CLASSES = concrete_classes()

@@ -11,8 +11,14 @@ from flax import nnx
 from datarax.core.element import Element
 from datarax.core.fusion import separately
 from datarax.core.operator import BatchContext, PerRecordOperator
-from datarax.operators.image import (AffineConfig, AffineOperator, RotationConfig, RotationOperator, TranslateConfig,
-                                     TranslateOperator)
+from datarax.operators.image import (
+    AffineConfig,
+    AffineOperator,
+    RotationConfig,
+    RotationOperator,
+    TranslateConfig,
+    TranslateOperator,
+)
 
 
 def f(x, y):

@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from on_cpu import float64_on_cpu
 from scipy import stats
 
 from datarax.core import noise
 from datarax.core.operator import BatchContext, StageKey, record_keys
-from on_cpu import float64_on_cpu
 
 N = 1 << 18
 

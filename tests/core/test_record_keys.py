@@ -11,9 +11,16 @@ from flax import nnx
 from datarax import Pipeline
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, StageKey, planned_record_keys, record_keys
-from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
-                                     HorizontalFlipConfig, HorizontalFlipOperator, RandomCropConfig,
-                                     RandomCropOperator)
+from datarax.operators.image import (
+    BrightnessConfig,
+    BrightnessOperator,
+    ContrastConfig,
+    ContrastOperator,
+    HorizontalFlipConfig,
+    HorizontalFlipOperator,
+    RandomCropConfig,
+    RandomCropOperator,
+)
 from datarax.pipeline.chain import Chain
 from datarax.sources import MemorySource, MemorySourceConfig
 

@@ -88,7 +88,8 @@ def wrong_defaults(call: ast.Call, obj: object) -> list[str]:
             except ValueError:
                 continue
             if shown != params[kw.arg].default:
-                out.append(f"{obj.__qualname__} shows {kw.arg}={shown!r}, but the default is {params[kw.arg].default!r}")
+                out.append(f"{obj.__qualname__} shows {kw.arg}={shown!r}, "
+                           f"but the default is {params[kw.arg].default!r}")
     return out
 
 
@@ -105,7 +106,8 @@ def problems_in(call: ast.Call, obj: object) -> list[str]:
            for kw in call.keywords if kw.arg is not None and kw.arg not in named]
     positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     starred = any(isinstance(a, ast.Starred) for a in call.args)
-    if not starred and not any(p.kind == p.VAR_POSITIONAL for p in params.values()) and len(call.args) > len(positional):
+    variadic = any(p.kind == p.VAR_POSITIONAL for p in params.values())
+    if not starred and not variadic and len(call.args) > len(positional):
         out.append(f"{len(call.args)} positional arguments, {obj.__qualname__}{signature} takes {len(positional)}")
     return out
 

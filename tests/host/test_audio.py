@@ -13,15 +13,15 @@ import textwrap
 
 import numpy as np
 import pytest
+from scipy.signal import resample_poly
+
+from datarax import Pipeline
+from datarax.host import DecodeAudio, DecodeAudioConfig, HostContext, record_generator
+from datarax.sources import RecordError
+from datarax.sources.hf import HFSource, HFSourceConfig, load_files
 
 sf = pytest.importorskip("soundfile")
 datasets = pytest.importorskip("datasets")
-from scipy.signal import resample_poly  # noqa: E402
-
-from datarax import Pipeline  # noqa: E402
-from datarax.host import DecodeAudio, DecodeAudioConfig, HostContext, record_generator
-from datarax.sources import RecordError  # noqa: E402
-from datarax.sources.hf import HFSource, HFSourceConfig, load_files  # noqa: E402
 
 N, RATE, LENGTH = 40, 8000, 3000
 FORMATS = ("WAV", "FLAC", "OGG")
@@ -249,7 +249,8 @@ def test_config_errors_name_the_argument(settings, message):
 def test_the_field_must_be_encoded_and_the_fingerprint_ignores_threads(root):
     import jax
 
-    with pytest.raises(TypeError, match=r"DecodeAudio field 'audio' must hold encoded audio \(bytes\), one per record, got float32"):
+    with pytest.raises(TypeError, match=r"DecodeAudio field 'audio' must hold encoded audio \(bytes\), one per "
+                                        r"record, got float32"):
         DecodeAudio().output_spec({"audio": jax.ShapeDtypeStruct((10,), np.float32)})
     assert build(root, num_threads=1).fingerprint == build(root, num_threads=4).fingerprint
     assert build(root).fingerprint != build(root, seed=6).fingerprint

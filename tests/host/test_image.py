@@ -19,8 +19,8 @@ from scipy import stats
 from skimage import data as photos
 
 from datarax.host import DecodeImage, DecodeImageConfig, HostContext, SkippedRecordWarning, record_generator
-from datarax.sources import RecordError
 from datarax.host.image import random_resized_box, shorter_side_box
+from datarax.sources import RecordError
 
 BILINEAR = Image.Resampling.BILINEAR
 
@@ -367,7 +367,8 @@ def test_turbo_and_pillow_backends_agree(cases, name, settings):
     """The stated tolerance, per image: the backends' outputs within 25 dB PSNR of each other, and
     the turbo output at most 4 dB further than Pillow's from an accurate reference of the box
     (full decode, Lanczos): 3.4 dB is the worst seen, a 16x downscale of fine texture to 24 px, where
-    Pillow's antialiasing triangle filter beats a supersampled bilinear warp; files the turbo path does not read (PNG, WebP, CMYK) are Pillow's exactly."""
+    Pillow's antialiasing triangle filter beats a supersampled bilinear warp; files the turbo path does not read (PNG,
+    WebP, CMYK) are Pillow's exactly."""
     got, want, refs = backend_outputs(cases, name, settings)
     if not name.endswith(".jpg") or name == "cmyk.jpg":
         np.testing.assert_array_equal(got, want)

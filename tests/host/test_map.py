@@ -14,8 +14,7 @@ import pytest
 
 from datarax import Pipeline
 from datarax.host import HostContext, HostMap, HostMapConfig, SkippedRecordWarning, WorkerCrashError, record_generator
-from datarax.sources import RecordError
-from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.sources import MemorySource, MemorySourceConfig, RecordError
 
 OUTPUTS = {"feat": ((3,), np.float32), "code": ((), np.int64)}
 

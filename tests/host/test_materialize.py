@@ -17,9 +17,8 @@ from skimage import data as photos
 
 from datarax import Pipeline
 from datarax.host import DecodeImage, HostContext, materialize, materialize_main
-from datarax.sources import MaterializedSource, StaleCacheError
 from datarax.pipeline.state import IteratorStateError
-from datarax.sources import CorruptFileError, ImageFolderSource
+from datarax.sources import CorruptFileError, ImageFolderSource, MaterializedSource, StaleCacheError
 
 SIZES = [(300, 451), (180, 120), (64, 90), (250, 250), (97, 301)]  # (h, w); (64, 90) is under max_side
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from datarax import Pipeline
-from datarax.host import ENCODED, HostContext, HostStage, HostStageSource, record_generator
 from datarax.core.errors import printable
+from datarax.host import ENCODED, HostContext, HostStage, HostStageSource, record_generator
 from datarax.host.stage import first_rows
 from datarax.sources import MemorySource, MemorySourceConfig
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pydoc_data.topics
+
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from datarax import Pipeline
 from datarax.host import HostContext, Tokenize, TokenizeConfig
-from datarax.sources import RecordError
-from datarax.sources import TextSource, TextSourceConfig
+from datarax.sources import RecordError, TextSource, TextSourceConfig
 
 TOPICS = list(pydoc_data.topics.topics.values())
 
@@ -75,7 +75,8 @@ def test_tokenize_equals_encode_batch_padded_by_hand(tokenizer, length, add_spec
 @pytest.mark.parametrize("batch_size", [7, 64])
 def test_every_shuffled_epoch_tokenizes_each_document_once_whatever_the_batch_size(tokenizer, batch_size):
     docs = [f"document number {i} " * (1 + i % 5) for i in range(100)]
-    pipeline = Pipeline(TextSource(TextSourceConfig(shuffle=True, seed=3), documents=docs), [Tokenize(tokenizer=tokenizer, length=32)],
+    pipeline = Pipeline(TextSource(TextSourceConfig(shuffle=True, seed=3), documents=docs),
+                        [Tokenize(tokenizer=tokenizer, length=32)],
                         batch_size=batch_size)
     expected, _ = by_hand(tokenizer, docs, 32)
     orders = []
@@ -103,7 +104,8 @@ def test_a_tokenizer_file_is_the_same_tokenizer_and_the_callers_object_is_left_a
     padded.enable_padding(length=99)
     padded.enable_truncation(max_length=3)
     docs = documents(20)
-    outs = [collect(Pipeline(TextSource(documents=docs), [Tokenize(tokenizer=t, length=40)], batch_size=8)) for t in (tokenizer, path)]
+    outs = [collect(Pipeline(TextSource(documents=docs), [Tokenize(tokenizer=t, length=40)],
+                             batch_size=8)) for t in (tokenizer, path)]
     np.testing.assert_array_equal(outs[0]["text_ids"], outs[1]["text_ids"])
     # Padding and truncation of the caller's tokenizer are not the stage's: it pads and truncates itself.
     out = collect(Pipeline(TextSource(documents=docs), [Tokenize(tokenizer=padded, length=40)], batch_size=8))

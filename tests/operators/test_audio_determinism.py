@@ -13,8 +13,18 @@ import pytest
 from flax import nnx
 
 from datarax import Pipeline
-from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, CropPadConfig, CropPadOperator, GainConfig,
-                                     GainOperator, LogMelConfig, LogMelOperator, TimeMaskConfig, TimeMaskOperator)
+from datarax.operators.audio import (
+    AddNoiseConfig,
+    AddNoiseOperator,
+    CropPadConfig,
+    CropPadOperator,
+    GainConfig,
+    GainOperator,
+    LogMelConfig,
+    LogMelOperator,
+    TimeMaskConfig,
+    TimeMaskOperator,
+)
 from datarax.sources import MemorySource, MemorySourceConfig
 
 N, SAMPLES = 11, 1200

@@ -12,13 +12,26 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from on_cpu import float64_on_cpu
 
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
-from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, FrequencyMaskConfig, FrequencyMaskOperator,
-                                     GainConfig, GainOperator, LogMelConfig, LogMelOperator, PCENConfig, PCENOperator,
-                                     TimeMaskConfig, TimeMaskOperator, TimeShiftConfig, TimeShiftOperator)
-from on_cpu import float64_on_cpu
+from datarax.operators.audio import (
+    AddNoiseConfig,
+    AddNoiseOperator,
+    FrequencyMaskConfig,
+    FrequencyMaskOperator,
+    GainConfig,
+    GainOperator,
+    LogMelConfig,
+    LogMelOperator,
+    PCENConfig,
+    PCENOperator,
+    TimeMaskConfig,
+    TimeMaskOperator,
+    TimeShiftConfig,
+    TimeShiftOperator,
+)
 
 STEP = 1e-5
 

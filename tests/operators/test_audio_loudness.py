@@ -70,12 +70,16 @@ def test_operator_writes_loudness_field():
 
 
 @pytest.mark.parametrize("call,error,match", [
-    (lambda: LoudnessConfig(sample_rate=SR, average="rms"), ValueError, r"LoudnessConfig.average must be one of .*'rms'"),
-    (lambda: LoudnessConfig(sample_rate=0), ValueError, r"LoudnessConfig.sample_rate must be in \(0.0, 10000000.0\], got 0"),
+    (lambda: LoudnessConfig(sample_rate=SR, average="rms"), ValueError,
+     r"LoudnessConfig.average must be one of .*'rms'"),
+    (lambda: LoudnessConfig(sample_rate=0), ValueError, r"LoudnessConfig.sample_rate must be in \(0.0, 10000000.0\], "
+                                                        r"got 0"),
     (lambda: LoudnessConfig(sample_rate=SR, range_db=0.0), ValueError, r"LoudnessConfig.range_db must be in \(0.0"),
-    (lambda: loudness.a_weighted_loudness(jnp.zeros(1000), SR, average="mean"), ValueError, r"average must be one of .*'mean'"),
+    (lambda: loudness.a_weighted_loudness(jnp.zeros(1000), SR, average="mean"), ValueError, r"average must be one of "
+                                                                                            r".*'mean'"),
     (lambda: loudness.a_weighted_loudness(jnp.zeros(1000), 0.0), ValueError, r"sample_rate must be > 0 Hz, got 0.0"),
-    (lambda: loudness.a_weighted_loudness(jnp.zeros(1000), SR, amin=0.0), ValueError, r"range_db and amin must be > 0, .*amin=0.0"),
+    (lambda: loudness.a_weighted_loudness(jnp.zeros(1000), SR, amin=0.0), ValueError, r"range_db and amin must be > "
+                                                                                      r"0, .*amin=0.0"),
 ])
 def test_errors_name_the_argument(call, error, match):
     with pytest.raises(error, match=match):

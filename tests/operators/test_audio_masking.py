@@ -68,7 +68,8 @@ def test_time_and_frequency_masks_stay_inside_and_vary_by_record():
 
 @pytest.mark.parametrize("call,error,match", [
     (lambda: TimeMaskConfig(stochastic=False), ValueError, r"TimeMaskConfig\(stochastic=False\) has nothing to do"),
-    (lambda: TimeMaskConfig(max_width=150.0), ValueError, r"TimeMaskConfig.max_width must be in \[0.0, 100.0\], got 150.0"),
+    (lambda: TimeMaskConfig(max_width=150.0), ValueError, r"TimeMaskConfig.max_width must be in \[0.0, 100.0\], got "
+                                                          r"150.0"),
     (lambda: FrequencyMaskConfig(num_masks=0), ValueError, r"FrequencyMaskConfig.num_masks must be an int >= 1, got 0"),
     (lambda: FrequencyMaskConfig(mask_value="min"), ValueError,
      r"FrequencyMaskConfig.mask_value must be a finite number or 'mean' \(the record's mean\), got 'min'"),

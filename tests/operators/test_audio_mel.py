@@ -2,7 +2,8 @@
 
 Tolerances (float32 signals): filterbank weights 1e-6 of the largest weight (librosa rounds its
 float64 maths to float32); mel energies 1e-5 of the peak; log-mel 5e-4 dB; MFCC 2e-5 of the
-largest coefficient (measured: about 1e-5 dB and 5e-7). The definitions coincide with librosa's defaults (Slaney mel scale and
+largest coefficient (measured: about 1e-5 dB and 5e-7). The definitions coincide with librosa's defaults (Slaney mel
+scale and
 norm, `power_to_db(ref=1, amin=1e-10, top_db=80)`, orthonormal DCT-II, optional lifter).
 """
 
@@ -14,8 +15,16 @@ import scipy.fft
 
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
-from datarax.operators.audio import (LogMelConfig, LogMelOperator, MelSpectrogramConfig, MelSpectrogramOperator,
-                                     MFCCConfig, MFCCOperator, STFTConfig, STFTOperator)
+from datarax.operators.audio import (
+    LogMelConfig,
+    LogMelOperator,
+    MelSpectrogramConfig,
+    MelSpectrogramOperator,
+    MFCCConfig,
+    MFCCOperator,
+    STFTConfig,
+    STFTOperator,
+)
 from datarax.operators.audio.functional import mel
 
 librosa = pytest.importorskip("librosa")
@@ -128,11 +137,14 @@ def test_operators_write_their_own_fields_and_keep_the_waveform():
     (lambda: mel.power_to_db(jnp.ones(3), ref="min"), ValueError, r"ref must be a positive number or 'max', got 'min'"),
     (lambda: mel.power_to_db(jnp.ones(3), amin=0.0), ValueError, r"amin must be > 0, got 0.0"),
     (lambda: mel.power_to_db(jnp.ones(3), top_db=-1.0), ValueError, r"top_db must be >= 0 or None, got -1.0"),
-    (lambda: mel.mfcc(jnp.zeros(4000), SR, n_mfcc=50, n_mels=40), ValueError, r"n_mfcc must be an int in \[1, n_mels=40\], got 50"),
+    (lambda: mel.mfcc(jnp.zeros(4000), SR, n_mfcc=50, n_mels=40), ValueError, r"n_mfcc must be an int in \[1, "
+                                                                              r"n_mels=40\], got 50"),
     (lambda: mel.mfcc(jnp.zeros(4000), SR, lifter=-1.0), ValueError, r"lifter must be >= 0 .*got -1.0"),
-    (lambda: MFCCConfig(sample_rate=SR, n_mels=10, n_mfcc=20), ValueError, r"n_mfcc must be <= n_mels=10, got 20; lower n_mfcc"),
+    (lambda: MFCCConfig(sample_rate=SR, n_mels=10, n_mfcc=20), ValueError, r"n_mfcc must be <= n_mels=10, got 20; "
+                                                                           r"lower n_mfcc"),
     (lambda: LogMelConfig(sample_rate=SR, ref=0.0), ValueError, r"LogMelConfig.ref must be in \(0.0, inf\], got 0.0"),
-    (lambda: LogMelConfig(sample_rate=SR, stochastic=True), ValueError, r"LogMelConfig\(stochastic=True\): feature extractors draw nothing"),
+    (lambda: LogMelConfig(sample_rate=SR, stochastic=True), ValueError, r"LogMelConfig\(stochastic=True\): feature "
+                                                                        r"extractors draw nothing"),
     (lambda: MelSpectrogramConfig(sample_rate=SR, fmin=100.0, fmax=50.0), ValueError, r"fmin=100.0, fmax=50.0"),
     (lambda: STFTConfig(n_fft=256, win_length=512), ValueError, r"win_length must be <= n_fft=256, got 512"),
     (lambda: STFTConfig(window="blackman"), ValueError, r"STFTConfig.window must be one of .*'blackman'"),

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.signal
+from on_cpu import float64_on_cpu
 
 from datarax.operators.audio.functional import spectral
-from on_cpu import float64_on_cpu
 
 librosa = pytest.importorskip("librosa")
 
@@ -99,7 +99,8 @@ def test_fft_frequencies_match_librosa():
     (lambda: spectral.stft(jnp.zeros(100), n_fft=256, center=False), r"100 samples, fewer than n_fft=256"),
     (lambda: spectral.window("kaiser", 64), r"window must be one of .*'kaiser'"),
     (lambda: spectral.stft_magnitude(jnp.zeros(1000), power=0.0), r"power must be > 0 .*got 0.0"),
-    (lambda: spectral.multi_scale_stft_magnitude(jnp.zeros(1000), overlap=1.0), r"overlap must lie in \[0, 1\), got 1.0"),
+    (lambda: spectral.multi_scale_stft_magnitude(jnp.zeros(1000), overlap=1.0),
+     r"overlap must lie in \[0, 1\), got 1.0"),
 ])
 def test_errors_name_the_argument(call, match):
     with pytest.raises(ValueError, match=match):

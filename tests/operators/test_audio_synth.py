@@ -23,7 +23,8 @@ def numpy_harmonic(f0, amplitude, distribution, sr, hop):
     n = len(f0) * hop
     pos = np.arange(n) / hop
     frames = np.arange(len(f0))
-    up = lambda c: np.interp(pos, frames, c)  # noqa: E731  holds the last frame like the synth
+    def up(c):  # holds the last frame like the synth
+        return np.interp(pos, frames, c)
     k = np.arange(1, distribution.shape[1] + 1)
     weights = np.where(f0[:, None] * k < sr / 2, distribution, 0.0)
     weights = weights / np.maximum(weights.sum(1, keepdims=True), 1e-7)

@@ -13,15 +13,23 @@ import numpy as np
 import pytest
 import scipy.signal
 from flax import nnx
+from on_cpu import float64_on_cpu
 
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
-from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, CropPadConfig, CropPadOperator, GainConfig,
-                                     GainOperator, ResampleConfig, ResampleOperator, TimeShiftConfig,
-                                     TimeShiftOperator)
+from datarax.operators.audio import (
+    AddNoiseConfig,
+    AddNoiseOperator,
+    CropPadConfig,
+    CropPadOperator,
+    GainConfig,
+    GainOperator,
+    ResampleConfig,
+    ResampleOperator,
+    TimeShiftConfig,
+    TimeShiftOperator,
+)
 from datarax.operators.audio.functional import resample, waveform
-from on_cpu import float64_on_cpu
-
 
 _gain = jax.jit(waveform.apply_gain)
 _add_noise = jax.jit(waveform.add_noise)
@@ -158,7 +166,8 @@ def test_operators_on_a_batch():
     (lambda: TimeShiftConfig(mode="reflect"), ValueError, r"TimeShiftConfig.mode must be one of .*'reflect'"),
     (lambda: CropPadConfig(length=0), ValueError, r"CropPadConfig.length must be an int >= 1, got 0"),
     (lambda: CropPadConfig(length=10, align="end"), ValueError, r"CropPadConfig.align must be one of .*'end'"),
-    (lambda: ResampleConfig(orig_rate=16000, target_rate=0), ValueError, r"target_rate must be a positive int \(Hz\), got 0"),
+    (lambda: ResampleConfig(orig_rate=16000, target_rate=0), ValueError, r"target_rate must be a positive int \(Hz\), "
+                                                                         r"got 0"),
     (lambda: ResampleConfig(orig_rate=16000, target_rate=8000, stochastic=True), ValueError,
      r"ResampleConfig\(stochastic=True\): resampling draws nothing"),
     (lambda: GainConfig(field=""), ValueError, r"GainConfig.field must be a non-empty field name, got ''"),
@@ -166,12 +175,14 @@ def test_operators_on_a_batch():
     (lambda: GainOperator(GainConfig(stochastic=False, learnable=("max_delta_db",))), ValueError,
      r"GainConfig.learnable names \['max_delta_db'\], which are not learnable magnitudes"),
     (lambda: GainOperator(GainConfig(stochastic=True)), ValueError, r"GainOperator is stochastic but got rngs=None"),
-    (lambda: GainOperator(AddNoiseConfig()), TypeError, r"GainOperator config must be a GainConfig, got AddNoiseConfig"),
+    (lambda: GainOperator(AddNoiseConfig()), TypeError,
+     r"GainOperator config must be a GainConfig, got AddNoiseConfig"),
     (lambda: GainOperator(GainConfig(max_delta_db=0.0, learnable=True), rngs=nnx.Rngs(0)), ValueError,
      r"learnable GainConfig.max_delta_db must lie strictly inside \(0.0, 60.0\), got 0.0"),
     (lambda: waveform.time_shift(jnp.zeros(4), 1.0, "edge"), ValueError, r"mode must be one of .*'edge'"),
     (lambda: waveform.crop_or_pad(jnp.zeros(4), 0, 0), ValueError, r"length must be a positive int \(samples\), got 0"),
-    (lambda: waveform.add_noise(jnp.zeros(4), jnp.zeros(5), 0.0), ValueError, r"noise must have the signal's shape \(4,\), got \(5,\)"),
+    (lambda: waveform.add_noise(jnp.zeros(4), jnp.zeros(5), 0.0), ValueError, r"noise must have the signal's shape "
+                                                                              r"\(4,\), got \(5,\)"),
     (lambda: waveform.aligned_offset(10, 5, "middle"), ValueError, r"align must be one of .*'middle'"),
 ])
 def test_errors_name_the_argument(call, error, match):
@@ -186,5 +197,6 @@ def test_operator_rejects_missing_field_and_integer_audio():
         gain(Element({"wav": jnp.zeros((2, 8))}), ctx)
     with pytest.raises(TypeError, match=r"expects a float array in field 'audio', got dtype int16; convert first"):
         gain(Element({"audio": jnp.zeros((2, 8), jnp.int16)}), ctx)
-    with pytest.raises(ValueError, match=r"expects field 'audio' to hold one waveform \(..., time\) per record, .*\(time,\) array"):
+    with pytest.raises(ValueError, match=r"expects field 'audio' to hold one waveform \(..., time\) per record, "
+                                         r".*\(time,\) array"):
         gain(Element({"audio": jnp.zeros((2,))}), ctx)

@@ -17,9 +17,20 @@ from datarax import Pipeline
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
 from datarax.operators import ToFloatConfig, ToFloatOperator, lowering
-from datarax.operators.image import (CutoutConfig, CutoutOperator, HorizontalFlipConfig, HorizontalFlipOperator,
-                                     NormalizeConfig, NormalizeOperator, RandomCropConfig, RandomCropOperator,
-                                     TranslateConfig, TranslateOperator, VerticalFlipConfig, VerticalFlipOperator)
+from datarax.operators.image import (
+    CutoutConfig,
+    CutoutOperator,
+    HorizontalFlipConfig,
+    HorizontalFlipOperator,
+    NormalizeConfig,
+    NormalizeOperator,
+    RandomCropConfig,
+    RandomCropOperator,
+    TranslateConfig,
+    TranslateOperator,
+    VerticalFlipConfig,
+    VerticalFlipOperator,
+)
 from datarax.operators.image.functional import batched, geometry
 from datarax.sources import MemorySource, MemorySourceConfig
 

@@ -7,23 +7,37 @@ luma image; up to half a level times |1 - factor| <= 0.5 level here), so enhance
 scikit-image works in float64, so those comparisons allow 1e-5 (our float32 arithmetic).
 """
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from image_helpers import run
 from PIL import Image, ImageEnhance, ImageOps
 from skimage import color as skcolor
 from skimage import exposure
 
-import jax.numpy as jnp
-from image_helpers import run
-
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
-from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
-                                     GammaConfig, GammaOperator, GrayscaleConfig, GrayscaleOperator, HueConfig,
-                                     HueOperator, NormalizeConfig, NormalizeOperator, SaturationConfig,
-                                     SaturationOperator, SolarizeConfig, SolarizeOperator, StandardizeConfig,
-                                     StandardizeOperator)
+from datarax.operators.image import (
+    BrightnessConfig,
+    BrightnessOperator,
+    ContrastConfig,
+    ContrastOperator,
+    GammaConfig,
+    GammaOperator,
+    GrayscaleConfig,
+    GrayscaleOperator,
+    HueConfig,
+    HueOperator,
+    NormalizeConfig,
+    NormalizeOperator,
+    SaturationConfig,
+    SaturationOperator,
+    SolarizeConfig,
+    SolarizeOperator,
+    StandardizeConfig,
+    StandardizeOperator,
+)
 
 PIL_ATOL = 1.0 / 255 + 1e-6
 ENHANCE_ATOL = 1.5 / 255 + 1e-6

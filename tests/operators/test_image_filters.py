@@ -5,19 +5,25 @@ arithmetic). The numpy references for noise, cutout and patch dropout compute th
 quantities independently in float64 and allow 1e-6.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
 from flax import nnx
+from image_helpers import run
 from skimage import filters as skfilters
 
-import jax
-import jax.numpy as jnp
-from image_helpers import run
-
-from datarax.operators.image import (CutoutConfig, CutoutOperator, GaussianBlurConfig, GaussianBlurOperator,
-                                     GaussianNoiseConfig, GaussianNoiseOperator, PatchDropoutConfig,
-                                     PatchDropoutOperator)
+from datarax.operators.image import (
+    CutoutConfig,
+    CutoutOperator,
+    GaussianBlurConfig,
+    GaussianBlurOperator,
+    GaussianNoiseConfig,
+    GaussianNoiseOperator,
+    PatchDropoutConfig,
+    PatchDropoutOperator,
+)
 from datarax.operators.image.functional import filters
 
 BATCH = 4

@@ -2,24 +2,37 @@
 (rotation, affine, translate) on fixed inputs.
 
 Flips, crops and translation run in both formulations (`formulation` fixture: per record, and the
-batch formulation a TPU runs). Tolerances: numpy references are exact (atol 0). PIL is run in float mode ("F") per channel and
+batch formulation a TPU runs). Tolerances: numpy references are exact (atol 0). PIL is run in float mode ("F") per
+channel and
 scikit-image in float64, so both allow 1e-5 (our float32 arithmetic).
 """
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from image_helpers import run
 from PIL import Image
 from skimage import transform as sktransform
 
-import jax.numpy as jnp
-from image_helpers import run
-
-from datarax.operators.image import (AffineConfig, AffineOperator, HorizontalFlipConfig, HorizontalFlipOperator,
-                                     RandomCropConfig, RandomCropOperator, RandomResizedCropConfig,
-                                     RandomResizedCropOperator, ResizeConfig, ResizeOperator, RotationConfig,
-                                     RotationOperator, TranslateConfig, TranslateOperator, VerticalFlipConfig,
-                                     VerticalFlipOperator)
+from datarax.operators.image import (
+    AffineConfig,
+    AffineOperator,
+    HorizontalFlipConfig,
+    HorizontalFlipOperator,
+    RandomCropConfig,
+    RandomCropOperator,
+    RandomResizedCropConfig,
+    RandomResizedCropOperator,
+    ResizeConfig,
+    ResizeOperator,
+    RotationConfig,
+    RotationOperator,
+    TranslateConfig,
+    TranslateOperator,
+    VerticalFlipConfig,
+    VerticalFlipOperator,
+)
 
 ATOL = 1e-5
 BATCH = 4

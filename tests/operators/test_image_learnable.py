@@ -7,22 +7,42 @@ sampling, box coverage), and on generic inputs no kink lies that close, so rtol 
 MixUp and CutMix are checked in test_image_mix.py.
 """
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from on_cpu import float64_on_cpu
 
-import jax
-import jax.numpy as jnp
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
-from datarax.operators.image import (AffineConfig, AffineOperator, BrightnessConfig, BrightnessOperator,
-                                     ContrastConfig, ContrastOperator, CutoutConfig, CutoutOperator, GammaConfig,
-                                     GammaOperator, GaussianBlurConfig, GaussianBlurOperator, GaussianNoiseConfig,
-                                     GaussianNoiseOperator, HueConfig, HueOperator, RandomResizedCropConfig,
-                                     RandomResizedCropOperator, RotationConfig, RotationOperator, SaturationConfig,
-                                     SaturationOperator, SolarizeConfig, SolarizeOperator, TranslateConfig,
-                                     TranslateOperator)
-from on_cpu import float64_on_cpu
+from datarax.operators.image import (
+    AffineConfig,
+    AffineOperator,
+    BrightnessConfig,
+    BrightnessOperator,
+    ContrastConfig,
+    ContrastOperator,
+    CutoutConfig,
+    CutoutOperator,
+    GammaConfig,
+    GammaOperator,
+    GaussianBlurConfig,
+    GaussianBlurOperator,
+    GaussianNoiseConfig,
+    GaussianNoiseOperator,
+    HueConfig,
+    HueOperator,
+    RandomResizedCropConfig,
+    RandomResizedCropOperator,
+    RotationConfig,
+    RotationOperator,
+    SaturationConfig,
+    SaturationOperator,
+    SolarizeConfig,
+    SolarizeOperator,
+    TranslateConfig,
+    TranslateOperator,
+)
 
 SHAPE = (2, 5, 6, 3)
 CASES = [

@@ -7,14 +7,15 @@ log g(alpha') = log P^-1(alpha' + 1, q) + log(u) / alpha', computed with SciPy's
 incomplete gamma functions in float64.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
 import scipy.stats
 from flax import nnx
+from on_cpu import float64_on_cpu
 
-import jax
-import jax.numpy as jnp
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
 from datarax.operators.image import CutMixConfig, CutMixOperator, MixUpConfig, MixUpOperator
@@ -22,7 +23,6 @@ from datarax.operators.image.functional.beta import UNIFORMS_PER_BETA, symmetric
 from datarax.operators.image.functional.mix import partners
 from datarax.operators.image.mix import draw_parameters
 from datarax.operators.learnable import bounded
-from on_cpu import float64_on_cpu
 
 NUM_CLASSES = 5
 

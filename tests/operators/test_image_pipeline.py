@@ -1,15 +1,24 @@
 """Image operators inside a Pipeline: per-record determinism and joint gradients with a model."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
-import jax
-import jax.numpy as jnp
 from datarax import Pipeline
-from datarax.operators.image import (BrightnessConfig, BrightnessOperator, CutoutConfig, CutoutOperator,
-                                     GaussianNoiseConfig, GaussianNoiseOperator, HorizontalFlipConfig,
-                                     HorizontalFlipOperator, RandomCropConfig, RandomCropOperator)
+from datarax.operators.image import (
+    BrightnessConfig,
+    BrightnessOperator,
+    CutoutConfig,
+    CutoutOperator,
+    GaussianNoiseConfig,
+    GaussianNoiseOperator,
+    HorizontalFlipConfig,
+    HorizontalFlipOperator,
+    RandomCropConfig,
+    RandomCropOperator,
+)
 from datarax.sources import MemorySource, MemorySourceConfig
 
 NUM_RECORDS = 23

@@ -8,10 +8,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
-from datarax.operators.learnable import (Magnitude, bounded, check_learnable_field, inverse_bounded,
-                                         learnable_names, magnitudes, signed_uniform, uniform)
 from on_cpu import float64_on_cpu
+
+from datarax.operators.learnable import (
+    Magnitude,
+    bounded,
+    check_learnable_field,
+    inverse_bounded,
+    learnable_names,
+    magnitudes,
+    signed_uniform,
+    uniform,
+)
 
 RANGES = [(0.2, 0.0, 1.0), (15.0, 0.0, 180.0), (-0.3, -1.0, 1.0), (1e-3, 0.0, 4.0)]
 

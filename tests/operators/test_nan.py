@@ -27,8 +27,15 @@ from datarax.operators.audio.pcen import PCENOperator
 from datarax.operators.audio.synth import FilteredNoiseOperator, HarmonicSynthOperator, ReverbOperator
 from datarax.operators.nodes.rebatch import RebatchNode
 from datarax.operators.nodes.split_field import SplitField
-from datarax.operators.strategies import (BranchOperator, EnsembleOperator, ParallelOperator, ProbabilisticOperator,
-                                          SelectorOperator, SequentialOperator, WeightedParallelOperator)
+from datarax.operators.strategies import (
+    BranchOperator,
+    EnsembleOperator,
+    ParallelOperator,
+    ProbabilisticOperator,
+    SelectorOperator,
+    SequentialOperator,
+    WeightedParallelOperator,
+)
 
 B = 4
 RATE = 8000

@@ -5,17 +5,28 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from on_cpu import float64_on_cpu
 
 from datarax import Pipeline
 from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, record_keys
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.operators.strategies import (
-    BranchOperator, BranchOperatorConfig, EnsembleOperator, EnsembleOperatorConfig, ParallelOperator,
-    ParallelOperatorConfig, ProbabilisticOperator, ProbabilisticOperatorConfig, SelectorOperator,
-    SelectorOperatorConfig, SequentialOperator, WeightedParallelOperator, WeightedParallelOperatorConfig)
+    BranchOperator,
+    BranchOperatorConfig,
+    EnsembleOperator,
+    EnsembleOperatorConfig,
+    ParallelOperator,
+    ParallelOperatorConfig,
+    ProbabilisticOperator,
+    ProbabilisticOperatorConfig,
+    SelectorOperator,
+    SelectorOperatorConfig,
+    SequentialOperator,
+    WeightedParallelOperator,
+    WeightedParallelOperatorConfig,
+)
 from datarax.sources import MemorySource
 from datarax.typing import Element
-from on_cpu import float64_on_cpu
 
 B = 6
 X = np.arange(B * 2, dtype=np.float32).reshape(B, 2) - 5
@@ -134,7 +145,8 @@ def test_weighted_parallel_learnable_weight_gradient_matches_finite_differences(
         np.testing.assert_allclose(grad.operators[0].w[...], fd_w[0], rtol=1e-6)
 
 
-ROUTER = lambda el: el.data["label"] % 3  # noqa: E731
+def ROUTER(el):
+    return el.data["label"] % 3
 
 
 def test_branch_picks_the_routed_branch_per_record():
@@ -281,18 +293,21 @@ OPERATOR_ERRORS = [
      r"BranchOperator branches needs at least 2 operator\(s\), got 1"),
     (lambda: BranchOperator(BranchOperatorConfig(stochastic=True), router=ROUTER,
                             branches=[affine(1.0), affine(2.0)], rngs=nnx.Rngs(0)),
-     TypeError, r"BranchOperator is stochastic but router .* takes no key argument; define it as router\(element, key\)"),
+     TypeError,
+     r"BranchOperator is stochastic but router .* takes no key argument; define it as router\(element, key\)"),
     (lambda: BranchOperator(BranchOperatorConfig(stochastic=True), router=lambda el, k: 0,
                             branches=[affine(1.0), affine(2.0)]),
      ValueError, r"BranchOperator is stochastic but got rngs=None"),
     (lambda: ParallelOperator(ParallelOperatorConfig(merge="dict", names=("a",)), operators=[affine(1.0), affine(2.0)]),
      ValueError, r"names has 1 names \('a',\) for 2 operators; give one name per operator"),
-    (lambda: WeightedParallelOperator(WeightedParallelOperatorConfig(weights=(1.0,)), operators=[affine(1.0), affine(2.0)]),
+    (lambda: WeightedParallelOperator(WeightedParallelOperatorConfig(weights=(1.0,)), operators=[affine(1.0),
+                                                                                                 affine(2.0)]),
      ValueError, r"weights has 1 weights \(1.0,\) for 2 operators; give one weight per operator"),
     (lambda: SelectorOperator(SelectorOperatorConfig(probabilities=(1.0,)), operators=[affine(1.0), affine(2.0)],
                               rngs=nnx.Rngs(0)),
      ValueError, r"probabilities has 1 entries \(1.0,\) for 2 operators; give one per operator"),
-    (lambda: SelectorOperator(operators=[affine(1.0), affine(2.0)]), ValueError, r"SelectorOperator is stochastic but got rngs=None"),
+    (lambda: SelectorOperator(operators=[affine(1.0), affine(2.0)]), ValueError, r"SelectorOperator is stochastic but "
+                                                                                 r"got rngs=None"),
     (lambda: ProbabilisticOperator(operator=lambda el: el, rngs=nnx.Rngs(0)), TypeError,
      r"ProbabilisticOperator operator must be an operator"),
     (lambda: ParallelOperator(EnsembleOperatorConfig(), operators=[affine(1.0)]), TypeError,

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from on_cpu import float64_on_cpu
 
 from datarax import Pipeline
 from datarax.core.operator import BatchContext
@@ -15,7 +16,6 @@ from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.pipeline.dag import DagProgram
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.typing import Element
-from on_cpu import float64_on_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 N, B = 20, 8

@@ -16,9 +16,16 @@ from datarax import Pipeline
 from datarax.batching import chunk_schedule, resolve_batches_per_dispatch
 from datarax.core.operator import OperatorConfig, OperatorModule
 from datarax.operators import ElementOperator, ElementOperatorConfig
-from datarax.operators.image import (BrightnessConfig, BrightnessOperator, ContrastConfig, ContrastOperator,
-                                     HorizontalFlipConfig, HorizontalFlipOperator, RandomCropConfig,
-                                     RandomCropOperator)
+from datarax.operators.image import (
+    BrightnessConfig,
+    BrightnessOperator,
+    ContrastConfig,
+    ContrastOperator,
+    HorizontalFlipConfig,
+    HorizontalFlipOperator,
+    RandomCropConfig,
+    RandomCropOperator,
+)
 from datarax.pipeline import compiled as compiled_module
 from datarax.samplers import SlidingWindowSampler
 from datarax.samplers.feistel import FeistelPermutation
@@ -35,7 +42,8 @@ def noisy(element, key):
 
 def build(n=50, batch_size=8, seed=0, stochastic=True, **kw) -> Pipeline:
     source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed), data=make_data(n))
-    stages = [ElementOperator(ElementOperatorConfig(stochastic=True), fn=noisy, rngs=nnx.Rngs(seed))] if stochastic else []
+    stages = [ElementOperator(ElementOperatorConfig(stochastic=True), fn=noisy,
+                              rngs=nnx.Rngs(seed))] if stochastic else []
     return Pipeline(source=source, stages=stages, batch_size=batch_size, **kw)
 
 

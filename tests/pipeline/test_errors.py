@@ -64,7 +64,8 @@ def test_pipeline_argument_type_errors():
 
 
 def test_stochastic_operator_needs_rngs_and_its_stream():
-    with pytest.raises(ValueError, match=r"ElementOperator is stochastic but got rngs=None; pass rngs=nnx.Rngs\(augment=0\)"):
+    with pytest.raises(ValueError, match=r"ElementOperator is stochastic but got rngs=None; pass "
+                                         r"rngs=nnx.Rngs\(augment=0\)"):
         ElementOperator(ElementOperatorConfig(stochastic=True), fn=identity)
     with pytest.raises(ValueError, match=r"stream 'augmentations', but the rngs given has neither"):
         ElementOperator(ElementOperatorConfig(stochastic=True, stream_name="augmentations"), fn=identity,

@@ -11,10 +11,10 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.batching import schedule
+from datarax.control.retry import RetryPolicy
 from datarax.core.source import DataSourceModule, Handles
 from datarax.host.stage import HostStage
 from datarax.operators import ElementOperator, ElementOperatorConfig
-from datarax.control.retry import RetryPolicy
 from datarax.pipeline.state import IteratorStateError
 from datarax.samplers.simple import ShuffleSampler
 from datarax.sources import MemorySource, MemorySourceConfig

@@ -1,5 +1,5 @@
-import io
 import contextlib
+import io
 import runpy
 from pathlib import Path
 
@@ -29,7 +29,8 @@ def make_data(n: int) -> dict:
 
 def build(n=50, batch_size=8, seed=0, resident=True, shuffle=True, stochastic=True, **kw) -> Pipeline:
     source = MemorySource(MemorySourceConfig(shuffle=shuffle, seed=seed, device_resident=resident), data=make_data(n))
-    stages = [ElementOperator(ElementOperatorConfig(stochastic=True), fn=noisy, rngs=nnx.Rngs(seed))] if stochastic else []
+    stages = [ElementOperator(ElementOperatorConfig(stochastic=True), fn=noisy,
+                              rngs=nnx.Rngs(seed))] if stochastic else []
     return Pipeline(source=source, stages=stages, batch_size=batch_size, **kw)
 
 
@@ -247,8 +248,12 @@ def flips_fired(pipeline):
 
 
 def flip_pipeline(h_seed, v_seed, n=4000):
-    from datarax.operators.image import (HorizontalFlipConfig, HorizontalFlipOperator, VerticalFlipConfig,
-                                         VerticalFlipOperator)
+    from datarax.operators.image import (
+        HorizontalFlipConfig,
+        HorizontalFlipOperator,
+        VerticalFlipConfig,
+        VerticalFlipOperator,
+    )
 
     image = np.broadcast_to(np.array([[0, 1], [2, 3]], np.float32)[:, :, None], (n, 2, 2, 3)).copy()
     source = MemorySource(MemorySourceConfig(), data={"image": image, "id": np.arange(n, dtype=np.int32)})

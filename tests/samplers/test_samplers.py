@@ -14,6 +14,7 @@ from datarax.samplers import (
     SlidingWindowSampler,
 )
 
+
 def batches(sampler, batch_size, *, drop_remainder=False, num_epochs=1, epoch=0, position=0) -> list[np.ndarray]:
     """The sampler's index batches as a pipeline iterator walks them (the schedule, then `indices`)."""
     steps = schedule(len(sampler), batch_size, drop_remainder=drop_remainder, epoch=epoch, position=position,

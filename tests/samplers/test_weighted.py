@@ -90,7 +90,8 @@ def test_bad_arguments_name_the_argument():
         WeightedSampler(LABELS, (1, 1))
     with pytest.raises(ValueError, match=r"give group\(s\) \[1\] a share, but no record has that group id"):
         WeightedSampler([0, 2, 2], (1, 1, 1))
-    with pytest.raises(ValueError, match=r"WeightedSampler weights \(1.0, 1.0, 1.0\) give group\(s\) \[2\] no draw in an epoch of 2; make epoch_length at least 3"):
+    with pytest.raises(ValueError, match=r"WeightedSampler weights \(1.0, 1.0, 1.0\) give group\(s\) \[2\] no draw in "
+                                         r"an epoch of 2; make epoch_length at least 3"):
         WeightedSampler(LABELS, (1, 1, 1), epoch_length=2)
     with pytest.raises(ValueError, match=r"weights must be finite, >= 0 and not all 0"):
         WeightedSampler(LABELS, (1, -1, 1))

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from datarax import Pipeline
@@ -152,5 +152,6 @@ def test_param_sharding_needs_a_sharded_pipeline_and_a_known_mode():
     with pytest.raises(ValueError, match=r"param_sharding='fsdp' lays the training state out over the training "
                                          r"pipeline's mesh, but train_pipeline has no sharding"):
         Trainer(make_model(), optax.adam(0.01), pipeline, loss_fn, param_sharding="fsdp")
-    with pytest.raises(ValueError, match=r"param_sharding must be one of \('replicated', 'fsdp'\) or None, got 'zero3'"):
+    with pytest.raises(ValueError,
+                       match=r"param_sharding must be one of \('replicated', 'fsdp'\) or None, got 'zero3'"):
         Trainer(make_model(), optax.adam(0.01), pipeline, loss_fn, param_sharding="zero3")

@@ -7,8 +7,8 @@ import pytest
 from source_checks import check_exact_resume, check_shuffled_coverage
 
 from datarax import Pipeline
-from datarax.sources import CorruptFileError
 from datarax.core.fields import UnsupportedColumnError
+from datarax.sources import CorruptFileError
 from datarax.sources._records import RecordFormatError, decode_record, encode_record
 from datarax.sources.array_record import (
     ArrayRecordSource,
@@ -71,14 +71,16 @@ def test_glob_pattern_and_spec(files):
 
 
 def test_pipeline_full_epoch_coverage_under_shuffle(files):
-    make = lambda: Pipeline(ArrayRecordSource(ArrayRecordSourceConfig(shuffle=True, seed=3), paths=files),
-                            batch_size=64)
+    def make():
+        return Pipeline(ArrayRecordSource(ArrayRecordSourceConfig(shuffle=True, seed=3), paths=files),
+                                batch_size=64)
     check_shuffled_coverage(make, "id", np.arange(N))
 
 
 def test_pipeline_exact_resume_mid_epoch(files):
-    make = lambda: Pipeline(ArrayRecordSource(ArrayRecordSourceConfig(shuffle=True, seed=5), paths=files),
-                            batch_size=32)
+    def make():
+        return Pipeline(ArrayRecordSource(ArrayRecordSourceConfig(shuffle=True, seed=5), paths=files),
+                                batch_size=32)
     check_exact_resume(make, "u8_image", seed=11)
 
 

@@ -48,14 +48,16 @@ def test_dict_of_paths(directory):
 
 
 def test_pipeline_full_epoch_coverage_under_shuffle(directory):
-    make = lambda: Pipeline(StreamingDiskSource(StreamingDiskSourceConfig(shuffle=True, seed=4), paths=str(directory)),
-                            batch_size=50)
+    def make():
+        return Pipeline(StreamingDiskSource(StreamingDiskSourceConfig(shuffle=True, seed=4), paths=str(directory)),
+                                batch_size=50)
     check_shuffled_coverage(make, "id", np.arange(N))
 
 
 def test_pipeline_exact_resume_mid_epoch(directory):
-    make = lambda: Pipeline(StreamingDiskSource(StreamingDiskSourceConfig(shuffle=True, seed=6), paths=str(directory)),
-                            batch_size=32)
+    def make():
+        return Pipeline(StreamingDiskSource(StreamingDiskSourceConfig(shuffle=True, seed=6), paths=str(directory)),
+                                batch_size=32)
     check_exact_resume(make, "image", seed=8)
 
 

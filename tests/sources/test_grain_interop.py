@@ -9,8 +9,15 @@ from datarax import Pipeline
 from datarax.sources import MemorySource
 from datarax.sources._records import decode_record
 from datarax.sources.array_record import write_array_records
-from datarax.sources.grain_interop import (GrainDataSource, GrainSource, GrainSourceConfig, GrainStreamSource,
-                                           GrainStreamSourceConfig, to_grain, to_grain_iter_dataset)
+from datarax.sources.grain_interop import (
+    GrainDataSource,
+    GrainSource,
+    GrainSourceConfig,
+    GrainStreamSource,
+    GrainStreamSourceConfig,
+    to_grain,
+    to_grain_iter_dataset,
+)
 
 grain = pytest.importorskip("grain")
 
@@ -44,8 +51,9 @@ def test_grain_sources_read_like_numpy(files, kind):
 
 
 def test_pipeline_coverage_and_resume_over_a_grain_source(files):
-    make = lambda: Pipeline(GrainSource(GrainSourceConfig(shuffle=True, seed=2), source=record_source(files),
-                                        decode=decode_record), batch_size=48)
+    def make():
+        return Pipeline(GrainSource(GrainSourceConfig(shuffle=True, seed=2), source=record_source(files),
+                                            decode=decode_record), batch_size=48)
     check_shuffled_coverage(make, "id", np.arange(N))
     check_exact_resume(make, "vec", seed=7)
 
@@ -64,7 +72,8 @@ def test_datarax_source_as_grain_map_dataset():
 
 
 def test_pipeline_as_grain_iter_dataset_checkpoints_through_grain_state():
-    make = lambda: Pipeline(MemorySource(data=make_data()), batch_size=32)
+    def make():
+        return Pipeline(MemorySource(data=make_data()), batch_size=32)
     ds = to_grain_iter_dataset(make(), num_epochs=2)
     it = iter(ds)
     for _ in range(5):

@@ -6,8 +6,8 @@ import pytest
 from source_checks import check_exact_resume, check_shuffled_coverage
 
 from datarax import Pipeline
-from datarax.sources import CorruptFileError
 from datarax.core.fields import UnsupportedColumnError
+from datarax.sources import CorruptFileError
 from datarax.sources.hf import HFSource, HFSourceConfig, load_files
 
 datasets = pytest.importorskip("datasets")
@@ -86,8 +86,9 @@ def test_index_mapping_of_a_selected_and_shuffled_dataset(parquet_ds, table):
 
 @pytest.mark.parametrize("mode", ["eager", "lazy"])
 def test_pipeline_full_epoch_coverage_under_shuffle(parquet_ds, mode):
-    make = lambda: Pipeline(HFSource(HFSourceConfig(fields=NUMERIC, shuffle=True, seed=2, mode=mode),
-                                     dataset=parquet_ds), batch_size=64)
+    def make():
+        return Pipeline(HFSource(HFSourceConfig(fields=NUMERIC, shuffle=True, seed=2, mode=mode),
+                                         dataset=parquet_ds), batch_size=64)
     check_shuffled_coverage(make, "id", np.arange(N))
 
 
@@ -100,8 +101,9 @@ def test_eager_is_device_resident_and_lazy_is_host(parquet_ds):
 
 @pytest.mark.parametrize("mode", ["eager", "lazy"])
 def test_pipeline_exact_resume_mid_epoch(parquet_ds, mode):
-    make = lambda: Pipeline(HFSource(HFSourceConfig(fields=NUMERIC, shuffle=True, seed=9, mode=mode),
-                                     dataset=parquet_ds), batch_size=32)
+    def make():
+        return Pipeline(HFSource(HFSourceConfig(fields=NUMERIC, shuffle=True, seed=9, mode=mode),
+                                         dataset=parquet_ds), batch_size=32)
     check_exact_resume(make, "image", seed=3)
 
 

@@ -68,7 +68,8 @@ def test_resume_at_every_batch_boundary_is_exact(files, shuffle, block_size, bat
 def test_convert_and_unsupported_columns(files):
     with pytest.raises(UnsupportedColumnError, match=r"'text' \(arrow type string\).*fields=.*convert="):
         HFStreamSource(dataset=load_files(files, streaming=True))
-    convert = lambda b: {"digits": np.array([len(t) for t in b["text"]], np.int32)}
+    def convert(b):
+        return {"digits": np.array([len(t) for t in b["text"]], np.int32)}
     src = HFStreamSource(HFSourceConfig(fields=("id", "text")), dataset=load_files(files, streaming=True),
                          convert=convert)
     assert set(src.element_spec()) == {"id", "digits"}
@@ -89,7 +90,8 @@ def test_errors(files):
 
 @needs_stream_pipeline
 def test_pipeline_reads_and_resumes_a_stream(files):
-    make = lambda: Pipeline(stream(files, shuffle=True, seed=1, block_size=32), batch_size=25)
+    def make():
+        return Pipeline(stream(files, shuffle=True, seed=1, block_size=32), batch_size=25)
     pipeline = make()
     first = np.concatenate([np.asarray(b["id"]) for b in pipeline])
     np.testing.assert_array_equal(np.sort(first), np.arange(N))

@@ -13,12 +13,12 @@ import pytest
 from PIL import Image
 from skimage import data as photos
 
-datasets = pytest.importorskip("datasets")
+from datarax import Pipeline
+from datarax.host import DecodeAudio, DecodeImage
+from datarax.sources.hf import HFSource, HFSourceConfig, load_files
+from datarax.sources.hf_write import write_hf_parquet
 
-from datarax import Pipeline  # noqa: E402
-from datarax.host import DecodeAudio, DecodeImage  # noqa: E402
-from datarax.sources.hf import HFSource, HFSourceConfig, load_files  # noqa: E402
-from datarax.sources.hf_write import write_hf_parquet  # noqa: E402
+datasets = pytest.importorskip("datasets")
 
 RATE = 8000
 

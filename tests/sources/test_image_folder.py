@@ -16,8 +16,7 @@ from skimage import data as photos
 
 from datarax import Pipeline
 from datarax.host import DecodeImage, SkippedRecordWarning
-from datarax.sources import RecordError
-from datarax.sources import ImageFolderSource, ImageFolderSourceConfig
+from datarax.sources import ImageFolderSource, ImageFolderSourceConfig, RecordError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NUM = 40
@@ -187,7 +186,8 @@ def test_a_deleted_file_is_named_with_its_record(tmp_path):
     gone = source.paths[2]
     pathlib.Path(gone).unlink()
     with pytest.raises(FileNotFoundError, match=rf"ImageFolderSource record 2: the file is gone \(deleted or moved "
-                                                rf"since the folder was scanned\); .*build the source again.*: '{gone}'"):
+                                                rf"since the folder was scanned\); .*build the source again.*: "
+                                                rf"'{gone}'"):
         list(Pipeline(source, [DecodeImage(size=8)], batch_size=2))
 
 

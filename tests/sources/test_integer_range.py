@@ -128,7 +128,8 @@ def test_the_message_names_the_record(tmp_path):
 def test_a_toml_source_is_refused_at_its_key(tmp_path):
     from datarax.config import ConfigError, load_pipeline
 
-    (tmp_path / "big_ids.py").write_text(f"import numpy as np\ndef data():\n    return {{'id': np.arange(8) + {BIG}}}\n")
+    (tmp_path / "big_ids.py").write_text(f"import numpy as np\ndef data():\n"
+                                         f"    return {{'id': np.arange(8) + {BIG}}}\n")
     (tmp_path / "run.toml").write_text('allow = ["big_ids"]\nbatch_size = 4\n[source.memory]\ndata = "big_ids:data"\n')
     with pytest.raises(ConfigError, match=rf"source.memory could not be built: MemorySource field 'id' holds {BIG}"):
         load_pipeline(tmp_path / "run.toml")

@@ -5,9 +5,9 @@ import pytest
 from source_checks import check_exact_resume
 
 from datarax import Pipeline
+from datarax.samplers.mix import MixSampler, apportion, webster
 from datarax.sources import MemorySource
 from datarax.sources.mix import MixDataSources, MixDataSourcesConfig
-from datarax.samplers.mix import MixSampler, apportion, webster
 
 
 def source(n: int, base: int) -> MemorySource:
@@ -106,7 +106,8 @@ def test_errors():
     with pytest.raises(TypeError, match="sources\\[1\\] must be a random-access DataSourceModule"):
         MixDataSources(MixDataSourcesConfig(weights=(1, 1), shuffle=True), sources=[source(5, 0), [1, 2]])
     with pytest.raises(ValueError, match="source_field 'id' is already a field"):
-        MixDataSources(MixDataSourcesConfig(weights=(1, 1), shuffle=True, source_field="id"), sources=[source(5, 0), source(5, 9)])
+        MixDataSources(MixDataSourcesConfig(weights=(1, 1), shuffle=True, source_field="id"), sources=[source(5, 0),
+                                                                                                       source(5, 9)])
 
 
 def test_proportional_weights_give_permutations_every_epoch():

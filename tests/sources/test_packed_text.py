@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -176,7 +175,8 @@ import numpy as np
 from datarax import Pipeline
 from datarax.sources import PackedTextSource, TextSource
 root = sys.argv[1]
-source = PackedTextSource(source=TextSource.from_files([root + "/corpus.txt"]), tokenizer=root + "/tokenizer.json", seq_len=24,
+source = PackedTextSource(source=TextSource.from_files([root + "/corpus.txt"]), tokenizer=root + "/tokenizer.json",
+seq_len=24,
                           eos_id=50, block_size=8, seed=9, shuffle=True)
 iterator = Pipeline(source, [], batch_size=4).epochs(None)
 iterator.set_state(json.load(open(root + "/state.json")))
@@ -190,7 +190,8 @@ def test_a_state_saved_mid_epoch_resumes_in_a_fresh_process(tmp_path):
     docs = corpus(120, "mixed", seed=2)
     (tmp_path / "corpus.txt").write_text("\n".join(texts([d or [0] for d in docs])) + "\n")
     word_tokenizer().save(str(tmp_path / "tokenizer.json"))
-    source = PackedTextSource(source=TextSource.from_files([tmp_path / "corpus.txt"]), tokenizer=tmp_path / "tokenizer.json",
+    source = PackedTextSource(source=TextSource.from_files([tmp_path / "corpus.txt"]),
+                              tokenizer=tmp_path / "tokenizer.json",
                               seq_len=24, eos_id=EOS, block_size=8, seed=9, shuffle=True)
     iterator = Pipeline(source, [], batch_size=4).epochs(None)
     for _ in range(5):
@@ -253,8 +254,7 @@ def test_an_epoch_of_unknown_length_has_no_len():
 
 
 def test_a_document_that_is_not_text_is_named():
-    from datarax.sources import RecordError
-    from datarax.sources import MemorySource
+    from datarax.sources import MemorySource, RecordError
 
     class Documents(MemorySource):
         """A source whose text field holds bytes, one of them not UTF-8."""
@@ -263,8 +263,9 @@ def test_a_document_that_is_not_text_is_named():
             super().__init__(data={"n": np.arange(3)})
 
         def element_spec(self):
-            from datarax.host import ENCODED
             import jax
+
+            from datarax.host import ENCODED
 
             return {"text": jax.ShapeDtypeStruct((), ENCODED)}
 

@@ -12,19 +12,18 @@ import tarfile
 import textwrap
 
 import fsspec
-from fsspec.implementations.memory import MemoryFileSystem
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 from scipy import stats
 
 from datarax import Pipeline
 from datarax.host import HostMap
 from datarax.pipeline import RetryPolicy
-from datarax.samplers import default_sampler
+from datarax.samplers import BlockShuffleSampler, default_sampler
 from datarax.sources import ShardedSource
-from datarax.samplers import BlockShuffleSampler
 from datarax.sources.manifest import ShardChangedError
 
 SIZES = (40, 47, 54)  # records per shard
@@ -233,7 +232,8 @@ def test_bad_settings_name_the_setting(tmp_path):
     urls = write_shards("parquet", "memory", tmp_path)
     with pytest.raises(KeyError, match=r"fields \['y'\] are not in the shards"):
         ShardedSource(urls=urls, fields=("y",), manifest_dir=str(tmp_path / "m"))
-    with pytest.raises(TypeError, match=r"column 'payload' is binary, which is not a number or a fixed-size list of numbers; list it in encoded"):
+    with pytest.raises(TypeError, match=r"column 'payload' is binary, which is not a number or a fixed-size list of "
+                                        r"numbers; list it in encoded"):
         ShardedSource(urls=urls, manifest_dir=str(tmp_path / "m"))
     with pytest.raises(ValueError, match=r"prefetch_blocks \(16\) must be below cache_blocks \(4\)"):
         ShardedSource(urls=urls, cache_blocks=4, manifest_dir=str(tmp_path / "m"))
@@ -265,7 +265,8 @@ def test_hf_image_parquet_shards_decode_through_decode_image(tmp_path):
     urls = []
     for shard in range(3):
         path = tmp_path / f"img-{shard}.parquet"
-        write_hf_parquet(path, {"image": jpegs[shard * 10:(shard + 1) * 10], "label": list(range(shard * 10, shard * 10 + 10))},
+        write_hf_parquet(path, {"image": jpegs[shard * 10:(shard + 1) * 10], "label": list(range(shard * 10,
+                                                                                                 shard * 10 + 10))},
                          images=("image",))
         url = f"memory://{tmp_path.name}/img-{shard}.parquet"
         fsspec.filesystem("memory").pipe(url, path.read_bytes())
@@ -302,7 +303,8 @@ def test_held_bytes_bound_the_block_cache(tmp_path):
     urls = write_shards("parquet", "file", tmp_path)
     largest = max(pq.ParquetFile(u.removeprefix("file://")).metadata.row_group(g).total_byte_size
                   for u in urls for g in range(pq.ParquetFile(u.removeprefix("file://")).metadata.num_row_groups))
-    source = ShardedSource(urls=urls, fields=("x",), cache_blocks=12, prefetch_blocks=3, manifest_dir=str(tmp_path / "m"))
+    source = ShardedSource(urls=urls, fields=("x",), cache_blocks=12, prefetch_blocks=3,
+                           manifest_dir=str(tmp_path / "m"))
     assert source.held_bytes() == 12 * largest
     Pipeline(source, [], batch_size=8).epochs(1).__next__()
     assert len(source._io.cache) <= 12
@@ -388,8 +390,10 @@ def first_page(data: bytes, group: int) -> int:
 
 
 @pytest.mark.parametrize("damage, match", [
-    (lambda data: data[:len(data) // 2], r"shard 'file://.*shard-1\.parquet' is not a readable parquet file \(its footer"),
-    (lambda data: garble(data, footer_start(data) + 4, 16), r"shard 'file://.*shard-1\.parquet' is not a readable parquet file"),
+    (lambda data: data[:len(data) // 2], r"shard 'file://.*shard-1\.parquet' is not a readable parquet file \(its "
+                                         r"footer"),
+    (lambda data: garble(data, footer_start(data) + 4, 16), r"shard 'file://.*shard-1\.parquet' is not a readable "
+                                                            r"parquet file"),
     (lambda data: garble(data, first_page(data, 2)), r"cannot read row group 2 of file://.*shard-1\.parquet: OSError"),
 ])
 def test_a_damaged_shard_is_refused_naming_its_url_and_block(tmp_path, damage, match):

@@ -18,9 +18,11 @@ def test_a_file_that_is_not_utf8_fails_naming_the_file_and_line(tmp_path):
         TextSource.from_files([tmp_path / "good.txt", tmp_path / "bad.txt"])
 
 
-@pytest.mark.parametrize("origins, named", [(None, r"documents\[2\] is"), (["a:1", "a:2", "b:7"], r"documents\[2\] \(b:7\) is")])
+@pytest.mark.parametrize("origins, named", [(None, r"documents\[2\] is"), (["a:1", "a:2", "b:7"], r"documents\[2\] "
+                                                                                                  r"\(b:7\) is")])
 def test_an_undecodable_document_is_named_by_index_and_origin(origins, named):
-    with pytest.raises(CorruptFileError, match=rf"^TextSource {named} not UTF-8 text \(unexpected end of data at byte 3: "
+    with pytest.raises(CorruptFileError, match=rf"^TextSource {named} not UTF-8 text \(unexpected end of data at byte "
+                                               rf"3: "
                                                r"b'caf\\xe9'\)"):
         TextSource(documents=["fine", b"also fine", b"caf\xe9"], origins=origins)
 

@@ -69,7 +69,8 @@ def test_reads_match_the_generated_records(data_dir):
 
 
 def test_pipeline_full_epoch_coverage_under_shuffle(data_dir):
-    make = lambda: Pipeline(TFDSSource(config(data_dir, shuffle=True, seed=1)), batch_size=32)
+    def make():
+        return Pipeline(TFDSSource(config(data_dir, shuffle=True, seed=1)), batch_size=32)
     order = np.concatenate([np.asarray(b["id"]) for b in Pipeline(TFDSSource(config(data_dir)), batch_size=32)])
     check_shuffled_coverage(make, "id", order)
 
@@ -82,7 +83,8 @@ def test_pipeline_exact_resume_mid_epoch(data_dir):
 def test_text_feature_is_unsupported_unless_converted(data_dir):
     with pytest.raises(UnsupportedColumnError, match=r"cannot batch column\(s\) 'caption' \(dtype object\).*convert="):
         TFDSSource(config(data_dir, fields=None))
-    convert = lambda batch: {"caption_len": np.array([len(c) for c in batch["caption"]], np.int32)}
+    def convert(batch):
+        return {"caption_len": np.array([len(c) for c in batch["caption"]], np.int32)}
     src = TFDSSource(config(data_dir, fields=("id", "caption")), convert=convert)
     got = src.get_batch(np.arange(6))
     np.testing.assert_array_equal(got["caption_len"], [len(record(int(i))["caption"]) for i in got["id"]])

@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 from datarax import Pipeline
-from datarax.sources import ThreadedSource
 from datarax.core.source import DataSourceModule
-from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.sources import MemorySource, MemorySourceConfig, ThreadedSource
 
 N = 300
 

@@ -1,4 +1,5 @@
-"""examples/train_demo.py, killed with SIGKILL at random points and rerun, ends bitwise equal to an uninterrupted run."""
+"""examples/train_demo.py, killed with SIGKILL at random points and rerun, ends bitwise equal to an
+uninterrupted run."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def environment() -> dict:
 
 def run_to_end(workdir: Path, log: Path, cache: Path, extra=()) -> dict:
     with open(log, "a") as out:
-        subprocess.run(demo_command(workdir, cache, extra), cwd=REPO, env=environment(), stdout=out, stderr=subprocess.STDOUT,
+        subprocess.run(demo_command(workdir, cache, extra), cwd=REPO, env=environment(), stdout=out,
+                       stderr=subprocess.STDOUT,
                        timeout=TIMEOUT, check=True)
     return json.loads((workdir / "result.json").read_text())
 

@@ -74,7 +74,8 @@ def combine(outputs: Sequence[Element], fields: tuple[str, ...] | None, owner: s
 
 
 def _signature(tree) -> list[tuple[str, tuple, str]]:
-    return [(jax.tree_util.keystr(p), tuple(x.shape), str(x.dtype)) for p, x in jax.tree_util.tree_leaves_with_path(tree)]
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    return [(jax.tree_util.keystr(p), tuple(x.shape), str(x.dtype)) for p, x in leaves]
 
 
 def check_same_structure(outputs: Sequence[Element], owner: str) -> None:

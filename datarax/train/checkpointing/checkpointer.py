@@ -253,7 +253,7 @@ class Checkpointer:
     def _write_in_background(self, *write) -> None:
         try:
             self._write(*write)
-        except BaseException as exc:  # noqa: BLE001 - raised on the training thread by the next save, wait or close
+        except BaseException as exc:  # raised on the training thread by the next save, wait or close
             self._write_error = exc
 
     def _ranking_value(self, metrics: dict[str, float]) -> float | None:
@@ -381,7 +381,7 @@ class Checkpointer:
         (read from Orbax's array metadata, no array data); "" when they cannot be read."""
         try:
             saved_tree = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / name)
-        except Exception:  # noqa: BLE001 - only the error message loses detail; the mismatch is still raised
+        except Exception:  # only the error message loses detail; the mismatch is still raised
             return ""
         saved = {jax.tree_util.keystr(path): (tuple(x.shape), str(x.dtype))
                  for path, x in jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
@@ -456,7 +456,8 @@ class Checkpointer:
                 warnings.warn(
                     f"checkpoint step {step} in {self.directory} could not be restored ({reason:.300}); "
                     f"moved it to {aside} and "
-                    + ("falling back to the previous checkpoint" if step != steps[0] else "no earlier checkpoint is left"),
+                    + ("falling back to the previous checkpoint" if step != steps[0]
+                       else "no earlier checkpoint is left"),
                     CorruptCheckpointWarning, stacklevel=2)
                 continue
             return RestoredCheckpoint(step=step, metadata=metadata, skipped=tuple(skipped))

@@ -27,7 +27,7 @@ iterator state is layout-free too; see docs/distributed.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -108,3 +108,13 @@ def describe(values: list, shardings: list[NamedSharding]) -> dict[str, int]:
         total += count * itemsize
         per_device += shard * itemsize
     return {"arrays": len(values), "sharded": sharded, "bytes_per_device": per_device, "bytes": total}
+
+
+def keep_layout(step: Callable, shardings: list) -> Callable:
+    """`step` whose new state keeps `shardings` (the layout `param_sharding` gave it)."""
+
+    def constrained(values, batch):
+        new, out = step(values, batch)
+        return constrain(new, shardings), out
+
+    return constrained

@@ -78,7 +78,7 @@ def _float32_output_class(cls: type) -> type:
     """A subclass of `cls` (same name, nothing else changed) whose `__call__` upcasts its outputs."""
     sub = _FLOAT32_OUTPUT_CLASSES.get(cls)
     if sub is None:
-        def __call__(self, *args, **kwargs):  # noqa: N807
+        def __call__(self, *args, **kwargs):
             return upcast(cls.__call__(self, *args, **kwargs))
 
         sub = type(cls)(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,

@@ -21,7 +21,7 @@ from datarax.train.checkpointing.checkpointer import Checkpointer, RestoredCheck
 from datarax.train.checkpointing.run_config import flatten, optimizer_fingerprint
 from datarax.train.loop.compile_cache import use_compilation_cache
 from datarax.train.loop.ema import ParamEMA, param_paths
-from datarax.train.loop.evaluation import eval_summary
+from datarax.train.loop.evaluation import eval_epoch, eval_summary
 from datarax.train.loop.guardrails import (
     CompileCauses,
     batch_rows,
@@ -29,26 +29,23 @@ from datarax.train.loop.guardrails import (
     epoch_length_known,
     warn_unknown_epoch_length,
 )
-from datarax.train.loop.param_sharding import constrain, place, state_shardings
+from datarax.train.loop.param_sharding import keep_layout, place, state_shardings
 from datarax.train.loop.precision import LossScale
-from datarax.train.loop.settings import check_settings
+from datarax.train.loop.settings import check_inputs
 from datarax.train.loop.signals import StopOnSignals
 from datarax.train.loop.step import (
     EPOCH,
     RECORD_IDS,
-    RECORDS,
     HostMetrics,
     JointModule,
     TimedJit,
     TrainState,
     VariableBinding,
     batch_signature,
-    is_metric_collection,
     make_eval_step,
     make_train_step,
     scan_steps,
 )
-from datarax.train.metrics.accumulated import Metric
 
 logger = logging.getLogger("datarax.train")
 
@@ -59,12 +56,11 @@ class FitResult:
 
     Attributes:
         step: the step the run ended at.
-        stop_reason: None when the target was reached, else why it stopped early
-            ("SIGTERM", "SIGINT", or the reason given to `request_stop`).
+        stop_reason: None when the target was reached, else "SIGTERM", "SIGINT" or the reason
+            given to `request_stop`.
         metrics: host values of the final step's metrics.
         eval_metrics: the last evaluation's metrics ({} if none ran).
-        resumed_from: the checkpoint step this run restored and continued from (None: it
-            started from the model as built).
+        resumed_from: the checkpoint step this run continued from (None: a fresh start).
     """
 
     step: int
@@ -74,92 +70,56 @@ class FitResult:
     resumed_from: int | None = None
 
 
-def _keep_layout(step: Callable, shardings: list) -> Callable:
-    """`step` whose new state keeps `shardings` (the layout `param_sharding` gave it)."""
-
-    def constrained(values, batch):
-        new, out = step(values, batch)
-        return constrain(new, shardings), out
-
-    return constrained
-
-
 class Trainer:
     """Trains a Flax NNX model on a datarax pipeline with a jitted, buffer-donating step.
 
+    docs/trainers.md describes every option at length; the modules named below hold the details.
+
     Args:
         model: the `nnx.Module` to train.
-        optimizer: an optax `GradientTransformation` (the trainer builds the `nnx.Optimizer`)
-            or an `nnx.Optimizer` built over `model`.
-        train_pipeline: the training `datarax.Pipeline`; the trainer iterates it endlessly
-            (`pipeline.epochs(None)`) and checkpoints the iterator with the model.
-        loss_fn: `loss_fn(model, batch) -> loss` or `-> (loss, aux)`; `loss` is a scalar. Records a
-            host stage skipped (`on_error="skip"`, a False `<field>_ok` flag) are kept out of the
-            loss, its gradient and the metrics: a `loss_fn(model, batch, mask)` masks them itself,
-            any other is computed per record and averaged over the valid ones
-            (`datarax.train.loop.masking`).
-        eval_pipeline: a pipeline for `evaluate()` (one epoch per evaluation).
-        metrics: `{name: fn(batch, aux) -> scalar}` computed inside the step, e.g.
-            `{"accuracy": lambda batch, logits: (logits.argmax(-1) == batch["label"]).mean()}`,
-            where a value may also be a `datarax.train.metrics.accumulated.Metric` (`Perplexity`,
-            `PerClassAccuracy`, `ConfusionMatrix`), accumulated as sums over an evaluation;
-            or a CLU `clu.metrics.Collection` subclass: its metrics read the batch's fields, the
-            loss function's aux (a dict is spread, anything else is passed as `logits`) and
-            `loss`; train steps report each step's `compute()`, and `evaluate` merges the
-            collections of every eval batch before computing them.
+        optimizer: an optax `GradientTransformation`, or an `nnx.Optimizer` built over `model`.
+        train_pipeline: iterated endlessly (`pipeline.epochs(None)`); its iterator is checkpointed.
+        loss_fn: `loss_fn(model, batch) -> loss` or `-> (loss, aux)`, a scalar loss. Records a host
+            stage skipped (a False `<field>_ok` flag) stay out of the loss, gradient and metrics:
+            `loss_fn(model, batch, mask)` masks them itself, any other is averaged per record over
+            the valid ones (`datarax.train.loop.masking`).
+        eval_pipeline: the pipeline of `evaluate()` (one epoch per evaluation).
+        metrics: `{name: fn(batch, aux) -> scalar}` computed in the step, a value may be a
+            `datarax.train.metrics.Metric` (sums over an evaluation); or a CLU
+            `clu.metrics.Collection` subclass (reads the batch, the aux and `loss`; merged over an
+            evaluation).
         callbacks: `datarax.train.callbacks.Callback`s (checkpointing, goodput, logging, ...).
-        train_pipeline_params: also optimise the pipeline's `nnx.Param`s: the step receives the
-            untransformed batch and runs the pipeline's stages inside the gradient. Needs an
-            optax transformation (the optimizer then covers model and pipeline).
+        train_pipeline_params: also optimise the pipeline's `nnx.Param`s (its stages run inside the
+            gradient on untransformed batches); needs an optax transformation.
         eval_every_steps: evaluate every N steps during `fit` (needs `eval_pipeline`).
-        compilation_cache: JAX's persistent compilation cache, so a restarted run loads its
-            compiled steps instead of compiling them again: True (default) uses
-            `$DATARAX_COMPILATION_CACHE`, else `~/.cache/datarax/jax` (see
-            `datarax.train.loop.compile_cache`); a path uses that directory; False leaves JAX's
-            setting alone. A cache directory the user already configured in JAX is kept.
-        run_config: the run's configuration (a mapping of plain values, nested as you like:
-            hyperparameters, model settings, data version). It is written into every checkpoint
-            with what the trainer sees (the model's class, the optimizer state's structure and
-            its update for a fixed probe gradient, so its learning rate at step 0); restoring a checkpoint
-            written under another configuration raises `CheckpointMismatchError` naming each
-            difference (`datarax.train.checkpointing.run_config`).
+        compilation_cache: JAX's persistent compilation cache: True (default) uses
+            `$DATARAX_COMPILATION_CACHE`, else `~/.cache/datarax/jax`; a path uses that directory;
+            False leaves JAX's setting alone (`datarax.train.loop.compile_cache`).
+        run_config: the run's settings (a mapping of plain values), written into every checkpoint
+            with the model's class and the optimizer's fingerprint; restoring one written under
+            another configuration raises `CheckpointMismatchError` naming each difference
+            (`datarax.train.checkpointing.run_config`).
         allow_config_change: resume a checkpoint written under another configuration anyway.
-        accumulate_steps: split each training batch into this many equal micro-batches, run one
-            after the other inside the one jitted step (a `jax.lax.scan`), and apply the mean of
-            their gradients once: the pipeline's `batch_size` is the batch of one optimizer step
-            and must divide by `accumulate_steps`; memory is that of one micro-batch. The step's
-            loss and metric functions are the means over its micro-batches (a `Metric`'s sums are
-            added, a CLU collection merged), so one step is one logged step.
-        ema_decay: keep an exponential moving average of the model's parameters, updated inside
-            the step after every optimizer update (`datarax.train.loop.ema`; e.g. 0.999; None: off). It
-            is checkpointed as its own item; `evaluate(ema=True)` evaluates with it.
-        precision: "f32" (default), "bf16" or "f16": the dtype the loss is computed in, with
-            float32 master parameters, gradients and optimizer (`datarax.train.loop.precision`); "f16"
-            adds dynamic loss scaling, skipping steps whose gradients overflow.
-        param_sharding: None (default: the state stays where the model's arrays are), "replicated"
-            (a full copy on every device of the training pipeline's mesh) or "fsdp" (parameters,
-            optimizer state and average cut along the mesh's batch axis, FSDP-style; variables
-            annotated with `nnx.with_partitioning` keep their spec; see
-            `datarax.train.loop.param_sharding`). Needs `train_pipeline` built with a `sharding`.
-        steps_per_execution: optimizer steps per jitted call (Keras' option; default 1). K > 1 runs K
-            batches as one jitted `jax.lax.scan` (`datarax.train.loop.step.scan_steps`), paying
-            the per-call cost once per K steps; calls cover the steps (m*K, (m+1)*K], so runs
-            resume bitwise and train on K = 1's batches and keys. Callbacks see one call
-            (`StepLogs.steps` the steps it covered); schedules fire at the end of the call that
-            crossed their step; shorter calls (after a resume, before `num_steps`, mixed batch
-            shapes) run one jitted step each. Keep K = 1 for convolutional models on the CPU
-            backend. K is not part of the run configuration. See docs/trainers.md,
-            "Several steps per call".
+        accumulate_steps: micro-batches per optimizer step, run in one jitted `jax.lax.scan` with
+            their gradients averaged; must divide the pipeline's `batch_size`. Losses and metrics
+            are the means over the micro-batches.
+        ema_decay: keep a moving average of the parameters, updated in the step and checkpointed
+            (e.g. 0.999; None: off); `evaluate(ema=True)` uses it (`datarax.train.loop.ema`).
+        precision: "f32" (default), "bf16" or "f16": the loss's compute dtype, with float32 master
+            parameters; "f16" adds dynamic loss scaling (`datarax.train.loop.precision`).
+        param_sharding: None (the state stays where the model's arrays are), "replicated" or
+            "fsdp" over the training pipeline's mesh (needs its `sharding`;
+            `datarax.train.loop.param_sharding`).
+        steps_per_execution: optimizer steps per jitted call (Keras' option; default 1): K > 1 runs
+            K batches in one `jax.lax.scan` (`datarax.train.loop.step.scan_steps`) over the steps
+            (m*K, (m+1)*K], so runs resume bitwise on K = 1's batches and keys. Callbacks see one
+            call; schedules fire at the end of the call that crossed their step; shorter calls run
+            one jitted step each. Keep K = 1 for convolutional models on the CPU backend.
 
-    Metrics stay on the device until something reads them: `StepLogs.metrics` of `on_step_end`
-    (the previous call's last step) is read on first use, so a callback that looks at it only
-    on its own schedule (`MetricLogger` every 100 steps, `ProgressBar` once per redraw) lets the
-    host run ahead of the device in between; `last_metrics`, `FitResult.metrics` and the end of
-    `fit` read them.
-
-    Construction warns (`datarax.train.loop.guardrails.TrainerWarning`, each with its fix) about a
-    training pipeline that does not shuffle or whose epoch ends in a short batch (a second
-    compile of the step).
+    Metrics stay on the device until read: `StepLogs.metrics` (the previous call's last step) is
+    read on first use, so callbacks reading it on their own schedule let the host run ahead.
+    Construction warns (`datarax.train.loop.guardrails.TrainerWarning`) about a training pipeline
+    that does not shuffle or whose epoch ends in a short batch.
 
     Example:
         >>> trainer = Trainer(model, optax.adam(1e-3), pipeline, loss_fn,
@@ -174,51 +134,17 @@ class Trainer:
                  compilation_cache: bool | str | os.PathLike = True, run_config: Mapping[str, Any] | None = None,
                  allow_config_change: bool = False, accumulate_steps: int = 1, ema_decay: float | None = None,
                  precision: str = "f32", param_sharding: str | None = None, steps_per_execution: int = 1):
-        if not isinstance(model, nnx.Module):
-            raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
-        for name, value in (("train_pipeline", train_pipeline), ("eval_pipeline", eval_pipeline)):
-            if value is not None and not isinstance(value, Pipeline):
-                raise TypeError(f"{name} must be a datarax Pipeline, got {type(value).__name__}")
-        if train_pipeline is None:
-            raise TypeError("train_pipeline must be a datarax Pipeline, got None")
-        if not callable(loss_fn):
-            raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {loss_fn!r:.80}")
-        if not is_metric_collection(metrics):
-            if isinstance(metrics, type):
-                raise TypeError(f"metrics must be a mapping of name -> fn(batch, aux) or a clu.metrics.Collection "
-                                f"subclass, got the class {metrics.__name__}")
-            metrics = dict(metrics or {})
-            for name, fn in metrics.items():
-                if not isinstance(name, str) or not (callable(fn) or isinstance(fn, Metric)) or name == "loss":
-                    raise TypeError(f"metrics must map names (not 'loss') to fn(batch, aux) or a "
-                                    f"datarax.train.metrics.accumulated.Metric, got {name!r}: {fn!r:.60}")
-        check_settings(accumulate_steps=accumulate_steps, steps_per_execution=steps_per_execution, precision=precision,
-                       param_sharding=param_sharding, ema_decay=ema_decay, allow_config_change=allow_config_change,
-                       train_pipeline_params=train_pipeline_params)
+        metrics = check_inputs(model, train_pipeline, loss_fn, eval_pipeline=eval_pipeline, metrics=metrics,
+                               eval_every_steps=eval_every_steps, run_config=run_config,
+                               train_pipeline_params=train_pipeline_params, allow_config_change=allow_config_change,
+                               accumulate_steps=accumulate_steps, ema_decay=ema_decay, precision=precision,
+                               param_sharding=param_sharding, steps_per_execution=steps_per_execution)
         self.accumulate_steps, self.steps_per_execution = int(accumulate_steps), int(steps_per_execution)
         self.precision = precision
-        if train_pipeline is not None and getattr(train_pipeline, "batch_size", 0) % self.accumulate_steps:
-            raise ValueError(f"accumulate_steps={accumulate_steps} must divide the training pipeline's batch_size="
-                             f"{train_pipeline.batch_size} (each step's batch is split into accumulate_steps equal "
-                             "micro-batches); pick a batch_size that is a multiple of accumulate_steps")
-        if run_config is not None and not isinstance(run_config, Mapping):
-            raise TypeError(f"run_config must be a mapping of the run's settings (e.g. {{'learning_rate': 1e-3}}) or "
-                            f"None, got {type(run_config).__name__}")
         self.allow_config_change = allow_config_change
         self._run_config = dict(run_config or {})
         self._config_fingerprint: dict[str, str] | None = None
-        if train_pipeline_params and getattr(train_pipeline, "sharding", None) is not None:
-            raise ValueError("train_pipeline_params=True trains on unsharded batches, but train_pipeline has "
-                             f"sharding={train_pipeline.sharding!r}; drop one of the two")
-        if param_sharding is not None:
-            if getattr(train_pipeline, "sharding", None) is None:
-                raise ValueError(f"param_sharding={param_sharding!r} lays the training state out over the training "
-                                 "pipeline's mesh, but train_pipeline has no sharding; build it with "
-                                 "Pipeline(..., sharding=DataSharding.data_parallel()) or drop param_sharding")
         self.param_sharding = param_sharding
-        if eval_every_steps is not None and eval_pipeline is None:
-            raise ValueError(f"eval_every_steps={eval_every_steps!r} needs an eval_pipeline; pass "
-                             "eval_pipeline=Pipeline(...) or drop eval_every_steps")
         self.compilation_cache_dir = use_compilation_cache(compilation_cache)
         check_training_pipeline(train_pipeline)
         self.model = model
@@ -253,7 +179,7 @@ class Trainer:
         step = make_train_step(self._binding, loss_fn, metrics, self.joint,
                                accumulate_steps=self.accumulate_steps, precision=self.precision)
         if self.state_shardings is not None:
-            step = _keep_layout(step, self.state_shardings)
+            step = keep_layout(step, self.state_shardings)
         self._train_step = TimedJit(step, donate_values=True)
         k = self.steps_per_execution
         self._train_steps = TimedJit(scan_steps(step), donate_values=True) if k > 1 else None
@@ -330,12 +256,9 @@ class Trainer:
         return self._iterator
 
     def close(self) -> None:
-        """Stops the training iterator's background reader and waits for it (idempotent).
-
-        A later `fit` goes on from where the iterator stood: its state is kept and a new iterator
-        resumes from it. Call it (or use the trainer as a context manager) before the process ends,
-        so no reader thread is still in native code (a decoder, a device transfer) at exit.
-        """
+        """Stops the training iterator's background reader and waits for it (idempotent); a later
+        `fit` resumes from the iterator's state. Call it (or use a `with` block) before the process
+        ends, so no reader thread is still in native code at exit."""
         iterator, self._iterator = self._iterator, None
         if iterator is None:
             return
@@ -384,14 +307,11 @@ class Trainer:
     def fit(self, num_steps: int | None = None, *, num_epochs: int | None = None) -> FitResult:
         """Trains until `num_steps` total steps (or `num_epochs` total epochs) are done.
 
-        Totals count from the start of training, so a resumed run stops where an uninterrupted
-        one would. On a stream of unknown epoch length `num_epochs` counts epochs as the
-        iterator numbers them (from 0): training stops before the first batch of epoch
-        `num_epochs` (with an `UnknownEpochLengthWarning`, and `target_step` None).
-        SIGTERM/SIGINT stop the loop after the current call; checkpoint callbacks then
-        save, and `fit` returns normally with `stop_reason` set. The step donates the training
-        state's buffers: arrays taken from the model or optimizer *during* training are
-        invalidated by the next step (copy what you keep).
+        Totals count from step 0, so a resumed run stops where an uninterrupted one would; on a
+        stream of unknown length training stops before the first batch of epoch `num_epochs`.
+        SIGTERM/SIGINT stop the loop after the current call (checkpoint callbacks then save) and
+        set `stop_reason`. The step donates the state's buffers: copy any array you take from the
+        model or optimizer during training.
         """
         target = self._target(num_steps, num_epochs)
         self.target_step = target
@@ -491,16 +411,9 @@ class Trainer:
         return StepLogs(step=self.step, metrics=metrics, metrics_step=self.step if metrics else None)
 
     def evaluate(self, pipeline: Pipeline | None = None, *, ema: bool = False) -> dict[str, float]:
-        """Runs the loss and metrics over one epoch of the eval pipeline.
-
-        With `ema=True` the model's parameters are replaced by their moving averages for this
-        evaluation (needs `ema_decay`); the model itself is left as it is.
-
-        The loss and plain metric functions are batch-size weighted means over the epoch; a
-        `datarax.train.metrics.accumulated.Metric` adds its sums over every batch before its one division
-        (a token-weighted perplexity, counts per class), and its full `result` (e.g. a confusion
-        matrix) is kept in `last_eval_results[name]`; a CLU collection merges across batches.
-        """
+        """The loss and metrics over one epoch of the eval pipeline (`evaluation.eval_summary` says how
+        they are reduced; a `Metric`'s full `result` goes to `last_eval_results[name]`). With
+        `ema=True` the parameters' moving averages stand in for the parameters (needs `ema_decay`)."""
         pipeline = self.eval_pipeline if pipeline is None else pipeline
         if not isinstance(pipeline, Pipeline):
             raise ValueError(f"evaluate needs a pipeline: pass one, or build the Trainer with eval_pipeline=..., "
@@ -514,27 +427,8 @@ class Trainer:
         if ema:
             for position, average in zip(self._ema_positions, self.ema.values()):
                 values[position] = average
-        outs, sizes = [], []
-        iterator = iter(pipeline)
-        try:
-            while True:
-                begin = time.perf_counter()
-                batch = next(iterator, None)
-                end = time.perf_counter()
-                if batch is None:
-                    break
-                out, compile_seconds = self._eval_step(values, batch)
-                rows = batch_rows(batch)
-                sizes.append(out.pop(RECORDS, rows))  # the valid records, when some were skipped
-                outs.append(out)
-                cause = self._eval_causes.cause(batch) if compile_seconds > 0 else None
-                self.callbacks("on_eval_step_end", self, StepLogs(
-                    step=len(outs), batch_size=rows, data_wait=(begin, end), dispatched_at=time.perf_counter(),
-                    compile_seconds=compile_seconds, output=out["loss"], compile_cause=cause))
-        finally:
-            iterator.close()
-        if not outs:
-            raise ValueError("evaluate found no batches in the eval pipeline (an empty epoch); check its source")
+        outs, sizes = eval_epoch(pipeline, values, self._eval_step, self._eval_causes,
+                                 lambda logs: self.callbacks("on_eval_step_end", self, logs))
         metrics, results, records = eval_summary(outs, sizes, self.metrics)
         self.last_eval_metrics = metrics
         self.last_eval_results = results
@@ -563,12 +457,9 @@ class Trainer:
         return extras
 
     def save_checkpoint(self, checkpointer: Checkpointer, *, forced: bool = False, wait: bool = False) -> bool:
-        """Saves the current step (model, optimizer, iterator, metadata, and the parameters' moving
-        average and the loss scale when on); False if it exists already. The newest `logged_metrics`
-        go with it when the checkpointer keeps the best checkpoints by one of them (reading them
-        then). With an asynchronous checkpointer the loop is blocked only while the previous write
-        is still running and while the arrays' device copies are dispatched; `on_checkpoint_save`
-        reports that time (`CheckpointInfo.seconds`), and the write goes on in the background."""
+        """Saves the current step (model, optimizer, iterator, metadata, and the moving average and
+        loss scale when on; with `logged_metrics` when the checkpointer keeps the best); False if it
+        exists already. `on_checkpoint_save` reports the time the loop was blocked."""
         began = time.perf_counter()
         metadata = {"epoch": self.epoch, "pipeline_fingerprint": self.train_pipeline.fingerprint,
                     "pipeline_structure": self.train_pipeline.structure_parts,

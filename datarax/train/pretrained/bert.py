@@ -72,7 +72,8 @@ class BertLayer(nnx.Module):
 
     def __call__(self, x: jax.Array, bias: jax.Array) -> jax.Array:
         b, n, d = x.shape
-        split = lambda t: t.reshape(b, n, self.heads, d // self.heads).transpose(0, 2, 1, 3)  # noqa: E731
+        def split(t):
+            return t.reshape(b, n, self.heads, d // self.heads).transpose(0, 2, 1, 3)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
         scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d // self.heads) + bias
         context = (jax.nn.softmax(scores, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(b, n, d)

@@ -48,11 +48,11 @@ from datarax.train.pretrained.tables import KeyMap, LayoutError, dotted, load_ta
 def probe_optimizer(model: nnx.Module, tx: optax.GradientTransformation, *, head: Iterable[str]) -> nnx.Optimizer:
     """An `nnx.Optimizer` over the `nnx.Param`s under the `head` path prefixes only (a frozen backbone)."""
     head = tuple(head)
-    selected = [dotted(p) for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Param)
-                and dotted(p).startswith(head)] if head and all(isinstance(h, str) for h in head) else []
+    params = [dotted(p) for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Param)]
+    selected = [p for p in params if p.startswith(head)] if head and all(isinstance(h, str) for h in head) else []
     if not selected:
         raise ValueError(f"probe_optimizer: head={head!r} selects no nnx.Param of {type(model).__name__}; its "
-                         f"parameters start with {sorted({dotted(p).split('.')[0] for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Param)})}")
+                         f"parameters start with {sorted({p.split('.')[0] for p in params})}")
     return nnx.Optimizer(model, tx, wrt=nnx.All(nnx.Param, path_prefixes(*head)))
 
 

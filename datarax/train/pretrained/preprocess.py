@@ -7,7 +7,8 @@ feeds the network what it was trained on without copying numbers by hand:
 
 | config | stages |
 |---|---|
-| `image_mean`, `image_std`, `size` / `crop_size` | `DecodeImage(size=...)`, `ToFloatOperator()`, `NormalizeOperator(mean=..., std=...)` |
+| `image_mean`, `image_std`, `size` / `crop_size` | `DecodeImage(size=...)`, `ToFloatOperator()`,
+`NormalizeOperator(mean=..., std=...)` |
 | `sampling_rate` (+ `window_size`, CREPE's frame) | `DecodeAudio(sample_rate=..., length=...)` |
 
 Example::

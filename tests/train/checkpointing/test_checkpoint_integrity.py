@@ -1,4 +1,5 @@
-"""Checkpoint trust: damaged-but-readable data is detected, all-damaged directories keep refusing, one run per directory."""
+"""Checkpoint trust: damaged-but-readable data is detected, all-damaged directories keep refusing, one
+run per directory."""
 
 from __future__ import annotations
 
@@ -122,8 +123,8 @@ def test_integrity_mismatch_names_both_hashes(tmp_path):
     fresh, _ = make_trainer()
     checkpointer = Checkpointer(tmp_path)
     try:
-        with pytest.warns(CorruptCheckpointWarning, match=r"model data differs from what was written: "
-                                                          r"sha256 at save time [0-9a-f]{16}\.\.\., read [0-9a-f]{16}"), \
+        with pytest.warns(CorruptCheckpointWarning, match=r"model data differs from what was written: sha256 at "
+                                                          r"save time [0-9a-f]{16}\.\.\., read [0-9a-f]{16}"), \
                 pytest.raises(CheckpointRestoreError):
             checkpointer.restore_latest(model=fresh.model, optimizer=fresh.optimizer, iterator=fresh.iterator)
     finally:
@@ -137,7 +138,8 @@ def test_an_all_damaged_directory_keeps_refusing_until_told_to_start_fresh(tmp_p
         damage(tmp_path / str(step), "model", first.model, first.optimizer)
     trainer, _ = make_trainer([CheckpointCallback(tmp_path, every_steps=EVERY)])
     with pytest.warns(CorruptCheckpointWarning, match=r"checkpoint step 8 .* model data differs"), \
-            pytest.raises(CheckpointRestoreError, match=r"could be restored \(step 8: .*step 4: .*on_damaged='start_fresh'"):
+            pytest.raises(CheckpointRestoreError, match=r"could be restored \(step 8: .*step 4: "
+                                                        r".*on_damaged='start_fresh'"):
         trainer.fit(num_steps=STEPS)
     assert trainer.step == 0
     # The same command again: the damaged steps are in corrupt-* now, and it still refuses.

@@ -102,6 +102,7 @@ def test_a_checkpoint_without_the_average_is_refused_naming_it(tmp_path):
     setup = make_setup(batch_size=8)
     anyway = Trainer(setup.model, optax.adam(5e-2), setup.pipeline, loss_fn, ema_decay=DECAY,
                      allow_config_change=True, callbacks=[CheckpointCallback(tmp_path)])
-    with pytest.raises(CheckpointMismatchError, match=r"holds the optional training state \[\], this run has \['ema'\]"):
+    with pytest.raises(CheckpointMismatchError,
+                       match=r"holds the optional training state \[\], this run has \['ema'\]"):
         anyway.fit(num_steps=3)
     assert leaves(setup.model)  # untouched objects remain usable

@@ -179,7 +179,8 @@ def test_full_with_a_backbone_factor_equals_the_hand_built_discriminative_run(fo
                              classes=3, name="plain.toml"))
     plain.fit()
     plain.trainer.close()
-    moved = lambda m: np.abs(np.asarray(m.body.kernel.get_value()) - tensors["body.weight"].T).max()  # noqa: E731
+    def moved(m):
+        return np.abs(np.asarray(m.body.kernel.get_value()) - tensors["body.weight"].T).max()
     assert moved(run.trainer.model) < 0.5 * moved(plain.trainer.model)
 
 
@@ -216,7 +217,8 @@ def _without_finetune(path):
     ('mode = "lora"', "lora_rank", "is needed"),
     ('mode = "lora"\nlora_rank = 0', "lora_rank", "must be an integer >= 1"),
     ('lora_rank = 4', "lora_rank", 'applies to mode = "lora" only'),
-    ('mode = "lora"\nlora_rank = 2\nlora_kinds = ["dense"]', "lora_kinds", "must name layer kinds among ('linear', 'conv')"),
+    ('mode = "lora"\nlora_rank = 2\nlora_kinds = ["dense"]', "lora_kinds", "must name layer kinds among ('linear', "
+                                                                           "'conv')"),
     ('lora_kinds = ["conv"]', "lora_kinds", 'applies to mode = "lora" only'),
     ('backbone_lr_factor = 0.1', "head", "is needed with backbone_lr_factor"),
     ('mode = "probe"\nhead = ["head."]\nbackbone_lr_factor = 0.1', "backbone_lr_factor", 'applies to mode = "full"'),
@@ -235,7 +237,8 @@ def _without_finetune(path):
     ('weights = "pretrained.safetensors"\nlayout = "ft_helpers:table"', "weights",
      "'head.weight' (5, 16) -> 'head.kernel' gives (16, 5) (linear), the module has (16, 3)"),
     ('weights = "pretrained.safetensors"\nlayout = "ft_helpers:table"', "weights", 'exclude = ["fc."]'),
-    ('weights = "pretrained.safetensors"\nlayout = "bert"', "layout", "is the table of datarax.train.pretrained.BertEncoder"),
+    ('weights = "pretrained.safetensors"\nlayout = "bert"', "layout", "is the table of "
+                                                                      "datarax.train.pretrained.BertEncoder"),
     ('mode = "probe"\nhead = ["fc."]', "head", "selects no parameter of Net; its parameters start with"),
     ('warm_start = "nowhere"', "warm_start", "holds no checkpoint step"),
 ])
@@ -319,11 +322,13 @@ def test_adapters_only_on_the_new_head_are_named_a_probe_in_disguise(folder, cap
     import json
 
     text = Path(job(folder, 'mode = "lora"\nlora_rank = 2\nhead = ["head."]', classes=3)).read_text()
-    Path(folder / "run.toml").write_text(text.replace('model = "ft_helpers:make_model"', 'model = "ft_helpers:make_conv"'))
+    Path(folder / "run.toml").write_text(text.replace('model = "ft_helpers:make_model"',
+                                                      'model = "ft_helpers:make_conv"'))
     path = str(folder / "run.toml")
     assert main(["validate", path]) == 0
-    assert "every LoRA adapter sits in the new head (head): the pretrained backbone trains nothing, so this is a " \
-           "probe in disguise. Put adapters on the backbone: lora_kinds = [\"linear\", \"conv\"]" in capsys.readouterr().err
+    assert ("every LoRA adapter sits in the new head (head): the pretrained backbone trains nothing, so this is a "
+            "probe in disguise. Put adapters on the backbone: lora_kinds = [\"linear\", \"conv\"]"
+            in capsys.readouterr().err)
     assert main(["train", path, "--no-progress"]) == 0
     assert "probe in disguise" in capsys.readouterr().err
     report = json.loads((folder / "runs" / "run" / "result.json").read_text())["finetune"]

@@ -44,7 +44,7 @@ def torchcrepe():
     pytest.importorskip("resampy", reason="torchcrepe imports resampy: pip install 'datarax[pretrained-torch]'")
     placeholder = None
     try:
-        import torchaudio  # noqa: F401
+        import torchaudio  # noqa: F401 - imported only to see whether it is installed
     except ImportError:
         placeholder = sys.modules.setdefault("torchaudio", types.ModuleType("torchaudio"))
     try:
@@ -118,7 +118,8 @@ def test_the_table_maps_every_key_of_the_published_weights():
     table = crepe_table("tiny")
     assert {m.key for m in table} == {k for k in tensors if not k.endswith("num_batches_tracked")}
     model = load_crepe(path, capacity="tiny")
-    np.testing.assert_array_equal(np.asarray(model.convs[0].kernel[...])[:, 0, 0, :], tensors["conv1.weight"][:, 0, :, 0].T)
+    np.testing.assert_array_equal(np.asarray(model.convs[0].kernel[...])[:, 0, 0, :], tensors["conv1.weight"][:, 0, :,
+                                                                                                              0].T)
 
 
 def test_preprocessing_from_the_crepe_config():

@@ -172,8 +172,10 @@ def torch_bert(state, input_ids, token_type_ids, mask, config: BertConfig):
     bias = (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
     for i in range(config.num_hidden_layers):
         p = f"encoder.layer.{i}."
-        lin = lambda t, name: F.linear(t, w[p + name + ".weight"], w[p + name + ".bias"])  # noqa: E731
-        split = lambda t: t.view(t.shape[0], n, heads, d // heads).transpose(1, 2)  # noqa: E731
+        def lin(t, name):
+            return F.linear(t, w[p + name + ".weight"], w[p + name + ".bias"])
+        def split(t):
+            return t.view(t.shape[0], n, heads, d // heads).transpose(1, 2)
         q, k, v = (split(lin(x, f"attention.self.{s}")) for s in ("query", "key", "value"))
         attention = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // heads) + bias, dim=-1)
         context = (attention @ v).transpose(1, 2).reshape(x.shape)

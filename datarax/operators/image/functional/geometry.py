@@ -93,7 +93,8 @@ def affine_matrix(angle: jax.Array | float, center: tuple[float, float], *, scal
     inv = jnp.stack([jnp.stack([d, -b]), jnp.stack([-c, a])]) / det
     cx, cy = center
     shifted = jnp.stack([cx + translate[0], cy + translate[1]])
-    offset = jnp.stack([jnp.asarray(cx, inv.dtype), jnp.asarray(cy, inv.dtype)]) - jnp.matmul(inv, shifted, precision=jax.lax.Precision.HIGHEST)
+    centre = jnp.stack([jnp.asarray(cx, inv.dtype), jnp.asarray(cy, inv.dtype)])
+    offset = centre - jnp.matmul(inv, shifted, precision=jax.lax.Precision.HIGHEST)
     return jnp.concatenate([inv, offset[:, None]], axis=1)
 
 
