@@ -1,40 +1,11 @@
 """The schema of a run configuration, and its validation into a `RunSpec`.
 
-A complete run (see docs/config.md for every key):
-
-    batch_size = 32
-    seed = 0
-
-    [source.memory]
-    data = "mypkg.data:load"
-    shuffle = true
-
-    [[stages]]
-    element = { fn = "mypkg.transforms:normalize" }
-
-    [[stages]]
-    brightness = { max_delta = 0.2 }
-
-or, instead of `stages`, a DAG:
-
-    [dag]
-    sink = "merge"
-    [dag.nodes.augment]
-    inputs = []
-    element = { fn = "mypkg.transforms:augment", stochastic = true }
-    [dag.nodes.merge]
-    inputs = ["augment"]
-    "mypkg.nodes:Merge" = {}
-
-Host stages (`decode_image`, `decode_audio`, `tokenize`, `host_map`) come first in `stages`; with
-a `[dag]`, `stages` holds only host stages, which run before it.
-
-plus optional `[sampler.<name>]` and `[sharding]` tables, an `[eval]` table (the evaluation
-pipeline, as overrides of this one: see `eval_table`), a `[trainer]` table that the training
-kit (`datarax.train`) validates when it is loaded, `allow = ["mypkg"]`: the user's modules
-that import paths may name (`datarax.config.allow`; nothing else is imported), and
-`imports = ["mypkg.fs"]`: allowed modules imported for their side effects before any component
-(a custom fsspec protocol registering itself, a module filling `memory://`).
+The top-level keys (`RunSection`: batch_size, seed, prefetch, ...), a `[source.<name>]` table,
+`[[stages]]` (host stages first) or a `[dag]`, optional `[sampler.<name>]`, `[sharding]`, `[eval]`
+(overrides of this pipeline, see `eval_table`) and `[trainer]` (validated by `datarax.train` when
+it is loaded) tables, `allow = [...]` (the user's modules import paths may name,
+`datarax.config.allow`) and `imports = [...]` (allowed modules imported for their side effects
+first). docs/config.md has every key and a complete example.
 """
 
 from __future__ import annotations

@@ -1,34 +1,19 @@
 """`DecodeAudio`: WAV/FLAC/OGG bytes to fixed-length float waveforms, on the host.
 
-Each record's bytes are decoded with libsndfile (`soundfile`), mixed to mono or checked against a
-fixed channel count, resampled to `sample_rate`, and cropped or zero-padded to `length` samples.
-The output is `(length,)` float32 for mono or `(channels, length)` for a fixed count (time last,
-like the audio operators), plus `<field>_length`, the int32 number of valid (unpadded) samples.
+Each record is decoded with libsndfile (`soundfile`, on a thread pool), mixed to mono or checked
+against a fixed channel count, resampled to `sample_rate` (polyphase, `scipy.signal.resample_poly`)
+and cropped or zero-padded to `length` samples: `(length,)` float32 for mono or `(channels, length)`,
+plus `<field>_length`, the int32 count of valid samples.
 
-Resampling is polyphase (`scipy.signal.resample_poly` with the gcd-reduced `up/down` ratio): a
-zero-phase FIR low-pass at the lower of the two Nyquist rates, `20 * max(up, down) + 1` taps of a
-Kaiser-windowed sinc (beta 5), scipy's default. A file already at `sample_rate` is not filtered.
+Bounded work per record: the crop is chosen from the header first and only the samples that window
+needs are read and resampled (bitwise equal to resampling the whole file, then cropping); the
+record's working memory is reserved from a `MemoryBudget` of `max_decode_bytes` shared by the
+threads, and a record that needs more than all of it is a bad record. `crop="random"` draws from
+the record's generator (`ctx.generator(seed, row)`); "start" and "center" are deterministic.
 
-Bounded work per record: the crop is chosen first, on the length the whole file would have at
-`sample_rate` (arithmetic on its header), and only the source samples that window needs are read
-(a seek) and resampled: the window plus the filter's reach on each side, its start rounded down
-to a whole filter phase, so the samples equal those of resampling the whole file and cropping
-(bitwise; tested). A long recording costs what its clip costs, and a tiny file that declares a
-1 Hz rate no longer asks for 16,000 times its size. Before reading, the record's working memory
-(the samples read, the filter, the resampled window) is estimated from the header and reserved
-from a `MemoryBudget` of `max_decode_bytes` shared by the stage's threads; a record that needs
-more than all of it (an absurd declared rate or channel count) is refused as a bad record.
-
-`crop="random"` draws the window's start from the record's generator (`ctx.generator(seed, row)`),
-so a record gets the same clip for any batch size, thread count or resume point, and a new one
-each epoch; "start" and "center" are deterministic. A clip shorter than `length` is padded with
-zeros at the end. libsndfile releases the GIL while decoding, so records decode on a thread pool.
-
-Bad records (not audio, empty, cut short, or over the budget): `on_error="raise"` raises
-`RecordError` naming the record (`ctx.where(row)`); `on_error="skip"` writes zeros, adds a bool
-`<field>_ok` field (False for skipped records), counts them in `skipped` and warns once per
-record. A WAV cut inside its sample data is not an error: libsndfile decodes the samples present
-(its length then says how many).
+Bad records (not audio, empty, over the budget): `on_error="raise"` raises `RecordError` naming the
+record; "skip" writes zeros and a False `<field>_ok` flag, counts and warns (`DecodingStage`). A WAV
+cut inside its samples decodes the samples present. docs/sources.md ("Audio") has the details.
 
 Example:
     >>> stages = [DecodeAudio(field="audio", sample_rate=16000, length=16000, crop="random", seed=0)]

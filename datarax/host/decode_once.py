@@ -1,36 +1,21 @@
 """Decode once: a reduced copy of an image source in ArrayRecord shards, for epochs that repeat.
 
-Decoding a full-size JPEG every epoch repeats work whose result never changes: the decode and
-the downscale are deterministic, only the crop is random. `materialize` runs that deterministic
-prefix once (decode, EXIF orientation, RGB, the longer side reduced to at most `max_side`,
-re-encode) and writes the small images, in record order, into ArrayRecord shards beside the
-source's other fields (the idea of FFCV's `max_resolution` and tf.data's `snapshot`). Later
-epochs read the small records and keep their random crops:
+`materialize` runs the deterministic prefix of decoding once (decode, EXIF orientation, RGB, the
+longer side reduced to at most `max_side`, re-encode; FFCV's `max_resolution`, tf.data's
+`snapshot`) and writes the small images, in record order, into ArrayRecord shards beside the
+source's other fields; later epochs read them and keep their random crops:
 
     >>> cache = materialize(ImageFolderSource(root="photos/train", shuffle=True), "/data/photos-160",
     ...                     max_side=160)
     >>> pipeline = Pipeline(cache, [DecodeImage(size=128, crop="random_resized"), ...], batch_size=64)
 
-A random-resized crop is drawn in relative terms (a fraction of the area, an aspect ratio, a
-position), so on a uniformly downscaled image it covers the same part of the scene: the box
-distribution is the source's, up to integer rounding at the smaller size (and a record draws
-the same numbers from its generator on either path). What a crop loses is resolution where it
-magnifies: a `max_side` of about the output size over the square root of the smallest crop
-scale keeps every crop at full resolution; smaller caches make small crops softer.
-
-Why the longer side: it bounds every record's size (a panorama cannot blow up a shard), and it
-is FFCV's choice. Why `format="raw"` by default: uncompressed RGB (binary PPM, which Pillow and
-OpenCV open with no decode at all) is lossless and, measured here, decodes faster than PNG,
-WebP-lossless or JPEG at quality 90-95; `format="jpeg"` (quality 90 by default) stores several
-times fewer bytes, for caches bounded by disk or network rather than CPU. A JPEG source image already
-within `max_side` keeps its original bytes under `format="jpeg"` (no second generation loss).
-
-A cache is tied to what made it: its `manifest.json` holds the source's `structure()`, a hash of
-its files' sizes and modification times (for sources listing `paths`, such as
-`ImageFolderSource`), the prefix settings, the per-shard record counts and byte sizes, and a
-format version; `MaterializedSource` (`datarax.sources.materialized`) refuses a cache that no
-longer matches. Writing goes to a hidden temporary folder beside the target, renamed into place
-when complete, so a crash never leaves a half cache that looks whole.
+A random-resized crop is drawn in relative terms, so its box distribution is the source's (up to
+rounding); only crops that magnify lose resolution. `format="raw"` (binary PPM, lossless, no decode)
+is the default; `format="jpeg"` stores several times fewer bytes and keeps a source JPEG already
+within `max_side` as it is. The cache's `manifest.json` ties it to its source (structure, file
+stamps, settings, shard counts) and `MaterializedSource` refuses one that no longer matches; it is
+written to a hidden folder and renamed when complete. docs/sources.md ("Decode once") has the
+measurements.
 """
 
 from __future__ import annotations

@@ -1,37 +1,18 @@
 """`DecodeImage`: JPEG/PNG/WebP bytes to fixed-size uint8 RGB images, crop fused into the decode.
 
-Each record is decoded with Pillow on a thread pool (Pillow releases the GIL while it decodes
-and resizes) straight into one preallocated `(B, h, w, 3)` uint8 array. The crop box is chosen
-before the pixels are decoded, in the image's EXIF-oriented coordinates, so the decode can be
-cut short: a JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's `draft`)
-whenever the box, so reduced, still covers the output size, and the box is then resized to the
-output with one bilinear `resize(size, box=...)` call. A small crop of a large photograph thus
-costs a fraction of a full decode. (With the turbo backend, `datarax.host.jpeg`, a batch of small
-raw records, as a decode-once cache holds, has nothing to decode and is warped on the calling
-thread: threads would only contend for the GIL.)
+Each record is decoded with Pillow (or libjpeg-turbo, `datarax.host.jpeg`) on a thread pool
+straight into its row of the batch (the pipeline's reused buffer when it can). The crop box is
+chosen before decoding, in EXIF-oriented coordinates, so a JPEG is decoded at 1/2, 1/4 or 1/8 scale
+whenever the reduced box still covers the output, then resized with one bilinear call.
 
-Crop modes (torchvision's names for the same maths):
+Modes (torchvision's names for the same maths): `resize="shorter_side"` (`Resize(s)` +
+`CenterCrop(s)`), `"fixed"` (`Resize((h, w))`), `"none"` (already (h, w)); `crop="random_resized"`
+(`RandomResizedCrop`, drawn from the record's generator `ctx.generator(seed, row)`).
 
-* `resize="shorter_side"`: the shorter side to the size, then a centre crop
-  (`Resize(s)` + `CenterCrop(s)`);
-* `resize="fixed"`: the whole image resized to (h, w) (`Resize((h, w))`);
-* `resize="none"`: every image must already be (h, w); decoded as is;
-* `crop="random_resized"`: `RandomResizedCrop(size, scale, ratio)`, the box drawn from the
-  record's generator `ctx.generator(seed, row)`, so a record's crop depends only on the seed,
-  the epoch and the record.
-
-Bounds: an image's memory is set by its declared width x height, not by its file size (a
-335 KB PNG can need 676 MB), and the threads decode several at once. Each decode first reserves
-its estimate (the decoded pixels at Pillow's or libjpeg-turbo's bytes per pixel, plus each
-conversion's copy) from one `MemoryBudget` of `max_decode_bytes` shared by the stage's threads,
-and waits while the others hold too much; an image whose estimate alone is over the budget is
-refused as a bad record (a `RecordError` naming it, skippable with `on_error="skip"`).
-
-16- and 32-bit single-channel images (Pillow modes `I;16`, `I`, `F`: 16-bit PNG and TIFF,
-16-bit PGM, integer and float TIFF) are scaled to 8 bits, `round(255 * (v - low) / (high -
-low))` over `value_range` (default 0-65535 for integers, 0-1 for floats), not clipped at 255 as
-`convert("RGB")` would; an image with a value outside the range (or a NaN) is refused, naming
-the record and `value_range`.
+Each decode reserves its memory estimate (set by the declared width x height, not the file size)
+from one `MemoryBudget` of `max_decode_bytes` shared by the threads; an image over the whole budget
+is a bad record. 16- and 32-bit single-channel images are scaled to 8 bits over `value_range`
+(`datarax.host.bit_depth`). docs/sources.md ("Images") has the measurements.
 """
 
 from __future__ import annotations

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from datarax.core.checks import check_positive_int, field
 from datarax.core.source import ShuffleConfig
 from datarax.sources._paths import DEFAULT_MAX_FILE_BYTES
-from datarax.sources.file_folder import READ_THREADS, FileFolderSource, check_extensions, check_root, scan_folder
+from datarax.sources.file_folder import READ_THREADS, FileFolderSource, check_extensions, check_root
 
 # torchvision's IMG_EXTENSIONS, compared without case.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -56,11 +54,6 @@ class ImageFolderSourceConfig(ShuffleConfig):
     @property
     def field(self) -> str:
         return "image"
-
-
-def scan_image_folder(root: str, extensions: tuple[str, ...]) -> tuple[list[str], list[str], np.ndarray]:
-    """`(class names, file paths, labels)` of an image folder, in the source's record order."""
-    return scan_folder(root, extensions, "ImageFolderSource", "images")
 
 
 class ImageFolderSource(FileFolderSource):

@@ -1,39 +1,18 @@
 """`ShardedSource`: parquet, webdataset-tar or ArrayRecord shards on any fsspec filesystem, shuffled
 for real in O(1) iterator state, read by byte range ahead of need, resumed exactly.
 
-Data larger than the local disk lives as shards on an object store (`s3://`, `gs://`, the HF Hub's
-`hf://datasets/...`) or a network file system. This source reads them through fsspec, block by
-block, with datarax's guarantees:
+* A manifest (`datarax.sources.manifest`) lists every shard's blocks with their record counts and
+  byte ranges; its SHA-256 is the fingerprint, and a shard that changed is refused
+  (`ShardChangedError`), so record id -> (shard, block, offset) is arithmetic on every host.
+* `shuffle=True` uses `BlockShuffleSampler` (Feistel over blocks, then over windows of records):
+  the iterator state stays `{epoch, position}`.
+* The next `prefetch_blocks` blocks of the epoch's order (or of the records `upcoming` names) are
+  fetched on a thread pool into a cache of `cache_blocks` blocks.
+* Binary, string and HF `Image`/`Audio` columns and tar members are encoded fields for host stages.
+* Each request is retried after an `OSError` (`max_retries`, backing off from `retry_backoff_s`);
+  bytes that do not parse raise `CorruptFileError` naming the shard and block.
 
-* **A manifest** lists every shard's blocks once (parquet: its row groups, from the footer;
-  tar: runs of `block_records` samples, from the member headers; ArrayRecord: runs of
-  `block_records` records) with their record counts and byte ranges, plus each shard's size and
-  ETag/mtime. It is cached as JSON (`manifest_dir`) and its SHA-256 is the source's fingerprint.
-  Opening the source checks every shard against it: a shard whose size or ETag changed is refused,
-  naming it (`ShardChangedError`), a missing one names its URL; with `verify=True` (the default)
-  a hash of each shard's first and last 64 KiB (a parquet footer, the tar's first members, an
-  ArrayRecord index) is compared too, so a rewrite that keeps size and modification time is
-  refused as well. So record id -> (shard, block, offset) is arithmetic, on every host, forever.
-* **A real shuffle in O(1) state** (`BlockShuffleSampler`, the default sampler when
-  `shuffle=True`): a Feistel permutation of the blocks keyed by (seed, epoch), then the records
-  of each window of `window` consecutive blocks of that order permuted together (Feistel keyed by
-  (seed, epoch, window)). Position p of epoch e is a function of (seed, e, p) alone, so the
-  pipeline's iterator state stays `{epoch, position}`: a resume reads no stream again, on any
-  number of hosts. Shuffle quality (rank correlation with storage order) per window: docs/sources.md.
-* **Prefetch by knowledge**: the future block order is known, so after each read the source
-  fetches the next `prefetch_blocks` blocks of the epoch's order (one range request each) on a
-  thread pool into a cache of at most `cache_blocks` blocks, before they are needed. Under any
-  other sampler the pipeline's reader tells the source the next batch's records (`upcoming`),
-  and their blocks are fetched while the current batch is read.
-* **Encoded records**: binary, string and HF `Image`/`Audio` columns (parquet) and tar members are
-  encoded fields (`bytes` per record) for `DecodeImage`, `DecodeAudio`, `Tokenize` or `HostMap`,
-  whose randomness is keyed by record id and epoch as always.
-* **Faults**: every request to the store (a range read, a stamp, a shard's index) is retried on
-  its own after an `OSError` (`max_retries` times, backing off from `retry_backoff_s`), so the
-  budget is per request, not per batch: 5% of requests timing out at random cost time, never the
-  run. A block whose every retry failed leaves nothing in the cache, so a pipeline `RetryPolicy`
-  (or the next `next()`) reads it again at the same position. Bytes that do not parse (a
-  truncated shard, a garbled footer or page) raise `CorruptFileError` naming the shard and block.
+docs/sources.md ("Sharded and remote data") has the measurements and the details.
 
 Example:
     >>> source = ShardedSource(urls=["s3://bucket/train-00000.parquet", ...], encoded=("image",),

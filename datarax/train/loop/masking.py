@@ -1,30 +1,21 @@
 """Records a host stage skipped (`on_error="skip"`) stay out of the loss, its gradient and every metric.
 
-A decoding stage that cannot decode a record writes zeros and sets the record's `<field>_ok` flag
-to False (`datarax.host.stage.BadRecords`). Trained as they are, those zeros would train under the
-record's real label. The train and eval steps read every bool `<name>_ok` field with one flag per
-row; a row is valid when all of them are True (`record_mask`). When a batch carries such flags:
+A skipped record is zeros with a False `<field>_ok` flag (`datarax.host.stage.BadRecords`); a row is
+valid when all its bool `<name>_ok` flags are True (`record_mask`). When a batch carries flags:
 
-* a loss function that takes a `mask` argument, `loss_fn(model, batch, mask)`, gets the mask and
-  must return the mean over the valid rows itself, e.g.::
+* `loss_fn(model, batch, mask)` gets the mask and returns the mean over the valid rows itself, e.g.::
 
       def loss_fn(model, batch, mask):
           per_record = optax.softmax_cross_entropy_with_integer_labels(model(batch["image"]), batch["label"])
           return (per_record * mask).sum() / jnp.maximum(mask.sum(), 1)
 
-* any other loss is computed for each record on its own (`per_record`: the loss of a batch of one,
-  under `jax.vmap`) and averaged over the valid rows, which for a per-record mean loss is exactly
-  the loss of the batch without the skipped records. A model that keeps batch statistics
-  (`nnx.BatchNorm` in train mode) is refused there: its statistics would be those of single
-  records; give its loss the `mask` argument instead. Random streams (`nnx.Dropout`) draw a key
-  per row (the stream's key folded with the row).
+* any other loss is computed per record (`per_record`, a batch of one under `jax.vmap`) and
+  averaged over the valid rows; a model with batch statistics (`nnx.BatchNorm` in train mode) is
+  refused there (give its loss the `mask` argument); random streams draw a key per row.
 
-Metric functions are computed per record too (on the rows of the batch and of the loss's aux,
-which must then have one row per record) and averaged over the valid rows; a
-`datarax.train.metrics.accumulated.Metric` adds only the valid rows' sums; a CLU collection gets `mask=`
-among the model outputs (CLU's own masking). A step's micro-batches (`accumulate_steps`) are
-weighted by their valid rows, so the step's loss and gradient are the mean over every valid
-record of its batch. A batch with no valid record contributes a zero loss and gradient.
+Metric functions are computed per record and averaged over the valid rows, a `Metric` adds only the
+valid rows' sums, a CLU collection gets `mask=`. Micro-batches are weighted by their valid rows; a
+batch with no valid record contributes a zero loss and gradient.
 """
 
 from __future__ import annotations

@@ -3,24 +3,16 @@
 `Trainer(precision=...)` takes one of `PRECISIONS`:
 
 * "f32" (default): everything in float32, as the model was built.
-* "bf16": inside the loss, the trainable parameters and the batch's floating fields are cast to
-  bfloat16; the cast is part of the differentiated function, so gradients come back in float32
-  onto the float32 master parameters, and the optimizer updates in float32. bfloat16 has
-  float32's exponent range, so no loss scaling is needed.
-* "f16": the same with float16, whose largest value is 65504: small gradients underflow to zero
-  and large ones overflow, so the loss is multiplied by a dynamic scale before differentiation
-  and the gradients divided by it after (`LossScale`). A step whose gradients are not all finite
-  is skipped (parameters, optimizer state and EMA unchanged) and halves the scale; after
-  `GROWTH_INTERVAL` finite steps in a row the scale doubles. The scale is training state, saved
-  in every checkpoint.
+* "bf16": inside the differentiated loss the trainable parameters and the batch's floating fields
+  are cast to bfloat16, so gradients arrive in float32 on the float32 master parameters and the
+  optimizer updates in float32; bfloat16 has float32's range, so no loss scaling is needed.
+* "f16": the same with float16 plus dynamic loss scaling (`LossScale`): a step whose gradients are
+  not all finite is skipped and halves the scale; `GROWTH_INTERVAL` finite steps in a row double
+  it. The scale is training state, saved in every checkpoint.
 
-Non-parameter state a forward pass writes (batch statistics) keeps its own dtype: `restore_dtypes`
-casts it back, so the step's outputs have the inputs' dtypes and the step compiles once.
-
-The loss itself is computed in float32 under "bf16" and "f16", as Keras does: the model's
-outputs (what its `__call__` returns) come back cast to float32 (`float32_outputs`), so the loss
-function's reductions (a mean cross-entropy) do not round to bfloat16's 8 bits (a loss of
-1.09375 where float32 says 1.0921).
+State a forward pass writes (batch statistics) keeps its dtype (`restore_dtypes`), so the step
+compiles once; the model's outputs come back as float32 (`float32_outputs`, as Keras does), so the
+loss's reductions do not round to 8 bits.
 
 Example:
     >>> compute_dtype("bf16")

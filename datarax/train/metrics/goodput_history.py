@@ -1,35 +1,13 @@
 """Goodput across restarts: every run of one job, and the work a kill threw away.
 
-A job killed and resumed runs as several processes. Each one's goodput report covers only
-itself; the job's cost also includes the steps trained after the last checkpoint, which the next
-run trains again. `RunHistory` keeps one record per run (a *segment*) in
-`<run dir>/goodput_history.json`, rewritten atomically while the run trains (at its first step,
-at every checkpoint save, on a schedule, and at its end), so a run killed by SIGKILL leaves a
-record of how far it got:
-
-    {"began_at": unix time, "start_step": 0, "resumed_from": null, "last_step": 14,
-     "wall_s": 9.1, "busy_s": 6.2, "finished": false,
-     "checkpoints": [[5, 3.9, 2.5], [10, 6.8, 4.6]]}       # [step, wall_s, busy_s] at each save
-
-When the next run resumes from checkpoint step R, the previous run's work past R is *lost*: its
-steps `R+1 .. last_step` (at least: steps after its last record are not known) and the time it
-spent after saving R (`wall_s - wall_s at R`, of which `busy_s - busy_s at R` on the device).
-`cumulative` adds the runs up:
-
-    goodput (cumulative) = (sum of busy_s - lost busy_s) / sum of wall_s
-
-with the runs' time inside `fit` as the one denominator; the time between runs (process start,
-imports, building) is reported beside it, not inside it.
-
-What a killed run did after its last record is not known: it may have trained right up to the
-kill. So a restart after a run that did not finish is reported with `unrecorded_s`, the time
-from that run's last record to the next run's start (an upper bound of the work not counted),
-and the lost work is then "at least" what was recorded, or "unknown" when nothing past the
-checkpoint was recorded, never "none". Only restarts after runs that ended cleanly (a SIGTERM
-stop saves a final checkpoint) say that no work was lost.
-
-A run that starts from step 0 without restoring after a run that finished begins a new history
-(a new job in the same directory); a run that trained no steps adds no segment.
+`RunHistory` keeps one record per run (a *segment*: start step, restored step, last step, wall
+and busy seconds, and the same at each checkpoint save) in `<run dir>/goodput_history.json`,
+rewritten atomically while the run trains, so a run killed by SIGKILL leaves how far it got. When
+the next run resumes from step R, the previous run's work past R is *lost*. `cumulative` adds the
+runs up: goodput = (sum of busy_s - lost busy_s) / sum of wall_s, the time between runs reported
+beside it. After a run that did not finish, the lost work is "at least" what was recorded (with
+`unrecorded_s`, the time from its last record to the next start) or "unknown", never "none". A
+fresh start after a finished run begins a new history. docs/trainers.md has the format.
 """
 
 from __future__ import annotations
