@@ -93,24 +93,20 @@ class ShardedSourceConfig(ShuffleConfig):
         window: blocks whose records are shuffled together (the second level of the shuffle).
         block_records: records per block for tar and ArrayRecord (parquet blocks are row groups).
         prefetch_blocks: blocks fetched ahead of the furthest one being read, in the epoch's block
-            order. The default, one window, has the whole next window in flight while the current
-            one is read: a window's first batch touches nearly all of its blocks, so fewer stalls
-            there on the store's latency once per window.
-        cache_blocks: blocks kept in memory at most (the prefetched ones included); the default
-            holds three windows (the one read, the next, and the one after it being fetched).
-        num_threads: threads fetching blocks (a fetch mostly waits on the store, so more threads
-            than cores: the default keeps one window's requests in flight at once).
+            order; the default, one window, has the next window in flight while one is read.
+        cache_blocks: blocks kept in memory at most (prefetched ones included); the default holds
+            three windows.
+        num_threads: threads fetching blocks (a fetch mostly waits on the store); the default
+            keeps one window's requests in flight.
         manifest_dir: where manifests are cached (None: `~/.cache/datarax/manifests`).
         storage_options: passed to `fsspec.filesystem(protocol, **storage_options)`.
         max_retries: retries of each request to the store (a block's range read, a footer, a
             stamp) after an `OSError` such as a timeout, before the error reaches the reader.
         retry_backoff_s: the wait before a request's first retry; each later wait doubles (at most
             30 s).
-        verify: at open, hash each shard's first and last 64 KiB again (two small range requests
-            a shard, at most 128 KiB: under 0.1% of the bytes an epoch reads from shards of
-            128 MiB and more) and refuse a shard whose hash differs from the manifest's: a rewrite
-            that kept size and modification time (a copy tool preserving times) would otherwise be
-            read as the old shard.
+        verify: at open, hash each shard's first and last 64 KiB again (two small range requests)
+            and refuse a shard whose hash differs from the manifest's, so a rewrite that kept size
+            and modification time is not read as the old shard.
     """
 
     urls: tuple[str, ...] | str
