@@ -64,17 +64,19 @@ QUICK_XLA_FLAG = "--xla_backend_optimization_level=0"
 _quick = False  # set by prepare_workdir; --quick changes train_run's defaults (see there)
 
 
-def prepare_workdir(args: argparse.Namespace) -> Path:
+def prepare_workdir(args: argparse.Namespace, fast_compile: bool = True) -> Path:
     """Creates the work directory, removes a stale result.json and turns on the compile cache.
 
     With --quick, XLA compiles with its backend optimisations off (unless XLA_FLAGS already sets
-    the level): on a small CPU that cuts the compile time, which dominates a short run, by about
-    a third, at the price of slower steps; and `train_run` saves one checkpoint per run (at its
-    end) and draws no goodput.png unless told otherwise. Call this before any JAX computation.
+    the level, or `fast_compile` is False): on a small CPU that cuts the compile time, which
+    dominates a short run, by about a third, at the price of slower steps (a recipe whose quick
+    run is dominated by its steps, such as crepe_finetune's convolutions, passes False); and
+    `train_run` saves one checkpoint per run (at its end) and draws no goodput.png unless told
+    otherwise. Call this before any JAX computation.
     """
     global _quick
     _quick = bool(args.quick)
-    if args.quick and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    if args.quick and fast_compile and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_XLA_FLAG}".strip()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
