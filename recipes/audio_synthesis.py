@@ -44,7 +44,7 @@ from recipes import common, ddsp
 NAME = "audio_synthesis"
 DEFAULT = {"steps": 1500, "train_notes": 256, "eval_notes": 32, "batch_size": 16, "learning_rate": 2e-3, "hidden": 128,
            "seeds": 3, "instruments": ["ddsp", "karplus"]}
-QUICK = {"steps": 30, "train_notes": 32, "eval_notes": 8, "batch_size": 8, "learning_rate": 3e-3, "hidden": 32,
+QUICK = {"steps": 20, "train_notes": 32, "eval_notes": 4, "batch_size": 8, "learning_rate": 3e-3, "hidden": 32,
          "seeds": 2, "instruments": ["ddsp", "karplus"]}
 EXAMPLES = 3
 ARMS = ("untrained", "constant", "decoder", "mean_timbre", "true_controls")

@@ -61,16 +61,22 @@ def parse_args(name: str, description: str, argv: list[str] | None = None,
 
 
 QUICK_XLA_FLAG = "--xla_backend_optimization_level=0"
+_quick = False  # set by prepare_workdir; --quick changes train_run's defaults (see there)
 
 
-def prepare_workdir(args: argparse.Namespace) -> Path:
+def prepare_workdir(args: argparse.Namespace, fast_compile: bool = True) -> Path:
     """Creates the work directory, removes a stale result.json and turns on the compile cache.
 
     With --quick, XLA compiles with its backend optimisations off (unless XLA_FLAGS already sets
-    the level): on a small CPU that cuts the compile time, which dominates a short run, by about
-    a third, at the price of slower steps. Call this before any JAX computation.
+    the level, or `fast_compile` is False): on a small CPU that cuts the compile time, which
+    dominates a short run, by about a third, at the price of slower steps (a recipe whose quick
+    run is dominated by its steps, such as crepe_finetune's convolutions, passes False); and
+    `train_run` saves one checkpoint per run (at its end) and draws no goodput.png unless told
+    otherwise. Call this before any JAX computation.
     """
-    if args.quick and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    global _quick
+    _quick = bool(args.quick)
+    if args.quick and fast_compile and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_XLA_FLAG}".strip()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +161,7 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
               loss_fn: Callable, *, steps: int, eval_pipeline: Pipeline | None = None,
               metrics: Mapping[str, Callable] | None = None, joint: bool = False, checkpoint_every: int | None = None,
               log_every: int | None = None, label: str = "", callbacks: Sequence[Callback] = (),
-              eval_before: bool = False, checkpoint: bool = True, goodput_plot: bool = True,
+              eval_before: bool = False, checkpoint: bool = True, goodput_plot: bool | None = None,
               eval_every: int | None = None, keep_best: str | None = None,
               steps_per_execution: int = 1) -> tuple[Trainer, RunOutcome]:
     """Trains one model with checkpoints (resuming from `run_dir/checkpoints`) and a goodput monitor.
@@ -165,7 +171,8 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
         model, optimizer, pipeline, loss_fn, eval_pipeline, metrics, joint: as for `datarax.train.Trainer`
             (`joint` is `train_pipeline_params`).
         steps: total steps to reach (a resumed run stops where an uninterrupted one would).
-        checkpoint_every: steps between checkpoints (default: four per run).
+        checkpoint_every: steps between checkpoints (default: four per run; with --quick, one, at the end:
+            the run still resumes from it, and short runs do not spend their time saving).
         log_every: steps between metric lines (default: ten per run).
         label: a prefix for printed lines.
         callbacks: more callbacks for the trainer.
@@ -175,6 +182,7 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
             of few-second runs turns this off and resumes at run granularity instead: the saves
             would cost more than the runs.
         goodput_plot: draw the run's goodput.png (with matplotlib); the goodput.json is always written.
+            Default: draw it, except with --quick (about a second a run, longer than many quick runs train).
         eval_every: evaluate `eval_pipeline` every this many steps while training.
         keep_best: with `eval_every`, a metric such as "eval/perplexity": a checkpoint is saved at
             every evaluation, the best by this metric (lowest) is kept beside the latest
@@ -190,9 +198,12 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     best = {"keep_best": 1, "best_metric": keep_best} if keep_best is not None else {}
-    every = eval_every if keep_best is not None else checkpoint_every or call_multiple(steps // 4, steps_per_execution)
+    every = eval_every if keep_best is not None else checkpoint_every or (
+        call_multiple(steps, steps_per_execution) if _quick else call_multiple(steps // 4, steps_per_execution))
     checkpoints = [CheckpointCallback(run_dir / "checkpoints", every_steps=every, max_to_keep=2, **best)] \
         if checkpoint else []
+    if goodput_plot is None:
+        goodput_plot = not _quick
     goodput = GoodputMonitor(run_dir, plot=goodput_plot and plotting_available(), verbose=False)
     logger = MetricLogger([_PrefixedConsole(label), JsonlWriter(run_dir / "metrics.jsonl")],
                           every_steps=log_every or call_multiple(steps // 10, steps_per_execution))

@@ -49,8 +49,8 @@ NAME = "text_lm"
 DEFAULT = {"pretrain_steps": 600, "finetune_steps": 200, "batch_size": 16, "seq_len": 128, "vocab_size": 1024,
            "width": 128, "layers": 2, "heads": 4, "learning_rate": 3e-3, "rates": (1.25e-4, 5e-4, 2e-3, 8e-3, 3.2e-2),
            "eval_every": 25, "seeds": 3}
-QUICK = {"pretrain_steps": 40, "finetune_steps": 20, "batch_size": 8, "seq_len": 64, "vocab_size": 384,
-         "width": 64, "layers": 1, "heads": 2, "learning_rate": 3e-3, "rates": (1e-3, 4e-3), "eval_every": 10,
+QUICK = {"pretrain_steps": 40, "finetune_steps": 20, "batch_size": 8, "seq_len": 32, "vocab_size": 384,
+         "width": 32, "layers": 1, "heads": 2, "learning_rate": 3e-3, "rates": (1e-3, 4e-3), "eval_every": 10,
          "seeds": 2}
 SPLIT_SEED = 0  # the split is fixed; a seed changes the initialisations and the data order
 SHARES = {"valid": 0.2, "test": 0.2}  # of the held-out topics' paragraphs; the rest is for fine-tuning

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {**cfg, **sizes, "params": count_params(model), "image_folder": args.image_folder, "seeds": seeds},
         "run": run.as_dict(), "runs": {arm: {str(s): r for s, r in v.items()} for arm, v in runs.items()},
         "table": table, "paired": difference, "plot": figure,
-        "goodput_plot": str(run_dir / "goodput.png") if common.plotting_available() else None}, args)
+        "goodput_plot": str(run_dir / "goodput.png") if (run_dir / "goodput.png").is_file() else None}, args)
     rate = metrics.get("train_el_per_s")
     print(f"\ntest accuracy ({sizes['test_records']} test images, chance {1 / num_classes:.2f}) after {run.step} "
           f"steps, {len(seeds)} seeds:")
