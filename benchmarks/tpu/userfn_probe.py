@@ -2,8 +2,8 @@
 
 Prints JSON lines `{"probe": name, "rate": records/s, "max_err": vs the floor}` for the `cifar`
 scenario's per-record `augment_image` run several ways (one batch of 256 per call), and the
-datarax pipeline at `batches_per_dispatch` 1 and 8 (which lowers the function's slices on a TPU); writes the optimised HLO of two variants to
-`$OUT` when that is set.
+datarax pipeline at `batches_per_dispatch` 1 and 8 (which lowers the function's slices on a
+TPU); writes the optimised HLO of two variants to `$OUT` when that is set.
 """
 import json
 import os
