@@ -27,8 +27,14 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.train import ConsoleWriter, JsonlWriter, Trainer
-from datarax.train.callbacks import (Callback, CheckpointCallback, CheckpointInfo, GoodputMonitor, MetricLogger,
-                                     ProgressBar)
+from datarax.train.callbacks import (
+    Callback,
+    CheckpointCallback,
+    CheckpointInfo,
+    GoodputMonitor,
+    MetricLogger,
+    ProgressBar,
+)
 
 DEFAULT_ROOT = Path("runs")
 

@@ -67,9 +67,22 @@ from flax import nnx
 from datarax import Pipeline
 from datarax.host import DecodeAudio
 from datarax.train.locking import run_script
-from datarax.train.pretrained import (Crepe, KeyMap, add_lora, crepe_features, crepe_table, discriminative,
-                                      export_table, load_crepe, load_safetensors, load_table, lora_optimizer,
-                                      merge_lora, probe_optimizer, save_safetensors)
+from datarax.train.pretrained import (
+    Crepe,
+    KeyMap,
+    add_lora,
+    crepe_features,
+    crepe_table,
+    discriminative,
+    export_table,
+    load_crepe,
+    load_safetensors,
+    load_table,
+    lora_optimizer,
+    merge_lora,
+    probe_optimizer,
+    save_safetensors,
+)
 from datarax.train.pretrained.crepe import SAMPLE_RATE, WINDOW_SIZE
 from recipes import common
 from recipes.data import per_class_split

@@ -33,8 +33,14 @@ from datarax.core.operator import BatchContext
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.operators.audio import LoudnessConfig, LoudnessOperator
 from datarax.operators.audio.functional import loudness, spectral
-from datarax.operators.audio.synth import (FilteredNoiseConfig, FilteredNoiseOperator, HarmonicSynthConfig,
-                                           HarmonicSynthOperator, ReverbConfig, ReverbOperator)
+from datarax.operators.audio.synth import (
+    FilteredNoiseConfig,
+    FilteredNoiseOperator,
+    HarmonicSynthConfig,
+    HarmonicSynthOperator,
+    ReverbConfig,
+    ReverbOperator,
+)
 from datarax.sources import MemorySource, MemorySourceConfig
 from recipes.models import host_init
 

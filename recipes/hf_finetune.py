@@ -59,8 +59,17 @@ from datarax import Pipeline
 from datarax.host import DecodeImage
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.train.locking import run_script
-from datarax.train.pretrained import (KeyMap, add_lora, discriminative, export_table, load_safetensors, load_table,
-                                      lora_optimizer, probe_optimizer, save_safetensors)
+from datarax.train.pretrained import (
+    KeyMap,
+    add_lora,
+    discriminative,
+    export_table,
+    load_safetensors,
+    load_table,
+    lora_optimizer,
+    probe_optimizer,
+    save_safetensors,
+)
 from recipes import common
 from recipes.data import SAMPLE_IMAGES, load_photograph, per_class_split
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss, host_init

@@ -77,7 +77,7 @@ from recipes.augerino import (
     policy_values,
 )
 from recipes.data import load_mnist_5k, stratified_split
-from recipes.hypergradient import HyperStep, HypergradientCallback, HypergradientConfig
+from recipes.hypergradient import HypergradientCallback, HypergradientConfig, HyperStep
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, classification_loss
 
 NAME = "learned_augmentation"

@@ -31,14 +31,23 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.operators import ElementOperator, ElementOperatorConfig
-from datarax.operators.audio import (AddNoiseConfig, AddNoiseOperator, GainConfig, GainOperator, LogMelConfig,
-                                     LogMelOperator, MelSpectrogramConfig, MelSpectrogramOperator, PCENConfig,
-                                     PCENOperator)
+from datarax.operators.audio import (
+    AddNoiseConfig,
+    AddNoiseOperator,
+    GainConfig,
+    GainOperator,
+    LogMelConfig,
+    LogMelOperator,
+    MelSpectrogramConfig,
+    MelSpectrogramOperator,
+    PCENConfig,
+    PCENOperator,
+)
 from datarax.operators.audio.functional import waveform
 from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.train import joint_optimizer
 from recipes import common
 from recipes.models import ConvNet, classification_loss
-from datarax.train import joint_optimizer
 
 SAMPLE_RATE = 8000
 LENGTH = 2000

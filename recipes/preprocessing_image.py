@@ -33,10 +33,10 @@ from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.operators.image import GaussianBlurConfig, GaussianBlurOperator, NormalizeConfig, NormalizeOperator
 from datarax.operators.learnable import bounded
 from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.train import joint_optimizer
 from recipes import common
 from recipes.data import load_sample_images
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss
-from datarax.train import joint_optimizer
 
 PATCH = 16
 CAST = np.array([1.0, 0.72, 0.48], np.float32)

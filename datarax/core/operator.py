@@ -18,7 +18,7 @@ import abc
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -206,11 +206,15 @@ class PerRecordOperator(OperatorModule):
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:
         """Transforms one record (no batch axis)."""
 
+    def per_record(self) -> Callable[[Element, jax.Array | None], Element]:
+        """The function vmapped over a batch: `apply_element`, or a backend's lowering of it."""
+        return self.apply_element
+
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
+        fn = self.per_record()
         if self.key is None:
-            return jax.vmap(lambda el: self.apply_element(el, None))(elements)
-        keys = record_keys(self.key, ctx)
-        return jax.vmap(self.apply_element)(elements, keys)
+            return jax.vmap(lambda el: fn(el, None))(elements)
+        return jax.vmap(fn)(elements, record_keys(self.key, ctx))
 
 
 def read_field(op: Any, element: Element, arg: str = "field") -> Any:

@@ -13,6 +13,7 @@ from flax import nnx
 from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator, describe
+from datarax.operators.lowering import user_code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,9 @@ class ElementOperator(PerRecordOperator):
                 "return element.update_data({...})"
             )
         return out
+
+    def per_record(self) -> Callable[[Element, jax.Array | None], Element]:
+        return user_code(self.apply_element)
 
     def structure(self) -> str:
         return f"ElementOperator({self.config!r}, fn={fn_name(self.fn)})"

@@ -13,6 +13,7 @@ from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator
 from datarax.operators.element import accepts_key, fn_name
+from datarax.operators.lowering import user_code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +86,9 @@ class MapOperator(PerRecordOperator):
             return self.fn(x, None if key is None else jax.random.fold_in(key, next(counter)))
 
         return element.replace(data=_select(element.data, self._mask, "", leaf))
+
+    def per_record(self) -> Callable[[Element, jax.Array | None], Element]:
+        return user_code(self.apply_element)
 
     def structure(self) -> str:
         return f"MapOperator({self.config!r}, fn={fn_name(self.fn)})"

@@ -18,6 +18,8 @@ from datarax.core.element import Element
 from datarax.core.operator import BatchContext
 from datarax.operators import ToFloatConfig, ToFloatOperator, lowering
 from datarax.operators.image import (
+    AffineConfig,
+    AffineOperator,
     CutoutConfig,
     CutoutOperator,
     HorizontalFlipConfig,
@@ -26,6 +28,8 @@ from datarax.operators.image import (
     NormalizeOperator,
     RandomCropConfig,
     RandomCropOperator,
+    RotationConfig,
+    RotationOperator,
     TranslateConfig,
     TranslateOperator,
     VerticalFlipConfig,
@@ -144,3 +148,63 @@ def test_gradients_through_a_learnable_shift_agree(monkeypatch):
     monkeypatch.setattr(lowering, "BATCHED_BACKENDS", (jax.default_backend(),))
     for g, w in zip(grads(), want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(8, 8, 1), (9, 11, 2), (32, 32, 3)])
+@pytest.mark.parametrize("fill", [0.0, 0.75])
+def test_warp_agrees_with_the_per_record_warp(shape, fill):
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.random((6, *shape)), jnp.float32)
+    center = geometry.image_center(x[0])
+    angle = jnp.asarray([0.0, 90.0, -33.3, 12.0, 179.0, -7.5], jnp.float32)
+    scale = jnp.asarray([1.0, 0.9, 1.3, 1.05, 0.5, 1.0], jnp.float32)
+
+    def inverse(a, s):
+        return geometry.affine_matrix(a, center, scale=s, shear=6.0, translate=(0.7, -2.2))
+
+    def per_record(a):
+        return jax.vmap(lambda im, a, s: geometry.warp_affine(im, inverse(a, s), fill))(x, a, scale)
+
+    def many(a):
+        return batched.warp_affine(x, jax.vmap(inverse)(a, scale), fill)
+
+    assert batched.warps_in_batch(shape)
+    np.testing.assert_allclose(np.asarray(many(angle)), np.asarray(per_record(angle)), atol=2e-6)
+    grad = jax.grad(lambda a, f: jnp.sum(f(a) ** 2), argnums=0)
+    np.testing.assert_allclose(np.asarray(grad(angle, many)), np.asarray(grad(angle, per_record)), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_images_too_large_for_the_warp_products_keep_the_gather():
+    assert not batched.warps_in_batch((64, 64, 3))
+    x = jnp.asarray(np.random.default_rng(6).random((2, 64, 64, 3)), jnp.float32)
+    op = RotationOperator(RotationConfig(degrees=20.0), rngs=nnx.Rngs(0))
+    params = {"angle": jnp.asarray([5.0, -12.0], jnp.float32)}
+    np.testing.assert_array_equal(np.asarray(op.apply_many(x, params)), np.asarray(jax.vmap(op.apply)(x, params)))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: RotationOperator(RotationConfig(degrees=25.0), rngs=nnx.Rngs(8)),
+    lambda: AffineOperator(AffineConfig(degrees=12.0, translate=0.1, scale=0.1, shear=8.0, fill=0.25),
+                           rngs=nnx.Rngs(8)),
+    lambda: AffineOperator(AffineConfig(degrees=10.0, translate=0.1, scale=0.2, shear=5.0, learnable=True),
+                           rngs=nnx.Rngs(8)),
+])
+def test_warp_operators_agree_in_both_formulations_and_their_gradients_too(make, monkeypatch):
+    x = jnp.asarray(np.random.default_rng(9).random((8, 12, 10, 3)), jnp.float32)
+
+    def run():
+        op = make()
+
+        def loss(op):
+            return jnp.sum(op(Element({"image": x}), BatchContext.for_batch(8)).data["image"] ** 2)
+
+        out = op(Element({"image": x}), BatchContext.for_batch(8)).data["image"]
+        return out, jax.tree.leaves(nnx.grad(loss)(op))
+
+    want, want_grads = run()
+    monkeypatch.setattr(lowering, "BATCHED_BACKENDS", (jax.default_backend(),))
+    got, got_grads = run()
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)

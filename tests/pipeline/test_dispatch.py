@@ -185,7 +185,9 @@ def test_batches_dispatched_ahead_see_a_parameter_changed_before_they_are_return
 
 
 def test_a_failed_dispatch_loses_no_batch(monkeypatch):
-    pipeline = build(50, 8, stochastic=False, dispatch_ahead=2)
+    # One batch per dispatch, the program patched below (a TPU's default groups 8 per dispatch,
+    # through `expand_gather_and_run_many`; PER_DISPATCH_CASES cover a failure there).
+    pipeline = build(50, 8, stochastic=False, dispatch_ahead=2, batches_per_dispatch=1)
     reference = [np.asarray(b["id"]) for b in build(50, 8, stochastic=False).epochs(1)]
     real = pipeline.compiled.expand_gather_and_run
     calls = {"n": 0}
@@ -265,6 +267,7 @@ def test_warps_are_separated_by_a_branch_on_the_cpu_only(monkeypatch):
         stage = RotationOperator(RotationConfig(degrees=20.0), rngs=nnx.Rngs(0))
         return Pipeline(MemorySource(MemorySourceConfig(shuffle=True), data=data), [stage], batch_size=8)
 
+    monkeypatch.setattr(fusion.jax, "default_backend", lambda: "cpu")
     assert "cond" in {e.primitive.name for e in primitives(per_batch_jaxpr(rotated()))}
     monkeypatch.setattr(fusion.jax, "default_backend", lambda: "gpu")
     names = {e.primitive.name for e in primitives(per_batch_jaxpr(rotated()))}

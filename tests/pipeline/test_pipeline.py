@@ -115,14 +115,17 @@ def test_a_copied_pipeline_continues_with_the_same_batches(resident, clone):
             np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
 
 
-def test_final_short_batch_kept_or_dropped_and_never_recompiles():
-    pipeline = build(45, 8)
+@pytest.mark.parametrize("per_dispatch", [1, 4])
+def test_final_short_batch_kept_or_dropped_and_never_recompiles(per_dispatch):
+    pipeline = build(45, 8, batches_per_dispatch=per_dispatch)
     sizes = [len(b["id"]) for b in pipeline]
     assert sizes == [8] * 5 + [5]
     assert len(pipeline) == 6
-    assert pipeline.compiled.expand_gather_and_run._cache_size() == 1
+    program = (pipeline.compiled.expand_gather_and_run if per_dispatch == 1
+               else pipeline.compiled.expand_gather_and_run_many)
+    assert program._cache_size() == 1
     assert pipeline.compiled.sample_chunk._cache_size() == 1
-    dropped = build(45, 8, drop_remainder=True)
+    dropped = build(45, 8, drop_remainder=True, batches_per_dispatch=per_dispatch)
     assert [len(b["id"]) for b in dropped] == [8] * 5 and len(dropped) == 5
 
 

@@ -30,7 +30,7 @@ from datarax.operators.image import RotationConfig, RotationOperator
 from datarax.pipeline.chain import Chain
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import Trainer
-from recipes.hypergradient import HyperStep, HypergradientCallback, HypergradientConfig, lookahead_loss
+from recipes.hypergradient import HypergradientCallback, HypergradientConfig, HyperStep, lookahead_loss
 from recipes.models import classification_loss
 
 SIZE = 11

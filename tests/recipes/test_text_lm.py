@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-
 from recipe_helpers import assert_finite_metrics, assert_plot, run_recipe
 
 

@@ -279,6 +279,14 @@ class AffineOperator(ImageOperator):
                                          shear=params["shear"], translate=(params["dx"], params["dy"]))
         return geometry.warp_affine(image, inverse, self.config.fill)
 
+    def apply_many(self, images, params):
+        if not batched.warps_in_batch(images.shape[1:]):
+            return jax.vmap(self.apply)(images, params)
+        center = geometry.image_center(images[0])
+        inverse = jax.vmap(lambda p: geometry.affine_matrix(p["angle"], center, scale=p["scale"], shear=p["shear"],
+                                                            translate=(p["dx"], p["dy"])))(params)
+        return batched.warp_affine(images, inverse, self.config.fill)
+
 
 @dataclasses.dataclass(frozen=True)
 class RotationConfig(ImageOperatorConfig):
@@ -311,6 +319,13 @@ class RotationOperator(ImageOperator):
 
     def apply(self, image, params):
         return geometry.rotate(image, params["angle"], self.config.fill)
+
+    def apply_many(self, images, params):
+        if not batched.warps_in_batch(images.shape[1:]):
+            return jax.vmap(self.apply)(images, params)
+        center = geometry.image_center(images[0])
+        inverse = jax.vmap(lambda angle: geometry.affine_matrix(angle, center))(params["angle"])
+        return batched.warp_affine(images, inverse, self.config.fill)
 
 
 @dataclasses.dataclass(frozen=True)
