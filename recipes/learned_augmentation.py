@@ -411,7 +411,8 @@ def summarise(outcomes: dict, cfg: dict) -> dict:
             "val": {m: over(lambda o, m=m: o["val"][m]) for m in per[0]["val"]},
             "paired": {f"{a}-{b}": over(lambda o, a=a, b=b: o["test"][a] - o["test"][b]) for a, b in comparisons(cfg)},
             "widths_degrees": {k: over(lambda o, k=k: o["widths"][k]) for k in per[0]["widths"]},
-            "affine_widths": {arm: {k: over(lambda o, arm=arm, k=k: o["affine_widths"][arm][k]) for k in AFFINE_GENERATORS}
+            "affine_widths": {arm: {k: over(lambda o, arm=arm, k=k: o["affine_widths"][arm][k])
+                                    for k in AFFINE_GENERATORS}
                               for arm in AFFINE_ARMS},
             "widths_by_lam": {s: {lam: over(lambda o, s=s, lam=lam: o["widths_by_lam"][s][lam]) for lam in v}
                               for s, v in per[0]["widths_by_lam"].items()},

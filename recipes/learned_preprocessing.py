@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     if image_summary:
         print("image: test accuracy")
         for name, t in image_summary["table"].items():
-            print(f"    {name:>8}: {common.describe_interval(t, 4)}   per seed " + " ".join(f"{v:.4f}" for v in t["values"]))
+            per_seed = " ".join(f"{v:.4f}" for v in t["values"])
+            print(f"    {name:>8}: {common.describe_interval(t, 4)}   per seed {per_seed}")
         for name, d in image_summary["paired"].items():
             print(f"    {name}: {common.describe_interval(d, 4)} ({d['positive']} seeds higher, {d['negative']} lower)")
     if audio_summary:

@@ -99,7 +99,7 @@ def synthesise(label: int, rng: np.random.Generator) -> np.ndarray:
 def make_sounds(per_class: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(len(CLASSES), dtype=np.int32), per_class)
-    return {"audio": np.stack([synthesise(int(l), rng) for l in labels]), "label": labels}
+    return {"audio": np.stack([synthesise(int(label), rng) for label in labels]), "label": labels}
 
 
 def to_input(field: str, offset: float = 0.0, scale: float = 1.0):
@@ -182,10 +182,12 @@ def run(workdir: Path, data: dict, kind: str, cfg: dict, seed: int) -> dict:
     tx = joint_optimizer(optax.adam(schedule), optax.adam(cfg["front_end_learning_rate"])) if learned \
         else optax.adam(schedule)
     slug = kind.replace(" ", "-").replace("(", "").replace(")", "")
-    _, outcome = common.train_run(workdir / "runs" / f"seed{seed}" / f"audio-{slug}", model, tx, pipeline, classification_loss,
+    run_dir = workdir / "runs" / f"seed{seed}" / f"audio-{slug}"
+    _, outcome = common.train_run(run_dir, model, tx, pipeline, classification_loss,
                                   steps=cfg["steps"], metrics={"accuracy": lambda b, logits: (
                                       logits.argmax(-1) == b["label"]).mean()},
-                                  joint=learned, label=f"[seed {seed} audio {kind}] ", log_every=max(1, cfg["steps"] // 4))
+                                  joint=learned, label=f"[seed {seed} audio {kind}] ",
+                                  log_every=max(1, cfg["steps"] // 4))
     sweep = condition_sweep(model, stages, data["test"], seed)
     record = {"front_end": kind, "accuracy": sweep, "mean_accuracy": float(np.mean(list(sweep.values()))),
               "run": outcome.as_dict()}

@@ -87,7 +87,7 @@ def make_patches(per_class_train: int, per_class_test: int, seed: int) -> dict[s
         clean = np.concatenate([p for p, _ in parts])
         corrupted, exposure = corrupt(clean, rng)
         out[split] = {"clean": np.round(255 * clean).astype(np.uint8), "corrupted": corrupted,
-                      "exposure": exposure, "label": np.concatenate([l for _, l in parts])}
+                      "exposure": exposure, "label": np.concatenate([labels for _, labels in parts])}
     return out
 
 

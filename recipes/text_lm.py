@@ -312,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     path = common.write_result(workdir, NAME, metrics, {
         "config": {**cfg, "seeds": seeds, "params": count_params(new_model(cfg, 0))}, "data": sizes,
         "deduplication": removed, "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "chosen_rates": chosen, "grid": grid, "runs": {arm: {str(s): r for s, r in v.items()} for arm, v in runs.items()},
+        "chosen_rates": chosen, "grid": grid,
+        "runs": {arm: {str(s): r for s, r in v.items()} for arm, v in runs.items()},
         "pretrained": {str(s): r for s, r in pretrained.items()}, "table": table, "paired": difference,
         "ratio": ratio, "cost_steps": cost, "tokenizer": str(workdir / "tokenizer.json"),
         "plot": plot(workdir, curves, table)}, args)
@@ -322,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         listing = ", ".join(f"{r['rate']:g}: {r['valid']:.2f} (step {r['best_step']})" for r in grid[arm])
         print(f"    {arm:>10}: {chosen[arm]:g}   validation perplexity at the best step: {listing}")
     print(f"\ntest perplexity on the held-out topics, at each run's best validation step ({len(seeds)} seeds):")
-    print(f"    {'':>17} " + " ".join(f"{'seed ' + str(s):>9}" for s in seeds) + "   mean +- 95% interval   cost (steps)")
+    header = " ".join(f"{'seed ' + str(s):>9}" for s in seeds)
+    print(f"    {'':>17} {header}   mean +- 95% interval   cost (steps)")
     for name, values in tests.items():
         cost_text = {"pre-trained only": f"{len(seeds) * cfg['pretrain_steps']:,}", **{a: f"{cost[a]:,}" for a in ARMS}}
         print(f"    {name:>17} " + " ".join(f"{v:9.2f}" for v in values)

@@ -25,7 +25,8 @@ def test_quick_run_structure(tmp_path):
         per_seed = result["details"][instrument]["per_seed"]
         summary = result["summary"][instrument]
         assert set(per_seed) == arms and set(summary["arms"]) == arms
-        assert set(result["details"][instrument]["runs"]) == {f"seed{s}/{a}" for s in seeds for a in ("constant", "decoder")}
+        runs = {f"seed{s}/{a}" for s in seeds for a in ("constant", "decoder")}
+        assert set(result["details"][instrument]["runs"]) == runs
         for arm in arms:
             for name in ("spectral_loss", "loudness_l1_db"):
                 values = per_seed[arm][name]
@@ -133,7 +134,8 @@ def test_held_out_noise_is_neither_the_decoders_nor_the_training_noise_and_is_re
     held_out = rendered_noise(notes, seed, "eval")
     training = rendered_noise(notes, seed, "train")
     magnitudes = {"noise_magnitudes": notes["noise_magnitudes"]}
-    decoder = np.asarray(ddsp.Decoder(16, seed=seed).noise(Element(magnitudes), BatchContext.for_batch(4)).data["noise"])
+    noise = ddsp.Decoder(16, seed=seed).noise(Element(magnitudes), BatchContext.for_batch(4))
+    decoder = np.asarray(noise.data["noise"])
     assert np.abs(held_out[0]).max() > 1e-4  # there is noise to compare
     for other in (training, decoder):
         # Same note, same filter: only the white noise under it can differ, and it must, sample by sample.
