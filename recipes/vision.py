@@ -23,7 +23,7 @@ work, against ~150 us of dispatch and about a millisecond of the loop's Python a
 call, so the host stays a call or more ahead of the chip. Each step is the one a call of one step
 runs, on the same batch: the accuracy table means what it meant with one step per call. On the
 CPU it stays 1: XLA's CPU backend runs this CNN ~14x slower inside the loop that holds the steps
-(`datarax.train.step.scan_steps`).
+(`datarax.train.loop.step.scan_steps`).
 
 `--image-folder DIR` trains on image files instead: `DIR/train/<class>/<image>` and
 `DIR/test/<class>/<image>` (or `DIR/val/...`), read by `ImageFolderSource` and decoded on the host

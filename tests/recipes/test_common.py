@@ -71,7 +71,7 @@ def test_intervals_are_rounded_to_whole_calls(interval, k, expected):
 
 
 def test_the_printed_goodput_line_gives_the_steady_device_busy_share():
-    from datarax.train.goodput import GoodputLedger
+    from datarax.train import GoodputLedger
 
     ledger = GoodputLedger()
     ledger.start(0.0)
