@@ -1,22 +1,4 @@
-"""A-weighted loudness per STFT frame, as a pure function.
-
-The A-weighting curve is IEC 61672's analogue response (the same constants as
-`librosa.A_weighting`), normalised to 0 dB at 1 kHz and floored at `min_db`:
-
-    A(f) = 2.0 + 20 * log10(12194.217**2 * f**4 / ((f**2 + 20.599**2) * sqrt((f**2 + 107.653**2)
-                 * (f**2 + 737.862**2)) * (f**2 + 12194.217**2)))
-
-Two ways to summarise a frame are offered:
-
-* `average="power"`: the A-weighted mean power in dB,
-  `10 * log10(mean_f(10**(A(f) / 10) * |X[f]|**2))`: an A-weighted sound level, which adds up
-  energy the way the ear-weighted meters do.
-* `average="db"`: the mean over bins of the A-weighted dB spectrum, each bin floored at
-  `-range_db`: the loudness feature of DDSP (Engel et al. 2020), kept for compatibility.
-
-Both subtract `ref_db` and floor the result at `-range_db`. The output is `(..., n_frames)`
-and differentiable with respect to the waveform.
-"""
+"""A-weighted loudness per STFT frame, as a pure function (see docs/operators.md, "Definitions")."""
 
 from __future__ import annotations
 
