@@ -100,9 +100,12 @@ class FieldOperator(PerRecordOperator):
     def read(self, element: Element) -> jax.Array:
         """The element's input field, checked to be what the operator takes."""
 
-    @abc.abstractmethod
     def draw(self, key: jax.Array | None, shape: tuple[int, ...]) -> dict[str, Any]:
-        """The parameters for one record whose input has `shape`; `key` is None when not stochastic."""
+        """The parameters for one record whose input has `shape`; `key` is None when not stochastic.
+
+        Empty by default, for operators whose maths takes no drawn parameters.
+        """
+        return {}
 
     @abc.abstractmethod
     def apply(self, x: jax.Array, params: dict[str, Any]) -> jax.Array:
