@@ -29,18 +29,15 @@ def a_weighted_loudness(x: jax.Array, sample_rate: float, n_fft: int = 512, hop_
                         amin: float = 1e-10, center: bool = True, pad_mode: str = "constant") -> jax.Array:
     """Frame-wise A-weighted loudness in dB of a waveform `(..., T)`.
 
+    `n_fft` (a Hann window of that length), `hop_length` (default `n_fft // 4`), `center` and
+    `pad_mode` are as in `stft`.
+
     Args:
-        x: waveform.
-        sample_rate: its sampling rate in Hz.
-        n_fft: FFT size (Hann window of the same length).
-        hop_length: samples between frames; defaults to `n_fft // 4`.
-        average: "power" (A-weighted mean power) or "db" (DDSP's mean of A-weighted dB); see the
-            module docstring.
+        average: "power" (A-weighted mean power) or "db" (DDSP's mean of A-weighted dB); see
+            docs/operators.md, "Definitions".
         ref_db: level subtracted from the result (0 dB means unit power).
         range_db: floor of the result (and, for "db", of each bin) at `-range_db`.
         amin: power floor before the logarithm.
-        center: centre frames on their sample, as in `stft`.
-        pad_mode: padding used when `center=True`: "constant" (zeros) or "reflect".
 
     Returns:
         `(..., n_frames)` loudness in dB.

@@ -27,7 +27,7 @@ def draw_masks(key: jax.Array, length: int, max_width: jax.Array | float, num_ma
 
 def apply_masks(x: jax.Array, start: jax.Array | float, width: jax.Array | float, axis: int,
                 mask_value: jax.Array | float = 0.0) -> jax.Array:
-    """Masks `[start[k], start[k] + width[k])` of `axis` for each k (see the module docstring).
+    """Masks `[start[k], start[k] + width[k])` of `axis` for each k (docs/operators.md, "Definitions").
 
     Masks are combined multiplicatively on the kept fraction, `keep = prod_k(1 - m_k)`, so
     overlapping masks stay a valid mask (weights in [0, 1]) and integer hard masks give their union.

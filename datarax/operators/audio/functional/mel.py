@@ -45,10 +45,6 @@ def mel_filterbank(sample_rate: float, n_fft: int, n_mels: int = 128, fmin: floa
     """A `(n_mels, n_fft // 2 + 1)` matrix mapping STFT bins to mel bands.
 
     Args:
-        sample_rate: sampling rate of the audio in Hz.
-        n_fft: FFT size of the STFT the filterbank applies to.
-        n_mels: number of mel bands.
-        fmin: lowest band edge in Hz.
         fmax: highest band edge in Hz; defaults to `sample_rate / 2`.
         htk: use the HTK mel formula instead of the Slaney scale.
         norm: "slaney" (divide each triangle by its width in Hz, constant energy per band) or None.
