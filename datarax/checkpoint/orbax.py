@@ -1,15 +1,9 @@
 """Saving and restoring pipeline iterators through Orbax's own extension points.
 
-Two entry points, both writing one small JSON file per process:
-
-* `IteratorCheckpointHandler` with `IteratorSave` / `IteratorRestore` args, registered with
-  `ocp.args`, so a `CheckpointManager` saves an iterator as one item of a composite checkpoint
-  beside the model and optimiser state, and a fresh manager restores it without a registry.
-* The `save(directory)` / `load(directory)` coroutines of the Orbax v1 `StatefulCheckpointable`
-  protocol (`iterator_save` / `iterator_load` below back `PipelineIterator.save`/`.load`).
-
-A pipeline's iterator state is global (the same on every process), so a checkpoint written by N
-processes can be restored by M: a process without its own file reads any process's file.
+`IteratorCheckpointHandler` with `IteratorSave` / `IteratorRestore` (for a `CheckpointManager`),
+and the Orbax v1 `save(directory)` / `load(directory)` coroutines (`iterator_save` /
+`iterator_load`). One small JSON file per process; the state is global, so a checkpoint written
+by N processes restores on M.
 """
 
 from __future__ import annotations

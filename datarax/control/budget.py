@@ -1,12 +1,9 @@
 """The one memory budget shared by a decoding stage's threads.
 
-A decoder's memory is set by what a record *declares* (an image's width x height, an audio
-file's rate and channels), not by its size on disk: a 335 KB PNG can need 676 MB to decode. With
-`num_threads` records decoding at once, the peak is the sum of the largest few. `MemoryBudget`
-bounds that sum: each decode reserves its estimate before it allocates, waits while the others
-hold too much, and gives it back when done, so the stage never holds more than `limit` bytes
-whatever the thread count. A record whose estimate alone is over the limit can never fit; the
-stage refuses it (`fits` says so) as a bad record, which `on_error="skip"` can skip.
+Each decode reserves its estimated memory (from what the record declares, e.g. width x height)
+before it allocates, waits while the others hold too much, and gives it back when done, so the
+stage never holds more than `limit` bytes. A record whose estimate alone is over the limit never
+fits (`fits` says so) and is refused as a bad record.
 
 Example:
     >>> budget = MemoryBudget(2**30, "DecodeImage")

@@ -1,16 +1,9 @@
 """Keeping XLA:CPU from fusing an image warp into its neighbours.
 
-XLA fuses elementwise producers and consumers of a gather into one loop, and XLA's CPU backend
-does not vectorise a loop that contains a gather. A bilinear warp (rotation, affine, translate:
-four gathers per output pixel) then recomputes every upstream colour operation once per tap and
-runs every downstream one (noise's inverse normal CDF, a gamma curve) one scalar at a time,
-several times slower than the same chain with the warp computed on its own (timings in
-docs/benchmarks.md, "Per-stage timings"); `optimization_barrier` does not separate them.
-
-`separately` computes a function as its own XLA computation by passing it through `lax.cond` on
-a traced predicate that is always true (both branches are the same function, so the result
-never depends on it). On other backends it calls the function directly: there a gather fuses
-well, and a conditional can cost a device-to-host synchronisation.
+XLA:CPU does not vectorise a fused loop that contains a gather, so a bilinear warp fused with
+its neighbours runs them one scalar at a time (docs/operators.md, "The warp change").
+`separately` computes a function as its own XLA computation through `lax.cond` on an
+always-true traced predicate; on other backends it calls the function directly.
 """
 
 from __future__ import annotations

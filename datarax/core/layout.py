@@ -1,16 +1,8 @@
 """How device-resident records are stored: in the backend's fastest layout, invisible to users.
 
-A TPU tiles the last two dimensions of an array (8 x 128 for 32-bit values, 32 x 128 for bytes).
-A record of shape `(32, 32, 3)` kept as `(N, 32, 32, 3)` pads each `(32, 3)` slab to 128 lanes,
-so every gather of whole records moves (and every program reads) about 40 times the data. Kept
-*lane-dense*, as `(N, 3072)`, the same gather moves only the data: on a TPU v5e, gathering 256
-CIFAR records and casting them took 66,906 records/s with the records' own shape against
-1,993,930 lane-dense (docs/tpu.md). The pipeline's program gathers whole stored rows and
-reshapes them to the record shape (`datarax.core.source.gather_device`), so stages, element
-specs, batches and checkpoints see the records as they are.
-
-Other backends keep the records' own shape: a row-major reshape is free on the CPU, where the
-layouts measure the same, and nothing was measured on a GPU.
+On a TPU records are kept lane-dense (`(N, prod(record_shape))`), so a gather of whole records
+moves only the data; other backends keep the records' own shape. The pipeline reshapes gathered
+rows back to the record shape. See docs/tpu.md, "Storage layout".
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """Bulk random draws for augmentation noise: a keyed counter hash instead of threefry per value.
 
-A stochastic stage already gets one threefry key per record (`record_keys`); what costs is turning
-that key into tens of thousands of values (a 128x128x3 noise image, a second of audio). On a CPU
-threefry (20 rounds per pair of words, in the "partitionable" mode JAX uses by default) is the
-most expensive step of a typical image chain.
-`hashed_bits` derives the words from the record key with a counter hash instead: word `i` is
-
-    h(h(h(i ^ k0) + k1) ^ k0)
-
-where `k0, k1` are the record key's two 32-bit words and `h` is the `lowbias32` integer mixer
-(Wellons' hash-prospector constants: full avalanche, bias ~0.17 %). That is a handful of
-multiply/xor/shift ops per word, which XLA fuses and vectorises (timings against
-`jax.random.normal` in docs/benchmarks.md, "Per-stage timings"). The key itself still
-comes from threefry, so streams of different records, stages and epochs are as independent as
-their keys.
-
-Statistical quality is checked in tests/core/test_noise.py (uniformity, serial and
-cross-record correlation, normality against SciPy); it is meant for augmentation noise, not for
-cryptography or for Monte Carlo estimates that need a vetted generator (use `jax.random` there).
-Draws depend only on the key and the shape, so they are identical for a record in any batch.
+Word `i` of a record's draw is a `lowbias32` counter hash of `i` and the record key, so draws are
+cheap, depend only on the key and shape, and are meant for augmentation noise, not cryptography
+or Monte Carlo estimates. See docs/concepts.md, "Bulk noise draws".
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Operator base classes: the contract every pipeline stage follows.
 
 A stage maps a batched `Element` to a batched `Element` inside one jitted program. Per-record
-stages (`PerRecordOperator`) describe the maths for one record and are vmapped over the batch;
-their randomness comes from the record's identity, never from the batch it happens to sit in:
-
-    key(record) = fold_in(fold_in(stage_key, epoch), record_id)
-
-so a record gets the same augmentation in a given epoch whatever the batch size, shuffle order,
-host count or resume point, and a fresh one in the next epoch. `stage_key` is drawn from the
-stage's own `rngs`; a pipeline makes the keys of stages given the same seed distinct
-(`distinct_stage_keys`), so two stages never share a stream by accident.
+stages are vmapped over the batch and key their randomness by record identity,
+`fold_in(fold_in(stage_key, epoch), record_id)` (docs/concepts.md, "Randomness by record identity").
 """
 
 from __future__ import annotations
@@ -124,12 +117,9 @@ def stage_key_from_rngs(owner: str, config: OperatorConfig, rngs: nnx.Rngs | Non
 def distinct_stage_keys(program: nnx.Module) -> list[tuple[Any, Any]]:
     """Makes every stochastic stage of `program` draw its own stream, even from the same seed.
 
-    Two stages given `nnx.Rngs(0)` would otherwise get the same base key, and so identical
-    per-record keys: a horizontal and a vertical flip would always fire together. Walking the
-    stages' keys in path order, the first stage with a given key keeps it and each later one
-    with the same key gets `fold_in(key, n)`, n = 1, 2, ... in that order. Stages whose keys
-    already differ (different seeds, or one `nnx.Rngs` shared and drawn from in turn) keep them,
-    so their augmentation is unchanged. Returns the `(path, n)` pairs it changed.
+    In path order, the first stage with a given key keeps it and each later one with the same key
+    gets `fold_in(key, n)`, n = 1, 2, ...; stages whose keys already differ keep them. Returns the
+    `(path, n)` pairs it changed.
     """
     state = nnx.state(program, StageKey)
     flat = sorted(nnx.to_flat_state(state), key=lambda item: tuple(map(str, item[0])))
@@ -158,12 +148,9 @@ _PLAN: contextvars.ContextVar[tuple[BatchContext, dict[int, jax.Array]] | None] 
 def planned_record_keys(program: nnx.Module, ctx: BatchContext) -> Iterator[None]:
     """Derives the per-record keys of every stochastic stage of `program` at once, for `ctx`.
 
-    Inside the block, `record_keys(stage_key, ctx)` for one of those stages returns its share of
-    one batched derivation: two threefry calls for the whole program instead of two per stage.
-    The keys are bitwise the ones each stage would derive itself (the same `fold_in`s, vmapped
-    over the stages); what changes is the program's size: on the CPU backend each threefry is a
-    loop of its own, and a short per-batch program pays for every one (docs/benchmarks.md,
-    `overhead`). A stage called with another context (a sub-batch) derives its own keys.
+    Inside the block, `record_keys(stage_key, ctx)` for one of those stages returns its share of one
+    batched derivation (two threefry calls per program instead of two per stage; bitwise the same
+    keys). A stage called with another context (a sub-batch) derives its own keys.
     """
     keys = [v for _, v in nnx.iter_graph(program)
             if isinstance(v, StageKey) and getattr(v.get_value(), "shape", None) == (2,)]

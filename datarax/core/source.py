@@ -129,15 +129,9 @@ def gather_device(arrays: dict[str, jax.Array], indices: jax.Array, shapes: dict
                   mode: str = "fill") -> dict[str, jax.Array]:
     """The device-side gather used inside the pipeline's compiled programs.
 
-    `arrays` are a source's `device_arrays()`, in their storage layout (`datarax.core.layout`:
-    lane-dense on a TPU); `shapes` (`record_shapes(source)`) gives each field's record shape, which
-    the gathered rows are reshaped to.
-
-    The indices are always in range (a final short batch repeats its last position), so `mode`
-    changes no value, only the code XLA makes. The per-batch programs use `fill` (jnp.take's
-    default, the one a hand-written step uses), which XLA:CPU runs faster for a consumer that
-    waits on every step (docs/benchmarks.md, "Per-batch overhead", "The gather's mode");
-    `ScanRunner`, one call per epoch, keeps `clip`, with which its compiled epoch was measured.
+    `arrays` are a source's `device_arrays()` in their storage layout; `shapes`
+    (`record_shapes(source)`) gives each field's record shape. Indices are always in range, so `mode`
+    changes only the code XLA makes (docs/benchmarks.md, "The gather's mode").
     """
     return {k: from_storage(jax.numpy.take(v, indices, axis=0, mode=mode), indices.shape, shapes[k])
             for k, v in arrays.items()}

@@ -1,21 +1,9 @@
 """The exposed-idle ledger: how long the device waited before each step, and why.
 
-Under asynchronous dispatch the host blocks in `next()` even while the device is busy, so time in
-`next()` is not a stall. For step i the device is idle from step i-1's result being ready until
-step i is dispatched (when that comes later): that is *exposed idle*. The part of it the host
-spent inside `next()` is a *data stall*; the rest is other host work (checkpoints, evaluation,
-logging, Python). Both `PipelineMonitor` (any training loop) and the training kit's
-`GoodputMonitor` feed their timings through `step_ledger` and name what they see with `diagnose`,
-so one run gets one answer whichever tool measured it.
-
-The verdicts, in the order they are decided:
-
-* `input-bound`: data stalls are at least `INPUT_BOUND_PCT` of the time and at least the other idle;
-* `host-bound`: other host work between steps idles the device at least `INPUT_BOUND_PCT`;
-* `compute-bound`: neither; the device is busy and the pipeline keeps up;
-* without step timings (`PipelineMonitor` before `step_done` is used): `consumer-bound` when the
-  loop spends under `INPUT_BOUND_PCT` of its time in `next()`, `input-bound` when the background
-  producer is empty, otherwise `undetermined`.
+For step i the device is idle from step i-1's result being ready until step i is dispatched
+(*exposed idle*); the part the host spent inside `next()` is a *data stall*. `PipelineMonitor`
+and the training kit's `GoodputMonitor` both feed `step_ledger` and name what they see with
+`diagnose` (input-, host-, compute- or consumer-bound, or undetermined; docs/monitoring.md).
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
 """PipelineMonitor: what a training loop sees of its data pipeline, measured from the loop's side.
 
-Wrap any iterator (a pipeline's, or anything yielding batches) and the monitor records, for every
-batch, how long the loop waited inside `next()`, how long the loop spent between batches (its own
-work: dispatching or running a step), how many records the batch held and, for host-resident
-pipelines, how many batches the background producer had ready when the loop asked. `summary()`
-turns that into rates, percentiles and a one-line diagnosis; reporters print or log it every N
-batches or seconds.
-
-What `next()` time means depends on where the data lives, and the monitor says so:
-
-* host-resident sources: a background thread reads and copies batches ahead; `next()` waits only
-  when that thread is behind (the ready-batch count is 0), so the wait is a true input stall;
-* device-resident sources: `next()` dispatches one compiled program and returns without waiting
-  for it (JAX's asynchronous dispatch), so the wait is host dispatch time and the program's device
-  time overlaps the loop's own step. `sync=True` blocks on each batch so the wait includes that
-  device time: use it for a diagnosis run only, as it stops the overlap.
-
-Time in `next()` is therefore not by itself a stall: under asynchronous dispatch the host also
-blocks there while the device is still busy with earlier steps. What costs throughput is
-*exposed device idle*: the time between one step's result being ready and the next step being
-dispatched. Pass each step's output to `monitor.step_done(output)` and a watcher thread records
-when every step finished; the summary's `device` section then splits the device's idle time into
-the part the loop spent waiting for data (a data stall) and the rest, and the diagnosis is based
-on that. (`datarax.train.callbacks.GoodputMonitor` does the same for the `Trainer`, with checkpoint,
-compile and eval time as their own buckets.)
+Wrap any iterator and the monitor records, per batch, the wait inside `next()`, the loop's own
+time between batches, the records in the batch and (host-resident pipelines) the batches the
+producer had ready. Pass each step's output to `step_done` to measure exposed device idle, split
+into data stall and other idle. See docs/monitoring.md for what the numbers mean.
 """
 
 from __future__ import annotations

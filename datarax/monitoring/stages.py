@@ -1,17 +1,10 @@
-"""Where the background reader's time goes: seconds per part of the read, measured where it runs.
+"""Where the background reader's time goes: seconds, calls and records per part of the read.
 
-A host-resident pipeline reads on a background thread: the source's read, then each host stage
-(decoding, a `HostMap`), then the copy to the device. `StageTimes` accumulates, per named part,
-the seconds spent, the calls and the records, on any clock (tests inject a fake one). The reader
-measures; a report (`datarax.train.callbacks.GoodputMonitor`) takes two snapshots and names the
-slowest part of what happened between them (`reader_breakdown`).
+`StageTimes` accumulates per named part (source read, each host stage, copy to device) on any
+clock; `reader_breakdown` names the slowest part between two snapshots.
 
-    >>> times = StageTimes(clock=iter([0.0, 0.5, 0.5, 0.75]).__next__)
-    >>> with times.measure("source read", records=8):
-    ...     pass
+    >>> times = StageTimes()
     >>> times.add("DecodeImage", 0.25, records=8, work="image_decode")
-    >>> [(p["name"], p["seconds"]) for p in times.snapshot()]
-    [('source read', 0.5), ('DecodeImage', 0.25)]
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The one base of per-record operators that transform a single data field (image and audio ops).
 
-A field operator is split in two so tests and users can look at what it drew:
-
-- `draw(key, shape)` turns the record key (None when not stochastic) and the input's shape
-  into the record's parameters (angles, factors, gains, mask positions), using the
-  operator's magnitudes;
-- `apply(x, params)` is the pure maths, a call into a `functional` module
-  (`datarax.operators.image.functional`, `datarax.operators.audio.functional`).
-
-`apply_element` reads `element.data[config.field]` with `read` (the only thing the image and
-audio subclasses define: what a valid input looks like), and writes the result, in the input's
-dtype, to `config.out_field` (None: back to `field`). Magnitudes listed in the class's `bounds`
-(scalars) and `channel_bounds` (one value per channel, sized by the config's `n_channels`)
-become `Magnitude` / `ChannelMagnitude` modules, learnable when the config's `learnable` names
-them (see `datarax.operators.learnable`). Each bound is stated once, here on the class; configs
-check their fields against it with `check_magnitudes`.
+`draw(key, shape)` turns the record key (None when not stochastic) into the record's parameters;
+`apply(x, params)` is the pure maths. The result is written in the input's dtype to
+`config.out_field` (None: back to `field`). Magnitudes named in the class's `bounds` (scalars) and
+`channel_bounds` (per channel) become `Magnitude` / `ChannelMagnitude` modules, learnable when
+the config's `learnable` names them.
 """
 
 from __future__ import annotations
@@ -110,9 +100,12 @@ class FieldOperator(PerRecordOperator):
     def read(self, element: Element) -> jax.Array:
         """The element's input field, checked to be what the operator takes."""
 
-    @abc.abstractmethod
     def draw(self, key: jax.Array | None, shape: tuple[int, ...]) -> dict[str, Any]:
-        """The parameters for one record whose input has `shape`; `key` is None when not stochastic."""
+        """The parameters for one record whose input has `shape`; `key` is None when not stochastic.
+
+        Empty by default, for operators whose maths takes no drawn parameters.
+        """
+        return {}
 
     @abc.abstractmethod
     def apply(self, x: jax.Array, params: dict[str, Any]) -> jax.Array:

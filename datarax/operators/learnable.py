@@ -1,22 +1,12 @@
 """Bounded magnitudes: operator parameters that are fixed numbers or learnable within a range.
 
-A learnable magnitude is stored as an unbounded `nnx.Param` logit `raw` and read as
-
-    value = low + (high - low) * sigmoid(raw)
-
-so gradient steps can move it anywhere inside `(low, high)` but never out of it: an augmentation
-strength cannot run away during joint training. The logit is initialised so the starting value is
-the configured one. A fixed magnitude is a plain Python float (weakly typed, so it follows the
-image's dtype, float64 included).
-
-Random magnitudes are reparameterised: draw a unit sample that does not depend on the parameter
-(`signed_uniform`, `uniform`), then scale it by the magnitude, so the gradient with respect to
-the magnitude exists.
+A learnable magnitude is an `nnx.Param` logit `raw` read as `low + (high - low) * sigmoid(raw)`,
+initialised to the configured value, so training cannot push it out of `(low, high)`. A fixed
+magnitude is a plain Python float. Random magnitudes are reparameterised (a unit draw scaled by
+the magnitude), so gradients reach them.
 
 Example:
     >>> strength = Magnitude(0.2, high=1.0, learnable=True, name="max_delta")
-    >>> float(strength())  # starts at the configured value
-    0.2
     >>> delta = signed_uniform(jax.random.key(0), strength())  # in [-0.2, 0.2], differentiable
 """
 

@@ -1,27 +1,12 @@
 """Length bucketing: variable-length records in a few fixed shapes, each compiled once.
 
-A pipeline has one element spec, so one shape. `BucketedPipeline` puts each record in the
-smallest bucket that holds its length (longer records go to the last bucket and are cut to it),
-builds one ordinary `Pipeline` per bucket over that bucket's records (its stages made for the
-bucket's length, e.g. `Tokenize(tokenizer=tokenizer, length=L)`), and interleaves their batches in an
-order drawn from `(seed, epoch)`. Each bucket's program compiles once; a batch never mixes
-buckets, so short records are not padded to the longest.
+`BucketedPipeline` puts each record in the smallest bucket that holds its length (longer ones go
+to the last bucket and are cut), builds one `Pipeline` per bucket with stages made for its length,
+and interleaves their batches in an order drawn from `(seed, epoch)`. Epochs are exact and the
+state `{version, epoch, position, fingerprint}` resumes by arithmetic. See docs/sources.md, "Text".
 
-Exact epochs and resume hold as for one pipeline: every record is in exactly one bucket and
-every bucket pipeline covers its records once per epoch. The iterator state is
-`{version, epoch, position, fingerprint}`, `position` counting the epoch's batches so far; each
-bucket's place follows from the epoch's interleave order by arithmetic (how many of the first
-`position` batches came from it), with no replay. A `BucketedIterator` goes into an Orbax
-checkpoint (or a `datarax.train.Checkpointer`) like a pipeline iterator.
-
-    >>> lengths = [len(tokenizer.encode(d).ids) for d in documents]
     >>> pipeline = BucketedPipeline(TextSource(documents=documents), lengths, (64, 128, 256),
     ...                             lambda length: [Tokenize(tokenizer=tokenizer, length=length)], batch_size=32)
-    >>> for batch in pipeline: ...   # batch["text_ids"] is (32, 64), (32, 128) or (32, 256)
-
-Record ids inside a bucket (what keyed randomness folds in) are positions in that bucket's list
-of records, which is fixed by the lengths, so a record's augmentation does not depend on batch
-size, order or resume point here either.
 """
 
 from __future__ import annotations

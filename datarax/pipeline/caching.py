@@ -1,22 +1,9 @@
 """CachingIterator: memoise an expensive deterministic prefix of a pipeline's stages.
 
-The first `num_cached_stages` stages of a linear pipeline are run once over every record (in
-storage order, a batch at a time, as one compiled program) and their outputs are kept, one row
-per record. Iteration then gathers from that cache and runs only the remaining stages, so
-decoding, resizing or feature extraction is paid once instead of every epoch.
-
-Why the batches are the uncached pipeline's (the same records and keys; values may differ in
-the last bit, since the prefix and the rest are compiled as separate programs and XLA may fuse
-and round them differently): a deterministic per-record stage's output
-for a record depends on that record alone, so row `i` of the cache is what the prefix would
-produce for record `i` in any batch; the remaining stages see the same record ids and epoch (same
-sampler, same batch size), hence the same per-record keys. For the same reason the iterator's
-state is exactly the uncached pipeline's: a state saved here restores into a plain iterator of the same
-pipeline and vice versa.
-
-The cache lives in host memory (`num_records x` the prefix's output size per record) and is
-placed on the device when it fits, like a `MemorySource`. It is not refreshed when the prefix's
-parameters change: call `refresh()` after changing them.
+The first `num_cached_stages` stages run once over every record and their outputs are kept (on
+the device when they fit); iteration gathers from the cache and runs only the remaining stages.
+Batches and iterator state are the uncached pipeline's (values may differ in the last bit). The
+cache is not refreshed when the prefix's parameters change: call `refresh()`. See docs/dag.md.
 """
 
 from __future__ import annotations

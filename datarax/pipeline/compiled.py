@@ -66,27 +66,13 @@ class CompiledProgram:
     - `gather_and_run(values, arrays, indices, meta)`: device gather + stages, indices from the host;
     - `sample_chunk(params, metas)`: the sampler (`Sampler.device_order`) for `chunk_batches`
       batches at once, one `int32[3 + rows] = (start, epoch, num_valid, items...)` row each;
-    - `expand_gather_and_run(values, arrays, params, row)`: one batch of a sampled chunk: indices
-      from its row (`Sampler.device_expand`), gather and stages, no data-dependent loop;
-    - `expand_gather_and_run_many(values, arrays, params, rows)`: several such batches (one per
-      row, at most `chunk_batches`; the pipeline's `batches_per_dispatch`) in one program (a `lax.scan` over the rows),
-      one output each: where a dispatch
-      costs as much as a batch's work (about 150 us on a TPU v5e), several batches per call
-      keep the device busy (docs/tpu.md). Each output is the one `expand_gather_and_run` gives.
+    - `expand_gather_and_run(values, arrays, params, row)`: one batch of a sampled chunk;
+    - `expand_gather_and_run_many(values, arrays, params, rows)`: several such batches in one
+      `lax.scan` (the pipeline's `batches_per_dispatch`; docs/tpu.md), one output each.
 
-    `values` are the stage variables (`values()`); `meta = int32[3] = (start, epoch, num_valid)`
-    is one batch of the schedule and `metas` a chunk of them (`datarax.batching.chunk_schedule`),
-    computed on the host and passed down, one small array rather than Python scalars.
-
-    A sharded pipeline passes `placement` (a `datarax.sharding.BatchPlacement`): the programs
-    then compute only this process's `rows` of each global batch, with outputs laid out over
-    the process's devices, and add the validity field `placement.mask_key` when it is set.
-
-    `shapes` are the source's record shapes (`datarax.core.source.record_shapes`), which the
-    device gather reshapes its stored rows to.
-
-    A copy or pickle holds what the programs are built from and builds them again (jitted
-    functions close over their program and do not pickle); the copy compiles on first use.
+    `values` are the stage variables; `meta = int32[3] = (start, epoch, num_valid)`. With a
+    `placement` the programs compute only this process's `rows` of each global batch and add the
+    validity field `placement.mask_key` when it is set. A copy or pickle rebuilds the programs.
     """
 
     def __init__(self, program: nnx.Module, sampler=None, epoch_length: int = 0, batch_size: int = 0,

@@ -1,28 +1,9 @@
 """The stage program of a DAG pipeline: named NNX modules wired by their predecessors.
 
-`Pipeline.from_dag(source=..., nodes=..., edges=..., sink=...)` builds a `DagProgram`. The graph
-is validated and put in topological order once, at construction; at run time the whole graph
-is traced into the pipeline's single jitted function per batch, like a linear `Chain`.
-
-What a node receives:
-
-* An operator (`OperatorModule`, e.g. `ElementOperator` or a composition strategy) has one
-  input: the batched `Element` of its single predecessor, or the source batch when its edge list
-  is empty, plus the `BatchContext`. Per-record operators draw keys by record identity, exactly
-  as in a linear pipeline.
-* A plain `nnx.Module` (a batch-level node such as a merge) is called with the *data dicts*
-  (field -> batched array) of its predecessors as positional arguments, in edge order (the
-  source batch's data when the edge list is empty). It returns a dict of batched arrays, or an
-  `Element` to set per-record state itself. If its `__call__` declares a keyword-only `ctx`
-  parameter it also gets the `BatchContext`; a keyword-only `states` parameter gets the
-  predecessors' per-record state dicts (a tuple, edge order).
-
-Per-record state flows along edges, never along the topological order: a node sees only its
-own predecessors' state. When a plain module returns a dict, its output's state is the union of
-its predecessors' states (for a key held by several, the earliest predecessor in edge order wins).
-
-Every node must lead to the sink: a node whose output nobody uses is a wiring mistake, and is
-rejected rather than silently dropped.
+An operator node takes its single predecessor's `Element` (or the source batch) and the
+`BatchContext`; a plain `nnx.Module` takes its predecessors' data dicts positionally, in edge
+order, plus keyword-only `ctx`/`states` if it declares them. Per-record state flows along edges.
+Every node must lead to the sink. See docs/dag.md.
 """
 
 from __future__ import annotations

@@ -80,36 +80,26 @@ class Pipeline(nnx.Module, Epochs):
             (`datarax.host`, e.g. `DecodeImage`) come first: they run on the background reader
             before the compiled program and turn encoded records into fixed-shape arrays.
         batch_size: records per batch.
-        rngs: the pipeline's seed is drawn from it (stream "augment", else "default"): every
-            stochastic host stage that sets no `seed` of its own (`DecodeImage(crop=
-            "random_resized")`, `DecodeAudio(crop="random")`, a stochastic `HostMap`) draws its
-            per-record keys from it, so one seed changes every crop of a run. None: seed 0.
-            Shuffling is keyed by the source's seed, and each device stage's key comes from that
-            stage's own `rngs` (a configuration derives both from its top-level `seed`).
+        rngs: the seed (stream "augment", else "default") of every stochastic host stage that
+            sets no `seed` of its own. None: seed 0. Shuffling is keyed by the source's seed and
+            each device stage's key by its own `rngs`.
         sampler: which records make up each epoch; defaults to the source's (shuffled when the
             source is configured with `shuffle=True`).
         drop_remainder: drop the final short batch of each epoch.
         prefetch: batches a host-resident source prepares ahead on a background thread.
-        dispatch_ahead: batches of a device-resident source the iterator keeps dispatched
-            (queued on the device, not waited on) behind the one it returns, so that a host
-            hiccup between steps does not leave the device without the next batch's work. Each
-            holds one batch of device memory. Batches dispatched ahead are dropped, and
-            dispatched again, when a stage's variables change before they are returned, so every
-            batch sees the current parameters. 0: dispatch each batch when it is asked for.
+        dispatch_ahead: batches of a device-resident source kept dispatched (queued, not waited
+            on) behind the one returned, one batch of device memory each; they are dispatched
+            again if a stage's variables change first. 0: dispatch each batch when asked for.
         batches_per_dispatch: batches of a device-resident source computed by one dispatched
-            program (a scan over them), handed out one by one; the batches, keys and resume
-            points are those of one batch per program. None: 8 on a TPU (at most 64 MiB of
-            output per program), where a dispatch costs about as much as a small batch's work,
-            and 1 elsewhere (`datarax.batching.resolve_batches_per_dispatch`). Sharded
-            pipelines dispatch one batch at a time.
+            program, handed out one by one (same batches, keys and resume points). None: 8 on a
+            TPU (at most 64 MiB of output), 1 elsewhere; sharded pipelines use 1.
         program: a stage program (e.g. a DAG) to use instead of a linear chain of `stages`.
-        sharding: lay each batch out over a device mesh as global `jax.Array`s (see
-            `datarax.sharding.DataSharding`); `batch_size` is then the global batch size, each
-            process computes only its devices' rows, and final short batches keep the full
-            shape with a validity mask field.
-        retry_policy: how a host-resident source's reader retries a read that raised `OSError`,
-            at the same position, before raising (see `datarax.control.retry`). None: no
-            retries; the error reaches `next()`, and the next `next()` reads that batch again.
+        sharding: lay each batch out over a device mesh as global `jax.Array`s
+            (`datarax.sharding.DataSharding`); `batch_size` is then global, and final short
+            batches keep the full shape with a validity mask field.
+        retry_policy: how a host-resident source's reader retries a read that raised `OSError`
+            (`datarax.control.retry`). None: the error reaches `next()`, and the next `next()`
+            reads that batch again.
 
     Example:
         >>> pipeline = Pipeline(source=source, stages=[normalize], batch_size=32)
@@ -259,10 +249,10 @@ class Pipeline(nnx.Module, Epochs):
         self._readers.add(reader)
 
     def close(self) -> None:
-        """Stops the threads the source and its host stages hold (file readers, decode pools, block
-        fetchers) and waits for them; idempotent. A pipeline dropped without `close()` releases them
-        too, once it is collected. Most sources start their threads again on the next read; one
-        whose `close` is final (`ArrayRecordSource` closes its files) cannot be read afterwards.
+        """Stops the threads the source and its host stages hold and waits for them; idempotent.
+
+        Most sources start their threads again on the next read; `ArrayRecordSource` cannot be read
+        after `close`. A pipeline dropped without `close()` releases them once it is collected.
 
         Example:
             >>> with Pipeline(source, [DecodeImage(size=64)], batch_size=32) as pipeline:

@@ -1,23 +1,9 @@
 """Whole-epoch scan: many training steps, data pipeline included, in one compiled call.
 
 For a device-resident source, `ScanRunner` compiles K steps of
-
-    gather -> pipeline stages -> train_step(*modules, batch)
-
-into one `jax.lax.scan`, so a training epoch costs a handful of dispatches instead of one (or
-two) per step. The modules (model, optimizer, ...) and the pipeline's stage program are carried
-through the scan, so parameter updates made by the step are seen by the next step exactly as in
-a Python loop, and gradients can reach the pipeline's own parameters (see `raw`).
-
-The result equals the per-step loop
-
-    for batch in iterator:
-        outputs.append(train_step(*modules, batch))
-
-step for step (the same records, keys and update order), and afterwards the iterator's state is
-the one the loop would leave. Values can differ from the loop in the last bit, because XLA
-compiles the fused step as one program. A final short batch (`drop_remainder=False`) runs as a
-separate, unpadded step, as in the loop.
+`gather -> pipeline stages -> train_step(*modules, batch)` into one `jax.lax.scan`. The result
+equals the per-step loop step for step (same records, keys and update order; values may differ
+in the last bit), and the iterator is left in the state the loop would leave. See docs/dag.md.
 """
 
 from __future__ import annotations

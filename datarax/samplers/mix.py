@@ -1,22 +1,9 @@
 """`MixSampler`: the positions of a weighted mixture's epoch -> records of its concatenated components.
 
-The sampler of `datarax.sources.MixDataSources` and of `WeightedSampler` (whose groups are its
-components):
-
-* The epoch's draws per component are the epoch length apportioned by the weights (largest
-  remainder): with weights proportional to the component sizes they are exactly the sizes, so
-  every epoch holds every record exactly once.
-* Positions are grouped in blocks of `block_size`. The first n positions of an epoch hold
-  `webster(n, draws)` slots of each component (Webster/Sainte-Lague apportionment, which never
-  takes a slot back as n grows), so block k holds the difference at its two ends: within two
-  slots of the weights in every block, with no rounding error carried from block to block. The slots
-  of a block are ordered by a Feistel permutation keyed by (seed, epoch, block), so position p's
-  component is a function of (seed, epoch, p) alone.
-* The k-th draw of component c in an epoch is its draw number `epoch * draws_per_epoch[c] + k`
-  in one endless stream over that component, which walks the component's own shuffled epochs
-  (Feistel keyed by (seed, c, component epoch)) without repeats or gaps.
-
-Everything is O(1) per position, so the iterator state stays `(epoch, position)`.
+Per-epoch draws per component are apportioned by the weights (exactly the sizes when the weights
+are proportional to them); every block of `block_size` positions holds each component's share
+within two slots; each component is walked through its own shuffled passes. Everything is O(1)
+per position, so the iterator state stays `(epoch, position)`. See docs/sources.md, "Mixing sources".
 """
 
 from __future__ import annotations

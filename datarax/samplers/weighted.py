@@ -1,19 +1,9 @@
 """`WeightedSampler`: class-balanced or weighted sampling with exact per-epoch counts.
 
-Records are grouped (usually by class label). Every epoch gives each group exactly its share of
-the epoch's positions, the epoch length apportioned by the group weights with the largest
-remainder method: with weights `(1, 1, 1)` every class fills a third of every epoch (class
-balance), with weights proportional to the group sizes every record is read exactly once.
-
-It is the mixture sampler (`datarax.samplers.mix.MixSampler`) over the groups: within blocks of
-`block_size` positions each group holds its share to within two slots, a group's k-th draw of an
-epoch walks its own shuffled epochs without repeats or gaps (a small group is re-read in a fresh
-order once it is exhausted, a large group is read a part at a time), and position p's record is a
-function of (seed, epoch, p) alone. So the pipeline's iterator state stays `(epoch, position)` and
-a resume is exact by arithmetic, as for every other sampler.
+Every epoch gives each group (usually a class) exactly its share of the positions, apportioned by
+the group weights; it is `MixSampler` over the groups, so resume is exact by arithmetic.
 
 Example:
-    >>> source = ImageFolderSource(root="photos/train")
     >>> sampler = WeightedSampler(groups=source.labels, seed=0)  # class-balanced
     >>> pipeline = Pipeline(source, [DecodeImage(size=128)], sampler=sampler, batch_size=64)
 """

@@ -1,15 +1,11 @@
 """`DataSharding`: how a pipeline lays its global batches out over a device mesh.
 
-A sharded pipeline's `batch_size` is the *global* batch size. Step `s` of an epoch covers the
-global positions `s*B ... s*B+B-1` whatever the number of processes or devices; the batch axis
-is split over `batch_axes` of the mesh (the other mesh axes hold replicas), and each process
-computes only the rows its own devices hold. Record ids, and therefore per-record augmentation,
-stay global, so the stream does not depend on how many hosts read it.
+A sharded pipeline's `batch_size` is the global batch size; the batch axis is split over
+`batch_axes` and each process computes only its devices' rows. Record ids stay global, so the
+stream does not depend on the number of hosts (docs/distributed.md).
 
 Example:
-    >>> mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     >>> pipeline = Pipeline(source, stages, batch_size=256, sharding=DataSharding(mesh, "data"))
-    >>> batch = next(iter(pipeline))  # global jax.Arrays sharded as P("data")
 """
 
 from __future__ import annotations

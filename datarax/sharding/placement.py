@@ -1,15 +1,9 @@
-"""`BatchPlacement`: where this process's share of each global batch is computed and how it is
-assembled into global `jax.Array`s.
+"""`BatchPlacement`: where this process's share of each global batch is computed and assembled.
 
-A process computes the rows of the global batch its devices hold (see `process_rows`) in one
-jitted step whose outputs are sharded over the process's part of the mesh (its local mesh), so
-every local device transforms only its own rows. With one process that already is the global
-array. With several, each leaf is assembled without a copy from the per-device pieces by
-`jax.make_array_from_single_device_arrays`. This needs every local device to hold, in the local
-array, the rows it holds in the global one: it does when the process's devices form a block of
-the mesh (`local_mesh` checks that), because within a block the order of the devices along the
-batch axes is the order of their rows in the global batch. It is the layout
-`jax.make_array_from_process_local_data` gives a process's rows.
+A process computes the rows of the global batch its devices hold (`process_rows`) in one jitted
+step sharded over its local mesh; with several processes each leaf is assembled without a copy
+by `jax.make_array_from_single_device_arrays`, which needs the process's devices to form a block
+of the mesh (`local_mesh` checks it). See docs/distributed.md.
 """
 
 from __future__ import annotations

@@ -72,9 +72,6 @@ class STFTOperator(AudioOperator):
 
     config_class = STFTConfig
 
-    def draw(self, key, shape):
-        return {}
-
     def apply(self, x, params):
         c = self.config
         return spectral.stft_magnitude(x, c.n_fft, c.hop_length, c.win_length, c.window, c.center, c.pad_mode,
@@ -136,9 +133,6 @@ class MelSpectrogramOperator(AudioOperator):
 
     config_class = MelSpectrogramConfig
 
-    def draw(self, key, shape):
-        return {}
-
     def apply(self, x, params):
         return mel.mel_spectrogram(x, power=self.config.power, **self.config.mel_kwargs())
 
@@ -170,9 +164,6 @@ class LogMelOperator(AudioOperator):
     """Log-mel spectrogram in dB: librosa `power_to_db(feature.melspectrogram(...))`."""
 
     config_class = LogMelConfig
-
-    def draw(self, key, shape):
-        return {}
 
     def apply(self, x, params):
         c = self.config
@@ -208,9 +199,6 @@ class MFCCOperator(AudioOperator):
     """MFCC `(..., n_mfcc, n_frames)`: orthonormal DCT-II of the log-mel (librosa `feature.mfcc`)."""
 
     config_class = MFCCConfig
-
-    def draw(self, key, shape):
-        return {}
 
     def apply(self, x, params):
         c = self.config
@@ -249,9 +237,6 @@ class LoudnessOperator(AudioOperator):
     """Frame-wise A-weighted loudness in dB, shape `(..., n_frames)`."""
 
     config_class = LoudnessConfig
-
-    def draw(self, key, shape):
-        return {}
 
     def apply(self, x, params):
         c = self.config

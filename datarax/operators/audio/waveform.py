@@ -201,8 +201,5 @@ class ResampleOperator(AudioOperator):
 
     config_class = ResampleConfig
 
-    def draw(self, key, shape):
-        return {}
-
     def apply(self, x, params):
         return resample_lib.resample(x, self.config.orig_rate, self.config.target_rate)

@@ -271,8 +271,5 @@ class StandardizeOperator(ImageOperator):
 
     config_class = StandardizeConfig
 
-    def draw(self, key, shape):
-        return {}
-
     def apply(self, image, params):
         return color.standardize(image)

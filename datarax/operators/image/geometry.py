@@ -226,9 +226,6 @@ class ResizeOperator(ImageOperator):
 
     config_class = ResizeConfig
 
-    def draw(self, key, shape):
-        return {}
-
     def apply(self, image, params):
         return geometry.resize(image, *self.config.size, antialias=self.config.antialias)
 

@@ -1,23 +1,13 @@
 """Batch-level mixing: MixUp and CutMix, with labels mixed in the same proportions.
 
-Each record is mixed with a partner from the same batch. The pairing comes from per-record keys
-(`fold_in(fold_in(stage_key, epoch), record_id)`): every record draws a score, records are
-ordered by score and each is paired with the next one in that order (cyclically), so nobody is
-paired with itself and the pairing depends only on *which* records share the batch and the
-epoch, not on their order in it. Padding rows of a final short batch (`ctx.mask` False) are left
-out and left unchanged. Unlike per-record operators, the output of a record does depend on its
-batch-mates (that is what mixing is).
-
-The mixing weight is `lam ~ Beta(alpha, alpha)`, drawn as `sigmoid(log g1 - log g2)` with
-`g1, g2 ~ Gamma(alpha)` by `datarax.operators.image.functional.beta`, which is reparameterised so the
-output is differentiable in a learnable `alpha` (and compiles far faster than
-`jax.random.gamma`).
+Each record is mixed with a partner from the same batch, paired by per-record keys so the pairing
+depends only on which records share the batch and the epoch; padding rows are left unchanged.
+`lam ~ Beta(alpha, alpha)` is reparameterised, so the output is differentiable in a learnable
+`alpha`. See docs/operators.md, "Batch mixing".
 
 Example:
     >>> mixup = MixUpOperator(MixUpConfig(alpha=0.2, num_classes=10), rngs=nnx.Rngs(0))
     >>> out = mixup(Element({"image": images, "label": labels}), BatchContext.for_batch(len(images)))
-    >>> out.data["label"].shape  # one-hot, mixed
-    (32, 10)
 """
 
 from __future__ import annotations

@@ -1,22 +1,4 @@
-"""A-weighted loudness per STFT frame, as a pure function.
-
-The A-weighting curve is IEC 61672's analogue response (the same constants as
-`librosa.A_weighting`), normalised to 0 dB at 1 kHz and floored at `min_db`:
-
-    A(f) = 2.0 + 20 * log10(12194.217**2 * f**4 / ((f**2 + 20.599**2) * sqrt((f**2 + 107.653**2)
-                 * (f**2 + 737.862**2)) * (f**2 + 12194.217**2)))
-
-Two ways to summarise a frame are offered:
-
-* `average="power"`: the A-weighted mean power in dB,
-  `10 * log10(mean_f(10**(A(f) / 10) * |X[f]|**2))`: an A-weighted sound level, which adds up
-  energy the way the ear-weighted meters do.
-* `average="db"`: the mean over bins of the A-weighted dB spectrum, each bin floored at
-  `-range_db`: the loudness feature of DDSP (Engel et al. 2020), kept for compatibility.
-
-Both subtract `ref_db` and floor the result at `-range_db`. The output is `(..., n_frames)`
-and differentiable with respect to the waveform.
-"""
+"""A-weighted loudness per STFT frame, as a pure function (see docs/operators.md, "Definitions")."""
 
 from __future__ import annotations
 
@@ -47,18 +29,15 @@ def a_weighted_loudness(x: jax.Array, sample_rate: float, n_fft: int = 512, hop_
                         amin: float = 1e-10, center: bool = True, pad_mode: str = "constant") -> jax.Array:
     """Frame-wise A-weighted loudness in dB of a waveform `(..., T)`.
 
+    `n_fft` (a Hann window of that length), `hop_length` (default `n_fft // 4`), `center` and
+    `pad_mode` are as in `stft`.
+
     Args:
-        x: waveform.
-        sample_rate: its sampling rate in Hz.
-        n_fft: FFT size (Hann window of the same length).
-        hop_length: samples between frames; defaults to `n_fft // 4`.
-        average: "power" (A-weighted mean power) or "db" (DDSP's mean of A-weighted dB); see the
-            module docstring.
+        average: "power" (A-weighted mean power) or "db" (DDSP's mean of A-weighted dB); see
+            docs/operators.md, "Definitions".
         ref_db: level subtracted from the result (0 dB means unit power).
         range_db: floor of the result (and, for "db", of each bin) at `-range_db`.
         amin: power floor before the logarithm.
-        center: centre frames on their sample, as in `stft`.
-        pad_mode: padding used when `center=True`: "constant" (zeros) or "reflect".
 
     Returns:
         `(..., n_frames)` loudness in dB.

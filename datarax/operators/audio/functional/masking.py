@@ -1,17 +1,7 @@
 """SpecAugment masking (Park et al. 2019) with a differentiable mask width.
 
-A mask covers the continuous interval `[start, start + width)` of an axis. Bin `i` spans
-`[i, i + 1)`, and its mask weight is the fraction of the bin the interval covers:
-
-    m[i] = clip(min(start + width, i + 1) - max(start, i), 0, 1)
-
-and the masked value is `x * (1 - m) + mask_value * m`. For integer `start` and `width` this is
-exactly SpecAugment's hard mask `x[start:start + width] = mask_value`; for real ones only the two
-edge bins are partly masked, so the output is a continuous, piecewise-linear function of `start`
-and `width` and a learnable maximum width receives a gradient.
-
-Random masks are reparameterised: `width = u1 * max_width` and `start = u2 * (n - width)` with
-`u1, u2 ~ U[0, 1)` drawn from the record key, so the mask always lies inside the axis.
+Integer `start` and `width` give SpecAugment's hard mask exactly; real ones mask the two edge
+bins partly, so a learnable maximum width gets a gradient. See docs/operators.md, "Definitions".
 """
 
 from __future__ import annotations
@@ -37,7 +27,7 @@ def draw_masks(key: jax.Array, length: int, max_width: jax.Array | float, num_ma
 
 def apply_masks(x: jax.Array, start: jax.Array | float, width: jax.Array | float, axis: int,
                 mask_value: jax.Array | float = 0.0) -> jax.Array:
-    """Masks `[start[k], start[k] + width[k])` of `axis` for each k (see the module docstring).
+    """Masks `[start[k], start[k] + width[k])` of `axis` for each k (docs/operators.md, "Definitions").
 
     Masks are combined multiplicatively on the kept fraction, `keep = prod_k(1 - m_k)`, so
     overlapping masks stay a valid mask (weights in [0, 1]) and integer hard masks give their union.

@@ -1,18 +1,7 @@
-"""Mel filterbank, (log-)mel spectrogram and MFCC, as pure functions.
+"""Mel filterbank, (log-)mel spectrogram and MFCC, as pure functions following librosa's definitions.
 
-Definitions follow librosa so the two agree where they coincide:
-
-* `hz_to_mel`/`mel_to_hz`: the Slaney auditory-toolbox scale (linear below 1 kHz, logarithmic
-  above; librosa's default) or the HTK formula `2595 * log10(1 + f / 700)`.
-* `mel_filterbank`: triangles between `n_mels + 2` mel-spaced edges, evaluated at the STFT bin
-  frequencies, Slaney area normalisation (`norm="slaney"`) or none.
-* `power_to_db`: `10 * log10(max(S, amin) / max(ref, amin))`, floored at `max - top_db`, where
-  the max is over the whole spectrogram of one element (librosa's call on one signal).
-* `mfcc`: an orthonormal DCT-II over the mel axis of the log-mel spectrogram, optionally
-  liftered with `1 + (L / 2) * sin(pi * n / L)`.
-
-The filterbank depends only on static settings, so it is built once in numpy (float64) and enters
-the traced program as a small constant.
+The filterbank is built once in numpy and enters the traced program as a constant; see
+docs/operators.md, "Definitions".
 """
 
 from __future__ import annotations
@@ -56,10 +45,6 @@ def mel_filterbank(sample_rate: float, n_fft: int, n_mels: int = 128, fmin: floa
     """A `(n_mels, n_fft // 2 + 1)` matrix mapping STFT bins to mel bands.
 
     Args:
-        sample_rate: sampling rate of the audio in Hz.
-        n_fft: FFT size of the STFT the filterbank applies to.
-        n_mels: number of mel bands.
-        fmin: lowest band edge in Hz.
         fmax: highest band edge in Hz; defaults to `sample_rate / 2`.
         htk: use the HTK mel formula instead of the Slaney scale.
         norm: "slaney" (divide each triangle by its width in Hz, constant energy per band) or None.

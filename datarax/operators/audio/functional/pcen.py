@@ -1,17 +1,7 @@
 """Per-channel energy normalisation (PCEN, Wang et al. 2017) as a pure function.
 
-For an energy spectrogram `E[c, t]` (for example a mel spectrogram with `power=1` or 2):
-
-    M[c, t]   = (1 - s[c]) * M[c, t-1] + s[c] * E[c, t]          (first-order IIR smoother)
-    PCEN[c,t] = (E[c, t] / (eps + M[c, t]) ** alpha[c] + delta[c]) ** r[c] - delta[c] ** r[c]
-
-computed, as in librosa, in the numerically stable form
-`delta**r * expm1(r * log1p(E * (eps + M)**-alpha / delta))`. Every parameter may be a scalar
-or a per-channel vector `(C,)`; all four are differentiable, the smoother through `lax.scan`.
-
-The smoother's state before the first frame is `initial` (librosa's `pcen` uses 1.0, the
-steady state of a unit input); `initial=None` starts from the first frame instead
-(`M[c, -1] = E[c, 0]`), which makes PCEN invariant to the overall scale of its input's start.
+Every parameter may be a scalar or a per-channel vector `(C,)` and is differentiable; see
+docs/operators.md, "Definitions", for the formula and the smoother's initial state.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """Polyphase resampling by a rational factor, matching `scipy.signal.resample_poly`.
 
-To resample from `orig_rate` to `target_rate` Hz the signal is (conceptually) upsampled by
-`up = target_rate / g`, low-pass filtered and downsampled by `down = orig_rate / g`, where
-`g = gcd(orig_rate, target_rate)`. The filter is scipy's default: a Kaiser-windowed sinc
-(`beta = 5`) with `2 * half_len + 1` taps, `half_len = 10 * max(up, down)`, cut off at
-`1 / max(up, down)` of the Nyquist frequency, unit DC gain times `up`. Output sample `i` sits at
-input time `i * down / up`:
-
-    y[i] = sum_m x[m] * h[half_len + i * down - up * m]
-
-Only the `~2 * half_len / up` taps with a non-zero upsampled input are evaluated (the polyphase
-trick), through a gather of shape `(n_out, taps)`; the filter is a small `(up, taps)` constant,
-so nothing proportional to the signal length is baked into the compiled program. The output has
-`ceil(T * up / down)` samples and is linear (so differentiable) in the input.
+The output has `ceil(T * up / down)` samples and is linear in the input; see docs/operators.md,
+"Definitions".
 """
 
 from __future__ import annotations

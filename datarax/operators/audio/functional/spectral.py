@@ -1,18 +1,10 @@
-"""Short-time Fourier transform of 1-D waveforms, as pure JAX functions.
+"""Short-time Fourier transform of 1-D waveforms, as pure JAX functions, laid out as librosa's.
 
-Layout and defaults follow librosa (>= 0.10) so results can be compared bin for bin: the output
-is `(..., n_fft // 2 + 1, n_frames)` (frequency before time), the window is a periodic Hann
-window of `win_length` samples centred in `n_fft`, and with `center=True` the signal is padded by
-`n_fft // 2` zeros on both sides (`pad_mode="constant"`, librosa's default since 0.10;
-`"reflect"` matches older librosa and torch).
-
-All shapes depend only on static arguments, so every function works under `jax.jit` and
-`jax.vmap`, in float32 or float64, and is differentiable with respect to the waveform. The
-magnitude uses a guarded square root: exact values, and a zero (not NaN) gradient where a bin
-is exactly zero, as happens in the zero-padded frames of silent audio.
+The output is `(..., n_fft // 2 + 1, n_frames)`; shapes depend only on static arguments, and
+the magnitude has a zero (not NaN) gradient where a bin is zero. See docs/operators.md,
+"Definitions".
 
 Example:
-    >>> x = jnp.sin(2 * jnp.pi * 440 * jnp.arange(4000) / 16000)
     >>> stft_magnitude(x, n_fft=512, hop_length=128).shape
     (257, 32)
 """

@@ -1,17 +1,7 @@
 """DDSP-style synthesis maths (Engel et al. 2020): harmonic oscillators, filtered noise, reverb.
 
-Controls are given per frame (`n_frames = num_samples // hop_length`, frame `t` starting at
-sample `t * hop_length`); everything is differentiable with respect to the controls, so a
-decoder that predicts them can be trained through the synthesiser with a spectral loss.
-
-* `harmonic_synth`: `sum_k a(n) * c_k(n) * sin(k * phi(n))` with `phi` the running phase of the
-  fundamental `f0`, controls upsampled linearly to the sample rate, and harmonics at or above
-  Nyquist silenced (the distribution `c` is renormalised over the audible ones).
-* `filtered_noise`: white noise shaped frame by frame by a linear-phase FIR filter whose
-  magnitude response is given in `n_bands` bands evenly spaced from 0 Hz to Nyquist
-  (frequency sampling: irfft, centre, Hann window), applied by FFT convolution and overlap-add.
-* `reverb`: convolution with an impulse response (FFT), cropped to the input length, plus the
-  dry signal; `decaying_noise_ir` builds a parametric response `wet * noise * exp(-t / decay)`.
+Controls are per frame (`n_frames = num_samples // hop_length`) and everything is differentiable
+with respect to them; see docs/operators.md, "Definitions".
 
 Example:
     >>> audio = harmonic_synth(f0, amplitude, distribution, sample_rate=16000, hop_length=64)

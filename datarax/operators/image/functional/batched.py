@@ -1,21 +1,8 @@
 """Batch formulations of the geometry maths, for accelerators: selection and interpolation matrices.
 
-On a TPU a per-record crop or shift under `vmap` (`dynamic_slice`, gathers) lowers to a slow
-gather, and a trailing `(W, 3)` axis fills 3 of every 128 lanes. Written instead as two batched
-matrix products over the lane-dense view `(B, H, W * C)`, a crop, pad, flip or sub-pixel shift
-runs on the matrix unit: on a TPU v5e, reflect-pad-4 random crop + flip + normalise of 256 CIFAR
-images went from 23,554 records/s (per-record `dynamic_slice`) to 516,943 (docs/tpu.md).
-
-Every function takes a batch `(B, H, W, C)` and per-record parameters with a leading `B`:
-
-    out[b] = rows[b] @ image[b] @ cols[b].T        (per channel)
-
-with `rows` `(B, H_out, H)` and `cols` `(B, W_out, W)` holding one-hot rows (crops, pads, flips:
-the output is the input exactly, a product by 1 summed with zeros) or bilinear tap weights
-(sub-pixel shifts: the same taps and weights as `geometry.sample_bilinear`, so results agree to
-float rounding). Products run at `precision_for(dtype)`: float32 at `HIGHEST`, since a TPU's
-default precision rounds the image to bfloat16 (3 digits) inside the product; bfloat16 at the
-default, which is exact for it.
+Every function takes a batch `(B, H, W, C)` and per-record parameters with a leading `B`, and
+computes `out[b] = rows[b] @ image[b] @ cols[b].T` per channel, at `precision_for(dtype)`; see
+docs/operators.md, "Definitions".
 """
 
 from __future__ import annotations
