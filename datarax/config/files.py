@@ -1,32 +1,9 @@
 """The objects a configuration names by where they are: arrays, dataset files, text, tokenizers, folders.
 
-Some constructor arguments are objects, not plain data (a dict of arrays, a `datasets.Dataset`, a
-tokenizer). A configuration writes where each comes from, and it is made when the component is
-built:
-
-* a source's `data` (`memory`): an import path (a function returning a dict of arrays, or the
-  dict itself), a `.npz` file, or a table `{field = "file.npy"}`; files are read with
-  `allow_pickle=False`;
-* `files = [...]` instead of the object read from files: for `hf` and `hf_stream`, parquet,
-  arrow, json or csv files opened with `datasets.load_dataset(<format>, data_files=...)`, offline
-  (`file_format` when the extension does not say; `cache_dir` for the Arrow cache `datasets`
-  writes, default its own); for `text`, UTF-8 text files, one document per non-empty line
-  (`TextSource.from_files`). Glob patterns (`"train-*.parquet"`) are expanded;
-* a source's `dataset` (`hf`, `hf_stream`, `grain_stream`) or `source` (`grain`): an import path
-  to a function returning it, or to the object itself;
-* `tokenizer` (`tokenize`, `packed_text`): the path of a `tokenizers` JSON file, or an import path;
-* the folders, file patterns and shard URLs a source reads (`root`, `directory`, `paths`,
-  `urls`, `manifest_dir`, `cache_dir`; a URL with a scheme, `s3://...`, is left as it is);
-* a sampler's `groups` (`weighted`): an array of ints, or the name of a field of the source
-  (`groups = "label"`), read from the source when the pipeline is built (`record_field`).
-
-Relative paths are relative to the configuration file. Named files must exist when the file is
-validated; a failure while making an object is a `ConfigError` naming its key.
-
-`datarax validate` builds what it checks, but reads files only as far as checking needs:
-inside `probing(rows)`, parquet files given by `files` are read up to their first `rows` records
-(the row groups that hold them), so the source, its element spec and the stages after it are
-built without reading the whole dataset (or writing `datasets`' Arrow cache).
+Relative paths are relative to the configuration file; named files must exist at validation, and a
+failure while making an object is a `ConfigError` naming its key. Inside `probing(rows)` (what
+`datarax validate` uses), parquet `files` are read only up to their first `rows` records.
+docs/config.md ("Encoded data: host stages and files") lists what each key takes.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Names for the built-in classes a configuration can use, discovered from the packages that hold them.
 
-Every concrete operator in `datarax.operators` (and its subpackages: image, audio, strategies,
-nodes), every source in `datarax.sources` (random-access and streams) and
-every host stage in `datarax.host` and every sampler in `datarax.samplers` gets a snake_case name
-from its class name, with the kind's suffix dropped:
-
-    BrightnessOperator -> "brightness"      RandomResizedCropOperator -> "random_resized_crop"
-    MemorySource       -> "memory"          PackedTextSource          -> "packed_text"
-    DecodeImage        -> "decode_image"    HostMap                   -> "host_map"
-    RebatchNode        -> "rebatch"         ShuffleSampler            -> "shuffle"
-
-A class's config dataclass is its `config_class` attribute, else `<Name>Config`,
-`<Stem>Config` or `<Stem>OperatorConfig` in its module, else the dataclass named in the type
-hint of its constructor's `config` parameter. New classes appear without editing this file.
-
-Anything else is named by import path, `package.module:attribute`, from a module the user
-allowed (`datarax.config.allow`); nothing is evaluated or unpickled.
+Each concrete operator, source, host stage and sampler gets a snake_case name from its class name
+with the kind's suffix dropped (`BrightnessOperator` -> "brightness", `MemorySource` -> "memory",
+`DecodeImage` -> "decode_image"). Anything else is named by an allowed import path.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """`DecodeAudio`: WAV/FLAC/OGG bytes to fixed-length float waveforms, on the host.
 
-Each record is decoded with libsndfile (`soundfile`, on a thread pool), mixed to mono or checked
-against a fixed channel count, resampled to `sample_rate` (polyphase, `scipy.signal.resample_poly`)
-and cropped or zero-padded to `length` samples: `(length,)` float32 for mono or `(channels, length)`,
-plus `<field>_length`, the int32 count of valid samples.
-
-Bounded work per record: the crop is chosen from the header first and only the samples that window
-needs are read and resampled (bitwise equal to resampling the whole file, then cropping); the
-record's working memory is reserved from a `MemoryBudget` of `max_decode_bytes` shared by the
-threads, and a record that needs more than all of it is a bad record. `crop="random"` draws from
-the record's generator (`ctx.generator(seed, row)`); "start" and "center" are deterministic.
-
-Bad records (not audio, empty, over the budget): `on_error="raise"` raises `RecordError` naming the
-record; "skip" writes zeros and a False `<field>_ok` flag, counts and warns (`DecodingStage`). A WAV
-cut inside its samples decodes the samples present. docs/sources.md ("Audio") has the details.
+Each record is decoded with `soundfile` on a thread pool, mixed to mono (or checked against a
+channel count), resampled to `sample_rate` and cropped or zero-padded to `length`: `(length,)`
+float32 for mono or `(channels, length)`, plus `<field>_length` (int32 valid samples). Only the
+samples the crop window needs are read; docs/sources.md ("Audio") has the details.
 
 Example:
     >>> stages = [DecodeAudio(field="audio", sample_rate=16000, length=16000, crop="random", seed=0)]
-    >>> pipeline = Pipeline(HFSource(HFSourceConfig(encoded=("audio",)), dataset=ds), stages, batch_size=32)
 """
 
 from __future__ import annotations

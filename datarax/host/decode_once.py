@@ -1,21 +1,12 @@
 """Decode once: a reduced copy of an image source in ArrayRecord shards, for epochs that repeat.
 
 `materialize` runs the deterministic prefix of decoding once (decode, EXIF orientation, RGB, the
-longer side reduced to at most `max_side`, re-encode; FFCV's `max_resolution`, tf.data's
-`snapshot`) and writes the small images, in record order, into ArrayRecord shards beside the
-source's other fields; later epochs read them and keep their random crops:
+longer side reduced to at most `max_side`) and writes the small images into ArrayRecord shards;
+later epochs read them and keep their random crops. `MaterializedSource` refuses a cache whose
+`manifest.json` no longer matches its source. docs/sources.md ("Decode once") has the details.
 
     >>> cache = materialize(ImageFolderSource(root="photos/train", shuffle=True), "/data/photos-160",
     ...                     max_side=160)
-    >>> pipeline = Pipeline(cache, [DecodeImage(size=128, crop="random_resized"), ...], batch_size=64)
-
-A random-resized crop is drawn in relative terms, so its box distribution is the source's (up to
-rounding); only crops that magnify lose resolution. `format="raw"` (binary PPM, lossless, no decode)
-is the default; `format="jpeg"` stores several times fewer bytes and keeps a source JPEG already
-within `max_side` as it is. The cache's `manifest.json` ties it to its source (structure, file
-stamps, settings, shard counts) and `MaterializedSource` refuses one that no longer matches; it is
-written to a hidden folder and renamed when complete. docs/sources.md ("Decode once") has the
-measurements.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """The fast JPEG path of `DecodeImage`: libjpeg-turbo at DCT scale, then one exact bilinear warp.
 
-`simplejpeg` (a wheel with libjpeg-turbo inside) decodes a JPEG at 1/2, 1/4 or 1/8 scale in the
-DCT domain, and OpenCV's `warpAffine` samples the crop box from the reduced image straight into
-the output row. The warp's matrix maps each output pixel centre to the box's sub-pixel position
-in the reduced image and applies the EXIF orientation in the same step, so there is no crop to
-round, no transpose to copy, and the box is the one the Pillow path resizes. The DCT scale is
-the largest power of two that keeps the box at least as large as the output, so what remains of
-the downscale is under 2x and bilinear sampling aliases little; an output axis that still shrinks
-by 2x or more (photographs far larger than the output, or a box of another aspect ratio) is
-supersampled: warped at that whole multiple of the output, then averaged back in blocks.
-
-Its speed and quality beside Pillow's `draft` + `resize(box=...)`, tf.data, torchvision and the
-decoder's own limit: docs/benchmarks.md, `jpeg`.
-
-What this path does not read falls back to Pillow, record by record: files that are not JPEG,
-CMYK and YCCK JPEGs, and anything libjpeg-turbo reports as damaged (so a bad file raises the
-same error, from the same decoder, as on the Pillow path).
+`simplejpeg` decodes at the largest DCT scale (1/2, 1/4, 1/8) that keeps the box at least the
+output's size; OpenCV's `warpAffine` samples the box (EXIF orientation included) straight into the
+output row, supersampling an axis that still shrinks by 2x or more. Non-JPEG, CMYK/YCCK and
+damaged files fall back to Pillow. docs/benchmarks.md (`jpeg`) has speed and quality.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Worker processes that write a batch's rows into shared memory, for GIL-bound host functions.
 
-Threads do not run Python bytecode in parallel, so a per-record function written in pure
-Python gets no faster on a thread pool. `WorkerPool` runs it in worker processes instead:
-
-* workers start on first use from a `forkserver` context (`spawn` where there is none): never
-  `fork`, which copies a process whose JAX and reader threads hold locks;
-* a batch is split into one contiguous chunk per worker; worker `i` always gets chunk `i` and
-  writes its rows straight into a `SharedOutputs` segment the parent allocated (reused from batch
-  to batch, grown when a batch needs more), so outputs are never pickled back;
-* a worker that dies (a segfault in an extension, the out-of-memory killer) is seen through its
-  process sentinel and becomes a `WorkerCrashError` naming it; the pool is then shut down and a
-  later batch starts a fresh one, so nothing waits forever;
-* workers are daemon processes that ignore SIGINT (the parent handles Ctrl-C); `close()` stops
-  and joins them, and a finalizer does the same if the owner is dropped without closing.
-
-Like any `spawn`/`forkserver` worker (torch's DataLoader, grain's `mp_prefetch`), a worker
-imports the module defining the job's function: a script must start its pipeline under
+Workers start on first use from a `forkserver` (`spawn` where there is none; never `fork`), each
+writes its chunk of rows into a `SharedOutputs` segment, and a worker that dies becomes a
+`WorkerCrashError` (the next batch starts a fresh pool). A script must start its pipeline under
 `if __name__ == "__main__":`.
 """
 

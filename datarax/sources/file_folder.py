@@ -1,24 +1,11 @@
 """`FileFolderSource`: a folder of class sub-folders of files of any kind, as encoded records.
 
-The layout torchvision's `ImageFolder`/`DatasetFolder` read, for any file type (audio clips,
-images, text, serialized examples):
-
-    root/
-      dog_bark/001.wav, dog_bark/002.wav, ...
-      siren/x.flac, siren/nested/y.flac, ...
-
-Class sub-folders, sorted by name, become labels 0, 1, ...; the files of each (searched
-recursively with symlinks followed, each real folder once; sorted by path; hidden files and
-folders, such as macOS `._x.jpg` AppleDouble files, left out with a warning and listed in
-`source.skipped_files`) follow one another in that order,
-so record i is the same file on every machine and the pipeline's Feistel shuffle and resume are
-exact. A record is the file's bytes, an encoded field for a host stage (`DecodeAudio`,
-`DecodeImage`, `HostMap`), and its int32 label. `ImageFolderSource` is this source with image
-extensions and the field `image`.
+Class sub-folders, sorted by name, become labels 0, 1, ...; their files (recursive, sorted by
+path; hidden files left out with a warning and listed in `skipped_files`) follow in that order, so
+record i is the same file on every machine. A record is the file's bytes and its int32 label.
 
 Example:
     >>> source = FileFolderSource(root="clips/train", extensions=(".wav", ".flac"), field="audio", shuffle=True)
-    >>> pipeline = Pipeline(source, [DecodeAudio(sample_rate=16000, length=16000)], batch_size=32)
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """`write_hf_parquet`: a parquet file with HF `Image` and `Audio` columns, written without `torchcodec`.
 
-HF `datasets` stores an `Image` or `Audio` value as `struct<bytes: binary, path: string>` and
-records the feature types in the parquet schema's `huggingface` metadata. `Dataset.cast_column`
-and `Audio().encode_example` need `torchcodec` to encode audio arrays; this writer encodes
-nothing through HF: it takes the encoded files (or encodes arrays itself, images as PNG with
-Pillow, audio as 16-bit PCM WAV with the standard library's `wave`) and writes the table with
-pyarrow, under the schema `datasets.Features(...).arrow_schema` gives. The file reads back with
-`datasets.load_dataset("parquet", ...)` (or `datarax.sources.hf.load_files`) as `Image`/`Audio`
-features, and `HFSource(encoded=(...))` serves their bytes to `DecodeImage`/`DecodeAudio`.
-
 Example:
     >>> write_hf_parquet("train.parquet", {"image": ["cat.jpg", photo_array], "label": [0, 1]}, images=("image",))
-    >>> write_hf_parquet("clips.parquet", {"audio": [(waveform, 16000), "bark.flac"], "label": [3, 1]},
-    ...                  audio=("audio",))
 """
 
 from __future__ import annotations

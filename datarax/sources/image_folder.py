@@ -1,17 +1,5 @@
-"""`ImageFolderSource`: a folder of class sub-folders of image files, as encoded records.
-
-The layout torchvision's `ImageFolder` reads:
-
-    root/
-      cat/001.jpg, cat/002.jpg, ...
-      dog/xyz.png, dog/nested/abc.jpg, ...
-
-Class sub-folders, sorted by name, become labels 0, 1, ...; the files of each (searched
-recursively, sorted by path) follow one another in that order, so record i is the same file on
-every machine and the pipeline's Feistel shuffle and resume are exact. A record is the file's
-bytes (an encoded field, decoded by a host stage such as `DecodeImage`) and its int32 label.
-
-It is `FileFolderSource` (any file type) with image extensions and the field `image`.
+"""`ImageFolderSource`: torchvision's `ImageFolder` layout (class sub-folders of images) as encoded
+records: `FileFolderSource` with image extensions and the field `image`.
 """
 
 from __future__ import annotations

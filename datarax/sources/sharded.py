@@ -1,23 +1,12 @@
 """`ShardedSource`: parquet, webdataset-tar or ArrayRecord shards on any fsspec filesystem, shuffled
-for real in O(1) iterator state, read by byte range ahead of need, resumed exactly.
+in O(1) iterator state, read by byte range ahead of need, resumed exactly.
 
-* A manifest (`datarax.sources.manifest`) lists every shard's blocks with their record counts and
-  byte ranges; its SHA-256 is the fingerprint, and a shard that changed is refused
-  (`ShardChangedError`), so record id -> (shard, block, offset) is arithmetic on every host.
-* `shuffle=True` uses `BlockShuffleSampler` (Feistel over blocks, then over windows of records):
-  the iterator state stays `{epoch, position}`.
-* The next `prefetch_blocks` blocks of the epoch's order (or of the records `upcoming` names) are
-  fetched on a thread pool into a cache of `cache_blocks` blocks.
-* Binary, string and HF `Image`/`Audio` columns and tar members are encoded fields for host stages.
-* Each request is retried after an `OSError` (`max_retries`, backing off from `retry_backoff_s`);
-  bytes that do not parse raise `CorruptFileError` naming the shard and block.
-
-docs/sources.md ("Sharded and remote data") has the measurements and the details.
+A manifest lists every shard's blocks; its hash is the fingerprint and a changed shard is refused
+(`ShardChangedError`). docs/sources.md ("Sharded and remote data") has the details.
 
 Example:
     >>> source = ShardedSource(urls=["s3://bucket/train-00000.parquet", ...], encoded=("image",),
     ...                        shuffle=True, seed=0)
-    >>> pipeline = Pipeline(source, [DecodeImage(size=224, crop="random_resized")], batch_size=256)
 """
 
 from __future__ import annotations
