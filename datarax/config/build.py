@@ -29,16 +29,12 @@ def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = No
         path: the TOML file.
         environ: where `DATARAX_<KEY>` overrides are read (default `os.environ`).
         overrides: `key.path=value` overrides, applied last.
-        allow: modules (with their submodules) that the file's import paths may name, added to
-            the file's own top-level `allow` list; nothing else is imported (see
-            `datarax.config.allow`).
-        pipeline_only: validate what the pipelines are built from, and leave a table whose
-            package is not loaded (`[trainer]` without `datarax.train`) unchecked rather than
-            an error (`load_pipeline` builds nothing from it; `datarax validate` checks it).
+        allow: modules the file's import paths may name, added to the file's own `allow` list.
+        pipeline_only: leave a table whose package is not loaded (`[trainer]` without
+            `datarax.train`) unchecked rather than an error.
 
     Raises:
-        ConfigError: listing every problem found (file, include, override and schema problems,
-            import paths outside the allow-list).
+        ConfigError: listing every problem found.
     """
     problems = Problems(os.fspath(path))
     if isinstance(allow, str):

@@ -235,9 +235,8 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
               filled: Sequence[str] = ()) -> ComponentSpec | None:
     """Validates a one-key component table of `kind` at `path`.
 
-    `kind` "stage" takes a host stage or an operator (`STAGE_KINDS`). `extra_keys` may sit beside
-    the component key (a DAG node's `inputs`); `filled` are constructor parameters the builder
-    supplies itself (a sampler's `num_records`).
+    `extra_keys` may sit beside the component key (a DAG node's `inputs`); `filled` are constructor
+    parameters the builder supplies (a sampler's `num_records`).
     """
     problems = ctx.problems
     kinds = STAGE_KINDS if kind == "stage" else (kind,)

@@ -346,12 +346,8 @@ class RouteFactory:
 
 
 def probe_parquet(paths: list[str], file_format: str | None, rows: int) -> Any:
-    """A `datasets.Dataset` of the first `rows` records of parquet `paths` (all of them when there
-    are fewer), with the HF features their schema declares; None when the files are not parquet.
-
-    Only the row groups holding those records are read; the schemas of all files are checked (a
-    footer read each), as `load_files` checks them.
-    """
+    """A `datasets.Dataset` of the first `rows` records of parquet `paths` (reading only their row
+    groups; every file's schema is checked); None when the files are not parquet."""
     if (file_format or "").lower() not in ("", "parquet") or \
             (file_format is None and not all(p.lower().endswith(".parquet") for p in paths)):
         return None

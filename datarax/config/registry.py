@@ -192,16 +192,13 @@ def is_of_kind(obj: Any, kind: str) -> bool:
 def import_object(spec: str, search_dirs: Sequence[str] = (), allow: AllowList | None = None) -> Any:
     """The object at `package.module:attribute` (attribute may be dotted).
 
-    The module is imported from `sys.path`, then from each of `search_dirs` (the config file's
-    directory, the working directory), so a config can name code that sits next to it; `sys.path`
-    is left as it was.
+    The module is imported from `sys.path`, then from `search_dirs` (`sys.path` is left as it was).
 
     Args:
         spec: the import path.
         search_dirs: folders to look in after `sys.path`.
-        allow: when given, the module must be on it (checked before anything is imported) and the
-            object must be defined in a module on it (see `datarax.config.allow`); None trusts the
-            caller (code, not a configuration file).
+        allow: when given, the module and the object's defining module must be on it; None trusts
+            the caller (code, not a configuration file).
 
     Raises:
         NotAllowedError: `allow` does not permit the module or the object (a ValueError).

@@ -50,20 +50,17 @@ class DecodeAudioConfig:
     """Configuration of `DecodeAudio`.
 
     Attributes:
-        field: the encoded field to decode (one WAV/FLAC/OGG file's bytes per record); the
-            waveform replaces it.
+        field: the encoded field to decode; the waveform replaces it.
         sample_rate: the output rate in Hz; files at another rate are resampled. None keeps each
             file's own rate (then every file should share one).
         length: the output length in samples (at `sample_rate`).
         channels: "mono" averages the channels; an int keeps that many and refuses other files.
         crop: where a longer clip is cut: "random" (per record and epoch), "center" or "start".
-        seed: the random crop's seed (with the stage position, epoch and record id); None: the
-            pipeline's seed (`Pipeline(rngs=...)`, a configuration's top-level `seed`).
+        seed: the random crop's seed; None: the pipeline's seed.
         num_threads: decoding threads (1 decodes on the reader thread itself).
         on_error: "raise" a `RecordError` on a bad record, or "skip" it (zeros, `<field>_ok`).
-        max_decode_bytes: the memory the stage's concurrent decodes may hold at once (None: a
-            quarter of the host's memory, at most 8 GiB); a record that needs more alone is
-            refused as a bad record. Not in the fingerprint: it changes no record that fits.
+        max_decode_bytes: the memory the concurrent decodes may hold at once (None: a quarter of
+            host memory, at most 8 GiB); a record that needs more alone is refused as a bad record.
     """
 
     field: str = "audio"
@@ -139,11 +136,8 @@ def read_plan(frames: int, rate: int, target: int | None, length: int, crop: str
               rng: np.random.Generator | None) -> ReadPlan:
     """The window of a `frames`-frame file at `rate` Hz that gives its `length`-sample clip at `target` Hz.
 
-    The clip's start is drawn on the resampled length, `ceil(frames * up / down)`, as if the
-    whole file were resampled. Output sample j depends only on the source frames within the
-    filter's reach (`10 * max(up, down)` taps at the up-sampled rate) of `j * down / up`, so
-    reading from a multiple of `down` frames (the same filter phase) that far before the clip
-    to that far after it, resampling that, and cutting the clip out gives the same samples.
+    The start is drawn on the resampled length; the window reaches the filter's `10 * max(up, down)`
+    taps either side, from a multiple of `down`, so resampling it gives the whole file's samples.
     """
     if target is None or rate == target:
         start = crop_offset(frames, length, crop, rng)

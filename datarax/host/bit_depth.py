@@ -24,9 +24,7 @@ def is_high_depth(mode: str) -> bool:
 def to_eight_bits(image: Any, value_range: tuple[float, float] | None, image_module: Any) -> Any:
     """A 16- or 32-bit single-channel image as an 8-bit gray (`L`) one; other images unchanged.
 
-    `round(255 * (v - low) / (high - low))` over `value_range` (default (0, 65535) for the integer
-    modes, (0, 1) for `F`), in float64 a block of rows at a time. Pillow's `convert` would clip
-    at 255 instead, turning a 16-bit image white.
+    `round(255 * (v - low) / (high - low))` over `value_range` (default (0, 65535), or (0, 1) for `F`).
 
     Raises:
         Refusal: a value (or a NaN) outside the range.

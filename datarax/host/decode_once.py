@@ -84,13 +84,11 @@ def materialize(source: DataSourceModule, directory: str | os.PathLike, *, max_s
                 shard_records: int = SHARD_RECORDS) -> MaterializedSource:
     """Writes (or reuses) the decode-once cache of `source` in `directory` and opens it.
 
-    A cache already there that matches the source and the settings is opened as it is (no
-    work); a stale or damaged one is rewritten, with a warning saying why. A non-empty
-    directory that is not a cache is refused, never deleted.
+    A matching cache is opened as it is; a stale or damaged one is rewritten with a warning; a
+    non-empty directory that is not a cache is refused, never deleted.
 
     Args:
-        source: a random-access source whose `field` holds encoded images and whose other
-            fields are fixed-shape numeric arrays (e.g. `ImageFolderSource`).
+        source: a random-access source whose `field` holds encoded images (e.g. `ImageFolderSource`).
         directory: the cache folder (created; its parent must be writable).
         max_side, format, quality, field: the prefix (see `MaterializeConfig`).
         num_threads: threads decoding and re-encoding (None: `os.cpu_count()`).
@@ -98,9 +96,6 @@ def materialize(source: DataSourceModule, directory: str | os.PathLike, *, max_s
 
     Returns:
         The cache as a `MaterializedSource` (its sampler follows the source's default).
-
-    Example:
-        >>> cache = materialize(ImageFolderSource(root=root, shuffle=True), "/data/cache-160", max_side=160)
     """
     opened = MaterializedSourceConfig(max_side=max_side, format=format, quality=quality, field=field)
     config = opened.prefix()

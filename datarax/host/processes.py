@@ -36,10 +36,8 @@ class WorkerCrashError(DataraxError, RuntimeError):
 def context() -> Any:
     """The forkserver context (spawn where there is none), its server preloading datarax.
 
-    Without the preload every worker imports JAX and Flax itself (seconds each); with it the
-    server imports them once and workers fork from it ready. This sets the process-wide
-    forkserver preload, which takes effect only if the server has not started yet, and keeps
-    `__main__` (multiprocessing's default).
+    Sets the process-wide preload (effective only before the server starts), so workers need not
+    import JAX themselves.
     """
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
@@ -102,9 +100,8 @@ def views(buffer: Any, layout: Layout, rows: int, low: int, high: int) -> dict[s
 class WorkerPool:
     """`num_workers` daemon processes running `job(task, outputs)` on one task each per batch.
 
-    `job` is pickled once per worker (so it must be picklable: a module-level function or an
-    instance of a module-level class); `job(task, outputs)` gets a task and the views of its rows
-    of the shared outputs and returns a picklable result.
+    `job` is pickled once per worker; `job(task, outputs)` gets a task and its rows of the shared
+    outputs and returns a picklable result.
     """
 
     def __init__(self, job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str):
@@ -212,8 +209,7 @@ def stop_workers(workers: list[tuple[Any, Any]]) -> None:
 def worker_main(conn: Any, payload: bytes, path: list[str]) -> None:
     """A worker's loop: load the job once, then run one task per message until told to stop.
 
-    `path` is the parent's `sys.path` now: a forkserver started earlier holds an older one, and
-    the job's function may live in a folder added since (a notebook's, pytest's).
+    `path` is the parent's current `sys.path` (a forkserver started earlier holds an older one).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = path

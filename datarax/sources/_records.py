@@ -68,11 +68,8 @@ def encode_record(record: Mapping[str, object]) -> bytes:
 def parse_layout(data: bytes, where: str = "record") -> RecordLayout:
     """The layout of a record, read from its header.
 
-    Every part of the header is checked before numpy sees it: a header that is not a JSON list of
-    `[name, dtype, shape]` entries, a name that is not a unique non-empty string, a dtype that is
-    not a plain numeric or bool type (unicode, void, object, structured, datetime), a shape that
-    is not a list of non-negative ints, or sizes that disagree with the record's length raise
-    `RecordFormatError` (a `CorruptFileError`) naming `where` and the fault.
+    Every part of the header is checked before numpy sees it; a fault raises `RecordFormatError`
+    (a `CorruptFileError`) naming `where`.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:4]) != MAGIC:
         head = bytes(data[:16]) if isinstance(data, (bytes, bytearray, memoryview)) else data

@@ -54,12 +54,10 @@ class FileFolderSourceConfig(ShuffleConfig):
 
     Attributes:
         root: the folder holding one sub-folder per class.
-        extensions: file name endings that count (compared without case); None takes every
-            file that is not hidden.
+        extensions: file name endings that count (without case); None: every file not hidden.
         field: the name of the field holding each file's bytes.
         num_threads: threads reading files.
-        max_file_bytes: the largest file read; a larger one (or a device, FIFO or socket, even
-            behind a symlink) is refused unread with a `DataPathError` naming it.
+        max_file_bytes: the largest file read; a larger one (or a non-regular file) is a `DataPathError`.
     """
 
     root: str
@@ -93,11 +91,8 @@ def scan_folder(root: str, extensions: tuple[str, ...] | None, owner: str = "Fil
                 what: str = "files", skipped: list[str] | None = None) -> tuple[list[str], list[str], np.ndarray]:
     """`(class names, file paths, labels)` of a class-folder tree, in the source's record order.
 
-    Symlinks are followed, but each real directory is visited once: a link to a directory already
-    reached (the root, a class folder, an ancestor, or any folder seen before) raises
-    `FolderLoopError` naming it, since following it would list files twice or under another
-    class. Hidden files and folders (names starting with "."; macOS AppleDouble `._x.jpg` files
-    are not images) are left out and appended to `skipped` when given.
+    Symlinks are followed, each real directory once; hidden files and folders are left out and
+    appended to `skipped` when given.
 
     Raises:
         FileNotFoundError: the root is missing, has no class sub-folders, or a class has no files.
@@ -163,14 +158,12 @@ class FileFolderSource(DataSourceModule):
     """Serves the files of a class-folder tree as `{field: bytes, "label": int32}` records.
 
     Args:
-        config: a `FileFolderSourceConfig`; or its fields as keywords (`root=` names the folder
-            holding one sub-folder per class, see the module docstring).
+        config: a `FileFolderSourceConfig`; or its fields as keywords (`root=` is required).
         rngs: where an unset shuffle seed is drawn from.
 
     Attributes:
         class_names: the class sub-folder names; label i is `class_names[i]`.
-        skipped_files: the hidden files and folders (ending in the path separator) the scan
-            left out, in path order; a `SkippedFilesWarning` names the first few.
+        skipped_files: the hidden files and folders (ending in a separator) left out, in path order.
     """
 
     config_class = FileFolderSourceConfig

@@ -102,14 +102,8 @@ def check_same_columns(schemas: dict[str, Any]) -> None:
 
 
 def check_table_file(path: str, file_format: str) -> Any:
-    """Raises `CorruptFileError` naming `path` when a parquet or arrow file is truncated or garbled;
-    returns its Arrow schema (None for text formats, which have no structure to check).
-
-    HF reports a truncated parquet file as "An error occurred while generating the dataset" (or,
-    streaming, as pyarrow's "magic bytes not found" once the stream reaches it) without naming it.
-    A parquet footer is one small read; an arrow stream's messages are walked over a memory map
-    (no data copied). Text formats have no structure to check.
-    """
+    """Raises `CorruptFileError` naming `path` when a parquet or arrow file is truncated or garbled
+    (HF's own error does not name it); returns its Arrow schema (None for text formats)."""
     import pyarrow as pa
 
     try:

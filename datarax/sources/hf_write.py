@@ -78,16 +78,13 @@ def write_hf_parquet(path: str | os.PathLike, columns: Mapping[str, Sequence[Any
 
     Args:
         path: the parquet file to write (its folder must exist).
-        columns: column name -> one value per row, all of the same length. Columns named in
-            `images` or `audio` hold encoded files (bytes), file paths (read; the file name is
-            kept as the value's `path`), or arrays (images: uint8 `(h, w[, c])`, written as PNG;
-            audio: `(samples, sample_rate)` with float samples in [-1, 1] or int16, written as
-            16-bit WAV). Other columns are written as pyarrow infers them (numbers, strings,
-            lists) and read back with the matching `datasets.Value`/`Sequence` features.
+        columns: column name -> one value per row. Columns named in `images` or `audio` hold
+            encoded files (bytes), file paths, or arrays (images: uint8 `(h, w[, c])`, written as
+            PNG; audio: `(samples, sample_rate)`, written as 16-bit WAV). Others as pyarrow infers.
         images: the columns to store as `datasets.Image()`.
         audio: the columns to store as `datasets.Audio()`.
-        row_group_size: rows per parquet row group (None: pyarrow's default, up to 1M rows); a
-            `ShardedSource` reads a row group as one block, so streamed data wants a few MB each.
+        row_group_size: rows per parquet row group (None: pyarrow's default); a `ShardedSource` reads
+            one as a block.
 
     Returns:
         The path written.

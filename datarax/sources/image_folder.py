@@ -23,8 +23,7 @@ class ImageFolderSourceConfig(ShuffleConfig):
         root: the folder holding one sub-folder per class.
         extensions: file name endings that count as images (compared without case).
         num_threads: threads reading files.
-        max_file_bytes: the largest file read; a larger one (or a device, FIFO or socket, even
-            behind a symlink) is refused unread with a `DataPathError` naming it.
+        max_file_bytes: the largest file read; a larger one (or a non-regular file) is a `DataPathError`.
     """
 
     root: str
@@ -45,15 +44,7 @@ class ImageFolderSourceConfig(ShuffleConfig):
 
 
 class ImageFolderSource(FileFolderSource):
-    """Serves the files of an image folder as `{"image": bytes, "label": int32}` records.
-
-    Args:
-        config: an `ImageFolderSourceConfig`; or its fields as keywords (`root=` names the folder
-            holding one sub-folder per class, see the module docstring).
-        rngs: where an unset shuffle seed is drawn from.
-
-    Attributes:
-        class_names: the class sub-folder names; label i is `class_names[i]`.
+    """Serves the files of an image folder as `{"image": bytes, "label": int32}` records (see `FileFolderSource`).
 
     Example:
         >>> source = ImageFolderSource(root="photos/train", shuffle=True, seed=0)
