@@ -172,10 +172,8 @@ def _build_pipeline(spec: RunSpec):
 
 
 def check_pipeline(spec: RunSpec, short: list[str] | None = None) -> list[Any]:
-    """What `datarax validate` builds: the pipeline (and the `[eval]` one), as `build_pipeline`
-    builds them, with files read only as far as checking needs (`datarax.config.files.probing`:
-    parquet `files` up to one batch of records; `short` gets the files of the training pipeline
-    read short, whose epoch is then not the data's). Returns the pipelines, closed."""
+    """What `datarax validate` builds: the pipeline (and the `[eval]` one), reading files only as far
+    as checking needs; `short` gets the training files read short. Returns the pipelines, closed."""
     pipelines = []
     for part in (spec, spec.eval):
         if part is None:

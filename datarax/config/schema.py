@@ -1,14 +1,8 @@
 """Checking configuration values against Python type hints, with every problem reported by TOML path.
 
-A configuration is validated in one pass that collects *all* problems before raising, so a user
-fixes a file once rather than once per error. A problem names where it is, in TOML syntax
-(`stages[2].brightness.max_delta`), what was expected and what was found:
-
-    stages[2].brightness.max_delta must be a number, got 'high'
-
-The expected types come from the type hints of the classes a configuration instantiates (the
-fields of an operator's config dataclass, the keyword parameters of its constructor), so a new
-operator is checked without any schema written for it.
+All problems are collected in one pass before raising, each naming where it is, what was expected
+and what was found (`stages[2].brightness.max_delta must be a number, got 'high'`). The expected
+types come from the type hints of the classes a configuration instantiates.
 """
 
 from __future__ import annotations

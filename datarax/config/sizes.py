@@ -73,10 +73,8 @@ def held_bytes(*components: Any) -> int:
 
 def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_resident: bool, what: str,
                  dispatch_ahead: int = 0, held: int = 0) -> None:
-    """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`,
-    or they plus the `held` bytes the source and stages keep (`held_bytes`) exceed the host's
-    memory: a decode budget or a block cache is host memory, so a smaller device limit does not
-    bound it."""
+    """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`, or
+    they plus the `held` bytes the source and stages keep exceed the host's memory."""
     in_flight = ring_size(prefetch) if host_resident else 2 + dispatch_ahead
     # Each row also carries its int64 record id through the sampler and the program.
     row = (record_bytes + 8) * in_flight

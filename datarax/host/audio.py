@@ -247,10 +247,7 @@ class DecodeAudio(DecodingStage):
         return self.decode_rows(batch, ctx, {c.field: waves, f"{c.field}_length": lengths}, work, RecordError)
 
     def structure(self) -> str:
-        # The thread count changes how fast records decode, never what they decode to, so a state
-        # saved with one count restores with another: it is left out of the fingerprint.
-        # The memory budget likewise: it changes no record that fits.
-        # An unset seed reads as 0, the seed it stood for before pipelines had one; the pipeline adds its own.
+        # Threads and the memory budget change no output; an unset seed reads as 0 (old fingerprints).
         settings = {k: v for k, v in dataclasses.asdict(self.config).items()
                     if k not in ("num_threads", "max_decode_bytes")} | {"seed": self.config.seed or 0}
         return "DecodeAudio(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"

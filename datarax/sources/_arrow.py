@@ -1,14 +1,8 @@
 """Arrow columns to fixed-shape numpy arrays, without a Python object per row.
 
-A numeric column becomes a `(rows,)` array; a (fixed-size or variable) list column whose lists
-all have the same length at every nesting level becomes `(rows, d1, d2, ...)` by flattening the
-list values and reshaping (the uniformity check reads only the list offsets). Strings, structs,
-maps, nulls and ragged lists are reported as unsupported with the reason, so the source can
-name them in its error.
-
-Encoded columns (binary, strings, and structs of `bytes` and `path` such as HF `Image` and `Audio`
-features) are not batched here: `encoded_take` gives their rows as an object array of `bytes` or
-`str`, for a host stage to decode.
+Numeric columns and list columns uniform at every nesting level become arrays; strings, structs,
+maps, nulls and ragged lists are reported as unsupported with the reason. Encoded columns (binary,
+strings, HF `Image`/`Audio` structs) go through `encoded_take` as object arrays for a host stage.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A fixed-layout binary record for ArrayRecord payloads, decodable a whole batch at a time.
 
-A record is `b"DRX1" | uint32 header length | JSON header | field bytes`, where the header lists
-each field's name, numpy dtype string and shape, and the fields' raw C-order bytes follow in
-header order. Records written from one dataset share the header byte for byte, so a batch of
-them is one `(B, record_size)` uint8 matrix: decoding is a join, one header comparison and one
-strided copy per field into the caller's buffers, with no per-record Python beyond a length check.
+A record is `b"DRX1" | uint32 header length | JSON header | field bytes`: the header lists each
+field's name, dtype and shape, and the fields' C-order bytes follow. Records of one dataset share
+the header, so a batch decodes as one `(B, record_size)` uint8 matrix with one copy per field.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Random-access batch reads from ArrayRecord files.
 
-Records are either datarax fixed-layout records (`write_array_records`; decoded a whole batch at a
-time, see `datarax.sources._records`), any bytes with a user `decode` function (one Python call
-per record; wrap the source in `datarax.sources.ThreadedSource` when decoding releases the
-GIL), or raw encoded records (`ArrayRecordSourceConfig(encoded="jpeg")`: each record's bytes, an
-encoded image or a serialized example, become one field of dtype `ENCODED` for a host stage such
-as `DecodeImage(field="jpeg")` to decode on the reader's threads). Shuffling is the pipeline's Feistel permutation over
-the global record index, so any epoch
-and position is reached by arithmetic and resume is exact.
+Records are datarax fixed-layout records (`write_array_records`, decoded a batch at a time), any
+bytes with a user `decode` function, or raw encoded records (`encoded="jpeg"`) for a host stage.
 """
 
 from __future__ import annotations

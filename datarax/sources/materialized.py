@@ -1,7 +1,5 @@
-"""`MaterializedSource`: a decode-once cache (written by `datarax.host.materialize`) read back.
-
-See `datarax.host.decode_once` for what a cache holds and why. This module reads one: the
-manifest, the checks that refuse a stale or damaged cache, and the source that serves it.
+"""`MaterializedSource`: a decode-once cache (written by `datarax.host.materialize`) read back, with
+the checks that refuse a stale or damaged cache.
 """
 
 from __future__ import annotations
@@ -113,8 +111,7 @@ class MaterializedSourceConfig(ShuffleConfig):
 def source_stamp(source: DataSourceModule) -> tuple[dict[str, Any], np.ndarray | None]:
     """`(stamp, file stats)`: what identifies a source's content for a cache.
 
-    The stamp holds the source's `structure()`, its record count and, for a source that lists
-    its files (`paths`), the hash of every file's `(size, mtime_ns)`, returned as the stats.
+    The stamp holds the source's `structure()`, its length and the hash of its files' `(size, mtime_ns)`.
     """
     paths = getattr(source, "paths", None)
     stats = None

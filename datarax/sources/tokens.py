@@ -18,8 +18,7 @@ from datarax.core.errors import RecordError
 def load_tokenizer(tokenizer: Any, owner: str) -> tuple[Any, str]:
     """`(a private copy of the tokenizer, a hash of its JSON)` from a `tokenizers.Tokenizer` or a path.
 
-    The copy has padding and truncation turned off, so the caller sees every token and does its
-    own fixed-length layout; the caller's tokenizer object is left as it was.
+    The copy has padding and truncation off; the caller's tokenizer is left as it was.
     """
     tokenizers = require("tokenizers", owner=owner, extra="text")
     if isinstance(tokenizer, (str, os.PathLike)):
