@@ -93,9 +93,8 @@ def build_sharding(section: ShardingSection) -> Any:
 
 
 def _host_outputs(spec: RunSpec, source: Any, hosts: list[Any]) -> None:
-    """Each host stage's output spec from the one before it, a `ConfigError` at the stage that
-    cannot take its input (a decoder over a field that is not encoded, a field that is not there);
-    without host stages, encoded source fields are an error at `stages`."""
+    """Each host stage's output spec from the one before it; a `ConfigError` at the stage that cannot
+    take its input (or at `stages`, for encoded source fields without host stages)."""
     from datarax.core.fields import ENCODED
 
     record = dict(source.element_spec())

@@ -214,10 +214,7 @@ def _lookup(kinds: Sequence[str], name: str, path: Path, ctx: Context) -> tuple[
 
 
 def _misplaced(keys: Sequence[str], path: Path, ctx: Context) -> list[str]:
-    """Reports (and returns) the top-level keys among `keys`, which sit in the table at `path`.
-
-    A top-level key written after a [table] header lands in that table: the commonest TOML slip.
-    """
+    """Reports (and returns) the top-level keys among `keys` that landed in the table at `path`."""
     found = [k for k in keys if k in ctx.top_level]
     for key in found:
         ctx.problems.add((*path, key), f"is a top-level key, but it sits in the [{format_path(path)}] table; move it "

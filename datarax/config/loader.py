@@ -171,10 +171,8 @@ def env_overrides(environ: Mapping[str, str], top_level: Iterable[str],
 
 def load(path: str | os.PathLike, *, top_level: Iterable[str], environ: Mapping[str, str] | None = None,
          overrides: Sequence[str] = (), problems: Problems | None = None) -> LoadedConfig:
-    """Reads `path` with its includes, then applies environment and explicit overrides.
-
-    Problems are added to `problems` (a fresh collection raises them at the end when not given).
-    """
+    """Reads `path` with its includes, then applies environment and explicit overrides; problems go to
+    `problems` (when not given, a fresh collection raises them at the end)."""
     own = problems is None
     problems = Problems(os.fspath(path)) if own else problems
     files: list[str] = []

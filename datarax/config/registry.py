@@ -177,9 +177,8 @@ def is_import_path(text: str) -> bool:
 
 
 def is_of_kind(obj: Any, kind: str) -> bool:
-    """Whether `obj` is a class that builds a `kind` (a subclass of the kind's base class; for
-    operators also any NNX module, as batch-level DAG nodes are). Functions are not: a
-    configuration calls only what it has checked."""
+    """Whether `obj` is a class deriving from the kind's base (for operators, any NNX module); never a
+    function."""
     if kind not in KINDS or not isinstance(obj, type):
         return False
     try:
@@ -228,9 +227,8 @@ def import_object(spec: str, search_dirs: Sequence[str] = (), allow: AllowList |
 
 
 def import_module(name: str, search_dirs: Sequence[str] = (), allow: AllowList | None = None) -> Any:
-    """Imports the module `name` for its side effects (a configuration's `imports = [...]`: an
-    fsspec filesystem registering its protocol, a module filling `memory://`), from `sys.path` or
-    `search_dirs`, when `allow` permits it (checked before the import)."""
+    """Imports module `name` for its side effects (a configuration's `imports = [...]`), from `sys.path`
+    or `search_dirs`, when `allow` permits it (checked before the import)."""
     if not isinstance(name, str) or not name or ":" in name:
         raise ValueError(f"names {name!r}, which is not a module name such as 'mypkg.fs' (an import path's "
                          "'package.module' part, without ':attribute')")

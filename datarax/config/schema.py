@@ -57,9 +57,7 @@ class FieldError(DataraxError, ValueError):
 
 
 def field_checked(check: Callable[..., Any], **fields: Any) -> Any:
-    """`check(**fields)`, the constructor's own check, with its error reported at the field it names:
-    "prefetch must be ..." becomes `FieldError("prefetch", "must be ...")`, so a file and a Python
-    call get the same message."""
+    """`check(**fields)`, with its error ("prefetch must be ...") reported at the field it names."""
     try:
         return check(**fields)
     except (TypeError, ValueError) as exc:
@@ -118,21 +116,13 @@ def is_table(value: Any) -> bool:
     return isinstance(value, Mapping)
 
 
+_TOML_TYPES = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+               (Mapping, "a table"), (list, "an array"))
+
+
 def type_name(value: Any) -> str:
     """The TOML name of a value's type, for messages."""
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, Mapping):
-        return "a table"
-    if isinstance(value, list):
-        return "an array"
-    return type(value).__name__
+    return next((name for kind, name in _TOML_TYPES if isinstance(value, kind)), type(value).__name__)
 
 
 def _args(hint: Any) -> tuple:

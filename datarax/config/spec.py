@@ -260,9 +260,7 @@ def _section(name: str, value: Any, ctx: Context) -> Any:
 
 
 def _imports(value: Any, ctx: Context) -> None:
-    """Imports each module of the file's `imports` list, in order, when the allow-list permits it:
-    a custom fsspec filesystem registers its protocol, a module fills `memory://`, before any
-    source is built."""
+    """Imports each module of the file's `imports` list, in order, when the allow-list permits it."""
     names = convert(value, list[str], ("imports",), ctx.problems)
     for i, name in enumerate(names or ()):
         try:

@@ -84,10 +84,8 @@ def _tiff_orientation(tiff: bytes) -> int:
 
 
 def _upright_to_raw(orientation: int, raw_h: int, raw_w: int) -> tuple[tuple[float, float, float], ...]:
-    """The affine map from upright image coordinates to the stored (raw) image's, as the rows
-    `(a, b, c)` of raw x and raw y = `a * x + b * y + c`.
-    Pixel i spans [i, i + 1); the inverse of `ImageOps.exif_transpose`'s transpose.
-    """
+    """The affine map from upright to raw image coordinates (pixel i spans [i, i + 1)), as the rows
+    `(a, b, c)` of raw x and raw y = `a * x + b * y + c`."""
     x, y = (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)
     flip_x, flip_y = (-1.0, 0.0, raw_w), (0.0, -1.0, raw_h)
     rows = {  # (raw x, raw y) as functions of upright (x, y, 1)

@@ -207,10 +207,8 @@ def stop_workers(workers: list[tuple[Any, Any]]) -> None:
 
 
 def worker_main(conn: Any, payload: bytes, path: list[str]) -> None:
-    """A worker's loop: load the job once, then run one task per message until told to stop.
-
-    `path` is the parent's current `sys.path` (a forkserver started earlier holds an older one).
-    """
+    """A worker's loop: load the job once, then run one task per message until told to stop; `path`
+    is the parent's current `sys.path`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = path
     try:

@@ -18,10 +18,8 @@ _CHUNK = 1 << 20
 
 
 class DataPathError(DataraxError, ValueError):
-    """A file named by data was refused (not a regular file, too large, or outside the dataset).
-
-    Not an `OSError`: a `RetryPolicy` does not retry it, since the same path is refused again.
-    """
+    """A file named by data was refused (not a regular file, too large, or outside the dataset); not
+    an `OSError`, so a `RetryPolicy` does not retry it."""
 
 
 def confine(path: str, roots: Sequence[str], allow_outside: bool, where: str, option: str) -> str:

@@ -225,10 +225,8 @@ def _object_array(values: list) -> np.ndarray:
 
 def write_array_records(prefix: str | os.PathLike, data: Mapping[str, Any], *, num_shards: int = 1,
                         options: str = "group_size:1") -> list[str]:
-    """Writes a dict of equal-length arrays as fixed-layout records into `num_shards` files.
-
-    Files are named `{prefix}-{i:05d}-of-{num_shards:05d}.array_record`; returns their paths in order.
-    """
+    """Writes a dict of equal-length arrays as fixed-layout records into `num_shards` files named
+    `{prefix}-{i:05d}-of-{num_shards:05d}.array_record`; returns their paths in order."""
     ar = require(ARRAY_RECORD, owner="write_array_records", extra="data", package="array_record")
     arrays = validate_arrays(data, "write_array_records")
     check_int(num_shards, "write_array_records num_shards", 1)

@@ -234,10 +234,8 @@ def to_grain(source: DataSourceModule) -> Any:
 
 
 def to_grain_iter_dataset(pipeline: Any, num_epochs: int | None = None) -> Any:
-    """A datarax pipeline as a grain `IterDataset` yielding its batches over `num_epochs` epochs.
-
-    Its iterator's `get_state`/`set_state` are the pipeline iterator's, so grain checkpoints resume exactly.
-    """
+    """A datarax pipeline as a grain `IterDataset` yielding its batches over `num_epochs` epochs; its
+    iterator's `get_state`/`set_state` are the pipeline iterator's."""
     grain = require("grain", owner="to_grain_iter_dataset", extra="data")
     return _pipeline_dataset_class(grain)(pipeline, num_epochs)
 

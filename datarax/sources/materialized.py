@@ -109,10 +109,8 @@ class MaterializedSourceConfig(ShuffleConfig):
 
 
 def source_stamp(source: DataSourceModule) -> tuple[dict[str, Any], np.ndarray | None]:
-    """`(stamp, file stats)`: what identifies a source's content for a cache.
-
-    The stamp holds the source's `structure()`, its length and the hash of its files' `(size, mtime_ns)`.
-    """
+    """`(stamp, file stats)` identifying a source's content for a cache: its `structure()`, length
+    and the hash of its files' `(size, mtime_ns)`."""
     paths = getattr(source, "paths", None)
     stats = None
     if paths is not None:

@@ -194,10 +194,7 @@ class PackedTextReader(RecordReader):
         return True
 
     def _drop_emitted(self) -> None:
-        """Forgets the documents already emitted, so the pending arrays stay about a block long.
-
-        Called between reads only: a read's pieces point into the pending arrays.
-        """
+        """Forgets the documents already emitted (between reads only: a read's pieces point into them)."""
         done = self._index
         if done:
             base = self._starts[done]

@@ -233,9 +233,8 @@ class ShardedSource(DataSourceModule):
         return self._io.sampler
 
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
-        """Fetches the blocks of the records the reader reads next (at most `prefetch_blocks` of
-        them), so a pipeline with its own sampler reads ahead too. Under the source's own block
-        order (`sampler()`) its `read` already fetches further ahead."""
+        """Fetches the blocks of the records read next (at most `prefetch_blocks`), so a pipeline with
+        its own sampler reads ahead too."""
         if self.config.prefetch_blocks == 0:
             return
         flat = np.clip(np.asarray(indices, np.int64).reshape(-1), 0, len(self) - 1)

@@ -28,10 +28,8 @@ class RecordReader(abc.ABC):
 
     @abc.abstractmethod
     def read(self, out: dict[str, np.ndarray], start: int, count: int) -> int:
-        """Copies up to `count` next records into rows `start:start+count` of `out`.
-
-        Returns how many were copied: fewer than `count` only at the end of the epoch.
-        """
+        """Copies up to `count` next records into rows `start:start+count` of `out`; returns how many
+        (fewer than `count` only at the end of the epoch)."""
 
     @abc.abstractmethod
     def get_state(self) -> dict[str, Any]:
