@@ -59,7 +59,7 @@ def choose_field(spec: Mapping[str, Any], field: str | None) -> tuple[str, str]:
 
 
 def to_uint8(images: np.ndarray) -> np.ndarray:
-    """Images as uint8 (see the module docstring for how floats are mapped)."""
+    """Images as uint8: floats in [0, 1] times 255, other floats from their 1st..99th percentile."""
     if images.dtype == np.uint8:
         return images
     values = images.astype(np.float64)
@@ -121,8 +121,8 @@ def captions_of(labels: np.ndarray, source: Any) -> list[str]:
 
 
 def grid(tiles: np.ndarray, captions: list[str] | None = None) -> np.ndarray:
-    """The tiles `(n, h, w)` or `(n, h, w, c)` laid out on one uint8 RGB canvas, each with its caption
-    below it when `captions` are given (see the module docstring)."""
+    """The tiles `(n, h, w[, c])`, scaled up to `MIN_TILE`, in `ceil(sqrt(n))` columns on one uint8 RGB
+    canvas, each with its caption below it when `captions` are given."""
     if tiles.ndim == 3:
         tiles = tiles[..., None]
     if tiles.shape[-1] == 1:

@@ -63,7 +63,7 @@ class Deferred(abc.ABC):
 
 @dataclasses.dataclass
 class DataSpec(Deferred):
-    """Where a source's arrays come from (see the module docstring)."""
+    """Where a source's arrays come from: an import path, a .npz file, or .npy files by field."""
 
     path: Path
     kind: str  # "import" (a callable or a mapping), "npz" (a path) or "npy" ({field: path})
@@ -223,7 +223,7 @@ def record_field(source: Any, ref: FieldRef) -> np.ndarray:
 
 
 def object_parameter(kind: str, name: str, hint: Any, value: Any, path: Path, ctx: Any) -> tuple[bool, Any]:
-    """`(True, value)` for an argument this module reads (see the module docstring), else `(False, None)`."""
+    """`(True, value)` for an argument this module reads (see docs/config.md), else `(False, None)`."""
     if name == "tokenizer":
         return True, tokenizer(value, path, ctx)
     if kind == "sampler" and name == "groups" and isinstance(value, str):

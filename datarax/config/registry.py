@@ -89,7 +89,8 @@ def snake_name(class_name: str, suffixes: Sequence[str] = ()) -> str:
 
 
 def config_class_of(cls: type) -> type | None:
-    """The config dataclass of a configurable class (see the module docstring), or None."""
+    """The config dataclass of a class: its `config_class`, else `<Name>Config`, `<Stem>Config` or
+    `<Stem>OperatorConfig` in its module, else the hint of its constructor's `config`; or None."""
     declared = getattr(cls, "config_class", None)
     if isinstance(declared, type) and dataclasses.is_dataclass(declared):
         return declared
