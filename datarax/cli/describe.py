@@ -1,9 +1,6 @@
 """What `datarax inspect` shows: element spec, host stages, per-stage output shapes, the graph, the fingerprint.
 
-Host stages are listed with their settings and the record each outputs (from their own
-`output_spec`); device-stage shapes come from `jax.eval_shape` over the pipeline's own stages, so
-nothing is compiled or run and no data moves; per-stage shapes are per process (before any
-sharding lays the batch out).
+Device-stage shapes come from `jax.eval_shape` (nothing compiled or run), per process.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""The `datarax` command line.
+"""The `datarax` command line: run, train, validate, inspect, preview, materialize, bench, version.
 
-    datarax run CONFIG        iterate the configured pipeline; throughput, goodput, a sample batch
-    datarax train CONFIG      run the configured trainer (resumes from its checkpoints)
-    datarax validate CONFIG   check a configuration and build it (reading little data); every problem, by TOML path
-    datarax inspect CONFIG    element spec, host stages, per-stage shapes and dtypes, the graph, the fingerprint
-    datarax preview CONFIG [--out grid.png] [--n 16]   a PNG grid of the pipeline's output images or spectrograms
-    datarax materialize ROOT DIRECTORY --max-side N   decode an image folder once into a reduced cache
-    datarax bench [SCENARIO ...] [--vs grain,tfdata,torch] [--json] [--plot FILE]   (from a checkout)
-    datarax version
-
-Configuration commands take `--set key.path=value` (repeatable) to override a value; environment
-variables `DATARAX_<KEY>` do the same (see docs/config.md). `--allow MODULE` (repeatable) lets the
-file's import paths name that module of yours; nothing else is imported. Bad input exits with status 1 and
-one line per problem on stderr; usage errors exit with status 2.
+Configuration commands take `--set key.path=value` (repeatable) and `--allow MODULE` (repeatable);
+bad input exits 1 with one line per problem on stderr, usage errors exit 2. See docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """`datarax preview CONFIG`: a PNG grid of what the pipeline outputs, to look at its augmentation.
 
-The pipeline is built from the configuration and iterated from its first batch until `count`
-records are in hand; one field of each is drawn as a tile:
-
-* an image field (a record of shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4)) as it is: uint8
-  values unchanged, floats within [0, 1] times 255, and other floats (normalised images) mapped
-  linearly from their 1st to their 99th percentile over the records shown to 0..255, one map for
-  every tile so that tiles compare;
-* an audio field (a float record of shape (T,) or (C, T), T >= 64; channels are averaged) as its
-  spectrogram: a Hann-windowed STFT in numpy (`n_fft` the largest power of two up to
-  `sqrt(4 T)`, between 16 and 512, hop `n_fft / 4`: about as many frames as frequency bins),
-  the log-magnitude `20 log10 |X|` clipped to the 80 dB below the loudest bin of the records
-  shown, low frequencies at the bottom.
-
-Tiles are scaled up by a whole factor (nearest neighbour) until their shorter side is at least
-`MIN_TILE` pixels, and laid out in `ceil(sqrt(count))` columns with `GAP` pixels between and
-around them, so a grid of `n` tiles of `h x w` pixels is
-`(cols * w + (cols + 1) * GAP) x (rows * h + (rows + 1) * GAP)` pixels (width x height).
-
-When the batches have a label field (`--label`, else a field named `label`, `labels`, `class` or
-`cls` holding one integer per record), each tile gets a caption strip of `CAPTION` pixels below it
-with the record's label (and its class name when the source has `class_names`, as
-`ImageFolderSource` does): each row of tiles is then `h + CAPTION` pixels high.
+Image fields are drawn as they are (normalised floats mapped from their 1st to 99th percentile),
+audio fields as log-magnitude spectrograms; a label field adds a caption strip under each tile.
+docs/cli.md ("preview") has the layout.
 """
 
 from __future__ import annotations
@@ -78,7 +59,7 @@ def choose_field(spec: Mapping[str, Any], field: str | None) -> tuple[str, str]:
 
 
 def to_uint8(images: np.ndarray) -> np.ndarray:
-    """Images as uint8 (see the module docstring for how floats are mapped)."""
+    """Images as uint8: floats in [0, 1] times 255, other floats from their 1st..99th percentile."""
     if images.dtype == np.uint8:
         return images
     values = images.astype(np.float64)
@@ -140,8 +121,8 @@ def captions_of(labels: np.ndarray, source: Any) -> list[str]:
 
 
 def grid(tiles: np.ndarray, captions: list[str] | None = None) -> np.ndarray:
-    """The tiles `(n, h, w)` or `(n, h, w, c)` laid out on one uint8 RGB canvas, each with its caption
-    below it when `captions` are given (see the module docstring)."""
+    """The tiles `(n, h, w[, c])`, scaled up to `MIN_TILE`, in `ceil(sqrt(n))` columns on one uint8 RGB
+    canvas, each with its caption below it when `captions` are given."""
     if tiles.ndim == 3:
         tiles = tiles[..., None]
     if tiles.shape[-1] == 1:

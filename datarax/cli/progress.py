@@ -1,9 +1,7 @@
 """Progress bars on stderr for long CLI work: tqdm when installed, a plain text bar otherwise.
 
-Bars show only when stderr is a terminal (or when forced), so piped and captured output (JSON
-lines, tests) stays clean. A line printed while a bar is drawn must go through
-`datarax.monitoring.writers.write_line` (tqdm's writer): it clears the bar, prints the line and
-redraws the bar below it, where a plain `print` would land inside the bar's line.
+Bars show only when stderr is a terminal (or forced). Print lines while a bar is drawn through
+`datarax.monitoring.writers.write_line`, which redraws the bar below them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """`datarax run CONFIG`: iterate a configured pipeline and report throughput, goodput and a sample batch.
 
-Goodput here is the share of wall time spent delivering batches at the steady rate; the rest
-(badput) is building the pipeline (loading data, constructing stages) and the first batch, which
-includes compilation. Both are reported, with the steady throughput.
+Goodput is the share of wall time spent delivering batches at the steady rate; the rest (badput)
+is building the pipeline and the first batch, compilation included.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Messages in a configuration file's terms, for the command line.
-
-The library words its fixes for Python (`Pipeline(..., drop_remainder=True)`, `on_error='skip'`),
-which is right for code and wrong for someone who wrote a TOML file. The `datarax` command builds
-everything from a file, so it rewrites each fix it prints (an error, a warning, a goodput report)
-into the key that sets it: `drop_remainder = true` at the top of the file, `on_error = "skip"` in
-the stage's table. Warnings are printed as one line each (`datarax: warning: ...`), not under a
-line of datarax's own source.
+"""Messages in a configuration file's terms: each fix the library words for Python is rewritten into
+the TOML key that sets it, and warnings print as one line each (`datarax: warning: ...`).
 
     >>> config_terms("Fix: Pipeline(..., drop_remainder=True) (drops 24 records)")
     'Fix: drop_remainder = true at the top of the file (drops 24 records)'

@@ -1,11 +1,8 @@
-"""TOML configuration: a whole run (source, stages or DAG, sampler, sharding) in one file;
-the `[trainer]` table is validated and built by the training kit (`datarax.train.config`).
+"""TOML configuration: a whole run (source, stages or DAG, sampler, sharding) in one file (docs/config.md).
 
-See docs/config.md. `load_pipeline(path)` reads, validates and builds; `load_spec(path)` only
-validates (raising `ConfigError` with every problem found); `check_pipeline(spec)` builds what
-`datarax validate` checks (the pipeline and the `[eval]` one, reading files only as far as
-checking needs). The names are imported on first use, so `datarax.config.schema` (and the
-command line's error handling) does not import JAX.
+`load_pipeline(path)` reads, validates and builds; `load_spec(path)` only validates (raising
+`ConfigError` with every problem); `check_pipeline(spec)` builds what `datarax validate` checks.
+Names are imported on first use, so `datarax.config.schema` does not import JAX.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""Which of the user's own modules a configuration may name by import path.
+"""Which of the user's own modules a configuration may name by import path (`package.module:attribute`).
 
-A configuration names built-in components by their registered names (`brightness`, `memory`,
-`shuffle`, ...) and anything else by import path, `package.module:attribute`. An import path
-runs code (the module's import, then the object itself, with arguments from the file), so it is
-accepted only when its module was allowed by whoever runs the file:
-
-    allow = ["mypkg", "experiments.transforms"]      # in the TOML (top level)
-    datarax run exp.toml --allow mypkg                # on the command line
-    load_pipeline("exp.toml", allow=["mypkg"])        # from Python
-
-An entry allows that module and its submodules (`"mypkg"` allows `mypkg.ops`, not `mypkgx`).
-Nothing else is importable, the standard library and third-party packages included: `os:system`
-is refused until `os` is allowed, before anything is imported. The named object must also be
-*defined* in an allowed module, so `mypkg:os.system` (reached through `mypkg`'s own `import os`)
-is refused as well.
+An entry allows that module and its submodules; nothing else is importable (the standard library
+included), checked before anything is imported, and the named object must be defined in an allowed
+module. docs/config.md ("What datarax guarantees") has the rules.
 """
 
 from __future__ import annotations

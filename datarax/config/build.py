@@ -29,16 +29,12 @@ def load_spec(path: str | os.PathLike, *, environ: Mapping[str, str] | None = No
         path: the TOML file.
         environ: where `DATARAX_<KEY>` overrides are read (default `os.environ`).
         overrides: `key.path=value` overrides, applied last.
-        allow: modules (with their submodules) that the file's import paths may name, added to
-            the file's own top-level `allow` list; nothing else is imported (see
-            `datarax.config.allow`).
-        pipeline_only: validate what the pipelines are built from, and leave a table whose
-            package is not loaded (`[trainer]` without `datarax.train`) unchecked rather than
-            an error (`load_pipeline` builds nothing from it; `datarax validate` checks it).
+        allow: modules the file's import paths may name, added to the file's own `allow` list.
+        pipeline_only: leave a table whose package is not loaded (`[trainer]` without
+            `datarax.train`) unchecked rather than an error.
 
     Raises:
-        ConfigError: listing every problem found (file, include, override and schema problems,
-            import paths outside the allow-list).
+        ConfigError: listing every problem found.
     """
     problems = Problems(os.fspath(path))
     if isinstance(allow, str):
@@ -97,9 +93,8 @@ def build_sharding(section: ShardingSection) -> Any:
 
 
 def _host_outputs(spec: RunSpec, source: Any, hosts: list[Any]) -> None:
-    """Each host stage's output spec from the one before it, a `ConfigError` at the stage that
-    cannot take its input (a decoder over a field that is not encoded, a field that is not there);
-    without host stages, encoded source fields are an error at `stages`."""
+    """Each host stage's output spec from the one before it; a `ConfigError` at the stage that cannot
+    take its input (or at `stages`, for encoded source fields without host stages)."""
     from datarax.core.fields import ENCODED
 
     record = dict(source.element_spec())
@@ -176,10 +171,8 @@ def _build_pipeline(spec: RunSpec):
 
 
 def check_pipeline(spec: RunSpec, short: list[str] | None = None) -> list[Any]:
-    """What `datarax validate` builds: the pipeline (and the `[eval]` one), as `build_pipeline`
-    builds them, with files read only as far as checking needs (`datarax.config.files.probing`:
-    parquet `files` up to one batch of records; `short` gets the files of the training pipeline
-    read short, whose epoch is then not the data's). Returns the pipelines, closed."""
+    """What `datarax validate` builds: the pipeline (and the `[eval]` one), reading files only as far
+    as checking needs; `short` gets the training files read short. Returns the pipelines, closed."""
     pipelines = []
     for part in (spec, spec.eval):
         if part is None:

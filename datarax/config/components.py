@@ -1,26 +1,9 @@
 """Validating one component table (a source, a stage, a DAG node, a sampler, a callback).
 
-A component is a table with one key naming what to build, whose value holds its parameters:
-
-    [[stages]]
-    brightness = { max_delta = 0.3, rngs = 7 }
-
-The name is a registered name (see `datarax.config.registry`) or an import path
-(`"mypkg.ops:MyOperator"`) into a module the user allowed (`datarax.config.allow`); a class named
-by import path must be of the table's kind (an operator class for a stage), checked before it
-is called. Parameters are the fields of the class's config dataclass plus the
-keyword parameters of its constructor, each checked against its type hint:
-
-* a `Callable` parameter takes an import path (`fn = "mypkg.transforms:augment"`);
-* an operator or source parameter (`operator`, `operators`, `branches`, `source`, `sources`)
-  takes nested component tables;
-* objects given by where they are (a source's `data`, `files`, `dataset`, a `tokenizer`, the
-  folders a source reads): see `datarax.config.files`;
-* `rngs = N` seeds the component's `nnx.Rngs(N)` (when its constructor takes `rngs`).
-
-A `[[stages]]` table names a host stage (`decode_image`, `tokenize`, ...) or an operator.
-Validation imports the allowed modules the table names but constructs nothing;
-`ComponentSpec.build()` does.
+A component is a table with one key naming a registered name or an allowed import path, whose value
+holds its parameters: the config dataclass's fields plus the constructor's keyword parameters, each
+checked against its type hint. Validation constructs nothing; `ComponentSpec.build()` does.
+docs/config.md ("How a component is written") has the rules.
 """
 
 from __future__ import annotations
@@ -231,10 +214,7 @@ def _lookup(kinds: Sequence[str], name: str, path: Path, ctx: Context) -> tuple[
 
 
 def _misplaced(keys: Sequence[str], path: Path, ctx: Context) -> list[str]:
-    """Reports (and returns) the top-level keys among `keys`, which sit in the table at `path`.
-
-    A top-level key written after a [table] header lands in that table: the commonest TOML slip.
-    """
+    """Reports (and returns) the top-level keys among `keys` that landed in the table at `path`."""
     found = [k for k in keys if k in ctx.top_level]
     for key in found:
         ctx.problems.add((*path, key), f"is a top-level key, but it sits in the [{format_path(path)}] table; move it "
@@ -252,9 +232,8 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
               filled: Sequence[str] = ()) -> ComponentSpec | None:
     """Validates a one-key component table of `kind` at `path`.
 
-    `kind` "stage" takes a host stage or an operator (`STAGE_KINDS`). `extra_keys` may sit beside
-    the component key (a DAG node's `inputs`); `filled` are constructor parameters the builder
-    supplies itself (a sampler's `num_records`).
+    `extra_keys` may sit beside the component key (a DAG node's `inputs`); `filled` are constructor
+    parameters the builder supplies (a sampler's `num_records`).
     """
     problems = ctx.problems
     kinds = STAGE_KINDS if kind == "stage" else (kind,)

@@ -1,32 +1,9 @@
 """The objects a configuration names by where they are: arrays, dataset files, text, tokenizers, folders.
 
-Some constructor arguments are objects, not plain data (a dict of arrays, a `datasets.Dataset`, a
-tokenizer). A configuration writes where each comes from, and it is made when the component is
-built:
-
-* a source's `data` (`memory`): an import path (a function returning a dict of arrays, or the
-  dict itself), a `.npz` file, or a table `{field = "file.npy"}`; files are read with
-  `allow_pickle=False`;
-* `files = [...]` instead of the object read from files: for `hf` and `hf_stream`, parquet,
-  arrow, json or csv files opened with `datasets.load_dataset(<format>, data_files=...)`, offline
-  (`file_format` when the extension does not say; `cache_dir` for the Arrow cache `datasets`
-  writes, default its own); for `text`, UTF-8 text files, one document per non-empty line
-  (`TextSource.from_files`). Glob patterns (`"train-*.parquet"`) are expanded;
-* a source's `dataset` (`hf`, `hf_stream`, `grain_stream`) or `source` (`grain`): an import path
-  to a function returning it, or to the object itself;
-* `tokenizer` (`tokenize`, `packed_text`): the path of a `tokenizers` JSON file, or an import path;
-* the folders, file patterns and shard URLs a source reads (`root`, `directory`, `paths`,
-  `urls`, `manifest_dir`, `cache_dir`; a URL with a scheme, `s3://...`, is left as it is);
-* a sampler's `groups` (`weighted`): an array of ints, or the name of a field of the source
-  (`groups = "label"`), read from the source when the pipeline is built (`record_field`).
-
-Relative paths are relative to the configuration file. Named files must exist when the file is
-validated; a failure while making an object is a `ConfigError` naming its key.
-
-`datarax validate` builds what it checks, but reads files only as far as checking needs:
-inside `probing(rows)`, parquet files given by `files` are read up to their first `rows` records
-(the row groups that hold them), so the source, its element spec and the stages after it are
-built without reading the whole dataset (or writing `datasets`' Arrow cache).
+Relative paths are relative to the configuration file; named files must exist at validation, and a
+failure while making an object is a `ConfigError` naming its key. Inside `probing(rows)` (what
+`datarax validate` uses), parquet `files` are read only up to their first `rows` records.
+docs/config.md ("Encoded data: host stages and files") lists what each key takes.
 """
 
 from __future__ import annotations
@@ -86,7 +63,7 @@ class Deferred(abc.ABC):
 
 @dataclasses.dataclass
 class DataSpec(Deferred):
-    """Where a source's arrays come from (see the module docstring)."""
+    """Where a source's arrays come from: an import path, a .npz file, or .npy files by field."""
 
     path: Path
     kind: str  # "import" (a callable or a mapping), "npz" (a path) or "npy" ({field: path})
@@ -246,7 +223,7 @@ def record_field(source: Any, ref: FieldRef) -> np.ndarray:
 
 
 def object_parameter(kind: str, name: str, hint: Any, value: Any, path: Path, ctx: Any) -> tuple[bool, Any]:
-    """`(True, value)` for an argument this module reads (see the module docstring), else `(False, None)`."""
+    """`(True, value)` for an argument this module reads (see docs/config.md), else `(False, None)`."""
     if name == "tokenizer":
         return True, tokenizer(value, path, ctx)
     if kind == "sampler" and name == "groups" and isinstance(value, str):
@@ -369,12 +346,8 @@ class RouteFactory:
 
 
 def probe_parquet(paths: list[str], file_format: str | None, rows: int) -> Any:
-    """A `datasets.Dataset` of the first `rows` records of parquet `paths` (all of them when there
-    are fewer), with the HF features their schema declares; None when the files are not parquet.
-
-    Only the row groups holding those records are read; the schemas of all files are checked (a
-    footer read each), as `load_files` checks them.
-    """
+    """A `datasets.Dataset` of the first `rows` records of parquet `paths` (reading only their row
+    groups; every file's schema is checked); None when the files are not parquet."""
     if (file_format or "").lower() not in ("", "parquet") or \
             (file_format is None and not all(p.lower().endswith(".parquet") for p in paths)):
         return None

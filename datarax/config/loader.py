@@ -1,20 +1,8 @@
 """Reading a configuration: TOML files, `include` of other files, and overrides.
 
-The result is one plain dict, built in this order (later wins):
-
-1. every file named by the top-level `include` (a path or a list, relative to the including
-   file), recursively, merged in order;
-2. the file itself;
-3. environment variables `DATARAX_<KEY>`, where `__` separates nested keys and a number indexes
-   an array: `DATARAX_BATCH_SIZE=64`, `DATARAX_STAGES__1__BRIGHTNESS__MAX_DELTA=0.3`;
-4. explicit overrides `key.path=value` (the CLI's `--set`), e.g. `stages[1].brightness.max_delta=0.3`.
-
-Tables merge key by key; any other value (arrays included) replaces the earlier one. Override
-values are read as TOML values (`64`, `true`, `[1, 2]`, `"text"`), and as plain strings when
-they are not valid TOML (`DATARAX_SOURCE__MEMORY__DATA=mymod:make_data`).
-
-Only environment variables whose first key is a top-level configuration key are read, so
-unrelated `DATARAX_...` variables are left alone; one that is a near miss of a key is an error.
+Later wins: included files (recursively, in order), the file, `DATARAX_<KEY>` environment variables
+(`__` separates keys), then `key.path=value` overrides. Tables merge key by key; other values
+replace. docs/config.md ("Includes and overrides") has the details.
 """
 
 from __future__ import annotations
@@ -183,10 +171,8 @@ def env_overrides(environ: Mapping[str, str], top_level: Iterable[str],
 
 def load(path: str | os.PathLike, *, top_level: Iterable[str], environ: Mapping[str, str] | None = None,
          overrides: Sequence[str] = (), problems: Problems | None = None) -> LoadedConfig:
-    """Reads `path` with its includes, then applies environment and explicit overrides.
-
-    Problems are added to `problems` (a fresh collection raises them at the end when not given).
-    """
+    """Reads `path` with its includes, then applies environment and explicit overrides; problems go to
+    `problems` (when not given, a fresh collection raises them at the end)."""
     own = problems is None
     problems = Problems(os.fspath(path)) if own else problems
     files: list[str] = []

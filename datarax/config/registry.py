@@ -1,21 +1,8 @@
 """Names for the built-in classes a configuration can use, discovered from the packages that hold them.
 
-Every concrete operator in `datarax.operators` (and its subpackages: image, audio, strategies,
-nodes), every source in `datarax.sources` (random-access and streams) and
-every host stage in `datarax.host` and every sampler in `datarax.samplers` gets a snake_case name
-from its class name, with the kind's suffix dropped:
-
-    BrightnessOperator -> "brightness"      RandomResizedCropOperator -> "random_resized_crop"
-    MemorySource       -> "memory"          PackedTextSource          -> "packed_text"
-    DecodeImage        -> "decode_image"    HostMap                   -> "host_map"
-    RebatchNode        -> "rebatch"         ShuffleSampler            -> "shuffle"
-
-A class's config dataclass is its `config_class` attribute, else `<Name>Config`,
-`<Stem>Config` or `<Stem>OperatorConfig` in its module, else the dataclass named in the type
-hint of its constructor's `config` parameter. New classes appear without editing this file.
-
-Anything else is named by import path, `package.module:attribute`, from a module the user
-allowed (`datarax.config.allow`); nothing is evaluated or unpickled.
+Each concrete operator, source, host stage and sampler gets a snake_case name from its class name
+with the kind's suffix dropped (`BrightnessOperator` -> "brightness", `MemorySource` -> "memory",
+`DecodeImage` -> "decode_image"). Anything else is named by an allowed import path.
 """
 
 from __future__ import annotations
@@ -102,7 +89,8 @@ def snake_name(class_name: str, suffixes: Sequence[str] = ()) -> str:
 
 
 def config_class_of(cls: type) -> type | None:
-    """The config dataclass of a configurable class (see the module docstring), or None."""
+    """The config dataclass of a class: its `config_class`, else `<Name>Config`, `<Stem>Config` or
+    `<Stem>OperatorConfig` in its module, else the hint of its constructor's `config`; or None."""
     declared = getattr(cls, "config_class", None)
     if isinstance(declared, type) and dataclasses.is_dataclass(declared):
         return declared
@@ -190,9 +178,8 @@ def is_import_path(text: str) -> bool:
 
 
 def is_of_kind(obj: Any, kind: str) -> bool:
-    """Whether `obj` is a class that builds a `kind` (a subclass of the kind's base class; for
-    operators also any NNX module, as batch-level DAG nodes are). Functions are not: a
-    configuration calls only what it has checked."""
+    """Whether `obj` is a class deriving from the kind's base (for operators, any NNX module); never a
+    function."""
     if kind not in KINDS or not isinstance(obj, type):
         return False
     try:
@@ -205,16 +192,13 @@ def is_of_kind(obj: Any, kind: str) -> bool:
 def import_object(spec: str, search_dirs: Sequence[str] = (), allow: AllowList | None = None) -> Any:
     """The object at `package.module:attribute` (attribute may be dotted).
 
-    The module is imported from `sys.path`, then from each of `search_dirs` (the config file's
-    directory, the working directory), so a config can name code that sits next to it; `sys.path`
-    is left as it was.
+    The module is imported from `sys.path`, then from `search_dirs` (`sys.path` is left as it was).
 
     Args:
         spec: the import path.
         search_dirs: folders to look in after `sys.path`.
-        allow: when given, the module must be on it (checked before anything is imported) and the
-            object must be defined in a module on it (see `datarax.config.allow`); None trusts the
-            caller (code, not a configuration file).
+        allow: when given, the module and the object's defining module must be on it; None trusts
+            the caller (code, not a configuration file).
 
     Raises:
         NotAllowedError: `allow` does not permit the module or the object (a ValueError).
@@ -244,9 +228,8 @@ def import_object(spec: str, search_dirs: Sequence[str] = (), allow: AllowList |
 
 
 def import_module(name: str, search_dirs: Sequence[str] = (), allow: AllowList | None = None) -> Any:
-    """Imports the module `name` for its side effects (a configuration's `imports = [...]`: an
-    fsspec filesystem registering its protocol, a module filling `memory://`), from `sys.path` or
-    `search_dirs`, when `allow` permits it (checked before the import)."""
+    """Imports module `name` for its side effects (a configuration's `imports = [...]`), from `sys.path`
+    or `search_dirs`, when `allow` permits it (checked before the import)."""
     if not isinstance(name, str) or not name or ":" in name:
         raise ValueError(f"names {name!r}, which is not a module name such as 'mypkg.fs' (an import path's "
                          "'package.module' part, without ':attribute')")

@@ -1,14 +1,8 @@
 """Checking configuration values against Python type hints, with every problem reported by TOML path.
 
-A configuration is validated in one pass that collects *all* problems before raising, so a user
-fixes a file once rather than once per error. A problem names where it is, in TOML syntax
-(`stages[2].brightness.max_delta`), what was expected and what was found:
-
-    stages[2].brightness.max_delta must be a number, got 'high'
-
-The expected types come from the type hints of the classes a configuration instantiates (the
-fields of an operator's config dataclass, the keyword parameters of its constructor), so a new
-operator is checked without any schema written for it.
+All problems are collected in one pass before raising, each naming where it is, what was expected
+and what was found (`stages[2].brightness.max_delta must be a number, got 'high'`). The expected
+types come from the type hints of the classes a configuration instantiates.
 """
 
 from __future__ import annotations
@@ -63,9 +57,7 @@ class FieldError(DataraxError, ValueError):
 
 
 def field_checked(check: Callable[..., Any], **fields: Any) -> Any:
-    """`check(**fields)`, the constructor's own check, with its error reported at the field it names:
-    "prefetch must be ..." becomes `FieldError("prefetch", "must be ...")`, so a file and a Python
-    call get the same message."""
+    """`check(**fields)`, with its error ("prefetch must be ...") reported at the field it names."""
     try:
         return check(**fields)
     except (TypeError, ValueError) as exc:
@@ -124,21 +116,13 @@ def is_table(value: Any) -> bool:
     return isinstance(value, Mapping)
 
 
+_TOML_TYPES = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+               (Mapping, "a table"), (list, "an array"))
+
+
 def type_name(value: Any) -> str:
     """The TOML name of a value's type, for messages."""
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, Mapping):
-        return "a table"
-    if isinstance(value, list):
-        return "an array"
-    return type(value).__name__
+    return next((name for kind, name in _TOML_TYPES if isinstance(value, kind)), type(value).__name__)
 
 
 def _args(hint: Any) -> tuple:

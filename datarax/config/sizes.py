@@ -1,19 +1,8 @@
-"""Up-front checks of a configuration's sizes, before anything is allocated for them.
+"""Up-front checks of a configuration's sizes, each naming its TOML key, before anything is allocated.
 
-A typo in a size (`batch_size = 10**8` meant as `10**3`) otherwise surfaces as an allocator's
-"Unable to allocate 7.28 TiB" or an XLA out-of-memory that names no key. Two checks, each
-naming the TOML key:
-
-* `batch_size` may not exceed the records of an epoch. With `drop_remainder = true` the epoch
-  would hold no batch at all; without it, the one batch would be padded past the data (more
-  padding rows than records), which no run wants: a fixed compiled shape for a small set is had
-  with a batch_size up to its size.
-* the batches a pipeline holds at once must fit in memory: `batch_size` times the bytes of one
-  record (from the source's element spec, or the output spec once the stages are known), times
-  the batches in flight (`prefetch` + 3 for a host-resident source's ring of buffers, 2 plus
-  `dispatch_ahead` for a device-resident one), against the host's physical memory (and the first device's limit, when
-  the backend reports one); with what the source and the host stages keep (`held_bytes()`: a
-  decode budget, a block cache), against the host's memory only, since that is where they live.
+`batch_size` may not exceed an epoch's records, and the batches held at once (plus what the source
+and host stages keep, `held_bytes()`) must fit in host and device memory. docs/config.md
+("What datarax guarantees") gives the counts.
 """
 
 from __future__ import annotations
@@ -84,10 +73,8 @@ def held_bytes(*components: Any) -> int:
 
 def check_memory(batch_size: int, prefetch: int, record_bytes: int, host_resident: bool, what: str,
                  dispatch_ahead: int = 0, held: int = 0) -> None:
-    """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`,
-    or they plus the `held` bytes the source and stages keep (`held_bytes`) exceed the host's
-    memory: a decode budget or a block cache is host memory, so a smaller device limit does not
-    bound it."""
+    """Raises `ConfigError` at `batch_size` when the batches held at once exceed `memory_bytes()`, or
+    they plus the `held` bytes the source and stages keep exceed the host's memory."""
     in_flight = ring_size(prefetch) if host_resident else 2 + dispatch_ahead
     # Each row also carries its int64 record id through the sampler and the program.
     row = (record_bytes + 8) * in_flight

@@ -238,8 +238,7 @@ _SECTIONS: dict[str, SectionValidator] = {}
 def register_section(name: str, validate_section: SectionValidator) -> None:
     """Lets a package above datarax (the training kit) validate one top-level table.
 
-    The configuration layer knows nothing of what registers here: `datarax.train` registers
-    `[trainer]` when it is imported, so `datarax.config` never names the kit.
+    `datarax.train` registers `[trainer]` when imported, so `datarax.config` never names the kit.
 
     Args:
         name: the top-level key (it must already be one of `TOP_LEVEL_KEYS`).
@@ -261,9 +260,7 @@ def _section(name: str, value: Any, ctx: Context) -> Any:
 
 
 def _imports(value: Any, ctx: Context) -> None:
-    """Imports each module of the file's `imports` list, in order, when the allow-list permits it:
-    a custom fsspec filesystem registers its protocol, a module fills `memory://`, before any
-    source is built."""
+    """Imports each module of the file's `imports` list, in order, when the allow-list permits it."""
     names = convert(value, list[str], ("imports",), ctx.problems)
     for i, name in enumerate(names or ()):
         try:
@@ -297,17 +294,8 @@ EVAL_KEYS = ("source", "sampler", "stages", "dag", "sharding", "batch_size", "se
 def eval_table(raw: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
     """The evaluation pipeline's configuration: `[eval]` merged over the training pipeline's keys.
 
-    Tables merge key by key and anything else is replaced, as for includes, with these rules:
-
-    * `[eval.source.<name>]` merges over the training source when it names the same source, and
-      replaces it otherwise; a source with a `shuffle` setting reads in stored order (`shuffle =
-      false`) unless `[eval.source.<name>]` sets it;
-    * the training `sampler` is not inherited (an evaluation visits every record once); `[eval]`
-      may give its own;
-    * nor is `drop_remainder`: an evaluation scores every record (`drop_remainder = false`)
-      whatever the training pipeline drops, unless `[eval]` sets it;
-    * `stages` replaces the training stages and a training `[dag]`; `[eval.dag]` replaces the
-      training `[dag]`.
+    Tables merge as for includes; the source reads in stored order and `sampler` and
+    `drop_remainder` are not inherited unless `[eval]` sets them (docs/config.md, "Evaluation").
     """
     value = raw["eval"]
     if not is_table(value):

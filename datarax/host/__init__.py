@@ -1,10 +1,7 @@
 """datarax.host: stages that run on the host before the compiled program (decoding encoded data).
 
-See `datarax.host.stage` for the contract and the record-keyed randomness; `DecodeImage` decodes
-images (`datarax.host.image`, 16/32-bit ones through `datarax.host.bit_depth`);
-`datarax.sources.ImageFolderSource` reads image folders;
-`materialize` decodes an image source once into a reduced cache (`datarax.host.decode_once`);
-`HostMap` runs any Python function as a host stage, on threads or processes (`datarax.host.map`).
+`DecodeImage`, `DecodeAudio`, `Tokenize`, `HostMap` (any Python function), and `materialize`
+(decode an image source once into a reduced cache); `datarax.host.stage` has the contract.
 """
 
 from datarax.host.audio import DecodeAudio as DecodeAudio

@@ -1,23 +1,12 @@
 """`DecodeAudio`: WAV/FLAC/OGG bytes to fixed-length float waveforms, on the host.
 
-Each record is decoded with libsndfile (`soundfile`, on a thread pool), mixed to mono or checked
-against a fixed channel count, resampled to `sample_rate` (polyphase, `scipy.signal.resample_poly`)
-and cropped or zero-padded to `length` samples: `(length,)` float32 for mono or `(channels, length)`,
-plus `<field>_length`, the int32 count of valid samples.
-
-Bounded work per record: the crop is chosen from the header first and only the samples that window
-needs are read and resampled (bitwise equal to resampling the whole file, then cropping); the
-record's working memory is reserved from a `MemoryBudget` of `max_decode_bytes` shared by the
-threads, and a record that needs more than all of it is a bad record. `crop="random"` draws from
-the record's generator (`ctx.generator(seed, row)`); "start" and "center" are deterministic.
-
-Bad records (not audio, empty, over the budget): `on_error="raise"` raises `RecordError` naming the
-record; "skip" writes zeros and a False `<field>_ok` flag, counts and warns (`DecodingStage`). A WAV
-cut inside its samples decodes the samples present. docs/sources.md ("Audio") has the details.
+Each record is decoded with `soundfile` on a thread pool, mixed to mono (or checked against a
+channel count), resampled to `sample_rate` and cropped or zero-padded to `length`: `(length,)`
+float32 for mono or `(channels, length)`, plus `<field>_length` (int32 valid samples). Only the
+samples the crop window needs are read; docs/sources.md ("Audio") has the details.
 
 Example:
     >>> stages = [DecodeAudio(field="audio", sample_rate=16000, length=16000, crop="random", seed=0)]
-    >>> pipeline = Pipeline(HFSource(HFSourceConfig(encoded=("audio",)), dataset=ds), stages, batch_size=32)
 """
 
 from __future__ import annotations
@@ -61,20 +50,17 @@ class DecodeAudioConfig:
     """Configuration of `DecodeAudio`.
 
     Attributes:
-        field: the encoded field to decode (one WAV/FLAC/OGG file's bytes per record); the
-            waveform replaces it.
+        field: the encoded field to decode; the waveform replaces it.
         sample_rate: the output rate in Hz; files at another rate are resampled. None keeps each
             file's own rate (then every file should share one).
         length: the output length in samples (at `sample_rate`).
         channels: "mono" averages the channels; an int keeps that many and refuses other files.
         crop: where a longer clip is cut: "random" (per record and epoch), "center" or "start".
-        seed: the random crop's seed (with the stage position, epoch and record id); None: the
-            pipeline's seed (`Pipeline(rngs=...)`, a configuration's top-level `seed`).
+        seed: the random crop's seed; None: the pipeline's seed.
         num_threads: decoding threads (1 decodes on the reader thread itself).
         on_error: "raise" a `RecordError` on a bad record, or "skip" it (zeros, `<field>_ok`).
-        max_decode_bytes: the memory the stage's concurrent decodes may hold at once (None: a
-            quarter of the host's memory, at most 8 GiB); a record that needs more alone is
-            refused as a bad record. Not in the fingerprint: it changes no record that fits.
+        max_decode_bytes: the memory the concurrent decodes may hold at once (None: a quarter of
+            host memory, at most 8 GiB); a record that needs more alone is refused as a bad record.
     """
 
     field: str = "audio"
@@ -150,11 +136,8 @@ def read_plan(frames: int, rate: int, target: int | None, length: int, crop: str
               rng: np.random.Generator | None) -> ReadPlan:
     """The window of a `frames`-frame file at `rate` Hz that gives its `length`-sample clip at `target` Hz.
 
-    The clip's start is drawn on the resampled length, `ceil(frames * up / down)`, as if the
-    whole file were resampled. Output sample j depends only on the source frames within the
-    filter's reach (`10 * max(up, down)` taps at the up-sampled rate) of `j * down / up`, so
-    reading from a multiple of `down` frames (the same filter phase) that far before the clip
-    to that far after it, resampling that, and cutting the clip out gives the same samples.
+    The start is drawn on the resampled length; the window reaches the filter's `10 * max(up, down)`
+    taps either side, from a multiple of `down`, so resampling it gives the whole file's samples.
     """
     if target is None or rate == target:
         start = crop_offset(frames, length, crop, rng)
@@ -264,10 +247,7 @@ class DecodeAudio(DecodingStage):
         return self.decode_rows(batch, ctx, {c.field: waves, f"{c.field}_length": lengths}, work, RecordError)
 
     def structure(self) -> str:
-        # The thread count changes how fast records decode, never what they decode to, so a state
-        # saved with one count restores with another: it is left out of the fingerprint.
-        # The memory budget likewise: it changes no record that fits.
-        # An unset seed reads as 0, the seed it stood for before pipelines had one; the pipeline adds its own.
+        # Threads and the memory budget change no output; an unset seed reads as 0 (old fingerprints).
         settings = {k: v for k, v in dataclasses.asdict(self.config).items()
                     if k not in ("num_threads", "max_decode_bytes")} | {"seed": self.config.seed or 0}
         return "DecodeAudio(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"

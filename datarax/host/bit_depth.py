@@ -1,9 +1,5 @@
-"""16- and 32-bit single-channel images (Pillow modes `I;16`, `I`, `F`) as 8-bit gray.
-
-16-bit PNG, TIFF and PGM files, integer TIFFs and float TIFFs open in Pillow as `I;16` (or its
-byte orders), `I` or `F`; `convert("RGB")` clips them at 255, so a 16-bit image comes out 99%
-white and a float one in [0, 1] black. `DecodeImage` and `materialize` scale them over a value
-range instead, or refuse the record naming the range.
+"""16- and 32-bit single-channel images (Pillow modes `I;16`, `I`, `F`) as 8-bit gray, scaled over
+a value range instead of clipped at 255 by `convert("RGB")`.
 
 Example:
     >>> gray = to_eight_bits(Image.open("scan.png"), (0, 4095), Image)  # 12-bit samples in a 16-bit PNG
@@ -28,9 +24,7 @@ def is_high_depth(mode: str) -> bool:
 def to_eight_bits(image: Any, value_range: tuple[float, float] | None, image_module: Any) -> Any:
     """A 16- or 32-bit single-channel image as an 8-bit gray (`L`) one; other images unchanged.
 
-    `round(255 * (v - low) / (high - low))` over `value_range` (default (0, 65535) for the integer
-    modes, (0, 1) for `F`), in float64 a block of rows at a time. Pillow's `convert` would clip
-    at 255 instead, turning a 16-bit image white.
+    `round(255 * (v - low) / (high - low))` over `value_range` (default (0, 65535), or (0, 1) for `F`).
 
     Raises:
         Refusal: a value (or a NaN) outside the range.

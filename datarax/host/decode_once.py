@@ -1,21 +1,12 @@
 """Decode once: a reduced copy of an image source in ArrayRecord shards, for epochs that repeat.
 
 `materialize` runs the deterministic prefix of decoding once (decode, EXIF orientation, RGB, the
-longer side reduced to at most `max_side`, re-encode; FFCV's `max_resolution`, tf.data's
-`snapshot`) and writes the small images, in record order, into ArrayRecord shards beside the
-source's other fields; later epochs read them and keep their random crops:
+longer side reduced to at most `max_side`) and writes the small images into ArrayRecord shards;
+later epochs read them and keep their random crops. `MaterializedSource` refuses a cache whose
+`manifest.json` no longer matches its source. docs/sources.md ("Decode once") has the details.
 
     >>> cache = materialize(ImageFolderSource(root="photos/train", shuffle=True), "/data/photos-160",
     ...                     max_side=160)
-    >>> pipeline = Pipeline(cache, [DecodeImage(size=128, crop="random_resized"), ...], batch_size=64)
-
-A random-resized crop is drawn in relative terms, so its box distribution is the source's (up to
-rounding); only crops that magnify lose resolution. `format="raw"` (binary PPM, lossless, no decode)
-is the default; `format="jpeg"` stores several times fewer bytes and keeps a source JPEG already
-within `max_side` as it is. The cache's `manifest.json` ties it to its source (structure, file
-stamps, settings, shard counts) and `MaterializedSource` refuses one that no longer matches; it is
-written to a hidden folder and renamed when complete. docs/sources.md ("Decode once") has the
-measurements.
 """
 
 from __future__ import annotations
@@ -93,13 +84,11 @@ def materialize(source: DataSourceModule, directory: str | os.PathLike, *, max_s
                 shard_records: int = SHARD_RECORDS) -> MaterializedSource:
     """Writes (or reuses) the decode-once cache of `source` in `directory` and opens it.
 
-    A cache already there that matches the source and the settings is opened as it is (no
-    work); a stale or damaged one is rewritten, with a warning saying why. A non-empty
-    directory that is not a cache is refused, never deleted.
+    A matching cache is opened as it is; a stale or damaged one is rewritten with a warning; a
+    non-empty directory that is not a cache is refused, never deleted.
 
     Args:
-        source: a random-access source whose `field` holds encoded images and whose other
-            fields are fixed-shape numeric arrays (e.g. `ImageFolderSource`).
+        source: a random-access source whose `field` holds encoded images (e.g. `ImageFolderSource`).
         directory: the cache folder (created; its parent must be writable).
         max_side, format, quality, field: the prefix (see `MaterializeConfig`).
         num_threads: threads decoding and re-encoding (None: `os.cpu_count()`).
@@ -107,9 +96,6 @@ def materialize(source: DataSourceModule, directory: str | os.PathLike, *, max_s
 
     Returns:
         The cache as a `MaterializedSource` (its sampler follows the source's default).
-
-    Example:
-        >>> cache = materialize(ImageFolderSource(root=root, shuffle=True), "/data/cache-160", max_side=160)
     """
     opened = MaterializedSourceConfig(max_side=max_side, format=format, quality=quality, field=field)
     config = opened.prefix()

@@ -1,18 +1,7 @@
 """`DecodeImage`: JPEG/PNG/WebP bytes to fixed-size uint8 RGB images, crop fused into the decode.
 
-Each record is decoded with Pillow (or libjpeg-turbo, `datarax.host.jpeg`) on a thread pool
-straight into its row of the batch (the pipeline's reused buffer when it can). The crop box is
-chosen before decoding, in EXIF-oriented coordinates, so a JPEG is decoded at 1/2, 1/4 or 1/8 scale
-whenever the reduced box still covers the output, then resized with one bilinear call.
-
-Modes (torchvision's names for the same maths): `resize="shorter_side"` (`Resize(s)` +
-`CenterCrop(s)`), `"fixed"` (`Resize((h, w))`), `"none"` (already (h, w)); `crop="random_resized"`
-(`RandomResizedCrop`, drawn from the record's generator `ctx.generator(seed, row)`).
-
-Each decode reserves its memory estimate (set by the declared width x height, not the file size)
-from one `MemoryBudget` of `max_decode_bytes` shared by the threads; an image over the whole budget
-is a bad record. 16- and 32-bit single-channel images are scaled to 8 bits over `value_range`
-(`datarax.host.bit_depth`). docs/sources.md ("Images") has the measurements.
+The crop box is chosen before decoding, so a JPEG decodes at 1/2, 1/4 or 1/8 scale when the box
+allows, then resizes with one bilinear call. docs/sources.md ("Images") has the details.
 """
 
 from __future__ import annotations
@@ -59,8 +48,7 @@ RESIZE_MODES = ("shorter_side", "fixed", "none")
 CROP_MODES = ("center", "random_resized")
 
 _ORIENTATION_TAG = 0x0112
-# Raw records up to this size are warped on the calling thread (see `DecodeImage._all_small_raw`):
-# 1 MiB holds a 600 x 580 RGB image, several times what a decode-once cache of training crops keeps.
+# Raw records up to this size are warped on the calling thread (see `DecodeImage._all_small_raw`).
 INLINE_RAW_BYTES = 1 << 20
 _DRAFT_SCALES = (8, 4, 2, 1)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's order
@@ -76,35 +64,26 @@ class DecodeImageConfig:
 
     Attributes:
         size: the output size, an int (a square) or (height, width).
-        resize: how a `crop="center"` image reaches `size`: "shorter_side" (resize the shorter
-            side, then centre-crop), "fixed" (resize straight to size) or "none" (the image must
-            already be that size).
+        resize: how a `crop="center"` image reaches `size`: "shorter_side" (resize, then
+            centre-crop), "fixed" (resize straight to size) or "none" (must already be that size).
         crop: "center" (deterministic, per `resize`) or "random_resized" (RandomResizedCrop).
         scale: RandomResizedCrop's range of the box area as a fraction of the image area.
         ratio: RandomResizedCrop's range of the box aspect ratio (width / height).
         field: the field holding the encoded images.
-        out_field: where the decoded images go (None: replace `field`). With another name the
-            encoded field stays in the batch, for a second stage to decode again (two views).
+        out_field: where the decoded images go (None: replace `field`; another name keeps `field`).
         num_threads: decoding threads (None: `os.cpu_count()`); it changes no output.
         on_error: "raise" (a `RecordError` naming the record) or "skip" (write zeros, set
-            `<out_field>_ok` to False, count in `DecodeImage.skipped` and warn once per record
-            with a `SkippedRecordWarning`).
-        seed: the crop seed (the record generator's key, with the stage position); None: the
-            pipeline's seed (`Pipeline(rngs=...)`, a configuration's top-level `seed`).
-        value_range: the sample values of a 16- or 32-bit single-channel image (Pillow modes
-            `I;16`, `I`, `F`) that become 0 and 255, as (low, high); None: (0, 65535) for integer
-            modes, (0, 1) for float. A value outside it (or a NaN) refuses the record, naming it.
-        max_decode_bytes: the memory the stage's concurrent decodes may hold at once (None: a
-            quarter of the host's memory, at most 8 GiB). A decode waits while the others hold
-            too much; an image that needs more than all of it alone is refused as a bad record.
-            It changes no output of the images that fit, so it is not in the fingerprint.
-        backend: the JPEG decoder: "turbo" (libjpeg-turbo at DCT scale through `simplejpeg`, and
-            an exact bilinear warp of the box with OpenCV; see `datarax.host.jpeg`), "pillow"
-            (Pillow's `draft` + `resize(box=...)`), or "auto" (turbo when both wheels are
-            installed, as `pip install 'datarax[image]'` does). Non-JPEG, CMYK and damaged
-            files always go through Pillow. The two decoders differ by a few grey levels, so the
-            backend is part of the stage's fingerprint: a state saved under one does not resume
-            under the other; pass the saved one explicitly to resume on another machine.
+            `<out_field>_ok` to False and warn once per record).
+        seed: the crop seed; None: the pipeline's seed.
+        value_range: the (low, high) values of a 16- or 32-bit single-channel image that become 0
+            and 255; None: (0, 65535) for integer modes, (0, 1) for float. A value outside it (or
+            NaN) refuses the record.
+        max_decode_bytes: the memory the concurrent decodes may hold at once (None: a quarter of
+            host memory, at most 8 GiB); an image needing more alone is refused as a bad record.
+        backend: the JPEG decoder: "turbo" (libjpeg-turbo via `simplejpeg` + OpenCV warp),
+            "pillow", or "auto" (turbo when both wheels are installed). Non-JPEG, CMYK and damaged
+            files always go through Pillow. Part of the fingerprint: a state saved under one
+            backend does not resume under the other.
     """
 
     size: int | tuple[int, int]
@@ -146,12 +125,7 @@ class DecodeImageConfig:
 
 
 def shorter_side_box(height: int, width: int, out_h: int, out_w: int) -> Box:
-    """The box of a (height, width) image that `Resize` of the shorter side + `CenterCrop` keeps.
-
-    The resized size and the crop offsets are torchvision's (the longer side truncated, the
-    offsets rounded), mapped back to the source image, so one `resize(box=...)` gives the same
-    sampling as the two steps.
-    """
+    """The box of a (height, width) image that torchvision's `Resize(shorter side)` + `CenterCrop` keeps."""
     if out_h * width >= out_w * height:  # the height binds: it becomes out_h
         new_h, new_w = out_h, max(out_w, int(out_h * width / height))
     else:
@@ -163,11 +137,7 @@ def shorter_side_box(height: int, width: int, out_h: int, out_w: int) -> Box:
 
 def random_resized_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
                        rng: np.random.Generator) -> tuple[int, int, int, int]:
-    """`(top, left, h, w)` drawn as torchvision's `RandomResizedCrop.get_params` draws it.
-
-    Ten attempts at a box of area `U(scale) * area` and aspect `exp(U(log ratio))` that fits,
-    then the centre crop of the whole image clamped to the ratio range.
-    """
+    """`(top, left, h, w)` drawn as torchvision's `RandomResizedCrop.get_params` draws it."""
     area = height * width
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
     for _ in range(10):
@@ -188,13 +158,8 @@ def random_resized_box(height: int, width: int, scale: tuple[float, float], rati
 
 
 def pillow_bytes(mode: str, width: int, height: int, transposed: bool) -> int:
-    """What decoding a `width` x `height` image of `mode` on the Pillow path holds at its peak.
-
-    Pillow stores 1-band 8-bit images in a byte per pixel, `I;16` in two and everything else
-    (RGB included) in four; converting to RGB and transposing each make a copy, and the
-    16/32-bit scaling an array copy, the 8-bit result and a bounded float scratch (measured
-    within 1% of the peak resident memory for L, RGB, RGBA and P PNGs).
-    """
+    """Peak bytes of decoding a `width` x `height` image of `mode` on the Pillow path (within 1% of
+    measured peak resident memory for L, RGB, RGBA and P PNGs)."""
     pixels = width * height
     stored = 1 if mode in ("1", "L", "P") else 2 if mode.startswith("I;16") else 4
     if is_high_depth(mode):
@@ -219,9 +184,8 @@ def _transposes() -> dict[int, Any]:
 class DecodeImage(DecodingStage):
     """Decodes encoded images into fixed-size uint8 RGB arrays (HWC), with a crop fused into the decode.
 
-    Grayscale, RGBA, CMYK and palette images become RGB (Pillow's `convert("RGB")`), 16- and
-    32-bit gray images are scaled to 8 bits over `value_range`; the EXIF orientation is applied.
-    The output field is `(B, h, w, 3)` uint8, plus a bool `<out_field>_ok` when `on_error="skip"`.
+    Every mode becomes RGB, 16/32-bit gray is scaled over `value_range`, EXIF orientation applies.
+    Output: `(B, h, w, 3)` uint8, plus a bool `<out_field>_ok` when `on_error="skip"`.
 
     Example:
         >>> stages = [DecodeImage(size=128, crop="random_resized", seed=0),
@@ -229,8 +193,7 @@ class DecodeImage(DecodingStage):
         >>> pipeline = Pipeline(ImageFolderSource(root="photos/train", shuffle=True), stages, batch_size=64)
 
     Attributes:
-        skipped: records replaced by zeros so far (`on_error="skip"`; a record counts once per
-            batch it is read in).
+        skipped: records replaced by zeros so far (`on_error="skip"`).
         budget: the `MemoryBudget` the decodes share (`budget.limit` is `held_bytes()`).
     """
 
@@ -265,10 +228,7 @@ class DecodeImage(DecodingStage):
         return spec
 
     def structure(self) -> str:
-        # num_threads and the memory budget change no output; keeping them out lets a run resume on a
-        # machine with other cores or memory. The Pillow backend keeps the fingerprint it had before
-        # backends existed, and value_range is named only when set, so old states resume.
-        # An unset seed reads as 0, the seed it stood for before pipelines had one; the pipeline adds its own.
+        # Settings that change no output stay out; pillow, an unset value_range and seed keep old fingerprints.
         config = dataclasses.replace(self.config, num_threads=None, seed=self.config.seed or 0)
         settings = ", ".join(f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
                              if f.name not in ("backend", "max_decode_bytes")
@@ -286,13 +246,8 @@ class DecodeImage(DecodingStage):
         return self.decode_rows(batch, ctx, {self.out_field: out}, decode, inline=self._all_small_raw(data))
 
     def _all_small_raw(self, data: np.ndarray) -> bool:
-        """True when the turbo path reads every record as small raw pixels (a decode-once cache).
-
-        Such a record needs no decoding, only the warp, so the per-record Python work (its
-        generator, its box) is most of the cost; threads then mostly wait on each other for the
-        GIL: on 2 cores, 160-px raw records warped to 128 px ran at 14,500 a second on the
-        calling thread against 6,200 on two threads. They are warped on the calling thread.
-        """
+        """True when the turbo path reads every record as small raw pixels (a decode-once cache): only
+        the warp is left, and threads would mostly contend for the GIL, so they run inline."""
         return self._turbo is not None and all(
             isinstance(d, bytes) and d[:2] in (b"P6", b"P5") and len(d) <= INLINE_RAW_BYTES for d in data)
 
@@ -303,8 +258,7 @@ class DecodeImage(DecodingStage):
         return out
 
     def decode_into(self, data: bytes, rng: np.random.Generator | None, out: np.ndarray) -> None:
-        """One record decoded into `out`, an `(h, w, 3)` uint8 row: the turbo path where it reads
-        the file, else Pillow."""
+        """One record decoded into `out`, an `(h, w, 3)` uint8 row (turbo where it reads the file, else Pillow)."""
         if self._turbo is not None:
             header = self._turbo.header(data)
             if header is not None:
@@ -342,8 +296,7 @@ class DecodeImage(DecodingStage):
         image_module = self._image
         image = self._open(data)
         with contextlib.ExitStack() as held:
-            # Pillow reads a PNG's EXIF that is not in its header by decoding the pixels (getexif
-            # loads), so such a PNG reserves first, as unrotated (EXIF after the pixels is rare).
+            # getexif decodes a PNG whose EXIF is not in its header, so such a PNG reserves first.
             early = image.format == "PNG" and "exif" not in image.info
             if early:
                 held.enter_context(self._reserve(pillow_bytes(image.mode, *image.size, False), describe(image)))

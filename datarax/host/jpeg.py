@@ -1,21 +1,9 @@
 """The fast JPEG path of `DecodeImage`: libjpeg-turbo at DCT scale, then one exact bilinear warp.
 
-`simplejpeg` (a wheel with libjpeg-turbo inside) decodes a JPEG at 1/2, 1/4 or 1/8 scale in the
-DCT domain, and OpenCV's `warpAffine` samples the crop box from the reduced image straight into
-the output row. The warp's matrix maps each output pixel centre to the box's sub-pixel position
-in the reduced image and applies the EXIF orientation in the same step, so there is no crop to
-round, no transpose to copy, and the box is the one the Pillow path resizes. The DCT scale is
-the largest power of two that keeps the box at least as large as the output, so what remains of
-the downscale is under 2x and bilinear sampling aliases little; an output axis that still shrinks
-by 2x or more (photographs far larger than the output, or a box of another aspect ratio) is
-supersampled: warped at that whole multiple of the output, then averaged back in blocks.
-
-Its speed and quality beside Pillow's `draft` + `resize(box=...)`, tf.data, torchvision and the
-decoder's own limit: docs/benchmarks.md, `jpeg`.
-
-What this path does not read falls back to Pillow, record by record: files that are not JPEG,
-CMYK and YCCK JPEGs, and anything libjpeg-turbo reports as damaged (so a bad file raises the
-same error, from the same decoder, as on the Pillow path).
+`simplejpeg` decodes at the largest DCT scale (1/2, 1/4, 1/8) that keeps the box at least the
+output's size; OpenCV's `warpAffine` samples the box (EXIF orientation included) straight into the
+output row, supersampling an axis that still shrinks by 2x or more. Non-JPEG, CMYK/YCCK and
+damaged files fall back to Pillow. docs/benchmarks.md (`jpeg`) has speed and quality.
 """
 
 from __future__ import annotations
@@ -96,12 +84,8 @@ def _tiff_orientation(tiff: bytes) -> int:
 
 
 def _upright_to_raw(orientation: int, raw_h: int, raw_w: int) -> tuple[tuple[float, float, float], ...]:
-    """The affine map from upright image coordinates to the stored (raw) image's, as the rows
-    `(a, b, c)` of raw x and raw y = `a * x + b * y + c`.
-
-    Continuous coordinates, pixel i spanning [i, i + 1); the inverse of the transpose Pillow's
-    `ImageOps.exif_transpose` applies for each orientation.
-    """
+    """The affine map from upright to raw image coordinates (pixel i spans [i, i + 1)), as the rows
+    `(a, b, c)` of raw x and raw y = `a * x + b * y + c`."""
     x, y = (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)
     flip_x, flip_y = (-1.0, 0.0, raw_w), (0.0, -1.0, raw_h)
     rows = {  # (raw x, raw y) as functions of upright (x, y, 1)
@@ -222,10 +206,8 @@ class TurboDecoder:
         (ax, bx, cx), (ay, by, cy) = _upright_to_raw(orientation, raw_h, raw_w)
         rows = [(a * kx / scale, b * ky / scale, (a * left + b * top + c) / scale)
                 for a, b, c in ((ax, bx, cx), (ay, by, cy))]
-        # What is left to shrink along each output axis: an axis with 2x or more (an image over
-        # 8x the output, or a box of another aspect ratio than the output's) is supersampled,
-        # warped at that whole multiple of the output and then averaged back in blocks, so the
-        # bilinear warp, which skips pixels past 2x, is always left under 2x.
+        # An axis still shrinking 2x or more is warped at that whole multiple of the output and then
+        # averaged back in blocks: the bilinear warp skips pixels past 2x.
         ux = max(1, int(abs(rows[0][0]) + abs(rows[1][0])))
         uy = max(1, int(abs(rows[0][1]) + abs(rows[1][1])))
         # the warp maps pixel indices (centres at integers) on both sides
@@ -241,8 +223,7 @@ class TurboDecoder:
                 cv2.warpAffine(image, matrix, (out_w, out_h), dst=out, flags=flags, borderMode=border)
             return True
         dense = cv2.warpAffine(image, matrix, (out_w * ux, out_h * uy), flags=flags, borderMode=border)
-        # Block means: a bilinear resize by exactly 2 weighs each pair 1/2 and 1/2, so it is the
-        # 2-pixel mean, and many times faster than OpenCV's area resize off the 2x2 case.
+        # Block means (a bilinear resize by exactly 2 is the 2-pixel mean; far faster than area resize).
         exact_pairs = ux <= 2 and uy <= 2
         small = cv2.resize(dense, (out_w, out_h), interpolation=cv2.INTER_LINEAR if exact_pairs else cv2.INTER_AREA)
         out[...] = small.reshape(out_h, out_w, -1)

@@ -1,43 +1,8 @@
 """`HostMap`: any Python function as a host stage, per record or per batch, on threads or processes.
 
-A host stage for what no built-in stage does: a custom decoder, a parser, a feature computed
-in Python. The function sees numpy arrays (or the `bytes` of an encoded field) and returns
-numpy arrays of declared shapes, which the pipeline's compiled program then receives:
-
-    def spectral_peaks(record, rng):          # module level, so worker processes can import it
-        x = np.frombuffer(record["payload"], np.float32)
-        return {"peaks": top_k_in_python(x, 16).astype(np.float32)}
-
-    stage = HostMap(fn=spectral_peaks, outputs={"peaks": ((16,), np.float32)}, fields=("payload",),
-                    executor="processes", num_workers=4)
-    pipeline = Pipeline(source, [stage, ...], batch_size=64)
-
-The function's contract:
-
-* per record (`batched=False`, the default): `fn(record, rng) -> dict`, where `record` maps each
-  of `fields` (default: all) to that record's value (a numpy array, numpy scalar, or `bytes`/`str`
-  for an encoded field) and `rng` is the record's `numpy.random.Generator` when `stochastic=True`
-  (else None);
-* per batch (`batched=True`): `fn(batch, rngs) -> dict`, `batch` holding a block of rows (a
-  leading axis), `rngs` the list of those rows' generators (or None); the block is a slice of
-  the batch (one per worker), so the function must treat rows independently;
-* it returns every field of `outputs` (record shapes, no batch axis; values cast to the
-  declared dtype under numpy's "same_kind" rule); outputs replace input fields of the same name,
-  the other input fields pass through.
-
-Randomness is the host engine's: a record's generator is `record_generator(seed, stage, epoch,
-record id)`, drawn from only by that record. Outputs are therefore bitwise the same for any
-executor, worker count, batch size, order or resume point.
-
-Executors:
-
-* `"threads"` (default): a thread pool of `num_workers`, for functions that release the GIL
-  (numpy on large arrays, C decoders);
-* `"processes"`: `num_workers` worker processes (`datarax.host.processes`) that write straight
-  into shared memory, for GIL-bound pure-Python functions. The function must be picklable by
-  reference (defined at module level, not a lambda or a closure), and a script must build and
-  iterate its pipeline under `if __name__ == "__main__":`. Workers start with the first batch
-  and stop at `close()` (or `pipeline.source.close()`); a crashed worker is a `WorkerCrashError`.
+The function contract, randomness and executors are in docs/sources.md ("Python-heavy host stages").
+With `executor="processes"` the function must be picklable by reference (a module-level `def`) and a
+script must build and iterate its pipeline under `if __name__ == "__main__":`.
 """
 
 from __future__ import annotations
@@ -102,18 +67,15 @@ class HostMapConfig:
     """Configuration of `HostMap` (everything but the function, so it stays plain data).
 
     Attributes:
-        outputs: the fields the function returns, with their record shapes and dtypes; a dict
-            of field -> `(shape, dtype)` or `jax.ShapeDtypeStruct` is normalised to a tuple of
-            `(field, shape, dtype string)`.
+        outputs: the fields the function returns: a dict of field -> `(shape, dtype)` or
+            `jax.ShapeDtypeStruct` (record shapes), normalised to `(field, shape, dtype str)` tuples.
         fields: the input fields the function sees (None: all); in processes only these travel.
         batched: the function takes a block of rows (`fn(batch, rngs)`) instead of one record.
         stochastic: the function draws random numbers from the generator it is given.
-        seed: the generators' seed (with the stage position, the epoch and the record id); None:
-            the pipeline's seed (`Pipeline(rngs=...)`, a configuration's top-level `seed`).
-        on_error: "raise" (a `RecordError` naming the record) or "skip" (zeros, a bool
-            `<first output>_ok` False, counted in `HostMap.skipped`, warned once per record);
-            "skip" needs `batched=False` (a batch function's failure is not one record's).
-        executor: "threads" or "processes" (see the module docstring).
+        seed: the generators' seed; None: the pipeline's seed.
+        on_error: "raise" or "skip" (zeros, `<first output>_ok` False, warned once per record;
+            needs `batched=False`).
+        executor: "threads" (for functions that release the GIL) or "processes" (pure Python).
         num_workers: threads or processes (None: `os.cpu_count()`); it changes no output.
     """
 
@@ -151,12 +113,8 @@ def function_name(fn: Callable) -> str:
 
 
 class RecordJob:
-    """The work of one block of rows, the same in a thread and in a worker process.
-
-    Called as `job((inputs, record_ids, epoch, stage), outputs)`: computes the rows of `inputs`
-    into the same rows of `outputs`, and returns one entry per row (per block when batched):
-    None, or the exception that row raised.
-    """
+    """The work of one block of rows, in a thread or a worker process: `job(task, outputs)` writes
+    the rows of `outputs` and returns, per row (per block when batched), None or its exception."""
 
     def __init__(self, fn: Callable, config: HostMapConfig):
         self.fn, self.config = fn, config
@@ -215,8 +173,7 @@ class HostMap(DecodingStage):
     Args:
         config: everything but the function (or give its fields as keywords: `outputs`,
             `fields`, `batched`, `stochastic`, `seed`, `on_error`, `executor`, `num_workers`).
-        fn: `fn(record, rng) -> dict` (or `fn(batch, rngs) -> dict` with `batched=True`); see
-            the module docstring. With `executor="processes"` it must be picklable.
+        fn: `fn(record, rng) -> dict` (or `fn(batch, rngs) -> dict` with `batched=True`).
 
     Example:
         >>> stage = HostMap(fn=parse, outputs={"tokens": ((128,), np.int32)}, fields=("text",),
@@ -272,8 +229,7 @@ class HostMap(DecodingStage):
         return f"HostMap({getattr(self.fn, '__qualname__', type(self.fn).__name__)})"
 
     def structure(self) -> str:
-        # The executor and the worker count change no output; leaving them out lets a run resume on other cores.
-        # An unset seed reads as 0, the seed it stood for before pipelines had one; the pipeline adds its own.
+        # The executor and worker count change no output; an unset seed reads as 0 (old fingerprints).
         config = dataclasses.replace(self.config, executor="threads", num_workers=None, seed=self.config.seed or 0)
         return f"HostMap(fn={function_name(self.fn)}, {config})"
 

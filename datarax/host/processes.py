@@ -1,21 +1,8 @@
 """Worker processes that write a batch's rows into shared memory, for GIL-bound host functions.
 
-Threads do not run Python bytecode in parallel, so a per-record function written in pure
-Python gets no faster on a thread pool. `WorkerPool` runs it in worker processes instead:
-
-* workers start on first use from a `forkserver` context (`spawn` where there is none): never
-  `fork`, which copies a process whose JAX and reader threads hold locks;
-* a batch is split into one contiguous chunk per worker; worker `i` always gets chunk `i` and
-  writes its rows straight into a `SharedOutputs` segment the parent allocated (reused from batch
-  to batch, grown when a batch needs more), so outputs are never pickled back;
-* a worker that dies (a segfault in an extension, the out-of-memory killer) is seen through its
-  process sentinel and becomes a `WorkerCrashError` naming it; the pool is then shut down and a
-  later batch starts a fresh one, so nothing waits forever;
-* workers are daemon processes that ignore SIGINT (the parent handles Ctrl-C); `close()` stops
-  and joins them, and a finalizer does the same if the owner is dropped without closing.
-
-Like any `spawn`/`forkserver` worker (torch's DataLoader, grain's `mp_prefetch`), a worker
-imports the module defining the job's function: a script must start its pipeline under
+Workers start on first use from a `forkserver` (`spawn` where there is none; never `fork`), each
+writes its chunk of rows into a `SharedOutputs` segment, and a worker that dies becomes a
+`WorkerCrashError` (the next batch starts a fresh pool). A script must start its pipeline under
 `if __name__ == "__main__":`.
 """
 
@@ -49,10 +36,8 @@ class WorkerCrashError(DataraxError, RuntimeError):
 def context() -> Any:
     """The forkserver context (spawn where there is none), its server preloading datarax.
 
-    Without the preload every worker imports JAX and Flax itself (seconds each); with it the
-    server imports them once and workers fork from it ready. This sets the process-wide
-    forkserver preload, which takes effect only if the server has not started yet, and keeps
-    `__main__` (multiprocessing's default).
+    Sets the process-wide preload (effective only before the server starts), so workers need not
+    import JAX themselves.
     """
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
@@ -115,9 +100,8 @@ def views(buffer: Any, layout: Layout, rows: int, low: int, high: int) -> dict[s
 class WorkerPool:
     """`num_workers` daemon processes running `job(task, outputs)` on one task each per batch.
 
-    `job` is pickled once per worker (so it must be picklable: a module-level function or an
-    instance of a module-level class); `job(task, outputs)` gets a task and the views of its rows
-    of the shared outputs and returns a picklable result.
+    `job` is pickled once per worker; `job(task, outputs)` gets a task and its rows of the shared
+    outputs and returns a picklable result.
     """
 
     def __init__(self, job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str):
@@ -223,11 +207,8 @@ def stop_workers(workers: list[tuple[Any, Any]]) -> None:
 
 
 def worker_main(conn: Any, payload: bytes, path: list[str]) -> None:
-    """A worker's loop: load the job once, then run one task per message until told to stop.
-
-    `path` is the parent's `sys.path` now: a forkserver started earlier holds an older one, and
-    the job's function may live in a folder added since (a notebook's, pytest's).
-    """
+    """A worker's loop: load the job once, then run one task per message until told to stop; `path`
+    is the parent's current `sys.path`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = path
     try:

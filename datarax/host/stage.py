@@ -1,19 +1,6 @@
-"""Host stages: work done on the host, in the background reader, before the compiled program.
-
-Encoded data (JPEG/PNG bytes, WAV/FLAC files, text) cannot enter a compiled program: it has no
-fixed shape. A host stage turns a batch of raw records into fixed-shape numpy arrays on the
-pipeline's background thread, beside the read, so decoding overlaps the device step. Everything
-after the host stages is the usual compiled program.
-
-Randomness is keyed by record identity, as in the device stages: a stochastic host stage's
-generator for a record is numpy's counter-based Philox keyed by `(stage seed, stage position)`
-with the counter starting at `(0, 0, epoch, record id)`. A record therefore gets the same crop in
-an epoch whatever the batch size, thread count, shuffle order, host count or resume point, and a
-new one the next epoch; two host stages never share a stream, even with the same seed. A stage
-whose `seed` is None takes the pipeline's seed (`Pipeline(rngs=...)`, a configuration's top-level
-`seed`), so one seed changes every crop of a run; a stage given its own seed keeps it.
-
-A pipeline takes host stages at the head of its `stages`:
+"""Host stages: decode encoded records (image/audio bytes, text) to fixed-shape numpy arrays on
+the background reader, before the compiled program. Randomness is keyed by record, epoch and stage
+position (docs/concepts.md); a stage whose `seed` is None takes the pipeline's seed.
 
     >>> pipeline = Pipeline(ImageFolderSource(root=root), [DecodeImage(size=128, crop="random_resized"),
     ...                                               HorizontalFlipOperator(...)], batch_size=64)
@@ -42,8 +29,7 @@ from datarax.samplers.simple import default_sampler
 
 
 def record_generator(seed: int, stage: int, epoch: int, record_id: int) -> np.random.Generator:
-    """The Philox generator of one record in one epoch for one host stage: `keyed_generator` with
-    the stage's position as its stream and the record id as its index."""
+    """The Philox generator of one record in one epoch for one host stage (`keyed_generator`)."""
     return keyed_generator(seed, stage, epoch, record_id)
 
 
@@ -92,11 +78,8 @@ class HostContext:
 
 
 class Refusal(DataraxError, ValueError):
-    """A decoder's refusal of one record, before decoding it: too large for the stage's memory
-    budget, empty, or holding values the stage cannot map. The message continues the record's
-    name ("needs 1.2 GiB to decode ...") and says the fix; `DecodingStage.decode_rows` makes it a
-    `RecordError` naming the record, so `on_error="skip"` can skip it.
-    """
+    """A decoder's refusal of one record before decoding it (over budget, empty, unmappable); the
+    message continues the record's name and says the fix. `decode_rows` makes it a `RecordError`."""
 
 
 class SkippedRecordWarning(DataraxWarning):
@@ -109,9 +92,8 @@ ON_ERROR = ("raise", "skip")
 class BadRecords:
     """What a decoding stage does with records it cannot decode (`on_error`).
 
-    `"raise"` raises the first failure, in row order, as a `RecordError` naming the record and
-    its origin. `"skip"` writes zeros, sets the record's `ok_field` flag to False, counts it in
-    `skipped` and warns once per record (`SkippedRecordWarning`): never silently.
+    `"raise"` raises the first failure as a `RecordError` naming the record; `"skip"` writes zeros,
+    sets `ok_field` False, counts it in `skipped` and warns once per record (`SkippedRecordWarning`).
     """
 
     def __init__(self, on_error: str, stage: str, field: str, ok_field: str | None, fix: str):
@@ -159,12 +141,9 @@ class BadRecords:
 class HostStage(abc.ABC):
     """Abstract base of host stages.
 
-    Subclasses implement `output_spec` and `__call__`; `stochastic` stages draw from
-    `ctx.generator(self.seed, row)` only, so their output depends on the record and the epoch
-    (a `seed` of None draws from the pipeline's seed).
-    `work` says what kind of work the stage does (one of `datarax.monitoring.stages.WORK`:
-    "image_decode", "decode", "python" or "other"); when the stage is the background reader's
-    slowest part, it orders the remedies a goodput report suggests.
+    Subclasses implement `output_spec` and `__call__`; `stochastic` stages draw only from
+    `ctx.generator(self.seed, row)`. `work` (one of `datarax.monitoring.stages.WORK`) orders the
+    remedies a goodput report suggests when the stage is the slowest part.
     """
 
     seed: int | None = None
@@ -194,8 +173,7 @@ class HostStage(abc.ABC):
             pool.close()
 
     def held_bytes(self) -> int:
-        """Memory the stage may hold while it works, beyond the batch it returns (its decode
-        budget); the configuration's memory check counts it."""
+        """Memory the stage may hold while it works beyond the batch it returns (its decode budget)."""
         return 0
 
 
@@ -219,9 +197,8 @@ class DecodingStage(HostStage):
     def decode_rows(self, batch: dict[str, np.ndarray], ctx: HostContext, outputs: dict[str, np.ndarray],
                     work: Callable[[int], None], catch: type[BaseException] | tuple = Exception, *,
                     inline: bool = False) -> dict[str, np.ndarray]:
-        """Runs `work(row)` for every row of the preallocated `outputs` on the stage's thread pool (on
-        the calling thread with `inline=True`, for work so short that threads only contend for the
-        GIL), then `resolve_rows`. A `Refusal` becomes a `RecordError` naming the row's record."""
+        """Runs `work(row)` for every row of `outputs` on the pool (`inline=True`: on this thread), then
+        `resolve_rows`. A `Refusal` becomes a `RecordError` naming the row's record."""
 
         def guarded(row: int) -> BaseException | None:
             try:
@@ -238,8 +215,7 @@ class DecodingStage(HostStage):
 
     def resolve_rows(self, batch: dict[str, np.ndarray], ctx: HostContext, outputs: dict[str, np.ndarray],
                      failures: Sequence[BaseException | None]) -> dict[str, np.ndarray]:
-        """`batch` with `outputs` added, the rows that failed resolved through `bad_records` (raise, or
-        zeros and an `ok` flag field)."""
+        """`batch` with `outputs` added, failed rows resolved through `bad_records`."""
         ok = self.bad_records.resolve(failures, ctx, list(outputs.values()))
         result = {**batch, **outputs}
         if ok is not None:
@@ -274,10 +250,8 @@ def check_numeric(spec: Spec, what: str) -> None:
 class HostStageSource(DataSourceModule):
     """A random-access source followed by host stages: the pipeline's view of both.
 
-    `Pipeline` builds one when its `stages` begin with host stages. Its records are the stages'
-    fixed-shape outputs; `read(indices, epoch, out)` runs the stages on the background thread and
-    adds the time of the source's read and of each stage to `times` (a `StageTimes` on `clock`),
-    which the goodput report reads to name the slowest part.
+    `Pipeline` builds one when its `stages` begin with host stages; `read` adds the time of the
+    source's read and of each stage to `times` (a `StageTimes` on `clock`) for the goodput report.
     """
 
     def __init__(self, source: DataSourceModule, stages: Sequence[HostStage], *,
@@ -301,8 +275,7 @@ class HostStageSource(DataSourceModule):
         labels = [stage.label() for stage in self.stages]
         # Two stages of one kind get their position, so their times stay apart.
         self._labels = [f"{label}#{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
-        # Named spans in a `jax.profiler` trace (datarax.train.callbacks.Profiler); about 0.5 us each
-        # when no trace is active, so they are always on.
+        # Named spans in a `jax.profiler` trace; ~0.5 us each when no trace is active.
         self._trace_names = [f"datarax/host_stage/{label}" for label in self._labels]
         for stage in self.stages:
             if stage.work not in WORK:
@@ -323,16 +296,14 @@ class HostStageSource(DataSourceModule):
     def read(self, indices: np.ndarray, epoch: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The host stages' output for the records at `indices` in `epoch`.
 
-        Each distinct record is read and decoded once: the padding rows of a final short batch
-        (which repeat its last record) and any record a sampler repeats are copies of its first
-        row, so they cost nothing and a bad record counts once in a stage's `skipped`.
+        Each distinct record is read and decoded once; repeated rows (padding, sampler repeats) copy
+        its first row.
         """
         ids = np.asarray(indices, np.int64)
         distinct, rows = first_rows(ids.reshape(-1))
         times, count = self.times, len(distinct)
         with times.measure("source read", records=count, work="read"):
-            # `read`, not `get_batch`: a source that acts on the epoch's order (ShardedSource
-            # fetches the blocks that come next) sees it behind host stages too.
+            # `read`, not `get_batch`: a source that prefetches by the epoch's order sees it here too.
             batch = self.source.read(distinct, int(epoch))
         # The last stage decodes straight into `out` when every row is a distinct record.
         direct = None if out is None or count < ids.size else flat_views(out, ids.shape)
@@ -379,16 +350,14 @@ class HostStageSource(DataSourceModule):
 
 
 def flat_views(out: dict[str, np.ndarray], lead: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """`out`'s buffers with their `lead` axes as one row axis: views (a contiguous buffer reshapes
-    without a copy); a buffer of another layout is left out."""
+    """`out`'s contiguous buffers viewed with their `lead` axes as one row axis (others left out)."""
     count = int(np.prod(lead))
     return {k: v.reshape((count,) + v.shape[len(lead):]) for k, v in out.items()
             if v.shape[:len(lead)] == tuple(lead) and v.flags.c_contiguous}
 
 
 def first_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`(distinct, rows)`: the distinct ids in order of first appearance, and for each of `ids` its
-    place in `distinct` (so `distinct[rows]` is `ids`).
+    """`(distinct, rows)`: the distinct ids in order of first appearance, and `rows` with `distinct[rows] == ids`.
 
     >>> first_rows(np.array([7, 3, 7, 9, 9]))
     (array([7, 3, 9]), array([0, 1, 0, 2, 2]))

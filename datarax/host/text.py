@@ -1,14 +1,10 @@
 """Text on the host: HF `tokenizers` batch encoding, padded or truncated to a fixed length.
 
-`Tokenize` turns a field of `str` records into fixed-shape token ids with one Rust call per batch
-(`Tokenizer.encode_batch_fast`, which spreads the batch over the tokenizer's own threads); the
-ragged ids become one padded array with numpy, without a Python loop over the tokens.
-
     >>> pipeline = Pipeline(TextSource(documents=documents), [Tokenize(tokenizer=tokenizer, length=128)], batch_size=32)
     >>> batch = next(iter(pipeline))  # text_ids int32[32, 128], text_mask bool, text_length int32
 
-The tokenizer is part of the pipeline's identity: a hash of its JSON goes into `structure()`, so
-an iterator state saved with one tokenizer is refused by a pipeline built with another.
+A hash of the tokenizer's JSON is in `structure()`: a state saved with one tokenizer is refused
+by a pipeline built with another.
 """
 
 from __future__ import annotations

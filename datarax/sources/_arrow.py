@@ -1,14 +1,8 @@
 """Arrow columns to fixed-shape numpy arrays, without a Python object per row.
 
-A numeric column becomes a `(rows,)` array; a (fixed-size or variable) list column whose lists
-all have the same length at every nesting level becomes `(rows, d1, d2, ...)` by flattening the
-list values and reshaping (the uniformity check reads only the list offsets). Strings, structs,
-maps, nulls and ragged lists are reported as unsupported with the reason, so the source can
-name them in its error.
-
-Encoded columns (binary, strings, and structs of `bytes` and `path` such as HF `Image` and `Audio`
-features) are not batched here: `encoded_take` gives their rows as an object array of `bytes` or
-`str`, for a host stage to decode.
+Numeric columns and list columns uniform at every nesting level become arrays; strings, structs,
+maps, nulls and ragged lists are reported as unsupported with the reason. Encoded columns (binary,
+strings, HF `Image`/`Audio` structs) go through `encoded_take` as object arrays for a host stage.
 """
 
 from __future__ import annotations
@@ -95,11 +89,8 @@ def column_into(column: Any, out: np.ndarray, name: str, owner: str) -> None:
 
 
 def encoded_kind(arrow_type: Any) -> str | None:
-    """How a column can be passed through as encoded records, or None when it cannot.
-
-    "file": a struct with `bytes` and `path` fields, as HF `Image` and `Audio` features store an
-    encoded file; "bytes": binary; "text": strings.
-    """
+    """How a column passes through as encoded records: "file" (HF `Image`/`Audio` struct), "bytes",
+    "text", or None."""
     import pyarrow as pa
 
     if pa.types.is_struct(arrow_type):
@@ -124,9 +115,8 @@ def encoded_take(chunk: Any, rows: np.ndarray, read_path: Callable[[int, str], b
                  where: Callable[[int], str]) -> np.ndarray:
     """The rows of an encoded column chunk as an object array of `bytes` (or `str` for text).
 
-    A file whose bytes are missing (a dataset that references local files) is read by
-    `read_path(row, path)` (`row` in the chunk), which confines and bounds the read. Text that is
-    not valid UTF-8 raises `CorruptFileError` naming `where(row)` (Arrow's own error names nothing).
+    A file whose bytes are missing is read by `read_path(row, path)`; text that is not valid UTF-8
+    raises `CorruptFileError` naming `where(row)`.
     """
     import pyarrow as pa
 

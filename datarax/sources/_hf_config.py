@@ -24,18 +24,15 @@ class HFSourceConfig(ShuffleConfig):
     Attributes:
         fields: the columns to read; None reads all (each must then be numeric, encoded or
             handled by `convert`).
-        encoded: `HFSource` only: columns read as raw `bytes` or `str` records (HF Image/Audio
-            features, binary, string) for a host stage to decode; see the module docstring.
+        encoded: `HFSource` only: columns read as raw `bytes` or `str` records for a host stage.
         mode: map-style only: "eager" converts the whole dataset to arrays once, "lazy" reads
             rows from the Arrow table per batch, "auto" is eager up to `eager_max_bytes`.
         eager_max_bytes: the Arrow size up to which "auto" is eager.
         device_resident: eager only: keep the arrays on the device (None decides by size).
         block_size: streams only: records read (and shuffled together) per block.
-        files_root: `HFSource` only: the folder that relative paths in `Image`/`Audio` rows (rows
-            holding a path and no bytes) are read from; None takes the folder of the data files
-            given to `load_files` (all of their folders are the dataset's roots).
-        allow_outside_root: read paths in rows that lie outside the dataset's roots (resolved
-            with symlinks followed); off by default, so a row naming `/etc/passwd` or `../x` is refused.
+        files_root: `HFSource` only: the folder relative paths in `Image`/`Audio` rows are read
+            from; None: the folders of the data files given to `load_files`.
+        allow_outside_root: read row paths outside the dataset's roots (off: `/etc/passwd` is refused).
         max_file_bytes: the largest file a row's path may name; a larger one is refused unread.
     """
 

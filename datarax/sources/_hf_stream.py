@@ -1,15 +1,9 @@
 """`HFStreamSource` and its reader: block-shuffled, resumable reading of an IterableDataset.
 
-An epoch visits "parts" in order: the dataset's shards in a seeded per-epoch order when
-shuffling (each opened with `dataset.shard(num_shards, index)`), or the whole dataset as one
-part. A part is read in Arrow blocks of `block_size` rows through HF's own `iter(batch_size)`,
-whose `state_dict()` after a block is where the next block starts. Records of a block are
-emitted in a permutation keyed by (seed, epoch, shard, block).
-
-State: `{"part", "block", "offset", "hf"}`: the current block's part and index, how many of its
-records were emitted, and HF's state at the block's start (None: the part's start). Restoring
-re-reads that one block and skips `offset` records: no shuffle buffer is lost, nothing before
-the block is replayed beyond what HF itself skips inside a shard.
+An epoch visits parts (the shards in a seeded per-epoch order when shuffling, else the whole
+dataset), each read in Arrow blocks of `block_size` rows emitted in a permutation keyed by (seed,
+epoch, shard, block). State `{"part", "block", "offset", "hf"}` re-reads one block on restore
+(docs/sources.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Reads of files whose paths come from data: regular files only, bounded, confined to the dataset.
 
-A path a source reads because a record names it (an HF `Image`/`Audio` row holding only a path,
-a file of an image folder) is read by `read_data_file`:
-
-* only a regular file is read: the file is opened with `O_NONBLOCK` (a FIFO opens at once
-  instead of waiting for a writer) and `fstat` of the open descriptor decides, so a device
-  (`/dev/zero`), FIFO or socket is refused and nothing can swap the file between check and read;
-* a file larger than `max_bytes` is refused before it is read, and the read stops at
-  `max_bytes + 1` bytes, so a file that grows while read is refused too;
-* `confine` resolves a relative path against the dataset's own folder (never the working
-  directory) and refuses a path whose real location (symlinks followed) is outside the dataset's
-  roots, unless the user allows it.
-
-Each refusal is a `DataPathError` naming the record and the path.
+`read_data_file` reads only a regular file (checked on the open descriptor), at most `max_bytes`;
+`confine` resolves a relative path against the dataset's folder and refuses one outside its roots.
+Each refusal is a `DataPathError` naming the record and the path (docs/sources.md).
 """
 
 from __future__ import annotations
@@ -28,10 +18,8 @@ _CHUNK = 1 << 20
 
 
 class DataPathError(DataraxError, ValueError):
-    """A file named by data was refused (not a regular file, too large, or outside the dataset).
-
-    Not an `OSError`: a `RetryPolicy` does not retry it, since the same path is refused again.
-    """
+    """A file named by data was refused (not a regular file, too large, or outside the dataset); not
+    an `OSError`, so a `RetryPolicy` does not retry it."""
 
 
 def confine(path: str, roots: Sequence[str], allow_outside: bool, where: str, option: str) -> str:

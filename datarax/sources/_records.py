@@ -1,10 +1,8 @@
 """A fixed-layout binary record for ArrayRecord payloads, decodable a whole batch at a time.
 
-A record is `b"DRX1" | uint32 header length | JSON header | field bytes`, where the header lists
-each field's name, numpy dtype string and shape, and the fields' raw C-order bytes follow in
-header order. Records written from one dataset share the header byte for byte, so a batch of
-them is one `(B, record_size)` uint8 matrix: decoding is a join, one header comparison and one
-strided copy per field into the caller's buffers, with no per-record Python beyond a length check.
+A record is `b"DRX1" | uint32 header length | JSON header | field bytes`: the header lists each
+field's name, dtype and shape, and the fields' C-order bytes follow. Records of one dataset share
+the header, so a batch decodes as one `(B, record_size)` uint8 matrix with one copy per field.
 """
 
 from __future__ import annotations
@@ -68,11 +66,8 @@ def encode_record(record: Mapping[str, object]) -> bytes:
 def parse_layout(data: bytes, where: str = "record") -> RecordLayout:
     """The layout of a record, read from its header.
 
-    Every part of the header is checked before numpy sees it: a header that is not a JSON list of
-    `[name, dtype, shape]` entries, a name that is not a unique non-empty string, a dtype that is
-    not a plain numeric or bool type (unicode, void, object, structured, datetime), a shape that
-    is not a list of non-negative ints, or sizes that disagree with the record's length raise
-    `RecordFormatError` (a `CorruptFileError`) naming `where` and the fault.
+    Every part of the header is checked before numpy sees it; a fault raises `RecordFormatError`
+    (a `CorruptFileError`) naming `where`.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:4]) != MAGIC:
         head = bytes(data[:16]) if isinstance(data, (bytes, bytearray, memoryview)) else data

@@ -1,13 +1,7 @@
 """Random-access batch reads from ArrayRecord files.
 
-Records are either datarax fixed-layout records (`write_array_records`; decoded a whole batch at a
-time, see `datarax.sources._records`), any bytes with a user `decode` function (one Python call
-per record; wrap the source in `datarax.sources.ThreadedSource` when decoding releases the
-GIL), or raw encoded records (`ArrayRecordSourceConfig(encoded="jpeg")`: each record's bytes, an
-encoded image or a serialized example, become one field of dtype `ENCODED` for a host stage such
-as `DecodeImage(field="jpeg")` to decode on the reader's threads). Shuffling is the pipeline's Feistel permutation over
-the global record index, so any epoch
-and position is reached by arithmetic and resume is exact.
+Records are datarax fixed-layout records (`write_array_records`, decoded a batch at a time), any
+bytes with a user `decode` function, or raw encoded records (`encoded="jpeg"`) for a host stage.
 """
 
 from __future__ import annotations
@@ -41,10 +35,8 @@ class ArrayRecordSourceConfig(ShuffleConfig):
     """Configuration of an `ArrayRecordSource`.
 
     Attributes:
-        reader_options: ArrayRecord reader options; the default turns read-ahead off, which is
-            what random access wants.
-        encoded: a field name: each record's raw bytes become that one field (an `ENCODED`
-            object array of `bytes`), for a host stage to decode; None decodes the records here.
+        reader_options: ArrayRecord reader options (the default turns read-ahead off).
+        encoded: a field name for each record's raw bytes (for a host stage); None decodes here.
     """
 
     reader_options: str = RANDOM_ACCESS_OPTIONS
@@ -79,10 +71,9 @@ class ArrayRecordSource(DataSourceModule):
 
     Args:
         config: shuffling and reader options.
-        paths: a file, a glob pattern, or a list of them; record i of the dataset is record i of
-            the files concatenated in order.
-        decode: optional function from one record's bytes to a dict of fixed-shape numeric arrays;
-            None reads datarax fixed-layout records.
+        paths: a file, a glob pattern, or a list of them, concatenated in order.
+        decode: optional function from one record's bytes to a dict of fixed-shape arrays; None
+            reads datarax fixed-layout records.
         rngs: draws the shuffle seed when `config.seed` is None.
 
     Example:
@@ -191,11 +182,8 @@ class ArrayRecordSource(DataSourceModule):
 
 
 def open_reader(ar: Any, path: str, options: str) -> Any:
-    """An ArrayRecord reader of `path` whose index and first and last records were read back.
-
-    A damaged or truncated file opens without an exception but with `ok()` False and zero
-    records; without this check it would silently be an empty shard.
-    """
+    """An ArrayRecord reader of `path` whose index and first and last records were read back (a
+    damaged file otherwise opens as an empty shard)."""
     try:
         reader = ar.ArrayRecordReader(path, options)
     except (RuntimeError, ValueError) as exc:
@@ -237,12 +225,8 @@ def _object_array(values: list) -> np.ndarray:
 
 def write_array_records(prefix: str | os.PathLike, data: Mapping[str, Any], *, num_shards: int = 1,
                         options: str = "group_size:1") -> list[str]:
-    """Writes a dict of equal-length arrays as fixed-layout records into `num_shards` files.
-
-    Files are named `{prefix}-{i:05d}-of-{num_shards:05d}.array_record`, records split into
-    contiguous ranges. `group_size:1` (the default) makes every record its own chunk, which is
-    what random access wants. Returns the file paths in order.
-    """
+    """Writes a dict of equal-length arrays as fixed-layout records into `num_shards` files named
+    `{prefix}-{i:05d}-of-{num_shards:05d}.array_record`; returns their paths in order."""
     ar = require(ARRAY_RECORD, owner="write_array_records", extra="data", package="array_record")
     arrays = validate_arrays(data, "write_array_records")
     check_int(num_shards, "write_array_records num_shards", 1)

@@ -99,12 +99,8 @@ class StreamingDiskSource(DataSourceModule):
 
 
 def check_npy_file(path: str, owner: str) -> None:
-    """Raises `CorruptFileError` unless `path` is a `.npy` file holding exactly the bytes its header promises.
-
-    A memory map of a truncated file would fail with numpy's "mmap length is greater than file
-    size", and a file with extra bytes would be read as if it were whole; both name the file here.
-    Object arrays pass (the memory map then explains that they cannot be mapped).
-    """
+    """Raises `CorruptFileError` unless `path` is a `.npy` file holding exactly the bytes its header
+    promises (object arrays pass)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         try:

@@ -1,24 +1,11 @@
 """`FileFolderSource`: a folder of class sub-folders of files of any kind, as encoded records.
 
-The layout torchvision's `ImageFolder`/`DatasetFolder` read, for any file type (audio clips,
-images, text, serialized examples):
-
-    root/
-      dog_bark/001.wav, dog_bark/002.wav, ...
-      siren/x.flac, siren/nested/y.flac, ...
-
-Class sub-folders, sorted by name, become labels 0, 1, ...; the files of each (searched
-recursively with symlinks followed, each real folder once; sorted by path; hidden files and
-folders, such as macOS `._x.jpg` AppleDouble files, left out with a warning and listed in
-`source.skipped_files`) follow one another in that order,
-so record i is the same file on every machine and the pipeline's Feistel shuffle and resume are
-exact. A record is the file's bytes, an encoded field for a host stage (`DecodeAudio`,
-`DecodeImage`, `HostMap`), and its int32 label. `ImageFolderSource` is this source with image
-extensions and the field `image`.
+Class sub-folders, sorted by name, become labels 0, 1, ...; their files (recursive, sorted by
+path; hidden files left out with a warning and listed in `skipped_files`) follow in that order, so
+record i is the same file on every machine. A record is the file's bytes and its int32 label.
 
 Example:
     >>> source = FileFolderSource(root="clips/train", extensions=(".wav", ".flac"), field="audio", shuffle=True)
-    >>> pipeline = Pipeline(source, [DecodeAudio(sample_rate=16000, length=16000)], batch_size=32)
 """
 
 from __future__ import annotations
@@ -67,12 +54,10 @@ class FileFolderSourceConfig(ShuffleConfig):
 
     Attributes:
         root: the folder holding one sub-folder per class.
-        extensions: file name endings that count (compared without case); None takes every
-            file that is not hidden.
+        extensions: file name endings that count (without case); None: every file not hidden.
         field: the name of the field holding each file's bytes.
         num_threads: threads reading files.
-        max_file_bytes: the largest file read; a larger one (or a device, FIFO or socket, even
-            behind a symlink) is refused unread with a `DataPathError` naming it.
+        max_file_bytes: the largest file read; a larger one (or a non-regular file) is a `DataPathError`.
     """
 
     root: str
@@ -106,11 +91,8 @@ def scan_folder(root: str, extensions: tuple[str, ...] | None, owner: str = "Fil
                 what: str = "files", skipped: list[str] | None = None) -> tuple[list[str], list[str], np.ndarray]:
     """`(class names, file paths, labels)` of a class-folder tree, in the source's record order.
 
-    Symlinks are followed, but each real directory is visited once: a link to a directory already
-    reached (the root, a class folder, an ancestor, or any folder seen before) raises
-    `FolderLoopError` naming it, since following it would list files twice or under another
-    class. Hidden files and folders (names starting with "."; macOS AppleDouble `._x.jpg` files
-    are not images) are left out and appended to `skipped` when given.
+    Symlinks are followed, each real directory once; hidden files and folders are left out and
+    appended to `skipped` when given.
 
     Raises:
         FileNotFoundError: the root is missing, has no class sub-folders, or a class has no files.
@@ -176,14 +158,12 @@ class FileFolderSource(DataSourceModule):
     """Serves the files of a class-folder tree as `{field: bytes, "label": int32}` records.
 
     Args:
-        config: a `FileFolderSourceConfig`; or its fields as keywords (`root=` names the folder
-            holding one sub-folder per class, see the module docstring).
+        config: a `FileFolderSourceConfig`; or its fields as keywords (`root=` is required).
         rngs: where an unset shuffle seed is drawn from.
 
     Attributes:
         class_names: the class sub-folder names; label i is `class_names[i]`.
-        skipped_files: the hidden files and folders (ending in the path separator) the scan
-            left out, in path order; a `SkippedFilesWarning` names the first few.
+        skipped_files: the hidden files and folders (ending in a separator) left out, in path order.
     """
 
     config_class = FileFolderSourceConfig

@@ -1,17 +1,5 @@
-"""grain interop, both ways.
-
-Into datarax:
-* `GrainSource`: any grain `RandomAccessDataSource` (e.g. `grain.sources.ArrayRecordDataSource`)
-  or `MapDataset` is a random-access source; a batch is one batched read (`_getitems` /
-  `__getitems__`) and one stack per field. Shuffling and resume are the pipeline's.
-* `GrainStreamSource`: a grain `IterDataset` (e.g. one ending in `.mp_prefetch(...)`, so heavy
-  per-record decoding runs in grain's worker processes) is a stream source; its state is the
-  grain iterator's own state (plus an offset inside the current grain batch when `batched`).
-
-Out of datarax:
-* `to_grain(source)`: a datarax source as a grain `MapDataset` (via `GrainDataSource`).
-* `to_grain_iter_dataset(pipeline)`: a datarax pipeline as a grain `IterDataset` whose
-  iterator yields the pipeline's batches and checkpoints with grain's get_state/set_state.
+"""grain interop, both ways: `GrainSource` (a grain random-access source or `MapDataset`),
+`GrainStreamSource` (a grain `IterDataset`), `to_grain(source)` and `to_grain_iter_dataset(pipeline)`.
 """
 
 from __future__ import annotations
@@ -246,11 +234,8 @@ def to_grain(source: DataSourceModule) -> Any:
 
 
 def to_grain_iter_dataset(pipeline: Any, num_epochs: int | None = None) -> Any:
-    """A datarax pipeline as a grain `IterDataset` yielding its batches over `num_epochs` epochs.
-
-    Each `iter()` starts a fresh `pipeline.epochs(num_epochs)` iterator; its `get_state` and
-    `set_state` are the pipeline iterator's, so grain-based checkpointing resumes exactly.
-    """
+    """A datarax pipeline as a grain `IterDataset` yielding its batches over `num_epochs` epochs; its
+    iterator's `get_state`/`set_state` are the pipeline iterator's."""
     grain = require("grain", owner="to_grain_iter_dataset", extra="data")
     return _pipeline_dataset_class(grain)(pipeline, num_epochs)
 

@@ -1,31 +1,9 @@
 """HuggingFace `datasets` as datarax sources: map-style `HFSource`, streaming `HFStreamSource`.
 
-Both read the dataset's Arrow data directly and turn columns into fixed-shape numpy arrays
-without a Python object per row (`datarax.sources._arrow`). Shuffling is ours, never HF's:
-
-* `HFSource` (a `datasets.Dataset`) is random access: the pipeline's Feistel permutation picks
-  the rows, read either from arrays materialised once (`mode="eager"`, optionally on the
-  device) or from the Arrow table batch by batch (`mode="lazy"`).
-* `HFStreamSource` (a `datasets.IterableDataset`) is read in order. With `shuffle=True` it
-  visits the shards in a seeded order per epoch and permutes each block of `block_size`
-  records, so its state is (shard, block, HF state at the block's start, offset in block)
-  and a restore re-reads one block instead of losing a shuffle buffer.
-
-Columns that are not fixed-shape numeric (strings, ragged lists, images stored as bytes) must be
-left out with `fields=`, turned into arrays by `convert(batch) -> dict of arrays`, which
-receives the selected columns (numeric ones as arrays, the others as Python lists) and whose
-fields replace or add to the numeric ones, or read unchanged as encoded records.
-
-Encoded columns: `HFSourceConfig(encoded=("image",))` reads each named column as one
-`bytes` (or `str`) object per record, straight from Arrow, with no per-row decoding by HF; its
-field's spec has dtype `ENCODED` and a host stage at the head of the pipeline's stages decodes it
-(`DecodeImage`, `DecodeAudio`, `Tokenize`). Only the columns named are read this way, and they are
-read whether or not `columns` lists them; nothing changes for a dataset read without `encoded`.
-A named column may be an HF `Image` or `Audio` feature (its stored file bytes; a file stored
-only as a path is read from that path), `binary`/`large_binary` (the bytes) or
-`string`/`large_string` (the text). Encoded columns are read from the Arrow table per batch
-(mode "auto" is then lazy) and are not given to `convert`. Only `HFSource` reads them: host
-stages need random access.
+Both read Arrow data directly into fixed-shape numpy arrays (`datarax.sources._arrow`); shuffling
+is datarax's, never HF's. Columns that are not fixed-shape numeric are left out with `fields=`,
+turned into arrays by `convert(batch)`, or read as encoded records (`encoded=`: HF `Image`/`Audio`,
+binary or string columns) for a host stage. docs/sources.md ("HuggingFace `datasets`") has the details.
 """
 
 from __future__ import annotations
@@ -124,14 +102,8 @@ def check_same_columns(schemas: dict[str, Any]) -> None:
 
 
 def check_table_file(path: str, file_format: str) -> Any:
-    """Raises `CorruptFileError` naming `path` when a parquet or arrow file is truncated or garbled;
-    returns its Arrow schema (None for text formats, which have no structure to check).
-
-    HF reports a truncated parquet file as "An error occurred while generating the dataset" (or,
-    streaming, as pyarrow's "magic bytes not found" once the stream reaches it) without naming it.
-    A parquet footer is one small read; an arrow stream's messages are walked over a memory map
-    (no data copied). Text formats have no structure to check.
-    """
+    """Raises `CorruptFileError` naming `path` when a parquet or arrow file is truncated or garbled
+    (HF's own error does not name it); returns its Arrow schema (None for text formats)."""
     import pyarrow as pa
 
     try:

@@ -1,18 +1,7 @@
 """`write_hf_parquet`: a parquet file with HF `Image` and `Audio` columns, written without `torchcodec`.
 
-HF `datasets` stores an `Image` or `Audio` value as `struct<bytes: binary, path: string>` and
-records the feature types in the parquet schema's `huggingface` metadata. `Dataset.cast_column`
-and `Audio().encode_example` need `torchcodec` to encode audio arrays; this writer encodes
-nothing through HF: it takes the encoded files (or encodes arrays itself, images as PNG with
-Pillow, audio as 16-bit PCM WAV with the standard library's `wave`) and writes the table with
-pyarrow, under the schema `datasets.Features(...).arrow_schema` gives. The file reads back with
-`datasets.load_dataset("parquet", ...)` (or `datarax.sources.hf.load_files`) as `Image`/`Audio`
-features, and `HFSource(encoded=(...))` serves their bytes to `DecodeImage`/`DecodeAudio`.
-
 Example:
     >>> write_hf_parquet("train.parquet", {"image": ["cat.jpg", photo_array], "label": [0, 1]}, images=("image",))
-    >>> write_hf_parquet("clips.parquet", {"audio": [(waveform, 16000), "bark.flac"], "label": [3, 1]},
-    ...                  audio=("audio",))
 """
 
 from __future__ import annotations
@@ -89,16 +78,13 @@ def write_hf_parquet(path: str | os.PathLike, columns: Mapping[str, Sequence[Any
 
     Args:
         path: the parquet file to write (its folder must exist).
-        columns: column name -> one value per row, all of the same length. Columns named in
-            `images` or `audio` hold encoded files (bytes), file paths (read; the file name is
-            kept as the value's `path`), or arrays (images: uint8 `(h, w[, c])`, written as PNG;
-            audio: `(samples, sample_rate)` with float samples in [-1, 1] or int16, written as
-            16-bit WAV). Other columns are written as pyarrow infers them (numbers, strings,
-            lists) and read back with the matching `datasets.Value`/`Sequence` features.
+        columns: column name -> one value per row. Columns named in `images` or `audio` hold
+            encoded files (bytes), file paths, or arrays (images: uint8 `(h, w[, c])`, written as
+            PNG; audio: `(samples, sample_rate)`, written as 16-bit WAV). Others as pyarrow infers.
         images: the columns to store as `datasets.Image()`.
         audio: the columns to store as `datasets.Audio()`.
-        row_group_size: rows per parquet row group (None: pyarrow's default, up to 1M rows); a
-            `ShardedSource` reads a row group as one block, so streamed data wants a few MB each.
+        row_group_size: rows per parquet row group (None: pyarrow's default); a `ShardedSource` reads
+            one as a block.
 
     Returns:
         The path written.

@@ -1,17 +1,5 @@
-"""`ImageFolderSource`: a folder of class sub-folders of image files, as encoded records.
-
-The layout torchvision's `ImageFolder` reads:
-
-    root/
-      cat/001.jpg, cat/002.jpg, ...
-      dog/xyz.png, dog/nested/abc.jpg, ...
-
-Class sub-folders, sorted by name, become labels 0, 1, ...; the files of each (searched
-recursively, sorted by path) follow one another in that order, so record i is the same file on
-every machine and the pipeline's Feistel shuffle and resume are exact. A record is the file's
-bytes (an encoded field, decoded by a host stage such as `DecodeImage`) and its int32 label.
-
-It is `FileFolderSource` (any file type) with image extensions and the field `image`.
+"""`ImageFolderSource`: torchvision's `ImageFolder` layout (class sub-folders of images) as encoded
+records: `FileFolderSource` with image extensions and the field `image`.
 """
 
 from __future__ import annotations
@@ -35,8 +23,7 @@ class ImageFolderSourceConfig(ShuffleConfig):
         root: the folder holding one sub-folder per class.
         extensions: file name endings that count as images (compared without case).
         num_threads: threads reading files.
-        max_file_bytes: the largest file read; a larger one (or a device, FIFO or socket, even
-            behind a symlink) is refused unread with a `DataPathError` naming it.
+        max_file_bytes: the largest file read; a larger one (or a non-regular file) is a `DataPathError`.
     """
 
     root: str
@@ -57,15 +44,7 @@ class ImageFolderSourceConfig(ShuffleConfig):
 
 
 class ImageFolderSource(FileFolderSource):
-    """Serves the files of an image folder as `{"image": bytes, "label": int32}` records.
-
-    Args:
-        config: an `ImageFolderSourceConfig`; or its fields as keywords (`root=` names the folder
-            holding one sub-folder per class, see the module docstring).
-        rngs: where an unset shuffle seed is drawn from.
-
-    Attributes:
-        class_names: the class sub-folder names; label i is `class_names[i]`.
+    """Serves the files of an image folder as `{"image": bytes, "label": int32}` records (see `FileFolderSource`).
 
     Example:
         >>> source = ImageFolderSource(root="photos/train", shuffle=True, seed=0)

@@ -44,9 +44,7 @@ def stamp_of(fs: Any, path: str, url: str) -> dict[str, Any]:
 
 
 def sample_hash(fs: Any, path: str, size: int, retry: Any) -> str:
-    """SHA-256 (16 hex digits) of a shard's first and last 64 KiB: a parquet footer (row groups,
-    offsets, statistics), an ArrayRecord index, a tar's first members. The two range requests run
-    at once, so on a store the check costs one request's latency, not two."""
+    """SHA-256 (16 hex digits) of a shard's first and last 64 KiB (two concurrent range requests)."""
     if size <= SAMPLE_BYTES:
         return hashlib.sha256(request(retry, lambda: fs.cat_file(path, 0, size))).hexdigest()[:16]
     pool = ThreadPool(2, "datarax-manifest")

@@ -1,7 +1,5 @@
-"""`MaterializedSource`: a decode-once cache (written by `datarax.host.materialize`) read back.
-
-See `datarax.host.decode_once` for what a cache holds and why. This module reads one: the
-manifest, the checks that refuse a stale or damaged cache, and the source that serves it.
+"""`MaterializedSource`: a decode-once cache (written by `datarax.host.materialize`) read back, with
+the checks that refuse a stale or damaged cache.
 """
 
 from __future__ import annotations
@@ -88,12 +86,9 @@ class MaterializedSourceConfig(ShuffleConfig):
     """Configuration of a `MaterializedSource`: the prefix the cache must hold, and its order.
 
     Attributes:
-        max_side, format, quality, field: the prefix asked for, checked against the cache's
-            manifest (see `MaterializeConfig`, which `prefix()` builds and which checks them).
-        shuffle: None (the default) follows the source the cache was made from (its
-            default sampler; storage order when no source is given); True or False
-            overrides it, as in `ShuffleConfig`.
-        seed: the shuffle seed when `shuffle=True` (see `ShuffleConfig`).
+        max_side, format, quality, field: the prefix asked for, checked against the manifest.
+        shuffle: None follows the source the cache was made from (storage order without one).
+        seed: the shuffle seed when `shuffle=True`.
     """
 
     max_side: int
@@ -114,11 +109,8 @@ class MaterializedSourceConfig(ShuffleConfig):
 
 
 def source_stamp(source: DataSourceModule) -> tuple[dict[str, Any], np.ndarray | None]:
-    """`(stamp, file stats)`: what identifies a source's content for a cache.
-
-    The stamp holds the source's `structure()`, its record count and, for a source that lists
-    its files (`paths`), the hash of every file's `(size, mtime_ns)`, returned as the stats.
-    """
+    """`(stamp, file stats)` identifying a source's content for a cache: its `structure()`, length
+    and the hash of its files' `(size, mtime_ns)`."""
     paths = getattr(source, "paths", None)
     stats = None
     if paths is not None:
@@ -184,16 +176,13 @@ def read_manifest(directory: str) -> dict[str, Any]:
 class MaterializedSource(DataSourceModule):
     """A cache written by `materialize`, served as the source it was made from.
 
-    Records keep their ids and fields; `field` holds the stored small images (encoded, for a
-    `DecodeImage`). Opening it checks the manifest against `source` and the prefix settings
-    (`StaleCacheError` when they differ), and every shard's size and record count
-    (`CorruptFileError`); a shard damaged inside is named when a batch reads it.
+    Records keep their ids; `field` holds the small encoded images. Opening checks the manifest
+    against `source` and the settings (`StaleCacheError`) and the shards' sizes (`CorruptFileError`).
 
     Args:
         config: the prefix asked for and the record order (or give its fields as keywords).
         directory: the cache folder.
-        source: the source the cache was made from, checked against the manifest; None skips
-            that check (for when the originals are gone) and keeps only the cache's own checks.
+        source: the source the cache was made from, checked against the manifest (None: not checked).
         rngs: draws the shuffle seed when `shuffle=True` and `config.seed` is None.
 
     Example:

@@ -73,10 +73,8 @@ def validate_arrays(data: Any, owner: str) -> dict[str, np.ndarray]:
 class MemorySource(DataSourceModule):
     """Serves a dict of arrays held in memory.
 
-    Integer fields keep their values exactly: an int64 field whose values fit int32 becomes int32
-    on the device (JAX's integers without 64-bit mode), one that does not is refused here
-    (`IntegerRangeError` naming the field, the value and the fix), and under
-    `jax_enable_x64` it stays int64.
+    An int64 field whose values fit int32 becomes int32 (without `jax_enable_x64`); one that does
+    not is refused with an `IntegerRangeError`.
 
     Example:
         >>> src = MemorySource(MemorySourceConfig(shuffle=True), data={"x": np.arange(10)}, rngs=nnx.Rngs(0))

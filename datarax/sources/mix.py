@@ -1,14 +1,8 @@
 """Weighted mixing of random-access sources, deterministic and exactly resumable by arithmetic.
 
-`MixDataSources` is the concatenation of its components (record id = component offset + local
-id) plus a `MixSampler` (`datarax.samplers.mix`) that decides, for every position of an epoch,
-which component it draws from and which of that component's records it gets.
-
-Weights may change on restore: the weights are not part of the pipeline fingerprint, and a
-restored pipeline built with new weights continues from the saved position as if it had used
-the new weights from the start of that epoch (positions before the restore point are not
-replayed; records near the restore point may repeat or be skipped once in that epoch, and every
-later epoch is exact for the new weights).
+`MixDataSources` is the concatenation of its components plus a `MixSampler` that picks, for every
+position of an epoch, the component and its record. Weights are not in the fingerprint and may
+change on restore (docs/sources.md, "Mixing sources").
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """Packed text: documents tokenized in blocks and packed greedily into fixed rows of `seq_len` tokens.
 
-`PackedTextSource` is a stream (`StreamSourceModule`). Each epoch it visits the documents of a
-random-access text source (a `TextSource`, or any source with a str field) in the order of a
-`ShuffleSampler` keyed by (seed, epoch), tokenizes them `block_size` documents at a time with one
-`encode_batch_fast` call, optionally appends an EOS token to each, and lays them out row after row:
-
-* default: a document that does not fit the rest of a row fills it and continues on the next row,
-  so every row but the epoch's last is full;
-* `truncate=True`: a document is cut to `seq_len` tokens (EOS included) and never split; one that
-  does not fit the rest of a row starts the next row, and the row is padded.
-
-A row's fields (int32 unless noted, all `[seq_len]`):
-
-* `tokens`: token ids, `pad_id` on padding;
-* `segment_ids`: 1, 2, ... for the document pieces of the row in order, 0 on padding (attention
-  must stay within a segment);
-* `positions`: the token's index within its piece: within its document, except that a document
-  continued from the previous row counts again from 0 (the row cannot attend to its start);
-* `loss_mask` (bool): True on real tokens, False on padding and, with `mask_document_start=True`,
-  on the first token of every document (nothing before it in the document predicts it).
-
-Every document is used exactly once per epoch; the epoch ends when the documents run out, with
-the final row padded. The number of rows is known only after tokenizing (`num_records()` is None).
-
-State: `{"doc": d, "offset": k}`: `d` is the position, in the epoch's document order, of the next
-document to emit a token from, and `k` how many of its tokens (EOS included) earlier rows already
-hold. Resuming re-tokenizes one block from document `d` and skips `k` tokens: nothing before `d`
-is read again. A state that does not fit the epoch (d past the last document, k past the end of
-document d) raises `ValueError` when the reader is opened, and no reader is made.
+`PackedTextSource` is a stream: each epoch it visits a text source's documents in a seeded order,
+tokenizes them `block_size` at a time, and packs them into rows of `tokens`, `segment_ids`,
+`positions` (int32) and `loss_mask` (bool). Its state is `{"doc": d, "offset": k}`: the next
+document in the epoch's order and the tokens of it already emitted. docs/sources.md ("Text") has
+the row layout and the resume rules.
 """
 
 from __future__ import annotations
@@ -217,10 +194,7 @@ class PackedTextReader(RecordReader):
         return True
 
     def _drop_emitted(self) -> None:
-        """Forgets the documents already emitted, so the pending arrays stay about a block long.
-
-        Called between reads only: a read's pieces point into the pending arrays.
-        """
+        """Forgets the documents already emitted (between reads only: a read's pieces point into them)."""
         done = self._index
         if done:
             base = self._starts[done]

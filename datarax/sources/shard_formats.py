@@ -1,10 +1,6 @@
-"""The shard formats `ShardedSource` reads: parquet row groups, webdataset tar samples and ArrayRecord
-records, each indexed into blocks (record count, byte range) and read back by byte range.
-
-A block is `[records, first byte, end byte, native id, decoded bytes]`: a parquet row group (from
-the footer), a run of `block_records` tar samples (from the member headers) or of ArrayRecord
-records. Bytes that do not parse raise `CorruptFileError` naming the shard; an `OSError` of the
-store (after its retries) stays an `OSError`, so the retries see it.
+"""The shard formats `ShardedSource` reads (parquet row groups, webdataset tar samples, ArrayRecord
+records), indexed into blocks `[records, first byte, end byte, native id, decoded bytes]` and read
+back by byte range. Bytes that do not parse raise `CorruptFileError`; a store's `OSError` stays one.
 """
 
 from __future__ import annotations

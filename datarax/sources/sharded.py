@@ -1,23 +1,12 @@
 """`ShardedSource`: parquet, webdataset-tar or ArrayRecord shards on any fsspec filesystem, shuffled
-for real in O(1) iterator state, read by byte range ahead of need, resumed exactly.
+in O(1) iterator state, read by byte range ahead of need, resumed exactly.
 
-* A manifest (`datarax.sources.manifest`) lists every shard's blocks with their record counts and
-  byte ranges; its SHA-256 is the fingerprint, and a shard that changed is refused
-  (`ShardChangedError`), so record id -> (shard, block, offset) is arithmetic on every host.
-* `shuffle=True` uses `BlockShuffleSampler` (Feistel over blocks, then over windows of records):
-  the iterator state stays `{epoch, position}`.
-* The next `prefetch_blocks` blocks of the epoch's order (or of the records `upcoming` names) are
-  fetched on a thread pool into a cache of `cache_blocks` blocks.
-* Binary, string and HF `Image`/`Audio` columns and tar members are encoded fields for host stages.
-* Each request is retried after an `OSError` (`max_retries`, backing off from `retry_backoff_s`);
-  bytes that do not parse raise `CorruptFileError` naming the shard and block.
-
-docs/sources.md ("Sharded and remote data") has the measurements and the details.
+A manifest lists every shard's blocks; its hash is the fingerprint and a changed shard is refused
+(`ShardChangedError`). docs/sources.md ("Sharded and remote data") has the details.
 
 Example:
     >>> source = ShardedSource(urls=["s3://bucket/train-00000.parquet", ...], encoded=("image",),
     ...                        shuffle=True, seed=0)
-    >>> pipeline = Pipeline(source, [DecodeImage(size=224, crop="random_resized")], batch_size=256)
 """
 
 from __future__ import annotations
@@ -80,33 +69,23 @@ class ShardedSourceConfig(ShuffleConfig):
     """Configuration of a `ShardedSource`.
 
     Attributes:
-        urls: the shard URLs (any fsspec protocol: `file://` or a plain path, `memory://`,
-            `s3://`, `gs://`, `hf://datasets/...`), in storage order; or one glob pattern
-            (`"s3://bucket/train-*.parquet"`), expanded and sorted once.
-        format: "parquet", "tar" (webdataset: members grouped by the name before the first dot
-            of their file name), "array_record" (local files only), or "auto" (by extension).
+        urls: the shard URLs (any fsspec protocol), in storage order; or one glob pattern.
+        format: "parquet", "tar" (webdataset), "array_record" (local files only), or "auto" (by extension).
         fields: the columns (parquet) or member extensions (tar) to read; None: all.
-        encoded: parquet columns to read as encoded bytes/str (binary, string, HF Image/Audio);
-            tar members are always encoded, except `int_fields`; ArrayRecord records are the
-            encoded field `record`.
+        encoded: parquet columns read as encoded bytes/str; tar members (but `int_fields`) and
+            ArrayRecord's `record` field are always encoded.
         int_fields: tar member extensions holding a decimal int (webdataset's `cls`), read as int32.
         window: blocks whose records are shuffled together (the second level of the shuffle).
         block_records: records per block for tar and ArrayRecord (parquet blocks are row groups).
-        prefetch_blocks: blocks fetched ahead of the furthest one being read, in the epoch's block
-            order; the default, one window, has the next window in flight while one is read.
-        cache_blocks: blocks kept in memory at most (prefetched ones included); the default holds
-            three windows.
-        num_threads: threads fetching blocks (a fetch mostly waits on the store); the default
-            keeps one window's requests in flight.
+        prefetch_blocks: blocks fetched ahead of the furthest one being read.
+        cache_blocks: blocks kept in memory at most (prefetched ones included).
+        num_threads: threads fetching blocks.
         manifest_dir: where manifests are cached (None: `~/.cache/datarax/manifests`).
         storage_options: passed to `fsspec.filesystem(protocol, **storage_options)`.
-        max_retries: retries of each request to the store (a block's range read, a footer, a
-            stamp) after an `OSError` such as a timeout, before the error reaches the reader.
-        retry_backoff_s: the wait before a request's first retry; each later wait doubles (at most
-            30 s).
-        verify: at open, hash each shard's first and last 64 KiB again (two small range requests)
-            and refuse a shard whose hash differs from the manifest's, so a rewrite that kept size
-            and modification time is not read as the old shard.
+        max_retries: retries of each request to the store after an `OSError`.
+        retry_backoff_s: the wait before a request's first retry; each later wait doubles (at most 30 s).
+        verify: at open, hash each shard's first and last 64 KiB again and refuse a shard whose hash
+            differs from the manifest's.
     """
 
     urls: tuple[str, ...] | str
@@ -159,14 +138,12 @@ class ShardedSourceConfig(ShuffleConfig):
         return RetryPolicy(max_retries=self.max_retries, backoff_s=self.retry_backoff_s)
 
 
-
 class ShardedSource(DataSourceModule):
     """Records of parquet, tar or ArrayRecord shards on any fsspec filesystem (see the module docstring).
 
     Args:
         config: a `ShardedSourceConfig`; or its fields as keywords (`urls=` is required).
         rngs: where an unset shuffle seed is drawn from.
-
     """
 
     def __init__(self, config: ShardedSourceConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
@@ -201,13 +178,11 @@ class ShardedSource(DataSourceModule):
 
     @property
     def unrequested_blocks(self) -> int:
-        """Blocks a read had to fetch itself because nothing had asked for them ahead (its own
-        block order, or the reader's `upcoming`): each is a wait on the store."""
+        """Blocks a read had to fetch itself because nothing asked for them ahead (each a wait on the store)."""
         return self._io.unrequested[0]
 
     def _check_int_ranges(self) -> None:
-        """Refuses, at open, a 64-bit integer field whose footer statistics hold a value JAX would
-        wrap (row groups without statistics are checked as they are read)."""
+        """Refuses, at open, a 64-bit integer field whose footer statistics hold a value JAX would wrap."""
         shards = self._io.manifest["shards"]
         for name, spec in self._spec.items():
             if narrowed_dtype(NUMERIC.get(self._io.manifest["columns"].get(name), np.dtype(object))) is None \
@@ -258,9 +233,8 @@ class ShardedSource(DataSourceModule):
         return self._io.sampler
 
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
-        """Fetches the blocks of the records the reader reads next (at most `prefetch_blocks` of
-        them), so a pipeline with its own sampler reads ahead too. Under the source's own block
-        order (`sampler()`) its `read` already fetches further ahead."""
+        """Fetches the blocks of the records read next (at most `prefetch_blocks`), so a pipeline with
+        its own sampler reads ahead too."""
         if self.config.prefetch_blocks == 0:
             return
         flat = np.clip(np.asarray(indices, np.int64).reshape(-1), 0, len(self) - 1)

@@ -1,19 +1,9 @@
 """The stream contract: sources read in order, resumed from a small JSON state.
 
-Some data cannot be read by index (a streaming HuggingFace `IterableDataset`, a grain
-`IterDataset` with worker processes). Such a source is a `StreamSourceModule`: `open(epoch,
-state)` returns a `RecordReader` positioned at `state` (None: the start of the epoch), which
-copies the next records into the caller's buffers and reports its state after them.
-
-The pipeline reads a stream on its background thread with
-`datarax.control.producers.stream_host_batches`: full-size
-reused buffers, a short final batch padded by repeating its last record (no recompilation),
-and the reader's state carried with every batch, so the iterator's state after a batch is
-exactly the state after that batch's records, whatever the prefetch depth. A stage's record id
-for a stream record is its position in the epoch.
-
-An epoch ends when the reader has no more records. A stream with an unknown length has
-`len(source) == UNBOUNDED`.
+A `StreamSourceModule`'s `open(epoch, state)` returns a `RecordReader` positioned at `state` (None:
+the epoch's start) that copies the next records into the caller's buffers and reports its state
+after them. An epoch ends when the reader runs out; an unknown length is `UNBOUNDED`.
+docs/sources.md ("Streams") has the contract.
 """
 
 from __future__ import annotations
@@ -38,10 +28,8 @@ class RecordReader(abc.ABC):
 
     @abc.abstractmethod
     def read(self, out: dict[str, np.ndarray], start: int, count: int) -> int:
-        """Copies up to `count` next records into rows `start:start+count` of `out`.
-
-        Returns how many were copied: fewer than `count` only at the end of the epoch.
-        """
+        """Copies up to `count` next records into rows `start:start+count` of `out`; returns how many
+        (fewer than `count` only at the end of the epoch)."""
 
     @abc.abstractmethod
     def get_state(self) -> dict[str, Any]:

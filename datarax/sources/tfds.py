@@ -1,9 +1,5 @@
-"""TensorFlow Datasets as a datarax source.
-
-The default path is `tfds.data_source`: random access over a dataset prepared in ArrayRecord
-format, decoded by TFDS in numpy, with no TensorFlow needed. `read="load"` uses `tfds.load`
-instead (any prepared format) and needs TensorFlow: it materialises the split once as arrays.
-Either way the pipeline's Feistel permutation shuffles and resume is exact.
+"""TensorFlow Datasets as a datarax source: `tfds.data_source` (random access, no TensorFlow) by
+default, or `read="load"` (`tfds.load`, any prepared format, needs TensorFlow) materialised once.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Parallel batch reads on a thread pool, for sources whose reading or decoding releases the GIL.
 
-`ThreadedSource` splits each `get_batch` into contiguous chunks and reads them concurrently,
-each chunk straight into its rows of the caller's buffers. Threads pay off only when the work
-runs outside the GIL (file reads, memory-mapped page faults, numpy copies, C decoders such as
-PIL or ArrayRecord); per-record Python decoding does not get faster on threads. For that, run
-the decoding in grain's worker processes (`grain ... .mp_prefetch(...)`) and feed the result
-through `datarax.sources.grain_interop.GrainStreamSource`.
+`ThreadedSource` reads each batch as contiguous chunks, concurrently, into the caller's buffers.
+Per-record Python decoding does not get faster on threads: use `GrainStreamSource` over grain's
+worker processes, or `HostMap(executor="processes")`, for that.
 """
 
 from __future__ import annotations

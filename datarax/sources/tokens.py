@@ -18,8 +18,7 @@ from datarax.core.errors import RecordError
 def load_tokenizer(tokenizer: Any, owner: str) -> tuple[Any, str]:
     """`(a private copy of the tokenizer, a hash of its JSON)` from a `tokenizers.Tokenizer` or a path.
 
-    The copy has padding and truncation turned off, so the caller sees every token and does its
-    own fixed-length layout; the caller's tokenizer object is left as it was.
+    The copy has padding and truncation off.
     """
     tokenizers = require("tokenizers", owner=owner, extra="text")
     if isinstance(tokenizer, (str, os.PathLike)):
@@ -39,10 +38,7 @@ def load_tokenizer(tokenizer: Any, owner: str) -> tuple[Any, str]:
 
 
 def encode(tokenizer: Any, texts: list, add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
-    """`(flat int32 token ids, int64 lengths)` of `texts`, encoded in one batch call.
-
-    `encode_batch_fast` (tokenizers >= 0.20) skips the character offsets nobody here reads.
-    """
+    """`(flat int32 token ids, int64 lengths)` of `texts`, in one `encode_batch_fast` call."""
     batch_encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     encodings = batch_encode(texts, add_special_tokens=add_special_tokens)
     ids = [e.ids for e in encodings]
@@ -52,10 +48,7 @@ def encode(tokenizer: Any, texts: list, add_special_tokens: bool) -> tuple[np.nd
 
 
 def as_texts(texts: list, field_name: str, where: Callable[[int], str], owner: str) -> list:
-    """`texts` with UTF-8 bytes decoded, or a `RecordError` naming the first record that is not text.
-
-    Called only when the tokenizer refused a batch, so a batch of str pays no per-record loop.
-    """
+    """`texts` with UTF-8 bytes decoded, or a `RecordError` naming the first record that is not text."""
     texts = list(texts)
     for row, text in enumerate(texts):
         if isinstance(text, bytes):
