@@ -1,13 +1,4 @@
-"""The `[trainer]` table of a configuration file: its schema and the `Trainer` it builds.
-
-The configuration layer (`datarax.config`) validates and builds pipelines and knows nothing of
-the kit; importing this module registers the `[trainer]` table and the `callback` component kind
-with it. `load_trainer(path)` reads a file and builds both pipeline and trainer:
-
-    >>> from datarax.train.config import load_trainer
-    >>> run = load_trainer("experiment.toml")
-    >>> result = run.fit()
-"""
+"""The `[trainer]` table of a configuration file: its schema and the `Trainer` it builds."""
 
 from __future__ import annotations
 

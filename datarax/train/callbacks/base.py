@@ -1,31 +1,4 @@
-"""The callback contract: a small event set, step logs, and schedules that survive a resume.
-
-Events, in the order a run sees them (all methods are optional no-ops):
-
-    on_train_begin(trainer)                     before the first step; checkpoints restore here
-    on_data_wait_begin(trainer, step)           the host is about to call next() for `step`
-    on_data_wait_end(trainer, step, seconds)    next() returned after `seconds`
-    on_step_begin(trainer, step)                the batch is in hand, the step is about to run
-    on_step_end(trainer, logs)                  the step was dispatched (`logs`: StepLogs)
-
-With `Trainer(steps_per_execution=K)` these four events come once per call of K steps: `step`
-is the call's first step in the first three, and `logs.step` its last (`logs.steps` the number
-it covered) in `on_step_end`; a schedule fires at the end of the call in which its step was
-crossed.
-    on_eval_begin(trainer, step)                an evaluation starts
-    on_eval_step_end(trainer, logs)             an eval batch's step was dispatched (`logs`: StepLogs,
-                                                `step` counting the evaluation's batches from 1)
-    on_eval_end(trainer, step, metrics)         the evaluation's metrics
-    on_checkpoint_save(trainer, info) / on_checkpoint_restore(trainer, info)
-    on_train_end(trainer, logs)                 after the last step (or a stop request)
-
-`on_step_end` never waits for the device: `logs.metrics` holds the metrics of the *previous*
-call's last step (`logs.metrics_step`), read from the device only when a callback looks at them
-(`datarax.train.loop.step.HostMetrics`), and then after the current call was dispatched, so the
-device stays busy. A callback that needs them only sometimes should look only then (check its
-schedule first): while no callback looks, the host runs ahead of the device. `on_train_end`
-carries the final step's metrics.
-"""
+"""The callback contract: a small event set, step logs, and schedules that survive a resume."""
 
 from __future__ import annotations
 
@@ -103,7 +76,7 @@ class CheckpointInfo:
 
 
 class Callback:
-    """Base class of callbacks: override the events you need (see the module docstring).
+    """Base class of callbacks: override the events you need (docs/trainers.md, "Module notes").
 
     `order` sorts callbacks per event (stable, ascending) so that producers of values run before
     the loggers that write them: value producers use < 0, loggers > 0. `event_order` can give

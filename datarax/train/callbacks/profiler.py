@@ -1,20 +1,4 @@
-"""Profiler: a `jax.profiler` trace of training steps N..M, with the input pipeline's spans named.
-
-Three kinds of named spans (`jax.profiler.TraceAnnotation`) are always in the code, at about half
-a microsecond each when no trace is active:
-
-    datarax/next               the trainer's `next(iterator)`: how long the step waited for data
-    datarax/host_stage/<name>  one host stage on one batch, on the pipeline's background reader
-                               thread (`<name>` is the stage's label, `DecodeImage`, `Tokenize#1`)
-    datarax/step               dispatching the compiled train step (compiling it, the first time)
-
-In the trace viewer (TensorBoard's profile plugin, xprof, or ui.perfetto.dev for the
-`perfetto_trace.json.gz` written with `create_perfetto_trace=True`) the main Python thread shows
-`datarax/next` and `datarax/step` alternating; the host stages sit on another thread. A long
-`datarax/next` with the reader thread busy in a host stage means the input pipeline is the
-bottleneck (the step waits for decoding); a short `datarax/next` with gaps between the reader's
-host stages means it keeps up, and the device's own rows show where the step's time goes.
-"""
+"""Profiler: a `jax.profiler` trace of training steps N..M, with the input pipeline's spans named."""
 
 from __future__ import annotations
 
@@ -69,7 +53,7 @@ class ProfilerConfig:
 
 
 class Profiler(Callback):
-    """Captures one `jax.profiler` trace of steps `start_step` to `stop_step` (see the module docstring).
+    """Captures one `jax.profiler` trace of steps `start_step` to `stop_step` (docs/trainers.md, "Module notes").
 
     The trace starts before step `start_step` asks for its batch and stops after step
     `stop_step` has finished on the device (the one place this callback waits for it). A run that

@@ -1,13 +1,4 @@
-"""ProgressBar: a tqdm bar on a terminal, periodic plain lines anywhere else.
-
-On a terminal the bar redraws in place, so anything else printed meanwhile must go through the
-bar's writer: the trainer's `ConsoleWriter` does (`datarax.monitoring.writers.write_line`), and while
-the bar is shown Python warnings and the `datarax` and root loggers' console handlers are routed
-through it too. Piped into a file or `tee`, a bar would print nothing readable until the end;
-there the callback writes one plain line every `every_secs` seconds (or `every_steps` steps):
-
-    step 120/1000 (12%) | 1,234 el/s | loss 0.4123 | 0:01:02 elapsed | eta 0:08:10
-"""
+"""ProgressBar: a tqdm bar on a terminal, periodic plain lines anywhere else."""
 
 from __future__ import annotations
 

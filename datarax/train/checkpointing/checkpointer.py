@@ -1,33 +1,4 @@
-"""One Orbax checkpoint per save: model, optimizer, data iterator and run metadata together.
-
-On disk (`<directory>/<step>/`):
-
-    model/        nnx.state(model)            Orbax StandardSave (OCDBT + zarr)
-    optimizer/    nnx.state(optimizer)        Orbax StandardSave
-    pipeline/     nnx.state(pipeline)         only when the pipeline is trained jointly
-    ema/          the parameters' moving average  only with Trainer(ema_decay=...)
-    loss_scale/   the float16 loss scale      only with Trainer(precision="f16")
-    metrics/      {best_metric: value}        Orbax's own item, only with keep_best (see below)
-    iterator/     process_<i>-of-<n>.json     datarax IteratorSave (epoch, position, fingerprint)
-    meta/         metadata                    JSON: step, epoch, pipeline fingerprint, run configuration, callbacks
-
-    .lock                         pid and host of the process holding the directory (flock)
-
-A step directory appears only when its save is complete (Orbax writes into
-`<step>.orbax-checkpoint-tmp-<pid>` and renames), so a run killed mid-save leaves the previous
-checkpoint as the latest. `meta` carries integrity data written at save time: the sha256 of the
-model, optimizer (and pipeline) arrays as written, and the iterator's epoch, position and the
-sha256 of its state. A latest checkpoint that cannot be read, or reads back other data than was
-written, is reported with a warning, moved aside to `corrupt-<step>-<time>`, and the previous one
-is restored. When no step can be restored, every run refuses until the user chooses
-`on_damaged="start_fresh"` (or copies an intact checkpoint in).
-
-One process at a time: the `Checkpointer` holds an exclusive `flock` on `<directory>/.lock` while
-it is open; the operating system releases it when the process dies, so a killed run's lock never
-blocks the next one (`datarax.train.locking`). The integrity hashes are
-`datarax.train.checkpointing.integrity`.
-Retention and `on_damaged` are `datarax.train.checkpointing.policies`.
-"""
+"""One Orbax checkpoint per save: model, optimizer, data iterator and run metadata together."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""The jitted train and eval steps, over a flat list of variable values.
-
-The step takes the values of every `nnx.Variable` of (model, optimizer[, pipeline]) as one
-flat list, donates it, and returns the new list, which is written straight back into the same
-`Variable` objects. That keeps the user's modules current after every step (callbacks, eval and
-checkpoints see live state) without an NNX graph traversal per step, and lets XLA update the
-parameters and optimizer state in place.
-"""
+"""The jitted train and eval steps, over a flat list of variable values."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""A PNG timeline of a run: device busy vs. idle, what the host was doing, and goodput per step.
-
-`timeline_data` computes everything the picture shows from the ledger and its summary (so the
-figures on the plot are the report's own: the title is the report's `headline`, the lanes sum
-to its buckets); `plot_timeline` only draws it.
-"""
+"""A PNG timeline of a run: device busy vs. idle, what the host was doing, and goodput per step."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The experiment trackers' metric writers: TensorBoard, Weights & Biases, MLflow.
-
-A writer is anything with `write_scalars(step, scalars)` (and optionally `flush()`/`close()`),
-the interface of `clu.metric_writers.MetricWriter`, so a CLU writer can be passed as is; the
-console and JSON-lines writers, shared with the pipeline monitor, are `datarax.monitoring.writers`.
-"""
+"""The experiment trackers' metric writers: TensorBoard, Weights & Biases, MLflow."""
 
 from __future__ import annotations
 

@@ -1,28 +1,4 @@
-"""Which parameters a fine-tune trains, and at what rate: by dotted state path.
-
-* A *linear probe* freezes the backbone: `probe_optimizer(model, tx, head=("fc.",))` builds the
-  `nnx.Optimizer` over the `nnx.Param`s under the head's path prefixes only, so the backbone
-  gets no update at all (not a zero learning rate: no optimizer state either).
-* *Discriminative learning rates* train everything, each part at its own rate:
-  `discriminative(("stages.0.", optax.adam(1e-5)), ("fc.", optax.adam(1e-3)), default=optax.adam(1e-4))`
-  is one optax transformation (an `optax.multi_transform`) whose rule for a parameter is the
-  first prefix its path starts with. Pass it to `Trainer` as the optimizer.
-
-* `FinetuneConfig` + `prepare_finetune` put the whole set-up in one value, the form a
-  configuration file's `[trainer.finetune]` table takes: where the starting weights come from (a
-  `.safetensors` / `.pth` file through a named key table, or a datarax checkpoint), which parts
-  are loaded (`include` / `exclude`, e.g. a new head left out), and how it trains (`mode` full,
-  probe or lora).
-
-Example::
-
-    trainer = Trainer(model, probe_optimizer(model, optax.adam(1e-3), head=("fc.",)), pipeline, loss_fn)
-
-    config = FinetuneConfig(weights="resnet18.safetensors", layout="resnet", exclude=("fc.",),
-                            mode="lora", lora_rank=8, lora_where=("layer4.",), head=("fc.",))
-    optimizer, report = prepare_finetune(model, optax.adam(1e-3), config)
-    trainer = Trainer(model, optimizer, pipeline, loss_fn)
-"""
+"""Which parameters a fine-tune trains, and at what rate: by dotted state path."""
 
 from __future__ import annotations
 

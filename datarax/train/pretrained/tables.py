@@ -1,21 +1,4 @@
-"""Key/transpose tables: how a checkpoint's tensors map onto an NNX module's variables, both ways.
-
-A table is a tuple of `KeyMap(key, path, transform)`: the checkpoint key (`layer1.0.conv1.weight`),
-the dotted NNX state path (`layer1.0.conv1.kernel`) and the layout change between them. The
-transforms are the whole difference between PyTorch's and Flax's layouts:
-
-| transform | checkpoint (PyTorch) | NNX |
-|---|---|---|
-| `copy` | any | the same |
-| `linear` | `(out, in)` | `(in, out)` |
-| `conv` | `(out, in, *kernel)` | `(*kernel, in, out)` |
-
-`load_table` checks everything before it writes anything: every checkpoint key is mapped (or
-matched by `ignore`), every `nnx.Param` / `nnx.BatchStat` of the module is filled (LoRA adapters
-excepted: a pretrained checkpoint has none), and every shape agrees after the transform. A
-problem raises one `LayoutError` that lists all of them. `export_table` is the exact inverse, so
-load-then-export gives back the checkpoint's arrays bit for bit.
-"""
+"""Key/transpose tables: how a checkpoint's tensors map onto an NNX module's variables, both ways."""
 
 from __future__ import annotations
 
