@@ -177,12 +177,6 @@ class Schedule:
     past each multiple of 10, and `on_steps=(25,)` fires on the first step >= 25 seen after a
     step < 25. A run resumed at step 37 therefore fires next at 40, never at 37 again, and a jump
     over several boundaries fires once.
-
-    Example:
-        >>> s = Schedule(every_steps=10)
-        >>> s.reset(step=37, now=0.0)
-        >>> [step for step in range(38, 52) if s.due(step, now=0.0)]
-        [40, 50]
     """
 
     def __init__(self, every_steps: int | None = None, every_secs: float | None = None,

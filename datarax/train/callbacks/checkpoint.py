@@ -45,11 +45,6 @@ class CheckpointCallback(Callback):
 
     While training, the callback's `Checkpointer` holds an exclusive lock on `directory`: a second
     run on the same directory fails with `CheckpointLockedError` naming this run's pid.
-
-    Example:
-        >>> ckpt = CheckpointCallback("run/ckpt", every_steps=500, max_to_keep=3)
-        >>> Trainer(model, optax.adam(1e-3), pipeline, loss_fn, callbacks=[ckpt]).fit(num_steps=10_000)
-        >>> best = CheckpointCallback("run/ckpt", every_steps=500, max_to_keep=1, keep_best=3, best_metric="eval/loss")
     """
 
     order = -100  # restore before any other callback reads the step

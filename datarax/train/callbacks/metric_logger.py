@@ -25,9 +25,6 @@ class MetricLogger(Callback):
         writers: objects with `write_scalars(step, scalars)`: `ConsoleWriter`, `JsonlWriter`,
             `TensorBoardWriter`, or a CLU `MetricWriter` (default: one ConsoleWriter).
         every_steps / every_secs / on_steps: when to write train metrics (default every 100 steps).
-
-    Example:
-        >>> logger = MetricLogger([ConsoleWriter(), JsonlWriter("run/metrics.jsonl")], every_steps=50)
     """
 
     order = 10  # after callbacks that add values to the logs (e.g. LearningRateLogger)

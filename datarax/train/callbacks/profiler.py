@@ -64,10 +64,6 @@ class Profiler(Callback):
 
     Attributes:
         trace_dir: the folder the trace was written to, once it has stopped (else None).
-
-    Example:
-        >>> profiler = Profiler(log_dir="runs/exp1/profile", start_step=10, stop_step=12)
-        >>> trainer = Trainer(model, optimizer, pipeline, loss_fn, callbacks=[profiler])
     """
 
     config_class = ProfilerConfig

@@ -63,10 +63,6 @@ class ProgressBar(Callback):
         clock: seconds for the lines' schedule and elapsed time (`time.monotonic`; tests inject
             a fake one).
         **tqdm_kwargs: passed to `tqdm.tqdm` in "bar" mode (e.g. `disable=True`).
-
-    Example:
-        >>> Trainer(..., callbacks=[ProgressBar()])            # a bar, or lines when piped
-        >>> Trainer(..., callbacks=[ProgressBar(mode="lines", every_steps=100)])
     """
 
     order = 20

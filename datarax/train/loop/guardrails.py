@@ -31,13 +31,7 @@ class UnknownEpochLengthWarning(TrainerWarning):
 
 
 def shuffles(sampler: Sampler, source: Any) -> bool | None:
-    """Whether `sampler` (over `source`) visits records in a fresh order each epoch; None: cannot tell.
-
-    A `ShuffleSampler` does; `SequentialSampler` and `RangeSampler` do not; a sampler with a bool
-    `shuffle` setting (mixtures, weighted and windowed samplers) does when it is True. A stream's
-    order is its source's: a stream config's `shuffle`, else unknown (e.g. a grain dataset that
-    may shuffle itself).
-    """
+    """Whether `sampler` (over `source`) visits records in a fresh order each epoch; None: cannot tell."""
     if isinstance(sampler, ShuffleSampler):
         return True
     if isinstance(source, StreamSourceModule):

@@ -91,14 +91,7 @@ class LossScaleValue(nnx.Variable):
 
 
 class LossScale(nnx.Module):
-    """Dynamic loss scaling for float16 training: the scale and the finite steps since it last changed.
-
-    Example:
-        >>> ls = LossScale()
-        >>> scale, good = next_scale(ls.scale[...], ls.good_steps[...], jnp.asarray(False))
-        >>> float(scale), int(good)
-        (16384.0, 0)
-    """
+    """Dynamic loss scaling for float16 training: the scale and the finite steps since it last changed."""
 
     def __init__(self, initial: float = INITIAL_SCALE):
         self.scale = LossScaleValue(jnp.asarray(initial, jnp.float32))

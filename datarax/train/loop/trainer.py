@@ -120,11 +120,6 @@ class Trainer:
     read on first use, so callbacks reading it on their own schedule let the host run ahead.
     Construction warns (`datarax.train.loop.guardrails.TrainerWarning`) about a training pipeline
     that does not shuffle or whose epoch ends in a short batch.
-
-    Example:
-        >>> trainer = Trainer(model, optax.adam(1e-3), pipeline, loss_fn,
-        ...                   callbacks=[CheckpointCallback("ckpt", every_steps=100)])
-        >>> result = trainer.fit(num_steps=1000)
     """
 
     def __init__(self, model: nnx.Module, optimizer: optax.GradientTransformation | nnx.Optimizer,

@@ -138,12 +138,7 @@ class _ClassMetric(Metric):
 
 def confusion_matrix(labels: jax.Array, predictions: jax.Array, num_classes: int,
                      weights: jax.Array | None = None) -> jax.Array:
-    """`[num_classes, num_classes]` counts: row = true class, column = predicted class (float32).
-
-    Example:
-        >>> confusion_matrix(jnp.array([0, 1, 1]), jnp.array([0, 0, 1]), 2).tolist()
-        [[1.0, 0.0], [1.0, 1.0]]
-    """
+    """`[num_classes, num_classes]` counts: row = true class, column = predicted class (float32)."""
     labels, predictions = jnp.asarray(labels).reshape(-1), jnp.asarray(predictions).reshape(-1)
     weights = jnp.ones(labels.shape, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32).reshape(-1)
     flat = jnp.clip(labels, 0, num_classes - 1) * num_classes + jnp.clip(predictions, 0, num_classes - 1)

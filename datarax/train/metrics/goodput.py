@@ -253,12 +253,7 @@ def diagnose(steady: dict, buckets: dict, wall: float, *, reader: dict | None = 
 
 
 def eval_summary(ledgers: list[GoodputLedger], reader: dict | None = None) -> dict:
-    """Evaluation's own account and verdict, over every evaluation of the run (one ledger each).
-
-    An evaluation's time splits like training's: device busy with eval steps, waiting for data
-    (its first batch included), compiling, and the rest (reading metrics back, callbacks). The
-    verdict is the shared one, with the evaluations' total time as its stated denominator.
-    """
+    """Evaluation's own account and verdict, over every evaluation of the run (one ledger each)."""
     summaries = [ledger.summary() for ledger in ledgers]
     summaries = [s for s in summaries if s["steps"]]
     if not summaries:

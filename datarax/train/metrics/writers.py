@@ -96,9 +96,6 @@ class WandbWriter:
     `run.log(scalars, step=step)`; wandb merges the train and eval scalars of one step into one
     history row, and ignores a step lower than one it already has (a resumed run's repeated
     steps).
-
-    Example:
-        >>> logger = MetricLogger([WandbWriter(project="exp1", dir="runs/exp1")], every_steps=50)
     """
 
     def __init__(self, config: WandbWriterConfig | None = None, **settings: Any):
@@ -158,9 +155,6 @@ class MlflowWriter:
     Uses an `MlflowClient` of its own, so MLflow's global active run is left alone. Each
     `write_scalars` is one `log_batch` of all its scalars at `step`; `close()` (or the process's
     exit) marks the run finished. `run_id` is the run's id (to resume into it, or to read it back).
-
-    Example:
-        >>> logger = MetricLogger([MlflowWriter(tracking_uri="sqlite:///mlflow.db", experiment="exp1")])
     """
 
     def __init__(self, config: MlflowWriterConfig | None = None, **settings: Any):
