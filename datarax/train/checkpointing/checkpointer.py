@@ -46,6 +46,7 @@ from datarax.train.checkpointing.trees import (
     structure_differences,
     tree_differences,
     tree_layout,
+    tree_shapes,
 )
 from datarax.train.locking import LOCK_NAME as LOCK_NAME
 from datarax.train.locking import CheckpointLockedError as CheckpointLockedError
@@ -354,11 +355,7 @@ class Checkpointer:
             saved_tree = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / name)
         except Exception:  # only the error message loses detail; the mismatch is still raised
             return ""
-        saved = {jax.tree_util.keystr(path): (tuple(x.shape), str(x.dtype))
-                 for path, x in jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
-        here = {jax.tree_util.keystr(path): (tuple(x.shape), str(x.dtype))
-                for path, x in jax.tree_util.tree_flatten_with_path(abstract_target(module))[0]}
-        return tree_differences(saved, here, name)
+        return tree_differences(tree_shapes(saved_tree), tree_shapes(abstract_target(module)), name)
 
     def restore_best(self, *, model: nnx.Module, optimizer: nnx.Optimizer, iterator: Any,
                      pipeline: nnx.Module | None = None, fingerprint: str | None = None,

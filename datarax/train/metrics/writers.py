@@ -15,18 +15,11 @@ from datarax.core.construct import resolve_config
 
 
 def _summary_writer_class():
-    try:
-        from tensorboardX import SummaryWriter
-
-        return SummaryWriter
-    except ImportError:
-        pass
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-
-        return SummaryWriter
-    except ImportError:
-        pass
+    for module in ("tensorboardX", "torch.utils.tensorboard"):
+        try:
+            return importlib.import_module(module).SummaryWriter
+        except ImportError:
+            pass
     raise ImportError("TensorBoardWriter needs a TensorBoard event writer: pip install tensorboardX "
                       "(torch.utils.tensorboard also works)")
 
@@ -59,6 +52,13 @@ class TensorBoardWriter:
 WANDB_MODES = ("offline", "online", "disabled")
 
 
+def _check_strings(config: Any, required: tuple[str, ...], optional: tuple[str, ...]) -> None:
+    for field in required + optional:
+        value = getattr(config, field)
+        if (value is not None or field in required) and not (isinstance(value, str) and value):
+            raise ValueError(f"{type(config).__name__}.{field} must be a non-empty string, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class WandbWriterConfig:
     """Where `WandbWriter` logs.
@@ -80,10 +80,7 @@ class WandbWriterConfig:
     mode: str = "offline"
 
     def __post_init__(self):
-        for field in ("project", "name", "run_id", "dir"):
-            value = getattr(self, field)
-            if (value is not None or field == "project") and not (isinstance(value, str) and value):
-                raise ValueError(f"WandbWriterConfig.{field} must be a non-empty string, got {value!r}")
+        _check_strings(self, ("project",), ("name", "run_id", "dir"))
         if self.mode not in WANDB_MODES:
             raise ValueError(f"WandbWriterConfig.mode must be one of {WANDB_MODES}, got {self.mode!r}")
 
@@ -142,11 +139,7 @@ class MlflowWriterConfig:
     run_id: str | None = None
 
     def __post_init__(self):
-        for field in ("tracking_uri", "experiment", "run_name", "run_id"):
-            value = getattr(self, field)
-            if (value is not None or field in ("tracking_uri", "experiment")) and \
-                    not (isinstance(value, str) and value):
-                raise ValueError(f"MlflowWriterConfig.{field} must be a non-empty string, got {value!r}")
+        _check_strings(self, ("tracking_uri", "experiment"), ("run_name", "run_id"))
 
 
 class MlflowWriter:
