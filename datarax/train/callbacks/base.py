@@ -25,20 +25,16 @@ class StepLogs:
     """What `on_step_end` and `on_train_end` receive.
 
     Attributes:
-        step: the optimizer step just dispatched (1-based: the number of updates so far); the last
-            step of the call with `steps_per_execution`.
-        steps: the optimizer steps this call covered (`step - steps + 1` is its first): 1, or up
-            to the trainer's `steps_per_execution`.
+        step: the optimizer step just dispatched (1-based); the call's last with `steps_per_execution`.
+        steps: the optimizer steps this call covered (`step - steps + 1` is its first).
         batch_size: records in this call's batches (all `steps` of them).
-        metrics: host floats of step `metrics_step` (empty when none is available yet), read from
-            the device on first use (a `datarax.train.loop.step.HostMetrics`).
-        metrics_step: the step `metrics` belong to (`step - steps` in `on_step_end`: the previous
-            call's last step), or None.
+        metrics: host floats of step `metrics_step` (empty when none is available yet), read from the
+            device on first use.
+        metrics_step: the step `metrics` belong to (the previous call's last step), or None.
         data_wait: (begin, end) `time.perf_counter()` of the next() calls for this call.
         dispatched_at: `time.perf_counter()` right after the step was dispatched.
         compile_seconds: time spent compiling the step before this dispatch (0 when cached).
-        output: a device array of this call (its last step's loss) that becomes ready when the call is done;
-            a callback may wait on it off the main thread, never on the main thread.
+        output: a device array ready when the call is done; wait on it only off the main thread.
         epoch: the data epoch this step's batch came from.
         compile_cause: why the step compiled, when it did (e.g. "the epoch's short final batch").
     """

@@ -85,31 +85,21 @@ class FinetuneConfig:
     """Where a fine-tune's weights come from and what it trains (`[trainer.finetune]` in a file).
 
     Attributes:
-        weights: a `.safetensors` or PyTorch `.pth` file (read without running its pickle) loaded
-            through the `layout` key table. Relative paths are taken from `prepare_finetune`'s
-            `base_dir` (a configuration file's folder).
-        layout: the key table for `weights`: "crepe", "resnet" or "bert" (`crepe_table`,
-            `resnet_table`, `bert_table`), or a function `model -> KeyMaps`.
-        ignore: checkpoint key globs with no counterpart in the model (added to the layout's own,
-            `*.num_batches_tracked` for crepe and resnet).
-        warm_start: a datarax checkpoint directory (`CheckpointCallback` / `Checkpointer`) whose
-            model weights are copied where paths and shapes agree (`warm_start`); instead of weights.
+        weights: a `.safetensors` or `.pth` file loaded through the `layout` key table (relative to
+            `prepare_finetune`'s `base_dir`).
+        layout: "crepe", "resnet" or "bert", or a function `model -> KeyMaps`.
+        ignore: checkpoint key globs with no counterpart in the model (added to the layout's own).
+        warm_start: instead of weights, a datarax checkpoint directory whose model weights are copied
+            where paths and shapes agree (`warm_start`).
         step: with `warm_start`, the checkpoint step (None: the newest).
-        strict: with `warm_start`, refuse when a selected entry is missing, unexpected or
-            mismatched (default true); false restores what fits and reports the rest.
-        include / exclude: the model's dotted path prefixes loaded / not loaded (a new head:
-            `exclude = ["fc."]`), for both kinds of source.
-        mode: "full" (every parameter trains), "probe" (only `head` trains) or "lora" (flax LoRA
-            adapters on the `lora_where` layers train, plus `head` when given).
-        head: the dotted path prefixes of the new head: trained by "probe" and "lora", and at the
-            full rate by "full" with `backbone_lr_factor`.
-        backbone_lr_factor: with mode "full", everything outside `head` learns at this factor
-            of the optimizer's rate (discriminative learning rates), e.g. 0.1.
+        strict: with `warm_start`, refuse a missing, unexpected or mismatched entry (default true).
+        include / exclude: the model's dotted path prefixes loaded / not loaded (a new head: `["fc."]`).
+        mode: "full", "probe" (only `head` trains) or "lora" (adapters on `lora_where`, plus `head`).
+        head: the dotted path prefixes of the new head.
+        backbone_lr_factor: mode "full": everything outside `head` learns at this factor of the rate.
         lora_rank: the adapters' rank (mode "lora").
-        lora_where: the dotted path prefixes of the layers given adapters (empty: every layer
-            of `lora_kinds`).
-        lora_kinds: the layer kinds given adapters: "linear" (the default) and/or "conv" (a
-            convolutional backbone such as CREPE's).
+        lora_where: the dotted path prefixes of the layers given adapters (empty: every layer of `lora_kinds`).
+        lora_kinds: "linear" (the default) and/or "conv".
     """
 
     weights: str | None = None
