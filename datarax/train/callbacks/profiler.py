@@ -53,14 +53,10 @@ class ProfilerConfig:
 
 
 class Profiler(Callback):
-    """Captures one `jax.profiler` trace of steps `start_step` to `stop_step` (docs/trainers.md, "Module notes").
+    """Captures one `jax.profiler` trace of steps `start_step` to `stop_step` (whole calls with `steps_per_execution`).
 
-    The trace starts before step `start_step` asks for its batch and stops after step
-    `stop_step` has finished on the device (the one place this callback waits for it). A run that
-    resumes inside the window traces from the step it resumes at; one that resumes past it, or
-    ends before `start_step`, traces nothing. Only one trace can run in a process at a time. With
-    `Trainer(steps_per_execution=K)` the trace covers whole calls: from the call holding
-    `start_step` to the one holding `stop_step`.
+    The trace starts before step `start_step` asks for its batch and stops once `stop_step` has
+    finished on the device; a run resuming past the window traces nothing. One trace per process.
 
     Attributes:
         trace_dir: the folder the trace was written to, once it has stopped (else None).
