@@ -72,7 +72,7 @@ class CheckpointInfo:
 
 
 class Callback:
-    """Base class of callbacks: override the events you need (docs/trainers.md, "Module notes").
+    """Base class of callbacks: override the events you need (docs/trainers.md, "Callbacks").
 
     `order` sorts callbacks per event (stable, ascending) so that producers of values run before
     the loggers that write them: value producers use < 0, loggers > 0. `event_order` can give

@@ -85,7 +85,7 @@ class Perplexity(Metric):
 
     Args:
         targets: the batch field of target token ids (int, `[..., T]`).
-        logits: where the logits `[..., T, V]` are (docs/trainers.md, "Module notes").
+        logits: the field of the loss's aux dict holding the logits `[..., T, V]` (None: the aux itself).
         mask: the batch field marking real target tokens (e.g. `loss_mask`; None: all count).
         shift: next-token prediction: the logits at position t score the target at t + 1
             (`logits[..., :-1, :]` against `targets[..., 1:]`, weighted by `mask[..., 1:]`).
@@ -160,7 +160,7 @@ class PerClassAccuracy(_ClassMetric):
     Args:
         num_classes: the number of classes (labels outside `[0, num_classes)` are not counted).
         labels: the batch field of integer labels.
-        logits: where the logits are (docs/trainers.md, "Module notes"); predictions are their argmax.
+        logits: the aux dict's field of the logits (None: the aux itself); predictions are their argmax.
         mask: the batch field weighing each record (None: all count).
 
     `compute` gives `"<c>"` for every class with records and `"mean"` (their unweighted mean,
