@@ -74,10 +74,8 @@ class CheckpointInfo:
 class Callback:
     """Base class of callbacks: override the events you need (docs/trainers.md, "Callbacks").
 
-    `order` sorts callbacks per event (stable, ascending) so that producers of values run before
-    the loggers that write them: value producers use < 0, loggers > 0. `event_order` can give
-    one event another rank (the goodput monitor sees each step first, and train end last). `get_state`/`set_state`
-    let a callback's own state (e.g. early-stopping patience) travel in the checkpoint.
+    `order` sorts callbacks per event (ascending; value producers < 0, loggers > 0), `event_order`
+    ranks one event apart; `get_state`/`set_state` carry a callback's state in the checkpoint.
     """
 
     order: int = 0

@@ -86,13 +86,9 @@ class WandbWriterConfig:
 
 
 class WandbWriter:
-    """Logs scalars to a Weights & Biases run (`pip install 'datarax[wandb]'`).
+    """Logs scalars to a Weights & Biases run (`pip install 'datarax[wandb]'`), started when the writer is made.
 
-    The run starts when the writer is made and finishes at `close()` (or, as wandb does, at the
-    process's exit: the trainer does not close writers, one may outlive a `fit`). Each `write_scalars` is one
-    `run.log(scalars, step=step)`; wandb merges the train and eval scalars of one step into one
-    history row, and ignores a step lower than one it already has (a resumed run's repeated
-    steps).
+    The run finishes at `close()` or the process's exit (the trainer does not close writers).
     """
 
     def __init__(self, config: WandbWriterConfig | None = None, **settings: Any):
@@ -143,11 +139,9 @@ class MlflowWriterConfig:
 
 
 class MlflowWriter:
-    """Logs scalars as metrics of an MLflow run (`pip install 'datarax[mlflow]'`).
+    """Logs scalars as metrics of an MLflow run (`pip install 'datarax[mlflow]'`), with its own `MlflowClient`.
 
-    Uses an `MlflowClient` of its own, so MLflow's global active run is left alone. Each
-    `write_scalars` is one `log_batch` of all its scalars at `step`; `close()` (or the process's
-    exit) marks the run finished. `run_id` is the run's id (to resume into it, or to read it back).
+    `close()` (or the process's exit) marks the run finished; `run_id` is the run's id.
     """
 
     def __init__(self, config: MlflowWriterConfig | None = None, **settings: Any):

@@ -201,10 +201,8 @@ def crepe_pitch(activations: jax.Array, *, decoder: str = "weighted_argmax", fmi
     """Pitch in Hz and periodicity (the activation of the chosen bin) per frame.
 
     Bins outside `[fmin, fmax]` are excluded. "argmax" takes the most active bin's centre;
-    "weighted_argmax" averages the cents of the 9 bins around it weighted by sigmoid(activation),
-    as torchcrepe 0.0.24 does (its decoders receive the network's sigmoid output and apply the
-    sigmoid once more). torchcrepe also dithers its bin centres by up to +-20 cents of noise; this
-    function does not, so the two agree to within one bin (20 cents).
+    "weighted_argmax" averages the cents of the 9 bins around it, as torchcrepe 0.0.24 does
+    (without its dither: the two agree to within one bin, 20 cents).
     """
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")

@@ -37,10 +37,7 @@ class LoRAConv(nnx.Conv):
     The state is an `nnx.Conv`'s (`kernel`, `bias`, same paths) plus `lora.lora_a`
     `(prod(kernel_size) * in_features // feature_group_count, lora_rank)` and `lora.lora_b`
     `(lora_rank, out_features)`, both `nnx.LoRAParam` (`lora_b` starts at zero). Takes
-    `nnx.Conv`'s arguments plus `lora_rank`. Example::
-
-        layer = LoRAConv(3, 8, (5,), lora_rank=2, rngs=nnx.Rngs(0))
-        y = layer(x)                     # x: (batch, length, 3)
+    `nnx.Conv`'s arguments plus `lora_rank`.
     """
 
     def __init__(self, in_features: int, out_features: int, kernel_size: int | tuple[int, ...],
