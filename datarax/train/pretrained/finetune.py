@@ -294,18 +294,15 @@ def prepare_finetune(model: nnx.Module, tx: optax.GradientTransformation, config
 
     Args:
         model: the model to fine-tune (changed in place: weights loaded, LoRA layers swapped in).
-        tx: the optimizer's transformation (its learning rate is the head's, and everything's in
-            plain "full" mode).
+        tx: the optimizer's transformation (the head's rate; everything's in plain "full" mode).
         config: what to load and train.
         base_dir: where relative `weights` / `warm_start` paths are taken from.
 
     Returns:
-        `(optimizer, report)`: what to pass to `Trainer` as its optimizer (an optax
-        transformation for "full", an `nnx.Optimizer` over the trained variables otherwise) and a
-        dict saying what was loaded (`source`, `restored`, `missing`, `unexpected`, `mismatched`
-        for a warm start; `loaded` and `skipped` paths for weights; `lora` layers; `trained` and
-        `frozen` parameter counts); `finetune_summary(report)` words it in one line. Warns
-        (`FinetuneWarning`) when every LoRA adapter sits in the new head.
+        `(optimizer, report)`: what to pass to `Trainer` as its optimizer (an optax transformation for
+        "full", an `nnx.Optimizer` over the trained variables otherwise) and a dict of what was loaded
+        and trained (`finetune_summary(report)` words it in one line). Warns (`FinetuneWarning`) when
+        every LoRA adapter sits in the new head.
     """
     with warnings.catch_warnings():  # the adapters are checked once more below, on the real model
         warnings.simplefilter("ignore", FinetuneWarning)

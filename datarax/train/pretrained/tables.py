@@ -108,10 +108,6 @@ def load_table(model: nnx.Module, tensors: Mapping[str, np.ndarray], table: Iter
                exclude: Iterable[str] = (), check_only: bool = False) -> None:
     """Writes `tensors` into `model` through `table`, after checking that everything fits.
 
-    `include` / `exclude` narrow the load to the model's dotted paths under (not under) these
-    prefixes: a new head (`exclude=("fc.",)`) keeps its own values, and its table entries and
-    checkpoint keys are left out of every check.
-
     Args:
         model: the NNX module to fill (its variables keep their dtypes: values are cast to them).
         tensors: `{checkpoint key: array}`, e.g. from `read_pth` or `load_safetensors`.
@@ -119,7 +115,8 @@ def load_table(model: nnx.Module, tensors: Mapping[str, np.ndarray], table: Iter
         ignore: glob patterns of checkpoint keys with no NNX counterpart (`"*.num_batches_tracked"`).
         source: the checkpoint's name in error messages (its file).
         include: the model's dotted path prefixes to load (empty: all).
-        exclude: the model's dotted path prefixes not loaded, e.g. `("fc.",)` for a new head.
+        exclude: the model's dotted path prefixes not loaded, e.g. `("fc.",)` for a new head; their
+            table entries and checkpoint keys are left out of every check.
         check_only: run every check and write nothing (an abstract `nnx.eval_shape` model will do).
 
     Raises:
