@@ -1,13 +1,4 @@
-"""The `[trainer]` table of a configuration file: its schema and the `Trainer` it builds.
-
-The configuration layer (`datarax.config`) validates and builds pipelines and knows nothing of
-the kit; importing this module registers the `[trainer]` table and the `callback` component kind
-with it. `load_trainer(path)` reads a file and builds both pipeline and trainer:
-
-    >>> from datarax.train.config import load_trainer
-    >>> run = load_trainer("experiment.toml")
-    >>> result = run.fit()
-"""
+"""The `[trainer]` table of a configuration file: its schema and the `Trainer` it builds."""
 
 from __future__ import annotations
 
@@ -49,53 +40,7 @@ CALLBACK_KIND = Kind("callback", ("datarax.train.callbacks",), "datarax.train.ca
 
 @dataclasses.dataclass(frozen=True)
 class TrainerSection:
-    """`[trainer]`: a `datarax.train.Trainer` run (see docs/config.md).
-
-    Attributes:
-        model: import path of a function or class returning the `nnx.Module` to train; it gets
-            `model_args` and, if it takes one, `rngs=nnx.Rngs(seed)`.
-        loss: import path of `loss_fn(model, batch) -> loss` or `(loss, aux)`.
-        optimizer: `{adam = {learning_rate = 1e-3}}` (any optax function by name), an array of
-            such tables (chained with `optax.chain`), or an import path of a function returning
-            an optax transformation.
-        steps / epochs: train to this many total steps or epochs (exactly one).
-        checkpoint_dir: checkpoint here and resume from the newest checkpoint on restart.
-        run_dir: where `datarax train` writes the run's artefacts (metrics.jsonl, goodput.json and
-            goodput.png, result.json); default `runs/<config file name>` beside the config file.
-        checkpoint_every: save every N steps (a final save always happens).
-        eval_every_steps: evaluate the `[eval]` pipeline every N steps; with an `[eval]` table and
-            no `eval_every_steps`, the trainer evaluates once, at the target step.
-        callbacks: component tables of `datarax.train.callbacks` classes (by name, e.g.
-            `{ goodput = {} }`) or import paths.
-        trainer_class: import path of the trainer class (a `datarax.train.Trainer` subclass).
-        compilation_cache: JAX's persistent compilation cache: true (default) keeps it in
-            `<run_dir>/jax_cache` (or `$DATARAX_COMPILATION_CACHE`; `off` there turns it off), so a
-            rerun loads its compiled steps instead of compiling; a path puts it there (relative
-            to the config file); false leaves JAX's setting alone.
-        on_damaged: what a restart does when `checkpoint_dir` holds checkpoints but none can be
-            restored: "refuse" (the default; or `$DATARAX_ON_DAMAGED_CHECKPOINTS`) or
-            "start_fresh" (see `datarax.train.checkpointing.checkpointer`).
-        allow_config_change: resume a checkpoint written under another `[trainer]` table anyway.
-            Without it, a run whose table differs from the one the checkpoint was written under
-            (any key but steps, epochs, the directories, intervals, callbacks, compilation_cache
-            and these two) is refused, naming each difference (`datarax.train.checkpointing.run_config`).
-        accumulate_steps: micro-batches per optimizer step (`Trainer(accumulate_steps=...)`); the
-            top-level `batch_size` is the step's batch and must divide by it.
-        ema_decay: keep a moving average of the parameters (`Trainer(ema_decay=...)`), in (0, 1).
-        precision: "f32" (default), "bf16" or "f16" (`Trainer(precision=...)`).
-        keep_best / best_metric / best_mode: with `checkpoint_dir`, also keep the `keep_best` best
-            checkpoints by `best_metric` ("eval/<name>" or "train/<name>"), "min" or "max"
-            (`CheckpointCallback(keep_best=...)`), beside the `max_to_keep` newest.
-        param_sharding: "replicated" or "fsdp" (`Trainer(param_sharding=...)`): the training state
-            laid out over the `[sharding]` table's mesh; needs that table. Not part of the
-            configuration a checkpoint is checked against: a run may resume on another layout.
-        finetune: a `[trainer.finetune]` table, `datarax.train.pretrained.FinetuneConfig`: the
-            starting weights (a `.safetensors`/`.pth` file through a key table, or a datarax
-            checkpoint) and what trains (full, probe or LoRA). Its files are read at every start;
-            a resumed run then restores its own checkpoint over them.
-
-    Import paths name only modules the configuration allows (`datarax.config.allow`).
-    """
+    """`[trainer]`: a `datarax.train.Trainer` run (see docs/config.md)."""
 
     model: Callable
     loss: Callable
@@ -142,8 +87,6 @@ class TrainerSection:
             raise FieldError("keep_best", "needs checkpoint_dir (the directory the best checkpoints are kept in)")
 
 
-
-
 @dataclasses.dataclass
 class TrainerSpec:
     section: TrainerSection
@@ -151,8 +94,6 @@ class TrainerSpec:
     callbacks: list[ComponentSpec]
     table: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [trainer] table as written
     finetune: Any = None  # datarax.train.pretrained.FinetuneConfig from [trainer.finetune]
-
-
 
 
 def _validate_optimizer(value: Any, path: Path, ctx: Context):

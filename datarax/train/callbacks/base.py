@@ -1,31 +1,4 @@
-"""The callback contract: a small event set, step logs, and schedules that survive a resume.
-
-Events, in the order a run sees them (all methods are optional no-ops):
-
-    on_train_begin(trainer)                     before the first step; checkpoints restore here
-    on_data_wait_begin(trainer, step)           the host is about to call next() for `step`
-    on_data_wait_end(trainer, step, seconds)    next() returned after `seconds`
-    on_step_begin(trainer, step)                the batch is in hand, the step is about to run
-    on_step_end(trainer, logs)                  the step was dispatched (`logs`: StepLogs)
-
-With `Trainer(steps_per_execution=K)` these four events come once per call of K steps: `step`
-is the call's first step in the first three, and `logs.step` its last (`logs.steps` the number
-it covered) in `on_step_end`; a schedule fires at the end of the call in which its step was
-crossed.
-    on_eval_begin(trainer, step)                an evaluation starts
-    on_eval_step_end(trainer, logs)             an eval batch's step was dispatched (`logs`: StepLogs,
-                                                `step` counting the evaluation's batches from 1)
-    on_eval_end(trainer, step, metrics)         the evaluation's metrics
-    on_checkpoint_save(trainer, info) / on_checkpoint_restore(trainer, info)
-    on_train_end(trainer, logs)                 after the last step (or a stop request)
-
-`on_step_end` never waits for the device: `logs.metrics` holds the metrics of the *previous*
-call's last step (`logs.metrics_step`), read from the device only when a callback looks at them
-(`datarax.train.loop.step.HostMetrics`), and then after the current call was dispatched, so the
-device stays busy. A callback that needs them only sometimes should look only then (check its
-schedule first): while no callback looks, the host runs ahead of the device. `on_train_end`
-carries the final step's metrics.
-"""
+"""The callback contract: a small event set, step logs, and schedules that survive a resume."""
 
 from __future__ import annotations
 
@@ -52,20 +25,16 @@ class StepLogs:
     """What `on_step_end` and `on_train_end` receive.
 
     Attributes:
-        step: the optimizer step just dispatched (1-based: the number of updates so far); the last
-            step of the call with `steps_per_execution`.
-        steps: the optimizer steps this call covered (`step - steps + 1` is its first): 1, or up
-            to the trainer's `steps_per_execution`.
+        step: the optimizer step just dispatched (1-based); the call's last with `steps_per_execution`.
+        steps: the optimizer steps this call covered (`step - steps + 1` is its first).
         batch_size: records in this call's batches (all `steps` of them).
-        metrics: host floats of step `metrics_step` (empty when none is available yet), read from
-            the device on first use (a `datarax.train.loop.step.HostMetrics`).
-        metrics_step: the step `metrics` belong to (`step - steps` in `on_step_end`: the previous
-            call's last step), or None.
+        metrics: host floats of step `metrics_step` (empty when none is available yet), read from the
+            device on first use.
+        metrics_step: the step `metrics` belong to (the previous call's last step), or None.
         data_wait: (begin, end) `time.perf_counter()` of the next() calls for this call.
         dispatched_at: `time.perf_counter()` right after the step was dispatched.
         compile_seconds: time spent compiling the step before this dispatch (0 when cached).
-        output: a device array of this call (its last step's loss) that becomes ready when the call is done;
-            a callback may wait on it off the main thread, never on the main thread.
+        output: a device array ready when the call is done; wait on it only off the main thread.
         epoch: the data epoch this step's batch came from.
         compile_cause: why the step compiled, when it did (e.g. "the epoch's short final batch").
     """
@@ -103,12 +72,10 @@ class CheckpointInfo:
 
 
 class Callback:
-    """Base class of callbacks: override the events you need (see the module docstring).
+    """Base class of callbacks: override the events you need (docs/trainers.md, "Callbacks").
 
-    `order` sorts callbacks per event (stable, ascending) so that producers of values run before
-    the loggers that write them: value producers use < 0, loggers > 0. `event_order` can give
-    one event another rank (the goodput monitor sees each step first, and train end last). `get_state`/`set_state`
-    let a callback's own state (e.g. early-stopping patience) travel in the checkpoint.
+    `order` sorts callbacks per event (ascending; value producers < 0, loggers > 0), `event_order`
+    ranks one event apart; `get_state`/`set_state` carry a callback's state in the checkpoint.
     """
 
     order: int = 0
@@ -204,12 +171,6 @@ class Schedule:
     past each multiple of 10, and `on_steps=(25,)` fires on the first step >= 25 seen after a
     step < 25. A run resumed at step 37 therefore fires next at 40, never at 37 again, and a jump
     over several boundaries fires once.
-
-    Example:
-        >>> s = Schedule(every_steps=10)
-        >>> s.reset(step=37, now=0.0)
-        >>> [step for step in range(38, 52) if s.due(step, now=0.0)]
-        [40, 50]
     """
 
     def __init__(self, every_steps: int | None = None, every_secs: float | None = None,

@@ -16,10 +16,10 @@ if TYPE_CHECKING:
 class CheckpointCallback(Callback):
     """Saves model, optimizer, iterator and metadata as one Orbax checkpoint.
 
-    At train begin it restores the newest readable checkpoint in `directory` (unless
-    `restore=False`); it saves whenever the schedule fires, and always at train end, including a
-    stop by SIGTERM/SIGINT (a forced save, whatever the schedule). Background-write errors are
-    raised from the next save or from train end.
+    Restores the newest readable checkpoint at train begin (unless `restore=False`), saves when the
+    schedule fires, and always at train end (a SIGTERM/SIGINT stop included). `load_best(trainer)`
+    restores the best checkpoint. While training, the directory is locked: a second run on it fails
+    with `CheckpointLockedError`.
 
     Args:
         directory: the checkpoint root directory.
@@ -27,29 +27,11 @@ class CheckpointCallback(Callback):
         max_to_keep: newest checkpoints kept (None: all).
         asynchronous: write arrays in the background (default) or block on every save.
         restore: restore the latest checkpoint when training begins.
-        on_damaged: when the directory holds checkpoints but none can be restored (unreadable, or
-            failing the integrity check): "refuse" (raise `CheckpointRestoreError`, on every run)
-            or "start_fresh" (warn and train from step 0). None: the environment variable
-            DATARAX_ON_DAMAGED_CHECKPOINTS, else "refuse".
-        keep_best: also keep the k best checkpoints by `best_metric`, beside the `max_to_keep`
-            newest (which a restart resumes from), in the same directory (`Checkpointer`).
-        best_metric: "eval/<name>" or "train/<name>", as loggers name metrics. A checkpoint carries
-            the newest value when it is saved: with an eval metric, a save due at a step the trainer
-            also evaluates at waits for that evaluation (it is written before the next step's batch
-            is read, so it holds the same state), and carries its value; with a train metric, it is
-            the last value read (the previous step's, one step late as loggers see it).
+        on_damaged: when no checkpoint in the directory can be restored: "refuse" (raise
+            `CheckpointRestoreError`) or "start_fresh"; None: `$DATARAX_ON_DAMAGED_CHECKPOINTS`, else "refuse".
+        keep_best: also keep the k best checkpoints by `best_metric`, beside the `max_to_keep` newest.
+        best_metric: "eval/<name>" or "train/<name>", as loggers name metrics: its newest value when saved.
         best_mode: "min" (lower is better) or "max".
-
-    `load_best(trainer)` restores the best checkpoint into the trainer (e.g. after `fit`, to
-    evaluate or export it).
-
-    While training, the callback's `Checkpointer` holds an exclusive lock on `directory`: a second
-    run on the same directory fails with `CheckpointLockedError` naming this run's pid.
-
-    Example:
-        >>> ckpt = CheckpointCallback("run/ckpt", every_steps=500, max_to_keep=3)
-        >>> Trainer(model, optax.adam(1e-3), pipeline, loss_fn, callbacks=[ckpt]).fit(num_steps=10_000)
-        >>> best = CheckpointCallback("run/ckpt", every_steps=500, max_to_keep=1, keep_best=3, best_metric="eval/loss")
     """
 
     order = -100  # restore before any other callback reads the step

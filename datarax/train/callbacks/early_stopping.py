@@ -15,10 +15,8 @@ if TYPE_CHECKING:
 class EarlyStopping(Callback):
     """Requests a stop after `patience` checks without an improvement of `monitor`.
 
-    `monitor` is `eval/<name>` (checked after every evaluation) or `train/<name>` (checked on
-    every call's metrics: each step's, or each K steps' with `Trainer(steps_per_execution=K)`,
-    which reads them from the device every call). The best value and the wait count are saved in checkpoints, so a
-    resumed run stops where an uninterrupted one would.
+    Checked after every evaluation (`eval/<name>`) or on every call's metrics (`train/<name>`); the
+    best value and the wait count travel in checkpoints.
 
     Args:
         monitor: the metric, e.g. "eval/loss" or "train/accuracy".

@@ -50,22 +50,6 @@ def report_text(report: dict) -> str:
 class GoodputMonitor(Callback):
     """Tracks goodput and data stalls per step; writes a JSON summary and a PNG timeline.
 
-    Per step (per call of K steps with `Trainer(steps_per_execution=K)`) it records the host time
-    blocked in next(), the exposed device idle before the step (previous result ready -> this
-    step dispatched; a watcher thread waits on every step's output), the part of that idle spent
-    waiting for data, the device step time and compile
-    time (with its cause); per run the first-batch latency, checkpoint save/restore and eval
-    time, and the background reader's time per part (source read, each host stage, copy to
-    device). Evaluations get their own account and verdict. With a `directory`, every run of
-    the job is recorded in `goodput_history.json` while it trains, so the report adds the
-    job's goodput across restarts, including work lost since the last checkpoint before a kill
-    (`datarax.train.metrics.goodput_history`). See `datarax.train.metrics.goodput` for the definitions and
-    docs/trainers.md for an example report.
-
-    A run that trains no steps (a rerun of a finished job) leaves `goodput.json`,
-    `goodput.png` and the history as they were: its `report` says so and quotes the last
-    report's diagnosis.
-
     Args:
         directory: where `goodput.json`, `goodput.png` and `goodput_history.json` go (None:
             nowhere, and no history across runs).
@@ -75,12 +59,6 @@ class GoodputMonitor(Callback):
         history_every_steps / history_every_secs: how often the history is rewritten while
             training, besides the first step, every checkpoint save and the end (default every
             10 s): the steps a kill loses after the last record are not counted.
-
-    Example:
-        >>> monitor = GoodputMonitor("run/")
-        >>> Trainer(..., callbacks=[monitor]).fit(num_steps=1000)
-        >>> monitor.summary()["diagnosis"]
-        'compute-bound: exposed data stall 0.4% of the 12.1 s of steady training (...); ...'
     """
 
     order = -1000  # first to see each step, so the watcher waits on it before any save starts

@@ -26,12 +26,9 @@ def find_learning_rate(optimizer: nnx.Optimizer) -> nnx.Variable | None:
 class LearningRateLogger(Callback):
     """Puts `learning_rate` into `logs.metrics`, so `MetricLogger` writes it as `train/learning_rate`.
 
-    With `schedule` (the optax schedule given to the optimizer) the rate of step s is
-    `schedule(s - 1)`, evaluated for `chunk` steps at a time, so the device is asked once per
-    chunk rather than once per step (a per-step evaluation would queue behind the running step
-    and stall the host). Without it the optimizer must be built with `optax.inject_hyperparams`;
-    the value is then copied on the device every call and read one call late with the metrics,
-    when something reads them.
+    With `schedule` (the optax schedule given to the optimizer) the rate of step s is `schedule(s - 1)`,
+    evaluated `chunk` steps at a time; without it the optimizer must be built with
+    `optax.inject_hyperparams`.
     """
 
     order = -10  # before MetricLogger writes the logs

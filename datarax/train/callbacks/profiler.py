@@ -1,20 +1,4 @@
-"""Profiler: a `jax.profiler` trace of training steps N..M, with the input pipeline's spans named.
-
-Three kinds of named spans (`jax.profiler.TraceAnnotation`) are always in the code, at about half
-a microsecond each when no trace is active:
-
-    datarax/next               the trainer's `next(iterator)`: how long the step waited for data
-    datarax/host_stage/<name>  one host stage on one batch, on the pipeline's background reader
-                               thread (`<name>` is the stage's label, `DecodeImage`, `Tokenize#1`)
-    datarax/step               dispatching the compiled train step (compiling it, the first time)
-
-In the trace viewer (TensorBoard's profile plugin, xprof, or ui.perfetto.dev for the
-`perfetto_trace.json.gz` written with `create_perfetto_trace=True`) the main Python thread shows
-`datarax/next` and `datarax/step` alternating; the host stages sit on another thread. A long
-`datarax/next` with the reader thread busy in a host stage means the input pipeline is the
-bottleneck (the step waits for decoding); a short `datarax/next` with gaps between the reader's
-host stages means it keeps up, and the device's own rows show where the step's time goes.
-"""
+"""Profiler: a `jax.profiler` trace of training steps N..M, with the input pipeline's spans named."""
 
 from __future__ import annotations
 
@@ -69,21 +53,13 @@ class ProfilerConfig:
 
 
 class Profiler(Callback):
-    """Captures one `jax.profiler` trace of steps `start_step` to `stop_step` (see the module docstring).
+    """Captures one `jax.profiler` trace of steps `start_step` to `stop_step` (whole calls with `steps_per_execution`).
 
-    The trace starts before step `start_step` asks for its batch and stops after step
-    `stop_step` has finished on the device (the one place this callback waits for it). A run that
-    resumes inside the window traces from the step it resumes at; one that resumes past it, or
-    ends before `start_step`, traces nothing. Only one trace can run in a process at a time. With
-    `Trainer(steps_per_execution=K)` the trace covers whole calls: from the call holding
-    `start_step` to the one holding `stop_step`.
+    The trace starts before step `start_step` asks for its batch and stops once `stop_step` has
+    finished on the device; a run resuming past the window traces nothing. One trace per process.
 
     Attributes:
         trace_dir: the folder the trace was written to, once it has stopped (else None).
-
-    Example:
-        >>> profiler = Profiler(log_dir="runs/exp1/profile", start_step=10, stop_step=12)
-        >>> trainer = Trainer(model, optimizer, pipeline, loss_fn, callbacks=[profiler])
     """
 
     config_class = ProfilerConfig

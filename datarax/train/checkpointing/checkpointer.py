@@ -1,33 +1,4 @@
-"""One Orbax checkpoint per save: model, optimizer, data iterator and run metadata together.
-
-On disk (`<directory>/<step>/`):
-
-    model/        nnx.state(model)            Orbax StandardSave (OCDBT + zarr)
-    optimizer/    nnx.state(optimizer)        Orbax StandardSave
-    pipeline/     nnx.state(pipeline)         only when the pipeline is trained jointly
-    ema/          the parameters' moving average  only with Trainer(ema_decay=...)
-    loss_scale/   the float16 loss scale      only with Trainer(precision="f16")
-    metrics/      {best_metric: value}        Orbax's own item, only with keep_best (see below)
-    iterator/     process_<i>-of-<n>.json     datarax IteratorSave (epoch, position, fingerprint)
-    meta/         metadata                    JSON: step, epoch, pipeline fingerprint, run configuration, callbacks
-
-    .lock                         pid and host of the process holding the directory (flock)
-
-A step directory appears only when its save is complete (Orbax writes into
-`<step>.orbax-checkpoint-tmp-<pid>` and renames), so a run killed mid-save leaves the previous
-checkpoint as the latest. `meta` carries integrity data written at save time: the sha256 of the
-model, optimizer (and pipeline) arrays as written, and the iterator's epoch, position and the
-sha256 of its state. A latest checkpoint that cannot be read, or reads back other data than was
-written, is reported with a warning, moved aside to `corrupt-<step>-<time>`, and the previous one
-is restored. When no step can be restored, every run refuses until the user chooses
-`on_damaged="start_fresh"` (or copies an intact checkpoint in).
-
-One process at a time: the `Checkpointer` holds an exclusive `flock` on `<directory>/.lock` while
-it is open; the operating system releases it when the process dies, so a killed run's lock never
-blocks the next one (`datarax.train.locking`). The integrity hashes are
-`datarax.train.checkpointing.integrity`.
-Retention and `on_damaged` are `datarax.train.checkpointing.policies`.
-"""
+"""One Orbax checkpoint per save: model, optimizer, data iterator and run metadata together."""
 
 from __future__ import annotations
 
@@ -75,6 +46,7 @@ from datarax.train.checkpointing.trees import (
     structure_differences,
     tree_differences,
     tree_layout,
+    tree_shapes,
 )
 from datarax.train.locking import LOCK_NAME as LOCK_NAME
 from datarax.train.locking import CheckpointLockedError as CheckpointLockedError
@@ -118,28 +90,18 @@ class Checkpointer:
     Args:
         directory: the checkpoint root (created if missing).
         max_to_keep: how many of the newest checkpoints to keep (None: all).
-        asynchronous: write in the background: `save` only makes device copies of the arrays
-            and captures the iterator state and metadata; a thread of this Checkpointer fetches
-            the copies, hashes them and hands them to Orbax, which writes the step into a
-            temporary directory and renames it when complete (so a kill at any moment leaves the
-            previous checkpoint as the latest). The next `save` waits for the previous write
-            (one is in flight at a time). Errors of a background write are raised by the next
-            `save`, by `wait`, or by `close`, never swallowed. False: `save` writes before it
-            returns.
-        on_damaged: what `restore_latest` does when the directory holds checkpoints but none can
-            be restored (all unreadable or failing their integrity check): "refuse" (default:
-            raise `CheckpointRestoreError`, on this and every later run) or "start_fresh" (warn
-            and start from step 0; the damaged steps stay in `corrupt-*`). None reads the
-            environment variable DATARAX_ON_DAMAGED_CHECKPOINTS, else "refuse".
-
+        asynchronous: `save` only copies the arrays on the device and a background thread writes the
+            step (atomically); its errors are raised by the next `save`, `wait` or `close`. False:
+            `save` writes before it returns.
+        on_damaged: what `restore_latest` does when no checkpoint can be restored: "refuse" (default:
+            raise `CheckpointRestoreError`) or "start_fresh" (warn, start from step 0); None reads
+            `$DATARAX_ON_DAMAGED_CHECKPOINTS`, else "refuse".
         keep_best: also keep the k best checkpoints by `best_metric` (None: only the newest).
-        best_metric: the metric that ranks checkpoints, as loggers name it: "eval/<name>" (the last
-            evaluation's) or "train/<name>" (the last step's read); needs `keep_best`.
+        best_metric: "eval/<name>" or "train/<name>", as loggers name it; needs `keep_best`.
         best_mode: "min" (lower is better) or "max".
 
     Raises:
-        CheckpointLockedError: another open `Checkpointer` (in any process) holds `directory`;
-            the message names its pid and host.
+        CheckpointLockedError: another open `Checkpointer` (in any process) holds `directory`.
     """
 
     def __init__(self, directory: Any, *, max_to_keep: int | None = 3, asynchronous: bool = True,
@@ -383,11 +345,7 @@ class Checkpointer:
             saved_tree = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / name)
         except Exception:  # only the error message loses detail; the mismatch is still raised
             return ""
-        saved = {jax.tree_util.keystr(path): (tuple(x.shape), str(x.dtype))
-                 for path, x in jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
-        here = {jax.tree_util.keystr(path): (tuple(x.shape), str(x.dtype))
-                for path, x in jax.tree_util.tree_flatten_with_path(abstract_target(module))[0]}
-        return tree_differences(saved, here, name)
+        return tree_differences(tree_shapes(saved_tree), tree_shapes(abstract_target(module)), name)
 
     def restore_best(self, *, model: nnx.Module, optimizer: nnx.Optimizer, iterator: Any,
                      pipeline: nnx.Module | None = None, fingerprint: str | None = None,
@@ -424,18 +382,11 @@ class Checkpointer:
                        extras: dict[str, nnx.Module] | None = None) -> RestoredCheckpoint | None:
         """Restores the newest intact checkpoint into freshly built objects (None if there is none).
 
-        A checkpoint that cannot be read, or whose data differs from the integrity hashes written
-        with it, is reported with a `CorruptCheckpointWarning` naming the step and what differed,
-        moved aside to `corrupt-<step>-<time>`, and the previous one is tried. A checkpoint that
-        reads fine but belongs to a different set-up raises `CheckpointMismatchError`, naming what
-        differs: a part of the pipeline's `structure` (`Pipeline.structure_parts`: source,
-        sampler, num_records, batch_size, drop_remainder, stages) or the state paths whose shape
-        or dtype differ, or a key of `run_config` (the trainer's configuration fingerprint,
-        `datarax.train.checkpointing.run_config`; None skips the check) that differs from the one saved.
-
-        When the directory holds damaged checkpoints (found now or moved aside by an earlier run)
-        and none that can be restored, this raises `CheckpointRestoreError` every time, unless
-        `on_damaged="start_fresh"`: then it warns and returns None (train from step 0).
+        An unreadable or damaged checkpoint warns (`CorruptCheckpointWarning`), is moved aside to
+        `corrupt-<step>-<time>` and the previous one is tried. One written under another set-up (the
+        pipeline's `structure`, state shapes, or `run_config`; None skips that check) raises
+        `CheckpointMismatchError` naming what differs. When none can be restored this raises
+        `CheckpointRestoreError`, unless `on_damaged="start_fresh"` (then it warns and returns None).
         """
         self.wait()
         self._manager.reload()

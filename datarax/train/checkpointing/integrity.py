@@ -1,8 +1,4 @@
-"""Checkpoint integrity: hashes of exactly what was saved, compared on restore.
-
-Orbax restores flipped bytes in array data without an error, so a save records the sha256 of
-the arrays and of the iterator state it hands over, and a restore checks what it read against them.
-"""
+"""Checkpoint integrity: hashes of exactly what was saved, compared on restore."""
 
 from __future__ import annotations
 

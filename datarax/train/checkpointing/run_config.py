@@ -1,22 +1,4 @@
-"""The configuration fingerprint a checkpoint is written under, so no run adopts another's checkpoint.
-
-A checkpoint's metadata holds `run_config`: flat `{"key": "value"}` text of
-
-* what the user passed as the run's configuration (`Trainer(run_config=...)`; for
-  `datarax train`, the `[trainer]` table, which names the model, its arguments, the loss and the
-  optimizer), nested keys joined with dots (`trainer.optimizer.adam.learning_rate`);
-* what the trainer sees itself: the model's class, a digest of the optimizer state's structure
-  (the transformations and their state types), and the update the optimizer makes for a fixed
-  probe gradient on a three-value probe parameter (`optimizer.probe_updates`): its learning
-  rate (or schedule) at step 0, whatever the optimizer is. A schedule that starts at 0 (a
-  warmup from 0) shows no learning rate there: pass the rate in `run_config`.
-
-Restoring a checkpoint whose `run_config` differs raises `CheckpointMismatchError` naming every
-key that differs, unless the trainer was built with `allow_config_change=True`. Keys that only
-say how long or where to run (`steps`, `epochs`, directories, save and evaluation intervals,
-callbacks, the compilation cache, which checkpoints are kept) are not part of it: a run may be
-extended or moved.
-"""
+"""The configuration fingerprint a checkpoint is written under, so no run adopts another's checkpoint."""
 
 from __future__ import annotations
 

@@ -36,10 +36,15 @@ def abstract_target(module: nnx.Module) -> dict:
     return jax.tree.map(spec, nnx.to_pure_dict(nnx.state(module)))
 
 
+def tree_shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """`{state path: (shape, dtype)}` of a state tree's arrays or their specs."""
+    return {jax.tree_util.keystr(path): (tuple(x.shape), str(x.dtype))
+            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def tree_layout(tree: dict) -> str:
     """A short hash of a state tree's paths, shapes and dtypes (arrays or their specs alike)."""
-    spec = jax.tree_util.tree_flatten_with_path(tree)[0]
-    text = json.dumps([(jax.tree_util.keystr(path), list(x.shape), str(x.dtype)) for path, x in spec])
+    text = json.dumps([(path, list(shape), dtype) for path, (shape, dtype) in tree_shapes(tree).items()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -1,21 +1,4 @@
-"""An exponential moving average of a model's parameters, updated inside the jitted train step.
-
-After each optimizer update, every `nnx.Param` p of the model moves its average e by
-
-    e <- decay * e + (1 - decay) * p
-
-(in the parameter's dtype, float32 under every precision policy, since the master parameters are
-float32). The average starts as a copy of the parameters when the `Trainer` is built, and is
-saved with every checkpoint as its own item (`ema/`), so a resumed run continues it exactly.
-`Trainer.evaluate(ema=True)` evaluates the model with the averages in place of its parameters.
-
-Example:
-    >>> from flax import nnx
-    >>> model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
-    >>> ema = ParamEMA(model, decay=0.9)
-    >>> len(ema.averages) == len(param_values(model))
-    True
-"""
+"""An exponential moving average of a model's parameters, updated inside the jitted train step."""
 
 from __future__ import annotations
 

@@ -1,18 +1,4 @@
-"""What the Trainer checks before it trains: set-ups that run, but train worse or slower than meant.
-
-Each finding is a `TrainerWarning` subclass whose message names the pipeline, what goes wrong and
-the fix; filter one on purpose with `warnings.filterwarnings("ignore", category=...)`.
-
-* `UnshuffledTrainingWarning`: the training pipeline reads its records in the same order every
-  epoch (its sampler does not permute, e.g. a source built without `shuffle=True`);
-* `ShortFinalBatchWarning`: the epoch ends in a short batch, whose new shape compiles the train
-  step a second time (in every process: each restart pays it again);
-* `UnknownEpochLengthWarning`: `fit(num_epochs=...)` on a stream whose epoch length is unknown;
-  an epoch then ends only when the stream does.
-
-`CompileCauses` names why a step compiled (the first step, the epoch's short final batch, a new
-batch shape), which the goodput report prints beside each compile.
-"""
+"""What the Trainer checks before it trains: set-ups that run, but train worse or slower than meant."""
 
 from __future__ import annotations
 
@@ -45,13 +31,7 @@ class UnknownEpochLengthWarning(TrainerWarning):
 
 
 def shuffles(sampler: Sampler, source: Any) -> bool | None:
-    """Whether `sampler` (over `source`) visits records in a fresh order each epoch; None: cannot tell.
-
-    A `ShuffleSampler` does; `SequentialSampler` and `RangeSampler` do not; a sampler with a bool
-    `shuffle` setting (mixtures, weighted and windowed samplers) does when it is True. A stream's
-    order is its source's: a stream config's `shuffle`, else unknown (e.g. a grain dataset that
-    may shuffle itself).
-    """
+    """Whether `sampler` (over `source`) visits records in a fresh order each epoch; None: cannot tell."""
     if isinstance(sampler, ShuffleSampler):
         return True
     if isinstance(source, StreamSourceModule):

@@ -8,16 +8,7 @@ import optax
 
 def joint_optimizer(model: optax.GradientTransformation,
                     pipeline: optax.GradientTransformation) -> optax.GradientTransformation:
-    """One optimizer for `Trainer(..., train_pipeline_params=True)` with its own rule for the pipeline.
-
-    Pipeline parameters (augmentation magnitudes, front-end filters) usually start far from where
-    they end up and have few entries, so they want a larger, unscheduled step than the model. In
-    joint mode the trainer optimises one module whose attributes are `model` and `pipeline`; the
-    labels split the parameters on that first key. Example::
-
-        tx = joint_optimizer(optax.adamw(schedule), optax.adam(3e-2))
-        Trainer(model, tx, pipeline, loss_fn, train_pipeline_params=True)
-    """
+    """One optimizer for `Trainer(..., train_pipeline_params=True)` with its own rule for the pipeline."""
     for name, value in (("model", model), ("pipeline", pipeline)):
         if not isinstance(value, optax.GradientTransformation):
             raise TypeError(f"joint_optimizer: {name} must be an optax GradientTransformation, got "

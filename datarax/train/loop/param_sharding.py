@@ -1,29 +1,4 @@
-"""Where the training state lives on a mesh: replicated (data parallel) or sharded (FSDP-style).
-
-`Trainer(..., param_sharding="fsdp")` lays the parameters, the optimizer state and the moving
-average out over the training pipeline's mesh, cut along its batch axis (the axis the batches are
-already split over, as in ZeRO-3 / FSDP): each device holds 1/N of every array that can be cut,
-XLA gathers a layer's weights where the step needs them and reduce-scatters its gradients, so
-the memory of the state falls by the mesh size while the arithmetic is that of the replicated
-run. `param_sharding="replicated"` puts a full copy on every device (plain data parallelism).
-
-Which dimension is cut, for each array:
-
-* a variable annotated with a partition spec (`nnx.with_partitioning(init, (None, "data"))`,
-  read with `nnx.get_partition_spec`) keeps that spec: the user's layout wins;
-* otherwise the largest dimension divisible by the axis size (the first of equals), so that no
-  device holds a padded shard; an array none of whose dimensions divides (a bias of 10, a
-  scalar step count) is replicated. `fsdp_spec` is the rule, testable on shapes alone.
-
-The state's layout is not part of a checkpoint: Orbax restores each array into the sharding of
-the trainer it is restored into, so a checkpoint written on 8 devices resumes on 4 or on 1 (the
-iterator state is layout-free too; see docs/distributed.md).
-
-    >>> fsdp_spec((16, 32), axis="data", size=8)
-    PartitionSpec(None, 'data')
-    >>> fsdp_spec((10,), axis="data", size=8)
-    PartitionSpec()
-"""
+"""Where the training state lives on a mesh: replicated (data parallel) or sharded (FSDP-style)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""The jitted train and eval steps, over a flat list of variable values.
-
-The step takes the values of every `nnx.Variable` of (model, optimizer[, pipeline]) as one
-flat list, donates it, and returns the new list, which is written straight back into the same
-`Variable` objects. That keeps the user's modules current after every step (callbacks, eval and
-checkpoints see live state) without an NNX graph traversal per step, and lets XLA update the
-parameters and optimizer state in place.
-"""
+"""The jitted train and eval steps, over a flat list of variable values."""
 
 from __future__ import annotations
 
@@ -251,14 +244,7 @@ def host_metrics(out: Mapping[str, Any], metric_fns: Any) -> dict[str, float]:
 
 
 class HostMetrics(MutableMapping):
-    """Host floats of one step's metrics, read from the device the first time they are used.
-
-    The trainer hands every callback the previous call's metrics in this form: looking at them
-    (`logs.metrics["loss"]`, `dict(logs.metrics)`, `if logs.metrics:`) waits for that call's
-    result and copies it to the host once; a callback that does not look costs nothing, so the
-    host runs ahead of the device between the steps where something reads. Values set before
-    the read (`metrics["learning_rate"] = x`, where `x` may be a device scalar) are read with it.
-    """
+    """Host floats of one step's metrics, read from the device the first time they are used."""
 
     def __init__(self, out: Mapping[str, Any] | None = None, metric_fns: Any = None):
         self._out, self._metric_fns = out, metric_fns
@@ -304,16 +290,7 @@ class HostMetrics(MutableMapping):
 
 def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type,
                     joint: bool, *, accumulate_steps: int = 1, precision: str = "f32") -> Callable:
-    """step(values, batch) -> (new values, {"loss": ..., metric: ...}) for `binding`'s TrainState.
-
-    The gradient is taken with respect to the trainable module's `nnx.Param`s; the rest of its
-    state (RNG counts, batch statistics) is threaded through the forward pass. With
-    `accumulate_steps=k` the batch is split into k micro-batches that a `jax.lax.scan` runs one
-    after the other, adding their gradients; the optimizer then applies their mean once, so a loss
-    that is a per-record mean gets the gradient of the whole batch. `precision` casts parameters
-    and float inputs inside the loss (`datarax.train.loop.precision`); the TrainState's `ema` and
-    `loss_scale`, when present, are updated after the optimizer.
-    """
+    """step(values, batch) -> (new values, {"loss": ..., metric: ...}) for `binding`'s TrainState."""
     dtype = compute_dtype(precision)
     scale_positions = [path[0] == "loss_scale" for path in binding.paths]
 
@@ -391,18 +368,7 @@ def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mappi
 
 def scan_steps(step: Callable) -> Callable:
     """steps(values, batches) -> (new values, the last step's metrics): `step` applied to each of a
-    sequence of equally shaped batches in turn, in one program.
-
-    The batches are stacked inside the program and a `jax.lax.scan` carries the state through
-    them: one dispatch for K steps, a compile time that does not grow with K, and the state
-    materialised between steps as it is between separate calls. Unrolled steps (Keras' JAX
-    trainer) let XLA fuse one step's optimizer update into the next step (seen on the CPU: Adam's
-    moments recomputed inside the parameter update, off in the last bit) and compile K
-    times the program. The CPU backend, however, compiles a convolution inside a loop body with a
-    generic emitter: for the vision recipe's CNN a step ran ~14x slower (200x at
-    `--xla_backend_optimization_level=0`) and off in the last bits, so on the CPU keep
-    `steps_per_execution=1` for convolutional models.
-    """
+    sequence of equally shaped batches in turn, in one program."""
 
     def steps(values, batches):
         stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *batches)
@@ -442,13 +408,7 @@ def batch_signature(batch: Any) -> tuple:
 
 
 class TimedJit:
-    """`jax.jit` that reports how long each call spent tracing and compiling.
-
-    A call that compiles (a new batch shape, or anything else that misses the jit cache) blocks
-    for tracing and compilation; the execution itself is still dispatched asynchronously, so the
-    call's host time is the compile time. Misses are detected from the jit cache size where JAX
-    exposes it, else from batch shapes not seen before.
-    """
+    """`jax.jit` that reports how long each call spent tracing and compiling."""
 
     def __init__(self, fn: Callable, donate_values: bool):
         self._jit = jax.jit(fn, donate_argnums=(0,) if donate_values else ())

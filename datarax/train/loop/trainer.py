@@ -73,58 +73,36 @@ class FitResult:
 class Trainer:
     """Trains a Flax NNX model on a datarax pipeline with a jitted, buffer-donating step.
 
-    docs/trainers.md describes every option at length; the modules named below hold the details.
+    docs/trainers.md describes every option at length.
 
     Args:
         model: the `nnx.Module` to train.
         optimizer: an optax `GradientTransformation`, or an `nnx.Optimizer` built over `model`.
         train_pipeline: iterated endlessly (`pipeline.epochs(None)`); its iterator is checkpointed.
-        loss_fn: `loss_fn(model, batch) -> loss` or `-> (loss, aux)`, a scalar loss. Records a host
-            stage skipped (a False `<field>_ok` flag) stay out of the loss, gradient and metrics:
-            `loss_fn(model, batch, mask)` masks them itself, any other is averaged per record over
-            the valid ones (`datarax.train.loop.masking`).
+        loss_fn: `loss_fn(model, batch) -> loss` or `-> (loss, aux)`, a scalar loss; `loss_fn(model, batch, mask)`
+            masks the records a host stage skipped itself, any other is averaged over the valid records.
         eval_pipeline: the pipeline of `evaluate()` (one epoch per evaluation).
-        metrics: `{name: fn(batch, aux) -> scalar}` computed in the step, a value may be a
-            `datarax.train.metrics.Metric` (sums over an evaluation); or a CLU
-            `clu.metrics.Collection` subclass (reads the batch, the aux and `loss`; merged over an
-            evaluation).
+        metrics: `{name: fn(batch, aux) -> scalar}` (a value may be a `datarax.train.metrics.Metric`), or a
+            CLU `clu.metrics.Collection` subclass.
         callbacks: `datarax.train.callbacks.Callback`s (checkpointing, goodput, logging, ...).
-        train_pipeline_params: also optimise the pipeline's `nnx.Param`s (its stages run inside the
-            gradient on untransformed batches); needs an optax transformation.
+        train_pipeline_params: also optimise the pipeline's `nnx.Param`s; needs an optax transformation.
         eval_every_steps: evaluate every N steps during `fit` (needs `eval_pipeline`).
-        compilation_cache: JAX's persistent compilation cache: True (default) uses
-            `$DATARAX_COMPILATION_CACHE`, else `~/.cache/datarax/jax`; a path uses that directory;
-            False leaves JAX's setting alone (`datarax.train.loop.compile_cache`).
-        run_config: the run's settings (a mapping of plain values), written into every checkpoint
-            with the model's class and the optimizer's fingerprint; restoring one written under
-            another configuration raises `CheckpointMismatchError` naming each difference
-            (`datarax.train.checkpointing.run_config`).
+        compilation_cache: True (default): JAX's persistent cache in `$DATARAX_COMPILATION_CACHE`, else
+            `~/.cache/datarax/jax`; a path: that directory; False: JAX's setting is left alone.
+        run_config: the run's settings (plain values), written into every checkpoint; restoring one written
+            under another configuration raises `CheckpointMismatchError` naming each difference.
         allow_config_change: resume a checkpoint written under another configuration anyway.
-        accumulate_steps: micro-batches per optimizer step, run in one jitted `jax.lax.scan` with
-            their gradients averaged; must divide the pipeline's `batch_size`. Losses and metrics
-            are the means over the micro-batches.
-        ema_decay: keep a moving average of the parameters, updated in the step and checkpointed
-            (e.g. 0.999; None: off); `evaluate(ema=True)` uses it (`datarax.train.loop.ema`).
-        precision: "f32" (default), "bf16" or "f16": the loss's compute dtype, with float32 master
-            parameters; "f16" adds dynamic loss scaling (`datarax.train.loop.precision`).
-        param_sharding: None (the state stays where the model's arrays are), "replicated" or
-            "fsdp" over the training pipeline's mesh (needs its `sharding`;
-            `datarax.train.loop.param_sharding`).
-        steps_per_execution: optimizer steps per jitted call (Keras' option; default 1): K > 1 runs
-            K batches in one `jax.lax.scan` (`datarax.train.loop.step.scan_steps`) over the steps
-            (m*K, (m+1)*K], so runs resume bitwise on K = 1's batches and keys. Callbacks see one
-            call; schedules fire at the end of the call that crossed their step; shorter calls run
-            one jitted step each. Keep K = 1 for convolutional models on the CPU backend.
+        accumulate_steps: micro-batches per optimizer step, gradients averaged; must divide `batch_size`.
+        ema_decay: keep a checkpointed moving average of the parameters (e.g. 0.999; None: off), used by
+            `evaluate(ema=True)`.
+        precision: "f32" (default), "bf16" or "f16" (with dynamic loss scaling); master parameters stay f32.
+        param_sharding: None (the state stays where the model's arrays are), "replicated" or "fsdp" over the
+            training pipeline's mesh (needs its `sharding`).
+        steps_per_execution: optimizer steps per jitted call (default 1); keep 1 for convolutional models on
+            the CPU backend.
 
-    Metrics stay on the device until read: `StepLogs.metrics` (the previous call's last step) is
-    read on first use, so callbacks reading it on their own schedule let the host run ahead.
-    Construction warns (`datarax.train.loop.guardrails.TrainerWarning`) about a training pipeline
-    that does not shuffle or whose epoch ends in a short batch.
-
-    Example:
-        >>> trainer = Trainer(model, optax.adam(1e-3), pipeline, loss_fn,
-        ...                   callbacks=[CheckpointCallback("ckpt", every_steps=100)])
-        >>> result = trainer.fit(num_steps=1000)
+    Metrics stay on the device until read (`StepLogs.metrics`). Construction warns (`TrainerWarning`)
+    about a training pipeline that does not shuffle or whose epoch ends in a short batch.
     """
 
     def __init__(self, model: nnx.Module, optimizer: optax.GradientTransformation | nnx.Optimizer,

@@ -1,28 +1,4 @@
-"""Metrics accumulated as sums over batches: perplexity, per-class accuracy, a confusion matrix.
-
-A plain metric function (`fn(batch, aux) -> scalar`) gives one number per batch, and evaluation
-averages them weighted by batch size: right for a per-record mean, wrong for anything whose
-weight is not the batch size (tokens under a mask, records of one class). A `Metric` instead
-returns *sums* from inside the jitted step (`update`), which `Trainer.evaluate` adds up over the
-whole epoch, on the host in float64 / int64, before dividing once (`compute`):
-
-    perplexity = exp(sum of the real tokens' losses / number of real tokens)
-
-never the mean of per-batch perplexities or of per-batch means. Pass them beside plain
-functions in `Trainer(metrics=...)`:
-
-    >>> metrics = {"ppl": Perplexity(targets="tokens", mask="loss_mask", shift=True),
-    ...            "classes": PerClassAccuracy(num_classes=10, labels="label")}
-
-A train step reports each step's own `compute`; `Trainer.evaluate()` returns the scalars of
-`compute` (`ppl`, `ppl/token_loss`, `classes/3`, `classes/mean`, ...) and keeps each metric's
-full `result` (a confusion matrix, the per-class vector) in `trainer.last_eval_results[name]`.
-
-Where the predictions come from: `logits` names a field of the loss function's aux when that is
-a dict, and None means the aux itself (`loss_fn` returning `(loss, logits)`); `labels`, `targets`
-and `mask` name fields of the batch. A `mask` (bool or 0/1) weighs each record or token: padding
-rows of a sharded pipeline (its `mask` field) or padding tokens count for nothing.
-"""
+"""Metrics accumulated as sums over batches: perplexity, per-class accuracy, a confusion matrix."""
 
 from __future__ import annotations
 
@@ -40,7 +16,7 @@ from datarax.core.checks import check_bool, check_field_name, check_int
 
 
 class Metric(abc.ABC):
-    """Abstract base of metrics accumulated as sums (see the module docstring).
+    """Abstract base of metrics accumulated as sums (docs/trainers.md, "Module notes").
 
     Subclasses implement `update` (jax.numpy, inside the jitted step; returns a dict of arrays
     that add up across batches) and `compute` (numpy, on the host, from the summed dict).
@@ -109,7 +85,7 @@ class Perplexity(Metric):
 
     Args:
         targets: the batch field of target token ids (int, `[..., T]`).
-        logits: where the logits `[..., T, V]` are (see the module docstring).
+        logits: the field of the loss's aux dict holding the logits `[..., T, V]` (None: the aux itself).
         mask: the batch field marking real target tokens (e.g. `loss_mask`; None: all count).
         shift: next-token prediction: the logits at position t score the target at t + 1
             (`logits[..., :-1, :]` against `targets[..., 1:]`, weighted by `mask[..., 1:]`).
@@ -162,12 +138,7 @@ class _ClassMetric(Metric):
 
 def confusion_matrix(labels: jax.Array, predictions: jax.Array, num_classes: int,
                      weights: jax.Array | None = None) -> jax.Array:
-    """`[num_classes, num_classes]` counts: row = true class, column = predicted class (float32).
-
-    Example:
-        >>> confusion_matrix(jnp.array([0, 1, 1]), jnp.array([0, 0, 1]), 2).tolist()
-        [[1.0, 0.0], [1.0, 1.0]]
-    """
+    """`[num_classes, num_classes]` counts: row = true class, column = predicted class (float32)."""
     labels, predictions = jnp.asarray(labels).reshape(-1), jnp.asarray(predictions).reshape(-1)
     weights = jnp.ones(labels.shape, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32).reshape(-1)
     flat = jnp.clip(labels, 0, num_classes - 1) * num_classes + jnp.clip(predictions, 0, num_classes - 1)
@@ -189,7 +160,7 @@ class PerClassAccuracy(_ClassMetric):
     Args:
         num_classes: the number of classes (labels outside `[0, num_classes)` are not counted).
         labels: the batch field of integer labels.
-        logits: where the logits are (see the module docstring); predictions are their argmax.
+        logits: the aux dict's field of the logits (None: the aux itself); predictions are their argmax.
         mask: the batch field weighing each record (None: all count).
 
     `compute` gives `"<c>"` for every class with records and `"mean"` (their unweighted mean,

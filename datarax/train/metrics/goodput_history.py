@@ -1,14 +1,4 @@
-"""Goodput across restarts: every run of one job, and the work a kill threw away.
-
-`RunHistory` keeps one record per run (a *segment*: start step, restored step, last step, wall
-and busy seconds, and the same at each checkpoint save) in `<run dir>/goodput_history.json`,
-rewritten atomically while the run trains, so a run killed by SIGKILL leaves how far it got. When
-the next run resumes from step R, the previous run's work past R is *lost*. `cumulative` adds the
-runs up: goodput = (sum of busy_s - lost busy_s) / sum of wall_s, the time between runs reported
-beside it. After a run that did not finish, the lost work is "at least" what was recorded (with
-`unrecorded_s`, the time from its last record to the next start) or "unknown", never "none". A
-fresh start after a finished run begins a new history. docs/trainers.md has the format.
-"""
+"""Goodput across restarts: every run of one job, and the work a kill threw away."""
 
 from __future__ import annotations
 
@@ -26,7 +16,7 @@ def _pct(part: float, whole: float) -> float:
 
 
 class RunHistory:
-    """The segments of one job in `directory/goodput_history.json` (see the module docstring)."""
+    """The segments of one job in `directory/goodput_history.json` (docs/trainers.md, "Module notes")."""
 
     def __init__(self, directory: Any):
         self.path = Path(directory) / HISTORY
@@ -85,7 +75,7 @@ def _mark_at(segment: dict, step: int) -> tuple[float, float]:
 
 
 def cumulative(segments: list[dict]) -> dict:
-    """The job's goodput over its runs, with the work lost at each restart (see the module docstring)."""
+    """The job's goodput over its runs, with the work lost at each restart (docs/trainers.md, "Module notes")."""
     if not segments:
         return {}
     wall = float(sum(s["wall_s"] for s in segments))

@@ -1,9 +1,4 @@
-"""The experiment trackers' metric writers: TensorBoard, Weights & Biases, MLflow.
-
-A writer is anything with `write_scalars(step, scalars)` (and optionally `flush()`/`close()`),
-the interface of `clu.metric_writers.MetricWriter`, so a CLU writer can be passed as is; the
-console and JSON-lines writers, shared with the pipeline monitor, are `datarax.monitoring.writers`.
-"""
+"""The experiment trackers' metric writers: TensorBoard, Weights & Biases, MLflow."""
 
 from __future__ import annotations
 
@@ -20,18 +15,11 @@ from datarax.core.construct import resolve_config
 
 
 def _summary_writer_class():
-    try:
-        from tensorboardX import SummaryWriter
-
-        return SummaryWriter
-    except ImportError:
-        pass
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-
-        return SummaryWriter
-    except ImportError:
-        pass
+    for module in ("tensorboardX", "torch.utils.tensorboard"):
+        try:
+            return importlib.import_module(module).SummaryWriter
+        except ImportError:
+            pass
     raise ImportError("TensorBoardWriter needs a TensorBoard event writer: pip install tensorboardX "
                       "(torch.utils.tensorboard also works)")
 
@@ -64,6 +52,13 @@ class TensorBoardWriter:
 WANDB_MODES = ("offline", "online", "disabled")
 
 
+def _check_strings(config: Any, required: tuple[str, ...], optional: tuple[str, ...]) -> None:
+    for field in required + optional:
+        value = getattr(config, field)
+        if (value is not None or field in required) and not (isinstance(value, str) and value):
+            raise ValueError(f"{type(config).__name__}.{field} must be a non-empty string, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class WandbWriterConfig:
     """Where `WandbWriter` logs.
@@ -85,25 +80,15 @@ class WandbWriterConfig:
     mode: str = "offline"
 
     def __post_init__(self):
-        for field in ("project", "name", "run_id", "dir"):
-            value = getattr(self, field)
-            if (value is not None or field == "project") and not (isinstance(value, str) and value):
-                raise ValueError(f"WandbWriterConfig.{field} must be a non-empty string, got {value!r}")
+        _check_strings(self, ("project",), ("name", "run_id", "dir"))
         if self.mode not in WANDB_MODES:
             raise ValueError(f"WandbWriterConfig.mode must be one of {WANDB_MODES}, got {self.mode!r}")
 
 
 class WandbWriter:
-    """Logs scalars to a Weights & Biases run (`pip install 'datarax[wandb]'`).
+    """Logs scalars to a Weights & Biases run (`pip install 'datarax[wandb]'`), started when the writer is made.
 
-    The run starts when the writer is made and finishes at `close()` (or, as wandb does, at the
-    process's exit: the trainer does not close writers, one may outlive a `fit`). Each `write_scalars` is one
-    `run.log(scalars, step=step)`; wandb merges the train and eval scalars of one step into one
-    history row, and ignores a step lower than one it already has (a resumed run's repeated
-    steps).
-
-    Example:
-        >>> logger = MetricLogger([WandbWriter(project="exp1", dir="runs/exp1")], every_steps=50)
+    The run finishes at `close()` or the process's exit (the trainer does not close writers).
     """
 
     def __init__(self, config: WandbWriterConfig | None = None, **settings: Any):
@@ -150,22 +135,13 @@ class MlflowWriterConfig:
     run_id: str | None = None
 
     def __post_init__(self):
-        for field in ("tracking_uri", "experiment", "run_name", "run_id"):
-            value = getattr(self, field)
-            if (value is not None or field in ("tracking_uri", "experiment")) and \
-                    not (isinstance(value, str) and value):
-                raise ValueError(f"MlflowWriterConfig.{field} must be a non-empty string, got {value!r}")
+        _check_strings(self, ("tracking_uri", "experiment"), ("run_name", "run_id"))
 
 
 class MlflowWriter:
-    """Logs scalars as metrics of an MLflow run (`pip install 'datarax[mlflow]'`).
+    """Logs scalars as metrics of an MLflow run (`pip install 'datarax[mlflow]'`), with its own `MlflowClient`.
 
-    Uses an `MlflowClient` of its own, so MLflow's global active run is left alone. Each
-    `write_scalars` is one `log_batch` of all its scalars at `step`; `close()` (or the process's
-    exit) marks the run finished. `run_id` is the run's id (to resume into it, or to read it back).
-
-    Example:
-        >>> logger = MetricLogger([MlflowWriter(tracking_uri="sqlite:///mlflow.db", experiment="exp1")])
+    `close()` (or the process's exit) marks the run finished; `run_id` is the run's id.
     """
 
     def __init__(self, config: MlflowWriterConfig | None = None, **settings: Any):

@@ -1,28 +1,4 @@
-"""Which parameters a fine-tune trains, and at what rate: by dotted state path.
-
-* A *linear probe* freezes the backbone: `probe_optimizer(model, tx, head=("fc.",))` builds the
-  `nnx.Optimizer` over the `nnx.Param`s under the head's path prefixes only, so the backbone
-  gets no update at all (not a zero learning rate: no optimizer state either).
-* *Discriminative learning rates* train everything, each part at its own rate:
-  `discriminative(("stages.0.", optax.adam(1e-5)), ("fc.", optax.adam(1e-3)), default=optax.adam(1e-4))`
-  is one optax transformation (an `optax.multi_transform`) whose rule for a parameter is the
-  first prefix its path starts with. Pass it to `Trainer` as the optimizer.
-
-* `FinetuneConfig` + `prepare_finetune` put the whole set-up in one value, the form a
-  configuration file's `[trainer.finetune]` table takes: where the starting weights come from (a
-  `.safetensors` / `.pth` file through a named key table, or a datarax checkpoint), which parts
-  are loaded (`include` / `exclude`, e.g. a new head left out), and how it trains (`mode` full,
-  probe or lora).
-
-Example::
-
-    trainer = Trainer(model, probe_optimizer(model, optax.adam(1e-3), head=("fc.",)), pipeline, loss_fn)
-
-    config = FinetuneConfig(weights="resnet18.safetensors", layout="resnet", exclude=("fc.",),
-                            mode="lora", lora_rank=8, lora_where=("layer4.",), head=("fc.",))
-    optimizer, report = prepare_finetune(model, optax.adam(1e-3), config)
-    trainer = Trainer(model, optimizer, pipeline, loss_fn)
-"""
+"""Which parameters a fine-tune trains, and at what rate: by dotted state path."""
 
 from __future__ import annotations
 
@@ -109,31 +85,21 @@ class FinetuneConfig:
     """Where a fine-tune's weights come from and what it trains (`[trainer.finetune]` in a file).
 
     Attributes:
-        weights: a `.safetensors` or PyTorch `.pth` file (read without running its pickle) loaded
-            through the `layout` key table. Relative paths are taken from `prepare_finetune`'s
-            `base_dir` (a configuration file's folder).
-        layout: the key table for `weights`: "crepe", "resnet" or "bert" (`crepe_table`,
-            `resnet_table`, `bert_table`), or a function `model -> KeyMaps`.
-        ignore: checkpoint key globs with no counterpart in the model (added to the layout's own,
-            `*.num_batches_tracked` for crepe and resnet).
-        warm_start: a datarax checkpoint directory (`CheckpointCallback` / `Checkpointer`) whose
-            model weights are copied where paths and shapes agree (`warm_start`); instead of weights.
+        weights: a `.safetensors` or `.pth` file loaded through the `layout` key table (relative to
+            `prepare_finetune`'s `base_dir`).
+        layout: "crepe", "resnet" or "bert", or a function `model -> KeyMaps`.
+        ignore: checkpoint key globs with no counterpart in the model (added to the layout's own).
+        warm_start: instead of weights, a datarax checkpoint directory whose model weights are copied
+            where paths and shapes agree (`warm_start`).
         step: with `warm_start`, the checkpoint step (None: the newest).
-        strict: with `warm_start`, refuse when a selected entry is missing, unexpected or
-            mismatched (default true); false restores what fits and reports the rest.
-        include / exclude: the model's dotted path prefixes loaded / not loaded (a new head:
-            `exclude = ["fc."]`), for both kinds of source.
-        mode: "full" (every parameter trains), "probe" (only `head` trains) or "lora" (flax LoRA
-            adapters on the `lora_where` layers train, plus `head` when given).
-        head: the dotted path prefixes of the new head: trained by "probe" and "lora", and at the
-            full rate by "full" with `backbone_lr_factor`.
-        backbone_lr_factor: with mode "full", everything outside `head` learns at this factor
-            of the optimizer's rate (discriminative learning rates), e.g. 0.1.
+        strict: with `warm_start`, refuse a missing, unexpected or mismatched entry (default true).
+        include / exclude: the model's dotted path prefixes loaded / not loaded (a new head: `["fc."]`).
+        mode: "full", "probe" (only `head` trains) or "lora" (adapters on `lora_where`, plus `head`).
+        head: the dotted path prefixes of the new head.
+        backbone_lr_factor: mode "full": everything outside `head` learns at this factor of the rate.
         lora_rank: the adapters' rank (mode "lora").
-        lora_where: the dotted path prefixes of the layers given adapters (empty: every layer
-            of `lora_kinds`).
-        lora_kinds: the layer kinds given adapters: "linear" (the default) and/or "conv" (a
-            convolutional backbone such as CREPE's).
+        lora_where: the dotted path prefixes of the layers given adapters (empty: every layer of `lora_kinds`).
+        lora_kinds: "linear" (the default) and/or "conv".
     """
 
     weights: str | None = None
@@ -328,18 +294,15 @@ def prepare_finetune(model: nnx.Module, tx: optax.GradientTransformation, config
 
     Args:
         model: the model to fine-tune (changed in place: weights loaded, LoRA layers swapped in).
-        tx: the optimizer's transformation (its learning rate is the head's, and everything's in
-            plain "full" mode).
+        tx: the optimizer's transformation (the head's rate; everything's in plain "full" mode).
         config: what to load and train.
         base_dir: where relative `weights` / `warm_start` paths are taken from.
 
     Returns:
-        `(optimizer, report)`: what to pass to `Trainer` as its optimizer (an optax
-        transformation for "full", an `nnx.Optimizer` over the trained variables otherwise) and a
-        dict saying what was loaded (`source`, `restored`, `missing`, `unexpected`, `mismatched`
-        for a warm start; `loaded` and `skipped` paths for weights; `lora` layers; `trained` and
-        `frozen` parameter counts); `finetune_summary(report)` words it in one line. Warns
-        (`FinetuneWarning`) when every LoRA adapter sits in the new head.
+        `(optimizer, report)`: what to pass to `Trainer` as its optimizer (an optax transformation for
+        "full", an `nnx.Optimizer` over the trained variables otherwise) and a dict of what was loaded
+        and trained (`finetune_summary(report)` words it in one line). Warns (`FinetuneWarning`) when
+        every LoRA adapter sits in the new head.
     """
     with warnings.catch_warnings():  # the adapters are checked once more below, on the real model
         warnings.simplefilter("ignore", FinetuneWarning)

@@ -1,21 +1,4 @@
-"""The input stages a pretrained network expects, built from its checkpoint's configuration.
-
-A Hugging Face image checkpoint's `preprocessor_config.json` states the image size and the
-normalisation (`size`, `crop_size`, `do_center_crop`, `image_mean`, `image_std`); an audio one
-states `sampling_rate`. `preprocessing_stages` turns those into datarax stages, so a fine-tune
-feeds the network what it was trained on without copying numbers by hand:
-
-| config | stages |
-|---|---|
-| `image_mean`, `image_std`, `size` / `crop_size` | `DecodeImage(size=...)`, `ToFloatOperator()`,
-`NormalizeOperator(mean=..., std=...)` |
-| `sampling_rate` (+ `window_size`, CREPE's frame) | `DecodeAudio(sample_rate=..., length=...)` |
-
-Example::
-
-    stages = preprocessing_stages(json.load(open("preprocessor_config.json")))
-    pipeline = Pipeline(ImageFolderSource(...), stages, batch_size=64)
-"""
+"""The input stages a pretrained network expects, built from its checkpoint's configuration."""
 
 from __future__ import annotations
 

@@ -1,21 +1,4 @@
-"""Key/transpose tables: how a checkpoint's tensors map onto an NNX module's variables, both ways.
-
-A table is a tuple of `KeyMap(key, path, transform)`: the checkpoint key (`layer1.0.conv1.weight`),
-the dotted NNX state path (`layer1.0.conv1.kernel`) and the layout change between them. The
-transforms are the whole difference between PyTorch's and Flax's layouts:
-
-| transform | checkpoint (PyTorch) | NNX |
-|---|---|---|
-| `copy` | any | the same |
-| `linear` | `(out, in)` | `(in, out)` |
-| `conv` | `(out, in, *kernel)` | `(*kernel, in, out)` |
-
-`load_table` checks everything before it writes anything: every checkpoint key is mapped (or
-matched by `ignore`), every `nnx.Param` / `nnx.BatchStat` of the module is filled (LoRA adapters
-excepted: a pretrained checkpoint has none), and every shape agrees after the transform. A
-problem raises one `LayoutError` that lists all of them. `export_table` is the exact inverse, so
-load-then-export gives back the checkpoint's arrays bit for bit.
-"""
+"""Key/transpose tables: how a checkpoint's tensors map onto an NNX module's variables, both ways."""
 
 from __future__ import annotations
 
@@ -125,10 +108,6 @@ def load_table(model: nnx.Module, tensors: Mapping[str, np.ndarray], table: Iter
                exclude: Iterable[str] = (), check_only: bool = False) -> None:
     """Writes `tensors` into `model` through `table`, after checking that everything fits.
 
-    `include` / `exclude` narrow the load to the model's dotted paths under (not under) these
-    prefixes: a new head (`exclude=("fc.",)`) keeps its own values, and its table entries and
-    checkpoint keys are left out of every check.
-
     Args:
         model: the NNX module to fill (its variables keep their dtypes: values are cast to them).
         tensors: `{checkpoint key: array}`, e.g. from `read_pth` or `load_safetensors`.
@@ -136,7 +115,8 @@ def load_table(model: nnx.Module, tensors: Mapping[str, np.ndarray], table: Iter
         ignore: glob patterns of checkpoint keys with no NNX counterpart (`"*.num_batches_tracked"`).
         source: the checkpoint's name in error messages (its file).
         include: the model's dotted path prefixes to load (empty: all).
-        exclude: the model's dotted path prefixes not loaded, e.g. `("fc.",)` for a new head.
+        exclude: the model's dotted path prefixes not loaded, e.g. `("fc.",)` for a new head; their
+            table entries and checkpoint keys are left out of every check.
         check_only: run every check and write nothing (an abstract `nnx.eval_shape` model will do).
 
     Raises:

@@ -1,23 +1,4 @@
-"""Reads a PyTorch `.pth` state dict into numpy arrays without torch and without running its code.
-
-`torch.save` (since torch 1.6) writes a zip archive:
-
-    <name>/data.pkl      a pickle of the object (here: an OrderedDict of tensors)
-    <name>/data/<key>    one raw storage per tensor buffer, in the byte order of <name>/byteorder
-    <name>/version       the format version
-
-In the pickle each tensor is a call `torch._utils._rebuild_tensor_v2(storage, offset, size, stride,
-requires_grad, backward_hooks)` whose `storage` argument is a *persistent id*
-`("storage", torch.FloatStorage, key, location, numel)`. A pickle may name any importable global
-and call it (`os.system` is the classic payload), so the unpickler here resolves only the names a
-state dict needs, each to a numpy stand-in, and refuses every other one with an
-`UnsafePickleError` that names the file and the global. That is what `torch.load(...,
-weights_only=True)` does inside torch; this reader needs neither torch nor trust in the file.
-
-Example::
-
-    tensors = read_pth("crepe/tiny.pth")       # {"conv1.weight": np.ndarray (128, 1, 512, 1), ...}
-"""
+"""Reads a PyTorch `.pth` state dict into numpy arrays without torch and without running its code."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""Warm start: a datarax training checkpoint's model weights, or a part of them, in a new model.
-
-A fine-tune often starts from another run's model with a new head (other classes) or a
-subset of its layers (a backbone). `warm_start` reads only the `model` item of a `Checkpointer`
-step (the optimizer, iterator and run configuration are left behind: this is a new run), checks
-the arrays against the integrity hash written with them, and copies each entry whose dotted
-state path (`stages.0.1.convs.0.kernel`) and shape match the new model. Example::
-
-    model = ResNet("basic", (2, 2, 2, 2), num_classes=5)             # a new 5-class head
-    report = warm_start(model, "old_run/ckpt", exclude=("fc.",), strict=False)
-    print(report.missing)      # ('fc.bias', 'fc.kernel'): the new head keeps its initialisation
-
-With `strict=True` (the default) anything not restored is an error that names the paths.
-"""
+"""Warm start: a datarax training checkpoint's model weights, or a part of them, in a new model."""
 
 from __future__ import annotations
 
