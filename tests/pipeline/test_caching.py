@@ -59,8 +59,9 @@ def test_cached_batches_equal_uncached_and_prefix_runs_once(resident, drop_remai
     jax.effects_barrier()
     assert filled > 0 and len(CALLS) == filled  # later batches and epochs read the cache
     assert_same(got, want)
-    # XLA:TPU's float32 tanh is an approximation good to about 1e-6 absolute; the CPU's to an ulp or two.
-    tolerance = {"rtol": 1e-6} if jax.default_backend() == "cpu" else {"rtol": 1e-5, "atol": 1e-6}
+    # XLA:TPU's float32 tanh is an approximation (seen on a v5e: 3.4e-5 off numpy's, here 1e-4 after the
+    # scale by 3); the CPU's is good to an ulp or two.
+    tolerance = {"rtol": 1e-6} if jax.default_backend() == "cpu" else {"rtol": 1e-4, "atol": 1e-5}
     np.testing.assert_allclose(it.cache["x"], np.tanh(np.linspace(-2, 2, N * 3).reshape(N, 3)) * 3.0, **tolerance)
 
 
