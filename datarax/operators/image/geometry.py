@@ -230,6 +230,16 @@ class ResizeOperator(ImageOperator):
         return geometry.resize(image, *self.config.size, antialias=self.config.antialias)
 
 
+def warp_many(op, images, params, inverse_of):
+    """A warp operator's batch: `batched.warp_affine` with each record's `inverse_of(params, center)`,
+    or `op.apply` vmapped for images too large for its products."""
+    if not batched.warps_in_batch(images.shape[1:]):
+        return jax.vmap(op.apply)(images, params)
+    center = geometry.image_center(images[0])
+    inverse = jax.vmap(lambda p: inverse_of(p, center))(params)
+    return batched.warp_affine(images, inverse, op.config.fill)
+
+
 @dataclasses.dataclass(frozen=True)
 class AffineConfig(ImageOperatorConfig):
     """Configuration of `AffineOperator`; each magnitude is the half-width of a uniform draw.
@@ -277,12 +287,8 @@ class AffineOperator(ImageOperator):
         return geometry.warp_affine(image, inverse, self.config.fill)
 
     def apply_many(self, images, params):
-        if not batched.warps_in_batch(images.shape[1:]):
-            return jax.vmap(self.apply)(images, params)
-        center = geometry.image_center(images[0])
-        inverse = jax.vmap(lambda p: geometry.affine_matrix(p["angle"], center, scale=p["scale"], shear=p["shear"],
-                                                            translate=(p["dx"], p["dy"])))(params)
-        return batched.warp_affine(images, inverse, self.config.fill)
+        return warp_many(self, images, params, lambda p, center: geometry.affine_matrix(
+            p["angle"], center, scale=p["scale"], shear=p["shear"], translate=(p["dx"], p["dy"])))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,11 +324,7 @@ class RotationOperator(ImageOperator):
         return geometry.rotate(image, params["angle"], self.config.fill)
 
     def apply_many(self, images, params):
-        if not batched.warps_in_batch(images.shape[1:]):
-            return jax.vmap(self.apply)(images, params)
-        center = geometry.image_center(images[0])
-        inverse = jax.vmap(lambda angle: geometry.affine_matrix(angle, center))(params["angle"])
-        return batched.warp_affine(images, inverse, self.config.fill)
+        return warp_many(self, images, params, lambda p, center: geometry.affine_matrix(p["angle"], center))
 
 
 @dataclasses.dataclass(frozen=True)
