@@ -19,6 +19,10 @@ Rows, all timed in this process with their epochs interleaved:
   no normalisation, no device copy).
 * `floor[full_scale]`: the floor with every file decoded at full size (no DCT scaling): what
   decoding only what the crop needs is worth.
+* `datarax[processes]` and `decode_limit[processes]`: the same in `os.cpu_count()` worker
+  processes that read and decode the files (`DecodeImage(executor="processes")`; the limit's
+  batches split across a process pool), for hosts where one process's file reads do not run in
+  parallel (a gVisor sandbox: docs/tpu.md).
 
 `psnr_db` (median; `psnr_p10_db`, 10th percentile) compares each side's uint8 crops with an
 accurate reference of the same boxes (full decode, the box, Lanczos), on the first 256 files.
@@ -34,6 +38,7 @@ scale + `cv2.resize` (see `benchmarks.peers.common`).
 from __future__ import annotations
 
 import concurrent.futures
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -107,9 +112,9 @@ def to_float(x: jax.Array) -> jax.Array:
     return x.astype(jnp.float32) / 255.0
 
 
-def build_pipeline(root: str, seed: int = 0, backend: str = "auto") -> Pipeline:
+def build_pipeline(root: str, seed: int = 0, backend: str = "auto", executor: str = "threads") -> Pipeline:
     stages = [DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, seed=seed,
-                          backend=backend),
+                          backend=backend, executor=executor),
               MapOperator(MapOperatorConfig(fields=("image",)), fn=to_float),
               HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(seed)),
               NormalizeOperator(NormalizeConfig(mean=JPEG_MEAN, std=JPEG_STD))]
@@ -146,9 +151,7 @@ class Floor:
         top, left, h, w = random_resized_box(header[0], header[1], JPEG_SCALE, JPEG_RATIO,
                                              record_generator(self.seed, 0, epoch, record))
         if self.decode_only:
-            scale = dct_scale(h, w)
-            self.turbo.simplejpeg.decode_jpeg(data, min_height=-(-header[0] // scale),
-                                              min_width=-(-header[1] // scale))
+            decode_at_dct_scale(self.turbo, data, header, h, w)
             return
         if self.full_scale:
             image = self.turbo.simplejpeg.decode_jpeg(data)
@@ -187,6 +190,59 @@ class Floor:
         self.pool.shutdown()
 
 
+def decode_at_dct_scale(turbo: TurboDecoder, data: bytes, header, box_h: int, box_w: int) -> None:
+    scale = dct_scale(box_h, box_w)
+    turbo.simplejpeg.decode_jpeg(data, min_height=-(-header[0] // scale), min_width=-(-header[1] // scale))
+
+
+_WORKER_TURBO: list[TurboDecoder] = []
+
+
+def decode_only_chunk(task: tuple[list[str], list[int], int, int]) -> int:
+    """`decode_limit[processes]`'s work in one worker: read, header, box and DCT-scale decode."""
+    if not _WORKER_TURBO:
+        _WORKER_TURBO.append(TurboDecoder())
+    turbo = _WORKER_TURBO[0]
+    paths, records, epoch, seed = task
+    for path, record in zip(paths, records):
+        with open(path, "rb") as f:
+            data = f.read()
+        header = turbo.header(data)
+        _, _, h, w = random_resized_box(header[0], header[1], JPEG_SCALE, JPEG_RATIO,
+                                        record_generator(seed, 0, epoch, record))
+        decode_at_dct_scale(turbo, data, header, h, w)
+    return len(paths)
+
+
+class ProcessLimit:
+    """`decode_limit` in `os.cpu_count()` worker processes: each batch's files split across them,
+    the next batch queued before this one is waited for."""
+
+    def __init__(self, paths: list[str], seed: int = 0):
+        self.paths, self.seed, self.workers = paths, seed, os.cpu_count() or 1
+        self.pool = concurrent.futures.ProcessPoolExecutor(self.workers,
+                                                           mp_context=multiprocessing.get_context("forkserver"))
+
+    def submit(self, ids: np.ndarray, epoch: int) -> list:
+        chunks = np.array_split(ids, min(self.workers, len(ids)))
+        return [self.pool.submit(decode_only_chunk, ([self.paths[r] for r in c.tolist()], c.tolist(), epoch,
+                                                     self.seed)) for c in chunks]
+
+    def epoch(self, epoch: int):
+        order = np.random.default_rng((self.seed, epoch)).permutation(len(self.paths))
+        batches = [order[i:i + BATCH] for i in range(0, len(order), BATCH)]
+        pending = self.submit(batches[0], epoch)
+        for nxt in batches[1:] + [None]:
+            queued = None if nxt is None else self.submit(nxt, epoch)
+            for f in pending:
+                f.result()
+            yield None
+            pending = queued
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
 def peer_recipe(options: BenchOptions) -> list[Recipe]:
     """Each peer at its users' default (`jpeg`) and one variant (`jpeg_variant`), beside `jpeg`."""
     n = options.records(NUM_RECORDS)
@@ -217,32 +273,38 @@ def run(options: BenchOptions) -> list[dict]:
     for _ in pipeline:  # the rest of the warm-up epoch
         pass
     pillow = build_pipeline(root, backend="pillow")
+    processes = build_pipeline(root, executor="processes")
     source = ImageFolderSource(root=root)
     paths, labels = list(source.paths), np.asarray(source.labels)
     floors = {"floor": Floor(paths, labels), "floor[full_scale]": Floor(paths, labels, full_scale=True),
-              "decode_limit": Floor(paths, labels, decode_only=True)}
+              "decode_limit": Floor(paths, labels, decode_only=True), "decode_limit[processes]": ProcessLimit(paths)}
     floor_first = first_batch_seconds(lambda: floors["floor"].epoch(0))
     for floor in floors.values():
         block(list(floor.epoch(0)))
-    for _ in pillow:
-        pass
+    for warm in (pillow, processes):
+        for _ in warm:
+            pass
     counters = {name: iter(range(1, 10**6)) for name in floors}
-    sides = {"datarax": lambda: pipeline, "datarax[pillow]": lambda: pillow,
+    sides = {"datarax": lambda: pipeline, "datarax[pillow]": lambda: pillow, "datarax[processes]": lambda: processes,
              **{name: (lambda name=name: floors[name].epoch(next(counters[name]))) for name in floors}}
     rates = interleaved_rates(sides, n, options.repeats)
     for floor in floors.values():
         floor.close()
     quality = {"datarax": decode_image_psnr(paths, pipeline_backend(pipeline)),
                "datarax[pillow]": decode_image_psnr(paths, "pillow")}
-    quality["floor"] = quality["datarax"]  # the same boxes through the same decoder (tested)
+    quality["floor"] = quality["datarax[processes]"] = quality["datarax"]  # the same boxes, decoder (tested)
+    processes.close()
     main = row("jpeg", rates["datarax"], rates["floor"], records=n, first_batch_s=round(build_s + first, 3),
                floor_first_batch_s=round(floor_first, 3), batch_size=BATCH, threads=os.cpu_count(),
                decoder=pipeline_backend(pipeline), **quality["datarax"])
     extra = []
     notes = {"datarax[pillow]": "DecodeImage(backend='pillow'): Pillow draft + resize(box), bilinear",
              "decode_limit": "libjpeg-turbo at the box's DCT scale on all cores; no resize, no framework",
-             "floor[full_scale]": "the floor decoding every file at full size (no DCT scaling)"}
-    for name in ("datarax[pillow]", "decode_limit", "floor[full_scale]"):
+             "floor[full_scale]": "the floor decoding every file at full size (no DCT scaling)",
+             "datarax[processes]": "DecodeImage(executor='processes'): the workers read and decode the files",
+             "decode_limit[processes]": "decode_limit's work in os.cpu_count() worker processes"}
+    for name in ("datarax[pillow]", "datarax[processes]", "decode_limit", "decode_limit[processes]",
+                 "floor[full_scale]"):
         extra.append({"scenario": "jpeg", "framework": name, "el_s": round(rates[name]["el_s"], 1),
                       "ratio_to_datarax": round(rates[name]["el_s"] / rates["datarax"]["el_s"], 3),
                       "ratio_to_floor": round(rates[name]["el_s"] / rates["floor"]["el_s"], 3),

@@ -1,4 +1,4 @@
-"""The one memory budget shared by a decoding stage's threads.
+"""The one memory budget shared by a decoding stage's threads (or worker processes: `SharedBudget`).
 
 Each decode reserves its estimated memory (from what the record declares, e.g. width x height)
 before it allocates, waits while the others hold too much, and gives it back when done, so the
@@ -95,4 +95,44 @@ class MemoryBudget:
         self.__init__(state["limit"], state["name"])
 
     def __repr__(self) -> str:
-        return f"MemoryBudget({self.limit}, {self.name!r})"
+        return f"{type(self).__name__}({self.limit}, {self.name!r})"
+
+
+class SharedBudget(MemoryBudget):
+    """A `MemoryBudget` shared by worker processes: its count lives in shared memory.
+
+    Made from a `multiprocessing` context `ctx`; it reaches a worker only as an argument of the
+    worker's process (as every `multiprocessing` lock does), not by pickling afterwards.
+    """
+
+    def __init__(self, limit: int, name: str, ctx: Any):
+        self.limit, self.name = int(limit), name
+        self._shared = ctx.Array("q", 2, lock=False)  # [held, peak]
+        self._changed = ctx.Condition()
+
+    @property
+    def peak(self) -> int:
+        return int(self._shared[1])
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        nbytes = max(0, int(nbytes))
+        if not self.fits(nbytes):
+            raise ValueError(f"{self.name} cannot reserve {nbytes:,} bytes of a {self.limit:,}-byte budget")
+        shared = self._shared
+        with self._changed:
+            self._changed.wait_for(lambda: shared[0] + nbytes <= self.limit)
+            shared[0] += nbytes
+            shared[1] = max(shared[1], shared[0])
+        try:
+            yield
+        finally:
+            with self._changed:
+                shared[0] -= nbytes
+                self._changed.notify_all()
+
+    def __getstate__(self) -> dict[str, Any]:  # only while a process starts (multiprocessing's rule)
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)

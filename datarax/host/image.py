@@ -11,13 +11,14 @@ import dataclasses
 import io
 import math
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
-from datarax.control.budget import MemoryBudget, default_budget, human
+from datarax.control.budget import MemoryBudget, SharedBudget, default_budget, human
 from datarax.control.pool import ThreadPool
 from datarax.core.checks import (
     check_choice,
@@ -32,8 +33,11 @@ from datarax.core.checks import (
     set_field,
 )
 from datarax.core.construct import resolve_config
+from datarax.core.errors import RecordError
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend
+from datarax.host.map import picklable
+from datarax.host.processes import EXECUTORS, SharedOutputs, WorkerPool, context
 from datarax.host.stage import (
     ON_ERROR,
     BadRecords,
@@ -42,7 +46,9 @@ from datarax.host.stage import (
     Refusal,
     Spec,
     check_encoded_field,
+    record_generator,
 )
+from datarax.sources.file_folder import FileRef
 
 RESIZE_MODES = ("shorter_side", "fixed", "none")
 CROP_MODES = ("center", "random_resized")
@@ -71,7 +77,8 @@ class DecodeImageConfig:
         ratio: RandomResizedCrop's range of the box aspect ratio (width / height).
         field: the field holding the encoded images.
         out_field: where the decoded images go (None: replace `field`; another name keeps `field`).
-        num_threads: decoding threads (None: `os.cpu_count()`); it changes no output.
+        num_threads: decoding threads, or worker processes under `executor="processes"` (None:
+            `os.cpu_count()`); it changes no output.
         on_error: "raise" (a `RecordError` naming the record) or "skip" (write zeros, set
             `<out_field>_ok` to False and warn once per record).
         seed: the crop seed; None: the pipeline's seed.
@@ -84,6 +91,10 @@ class DecodeImageConfig:
             "pillow", or "auto" (turbo when both wheels are installed). Non-JPEG, CMYK and damaged
             files always go through Pillow. Part of the fingerprint: a state saved under one
             backend does not resume under the other.
+        executor: "threads" or "processes": worker processes that read each file (from a
+            `FileFolderSource`/`ImageFolderSource`) and decode it, for hosts where one process's file
+            reads do not run in parallel (a gVisor sandbox's 9p mount: docs/tpu.md). The same
+            output and fingerprint; a script must build its pipeline under `if __name__ == "__main__":`.
     """
 
     size: int | tuple[int, int]
@@ -99,6 +110,7 @@ class DecodeImageConfig:
     backend: str = "auto"
     value_range: tuple[float, float] | None = None
     max_decode_bytes: int | None = None
+    executor: str = "threads"
 
     def __post_init__(self):
         set_field(self, "size", check_size(*field(self, "size")))
@@ -122,6 +134,7 @@ class DecodeImageConfig:
                                  f"{self.value_range!r}; e.g. (0, 4095) for 12-bit samples, or None")
             set_field(self, "value_range", pair)
         check_positive_int(*field(self, "max_decode_bytes"), allow_none=True, unit="bytes")
+        check_choice(*field(self, "executor"), EXECUTORS)
 
 
 def shorter_side_box(height: int, width: int, out_h: int, out_w: int) -> Box:
@@ -210,7 +223,17 @@ class DecodeImage(DecodingStage):
         self.ok_field = f"{self.out_field}_ok" if config.on_error == "skip" else None
         self.num_threads = config.num_threads or os.cpu_count() or 1
         self.pool = ThreadPool(self.num_threads, "datarax-decode-image")
-        self.budget = MemoryBudget(config.max_decode_bytes or default_budget(), "DecodeImage")
+        limit = config.max_decode_bytes or default_budget()
+        self.processes = None
+        if config.executor == "processes":
+            self.budget = SharedBudget(limit, "DecodeImage", context())
+            self.processes = WorkerPool(DecodeJob(config), self.num_threads, "datarax-decode-image", self.budget)
+            self._shared = SharedOutputs([(self.out_field, config.size + (3,), "uint8")])
+            self._lock = threading.Lock()
+            if config.out_field in (None, config.field):
+                self.reads_files = config.field
+        else:
+            self.budget = MemoryBudget(limit, "DecodeImage")
         self.bad_records = BadRecords(config.on_error, "DecodeImage", config.field, self.ok_field,
                                       "Remove or replace the file (corrupt, truncated or not an image)")
         self._image = _pillow()
@@ -231,7 +254,7 @@ class DecodeImage(DecodingStage):
         # Settings that change no output stay out; pillow, an unset value_range and seed keep old fingerprints.
         config = dataclasses.replace(self.config, num_threads=None, seed=self.config.seed or 0)
         settings = ", ".join(f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
-                             if f.name not in ("backend", "max_decode_bytes")
+                             if f.name not in ("backend", "max_decode_bytes", "executor")
                              and not (f.name == "value_range" and config.value_range is None))
         suffix = "" if self.backend == "pillow" else f"[backend={self.backend}, revision={TURBO_REVISION}]"
         return f"DecodeImage(DecodeImageConfig({settings})){suffix}"
@@ -239,11 +262,35 @@ class DecodeImage(DecodingStage):
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         data = batch[self.config.field]
         out = ctx.buffer(self.out_field, (len(data), *self.config.size, 3), np.uint8)
+        if self.processes is not None:
+            return self._in_processes(batch, data, ctx, out)
 
         def decode(row: int) -> None:
             self.decode_into(data[row], ctx.generator(self.seed, row) if self.stochastic else None, out[row])
 
         return self.decode_rows(batch, ctx, {self.out_field: out}, decode, inline=self._all_small_raw(data))
+
+    def _in_processes(self, batch: dict[str, np.ndarray], data: np.ndarray, ctx: HostContext,
+                      out: np.ndarray) -> dict[str, np.ndarray]:
+        """The batch read (where `data` holds `FileRef`s) and decoded by the worker processes, each a
+        contiguous block of rows, into shared memory, then copied into `out`."""
+        count = len(data)
+        seed, ids = ctx.seed_of(self.seed), np.asarray(ctx.record_ids, np.int64)
+        blocks = np.linspace(0, count, min(self.num_threads, count) + 1).astype(np.int64).tolist()
+        chunks = [(low, high, (list(data[low:high]), ids[low:high], int(ctx.epoch), ctx.stage, seed))
+                  for low, high in zip(blocks[:-1], blocks[1:])]
+        with self._lock:  # one batch at a time through the workers and the shared segment
+            self._shared.ensure(count)
+            results = self.processes.run(self._shared, chunks)
+            np.copyto(out, self._shared.views(count)[self.out_field])
+        failures: list[BaseException | None] = []
+        for fatal, block in results:
+            if fatal is not None:  # a file that cannot be read fails the batch, as the source's own read does
+                raise fatal
+            failures.extend(block)
+        failures = [RecordError(f"DecodeImage: {ctx.where(row)} {exc}") if isinstance(exc, Refusal) else exc
+                    for row, exc in enumerate(failures)]
+        return self.resolve_rows(batch, ctx, {self.out_field: out}, failures)
 
     def _all_small_raw(self, data: np.ndarray) -> bool:
         """True when the turbo path reads every record as small raw pixels (a decode-once cache): only
@@ -357,6 +404,14 @@ class DecodeImage(DecodingStage):
             return shorter_side_box(height, width, *config.size)
         return None
 
+    def close(self) -> None:
+        """Stops the threads or worker processes and frees the shared memory (a later batch restarts them)."""
+        self.pool.close()
+        if self.processes is not None:
+            self.processes.close()
+            with self._lock:
+                self._shared.close()
+
     def __getstate__(self) -> dict[str, Any]:
         # Modules do not copy or pickle; a copy imports them again, and its pool starts on first use.
         return {"config": self.config, "bad_records": self.bad_records}
@@ -364,3 +419,38 @@ class DecodeImage(DecodingStage):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._setup(state["config"])
         self.bad_records = state["bad_records"]
+
+
+class DecodeJob:
+    """A worker process's part of a batch (`DecodeImage(executor="processes")`): read each file
+    (a `FileRef`) or take its bytes, decode it into its row, and return `(fatal, failures)`: the
+    exception of a file that could not be read (raised for the batch) and each row's None or error."""
+
+    def __init__(self, config: DecodeImageConfig):
+        self.config = dataclasses.replace(config, executor="threads", num_threads=1)
+        self.stage: DecodeImage | None = None
+        self.budget: SharedBudget | None = None
+
+    def attach(self, budget: SharedBudget) -> None:
+        self.budget = budget
+
+    def __call__(self, task: tuple, outputs: dict[str, np.ndarray]) -> tuple[BaseException | None, list]:
+        if self.stage is None:
+            self.stage = DecodeImage(self.config)
+            if self.budget is not None:  # the stage's one budget, shared by all its workers
+                self.stage.budget = self.budget
+        records, ids, epoch, stage, seed = task
+        out = outputs[self.stage.out_field]
+        failures: list[BaseException | None] = []
+        for row, record in enumerate(records):
+            try:
+                data = record.read() if isinstance(record, FileRef) else record
+            except Exception as exc:  # the source's own error (missing file, over max_file_bytes)
+                return picklable(exc), []
+            rng = record_generator(seed, stage, epoch, int(ids[row])) if self.stage.stochastic else None
+            try:
+                self.stage.decode_into(data, rng, out[row])
+                failures.append(None)
+            except Exception as exc:  # decoders raise many kinds for bad bytes; the parent names the record
+                failures.append(picklable(exc))
+        return None, failures

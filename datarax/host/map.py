@@ -31,10 +31,9 @@ from datarax.core.checks import (
 )
 from datarax.core.construct import resolve_config
 from datarax.core.fields import batchable
-from datarax.host.processes import SharedOutputs, WorkerPool
+from datarax.host.processes import EXECUTORS, SharedOutputs, WorkerPool
 from datarax.host.stage import ON_ERROR, BadRecords, DecodingStage, HostContext, Spec, record_generator
 
-EXECUTORS = ("threads", "processes")
 OutputSpec = tuple[tuple[str, tuple[int, ...], str], ...]  # (field, record shape, dtype)
 
 

@@ -27,6 +27,7 @@ from datarax.core.errors import DataraxError
 
 _ALIGN = 64
 Layout = tuple[tuple[str, int, tuple[int, ...], str], ...]  # (field, byte offset, record shape, dtype)
+EXECUTORS = ("threads", "processes")
 
 
 class WorkerCrashError(DataraxError, RuntimeError):
@@ -42,7 +43,7 @@ def context() -> Any:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", "datarax.host.map"])
+    ctx.set_forkserver_preload(["__main__", "datarax.host.map", "datarax.host.image"])
     return ctx
 
 
@@ -101,12 +102,14 @@ class WorkerPool:
     """`num_workers` daemon processes running `job(task, outputs)` on one task each per batch.
 
     `job` is pickled once per worker; `job(task, outputs)` gets a task and its rows of the shared
-    outputs and returns a picklable result.
+    outputs and returns a picklable result. `shared` (e.g. a `SharedBudget`, made from `context()`)
+    goes to each worker as it starts, and reaches the job as `job.attach(shared)`.
     """
 
-    def __init__(self, job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str):
+    def __init__(self, job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str,
+                 shared: Any = None):
         self.payload = pickle.dumps(job)
-        self.num_workers, self.name = num_workers, name
+        self.num_workers, self.name, self.shared = num_workers, name, shared
         self._lock = threading.Lock()
         self._workers: list[tuple[Any, Any]] = []  # (process, connection)
         self._finalizer: weakref.finalize | None = None
@@ -162,8 +165,8 @@ class WorkerPool:
         ctx = context()
         while len(self._workers) < count:
             parent, child = ctx.Pipe()
-            process = ctx.Process(target=worker_main, args=(child, self.payload, list(sys.path)), daemon=True,
-                                      name=f"{self.name}-{len(self._workers)}")
+            process = ctx.Process(target=worker_main, args=(child, self.payload, list(sys.path), self.shared),
+                                  daemon=True, name=f"{self.name}-{len(self._workers)}")
             process.start()
             child.close()
             self._workers.append((process, parent))
@@ -183,7 +186,9 @@ class WorkerPool:
             self._shutdown()
 
     def __getstate__(self) -> dict[str, Any]:  # processes, pipes and locks neither copy nor pickle
-        return {"payload": self.payload, "num_workers": self.num_workers, "name": self.name}
+        if self.shared is not None:
+            raise TypeError(f"{self.name}: a WorkerPool with shared state does not copy; build its stage again")
+        return {"payload": self.payload, "num_workers": self.num_workers, "name": self.name, "shared": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -206,13 +211,15 @@ def stop_workers(workers: list[tuple[Any, Any]]) -> None:
     workers.clear()
 
 
-def worker_main(conn: Any, payload: bytes, path: list[str]) -> None:
+def worker_main(conn: Any, payload: bytes, path: list[str], shared: Any = None) -> None:
     """A worker's loop: load the job once, then run one task per message until told to stop; `path`
     is the parent's current `sys.path`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = path
     try:
         job = pickle.loads(payload)
+        if shared is not None:
+            job.attach(shared)
     except BaseException:  # any failure to load the job is reported, then the worker ends
         conn.send(("error", "a worker process could not load the function: " + traceback.format_exc(limit=4)
                    + "Define the function at module level in an importable module (not in a notebook cell or "

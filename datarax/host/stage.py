@@ -149,6 +149,9 @@ class HostStage(abc.ABC):
     seed: int | None = None
     stochastic: bool = False
     work: str = "other"
+    # The encoded field this stage reads from file references itself (in its worker processes): at the
+    # head of the stages, a source with `read_references` then hands it references, not bytes.
+    reads_files: str | None = None
 
     @abc.abstractmethod
     def output_spec(self, input_spec: Spec) -> Spec:
@@ -271,6 +274,8 @@ class HostStageSource(DataSourceModule):
             spec = stage.output_spec(dict(spec))
         check_numeric(spec, "after the host stages,")
         self._spec = spec
+        self._references = (self.stages[0].reads_files is not None and hasattr(source, "read_references")
+                            and self.stages[0].reads_files == getattr(source, "field", None))
         self.times = StageTimes(clock)
         labels = [stage.label() for stage in self.stages]
         # Two stages of one kind get their position, so their times stay apart.
@@ -303,8 +308,10 @@ class HostStageSource(DataSourceModule):
         distinct, rows = first_rows(ids.reshape(-1))
         times, count = self.times, len(distinct)
         with times.measure("source read", records=count, work="read"):
-            # `read`, not `get_batch`: a source that prefetches by the epoch's order sees it here too.
-            batch = self.source.read(distinct, int(epoch))
+            if self._references:  # the first stage reads the files where it decodes them
+                batch = self.source.read_references(distinct)
+            else:  # `read`, not `get_batch`: a source that prefetches by the epoch's order sees it here too.
+                batch = self.source.read(distinct, int(epoch))
         # The last stage decodes straight into `out` when every row is a distinct record.
         direct = None if out is None or count < ids.size else flat_views(out, ids.shape)
         for i, stage in enumerate(self.stages):

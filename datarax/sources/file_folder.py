@@ -224,6 +224,19 @@ class FileFolderSource(DataSourceModule):
         for i, content in enumerate(contents):  # item by item: numpy must not read bytes as sequences
             column[i] = content
 
+    def read_references(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """The batch `get_batch` returns with a `FileRef` in place of each file's bytes, for a host
+        stage that reads the files in its own worker processes (`DecodeImage(executor="processes")`)."""
+        paths, limit, owner = self._files.paths, self.config.max_file_bytes, type(self).__name__
+
+        def fill(flat: np.ndarray, out: dict[str, np.ndarray]) -> None:
+            np.take(self._files.labels, flat, out=out["label"])
+            column = out[self.field]
+            for i, record in enumerate(flat.tolist()):
+                column[i] = FileRef(record, paths[record], limit, owner)
+
+        return read_batch(indices, None, self.element_spec(), len(self), fill)
+
     def structure(self) -> str:
         # The file list relative to the root, not the root itself: a moved copy of the folder resumes.
         relative = "\n".join(os.path.relpath(p, self.config.root) for p in self._files.paths)
@@ -236,6 +249,19 @@ class FileFolderSource(DataSourceModule):
     def close(self) -> None:
         """Shuts the reading threads down (a later read starts them again)."""
         self._pool.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class FileRef:
+    """A record's file, to be read where it is decoded: `read()` is what the source's own read does."""
+
+    record: int
+    path: str
+    max_bytes: int
+    owner: str
+
+    def read(self) -> bytes:
+        return _read(self.record, self.path, self.max_bytes, self.owner)
 
 
 def _read(record: int, path: str, max_bytes: int, owner: str) -> bytes:

@@ -1,0 +1,143 @@
+"""DecodeImage(executor="processes"): worker processes read the files and decode them, with the
+threaded stage's output, errors, budget and fingerprint."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+
+from datarax import Pipeline
+from datarax.host import DecodeImage, SkippedRecordWarning
+from datarax.host.stage import HostStageSource
+from datarax.sources import ImageFolderSource, RecordError
+from tests.host.test_image import CASES, bad_files, run, write_cases, write_png
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A class-folder tree of every kind of image file DecodeImage reads (two classes)."""
+    root = tmp_path_factory.mktemp("tree")
+    cases = write_cases(tmp_path_factory.mktemp("cases"))
+    for i, name in enumerate(CASES):
+        target = root / f"class{i % 2}"
+        target.mkdir(exist_ok=True)
+        shutil.copy(cases[name], target / f"{i:02d}_{name}")
+    return str(root)
+
+
+def epochs(stage: DecodeImage, root: str, count: int = 2, pids: list | None = None) -> list[dict[str, np.ndarray]]:
+    pipeline = Pipeline(ImageFolderSource(root=root, shuffle=True, seed=3), [stage], batch_size=4)
+    try:
+        batches = [{k: np.asarray(v) for k, v in b.items()} for b in pipeline.epochs(count)]
+        if pids is not None:
+            pids += stage.processes.pids
+        return batches
+    finally:
+        pipeline.close()
+
+
+def test_processes_read_the_files_and_give_the_threads_batches(folder, monkeypatch):
+    threads = epochs(DecodeImage(size=24, crop="random_resized", num_threads=2), folder)
+    stage = DecodeImage(size=24, crop="random_resized", executor="processes", num_threads=2)
+    reads = []
+    original = ImageFolderSource.get_batch
+    monkeypatch.setattr(ImageFolderSource, "get_batch",
+                        lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
+    pids = []
+    got = epochs(stage, folder, pids=pids)  # closing the pipeline stops the workers
+    assert not reads  # the source handed references: the workers read the files
+    assert len(pids) == 2 and stage.processes.pids == []
+    assert len(got) == len(threads) == 8
+    for a, b in zip(got, threads):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    assert not np.array_equal(got[0]["image"], got[4]["image"])  # the epochs differ
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_bytes_from_any_source_decode_as_on_threads(tmp_path):
+    """Records that are bytes already travel to the workers; every kind of file, EXIF included."""
+    cases = write_cases(tmp_path)
+    paths = [cases[n] for n in CASES]
+    stage = DecodeImage(size=20, crop="random_resized", executor="processes", num_threads=3)
+    try:
+        np.testing.assert_array_equal(run(stage, paths)["image"],
+                                      run(DecodeImage(size=20, crop="random_resized"), paths)["image"])
+        assert stage.reads_files == "image"
+        assert stage.structure() == DecodeImage(size=20, crop="random_resized").structure()
+        other = copy.deepcopy(stage)  # a copy builds its own workers
+        np.testing.assert_array_equal(run(other, paths[:3])["image"], run(stage, paths[:3])["image"])
+        other.close()
+    finally:
+        stage.close()
+    assert DecodeImage(size=20, executor="processes", out_field="view").reads_files is None
+
+
+def test_bad_files_are_named_and_skipped_as_on_threads(tmp_path):
+    (tmp_path / "cases").mkdir()
+    paths = bad_files(tmp_path, write_cases(tmp_path / "cases"))
+    files = [paths["good.jpg"], paths["truncated.jpg"], paths["corrupt.jpg"]]
+    stage = DecodeImage(size=16, executor="processes", num_threads=2)
+    skip = DecodeImage(size=16, executor="processes", num_threads=2, on_error="skip")
+    try:
+        with pytest.raises(RecordError, match=rf"record 1 \({paths['truncated.jpg']}\).*on_error='skip'"):
+            run(stage, files)
+        with pytest.warns(SkippedRecordWarning) as caught:
+            out = run(skip, files)
+        threads = DecodeImage(size=16, on_error="skip")
+        with pytest.warns(SkippedRecordWarning) as caught_threads:
+            want = run(threads, files)
+        assert [str(w.message) for w in caught] == [str(w.message) for w in caught_threads]
+        np.testing.assert_array_equal(out["image_ok"], [True, False, False])
+        np.testing.assert_array_equal(out["image"], want["image"])
+        assert skip.skipped == 2
+    finally:
+        stage.close()
+        skip.close()
+
+
+def test_a_file_gone_since_the_scan_fails_the_batch_with_the_sources_error(tmp_path):
+    root = tmp_path / "tree"
+    (root / "a").mkdir(parents=True)
+    for i in range(4):
+        write_png(root / "a" / f"{i}.png", (40, 30))
+    source = ImageFolderSource(root=str(root))
+    stage = DecodeImage(size=8, executor="processes", num_threads=2)
+    host = HostStageSource(source, [stage])
+    try:
+        assert host.read(np.arange(4), 0)["image"].shape == (4, 8, 8, 3)
+        pathlib.Path(source.paths[2]).unlink()
+        with pytest.raises(FileNotFoundError, match=r"ImageFolderSource record 2: the file is gone"):
+            host.read(np.arange(4), 0)
+        with pytest.raises(FileNotFoundError, match=r"ImageFolderSource record 2: the file is gone"):
+            HostStageSource(source, [DecodeImage(size=8)]).read(np.arange(4), 0)
+    finally:
+        host.close()
+
+
+def test_the_workers_share_one_budget(tmp_path):
+    paths = [write_png(tmp_path / f"{i}.png", (1000 + 10 * i, 900)) for i in range(6)]  # ~3.6 MB each to decode
+    one = run(DecodeImage(size=24, num_threads=1, backend="pillow"), paths)["image"]
+    stage = DecodeImage(size=24, num_threads=3, max_decode_bytes=5 * 2**20, backend="pillow", executor="processes")
+    try:
+        np.testing.assert_array_equal(run(stage, paths)["image"], one)
+        assert 0 < stage.budget.peak <= 5 * 2**20  # one decode at a time across the three workers
+        assert stage.held_bytes() == 5 * 2**20
+        big = write_png(tmp_path / "big.png", (2000, 1500), "RGBA")
+        with pytest.raises(RecordError, match=r"DecodeImage: record 1 .* needs about 22.9 MiB to decode"):
+            run(stage, [paths[0], big])
+    finally:
+        stage.close()
+
+
+def test_a_bad_executor_is_named():
+    with pytest.raises(ValueError, match=r"executor.*'threads', 'processes'"):
+        DecodeImage(size=8, executor="fork")
