@@ -110,7 +110,9 @@ class WorkerPool:
                  shared: Any = None):
         self.payload = pickle.dumps(job)
         self.num_workers, self.name, self.shared = num_workers, name, shared
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._pending: dict | None = None
+        self._results: list[Any] = []
         self._workers: list[tuple[Any, Any]] = []  # (process, connection)
         self._finalizer: weakref.finalize | None = None
 
@@ -122,6 +124,15 @@ class WorkerPool:
     def run(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> list[Any]:
         """Sends chunk `i` = `(low, high, task)` to worker `i`; returns the results in order."""
         with self._lock:
+            self.start(outputs, chunks)
+            return self.finish()
+
+    def start(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> None:
+        """`run`'s sending half: the workers start on the chunks, and `finish` collects their results
+        (one job in flight at a time)."""
+        with self._lock:
+            if self._pending is not None:
+                raise RuntimeError(f"{self.name}: a job is already in flight; finish() it first")
             if len(self._workers) < len(chunks):
                 self._start(len(chunks))
             where = (outputs.segment.name, outputs.layout, outputs.rows)
@@ -130,7 +141,18 @@ class WorkerPool:
                 process, conn = self._workers[i]
                 conn.send((where, low, high, task))
                 pending[i] = (process, conn, low, high)
-            results: list[Any] = [None] * len(chunks)
+            self._pending, self._results = pending, [None] * len(chunks)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job `start`ed is not yet `finish`ed."""
+        return self._pending is not None
+
+    def finish(self) -> list[Any]:
+        """The results of the job in flight, in chunk order, once every worker has sent its own."""
+        with self._lock:
+            pending, results = self._pending or {}, self._results
+            self._pending = None
             while pending:
                 ready = multiprocessing.connection.wait(
                     [c for _, c, _, _ in pending.values()] + [p.sentinel for p, _, _, _ in pending.values()])
@@ -174,6 +196,7 @@ class WorkerPool:
             self._finalizer = weakref.finalize(self, stop_workers, self._workers)
 
     def _shutdown(self) -> None:
+        self._pending = None
         workers, self._workers = self._workers, []
         if self._finalizer is not None:
             self._finalizer.detach()
@@ -192,7 +215,8 @@ class WorkerPool:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock, self._workers, self._finalizer = threading.Lock(), [], None
+        self._lock, self._workers, self._finalizer = threading.RLock(), [], None
+        self._pending, self._results = None, []
 
 
 def stop_workers(workers: list[tuple[Any, Any]]) -> None:

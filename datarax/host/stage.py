@@ -179,6 +179,10 @@ class HostStage(abc.ABC):
         """Memory the stage may hold while it works beyond the batch it returns (its decode budget)."""
         return 0
 
+    def ahead(self, batch: dict[str, np.ndarray], ctx: HostContext) -> None:
+        """The input of the batch after the one the stage is called on next (file references: see
+        `reads_files`); a stage that works ahead may start on it, the others ignore it."""
+
 
 class DecodingStage(HostStage):
     """Abstract base of the stages that decode record by record on a thread pool (`pool`), with
@@ -332,6 +336,10 @@ class HostStageSource(DataSourceModule):
 
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
         self.source.upcoming(indices, epoch)
+        if self._references:  # references cost no read: the first stage may start decoding them
+            distinct, _ = first_rows(np.asarray(indices, np.int64).reshape(-1))
+            ctx = HostContext(distinct, int(epoch), 0, self.source.describe_record, self.seed)
+            self.stages[0].ahead(self.source.read_references(distinct), ctx)
 
     def get_batch(self, indices: np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         stochastic = [type(s).__name__ for s in self.stages if s.stochastic]

@@ -48,9 +48,15 @@ def test_processes_read_the_files_and_give_the_threads_batches(folder, monkeypat
     original = ImageFolderSource.get_batch
     monkeypatch.setattr(ImageFolderSource, "get_batch",
                         lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
+    collected = []
+    original_collect = DecodeImage._collect
+    monkeypatch.setattr(DecodeImage, "_collect",
+                        lambda self, key: collected.append(r := original_collect(self, key)) or r)
     pids = []
     got = epochs(stage, folder, pids=pids)  # closing the pipeline stops the workers
     assert not reads  # the source handed references: the workers read the files
+    hits = [r is not None for r in collected]
+    assert hits == [False] + [True] * 8  # only the first of the 8 batches waited for its own decode
     assert len(pids) == 2 and stage.processes.pids == []
     assert len(got) == len(threads) == 8
     for a, b in zip(got, threads):
@@ -141,3 +147,20 @@ def test_the_workers_share_one_budget(tmp_path):
 def test_a_bad_executor_is_named():
     with pytest.raises(ValueError, match=r"executor.*'threads', 'processes'"):
         DecodeImage(size=8, executor="fork")
+
+
+def test_a_batch_decoded_ahead_but_not_read_next_is_dropped(folder):
+    source = ImageFolderSource(root=folder)
+    stage = DecodeImage(size=16, crop="random_resized", executor="processes", num_threads=2)
+    host, threads = HostStageSource(source, [stage]), HostStageSource(source, [DecodeImage(size=16,
+                                                                                           crop="random_resized")])
+    a, b, d = np.array([0, 1, 2]), np.array([3, 4, 5, 6]), np.array([7, 8])
+    try:
+        host.upcoming(a, 0)
+        for ids, epoch in [(b, 0), (d, 0), (a, 0), (a, 1)]:  # A decoded ahead while B is read, then dropped for D
+            got, want = host.read(ids, epoch), threads.read(ids, epoch)
+            np.testing.assert_array_equal(got["image"], want["image"])
+            np.testing.assert_array_equal(got["label"], want["label"])
+    finally:
+        host.close()
+        threads.close()
