@@ -162,7 +162,8 @@ def module_hint(hint: Any) -> tuple[str, str] | None:
     return None
 
 
-def _signature(factory: Any) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
+def parameters_of(factory: Any) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
+    """A class's constructor (or a function's) parameters and type hints; ({}, {}) without a signature."""
     target = factory.__init__ if isinstance(factory, type) else factory
     try:
         params = dict(inspect.signature(target).parameters)
@@ -172,13 +173,9 @@ def _signature(factory: Any) -> tuple[dict[str, inspect.Parameter], dict[str, An
     return params, type_hints(target)
 
 
-def _kinds_text(kinds: Sequence[str]) -> str:
-    return "stage" if tuple(kinds) == STAGE_KINDS else kinds[0].replace("_", " ")
-
-
 def _lookup(kinds: Sequence[str], name: str, path: Path, ctx: Context) -> tuple[Any, type | None, str] | None:
     """`(class, its config dataclass, its kind)` for a registered name or an import path of `kinds`."""
-    what = _kinds_text(kinds)
+    what = "stage" if tuple(kinds) == STAGE_KINDS else kinds[0].replace("_", " ")
     if registry.is_import_path(name):
         obj = ctx.resolve_import(name, path)
         if obj is None:
@@ -259,7 +256,7 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
     factory, config_cls, kind = found
     if kind == "source":
         params = files.resolve_paths(params, ctx)
-    signature, hints = _signature(factory)
+    signature, hints = parameters_of(factory)
     if "config" not in signature:
         config_cls = None
     takes_rngs = RNGS_KEY in signature
