@@ -61,8 +61,16 @@ class Context:
 
     def resolve_import(self, value: str, path: Path, problems: Problems | None = None) -> Any:
         """The object an allowed import path names, or None after reporting why it cannot be had."""
-        return resolve_import(value, path, self.problems if problems is None else problems, self.search_dirs,
-                              self.allow)
+        problems = self.problems if problems is None else problems
+        try:
+            return registry.import_object(value, self.search_dirs, self.allow)
+        except NotAllowedError as exc:
+            problems.add(path, str(exc))
+        except (ImportError, AttributeError, ValueError) as exc:
+            problems.add(path, f"names {value!r}, which cannot be imported: {exc}")
+        except Exception as exc:  # the module raised while importing; show what, keep validating
+            problems.add(path, f"names {value!r}, whose module raised {type(exc).__name__} on import: {exc}")
+        return None
 
     def resolve_callable(self, value: str, path: Path, problems: Problems) -> Any:
         obj = self.resolve_import(value, path, problems)
@@ -73,20 +81,6 @@ class Context:
 
     def path_of(self, name: str) -> str:
         return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(name)))
-
-
-def resolve_import(value: str, path: Path, problems: Problems, search_dirs: Sequence[str],
-                   allow: AllowList) -> Any:
-    """The object an import path names, or None after reporting why it cannot be had."""
-    try:
-        return registry.import_object(value, search_dirs, allow)
-    except NotAllowedError as exc:
-        problems.add(path, str(exc))
-    except (ImportError, AttributeError, ValueError) as exc:
-        problems.add(path, f"names {value!r}, which cannot be imported: {exc}")
-    except Exception as exc:  # the module raised while importing; show what, keep validating
-        problems.add(path, f"names {value!r}, whose module raised {type(exc).__name__} on import: {exc}")
-    return None
 
 
 @dataclasses.dataclass
