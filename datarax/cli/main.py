@@ -252,21 +252,16 @@ def _main(argv: Sequence[str] | None) -> int:
         # The reader went away (`datarax inspect ... | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except MemoryError as exc:
-        if args.traceback:
-            raise
-        config = getattr(args, "config", None)
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "an allocation failed"
-        print(f"{PROG}: error: {config + ': ' if config else ''}out of memory ({detail}); lower batch_size or "
-              "prefetch, or the sizes of the stages' outputs", file=sys.stderr)
-        return 1
-    except (ValueError, TypeError, KeyError, OSError, ImportError, RuntimeError, EOFError) as exc:
+    except (MemoryError, ValueError, TypeError, KeyError, OSError, ImportError, RuntimeError, EOFError) as exc:
         if args.traceback:
             raise
         # One line, the first of the message, prefixed with the file the command was given.
         config = getattr(args, "config", None)
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"{PROG}: error: {config + ': ' if config else ''}{config_terms(message)}", file=sys.stderr)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else None
+        message = config_terms(first or type(exc).__name__) if not isinstance(exc, MemoryError) else (
+            f"out of memory ({first or 'an allocation failed'}); lower batch_size or prefetch, or the sizes of the "
+            "stages' outputs")
+        print(f"{PROG}: error: {config + ': ' if config else ''}{message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

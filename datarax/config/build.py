@@ -9,14 +9,13 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from datarax.config import files, loader, sizes
 from datarax.config.allow import AllowList
-from datarax.config.components import ComponentSpec, Context
+from datarax.config.components import ComponentSpec, Context, parameters_of
 from datarax.config.schema import ConfigError, Problems, format_path
 from datarax.config.spec import TOP_LEVEL_KEYS, RunSpec, ShardingSection, validate
 
@@ -63,11 +62,7 @@ def build_component(spec: ComponentSpec, **extra: Any) -> Any:
 
 
 def takes_argument(factory: Any, name: str) -> bool:
-    try:
-        target = factory.__init__ if isinstance(factory, type) else factory
-        return name in inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return False
+    return name in parameters_of(factory)[0]
 
 
 def build_sharding(section: ShardingSection) -> Any:

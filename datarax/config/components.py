@@ -61,8 +61,16 @@ class Context:
 
     def resolve_import(self, value: str, path: Path, problems: Problems | None = None) -> Any:
         """The object an allowed import path names, or None after reporting why it cannot be had."""
-        return resolve_import(value, path, self.problems if problems is None else problems, self.search_dirs,
-                              self.allow)
+        problems = self.problems if problems is None else problems
+        try:
+            return registry.import_object(value, self.search_dirs, self.allow)
+        except NotAllowedError as exc:
+            problems.add(path, str(exc))
+        except (ImportError, AttributeError, ValueError) as exc:
+            problems.add(path, f"names {value!r}, which cannot be imported: {exc}")
+        except Exception as exc:  # the module raised while importing; show what, keep validating
+            problems.add(path, f"names {value!r}, whose module raised {type(exc).__name__} on import: {exc}")
+        return None
 
     def resolve_callable(self, value: str, path: Path, problems: Problems) -> Any:
         obj = self.resolve_import(value, path, problems)
@@ -73,20 +81,6 @@ class Context:
 
     def path_of(self, name: str) -> str:
         return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(name)))
-
-
-def resolve_import(value: str, path: Path, problems: Problems, search_dirs: Sequence[str],
-                   allow: AllowList) -> Any:
-    """The object an import path names, or None after reporting why it cannot be had."""
-    try:
-        return registry.import_object(value, search_dirs, allow)
-    except NotAllowedError as exc:
-        problems.add(path, str(exc))
-    except (ImportError, AttributeError, ValueError) as exc:
-        problems.add(path, f"names {value!r}, which cannot be imported: {exc}")
-    except Exception as exc:  # the module raised while importing; show what, keep validating
-        problems.add(path, f"names {value!r}, whose module raised {type(exc).__name__} on import: {exc}")
-    return None
 
 
 @dataclasses.dataclass
@@ -162,7 +156,8 @@ def module_hint(hint: Any) -> tuple[str, str] | None:
     return None
 
 
-def _signature(factory: Any) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
+def parameters_of(factory: Any) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
+    """A class's constructor (or a function's) parameters and type hints; ({}, {}) without a signature."""
     target = factory.__init__ if isinstance(factory, type) else factory
     try:
         params = dict(inspect.signature(target).parameters)
@@ -172,13 +167,9 @@ def _signature(factory: Any) -> tuple[dict[str, inspect.Parameter], dict[str, An
     return params, type_hints(target)
 
 
-def _kinds_text(kinds: Sequence[str]) -> str:
-    return "stage" if tuple(kinds) == STAGE_KINDS else kinds[0].replace("_", " ")
-
-
 def _lookup(kinds: Sequence[str], name: str, path: Path, ctx: Context) -> tuple[Any, type | None, str] | None:
     """`(class, its config dataclass, its kind)` for a registered name or an import path of `kinds`."""
-    what = _kinds_text(kinds)
+    what = "stage" if tuple(kinds) == STAGE_KINDS else kinds[0].replace("_", " ")
     if registry.is_import_path(name):
         obj = ctx.resolve_import(name, path)
         if obj is None:
@@ -259,7 +250,7 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
     factory, config_cls, kind = found
     if kind == "source":
         params = files.resolve_paths(params, ctx)
-    signature, hints = _signature(factory)
+    signature, hints = parameters_of(factory)
     if "config" not in signature:
         config_cls = None
     takes_rngs = RNGS_KEY in signature

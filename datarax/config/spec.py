@@ -30,6 +30,7 @@ from datarax.config.schema import (
     is_table,
     suggestion,
 )
+from datarax.control.retry import RetryPolicy
 from datarax.core.checks import is_int
 
 
@@ -56,32 +57,13 @@ class RunSection:
     sharding: Any = None
     trainer: Any = None
     eval: Any = None
-    retry_policy: Any = None
+    retry_policy: RetryPolicy | None = None  # a table such as { max_retries = 3, backoff_s = 0.5 }
 
     def __post_init__(self):
-        if self.retry_policy is not None:
-            object.__setattr__(self, "retry_policy", _retry_policy(self.retry_policy))
         field_checked(check_settings, batch_size=self.batch_size, drop_remainder=self.drop_remainder,
                       prefetch=self.prefetch, dispatch_ahead=self.dispatch_ahead)
         check_positive("seed", self.seed, 0)
         check_positive("epochs", self.epochs)
-
-
-def _retry_policy(value: Any) -> Any:
-    """`retry_policy = { max_retries = 3, backoff_s = 0.5, max_backoff_s = 30.0 }` as a `RetryPolicy`."""
-    from datarax.control.retry import RetryPolicy
-
-    known = [f.name for f in dataclasses.fields(RetryPolicy)]
-    if not is_table(value):
-        raise FieldError("retry_policy", f"must be a table such as {{ max_retries = 3, backoff_s = 0.5 }} (keys "
-                                         f"{known}), got {value!r}")
-    unknown = [k for k in value if k not in known]
-    if unknown:
-        raise FieldError("retry_policy", f"has unknown key(s) {unknown}; its keys are {known}")
-    try:
-        return RetryPolicy(**value)
-    except (TypeError, ValueError) as exc:
-        raise FieldError("retry_policy", str(exc)) from None
 
 
 # `allow` is read before everything else (it decides what the other tables may import), then

@@ -163,7 +163,8 @@ class Pipeline(nnx.Module, Epochs):
         # The background reader's time per part (source read, host stages, copy to device).
         self.reader_times = StageTimes()
         self._readers = LiveReaders()  # the background readers `close` stops
-        self._output_spec = self._compute_output_spec()
+        out = self.compiled.output_spec(*self.input_spec())
+        self._output_spec = out if self.placement is None else self.placement.global_spec(out)
         # Not part of the fingerprint either: it changes when a batch is computed, never what it holds.
         batch_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(self._output_spec))
         self.batches_per_dispatch = 1 if sharding is not None else resolve_batches_per_dispatch(
@@ -220,10 +221,6 @@ class Pipeline(nnx.Module, Epochs):
         idx_shape = self.sampler.indices(np.zeros(self.compiled.rows.shape, np.int64), 0).shape
         batch = {k: jax.ShapeDtypeStruct(idx_shape + tuple(v.shape), v.dtype) for k, v in spec.items()}
         return batch, jax.ShapeDtypeStruct(idx_shape, jnp.int32)
-
-    def _compute_output_spec(self) -> dict:
-        out = self.compiled.output_spec(*self.input_spec())
-        return out if self.placement is None else self.placement.global_spec(out)
 
     def output_spec(self) -> dict:
         """Shapes and dtypes of a full batch (a dict of `jax.ShapeDtypeStruct`)."""

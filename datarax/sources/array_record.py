@@ -149,7 +149,7 @@ class ArrayRecordSource(DataSourceModule):
             return reader.read(positions)
         except RuntimeError as exc:
             # Riegeli checks every chunk's hashes; find the first bad record for the message.
-            bad = next((p for p in positions if not _readable(reader, p)), positions[0])
+            bad = next((p for p in positions if _read_error(reader, [p]) is not None), positions[0])
             raise CorruptFileError(f"ArrayRecordSource cannot read record {bad} of {self._files[f]!r}: {exc}; "
                                    f"the file is damaged: {REWRITE}") from None
 
@@ -210,10 +210,6 @@ def _read_error(reader: Any, positions: list[int]) -> str | None:
     except RuntimeError as exc:
         return str(exc)
     return None
-
-
-def _readable(reader: Any, position: int) -> bool:
-    return _read_error(reader, [position]) is None
 
 
 def _object_array(values: list) -> np.ndarray:

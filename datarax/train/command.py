@@ -3,6 +3,7 @@ resumes from the newest checkpoint."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -18,14 +19,6 @@ from datarax.train.config import build_trainer, run_dir_of
 from datarax.train.pretrained.finetune import finetune_summary
 
 
-def _plotting_available() -> bool:
-    try:
-        import matplotlib  # noqa: F401 - imported only to see whether it is installed
-    except ImportError:
-        return False
-    return True
-
-
 def default_callbacks(configured: Sequence[Any], run_dir: str, *, progress: bool | None) -> list[Any]:
     """A progress display (a bar on a terminal, plain lines otherwise; none with `progress=False`),
     a goodput monitor writing goodput.json/png and a metric logger writing metrics.jsonl into
@@ -35,18 +28,10 @@ def default_callbacks(configured: Sequence[Any], run_dir: str, *, progress: bool
     if ProgressBar not in names and progress is not False:
         extra.append(ProgressBar(mode="bar" if progress else "auto", file=sys.stderr))
     if GoodputMonitor not in names:
-        extra.append(GoodputMonitor(run_dir, plot=_plotting_available(), verbose=False))
+        extra.append(GoodputMonitor(run_dir, plot=importlib.util.find_spec("matplotlib") is not None, verbose=False))
     if MetricLogger not in names:
         extra.append(MetricLogger([JsonlWriter(os.path.join(run_dir, "metrics.jsonl"))]))
     return extra
-
-
-def _goodput_report(callbacks: Sequence[Any]) -> dict | None:
-    for cb in callbacks:
-        report = getattr(cb, "report", None)
-        if isinstance(report, dict) and "diagnosis" in report:
-            return report
-    return None
 
 
 def write_result(path: str, result: dict) -> None:
@@ -69,8 +54,8 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     began = time.perf_counter()
     with run.trainer:  # the reader thread stops before the process exits (none left in native code)
         result = run.fit()
-    callbacks = list(run.trainer.callbacks)
-    report = _goodput_report(callbacks)
+    report = next((cb.report for cb in run.trainer.callbacks if isinstance(getattr(cb, "report", None), dict)
+                   and "diagnosis" in cb.report), None)
     goodput = None if report is None else str(report["diagnosis"])
     write_result(os.path.join(run.run_dir, "result.json"), {
         "config": os.path.abspath(spec.path), "step": result.step, "num_steps": run.num_steps,

@@ -10,6 +10,7 @@ from typing import Any
 
 from datarax.config.build import build_component, build_pipeline, load_spec, takes_argument
 from datarax.config.components import ComponentSpec, Context, component
+from datarax.config.files import first_line
 from datarax.config.registry import Kind, register_kind
 from datarax.config.schema import (
     ConfigError,
@@ -342,7 +343,7 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
     try:
         model = nnx.eval_shape(lambda: section.model(**_model_args(spec)))
     except Exception as exc:  # whatever the user's model function raised, named at its key
-        raise ConfigError([f"trainer.model could not be built: {type(exc).__name__}: {_first_line(exc)}"],
+        raise ConfigError([f"trainer.model could not be built: {type(exc).__name__}: {first_line(exc)}"],
                           spec.path) from exc
     if not isinstance(model, nnx.Module):
         raise ConfigError([f"trainer.model must return an nnx.Module, got {type(model).__name__}"], spec.path)
@@ -354,7 +355,7 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
         jax.eval_shape(lambda p: optimizer.update(p, optimizer.init(p), p), params)
     except Exception as exc:  # whatever the optimizer raised, named at its key
         raise ConfigError([f"trainer.optimizer cannot update the model's parameters: {type(exc).__name__}: "
-                           f"{_first_line(exc)}"], spec.path) from exc
+                           f"{first_line(exc)}"], spec.path) from exc
     graphdef, state = nnx.split(model)
     batch = pipeline.output_spec()
 
@@ -367,15 +368,10 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
     except Exception as exc:  # the user's loss on this batch, named at its key
         fields = ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in batch.items())
         raise ConfigError([f"trainer.loss fails on the pipeline's output batch ({fields}): {type(exc).__name__}: "
-                           f"{_first_line(exc)}"], spec.path) from exc
+                           f"{first_line(exc)}"], spec.path) from exc
     if getattr(value, "shape", None) != ():
         raise ConfigError([f"trainer.loss must return a scalar loss (or (loss, aux)), got shape "
                            f"{getattr(value, 'shape', type(value).__name__)}"], spec.path)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def run_dir_of(spec: RunSpec) -> str:

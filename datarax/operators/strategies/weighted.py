@@ -70,19 +70,13 @@ class WeightedParallelOperator(OperatorModule):
         if len(weights) != count:
             raise ValueError(f"WeightedParallelOperatorConfig.weights has {len(weights)} weights {weights} for "
                              f"{count} operators; give one weight per operator")
-        if config.learnable:
-            total = sum(weights)
-            self.logits = nnx.Param(jnp.log(jnp.asarray([w / total for w in weights])))
-            self._fixed = None
-        else:
-            self.logits = None
-            self._fixed = weights
+        total = sum(weights)
+        self.logits = nnx.Param(jnp.log(jnp.asarray([w / total for w in weights]))) if config.learnable else None
+        self._fixed = None if config.learnable else weights
 
     def weights(self) -> jax.Array:
         """The current weights (softmax of the logits when learnable)."""
-        if self.logits is None:
-            return jnp.asarray(self._fixed)
-        return jax.nn.softmax(self.logits[...])
+        return jnp.asarray(self._fixed) if self.logits is None else jax.nn.softmax(self.logits[...])
 
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
         outputs = run_all(self.operators, elements, ctx)

@@ -195,15 +195,10 @@ class Schedule:
     def due(self, step: int, now: float | None = None) -> bool:
         """Whether to fire at `step`; call once per step, with steps increasing."""
         prev, self._last_step = self._last_step, step
-        fire = False
-        if self.every_steps is not None and step // self.every_steps > prev // self.every_steps:
-            fire = True
-        if bisect.bisect_right(self.on_steps, step) > bisect.bisect_right(self.on_steps, prev):
-            fire = True
-        if self.every_secs is not None:
-            now = time.monotonic() if now is None else now
-            if now - self._last_time >= self.every_secs:
-                fire = True
+        now = time.monotonic() if now is None else now
+        fire = ((self.every_steps is not None and step // self.every_steps > prev // self.every_steps)
+                or bisect.bisect_right(self.on_steps, step) > bisect.bisect_right(self.on_steps, prev)
+                or (self.every_secs is not None and now - self._last_time >= self.every_secs))
         if fire:
-            self._last_time = time.monotonic() if now is None else now
+            self._last_time = now
         return fire

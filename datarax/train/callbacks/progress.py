@@ -67,16 +67,15 @@ class ProgressBar(Callback):
                  **tqdm_kwargs: Any):
         check_choice(mode, "ProgressBar mode", MODES)
         self.file = tqdm_kwargs.pop("file", None) if file is None else file
+        self._tqdm = None
         if mode != "lines":
             try:
                 import tqdm
+
+                self._tqdm = tqdm.tqdm
             except ImportError as exc:
                 if mode == "bar":
                     raise ImportError("ProgressBar(mode='bar') needs tqdm: pip install tqdm") from exc
-                tqdm = None
-            self._tqdm = None if tqdm is None else tqdm.tqdm
-        else:
-            self._tqdm = None
         if every_secs is None and every_steps is None:
             every_secs = 30.0
         self.schedule = Schedule(every_steps=every_steps, every_secs=every_secs)
@@ -115,8 +114,9 @@ class ProgressBar(Callback):
         resumed_from = getattr(trainer, "resumed_from", None)
         if not self.uses_bar():
             note = f" (resumed from the checkpoint at step {resumed_from})" if resumed_from is not None else ""
-            write_line(f"training from step {trainer.step} to {self._target_text(trainer)}{note}; the first step "
-                       "compiles", self.stream)
+            target = f"step {trainer.target_step}" if trainer.target_step is not None else \
+                f"the start of epoch {trainer.target_epoch}"
+            write_line(f"training from step {trainer.step} to {target}{note}; the first step compiles", self.stream)
             return
         self._redirect = contextlib.ExitStack()
         self._redirect.enter_context(_through_bar(self.stream))
@@ -126,12 +126,6 @@ class ProgressBar(Callback):
             self.bar.write(f"resumed from the checkpoint at step {resumed_from}", file=self.stream)
         # The first step's dispatch builds and compiles it: say so instead of sitting still.
         self.bar.set_postfix_str("compiling the first step", refresh=True)
-
-    @staticmethod
-    def _target_text(trainer: Trainer) -> str:
-        if trainer.target_step is not None:
-            return f"step {trainer.target_step}"
-        return f"the start of epoch {trainer.target_epoch}"
 
     def throughput(self) -> float:
         """Elements per second over the window: the batches after the first, over the time since it."""

@@ -174,14 +174,13 @@ class Checkpointer:
         if step in self._manager.all_steps():
             return False
         extras = dict(extras or {})
-        # Device copies (dispatched, not waited for): the next step donates the live arrays.
-        arrays = {"model": savable(model), "optimizer": savable(optimizer)}
-        if pipeline is not None:
-            arrays["pipeline"] = savable(pipeline)
-        for name, module in extras.items():
+        for name in extras:
             if name in CORE_ITEMS or name in ("iterator", "meta", "metrics"):
                 raise ValueError(f"extras may not be named {name!r} (a checkpoint item of its own)")
-            arrays[name] = savable(module)
+        modules = {"model": model, "optimizer": optimizer, **({"pipeline": pipeline} if pipeline is not None else {}),
+                   **extras}
+        # Device copies (dispatched, not waited for): the next step donates the live arrays.
+        arrays = {name: savable(module) for name, module in modules.items()}
         ranked = self._ranking_value(metrics or {})
         meta = copy.deepcopy({**metadata, "step": step, "format_version": FORMAT_VERSION, "joint": pipeline is not None,
                               "best_metric": None if ranked is None else {self.best_metric: ranked}})
@@ -224,15 +223,6 @@ class Checkpointer:
             return None
         value = float(metrics[self.best_metric])
         return value if math.isfinite(value) else None
-
-    @staticmethod
-    def _layouts(model, optimizer, pipeline, extras=None) -> dict:
-        out = {"model": layout(model), "optimizer": layout(optimizer)}
-        if pipeline is not None:
-            out["pipeline"] = layout(pipeline)
-        for name, module in (extras or {}).items():
-            out[name] = layout(module)
-        return out
 
     def best_step(self) -> int | None:
         """The best step on disk by `best_metric` (Orbax's `best_step`); None when no step carries a value."""
@@ -311,10 +301,11 @@ class Checkpointer:
                 f"checkpoint step {step} in {self.directory} holds the optional training state {saved_extras}, this "
                 f"run has {sorted(extras)} (ema: Trainer(ema_decay=...), loss_scale: Trainer(precision='f16')); "
                 "use the settings it was written with, or a new directory")
-        modules = {"model": model, "optimizer": optimizer, "pipeline": pipeline, **extras}
-        for name, current in self._layouts(model, optimizer, pipeline, extras).items():
+        modules = {"model": model, "optimizer": optimizer, **({"pipeline": pipeline} if joint else {}), **extras}
+        for name, module in modules.items():
+            current = layout(module)
             if saved_layout.get(name) != current:
-                differs = self._layout_differences(step, name, modules[name])
+                differs = self._layout_differences(step, name, module)
                 raise CheckpointMismatchError(
                     f"checkpoint step {step} in {self.directory} holds a {name} state of a different structure: "
                     f"{differs or f'layout {saved_layout.get(name)!r}, this run has {current!r}'}; the {name} "
@@ -325,17 +316,11 @@ class Checkpointer:
         except IteratorStateError as exc:
             raise CheckpointMismatchError(
                 f"checkpoint step {step} in {self.directory} does not fit the training pipeline: {exc}") from exc
-        items = {"model": ocp.args.StandardRestore(abstract_target(model)),
-                 "optimizer": ocp.args.StandardRestore(abstract_target(optimizer))}
-        if joint:
-            items["pipeline"] = ocp.args.StandardRestore(abstract_target(pipeline))
-        for name, module in extras.items():
-            items[name] = ocp.args.StandardRestore(abstract_target(module))
+        items = {name: ocp.args.StandardRestore(abstract_target(module)) for name, module in modules.items()}
         out = self._manager.restore(step, args=ocp.args.Composite(**items))
         verify_arrays(metadata, {name: out[name] for name in items}, f"checkpoint step {step} in {self.directory}")
         for name, module in modules.items():
-            if name in items:
-                load_into(module, out[name])
+            load_into(module, out[name])
         return metadata
 
     def _layout_differences(self, step: int, name: str, module: nnx.Module) -> str:

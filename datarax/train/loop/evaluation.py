@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -61,8 +62,6 @@ def eval_summary(outs: list[dict], sizes: list, metric_fns: Any) -> tuple[dict[s
         metrics.update(metric_scalars(name, metric, totals))
         results[name] = metric.result(totals)
     if collections:
-        merged = collections[0]
-        for collection in collections[1:]:
-            merged = merged.merge(collection)
+        merged = functools.reduce(lambda a, b: a.merge(b), collections)
         metrics.update({k: float(v) for k, v in jax.device_get(merged.compute()).items() if k != "loss"})
     return metrics, results, int(sum(sizes))

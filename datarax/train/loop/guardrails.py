@@ -43,16 +43,11 @@ def shuffles(sampler: Sampler, source: Any) -> bool | None:
     return setting if isinstance(setting, bool) else None
 
 
-def _source_name(pipeline: Any) -> str:
-    source = pipeline.source
-    # Host stages fold into a HostStageSource; the user knows the source it reads.
-    return type(source.source if isinstance(source, HostStageSource) else source).__name__
-
-
 def check_training_pipeline(pipeline: Any, name: str = "train_pipeline", *, epoch_known: bool = True) -> None:
     """Warns (`UnshuffledTrainingWarning`, `ShortFinalBatchWarning`) about a training pipeline;
     `epoch_known=False` (a pipeline over a sample of its data) skips the short-batch check."""
-    source = _source_name(pipeline)
+    # Host stages fold into a HostStageSource; the user knows the source it reads.
+    source = type(pipeline.source.source if isinstance(pipeline.source, HostStageSource) else pipeline.source).__name__
     if shuffles(pipeline.sampler, pipeline.source) is False:
         warnings.warn(
             f"{name} reads {source} in the same order every epoch (its sampler, "
@@ -78,9 +73,7 @@ def short_final_batch(pipeline: Any) -> int:
     """Records in the training epoch's short final batch as the step sees it (0: none, or padded to
     the full shape as a sharded pipeline's is, or every batch of that size, or unknown for a stream
     of unknown length)."""
-    if pipeline.drop_remainder or pipeline.sharding is not None:
-        return 0
-    if isinstance(pipeline.source, StreamSourceModule) and pipeline.source.num_records() is None:
+    if pipeline.drop_remainder or pipeline.sharding is not None or not epoch_length_known(pipeline):
         return 0
     records = len(pipeline.sampler)
     # An epoch shorter than one batch is all one shape: nothing compiles twice.

@@ -140,8 +140,8 @@ class Trainer:
         self.callbacks = CallbackList(callbacks)
         self._eval_schedule = Schedule(every_steps=eval_every_steps)
         # The joint mode reads untransformed batches plus their BatchContext from a loader over the
-        # same source and sampler; its iterator state is what the checkpoint holds.
-        self._loader = self._joint_loader(train_pipeline) if self.joint else train_pipeline
+        # same source and sampler (no stages); its iterator state is what the checkpoint holds.
+        self._loader = train_pipeline.raw_loader(ids_key=RECORD_IDS, epoch_key=EPOCH) if self.joint else train_pipeline
         state = TrainState(self.trainable, self.optimizer, ema=self.ema, loss_scale=self.loss_scale)
         self._binding = VariableBinding(state)
         self.state_shardings = None
@@ -205,11 +205,6 @@ class Trainer:
                     fingerprint[f"step.{key}"] = repr(value)
             self._config_fingerprint = fingerprint
         return dict(self._config_fingerprint)
-
-    @staticmethod
-    def _joint_loader(pipeline: Pipeline) -> Pipeline:
-        """The user's source, sampler and batching with no stages: untransformed batches + context."""
-        return pipeline.raw_loader(ids_key=RECORD_IDS, epoch_key=EPOCH)
 
     def _build_optimizer(self, optimizer: Any) -> nnx.Optimizer:
         if isinstance(optimizer, nnx.Optimizer):

@@ -18,7 +18,8 @@ BUCKETS = ("goodput", "data_stall", "first_batch", "compile", "checkpoint_save",
 _FIELDS = ("step", "batch_size", "next_begin", "next_end", "dispatched", "ready", "compile", "steps")
 
 
-def _pct(part: float, whole: float) -> float:
+def pct(part: float, whole: float) -> float:
+    """`part` as a percentage of `whole` (0 when `whole` is not positive)."""
     return 100.0 * part / whole if whole > 0 else 0.0
 
 
@@ -32,8 +33,8 @@ def headline(buckets: dict, wall: float, steps: int) -> str:
     """`goodput 7.0% of the run's 25.0 s wall time (300 steps); badput: compile 46.9%, ...`: the
     whole-wall split (the PNG timeline's title)."""
     badput = sorted(((k, v) for k, v in buckets.items() if k != "goodput"), key=lambda kv: -kv[1])
-    parts = ", ".join(f"{BUCKET_WORDS[k]} {_pct(v, wall):.1f}%" for k, v in badput if _pct(v, wall) >= 0.05)
-    return (f"goodput {_pct(buckets.get('goodput', 0.0), wall):.1f}% of the run's {wall:.1f} s wall time "
+    parts = ", ".join(f"{BUCKET_WORDS[k]} {pct(v, wall):.1f}%" for k, v in badput if pct(v, wall) >= 0.05)
+    return (f"goodput {pct(buckets.get('goodput', 0.0), wall):.1f}% of the run's {wall:.1f} s wall time "
             f"({steps} steps; device busy with training steps)" + (f"; badput: {parts}" if parts else ""))
 
 
@@ -120,7 +121,7 @@ class GoodputLedger:
             buckets = {k: 0.0 for k in BUCKETS}
             buckets["other"] = wall
             return {"steps": 0, "calls": 0, "wall_s": wall, "buckets_s": buckets,
-                    "buckets_pct": {k: _pct(v, wall) for k, v in buckets.items()},
+                    "buckets_pct": {k: pct(v, wall) for k, v in buckets.items()},
                     "headline": headline(buckets, wall, 0), "compiles": list(self.compiles),
                     "reader": self.reader or {}, "steady": {}, "window": {}, "diagnosis": "no steps completed",
                     "per_step": {}}
@@ -153,7 +154,7 @@ class GoodputLedger:
             steady["last_step"] = int(a["step"][-1])
         return {
             "steps": total_steps, "calls": n, "wall_s": wall,
-            "buckets_s": buckets, "buckets_pct": {k: _pct(v, wall) for k, v in buckets.items()},
+            "buckets_s": buckets, "buckets_pct": {k: pct(v, wall) for k, v in buckets.items()},
             "headline": headline(buckets, wall, total_steps),
             "first_batch_s": float(a["next_end"][0] - a["next_begin"][0]),
             "compile_s": float(a["compile"].sum()),
@@ -198,10 +199,10 @@ class GoodputLedger:
         loop = max(idle - stall - sum(idle_by.values()), 0.0)
         return {
             "steps": steps, "calls": hi - lo, "span_s": span, "elements": elements,
-            "goodput_pct": _pct(busy, span), "exposed_idle_pct": _pct(idle, span),
-            "data_stall_pct": _pct(stall, span), "host_next_pct": _pct(host, span),
-            "checkpoint_idle_pct": _pct(idle_by["checkpoint_save"], span), "eval_idle_pct": _pct(idle_by["eval"], span),
-            "compile_idle_pct": _pct(idle_by["compile"], span), "loop_idle_pct": _pct(loop, span),
+            "goodput_pct": pct(busy, span), "exposed_idle_pct": pct(idle, span),
+            "data_stall_pct": pct(stall, span), "host_next_pct": pct(host, span),
+            "checkpoint_idle_pct": pct(idle_by["checkpoint_save"], span), "eval_idle_pct": pct(idle_by["eval"], span),
+            "compile_idle_pct": pct(idle_by["compile"], span), "loop_idle_pct": pct(loop, span),
             "step_time_s": busy / steps, "exposed_idle_s": idle / steps,
             "data_stall_s": stall / steps, "host_next_s": host / steps,
             "step_consumes_el_s": elements / busy if busy > 0 else math.inf,
@@ -216,7 +217,7 @@ def steady_span(steady: dict, wall: float) -> str:
     steps = (f"steps {steady['first_step']}-{steady['last_step']}, timed from step {steady['first_step'] - 1}'s "
              "result" if "first_step" in steady else "the steps after the first")
     return (f"of the {steady['span_s']:.2f} s of steady training ({steps}; "
-            f"{_pct(steady['span_s'], wall):.0f}% of the run's {wall:.2f} s wall time)")
+            f"{pct(steady['span_s'], wall):.0f}% of the run's {wall:.2f} s wall time)")
 
 
 def input_detail(reader: dict | None) -> str:
@@ -267,15 +268,15 @@ def eval_summary(ledgers: list[GoodputLedger], reader: dict | None = None) -> di
     elements = float(sum(s["per_step"]["batch_size"].sum() for s in summaries))
     span = f"of the evaluation's {wall:.2f} s" if len(summaries) == 1 else \
         f"of the {len(summaries)} evaluations' {wall:.2f} s"
-    verdict = diagnose_steady(stall_pct=_pct(data, wall), idle_pct=_pct(wall - busy, wall),
+    verdict = diagnose_steady(stall_pct=pct(data, wall), idle_pct=pct(wall - busy, wall),
                               step_s=busy / steps if steps else 0.0,
                               consumes_el_s=elements / busy if busy > 0 else math.inf,
                               delivers_el_s=elements / (busy + data) if busy + data > 0 else math.inf,
-                              host_parts={"compiles": _pct(compile_s, wall), "other host work": _pct(other, wall)},
+                              host_parts={"compiles": pct(compile_s, wall), "other host work": pct(other, wall)},
                               span=span, input_detail=input_detail(reader))
     compiles = [c for ledger in ledgers for c in ledger.compiles]
     return {"evaluations": len(summaries), "steps": steps, "wall_s": wall,
             "buckets_s": {"busy": busy, "data_wait": data, "compile": compile_s, "other": other},
-            "buckets_pct": {"busy": _pct(busy, wall), "data_wait": _pct(data, wall), "compile": _pct(compile_s, wall),
-                            "other": _pct(other, wall)},
+            "buckets_pct": {"busy": pct(busy, wall), "data_wait": pct(data, wall), "compile": pct(compile_s, wall),
+                            "other": pct(other, wall)},
             "compiles": compiles, "reader": reader or {}, "verdict": f"evaluation: {verdict}"}

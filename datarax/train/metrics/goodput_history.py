@@ -7,12 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from datarax.train.metrics.goodput import pct
+
 HISTORY = "goodput_history.json"
 MAX_MARKS = 64  # checkpoint marks kept per segment (the newest)
-
-
-def _pct(part: float, whole: float) -> float:
-    return 100.0 * part / whole if whole > 0 else 0.0
 
 
 class RunHistory:
@@ -100,12 +98,12 @@ def cumulative(segments: list[dict]) -> dict:
     useful = max(busy - lost_busy, 0.0)
     runs = f"{len(segments)} runs" if len(segments) != 1 else "1 run"
     text = (f"across {runs} ({wall:.1f} s inside fit, plus {between:.1f} s between runs): goodput "
-            f"{_pct(useful, wall):.1f}% of the runs' time inside fit")
+            f"{pct(useful, wall):.1f}% of the runs' time inside fit")
     killed = [r for r in restarts if not r["finished"]]
     after = (f"what a killed run did after its last record is unknown (up to {unrecorded:.1f} s before the next run "
              "began; its record is rewritten every history_every_secs)")
     if lost_steps:
-        text += (f"; {lost_steps} steps (at least; {lost_s:.1f} s, {_pct(lost_s, wall):.1f}% of that time) were "
+        text += (f"; {lost_steps} steps (at least; {lost_s:.1f} s, {pct(lost_s, wall):.1f}% of that time) were "
                  "trained again after a restart: the work done since the last checkpoint before a kill")
         text += f", and {after}" if killed else ""
     elif killed:
@@ -114,6 +112,6 @@ def cumulative(segments: list[dict]) -> dict:
     elif len(segments) > 1:
         text += "; no work was lost at a restart (each run before one ended cleanly at the step the next resumed from)"
     return {"runs": len(segments), "wall_s": wall, "between_runs_s": between, "busy_s": busy,
-            "goodput_s": useful, "goodput_pct": _pct(useful, wall), "lost_steps": lost_steps, "lost_s": lost_s,
-            "lost_busy_s": lost_busy, "lost_pct": _pct(lost_s, wall), "lost_known": not killed,
+            "goodput_s": useful, "goodput_pct": pct(useful, wall), "lost_steps": lost_steps, "lost_s": lost_s,
+            "lost_busy_s": lost_busy, "lost_pct": pct(lost_s, wall), "lost_known": not killed,
             "unrecorded_s": unrecorded, "restarts": restarts, "text": text}
