@@ -35,7 +35,7 @@ from datarax.core.checks import (
 from datarax.core.construct import resolve_config
 from datarax.core.errors import RecordError
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
-from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend
+from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend, turbo_modules
 from datarax.host.map import picklable
 from datarax.host.processes import EXECUTORS, SharedOutputs, WorkerCrashError, WorkerPool, context
 from datarax.host.stage import (
@@ -481,8 +481,8 @@ class DecodeJob:
             self.stage = DecodeImage(self.config)
             if self.budget is not None:  # the stage's one budget, shared by all its workers
                 self.stage.budget = self.budget
-            if self.stage._turbo is not None:  # one core a worker: OpenCV's own threads would oversubscribe
-                self.stage._turbo.cv2.setNumThreads(1)
+            if self.stage.backend == "turbo":  # one core a worker: OpenCV's own threads would oversubscribe
+                turbo_modules()[1].setNumThreads(1)
         records, ids, epoch, stage, seed = task
         out = outputs[self.stage.out_field]
         failures: list[BaseException | None] = []
