@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -46,3 +48,38 @@ def pytest_unconfigure(config):
     if directory is not None:
         shutil.rmtree(directory, ignore_errors=True)
         os.environ.pop(_CACHE_ENV, None)
+
+
+# Modules with tests of ten seconds or more (a recipe's --quick run, real SIGKILLs of child
+# processes, many child processes) run first: under `python -m pytest -n 2` (pyproject's
+# `--dist worksteal`) the suite then ends on short tests, which the idle worker takes over, so
+# both workers finish together instead of one waiting for the other's last long test (by name
+# order the suite would end on tests/train/test_demo.py). Whole modules move, in the order
+# collected, so a module-scoped fixture is still built once.
+SLOW_MODULES = (
+    "tests/recipes/test_crepe_finetune.py",
+    "tests/recipes/test_learned_preprocessing.py",
+    "tests/recipes/test_audio_synthesis.py",
+    "tests/recipes/test_text_lm.py",
+    "tests/recipes/test_hf_finetune.py",
+    "tests/recipes/test_learned_augmentation.py",
+    "tests/recipes/test_vision.py",
+    "tests/recipes/test_hypergradient.py",
+    "tests/train/test_demo.py",
+    "tests/docs/test_config_twins.py",
+    "tests/train/loop/test_compile_cache.py",
+    "tests/train/metrics/test_goodput.py",
+    "tests/train/checkpointing/test_trainer_checkpointing.py",
+    "tests/train/checkpointing/test_checkpoint_integrity.py",
+    "tests/sharding/test_multihost.py",
+    "tests/pipeline/test_pipeline.py",
+    "tests/control/test_prefetch.py",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+    first = [item for item in items if item.nodeid.split("::")[0] in rank]
+    first.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: each module keeps its order
+    items[:] = first + [item for item in items if item.nodeid.split("::")[0] not in rank]
