@@ -26,6 +26,11 @@ _CACHE_ENV = "DATARAX_TEST_JAX_CACHE"
 def pytest_configure(config):
     import tempfile
 
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "load" and not any(
+            arg.startswith(("--dist", "-d")) for arg in config.invocation_params.args):
+        # Under -n with no --dist of the user's: xdist's worksteal scheduler (see SLOW_MODULES below).
+        # Set here, not in pyproject's addopts, so that `-p no:xdist` (docs/tpu.md) still parses.
+        config.option.dist = "worksteal"
     if os.environ.get(_CACHE_ENV, "").lower() == "off":
         return
     if not os.environ.get(_CACHE_ENV):  # the main process; xdist's workers inherit the variable
@@ -51,8 +56,8 @@ def pytest_unconfigure(config):
 
 
 # Modules with tests of ten seconds or more (a recipe's --quick run, real SIGKILLs of child
-# processes, many child processes) run first: under `python -m pytest -n 2` (pyproject's
-# `--dist worksteal`) the suite then ends on short tests, which the idle worker takes over, so
+# processes, many child processes) run first: under `python -m pytest -n 2` (xdist's worksteal
+# scheduler, set in pytest_configure) the suite then ends on short tests, which the idle worker takes over, so
 # both workers finish together instead of one waiting for the other's last long test (by name
 # order the suite would end on tests/train/test_demo.py). Whole modules move, in the order
 # collected, so a module-scoped fixture is still built once.
