@@ -296,6 +296,13 @@ class Trainer:
         # Weakly typed values (a Param made from a Python float) come back strongly typed from the
         # step, which would recompile it once more: make them strong now.
         values = jax.device_put(self._binding.values(), may_alias=False)
+        # Arrays committed to one device (restored weights) beside uncommitted ones (a fresh optimizer
+        # state) give committed outputs: the second step would see other input shardings and compile
+        # again. Commit the others to that device, where the step runs them anyway.
+        placed = {d for v in values if getattr(v, "committed", False) for d in v.sharding.device_set}
+        if len(placed) == 1:
+            device = placed.pop()
+            values = [v if getattr(v, "committed", True) else jax.device_put(v, device) for v in values]
         self._binding.assign([v.astype(v.dtype) if getattr(v, "weak_type", False) else v for v in values])
         try:
             with StopOnSignals(self):

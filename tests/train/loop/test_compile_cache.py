@@ -124,7 +124,21 @@ def test_datarax_train_keeps_the_cache_in_the_run_directory_and_prints_progress_
     assert entries(cache) == written  # the rerun loaded every program from the run's cache
 
 
-def test_the_trainer_table_switches_the_cache_off_and_names_a_bad_value(tmp_path):
+@pytest.fixture
+def no_persistent_cache():
+    """JAX with no persistent cache for one test (the suite's conftest gives each test process one)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()
+    yield
+    jax.config.update("jax_compilation_cache_dir", before)
+    compilation_cache.reset_cache()
+
+
+def test_the_trainer_table_switches_the_cache_off_and_names_a_bad_value(tmp_path, no_persistent_cache):
     from datarax.config import ConfigError, load_spec
     from datarax.train import build_trainer
 

@@ -139,6 +139,15 @@ def test_num_epochs_counts_batches_and_totals_are_absolute():
     assert trainer.fit(num_steps=12).step == 12
 
 
+def test_weights_on_a_device_beside_a_fresh_optimizer_state_compile_the_step_once():
+    """Restored weights are committed to a device, a fresh optimizer state is not; the step's outputs
+    all are. The trainer commits the state before the first step, so the second step does not compile."""
+    trainer, setup = make_trainer()
+    nnx.update(setup.model, jax.device_put(nnx.state(setup.model), jax.devices()[0]))
+    trainer.fit(num_steps=3)
+    assert trainer._train_step._jit._cache_size() == 1
+
+
 def test_evaluate_is_the_batch_weighted_mean():
     trainer, setup = make_trainer()
     metrics = trainer.evaluate()
