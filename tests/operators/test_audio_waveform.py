@@ -45,7 +45,9 @@ def wave(n=2000, seed=0, batch=None):
 @pytest.mark.parametrize("gain_db", [-12.0, 0.0, 6.0])
 def test_gain_scales_by_db(gain_db):
     x = wave()
-    np.testing.assert_allclose(_gain(jnp.asarray(x), gain_db), x * 10 ** (gain_db / 20), rtol=1e-6)
+    # a TPU's float32 `10**x` is a few ulp off the correctly rounded value (2.5e-6 measured on a v5e)
+    rtol = 1e-6 if jax.default_backend() == "cpu" else 5e-6
+    np.testing.assert_allclose(_gain(jnp.asarray(x), gain_db), x * 10 ** (gain_db / 20), rtol=rtol)
 
 
 @pytest.mark.parametrize("snr_db", [-5.0, 10.0, 30.0])

@@ -16,7 +16,7 @@ from flax import nnx
 from datarax import Pipeline
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext
-from datarax.operators import ToFloatConfig, ToFloatOperator, lowering
+from datarax.operators import ToFloatConfig, ToFloatOperator
 from datarax.operators.image import (
     AffineConfig,
     AffineOperator,
@@ -120,10 +120,11 @@ def gathers(pipeline: Pipeline) -> list[str]:
     return [line for line in text.splitlines() if "gather" in line or "dynamic_slice" in line]
 
 
-def test_a_pipeline_gives_the_same_batches_in_both_formulations(monkeypatch):
+def test_a_pipeline_gives_the_same_batches_in_both_formulations(use_formulation):
+    use_formulation("per_record")
     want = [jax.device_get(b) for b in build().epochs(2)]
     assert gathers(build())  # the per-record crops slice per record
-    monkeypatch.setattr(lowering, "BATCHED_BACKENDS", (jax.default_backend(),))
+    use_formulation("batched")
     pipeline = build()
     assert gathers(pipeline) == []
     got = [jax.device_get(b) for b in pipeline.epochs(2)]
@@ -133,7 +134,8 @@ def test_a_pipeline_gives_the_same_batches_in_both_formulations(monkeypatch):
         np.testing.assert_allclose(g["image"], w["image"], rtol=0, atol=1e-6)  # Normalize's rounding order
 
 
-def test_gradients_through_a_learnable_shift_agree(monkeypatch):
+def test_gradients_through_a_learnable_shift_agree(use_formulation):
+    use_formulation("per_record")
     x = jnp.asarray(np.random.default_rng(4).random((8, 10, 10, 3)), jnp.float32)
 
     def grads():
@@ -145,7 +147,7 @@ def test_gradients_through_a_learnable_shift_agree(monkeypatch):
         return jax.tree.leaves(nnx.grad(loss)(op))
 
     want = grads()
-    monkeypatch.setattr(lowering, "BATCHED_BACKENDS", (jax.default_backend(),))
+    use_formulation("batched")
     for g, w in zip(grads(), want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4)
 
@@ -190,7 +192,8 @@ def test_images_too_large_for_the_warp_products_keep_the_gather():
     lambda: AffineOperator(AffineConfig(degrees=10.0, translate=0.1, scale=0.2, shear=5.0, learnable=True),
                            rngs=nnx.Rngs(8)),
 ])
-def test_warp_operators_agree_in_both_formulations_and_their_gradients_too(make, monkeypatch):
+def test_warp_operators_agree_in_both_formulations_and_their_gradients_too(make, use_formulation):
+    use_formulation("per_record")
     x = jnp.asarray(np.random.default_rng(9).random((8, 12, 10, 3)), jnp.float32)
 
     def run():
@@ -203,7 +206,7 @@ def test_warp_operators_agree_in_both_formulations_and_their_gradients_too(make,
         return out, jax.tree.leaves(nnx.grad(loss)(op))
 
     want, want_grads = run()
-    monkeypatch.setattr(lowering, "BATCHED_BACKENDS", (jax.default_backend(),))
+    use_formulation("batched")
     got, got_grads = run()
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
     for g, w in zip(got_grads, want_grads):

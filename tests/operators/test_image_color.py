@@ -7,6 +7,7 @@ luma image; up to half a level times |1 - factor| <= 0.5 level here), so enhance
 scikit-image works in float64, so those comparisons allow 1e-5 (our float32 arithmetic).
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -97,9 +98,11 @@ def test_gamma_matches_skimage():
     x[0, 0, 0] = 0.0
     out, params = run(GammaOperator(GammaConfig(max_log_gamma=1.0, gain=0.9), rngs=nnx.Rngs(0)), x)
     gammas = np.asarray(params["gamma"])
+    # `x ** gamma` is exp(gamma * log x): a TPU's float32 log and exp are a few ulp off (2.7e-5 measured on a v5e)
+    atol = FLOAT_ATOL if jax.default_backend() == "cpu" else 5e-5
     assert np.all((gammas >= np.exp(-1) - 1e-6) & (gammas <= np.e + 1e-6))
     for i, gamma in enumerate(gammas):
-        np.testing.assert_allclose(out[i], exposure.adjust_gamma(x[i].astype(np.float64), gamma, 0.9), atol=FLOAT_ATOL)
+        np.testing.assert_allclose(out[i], exposure.adjust_gamma(x[i].astype(np.float64), gamma, 0.9), atol=atol)
 
 
 @pytest.mark.parametrize("keep_channels", [True, False])

@@ -120,9 +120,10 @@ def pipelines(kind: str) -> Pipeline:
 
 
 @pytest.mark.parametrize("kind", ["element", "map"])
-def test_user_operators_give_the_same_batches_and_no_gather_in_the_batched_formulation(kind, monkeypatch):
+def test_user_operators_give_the_same_batches_and_no_gather_in_the_batched_formulation(kind, use_formulation):
+    use_formulation("per_record")
     per_record = [jax.device_get(b) for b in pipelines(kind).epochs(2)]
-    monkeypatch.setattr(lowering, "BATCHED_BACKENDS", (jax.default_backend(),))
+    use_formulation("batched")
     pipeline = pipelines(kind)
     batched = [jax.device_get(b) for b in pipeline.epochs(2)]
     assert len(batched) == len(per_record) == 10
@@ -136,8 +137,8 @@ def test_user_operators_give_the_same_batches_and_no_gather_in_the_batched_formu
     assert "gather" not in names and "dot_general" in names
 
 
-def test_a_user_functions_field_error_reads_the_same_in_the_batched_formulation(monkeypatch):
-    monkeypatch.setattr(lowering, "BATCHED_BACKENDS", (jax.default_backend(),))
+def test_a_user_functions_field_error_reads_the_same_in_the_batched_formulation(use_formulation):
+    use_formulation("batched")
     op = ElementOperator(ElementOperatorConfig(), fn=lambda element: element.update_data({"y": element.data["z"]}))
     with pytest.raises(KeyError, match=r"reads field 'z', but the record has fields \['x'\]"):
         jax.vmap(op.per_record())(Element({"x": jnp.zeros((2, 3))}), None)
