@@ -23,6 +23,8 @@ Rows, all timed in this process with their epochs interleaved:
   processes that read and decode the files (`DecodeImage(executor="processes")`; the limit's
   batches split across a process pool), for hosts where one process's file reads do not run in
   parallel (a gVisor sandbox: docs/tpu.md).
+* `decode_limit[1 thread]`: `decode_limit` on one thread, the rate the two limits are given as
+  a multiple of (how decoding scales with the host's cores).
 
 `psnr_db` (median; `psnr_p10_db`, 10th percentile) compares each side's uint8 crops with an
 accurate reference of the same boxes (full decode, the box, Lanczos), on the first 256 files.
@@ -132,15 +134,16 @@ class Floor:
     batch, numpy flip and normalise, `jax.device_put`; the next batch's decodes queued first.
 
     `full_scale` decodes every file at full size; `decode_only` stops after the decode at the
-    box's DCT scale (`decode_limit`: no resize, flip, normalisation or device copy).
+    box's DCT scale (`decode_limit`: no resize, flip, normalisation or device copy); `threads`
+    (default: one per core) is 1 for `decode_limit[1 thread]`, the rate the others scale from.
     """
 
     def __init__(self, paths: list[str], labels: np.ndarray, seed: int = 0, *, full_scale: bool = False,
-                 decode_only: bool = False):
+                 decode_only: bool = False, threads: int | None = None):
         self.paths, self.labels, self.seed = paths, labels, seed
         self.full_scale, self.decode_only = full_scale, decode_only
         self.turbo = TurboDecoder()
-        self.pool = concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1)
+        self.pool = concurrent.futures.ThreadPoolExecutor(threads or os.cpu_count() or 1)
         self.scale = np.float32(1 / 255) / np.asarray(JPEG_STD, np.float32)
         self.offset = np.asarray(JPEG_MEAN, np.float32) / np.asarray(JPEG_STD, np.float32)
 
@@ -277,7 +280,8 @@ def run(options: BenchOptions) -> list[dict]:
     source = ImageFolderSource(root=root)
     paths, labels = list(source.paths), np.asarray(source.labels)
     floors = {"floor": Floor(paths, labels), "floor[full_scale]": Floor(paths, labels, full_scale=True),
-              "decode_limit": Floor(paths, labels, decode_only=True), "decode_limit[processes]": ProcessLimit(paths)}
+              "decode_limit": Floor(paths, labels, decode_only=True), "decode_limit[processes]": ProcessLimit(paths),
+              "decode_limit[1 thread]": Floor(paths, labels, decode_only=True, threads=1)}
     floor_first = first_batch_seconds(lambda: floors["floor"].epoch(0))
     for floor in floors.values():
         block(list(floor.epoch(0)))
@@ -302,9 +306,13 @@ def run(options: BenchOptions) -> list[dict]:
              "decode_limit": "libjpeg-turbo at the box's DCT scale on all cores; no resize, no framework",
              "floor[full_scale]": "the floor decoding every file at full size (no DCT scaling)",
              "datarax[processes]": "DecodeImage(executor='processes'): the workers read and decode the files",
-             "decode_limit[processes]": "decode_limit's work in os.cpu_count() worker processes"}
+             "decode_limit[processes]": "decode_limit's work in os.cpu_count() worker processes",
+             "decode_limit[1 thread]": "decode_limit's work on one thread"}
+    one = rates["decode_limit[1 thread]"]["el_s"]
+    for name in ("decode_limit", "decode_limit[processes]"):
+        notes[name] += f"; {rates[name]['el_s'] / one:.2f}x its one-thread rate"
     for name in ("datarax[pillow]", "datarax[processes]", "decode_limit", "decode_limit[processes]",
-                 "floor[full_scale]"):
+                 "decode_limit[1 thread]", "floor[full_scale]"):
         extra.append({"scenario": "jpeg", "framework": name, "el_s": round(rates[name]["el_s"], 1),
                       "ratio_to_datarax": round(rates[name]["el_s"] / rates["datarax"]["el_s"], 3),
                       "ratio_to_floor": round(rates[name]["el_s"] / rates["floor"]["el_s"], 3),

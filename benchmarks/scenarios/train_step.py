@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+import sys
 import time
 
 import jax
@@ -93,6 +94,11 @@ def make_step(model: ResNet, tx: optax.GradientTransformation):
     return step, (params, rest, tx.init(params))
 
 
+def log(text: str) -> None:
+    """A progress line on stderr (a side's epoch on a chip can take a while)."""
+    print(f"train_step: {text}", file=sys.stderr, flush=True)
+
+
 def timed_epochs(sides: dict, step, state, steps: int, repeats: int) -> tuple[dict, object]:
     """Records per second of `steps` training steps per side (each side a callable giving an
     iterator of device batches), sides alternating, after one untimed warm-up epoch each."""
@@ -104,8 +110,10 @@ def timed_epochs(sides: dict, step, state, steps: int, repeats: int) -> tuple[di
             for _, batch in zip(range(steps), batches()):
                 state, loss = step(state, batch)
             jax.block_until_ready(loss)
+            seconds = time.perf_counter() - start
+            log(f"{name}, {'warm-up' if not round_ else f'round {round_}'}: {steps} steps in {seconds:.2f} s")
             if round_:
-                runs[name].append(steps * BATCH / (time.perf_counter() - start))
+                runs[name].append(steps * BATCH / seconds)
     return {name: statistics.median(r) for name, r in runs.items()}, runs
 
 
@@ -118,6 +126,7 @@ def run(options: BenchOptions) -> list[dict]:
     step, state = make_step(model, optax.sgd(0.05, momentum=0.9))
     pipeline = build_builtin_pipeline(data)
     fixed = jax.device_put(next(iter(pipeline)))
+    log(f"{len(data['label'])} records, widths {widths}: data and pipeline ready")
     iterator = pipeline.epochs(None)
     sides = {"step alone": lambda: iter(lambda: fixed, None), "datarax": lambda: iterator}
     labels = {}
@@ -129,6 +138,7 @@ def run(options: BenchOptions) -> list[dict]:
             with processes_off_the_chip():
                 loader = fn(data, PeerOptions(BATCH, options.repeats, workers=workers))
             sides[label] = lambda loader=loader: (jax.device_put(b) for b in loader.epoch())
+            log(f"{label}: loader built")
             labels[label] = loader.settings
     with processes_off_the_chip():
         rates, runs = timed_epochs(sides, step, state, steps, options.repeats)

@@ -8,6 +8,7 @@ methods, so the prefetch thread does not keep the iterator alive: an iterator dr
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -80,16 +81,21 @@ def indexed_host_batches(pipeline: Any, steps: Iterator[tuple[int, int, int]]) -
     ring = [None] * ring_size(p.prefetch)
     times = p.reader_times
     steps = iter(steps)
-    following = next(steps, None)
+
+    def tell(step: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+        if step is not None:  # the source may start fetching that batch's records now
+            p.source.upcoming(p.sampler.indices(padded_positions(step[1], p.compiled.rows, length), step[0]), step[0])
+        return step
+
+    # This batch and the ones the source was told of: it hears of each batch `lookahead` reads ahead.
+    window = collections.deque([next(steps, None)])
+    window.extend(tell(next(steps, None)) for _ in range(getattr(p.source, "lookahead", 1) - 1))
     i = -1
-    while following is not None:
+    while window[0] is not None:
         i += 1
-        epoch, position, num_valid = following
+        epoch, position, num_valid = window.popleft()
         idx = p.sampler.indices(padded_positions(position, p.compiled.rows, length), epoch)
-        following = next(steps, None)
-        if following is not None:  # the source may start fetching the next batch's records now
-            p.source.upcoming(p.sampler.indices(padded_positions(following[1], p.compiled.rows, length),
-                                                following[0]), following[0])
+        window.append(tell(next(steps, None)))
         slot = i % len(ring)
         with times.measure(READ, records=num_valid, work="read"):
             if ring[slot] is None:
