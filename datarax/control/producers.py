@@ -8,7 +8,6 @@ methods, so the prefetch thread does not keep the iterator alive: an iterator dr
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -81,21 +80,16 @@ def indexed_host_batches(pipeline: Any, steps: Iterator[tuple[int, int, int]]) -
     ring = [None] * ring_size(p.prefetch)
     times = p.reader_times
     steps = iter(steps)
-
-    def tell(step: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
-        if step is not None:  # the source may start fetching that batch's records now
-            p.source.upcoming(p.sampler.indices(padded_positions(step[1], p.compiled.rows, length), step[0]), step[0])
-        return step
-
-    # This batch and the ones the source was told of: it hears of each batch `lookahead` reads ahead.
-    window = collections.deque([next(steps, None)])
-    window.extend(tell(next(steps, None)) for _ in range(getattr(p.source, "lookahead", 1) - 1))
+    following = next(steps, None)
     i = -1
-    while window[0] is not None:
+    while following is not None:
         i += 1
-        epoch, position, num_valid = window.popleft()
+        epoch, position, num_valid = following
         idx = p.sampler.indices(padded_positions(position, p.compiled.rows, length), epoch)
-        window.append(tell(next(steps, None)))
+        following = next(steps, None)
+        if following is not None:  # the source may start fetching the next batch's records now
+            p.source.upcoming(p.sampler.indices(padded_positions(following[1], p.compiled.rows, length),
+                                                following[0]), following[0])
         slot = i % len(ring)
         with times.measure(READ, records=num_valid, work="read"):
             if ring[slot] is None:

@@ -72,8 +72,6 @@ class DataSourceModule(nnx.Module, abc.ABC):
     return their arrays from `device_arrays`.
     """
 
-    lookahead: int = 1  # how many batches ahead of its read a batch is named to `upcoming`
-
     @abc.abstractmethod
     def __len__(self) -> int:
         """Number of records."""
@@ -99,9 +97,9 @@ class DataSourceModule(nnx.Module, abc.ABC):
         return f"record {record_id}"
 
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
-        """A hint from the pipeline's reader: the records of a batch it reads `lookahead` batches
-        after the current one (the next one by default), whatever the sampler, each batch once and
-        in order. A source that fetches ahead (`ShardedSource`) starts on them; the others ignore it."""
+        """A hint from the pipeline's reader: the records of the batch it reads after the current
+        one, whatever the sampler. A source that fetches ahead (`ShardedSource`) starts on them;
+        the others ignore it."""
 
     def device_arrays(self) -> dict[str, jax.Array] | None:
         """The source's arrays on the device in their storage layout (`datarax.core.layout`: records

@@ -11,6 +11,7 @@ import dataclasses
 import io
 import math
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -33,11 +34,10 @@ from datarax.core.checks import (
 )
 from datarax.core.construct import resolve_config
 from datarax.core.errors import RecordError
-from datarax.host.ahead import AheadRunner
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend, turbo_modules
 from datarax.host.map import picklable
-from datarax.host.processes import EXECUTORS, WorkerPool, context
+from datarax.host.processes import EXECUTORS, SharedOutputs, WorkerCrashError, WorkerPool, context
 from datarax.host.stage import (
     ON_ERROR,
     BadRecords,
@@ -227,10 +227,12 @@ class DecodeImage(DecodingStage):
         self.processes = None
         if config.executor == "processes":
             self.budget = SharedBudget(limit, "DecodeImage", context())
-            pool = WorkerPool(DecodeJob(config), self.num_threads, "datarax-decode-image", self.budget)
-            self.lookahead = 2  # the reader names each batch two reads ahead: the workers never run dry
-            self.processes = AheadRunner(pool, [(self.out_field, config.size + (3,), "uint8")], self._chunks,
-                                         self._key, self.lookahead)
+            self.processes = WorkerPool(DecodeJob(config), self.num_threads, "datarax-decode-image", self.budget)
+            spec = [(self.out_field, config.size + (3,), "uint8")]
+            self._segments = (SharedOutputs(spec), SharedOutputs(spec))  # one read out, one decoded ahead
+            self._lock = threading.Lock()
+            self._flight: tuple | None = None  # (batch key, segment, rows) of the job the workers run
+            self._queued: tuple | None = None  # (records, ctx) of the batch after the next
             if config.out_field in (None, config.field):
                 self.reads_files = config.field
         else:
@@ -272,17 +274,28 @@ class DecodeImage(DecodingStage):
         return self.decode_rows(batch, ctx, {self.out_field: out}, decode, inline=self._all_small_raw(data))
 
     def ahead(self, batch: dict[str, np.ndarray], ctx: HostContext) -> None:
-        """Under `executor="processes"`, the workers start on this batch (two reads ahead) as soon as
-        they finish the rows of the batches before it."""
+        """Under `executor="processes"`, the workers decode this batch (the one after the batch read
+        next) as soon as they finish that one, while the pipeline copies it on."""
         if self.processes is not None:
-            self.processes.ahead(batch[self.config.field], ctx)
+            self._queued = (batch[self.config.field], ctx)
 
     def _in_processes(self, batch: dict[str, np.ndarray], data: np.ndarray, ctx: HostContext,
                       out: np.ndarray) -> dict[str, np.ndarray]:
-        """The batch read (where `data` holds `FileRef`s) and decoded by the worker processes into
-        shared memory, then copied into `out`."""
+        """The batch read (where `data` holds `FileRef`s) and decoded by the worker processes, each a
+        contiguous block of rows, into shared memory, then copied into `out`."""
+        key = self._key(ctx)
+        with self._lock:  # one batch at a time through the workers
+            results = self._collect(key)
+            if results is None:  # not decoded ahead: decode it now
+                self._start(data, ctx, self._segments[0])
+                results = self._collect(key)
+            segment, count = self._done
+            queued, self._queued = self._queued, None
+            if queued is not None and self._key(queued[1]) != key:  # the next batch, while this one is copied
+                self._start(*queued, self._segments[segment is self._segments[0]])
+            np.copyto(out, segment.views(count)[self.out_field])
         failures: list[BaseException | None] = []
-        for fatal, block in self.processes.run(data, ctx, {self.out_field: out}):
+        for fatal, block in results:
             if fatal is not None:  # a file that cannot be read fails the batch, as the source's own read does
                 raise fatal
             failures.extend(block)
@@ -293,12 +306,31 @@ class DecodeImage(DecodingStage):
     def _key(self, ctx: HostContext) -> tuple:
         return np.asarray(ctx.record_ids, np.int64).tobytes(), int(ctx.epoch), ctx.stage, ctx.seed_of(self.seed)
 
-    def _chunks(self, data: np.ndarray, ctx: HostContext) -> list[tuple[int, int, tuple]]:
-        """Chunks of about half a worker's share of the rows: the workers take them off one queue."""
-        count, size = len(data), max(1, -(-len(data) // (2 * self.num_threads)))
+    def _start(self, data: np.ndarray, ctx: HostContext, segment: SharedOutputs) -> None:
+        count = len(data)
         seed, ids = ctx.seed_of(self.seed), np.asarray(ctx.record_ids, np.int64)
-        return [(low, min(low + size, count), (list(data[low:low + size]), ids[low:low + size], int(ctx.epoch),
-                                               ctx.stage, seed)) for low in range(0, count, size)]
+        blocks = np.linspace(0, count, min(self.num_threads, count) + 1).astype(np.int64).tolist()
+        chunks = [(low, high, (list(data[low:high]), ids[low:high], int(ctx.epoch), ctx.stage, seed))
+                  for low, high in zip(blocks[:-1], blocks[1:])]
+        segment.ensure(count)
+        self.processes.start(segment, chunks)
+        self._flight = (self._key(ctx), segment, count)
+
+    def _collect(self, key: tuple) -> list | None:
+        """The job in flight's results if it decoded the batch `key` (else None, the job dropped)."""
+        if self._flight is None:
+            return None
+        flight, self._flight = self._flight, None
+        try:
+            results = self.processes.finish()
+        except WorkerCrashError:
+            if flight[0] == key:
+                raise
+            return None  # a batch not asked for after all: the fresh pool decodes this one
+        if flight[0] != key:
+            return None
+        self._done = flight[1:]
+        return results
 
     def _all_small_raw(self, data: np.ndarray) -> bool:
         """True when the turbo path reads every record as small raw pixels (a decode-once cache): only
@@ -416,7 +448,11 @@ class DecodeImage(DecodingStage):
         """Stops the threads or worker processes and frees the shared memory (a later batch restarts them)."""
         self.pool.close()
         if self.processes is not None:
-            self.processes.close()
+            with self._lock:
+                self.processes.close()
+                self._flight = self._queued = None
+                for segment in self._segments:
+                    segment.close()
 
     def __getstate__(self) -> dict[str, Any]:
         # Modules do not copy or pickle; a copy imports them again, and its pool starts on first use.

@@ -15,7 +15,6 @@ import pickle
 import signal
 import sys
 import threading
-import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -100,14 +99,11 @@ def views(buffer: Any, layout: Layout, rows: int, low: int, high: int) -> dict[s
 
 
 class WorkerPool:
-    """`num_workers` daemon processes that take chunks of rows off one queue, so a worker done with
-    its chunk takes the next one, of this batch or of one started after it.
+    """`num_workers` daemon processes running `job(task, outputs)` on one task each per batch.
 
     `job` is pickled once per worker; `job(task, outputs)` gets a task and its rows of the shared
     outputs and returns a picklable result. `shared` (e.g. a `SharedBudget`, made from `context()`)
-    goes to each worker as it starts, and reaches the job as `job.attach(shared)`. Several jobs may
-    be in flight, each in its own `SharedOutputs`: `start` queues one and returns its ticket,
-    `finish(ticket)` waits for its results.
+    goes to each worker as it starts, and reaches the job as `job.attach(shared)`.
     """
 
     def __init__(self, job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str,
@@ -115,10 +111,9 @@ class WorkerPool:
         self.payload = pickle.dumps(job)
         self.num_workers, self.name, self.shared = num_workers, name, shared
         self._lock = threading.RLock()
-        self._jobs: dict[int, tuple[list, list, list]] = {}  # ticket -> (rows per chunk, results, chunks left)
-        self._tickets = 0
-        self._tasks: Any = None  # the queue the workers take chunks from
-        self._workers: list[tuple[Any, Any]] = []  # (process, connection its results come back on)
+        self._pending: dict | None = None
+        self._results: list[Any] = []
+        self._workers: list[tuple[Any, Any]] = []  # (process, connection)
         self._finalizer: weakref.finalize | None = None
 
     @property
@@ -127,83 +122,86 @@ class WorkerPool:
         return [p.pid for p, _ in self._workers]
 
     def run(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> list[Any]:
-        """Computes chunks `(low, high, task)` into `outputs`; returns their results in order."""
+        """Sends chunk `i` = `(low, high, task)` to worker `i`; returns the results in order."""
         with self._lock:
-            return self.finish(self.start(outputs, chunks))
+            self.start(outputs, chunks)
+            return self.finish()
 
-    def start(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> int:
-        """`run`'s sending half: queues the chunks and returns the ticket `finish` collects them by."""
+    def start(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> None:
+        """`run`'s sending half: the workers start on the chunks, and `finish` collects their results
+        (one job in flight at a time)."""
         with self._lock:
-            if not self._workers:
-                self._start()
-            ticket, self._tickets = self._tickets, self._tickets + 1
+            if self._pending is not None:
+                raise RuntimeError(f"{self.name}: a job is already in flight; finish() it first")
+            if len(self._workers) < len(chunks):
+                self._start(len(chunks))
             where = (outputs.segment.name, outputs.layout, outputs.rows)
-            self._jobs[ticket] = ([(low, high) for low, high, _ in chunks], [None] * len(chunks),
-                                  list(range(len(chunks))))
+            pending = {}
             for i, (low, high, task) in enumerate(chunks):
-                self._tasks.put((ticket, i, where, low, high, task))
-            return ticket
+                process, conn = self._workers[i]
+                conn.send((where, low, high, task))
+                pending[i] = (process, conn, low, high)
+            self._pending, self._results = pending, [None] * len(chunks)
 
-    def finish(self, ticket: int) -> list[Any]:
-        """The results of job `ticket`, in chunk order, once every chunk is back (results of other
-        jobs arriving meanwhile are kept for their own `finish`)."""
+    @property
+    def busy(self) -> bool:
+        """Whether a job `start`ed is not yet `finish`ed."""
+        return self._pending is not None
+
+    def finish(self) -> list[Any]:
+        """The results of the job in flight, in chunk order, once every worker has sent its own."""
         with self._lock:
-            if ticket not in self._jobs:
-                raise WorkerCrashError(f"{self.name}: job {ticket} was lost when the worker processes stopped")
-            while self._jobs[ticket][2]:
+            pending, results = self._pending or {}, self._results
+            self._pending = None
+            while pending:
                 ready = multiprocessing.connection.wait(
-                    [c for _, c in self._workers] + [p.sentinel for p, _ in self._workers])
-                for process, conn in list(self._workers):
-                    try:
-                        while conn.poll():
-                            self._receive(*conn.recv())
-                    except (EOFError, OSError):  # its end closed: the worker is gone
-                        self._crashed(process, ticket)
-                    if process.sentinel in ready:
-                        self._crashed(process, ticket)
-            return self._jobs.pop(ticket)[1]
+                    [c for _, c, _, _ in pending.values()] + [p.sentinel for p, _, _, _ in pending.values()])
+                for i, (process, conn, low, high) in list(pending.items()):
+                    if conn in ready:
+                        try:
+                            status, value = conn.recv()
+                        except (EOFError, OSError):
+                            status, value = "died", None
+                    elif process.sentinel in ready:
+                        status, value = "died", None
+                    else:
+                        continue
+                    if status == "died":
+                        process.join(1)
+                        code = process.exitcode
+                        self._shutdown()
+                        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                        raise WorkerCrashError(
+                            f"{self.name} worker process {process.pid} died ({how}) while computing rows {low}-"
+                            f"{high - 1} of a batch; the workers are stopped and a fresh pool starts with the next "
+                            "batch. A crash rather than an exception is usually a fault in a C extension or the "
+                            "out-of-memory killer: try the function on those records in this process")
+                    if status == "error":
+                        self._shutdown()
+                        raise RuntimeError(value)
+                    results[i] = value
+                    del pending[i]
+            return results
 
-    def _receive(self, ticket: int, index: int, status: str, value: Any) -> None:
-        if status == "error":
-            self._shutdown()
-            raise RuntimeError(value)
-        if ticket in self._jobs:  # else a job dropped when the pool last stopped
-            _, results, left = self._jobs[ticket]
-            results[index] = value
-            left.remove(index)
-
-    def _crashed(self, process: Any, ticket: int) -> None:
-        process.join(1)
-        code = process.exitcode
-        rows = ", ".join(f"{low}-{high - 1}" for i, (low, high) in enumerate(self._jobs[ticket][0])
-                         if i in self._jobs[ticket][2])
-        self._shutdown()
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        raise WorkerCrashError(
-            f"{self.name} worker process {process.pid} died ({how}) while rows {rows} of a batch were not yet "
-            "computed; the workers are stopped and a fresh pool starts with the next batch. A crash rather than "
-            "an exception is usually a fault in a C extension or the out-of-memory killer: try the function on "
-            "those records in this process")
-
-    def _start(self) -> None:
+    def _start(self, count: int) -> None:
         ctx = context()
-        self._tasks = ctx.SimpleQueue()
-        for i in range(self.num_workers):
-            parent, child = ctx.Pipe(duplex=False)
-            process = ctx.Process(target=worker_main, args=(self._tasks, child, self.payload, list(sys.path),
-                                                            self.shared), daemon=True, name=f"{self.name}-{i}")
+        while len(self._workers) < count:
+            parent, child = ctx.Pipe()
+            process = ctx.Process(target=worker_main, args=(child, self.payload, list(sys.path), self.shared),
+                                  daemon=True, name=f"{self.name}-{len(self._workers)}")
             process.start()
             child.close()
             self._workers.append((process, parent))
-        self._finalizer = weakref.finalize(self, stop_workers, self._workers, self._tasks)
+        if self._finalizer is None:
+            self._finalizer = weakref.finalize(self, stop_workers, self._workers)
 
     def _shutdown(self) -> None:
-        self._jobs.clear()
+        self._pending = None
         workers, self._workers = self._workers, []
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
-        stop_workers(workers, self._tasks)
+        stop_workers(workers)
 
     def close(self) -> None:
         """Stops and joins the workers (idempotent; a later `run` starts new ones)."""
@@ -217,22 +215,19 @@ class WorkerPool:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock, self._workers, self._finalizer, self._tasks = threading.RLock(), [], None, None
-        self._jobs, self._tickets = {}, 0
+        self._lock, self._workers, self._finalizer = threading.RLock(), [], None
+        self._pending, self._results = None, []
 
 
-def stop_workers(workers: list[tuple[Any, Any]], tasks: Any) -> None:
-    """Asks each worker to stop (after the chunks already queued), then joins them, terminating
-    those still running after 5 s in all."""
-    for _ in workers:
+def stop_workers(workers: list[tuple[Any, Any]]) -> None:
+    """Asks each worker to stop, then joins it (terminating one that does not stop)."""
+    for _, conn in workers:
         try:
-            tasks.put(None)
+            conn.send(None)
         except (OSError, ValueError):
-            break  # the queue is gone
-    deadline = time.monotonic() + 5
-    for process, _ in workers:
-        process.join(max(0.0, deadline - time.monotonic()))
+            pass  # already gone
     for process, conn in workers:
+        process.join(5)
         if process.is_alive():
             process.terminate()
             process.join(5)
@@ -240,9 +235,9 @@ def stop_workers(workers: list[tuple[Any, Any]], tasks: Any) -> None:
     workers.clear()
 
 
-def worker_main(tasks: Any, conn: Any, payload: bytes, path: list[str], shared: Any = None) -> None:
-    """A worker's loop: load the job once, then run one chunk per message off `tasks` until told
-    to stop, results back on `conn`; `path` is the parent's current `sys.path`."""
+def worker_main(conn: Any, payload: bytes, path: list[str], shared: Any = None) -> None:
+    """A worker's loop: load the job once, then run one task per message until told to stop; `path`
+    is the parent's current `sys.path`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = path
     try:
@@ -250,25 +245,25 @@ def worker_main(tasks: Any, conn: Any, payload: bytes, path: list[str], shared: 
         if shared is not None:
             job.attach(shared)
     except BaseException:  # any failure to load the job is reported, then the worker ends
-        conn.send((-1, 0, "error", "a worker process could not load the function: " + traceback.format_exc(limit=4)
+        conn.send(("error", "a worker process could not load the function: " + traceback.format_exc(limit=4)
                    + "Define the function at module level in an importable module (not in a notebook cell or "
                      "under `if __name__ == '__main__':`)"))
         return
-    segments: dict[str, shared_memory.SharedMemory] = {}  # the two most recent: a batch and the next
-    while (message := tasks.get()) is not None:
-        ticket, index, (name, layout, rows), low, high, task = message
+    segments: dict[str, shared_memory.SharedMemory] = {}
+    while True:
+        message = conn.recv()
+        if message is None:
+            break
+        (name, layout, rows), low, high, task = message
+        if name not in segments:
+            for old in segments.values():
+                old.close()
+            segments = {name: attach(name)}
         try:
-            if name not in segments:
-                if len(segments) == 2:
-                    segments.pop(next(iter(segments))).close()
-                segments[name] = attach(name)
             result = ("ok", job(task, views(segments[name].buf, layout, rows, low, high)))
         except BaseException:  # the parent raises it with the worker's traceback
             result = ("error", f"a worker process failed outside the function: {traceback.format_exc()}")
-        try:
-            conn.send((ticket, index, *result))
-        except OSError:
-            break  # the parent has stopped listening
+        conn.send(result)
     for segment in segments.values():
         segment.close()
 

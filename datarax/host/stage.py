@@ -152,7 +152,6 @@ class HostStage(abc.ABC):
     # The encoded field this stage reads from file references itself (in its worker processes): at the
     # head of the stages, a source with `read_references` then hands it references, not bytes.
     reads_files: str | None = None
-    lookahead: int = 1  # how many batches ahead of its call `ahead` is to name a batch
 
     @abc.abstractmethod
     def output_spec(self, input_spec: Spec) -> Spec:
@@ -281,7 +280,6 @@ class HostStageSource(DataSourceModule):
         self._spec = spec
         self._references = (self.stages[0].reads_files is not None and hasattr(source, "read_references")
                             and self.stages[0].reads_files == getattr(source, "field", None))
-        self.lookahead = max(getattr(source, "lookahead", 1), self.stages[0].lookahead if self._references else 1)
         self.times = StageTimes(clock)
         labels = [stage.label() for stage in self.stages]
         # Two stages of one kind get their position, so their times stay apart.

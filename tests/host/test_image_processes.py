@@ -13,7 +13,6 @@ import pytest
 
 from datarax import Pipeline
 from datarax.host import DecodeImage, SkippedRecordWarning
-from datarax.host.ahead import AheadRunner
 from datarax.host.stage import HostStageSource
 from datarax.sources import ImageFolderSource, RecordError
 from tests.host.test_image import CASES, bad_files, run, write_cases, write_png
@@ -36,7 +35,7 @@ def epochs(stage: DecodeImage, root: str, count: int = 2, pids: list | None = No
     try:
         batches = [{k: np.asarray(v) for k, v in b.items()} for b in pipeline.epochs(count)]
         if pids is not None:
-            pids += stage.processes.pool.pids
+            pids += stage.processes.pids
         return batches
     finally:
         pipeline.close()
@@ -49,15 +48,16 @@ def test_processes_read_the_files_and_give_the_threads_batches(folder, monkeypat
     original = ImageFolderSource.get_batch
     monkeypatch.setattr(ImageFolderSource, "get_batch",
                         lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
-    taken = []
-    original_take = AheadRunner._take
-    monkeypatch.setattr(AheadRunner, "_take", lambda self, key: taken.append(r := original_take(self, key)) or r)
+    collected = []
+    original_collect = DecodeImage._collect
+    monkeypatch.setattr(DecodeImage, "_collect",
+                        lambda self, key: collected.append(r := original_collect(self, key)) or r)
     pids = []
     got = epochs(stage, folder, pids=pids)  # closing the pipeline stops the workers
     assert not reads  # the source handed references: the workers read the files
-    hits = [r is not None for r in taken]
-    assert hits == [False] + [True] * 8  # only the first of the 8 batches was not started ahead of its read
-    assert len(pids) == 2 and stage.processes.pool.pids == []
+    hits = [r is not None for r in collected]
+    assert hits == [False] + [True] * 8  # only the first of the 8 batches waited for its own decode
+    assert len(pids) == 2 and stage.processes.pids == []
     assert len(got) == len(threads) == 8
     for a, b in zip(got, threads):
         assert a.keys() == b.keys()
@@ -149,24 +149,18 @@ def test_a_bad_executor_is_named():
         DecodeImage(size=8, executor="fork")
 
 
-def test_batches_started_ahead_are_kept_until_read_and_dropped_when_their_memory_is_needed(folder, monkeypatch):
+def test_a_batch_decoded_ahead_but_not_read_next_is_dropped(folder):
     source = ImageFolderSource(root=folder)
     stage = DecodeImage(size=16, crop="random_resized", executor="processes", num_threads=2)
     host, threads = HostStageSource(source, [stage]), HostStageSource(source, [DecodeImage(size=16,
                                                                                            crop="random_resized")])
-    taken = []
-    original_take = AheadRunner._take
-    monkeypatch.setattr(AheadRunner, "_take", lambda self, key: taken.append(r := original_take(self, key)) or r)
-    a, b, c, d = np.array([0, 1, 2]), np.array([3, 4, 5, 6]), np.array([9, 10]), np.array([7, 8])
+    a, b, d = np.array([0, 1, 2]), np.array([3, 4, 5, 6]), np.array([7, 8])
     try:
-        assert host.lookahead == 2 and len(stage.processes.segments) == 3
-        for ids in (a, b, c):  # every segment taken
-            host.upcoming(ids, 0)
-        for ids, epoch in [(d, 0), (b, 0), (a, 0), (c, 0), (a, 1)]:  # D drops A, the oldest; B and C read as decoded
+        host.upcoming(a, 0)
+        for ids, epoch in [(b, 0), (d, 0), (a, 0), (a, 1)]:  # A decoded ahead while B is read, then dropped for D
             got, want = host.read(ids, epoch), threads.read(ids, epoch)
             np.testing.assert_array_equal(got["image"], want["image"])
             np.testing.assert_array_equal(got["label"], want["label"])
-        assert [r is not None for r in taken] == [False, True, True, False, True, True, False, True]
     finally:
         host.close()
         threads.close()
