@@ -43,6 +43,7 @@ import concurrent.futures
 import multiprocessing
 import os
 import shutil
+import statistics
 import tempfile
 import time
 
@@ -252,6 +253,36 @@ def peer_recipe(options: BenchOptions) -> list[Recipe]:
     return [Recipe(workload, f"{__name__}:make_data", n, BATCH, row="jpeg") for workload in ("jpeg", "jpeg_variant")]
 
 
+def work_ratio(paths: list[str], count: int = 256, rounds: int = 3) -> float:
+    """How much longer `DecodeImage`'s own work on a record (decode at the DCT scale, crop, resize
+    into the output) takes than `decode_limit`'s (the decode alone), on one thread, from memory:
+    the median of `rounds` passes over the first `count` files. At equal parallelism and no overhead,
+    datarax reaches `1 / work_ratio` of `decode_limit`."""
+    stage = DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, backend="turbo")
+    turbo, blobs, out = stage._turbo, [], np.empty((JPEG_SIZE, JPEG_SIZE, 3), np.uint8)
+    for path in paths[:count]:
+        with open(path, "rb") as f:
+            blobs.append(f.read())
+
+    def full(record: int, data: bytes) -> None:
+        stage.decode_into(data, record_generator(0, 0, 0, record), out)
+
+    def only(record: int, data: bytes) -> None:
+        header = turbo.header(data)
+        _, _, h, w = random_resized_box(header[0], header[1], JPEG_SCALE, JPEG_RATIO, record_generator(0, 0, 0, record))
+        decode_at_dct_scale(turbo, data, header, h, w)
+
+    seconds = {full: [], only: []}
+    for _ in range(rounds):
+        for fn in seconds:
+            start = time.perf_counter()
+            for record, data in enumerate(blobs):
+                fn(record, data)
+            seconds[fn].append(time.perf_counter() - start)
+    stage.close()
+    return statistics.median(seconds[full]) / statistics.median(seconds[only])
+
+
 def decode_image_psnr(paths: list[str], backend: str) -> dict[str, float]:
     """`jpeg_psnr` of `DecodeImage`'s crop of the given boxes."""
     stage = DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, backend=backend)
@@ -297,17 +328,21 @@ def run(options: BenchOptions) -> list[dict]:
     quality = {"datarax": decode_image_psnr(paths, pipeline_backend(pipeline)),
                "datarax[pillow]": decode_image_psnr(paths, "pillow")}
     quality["floor"] = quality["datarax[processes]"] = quality["datarax"]  # the same boxes, decoder (tested)
+    reader = {"datarax": reader_ms(pipeline), "datarax[processes]": reader_ms(processes)}
     processes.close()
     main = row("jpeg", rates["datarax"], rates["floor"], records=n, first_batch_s=round(build_s + first, 3),
                floor_first_batch_s=round(floor_first, 3), batch_size=BATCH, threads=os.cpu_count(),
-               decoder=pipeline_backend(pipeline), **quality["datarax"])
+               decoder=pipeline_backend(pipeline), reader_ms_per_batch=reader["datarax"], **quality["datarax"])
     extra = []
     notes = {"datarax[pillow]": "DecodeImage(backend='pillow'): Pillow draft + resize(box), bilinear",
              "decode_limit": "libjpeg-turbo at the box's DCT scale on all cores; no resize, no framework",
              "floor[full_scale]": "the floor decoding every file at full size (no DCT scaling)",
-             "datarax[processes]": "DecodeImage(executor='processes'): the workers read and decode the files",
+             "datarax[processes]": "DecodeImage(executor='processes'): the workers read and decode the files; "
+                                   "reader ms a batch: " + ", ".join(f"{k} {v}" for k, v in reader[
+                                       "datarax[processes]"].items()),
              "decode_limit[processes]": "decode_limit's work in os.cpu_count() worker processes",
-             "decode_limit[1 thread]": "decode_limit's work on one thread"}
+             "decode_limit[1 thread]": f"decode_limit's work on one thread; DecodeImage's own work on a record "
+                                       f"(decode, crop, resize) takes {work_ratio(paths):.2f}x its decode"}
     one = rates["decode_limit[1 thread]"]["el_s"]
     for name in ("decode_limit", "decode_limit[processes]"):
         notes[name] += f"; {rates[name]['el_s'] / one:.2f}x its one-thread rate"
@@ -318,6 +353,12 @@ def run(options: BenchOptions) -> list[dict]:
                       "ratio_to_floor": round(rates[name]["el_s"] / rates["floor"]["el_s"], 3),
                       "el_s_runs": rates[name]["el_s_runs"], "settings": notes[name], **quality.get(name, {})})
     return [main, *extra]
+
+
+def reader_ms(pipeline: Pipeline) -> dict[str, float]:
+    """Milliseconds a batch in each part of the pipeline's reader (source read, DecodeImage, copy to
+    device), over every batch it has read: where a batch's time goes on the host."""
+    return {p["name"]: round(1e3 * p["seconds"] / max(p["calls"], 1), 2) for p in pipeline.reader_timings()}
 
 
 def pipeline_backend(pipeline: Pipeline) -> str:
