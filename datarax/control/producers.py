@@ -46,15 +46,45 @@ def ring_size(prefetch: int) -> int:
 
 
 def to_device(buffers: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    """Copies reused host buffers to the default device and waits for the copy.
+    """Copies reused host buffers to the default device. On an accelerator the copy runs on after
+    the call returns: `DeviceCopies` waits for it before the buffers are refilled.
 
     On CPU, `jax.device_put` may alias a 64-byte-aligned numpy buffer instead of copying it
     (seen with jax 0.10, also with `may_alias=False`); a ring buffer refilled later would then
-    change a batch already handed out, so the copy is forced there.
+    change a batch already handed out, so the copy is forced there, and waited for.
     """
     if jax.default_backend() == "cpu":
         return jax.block_until_ready({k: jnp.array(v, copy=True) for k, v in buffers.items()})
-    return jax.block_until_ready(jax.device_put(buffers))
+    return jax.device_put(buffers)
+
+
+class DeviceCopies:
+    """The device batch last copied out of each host buffer of a producer's ring.
+
+    The copy of batch n to an accelerator runs while the producer reads batch n + 1 into another
+    buffer; a buffer is refilled only after the copy out of it is done (`wait`, ring_size batches
+    later, so it seldom waits), and the time waited counts as copying in the reader's times.
+    """
+
+    def __init__(self, size: int, times: StageTimes):
+        self.batches: list[dict[str, jax.Array] | None] = [None] * size
+        self.times, self.waited = times, 0.0
+
+    def wait(self, slot: int) -> None:
+        """Blocks until the copy out of buffer `slot` is done (before the buffer is refilled)."""
+        batch, self.batches[slot] = self.batches[slot], None
+        if batch is not None:
+            began = self.times.clock()
+            jax.block_until_ready(batch)
+            self.waited += self.times.clock() - began
+
+    def put(self, slot: int, buffers: dict[str, np.ndarray], records: int) -> dict[str, jax.Array]:
+        """Starts the copy of buffer `slot` to the device; returns the device batch."""
+        began = self.times.clock()
+        batch = self.batches[slot] = to_device(buffers)
+        self.times.add(COPY, self.waited + self.times.clock() - began, records=records, work="copy")
+        self.waited = 0.0
+        return batch
 
 
 def check_int_fields(batch: dict[str, np.ndarray], source: Any, ids: np.ndarray, rows: int | None = None) -> None:
@@ -79,6 +109,7 @@ def indexed_host_batches(pipeline: Any, steps: Iterator[tuple[int, int, int]]) -
     length = len(p.sampler)
     ring = [None] * ring_size(p.prefetch)
     times = p.reader_times
+    copies = DeviceCopies(len(ring), times)
     steps = iter(steps)
     following = next(steps, None)
     i = -1
@@ -91,18 +122,18 @@ def indexed_host_batches(pipeline: Any, steps: Iterator[tuple[int, int, int]]) -
             p.source.upcoming(p.sampler.indices(padded_positions(following[1], p.compiled.rows, length),
                                                 following[0]), following[0])
         slot = i % len(ring)
+        copies.wait(slot)
         with times.measure(READ, records=num_valid, work="read"):
             if ring[slot] is None:
                 ring[slot] = p.retry_policy.call(lambda: p.source.read(idx, epoch))  # called at once
             else:
                 p.retry_policy.call(lambda: p.source.read(idx, epoch, out=ring[slot]))  # called at once
         check_int_fields(ring[slot], p.source, idx)
-        # The copy must finish before this buffer is refilled len(ring) batches later; on CPU
-        # device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
-        with times.measure(COPY, records=num_valid, work="copy"):
-            if p.placement is None:
-                batch = to_device(ring[slot])
-            else:
+        # On CPU device_put may alias an aligned buffer, so the sharded path hands over fresh copies.
+        if p.placement is None:
+            batch = copies.put(slot, ring[slot], num_valid)
+        else:
+            with times.measure(COPY, records=num_valid, work="copy"):
                 batch = jax.block_until_ready(p.placement.put({k: v.copy() for k, v in ring[slot].items()}))
         yield HostBatch(epoch, position, idx, num_valid, batch, None)
 
@@ -150,15 +181,16 @@ def stream_host_batches(source: Any, *, batch_size: int, drop_remainder: bool, r
                         times: StageTimes | None = None) -> Iterator[HostBatch]:
     """A `datarax.sources.StreamSourceModule`'s batches from (`epoch`, `position`, `state`) on.
 
-    Each batch is `batch_size` rows (a short final batch padded), copied to the device before
-    the next read reuses its host buffer, which is one of `ring_size` buffers (more than the
-    consumer can hold at once). A read that raises is retried at the same state under
+    Each batch is `batch_size` rows (a short final batch padded) in one of `ring_size` host
+    buffers (more than the consumer can hold at once), copied to the device (on an accelerator
+    while the next batch is read) before its buffer is refilled. A read that raises is retried at the same state under
     `retry_policy` (a `datarax.pipeline.RetryPolicy`; None: the error is raised at once). The
     reads and copies are timed into `times` (None: a throwaway `StageTimes`).
     """
     times = StageTimes() if times is None else times
     spec = source.element_spec()
     ring: list[dict[str, np.ndarray] | None] = [None] * ring_size
+    copies = DeviceCopies(ring_size, times)
     step = 0
     while end_epoch is None or epoch < end_epoch:
         reader = _EpochReader(source, epoch, state)
@@ -169,6 +201,7 @@ def stream_host_batches(source: Any, *, batch_size: int, drop_remainder: bool, r
                 if ring[slot] is None:
                     ring[slot] = {k: np.empty((batch_size, *s.shape), s.dtype) for k, s in spec.items()}
                 buffers = ring[slot]
+                copies.wait(slot)
                 began = times.clock()
                 if retry_policy is None:
                     valid = reader.read(buffers, batch_size)
@@ -181,8 +214,7 @@ def stream_host_batches(source: Any, *, batch_size: int, drop_remainder: bool, r
                 check_int_fields(buffers, source, ids, valid)
                 if valid < batch_size:
                     _pad(buffers, valid)
-                with times.measure(COPY, records=valid, work="copy"):
-                    data = to_device(buffers)
+                data = copies.put(slot, buffers, valid)
                 yield HostBatch(epoch, position, ids, valid, data, reader.commit())
                 step += 1
                 position += valid
