@@ -69,6 +69,7 @@ class DeviceCopies:
     def __init__(self, size: int, times: StageTimes):
         self.batches: list[dict[str, jax.Array] | None] = [None] * size
         self.times, self.waited = times, 0.0
+        self.in_flight = jax.default_backend() != "cpu"  # on CPU `to_device` has waited already
 
     def wait(self, slot: int) -> None:
         """Blocks until the copy out of buffer `slot` is done (before the buffer is refilled)."""
@@ -81,7 +82,9 @@ class DeviceCopies:
     def put(self, slot: int, buffers: dict[str, np.ndarray], records: int) -> dict[str, jax.Array]:
         """Starts the copy of buffer `slot` to the device; returns the device batch."""
         began = self.times.clock()
-        batch = self.batches[slot] = to_device(buffers)
+        batch = to_device(buffers)
+        if self.in_flight:
+            self.batches[slot] = batch
         self.times.add(COPY, self.waited + self.times.clock() - began, records=records, work="copy")
         self.waited = 0.0
         return batch

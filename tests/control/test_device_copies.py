@@ -31,6 +31,7 @@ def test_a_buffer_is_refilled_only_after_its_copy_is_done_and_the_wait_counts_as
     monkeypatch.setattr(producers.jax, "block_until_ready", block)
     times = StageTimes(clock=lambda: now[0])
     copies, ring = DeviceCopies(2, times), [{"x": np.zeros(3)}, {"x": np.zeros(3)}]
+    copies.in_flight = True  # as on an accelerator (on the CPU the copy is waited for inside `to_device`)
     handed = []
     for n in range(5):  # batch n in buffer n % 2
         slot = n % 2
@@ -43,3 +44,10 @@ def test_a_buffer_is_refilled_only_after_its_copy_is_done_and_the_wait_counts_as
     (part,) = times.snapshot()
     assert part["name"] == COPY and part["calls"] == 5 and part["records"] == 15
     assert part["seconds"] == 1.5  # the three waits, each counted with the copy after it
+
+
+def test_on_the_cpu_the_copy_was_waited_for_and_nothing_is_kept():
+    copies = DeviceCopies(2, StageTimes())
+    batch = copies.put(0, {"x": np.arange(3.0)}, records=3)
+    np.testing.assert_array_equal(np.asarray(batch["x"]), [0.0, 1.0, 2.0])
+    assert copies.in_flight is False and copies.batches == [None, None]
