@@ -186,9 +186,9 @@ def stream_host_batches(source: Any, *, batch_size: int, drop_remainder: bool, r
 
     Each batch is `batch_size` rows (a short final batch padded) in one of `ring_size` host
     buffers (more than the consumer can hold at once), copied to the device (on an accelerator
-    while the next batch is read) before its buffer is refilled. A read that raises is retried at the same state under
-    `retry_policy` (a `datarax.pipeline.RetryPolicy`; None: the error is raised at once). The
-    reads and copies are timed into `times` (None: a throwaway `StageTimes`).
+    while the next batch is read) before its buffer is refilled. A read that raises is retried at
+    the same state under `retry_policy` (a `datarax.pipeline.RetryPolicy`; None: the error is
+    raised at once). The reads and copies are timed into `times` (None: a throwaway `StageTimes`).
     """
     times = StageTimes() if times is None else times
     spec = source.element_spec()
