@@ -135,6 +135,9 @@ def run(options: BenchOptions) -> list[dict]:
     block(loop_epoch())
     loop = epoch_rate(loop_epoch, n, options.repeats)
 
+    trainer = {k: trainer_epoch(data, k) for k in (n // BATCH, 1)}
+    rates = {k: epoch_rate(epoch, n, options.repeats) for k, epoch in trainer.items()}
+
     arrays = {k: jax.device_put(v) for k, v in data.items()}
     floor_epoch = build_floor(n, MLP(nnx.Rngs(0)))
     start = time.perf_counter()
@@ -144,4 +147,26 @@ def run(options: BenchOptions) -> list[dict]:
     floor = epoch_rate(lambda: floor_epoch(arrays, next(counter)), n, options.repeats)
     return [row("scan", ours, floor, records=n, batch_size=BATCH, steps_per_call=len(pipeline),
                 first_epoch_s=round(first_epoch_s, 3), floor_first_epoch_s=round(floor_first_s, 3),
-                loop_el_s=round(loop["el_s"], 1), loop_ratio=round(loop["el_s"] / floor["el_s"], 3))]
+                loop_el_s=round(loop["el_s"], 1), loop_ratio=round(loop["el_s"] / floor["el_s"], 3),
+                trainer_el_s=round(rates[n // BATCH]["el_s"], 1), trainer_k1_el_s=round(rates[1]["el_s"], 1),
+                trainer_ratio=round(rates[n // BATCH]["el_s"] / floor["el_s"], 3))]
+
+
+def trainer_epoch(data: dict, steps_per_execution: int):
+    """A warmed-up `Trainer` over `build`'s pipeline and model; returns a function training one more epoch."""
+    from datarax.train import Trainer
+
+    pipeline, model, _ = build(data)
+
+    def loss_fn(model, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
+
+    trainer = Trainer(model, optimizer_tx(), pipeline, loss_fn, compilation_cache=False,
+                      steps_per_execution=steps_per_execution)
+    trainer.fit(num_epochs=1)  # compiles
+
+    def epoch():
+        trainer.fit(num_steps=trainer.step + len(pipeline))
+        return [nnx.state(model, nnx.Param)]
+
+    return epoch

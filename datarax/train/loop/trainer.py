@@ -22,6 +22,7 @@ from datarax.train.checkpointing.run_config import flatten, optimizer_fingerprin
 from datarax.train.loop.compile_cache import use_compilation_cache
 from datarax.train.loop.ema import ParamEMA, param_paths
 from datarax.train.loop.evaluation import eval_epoch, eval_summary
+from datarax.train.loop.fused import FusedCall, FusedSteps
 from datarax.train.loop.guardrails import (
     CompileCauses,
     batch_rows,
@@ -99,7 +100,8 @@ class Trainer:
         param_sharding: None (the state stays where the model's arrays are), "replicated" or "fsdp" over the
             training pipeline's mesh (needs its `sharding`).
         steps_per_execution: optimizer steps per jitted call (default 1); keep 1 for convolutional models on
-            the CPU backend.
+            the CPU backend. Over a device-resident, unsharded training source the pipeline's gather and
+            stages run inside that call too (`FusedSteps`): one dispatch per call, the same batches.
 
     Metrics stay on the device until read (`StepLogs.metrics`). Construction warns (`TrainerWarning`)
     about a training pipeline that does not shuffle or whose epoch ends in a short batch.
@@ -161,6 +163,7 @@ class Trainer:
         self._train_step = TimedJit(step, donate_values=True)
         k = self.steps_per_execution
         self._train_steps = TimedJit(scan_steps(step), donate_values=True) if k > 1 else None
+        self._fused = FusedSteps(self._loader, step) if k > 1 and FusedSteps.supports(self._loader) else None
         self._eval_step = TimedJit(make_eval_step(self._model_binding, loss_fn, metrics, self.precision),
                                    donate_values=False)
         self._train_causes = CompileCauses(train_pipeline.batch_size, "step" if k == 1 else
@@ -336,7 +339,8 @@ class Trainer:
         self.callbacks("on_data_wait_begin", self, first)
         begin = time.perf_counter()
         with jax.profiler.TraceAnnotation("datarax/next"):
-            batches = self._next_batches(iterator, count)
+            fused = count == self.steps_per_execution and self._fused is not None and self.target_epoch is None
+            batches = (fused and self._fused.take(iterator, count)) or self._next_batches(iterator, count)
         end = time.perf_counter()
         if not batches:
             return False
@@ -345,7 +349,10 @@ class Trainer:
         self.callbacks("on_step_begin", self, first)
         values, compile_seconds, cause = self._binding.values(), 0.0, None
         with jax.profiler.TraceAnnotation("datarax/step"):
-            if len(batches) == self.steps_per_execution > 1 and len(set(map(batch_signature, batches))) == 1:
+            if isinstance(batches, FusedCall):
+                (values, out), compile_seconds = self._fused(values, batches)
+                cause = self._execution_causes.cause(batches.inputs[2][0]) if compile_seconds > 0 else None
+            elif len(batches) == self.steps_per_execution > 1 and len(set(map(batch_signature, batches))) == 1:
                 (values, out), compile_seconds = self._train_steps(values, batches)
                 cause = self._execution_causes.cause(batches[0]) if compile_seconds > 0 else None
             else:
@@ -361,7 +368,8 @@ class Trainer:
         if previous is not None:
             self._shown = previous
         # Step `self.step` is already queued, so reading the previous call's metrics never idles the device.
-        logs = StepLogs(step=self.step, steps=len(batches), batch_size=sum(map(batch_rows, batches)),
+        rows = batches.rows if isinstance(batches, FusedCall) else sum(map(batch_rows, batches))
+        logs = StepLogs(step=self.step, steps=len(batches), batch_size=rows,
                         metrics=previous[1] if previous is not None else {},
                         metrics_step=previous[0] if previous is not None else None, data_wait=(begin, end),
                         dispatched_at=dispatched, compile_seconds=compile_seconds, output=out["loss"], epoch=epoch,
