@@ -67,6 +67,9 @@ def parse_args(name: str, description: str, argv: list[str] | None = None,
 
 
 QUICK_XLA_FLAG = "--xla_backend_optimization_level=0"
+# Checkpoint interval on an accelerator (train_run's default there): runs a CPU takes minutes over
+# take seconds on a chip, where step-count intervals would save faster than a write completes.
+ACCELERATOR_CHECKPOINT_SECS = 60.0
 _quick = False  # set by prepare_workdir; --quick changes train_run's defaults (see there)
 
 
@@ -178,7 +181,10 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
             (`joint` is `train_pipeline_params`).
         steps: total steps to reach (a resumed run stops where an uninterrupted one would).
         checkpoint_every: steps between checkpoints (default: four per run; with --quick, one, at the end:
-            the run still resumes from it, and short runs do not spend their time saving).
+            the run still resumes from it, and short runs do not spend their time saving; on an
+            accelerator, every `ACCELERATOR_CHECKPOINT_SECS` of training and at the end: there a
+            step is 10-100x faster than on the CPU, and a quarter of a run can be shorter than one
+            checkpoint write, which would then hold the chip up).
         log_every: steps between metric lines (default: ten per run).
         label: a prefix for printed lines.
         callbacks: more callbacks for the trainer.
@@ -204,10 +210,12 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     best = {"keep_best": 1, "best_metric": keep_best} if keep_best is not None else {}
-    every = eval_every if keep_best is not None else checkpoint_every or (
-        call_multiple(steps, steps_per_execution) if _quick else call_multiple(steps // 4, steps_per_execution))
-    checkpoints = [CheckpointCallback(run_dir / "checkpoints", every_steps=every, max_to_keep=2, **best)] \
-        if checkpoint else []
+    if keep_best is not None or checkpoint_every is not None or _quick or jax.default_backend() == "cpu":
+        every = {"every_steps": eval_every if keep_best is not None else checkpoint_every or call_multiple(
+            steps if _quick else steps // 4, steps_per_execution)}
+    else:
+        every = {"every_secs": ACCELERATOR_CHECKPOINT_SECS}
+    checkpoints = [CheckpointCallback(run_dir / "checkpoints", **every, max_to_keep=2, **best)] if checkpoint else []
     if goodput_plot is None:
         goodput_plot = not _quick
     goodput = GoodputMonitor(run_dir, plot=goodput_plot and plotting_available(), verbose=False)

@@ -115,3 +115,26 @@ def test_convnet_shapes_and_bad_pool():
     assert model(jnp.zeros((2, 10, 12, 1))).shape == (2, 6)
     with pytest.raises(ValueError, match="pool must be 'flatten' or 'width', got 'max'"):
         ConvNet(1, 6, pool="max")
+
+
+@pytest.mark.parametrize("backend, quick, schedule", [("cpu", False, {"every_steps": 2}), ("tpu", False, {
+    "every_secs": common.ACCELERATOR_CHECKPOINT_SECS}), ("tpu", True, {"every_steps": 8})])
+def test_checkpoints_come_every_quarter_run_on_the_cpu_and_by_time_on_an_accelerator(tmp_path, monkeypatch, backend,
+                                                                                    quick, schedule):
+    """On a chip a quarter of a run can be shorter than one checkpoint write (docs/tpu.md)."""
+    import optax
+    from flax import nnx
+
+    from datarax import Pipeline
+    from datarax.sources import MemorySource
+    from datarax.train.callbacks import CheckpointCallback
+
+    monkeypatch.setattr(common, "_quick", quick)
+    monkeypatch.setattr(common.jax, "default_backend", lambda: backend)
+    source = MemorySource(data={"x": np.ones((16, 2), np.float32), "y": np.zeros(16, np.float32)})
+    trainer, outcome = common.train_run(
+        tmp_path, nnx.Linear(2, 1, rngs=nnx.Rngs(0)), optax.sgd(0.1), Pipeline(source, batch_size=4),
+        lambda model, batch: ((model(batch["x"])[:, 0] - batch["y"]) ** 2).mean(), steps=8, goodput_plot=False)
+    (callback,) = [cb for cb in trainer.callbacks if isinstance(cb, CheckpointCallback)]
+    assert {k: v for k, v in vars(callback.schedule).items() if k in ("every_steps", "every_secs") and v} == schedule
+    assert outcome.step == 8 and (tmp_path / "checkpoints" / "8").is_dir()  # the end of the run is always saved

@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from datarax.batching import padded_positions
+from datarax.batching import num_batches, padded_positions
 from datarax.pipeline.pipeline import Pipeline
 from datarax.sources.stream import StreamSourceModule
 from datarax.train.loop.step import TimedJit
@@ -34,29 +35,43 @@ class FusedSteps:
 
     Each step's batch is gathered from the source's device arrays and run through the pipeline's
     stages inside the call (the pipeline's own batch program, traced into it), then trained on, so
-    a call is one dispatch with no per-batch host work: the host computes the call's record indices
-    in one vectorised sampler call, as `datarax.pipeline.ScanRunner` does. The batches, their keys
-    and the iterator's position afterwards are those of K `next()` calls.
+    a call has no per-batch host work. The sampler runs inside it too, for all K batches at once
+    before the steps (one cycle walk a call, as the pipeline samples a chunk of batches at once);
+    a sampler without `device_params` gets its indices from the host, in one vectorised call. The
+    batches, their keys and the iterator's position afterwards are those of K `next()` calls.
 
     Args:
         loader: the pipeline the trainer reads (device-resident, unsharded: `supports`).
         step: `step(values, batch) -> (values, metrics)`, the trainer's one training step.
+        steps: K, the steps of a call.
     """
 
-    def __init__(self, loader: Pipeline, step: Callable):
+    def __init__(self, loader: Pipeline, step: Callable, steps: int):
         self.loader = loader
-        compiled = loader.compiled
+        compiled, sampler, batch = loader.compiled, loader.sampler, loader.batch_size
+        length = len(sampler)
+        offsets = np.arange(batch, dtype=np.int32)
+        # The epochs K full batches can span: the parameters of that many epochs go into every call.
+        self.num_epochs = min(steps, -(-steps // max(1, num_batches(length, batch, True))) + 1)
+        self._params: dict[int, Any] = {}
 
-        def steps(values, inputs):
-            stage_values, arrays, indices, metas = inputs
-
+        def train(values, stage_values, arrays, indices, metas):
             def body(carry, x):
                 return step(carry, compiled.gather_and_run(stage_values, arrays, *x))
 
             values, outs = jax.lax.scan(body, values, (indices, metas))
             return values, jax.tree.map(lambda x: x[-1], outs)
 
-        self._steps = TimedJit(steps, donate_values=True)
+        def sampled(values, inputs):
+            stage_values, arrays, params, slots, metas = inputs
+            params = jax.tree.map(lambda *p: jnp.stack(p)[slots], *params)  # each step's epoch's
+            positions = padded_positions(metas[:, :1], offsets[None, :], length, jnp)
+            items = jax.vmap(sampler.device_order)(positions, params)
+            indices = jax.vmap(sampler.device_expand)(items.astype(jnp.int32), params)
+            return train(values, stage_values, arrays, indices, metas)
+
+        self._sampled = TimedJit(sampled, donate_values=True)
+        self._given = TimedJit(lambda values, inputs: train(values, *inputs), donate_values=True)
 
     @staticmethod
     def supports(loader: Pipeline) -> bool:
@@ -74,15 +89,31 @@ class FusedSteps:
         if len(upcoming) < count or any(num_valid != batch for _, _, num_valid in upcoming):
             return None
         metas = np.array([(position, epoch, num_valid) for epoch, position, num_valid in upcoming], np.int32)
-        indices = np.empty((count, batch), np.int32)
-        for epoch in np.unique(metas[:, 1]):  # a call may cross into the next epoch
-            rows = metas[:, 1] == epoch
-            positions = padded_positions(metas[rows, :1], np.arange(batch), len(p.sampler))
-            indices[rows] = p.sampler.indices(positions.reshape(-1), int(epoch)).reshape(-1, batch)
+        first = upcoming[0][0]
+        params = [self._epoch_params(first + slot) for slot in range(self.num_epochs)]
+        stage_values, arrays = p.compiled.values(), p.source.device_arrays()
+        if any(value is None for value in params):  # a host-only sampler
+            indices = np.empty((count, batch), np.int32)
+            for epoch in np.unique(metas[:, 1]):
+                rows = metas[:, 1] == epoch
+                positions = padded_positions(metas[rows, :1], np.arange(batch), len(p.sampler))
+                indices[rows] = p.sampler.indices(positions.reshape(-1), int(epoch)).reshape(-1, batch)
+            inputs = (stage_values, arrays, indices, metas)
+        else:
+            inputs = (stage_values, arrays, tuple(params), metas[:, 1] - first, metas)
         epoch, position, num_valid = upcoming[-1]
         iterator.seek(epoch, position + num_valid)
-        return FusedCall((p.compiled.values(), p.source.device_arrays(), indices, metas), count, count * batch)
+        return FusedCall(inputs, count, count * batch)
+
+    def _epoch_params(self, epoch: int) -> Any:
+        """The sampler's device parameters for `epoch`, kept for the calls that span it."""
+        if epoch not in self._params:
+            for old in [e for e in self._params if e < epoch - self.num_epochs]:
+                del self._params[old]
+            self._params[epoch] = self.loader.sampler.device_params(epoch)
+        return self._params[epoch]
 
     def __call__(self, values: list, call: FusedCall) -> tuple[Any, float]:
         """`((new values, the last step's metrics), compile seconds)`, as `TimedJit` returns."""
-        return self._steps(values, call.inputs)
+        run = self._sampled if len(call.inputs) == 5 else self._given
+        return run(values, call.inputs)

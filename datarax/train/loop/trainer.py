@@ -163,7 +163,7 @@ class Trainer:
         self._train_step = TimedJit(step, donate_values=True)
         k = self.steps_per_execution
         self._train_steps = TimedJit(scan_steps(step), donate_values=True) if k > 1 else None
-        self._fused = FusedSteps(self._loader, step) if k > 1 and FusedSteps.supports(self._loader) else None
+        self._fused = FusedSteps(self._loader, step, k) if k > 1 and FusedSteps.supports(self._loader) else None
         self._eval_step = TimedJit(make_eval_step(self._model_binding, loss_fn, metrics, self.precision),
                                    donate_values=False)
         self._train_causes = CompileCauses(train_pipeline.batch_size, "step" if k == 1 else
