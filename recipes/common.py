@@ -210,7 +210,7 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     best = {"keep_best": 1, "best_metric": keep_best} if keep_best is not None else {}
-    if keep_best is not None or checkpoint_every is not None or _quick or jax.default_backend() == "cpu":
+    if keep_best is not None or checkpoint_every is not None or _quick or not on_accelerator():
         every = {"every_steps": eval_every if keep_best is not None else checkpoint_every or call_multiple(
             steps if _quick else steps // 4, steps_per_execution)}
     else:
@@ -246,6 +246,11 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     outcome = RunOutcome(result.step, result.resumed_from, dict(result.metrics), eval_metrics, before,
                          goodput_digest(goodput.report), time.perf_counter() - began, best_step)
     return trainer, outcome
+
+
+def on_accelerator() -> bool:
+    """Whether JAX runs on an accelerator (train_run's checkpoint rule; a test or probe may replace it)."""
+    return jax.default_backend() != "cpu"
 
 
 def call_multiple(interval: int, steps_per_execution: int) -> int:

@@ -12,4 +12,5 @@ date -u
 echo "== vision"; timeout ${VISION_S:-200} python3 -m recipes.vision --seeds 1 --workdir /tmp/vision > $OUT/vision.log 2>&1; echo "rc $?"
 grep -v Warn $OUT/vision.log | tail -12 | cut -c1-400
 cp /tmp/vision/seed0-augmented/goodput.json $OUT/ 2>/dev/null
+echo "== busy probe"; timeout ${PROBE_S:-60} python3 benchmarks/tpu/busy_probe.py --runs 1; echo "rc $?"
 date -u

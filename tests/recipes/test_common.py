@@ -130,7 +130,7 @@ def test_checkpoints_come_every_quarter_run_on_the_cpu_and_by_time_on_an_acceler
     from datarax.train.callbacks import CheckpointCallback
 
     monkeypatch.setattr(common, "_quick", quick)
-    monkeypatch.setattr(common.jax, "default_backend", lambda: backend)
+    monkeypatch.setattr(common, "on_accelerator", lambda: backend != "cpu")
     source = MemorySource(data={"x": np.ones((16, 2), np.float32), "y": np.zeros(16, np.float32)})
     trainer, outcome = common.train_run(
         tmp_path, nnx.Linear(2, 1, rngs=nnx.Rngs(0)), optax.sgd(0.1), Pipeline(source, batch_size=4),
