@@ -109,6 +109,7 @@ class Rotation(Sampler):
         return (7 * epoch - np.asarray(positions, np.int64)) % self.num_records
 
 
+@pytest.mark.filterwarnings("ignore::datarax.train.UnshuffledTrainingWarning")  # the sequential sampler
 @pytest.mark.parametrize("sampler", [Rotation(60), SequentialSampler(60), ShuffleSampler(60, seed=3)],
                          ids=["host_only", "sequential", "shuffle"])
 def test_every_sampler_gives_a_fused_call_the_iterators_batches(sampler):
