@@ -115,9 +115,10 @@ def to_float(x: jax.Array) -> jax.Array:
     return x.astype(jnp.float32) / 255.0
 
 
-def build_pipeline(root: str, seed: int = 0, backend: str = "auto", executor: str = "threads") -> Pipeline:
+def build_pipeline(root: str, seed: int = 0, backend: str = "auto", executor: str = "threads",
+                   num_threads: int | None = None) -> Pipeline:
     stages = [DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, seed=seed,
-                          backend=backend, executor=executor),
+                          backend=backend, executor=executor, num_threads=num_threads),
               MapOperator(MapOperatorConfig(fields=("image",)), fn=to_float),
               HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(seed)),
               NormalizeOperator(NormalizeConfig(mean=JPEG_MEAN, std=JPEG_STD))]
