@@ -93,11 +93,14 @@ class FusedSteps:
         params = [self._epoch_params(first + slot) for slot in range(self.num_epochs)]
         stage_values, arrays = p.compiled.values(), p.source.device_arrays()
         if any(value is None for value in params):  # a host-only sampler
-            indices = np.empty((count, batch), np.int32)
+            indices = None
             for epoch in np.unique(metas[:, 1]):
                 rows = metas[:, 1] == epoch
                 positions = padded_positions(metas[rows, :1], np.arange(batch), len(p.sampler))
-                indices[rows] = p.sampler.indices(positions.reshape(-1), int(epoch)).reshape(-1, batch)
+                got = p.sampler.indices(positions.reshape(-1), int(epoch))
+                if indices is None:  # int32[K, B] (or [K, B, window] for windows of records)
+                    indices = np.empty((count, batch, *got.shape[1:]), np.int32)
+                indices[rows] = got.reshape(-1, batch, *got.shape[1:])
             inputs = (stage_values, arrays, indices, metas)
         else:
             inputs = (stage_values, arrays, tuple(params), metas[:, 1] - first, metas)

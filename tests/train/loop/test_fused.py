@@ -12,7 +12,7 @@ from trainer_helpers import RECORD_METRICS, Jitter, assert_bitwise_equal, loss_f
 
 from datarax import Pipeline
 from datarax.pipeline.iterator import PipelineIterator
-from datarax.samplers import Sampler, SequentialSampler, ShuffleSampler
+from datarax.samplers import Sampler, SequentialSampler, ShuffleSampler, SlidingWindowSampler
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import Trainer
 from datarax.train.callbacks import Callback
@@ -109,11 +109,21 @@ class Rotation(Sampler):
         return (7 * epoch - np.asarray(positions, np.int64)) % self.num_records
 
 
+class HostWindows(SlidingWindowSampler):
+    """Shuffled windows of 3 records, from the host only."""
+
+    def device_params(self, epoch):
+        return None
+
+
 @pytest.mark.filterwarnings("ignore::datarax.train.UnshuffledTrainingWarning")  # the sequential sampler
-@pytest.mark.parametrize("sampler", [Rotation(60), SequentialSampler(60), ShuffleSampler(60, seed=3)],
-                         ids=["host_only", "sequential", "shuffle"])
+@pytest.mark.parametrize("sampler", [
+    Rotation(60), SequentialSampler(60), ShuffleSampler(60, seed=3),
+    SlidingWindowSampler(60, window=3, shuffle=True, seed=2), HostWindows(60, window=3, shuffle=True, seed=2)],
+    ids=["host_only", "sequential", "shuffle", "windows", "host_only_windows"])
 def test_every_sampler_gives_a_fused_call_the_iterators_batches(sampler):
-    """The call samples on the device (one walk for its K batches) or takes host indices."""
+    """The call samples on the device (one walk for its K batches) or takes host indices; a window
+    sampler's batches are windows of records (x: (8, 3, 4))."""
     trained = []
     for k in (1, 4):
         setup = make_setup(source=MemorySource(data=points(60)))
