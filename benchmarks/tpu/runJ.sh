@@ -5,9 +5,9 @@ set -u
 . benchmarks/tpu/setup.sh
 date -u
 echo "== tests"; JAX_PLATFORMS=tpu,cpu timeout ${TEST_S:-330} python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-  -rfE --tb=short tests/control/test_device_copies.py tests/train/loop/test_fused.py tests/train/loop/test_trainer.py \
+  -rfE --tb=short --durations=30 tests/control/test_device_copies.py tests/train/loop/test_fused.py tests/train/loop/test_trainer.py \
   tests/core tests/pipeline > $OUT/tests.log 2>&1; echo "rc $?"
-tail -3 $OUT/tests.log | cut -c1-300; grep -E "^(FAILED|ERROR)" $OUT/tests.log | cut -c1-250
+tail -3 $OUT/tests.log | cut -c1-300; grep -E "^(FAILED|ERROR)" $OUT/tests.log | cut -c1-250; grep -A12 "slowest 30" $OUT/tests.log | cut -c1-200
 date -u
 echo "== vision"; timeout ${VISION_S:-200} python3 -m recipes.vision --seeds 1 --workdir /tmp/vision > $OUT/vision.log 2>&1; echo "rc $?"
 grep -v Warn $OUT/vision.log | tail -12 | cut -c1-400
