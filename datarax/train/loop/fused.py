@@ -14,6 +14,7 @@ import numpy as np
 from datarax.batching import num_batches, padded_positions
 from datarax.pipeline.pipeline import Pipeline
 from datarax.sources.stream import StreamSourceModule
+from datarax.train.loop.guardrails import CompileCauses
 from datarax.train.loop.step import TimedJit
 
 
@@ -54,6 +55,8 @@ class FusedSteps:
         # The epochs K full batches can span: the parameters of that many epochs go into every call.
         self.num_epochs = min(steps, -(-steps // max(1, num_batches(length, batch, True))) + 1)
         self._params: dict[int, Any] = {}
+        # Why a call compiled, from its inputs past the values (no batch to read a short one from).
+        self.causes = CompileCauses(0, f"call of {steps} steps, the pipeline inside")
 
         def train(values, stage_values, arrays, indices, metas):
             def body(carry, x):

@@ -351,7 +351,7 @@ class Trainer:
         with jax.profiler.TraceAnnotation("datarax/step"):
             if isinstance(batches, FusedCall):
                 (values, out), compile_seconds = self._fused(values, batches)
-                cause = self._execution_causes.cause(batches.inputs[2][0]) if compile_seconds > 0 else None
+                cause = self._fused.causes.cause(batches.inputs[2:]) if compile_seconds > 0 else None
             elif len(batches) == self.steps_per_execution > 1 and len(set(map(batch_signature, batches))) == 1:
                 (values, out), compile_seconds = self._train_steps(values, batches)
                 cause = self._execution_causes.cause(batches[0]) if compile_seconds > 0 else None

@@ -23,10 +23,11 @@ class Calls(Callback):
     """(step, steps, records) of every call."""
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.causes = [], []
 
     def on_step_end(self, trainer, logs):
         self.calls.append((logs.step, logs.steps, logs.batch_size))
+        self.causes.append(logs.compile_cause)
 
 
 def run(monkeypatch, k: int, *, resident: bool = True, drop_remainder: bool = True, num_steps: int = 23):
@@ -52,6 +53,7 @@ def run(monkeypatch, k: int, *, resident: bool = True, drop_remainder: bool = Tr
                       callbacks=[calls], steps_per_execution=k)
     trainer.fit(num_steps=num_steps)
     monkeypatch.undo()
+    seen["causes"] = calls.causes
     return trainer, setup, calls.calls, seen
 
 
@@ -59,8 +61,12 @@ def test_a_call_of_k_steps_makes_its_batches_inside_and_trains_bitwise_like_sing
     """7 batches an epoch, so calls of 4 cross epoch boundaries; the last call (3 steps) is not fused."""
     single, single_setup, _, single_seen = run(monkeypatch, 1)
     fused, fused_setup, calls, seen = run(monkeypatch, 4)
-    assert single._fused is None and single_seen == {"fused": [], "next": 23}
-    assert seen == {"fused": [4] * 5, "next": 3}  # the iterator handed out only the last call's batches
+    assert single._fused is None and (single_seen["fused"], single_seen["next"]) == ([], 23)
+    assert (seen["fused"], seen["next"]) == ([4] * 5, 3)  # the iterator handed out only the last call's batches
+    # Compiled twice: the first fused call, and the last call's single step (3 steps, fewer than K).
+    assert seen["causes"] == ["the first call of 4 steps, the pipeline inside", None, None, None, None,
+                              "the first single step (a call of fewer than 4 steps, or of batches of different "
+                              "shapes)"]
     assert calls == [(4, 4, 32), (8, 4, 32), (12, 4, 32), (16, 4, 32), (20, 4, 32), (23, 3, 24)]
     assert_bitwise_equal(single_setup.model, fused_setup.model)
     assert_bitwise_equal(single.optimizer, fused.optimizer)
@@ -86,7 +92,7 @@ def test_a_host_resident_source_is_not_fused(monkeypatch):
     single, single_setup, _, _ = run(monkeypatch, 1, resident=False, num_steps=8)
     many, many_setup, _, seen = run(monkeypatch, 4, resident=False, num_steps=8)
     assert many._fused is None and not FusedSteps.supports(many_setup.pipeline)
-    assert seen == {"fused": [], "next": 8}
+    assert (seen["fused"], seen["next"]) == ([], 8)
     assert_bitwise_equal(single_setup.model, many_setup.model)
 
 
