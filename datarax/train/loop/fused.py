@@ -20,12 +20,14 @@ from datarax.train.loop.step import TimedJit
 
 @dataclasses.dataclass(frozen=True)
 class FusedCall:
-    """The inputs of one fused call: `(stage values, source arrays, int32[K, B] record indices,
-    int32[K, 3] metas)`, and how many steps and records it trains on."""
+    """The inputs of one fused call (the stage values, the source arrays, then the sampler's
+    parameters and each step's slot among them, or the record indices from the host, then the
+    int32[K, 3] metas), how many steps and records it trains on, and the iterator's cursor after it."""
 
     inputs: tuple
     steps: int
     rows: int
+    cursor: tuple[int, int]
 
     def __len__(self) -> int:
         return self.steps
@@ -84,8 +86,8 @@ class FusedSteps:
                 and not isinstance(loader.source, StreamSourceModule))
 
     def take(self, iterator, count: int) -> FusedCall | None:
-        """The next `count` batches as one call's inputs, the iterator moved past them; None (the
-        iterator untouched) when one of them is an epoch's short final batch."""
+        """The next `count` batches as one call's inputs (the call moves the iterator past them);
+        None when one of them is an epoch's short final batch."""
         p = self.loader
         batch = p.batch_size
         upcoming = list(itertools.islice(iterator.upcoming(), count))
@@ -108,8 +110,7 @@ class FusedSteps:
         else:
             inputs = (stage_values, arrays, tuple(params), metas[:, 1] - first, metas)
         epoch, position, num_valid = upcoming[-1]
-        iterator.seek(epoch, position + num_valid)
-        return FusedCall(inputs, count, count * batch)
+        return FusedCall(inputs, count, count * batch, (epoch, position + num_valid))
 
     def _epoch_params(self, epoch: int) -> Any:
         """The sampler's device parameters for `epoch`, kept for the calls that span it."""
@@ -119,7 +120,11 @@ class FusedSteps:
             self._params[epoch] = self.loader.sampler.device_params(epoch)
         return self._params[epoch]
 
-    def __call__(self, values: list, call: FusedCall) -> tuple[Any, float]:
-        """`((new values, the last step's metrics), compile seconds)`, as `TimedJit` returns."""
+    def __call__(self, values: list, call: FusedCall, iterator) -> tuple[Any, float]:
+        """`((new values, the last step's metrics), compile seconds)`, as `TimedJit` returns; then
+        moves `iterator` past the call's batches (a call that fails to trace or compile, a stage's
+        error included, leaves it where it was, as `next()` does)."""
         run = self._sampled if len(call.inputs) == 5 else self._given
-        return run(values, call.inputs)
+        out = run(values, call.inputs)
+        iterator.seek(*call.cursor)
+        return out

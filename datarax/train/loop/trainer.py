@@ -344,13 +344,12 @@ class Trainer:
         end = time.perf_counter()
         if not batches:
             return False
-        epoch = iterator.get_state()["epoch"]
         self.callbacks("on_data_wait_end", self, first, end - begin)
         self.callbacks("on_step_begin", self, first)
         values, compile_seconds, cause = self._binding.values(), 0.0, None
         with jax.profiler.TraceAnnotation("datarax/step"):
             if isinstance(batches, FusedCall):
-                (values, out), compile_seconds = self._fused(values, batches)
+                (values, out), compile_seconds = self._fused(values, batches, iterator)
                 cause = self._fused.causes.cause(batches.inputs[2:]) if compile_seconds > 0 else None
             elif len(batches) == self.steps_per_execution > 1 and len(set(map(batch_signature, batches))) == 1:
                 (values, out), compile_seconds = self._train_steps(values, batches)
@@ -369,6 +368,7 @@ class Trainer:
             self._shown = previous
         # Step `self.step` is already queued, so reading the previous call's metrics never idles the device.
         rows = batches.rows if isinstance(batches, FusedCall) else sum(map(batch_rows, batches))
+        epoch = iterator.get_state()["epoch"]
         logs = StepLogs(step=self.step, steps=len(batches), batch_size=rows,
                         metrics=previous[1] if previous is not None else {},
                         metrics_step=previous[0] if previous is not None else None, data_wait=(begin, end),

@@ -38,9 +38,9 @@ def run(monkeypatch, k: int, *, resident: bool = True, drop_remainder: bool = Tr
     seen = {"fused": [], "next": 0}
     fused_call, next_batch = FusedSteps.__call__, PipelineIterator.__next__
 
-    def count_fused(self, values, call):
+    def count_fused(self, values, call, iterator):
         seen["fused"].append(call.steps)
-        return fused_call(self, values, call)
+        return fused_call(self, values, call, iterator)
 
     def count_next(self):
         seen["next"] += 1
@@ -147,3 +147,36 @@ def test_every_sampler_gives_a_fused_call_the_iterators_batches(sampler):
     assert fused_result.metrics == single_result.metrics
     assert_bitwise_equal(single_model, fused_model)
     assert fused.iterator.get_state() == single.iterator.get_state()
+
+
+class Refusing(Jitter):
+    """Jitter that fails while its program is traced, while `refuse` is set."""
+
+    refuse = True
+
+    def apply_element(self, element, key):
+        if Refusing.refuse:
+            raise ValueError("the stage refused")
+        return super().apply_element(element, key)
+
+
+def test_a_call_that_fails_to_trace_leaves_the_iterator_where_it_was(monkeypatch):
+    """As `next()` leaves it when the pipeline's program fails: nothing is skipped on a retry."""
+    trained = []
+    for refuse_first in (True, False):
+        monkeypatch.setattr(Refusing, "refuse", False)
+        setup = make_setup()
+        pipeline = Pipeline(setup.pipeline.source, [Refusing(rngs=nnx.Rngs(1))], batch_size=8, drop_remainder=True)
+        trainer = Trainer(setup.model, optax.sgd(0.1), pipeline, loss_fn, metrics=RECORD_METRICS,
+                          steps_per_execution=4)
+        if refuse_first:
+            before = trainer.iterator.get_state()
+            monkeypatch.setattr(Refusing, "refuse", True)
+            with pytest.raises(ValueError, match="the stage refused"):
+                trainer.fit(num_steps=8)
+            assert trainer.iterator.get_state() == before and trainer.step == 0
+            monkeypatch.setattr(Refusing, "refuse", False)
+        trained.append((trainer.fit(num_steps=8), setup.model))
+    (retried, retried_model), (fresh, fresh_model) = trained
+    assert retried.metrics == fresh.metrics
+    assert_bitwise_equal(retried_model, fresh_model)
