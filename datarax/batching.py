@@ -114,3 +114,11 @@ def padded_positions(start, rows, length: int, xp=np):
     `length`, so int32 positions cannot overflow.
     """
     return start + xp.minimum(rows, length - 1 - start)
+
+
+def batch_indices(sampler, epoch: int, starts: np.ndarray, batch_size: int) -> np.ndarray:
+    """int32[len(starts), batch_size, ...]: the record indices of the batches of `epoch` that start at
+    `starts`, in one host sampler call (with a trailing axis where an item is a window of records)."""
+    positions = padded_positions(np.asarray(starts)[:, None], np.arange(batch_size), len(sampler))
+    got = sampler.indices(positions.reshape(-1), epoch)
+    return got.reshape(len(starts), batch_size, *got.shape[1:]).astype(np.int32)

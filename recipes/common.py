@@ -210,9 +210,12 @@ def train_run(run_dir: Path, model: nnx.Module, optimizer: optax.GradientTransfo
     run_dir = Path(run_dir).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     best = {"keep_best": 1, "best_metric": keep_best} if keep_best is not None else {}
-    if keep_best is not None or checkpoint_every is not None or _quick or not on_accelerator():
-        every = {"every_steps": eval_every if keep_best is not None else checkpoint_every or call_multiple(
-            steps if _quick else steps // 4, steps_per_execution)}
+    if keep_best is not None:
+        every = {"every_steps": eval_every}
+    elif checkpoint_every is not None:
+        every = {"every_steps": checkpoint_every}
+    elif _quick or not on_accelerator():
+        every = {"every_steps": call_multiple(steps if _quick else steps // 4, steps_per_execution)}
     else:
         every = {"every_secs": ACCELERATOR_CHECKPOINT_SECS}
     checkpoints = [CheckpointCallback(run_dir / "checkpoints", **every, max_to_keep=2, **best)] if checkpoint else []

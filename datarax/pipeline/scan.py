@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from datarax.batching import padded_positions
+from datarax.batching import batch_indices
 from datarax.core.checks import check_bool, check_int
 from datarax.core.operator import BatchContext, describe
 from datarax.core.source import gather_device, record_shapes
@@ -59,12 +59,6 @@ def _chunks(steps: list[tuple[int, int, int]], batch_size: int, k: int) -> list[
         else:
             chunks.append([step])
     return chunks
-
-
-def _indices(p: Pipeline, epoch: int, starts: np.ndarray) -> np.ndarray:
-    """int32[len(starts), B] record indices of batches starting at `starts`, in one sampler call."""
-    positions = padded_positions(starts[:, None], np.arange(p.batch_size), len(p.sampler))
-    return p.sampler.indices(positions.reshape(-1), epoch).reshape(len(starts), p.batch_size).astype(np.int32)
 
 
 class ScanRunner:
@@ -159,7 +153,7 @@ class ScanRunner:
 
     def _host_inputs(self, p: Pipeline, chunk: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
         meta = np.array([(pos, e, n) for e, pos, n in chunk], np.int32)  # the pipeline's meta layout
-        return _indices(p, chunk[0][0], meta[:, 0]), meta
+        return batch_indices(p.sampler, chunk[0][0], meta[:, 0], p.batch_size), meta
 
     def _scan_chunk(self, fns: _Functions, p: Pipeline, state, arrays, chunk: list[tuple[int, int, int]]):
         # Every call scans exactly K steps, so a remainder chunk of any length reuses one compiled

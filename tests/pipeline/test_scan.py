@@ -11,6 +11,7 @@ from datarax import Pipeline
 from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.pipeline.scan import ScanBatch, ScanRunner, scan_epoch
+from datarax.samplers import SlidingWindowSampler
 from datarax.samplers.base import Sampler
 from datarax.sources import MemorySource, MemorySourceConfig
 
@@ -226,6 +227,18 @@ def test_any_sampler_can_be_scanned():
     pipeline = Pipeline(source, batch_size=8, sampler=ReverseSampler(24))
     ids = ScanRunner(lambda batch: batch["id"], steps_per_call=2).run(iter(pipeline))
     np.testing.assert_array_equal(ids, np.arange(24)[::-1].reshape(3, 8))
+
+
+def test_a_window_sampler_can_be_scanned():
+    """Its items are windows of records: the batch has a window axis after the batch axis."""
+    source = MemorySource(data={"id": np.arange(24, dtype=np.int32)})
+    pipeline = Pipeline(source, batch_size=4, sampler=SlidingWindowSampler(24, window=3, stride=2),
+                        drop_remainder=True)
+    ids = ScanRunner(lambda batch: batch["id"], steps_per_call=2).run(iter(pipeline))
+    loop = np.stack([np.asarray(batch["id"]) for batch in pipeline])
+    starts = 2 * np.arange(8).reshape(2, 4)  # window i covers records 2i, 2i + 1, 2i + 2
+    np.testing.assert_array_equal(loop, starts[..., None] + np.arange(3))
+    np.testing.assert_array_equal(ids, loop)
 
 
 def test_nothing_to_run_returns_none_and_leaves_the_iterator():

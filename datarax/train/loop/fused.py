@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from datarax.batching import num_batches, padded_positions
+from datarax.batching import batch_indices, num_batches, padded_positions
 from datarax.pipeline.pipeline import Pipeline
 from datarax.sources.stream import StreamSourceModule
 from datarax.train.loop.guardrails import CompileCauses
@@ -97,15 +97,9 @@ class FusedSteps:
         first = upcoming[0][0]
         params = [self._epoch_params(first + slot) for slot in range(self.num_epochs)]
         stage_values, arrays = p.compiled.values(), p.source.device_arrays()
-        if any(value is None for value in params):  # a host-only sampler
-            indices = None
-            for epoch in np.unique(metas[:, 1]):
-                rows = metas[:, 1] == epoch
-                positions = padded_positions(metas[rows, :1], np.arange(batch), len(p.sampler))
-                got = p.sampler.indices(positions.reshape(-1), int(epoch))
-                if indices is None:  # int32[K, B] (or [K, B, window] for windows of records)
-                    indices = np.empty((count, batch, *got.shape[1:]), np.int32)
-                indices[rows] = got.reshape(-1, batch, *got.shape[1:])
+        if any(value is None for value in params):  # a host-only sampler: one call per epoch spanned
+            indices = np.concatenate([batch_indices(p.sampler, int(epoch), metas[metas[:, 1] == epoch, 0], batch)
+                                      for epoch in np.unique(metas[:, 1])])  # epochs ascend with the steps
             inputs = (stage_values, arrays, indices, metas)
         else:
             inputs = (stage_values, arrays, tuple(params), metas[:, 1] - first, metas)
