@@ -10,7 +10,12 @@ if [ ! -f $SITE/.done ]; then
     librosa soundfile matplotlib hypothesis ${EXTRA_PIP:-} 2>&1 | tail -5
   touch $SITE/.done
   echo "setup took $(( $(date +%s) - t0 )) s"
+elif [ -n "${EXTRA_PIP:-}" ] && [ ! -f "$SITE/.extra-${EXTRA_PIP// /_}" ]; then
+  # a warm machine set up by an earlier run: install only what this run adds
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: --no-compile --target $SITE \
+    --index-url file:///opt/pypi/simple --find-links .whl-tpu $EXTRA_PIP 2>&1 | tail -5
 fi
+[ -n "${EXTRA_PIP:-}" ] && touch "$SITE/.extra-${EXTRA_PIP// /_}"
 export PYTHONPATH=$PYTHONPATH:$SITE:$PWD
 export NUMBA_CACHE_DIR=/tmp/numba-cache
 python3 -c "import jax, flax, optax, numpy; print('jax', jax.__version__, 'flax', flax.__version__, 'numpy', numpy.__version__, jax.devices())"
