@@ -56,7 +56,7 @@ from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, clas
 
 NAME = "vision"
 NUM_CLASSES = 10
-DEFAULT = {"steps": 1200, "batch_size": 64, "learning_rate": 2e-3, "seeds": 5, "steps_per_execution": 60}
+DEFAULT = {"steps": 1200, "batch_size": 64, "learning_rate": 2e-3, "seeds": 5, "steps_per_execution": 300}
 QUICK = {"steps": 150, "batch_size": 64, "learning_rate": 3e-3, "seeds": 2, "steps_per_execution": 25}
 ARMS = ("augmented", "no augmentation")
 IMAGE_SIZE = 24  # --image-folder's default decoded size: small enough for a CPU

@@ -52,7 +52,8 @@ def cifar(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:
         # map() submits every batch at once: the pool works ahead while earlier batches are consumed.
         yield from pool.map(lambda job: cifar_batch(images, labels, *job), jobs)
 
-    return Loader(epoch, f"numpy whole-batch augmentation on {threads} threads, batches ahead")
+    return Loader(epoch, f"numpy whole-batch augmentation on {threads} threads, batches ahead",
+                  close=lambda: pool.shutdown(wait=False, cancel_futures=True))
 
 
 WORKLOADS = {"cifar": cifar}

@@ -197,11 +197,16 @@ def host_rows(scenario: str, data: dict, base: dict, repeats: int, variants: Seq
         if fn is None or not installed(peer):
             continue
         with processes_off_the_chip():
+            loader = None
             try:
-                result = time_loader(fn(data, PeerOptions(batch_size, repeats, workers=workers)), repeats)
+                loader = fn(data, PeerOptions(batch_size, repeats, workers=workers))
+                result = time_loader(loader, repeats)
             except Exception as exc:  # one broken framework must not stop the run: its row says why
                 rows.append({"scenario": scenario, "framework": label, "error": f"{type(exc).__name__}: {exc}"})
                 continue
+            finally:
+                if loader is not None:
+                    loader.stop()  # its threads or worker processes take no cores from the next peer
         rows.append({"scenario": scenario, "framework": label, "el_s": round(result["el_s"], 1),
                      "ratio_to_datarax": ratio(result["el_s"], base.get("datarax_el_s")),
                      "ratio_to_floor": ratio(result["el_s"], base.get("floor_el_s")),

@@ -75,13 +75,13 @@ def build_pipeline(data: dict, seed: int = 0) -> Pipeline:
     return Pipeline(source=source, stages=[op], batch_size=BATCH)
 
 
-def build_builtin_pipeline(data: dict, seed: int = 0) -> Pipeline:
+def build_builtin_pipeline(data: dict, seed: int = 0, drop_remainder: bool = False) -> Pipeline:
     source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed), data=data)
     stages = [ToFloatOperator(ToFloatConfig(field="image")),
               RandomCropOperator(RandomCropConfig(size=32, padding=4, pad_mode="reflect"), rngs=nnx.Rngs(seed)),
               HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(seed + 1)),
               NormalizeOperator(NormalizeConfig(mean=tuple(MEAN.tolist()), std=tuple(STD.tolist())))]
-    return Pipeline(source=source, stages=stages, batch_size=BATCH)
+    return Pipeline(source=source, stages=stages, batch_size=BATCH, drop_remainder=drop_remainder)
 
 
 def draws(keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -9,11 +9,14 @@ crop, flip, normalise), batch 256. Sides, timed in alternating epochs:
 * `datarax`: the `cifar_builtin` pipeline (device-resident data, built-in operators) feeding the step;
 * on an accelerator, host-side peers feeding the step as their users do (a NumPy loader on every
   host core, Grain at its default and with a worker per core, tf.data when installed), each batch
-  `device_put` before the step.
+  `device_put` before the step; each peer alternates with `step alone` after the datarax rounds,
+  and its loader is stopped before the next one is built.
 
-`pipeline_share_pct` is `100 * (1 - datarax / step alone)`: the share of the training time the
-pipeline costs. On the CPU the model is narrower (widths 8-64) and the epoch shorter, so the
-scenario stays quick where it only checks that it runs.
+`pipeline_share_pct` is `100 * (1 - side / step alone)`: the share of the training time the
+pipeline costs, against the `step alone` of the datarax rounds (the one timed beside a peer,
+while its loader works in the background, is in the peer's settings). On the CPU the model is
+narrower (widths 8-64) and the epoch shorter, so the scenario stays quick where it only checks
+that it runs.
 """
 
 from __future__ import annotations
@@ -94,63 +97,97 @@ def make_step(model: ResNet, tx: optax.GradientTransformation):
     return step, (params, rest, tx.init(params))
 
 
+COMPILES = [0]  # backend compiles in this process, counted by a jax.monitoring listener
+
+
+def count_compiles() -> None:
+    """Counts backend compiles from here on (once per process), for the progress lines."""
+    if not getattr(count_compiles, "registered", False):
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda name, _secs, **_kw: COMPILES.__setitem__(0, COMPILES[0] + ("backend_compile" in name)))
+        count_compiles.registered = True
+
+
 def log(text: str) -> None:
     """A progress line on stderr (a side's epoch on a chip can take a while)."""
     print(f"train_step: {text}", file=sys.stderr, flush=True)
 
 
-def timed_epochs(sides: dict, step, state, steps: int, repeats: int) -> tuple[dict, object]:
+def timed_epochs(sides: dict, step, state, steps: int, repeats: int) -> tuple[dict, dict, object]:
     """Records per second of `steps` training steps per side (each side a callable giving an
-    iterator of device batches), sides alternating, after one untimed warm-up epoch each."""
+    iterator of device batches), sides alternating, after one untimed warm-up epoch each.
+    Returns the median rates, every run's rate and the trained state (the step donates it)."""
     runs = {name: [] for name in sides}
     for round_ in range(repeats + 1):
         for name, batches in sides.items():
-            start = time.perf_counter()
+            compiles, start = COMPILES[0], time.perf_counter()
             loss = None
             for _, batch in zip(range(steps), batches()):
                 state, loss = step(state, batch)
             jax.block_until_ready(loss)
             seconds = time.perf_counter() - start
-            log(f"{name}, {'warm-up' if not round_ else f'round {round_}'}: {steps} steps in {seconds:.2f} s")
+            log(f"{name}, {'warm-up' if not round_ else f'round {round_}'}: {steps} steps in {seconds:.2f} s"
+                f" ({COMPILES[0] - compiles} compiles)")
             if round_:
                 runs[name].append(steps * BATCH / seconds)
-    return {name: statistics.median(r) for name, r in runs.items()}, runs
+    return {name: statistics.median(r) for name, r in runs.items()}, runs, state
+
+
+def row(name: str, rate: float, runs: list, alone: float, datarax: float, setting: str) -> dict:
+    return {"scenario": "train_step", "framework": name, "el_s": round(rate, 1),
+            "ratio_to_datarax": round(rate / datarax, 3), "ratio_to_floor": round(rate / alone, 3),
+            "el_s_runs": [round(r, 1) for r in runs], "pipeline_share_pct": round(100 * (1 - rate / alone), 2),
+            "settings": setting}
 
 
 def run(options: BenchOptions) -> list[dict]:
+    """`step alone` and `datarax` alternate; then each host peer alternates with `step alone` on
+    its own, its loader stopped before the next is built: a loader's threads or worker processes
+    left running take the host cores that dispatch the step (and compile it) from every side timed
+    after it (run K on the chip: 48 steps of `step alone` took 25 s after Grain's 13 workers had
+    started, against 0.5 s before)."""
+    count_compiles()
     backend = jax.default_backend()
     data = make_data(options.records(RECORDS.get(backend, DEFAULT_RECORDS)))
     steps = len(data["label"]) // BATCH
     widths = WIDTHS.get(backend, DEFAULT_WIDTHS)
     model = ResNet(widths, rngs=nnx.Rngs(0))
     step, state = make_step(model, optax.sgd(0.05, momentum=0.9))
-    pipeline = build_builtin_pipeline(data)
+    # Full batches only, as every other side gives: an epoch's short last batch would compile the
+    # step again inside a timed epoch.
+    pipeline = build_builtin_pipeline(data, drop_remainder=True)
     fixed = jax.device_put(next(iter(pipeline)))
+    alone_side = lambda: iter(lambda: fixed, None)  # noqa: E731 - one batch, forever
     log(f"{len(data['label'])} records, widths {widths}: data and pipeline ready")
+    described = f"ResNet widths {widths}, batch {BATCH}, {steps} steps an epoch"
     iterator = pipeline.epochs(None)
-    sides = {"step alone": lambda: iter(lambda: fixed, None), "datarax": lambda: iterator}
-    labels = {}
-    if holds_accelerator():
-        for peer, label, workers in HOST_PEERS:
-            fn = workload(peer, "cifar")
-            if fn is None or not installed(peer):
-                continue
-            with processes_off_the_chip():
-                loader = fn(data, PeerOptions(BATCH, options.repeats, workers=workers))
-            sides[label] = lambda loader=loader: (jax.device_put(b) for b in loader.epoch())
+    try:
+        rates, runs, state = timed_epochs({"step alone": alone_side, "datarax": lambda: iterator},
+                                          step, state, steps, options.repeats)
+    finally:
+        iterator.close()
+    alone, datarax = rates["step alone"], rates["datarax"]
+    rows = [row("step alone", alone, runs["step alone"], alone, datarax, f"{described}; the step on one device batch"),
+            row("datarax", datarax, runs["datarax"], alone, datarax,
+                f"{described}; adds {100 * (1 - datarax / alone):.1f}% to the step")]
+    if not holds_accelerator():
+        return rows
+    for peer, label, workers in HOST_PEERS:
+        fn = workload(peer, "cifar")
+        if fn is None or not installed(peer):
+            continue
+        with processes_off_the_chip():
+            loader = fn(data, PeerOptions(BATCH, options.repeats, workers=workers))
             log(f"{label}: loader built")
-            labels[label] = loader.settings
-    with processes_off_the_chip():
-        rates, runs = timed_epochs(sides, step, state, steps, options.repeats)
-    alone = rates["step alone"]
-    rows = [{"scenario": "train_step", "framework": name, "el_s": round(rate, 1),
-             "ratio_to_datarax": round(rate / rates["datarax"], 3), "ratio_to_floor": round(rate / alone, 3),
-             "el_s_runs": [round(r, 1) for r in runs[name]],
-             "pipeline_share_pct": round(100 * (1 - rate / alone), 2),
-             "settings": (f"ResNet widths {widths}, batch {BATCH}, {steps} steps an epoch; "
-                          + ("the step on one device batch" if name == "step alone" else
-                             f"adds {100 * (1 - rate / alone):.1f}% to the step"
-                             + (f"; {labels[name]}; host -> device_put" if name in labels else "")))}
-            for name, rate in rates.items()]
-    iterator.close()
+            try:
+                peer_rates, peer_runs, state = timed_epochs(
+                    {"step alone": alone_side, label: lambda: (jax.device_put(b) for b in loader.epoch())},
+                    step, state, steps, options.repeats)
+            finally:
+                loader.stop()
+        rate = peer_rates[label]
+        rows.append(row(label, rate, peer_runs[label], alone, datarax,
+                        f"{described}; adds {100 * (1 - rate / alone):.1f}% to the step (step alone timed beside "
+                        f"it, its loader working: {peer_rates['step alone']:,.0f} el/s); {loader.settings}; "
+                        "host -> device_put"))
     return rows

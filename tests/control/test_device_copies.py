@@ -4,6 +4,7 @@ as copying (one call per batch in the reader's times)."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from datarax.control import producers
@@ -46,8 +47,14 @@ def test_a_buffer_is_refilled_only_after_its_copy_is_done_and_the_wait_counts_as
     assert part["seconds"] == 1.5  # the three waits, each counted with the copy after it
 
 
-def test_on_the_cpu_the_copy_was_waited_for_and_nothing_is_kept():
+def test_the_copy_is_kept_until_waited_for_on_an_accelerator_and_nothing_is_kept_on_the_cpu():
+    """The real `to_device` on this backend: on the CPU it has waited for the copy already, so
+    nothing is kept; on an accelerator (the TPU test command) the batch is kept until `wait`."""
+    accelerator = jax.default_backend() != "cpu"
     copies = DeviceCopies(2, StageTimes())
     batch = copies.put(0, {"x": np.arange(3.0)}, records=3)
     np.testing.assert_array_equal(np.asarray(batch["x"]), [0.0, 1.0, 2.0])
-    assert copies.in_flight is False and copies.batches == [None, None]
+    assert copies.in_flight is accelerator
+    assert copies.batches == ([batch, None] if accelerator else [None, None])
+    copies.wait(0)
+    assert copies.batches == [None, None]
