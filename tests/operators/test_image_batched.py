@@ -87,12 +87,17 @@ def test_translate_agrees_with_the_per_record_warp(fill):
     x = jnp.asarray(rng.random((6, 9, 11, 2)), jnp.float32)
     dx = jnp.asarray([0.0, 2.0, -3.25, 10.5, -0.6, 4.999], jnp.float32)
     dy = jnp.asarray([0.0, -1.0, 2.5, 0.2, -8.75, 3.0], jnp.float32)
-    want = jax.vmap(lambda im, a, b: geometry.translate(im, a, b, fill))(x, dx, dy)
-    np.testing.assert_allclose(np.asarray(batched.translate(x, dx, dy, fill)), np.asarray(want), atol=2e-6)
-    grad = jax.grad(lambda d, f: jnp.sum(f(d) ** 2), argnums=0)
-    per_record = grad(dx, lambda d: jax.vmap(lambda im, a, b: geometry.translate(im, a, b, fill))(x, d, dy))
-    many = grad(dx, lambda d: batched.translate(x, d, dy, fill))
-    np.testing.assert_allclose(np.asarray(many), np.asarray(per_record), rtol=1e-5, atol=1e-5)
+    # Each side jitted, as a pipeline runs it (op by op, each primitive would compile on its own:
+    # 173 compiles for this test, a few seconds of them on a TPU).
+    def per_record(d):
+        return jax.vmap(lambda im, a, b: geometry.translate(im, a, b, fill))(x, d, dy)
+
+    def many(d):
+        return batched.translate(x, d, dy, fill)
+
+    np.testing.assert_allclose(np.asarray(jax.jit(many)(dx)), np.asarray(jax.jit(per_record)(dx)), atol=2e-6)
+    grad = jax.jit(jax.grad(lambda d, f: jnp.sum(f(d) ** 2), argnums=0), static_argnums=1)
+    np.testing.assert_allclose(np.asarray(grad(dx, many)), np.asarray(grad(dx, per_record)), rtol=1e-5, atol=1e-5)
 
 
 def stages():
@@ -144,7 +149,7 @@ def test_gradients_through_a_learnable_shift_agree(use_formulation):
         def loss(op):
             return jnp.sum(op(Element({"image": x}), BatchContext.for_batch(8)).data["image"] ** 2)
 
-        return jax.tree.leaves(nnx.grad(loss)(op))
+        return jax.tree.leaves(nnx.jit(nnx.grad(loss))(op))  # jitted, as a training step runs it
 
     want = grads()
     use_formulation("batched")
@@ -171,8 +176,8 @@ def test_warp_agrees_with_the_per_record_warp(shape, fill):
         return batched.warp_affine(x, jax.vmap(inverse)(a, scale), fill)
 
     assert batched.warps_in_batch(shape)
-    np.testing.assert_allclose(np.asarray(many(angle)), np.asarray(per_record(angle)), atol=2e-6)
-    grad = jax.grad(lambda a, f: jnp.sum(f(a) ** 2), argnums=0)
+    np.testing.assert_allclose(np.asarray(jax.jit(many)(angle)), np.asarray(jax.jit(per_record)(angle)), atol=2e-6)
+    grad = jax.jit(jax.grad(lambda a, f: jnp.sum(f(a) ** 2), argnums=0), static_argnums=1)  # each side jitted
     np.testing.assert_allclose(np.asarray(grad(angle, many)), np.asarray(grad(angle, per_record)), rtol=1e-4,
                                atol=1e-4)
 
@@ -202,8 +207,9 @@ def test_warp_operators_agree_in_both_formulations_and_their_gradients_too(make,
         def loss(op):
             return jnp.sum(op(Element({"image": x}), BatchContext.for_batch(8)).data["image"] ** 2)
 
-        out = op(Element({"image": x}), BatchContext.for_batch(8)).data["image"]
-        return out, jax.tree.leaves(nnx.grad(loss)(op))
+        # jitted, as a pipeline and a training step run them (op by op, each primitive compiles alone)
+        out = nnx.jit(lambda op: op(Element({"image": x}), BatchContext.for_batch(8)).data["image"])(op)
+        return out, jax.tree.leaves(nnx.jit(nnx.grad(loss))(op))
 
     want, want_grads = run()
     use_formulation("batched")
