@@ -59,7 +59,8 @@ def test_gradients_to_the_image_and_the_magnitudes_are_finite(name, pixel):
         out = module(Element({"image": x}), BatchContext.for_batch(2))
         return jnp.sum(out.data["image"] * weights)
 
-    value, (grad_module, grad_image) = nnx.value_and_grad(loss, argnums=(0, 1))(op, image)
+    # jitted, as a training step runs it (op by op, each primitive would compile on its own)
+    value, (grad_module, grad_image) = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1)))(op, image)
     assert np.isfinite(float(value))
     assert np.isfinite(np.asarray(grad_image)).all(), f"{name}: NaN/inf gradient to the image"
     for leaf in jax.tree.leaves(nnx.state(grad_module, nnx.Param)):
