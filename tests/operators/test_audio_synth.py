@@ -102,7 +102,9 @@ def test_operators_render_a_batch_like_the_functions():
     ctx = BatchContext.for_batch(2)
     harmonic = synth.HarmonicSynthOperator(synth.HarmonicSynthConfig(sample_rate=SR, hop_length=HOP))
     noise = synth.FilteredNoiseOperator(synth.FilteredNoiseConfig(hop_length=HOP), rngs=nnx.Rngs(0))
-    out = noise(harmonic(Element(jax.tree.map(jnp.asarray, data)), ctx), ctx).data
+    # jitted, as a pipeline runs them (op by op, each primitive would compile on its own)
+    out = nnx.jit(lambda harmonic, noise, d: noise(harmonic(Element(d), ctx), ctx).data)(
+        harmonic, noise, jax.tree.map(jnp.asarray, data))
     for i in range(2):
         np.testing.assert_allclose(np.asarray(out["harmonic"][i]), numpy_harmonic(
             data["f0_hz"][i], data["amplitude"][i], data["harmonic_distribution"][i], SR, HOP), atol=2e-4)
@@ -119,7 +121,7 @@ def test_gradients_reach_controls_and_learnable_reverb():
                                      hop_length=HOP)
         return jnp.sum(rev(Element({"audio": audio[None]}), BatchContext.for_batch(1)).data["audio"] ** 2)
 
-    grads = nnx.grad(loss, argnums=(0, 1))(rev, jnp.ones((FRAMES, 3)) / 3)
+    grads = nnx.jit(nnx.grad(loss, argnums=(0, 1)))(rev, jnp.ones((FRAMES, 3)) / 3)  # jitted, as a step runs it
     leaves = jax.tree.leaves(grads)
     assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
     assert float(jnp.abs(grads[1]).sum()) > 0 and float(jnp.abs(grads[0].decay.raw[...])) > 0
