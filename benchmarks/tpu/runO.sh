@@ -1,12 +1,15 @@
-# Run O (prepared, not yet run): the TPU test command as one process. Cold it takes about 11
-# minutes on the chip (runs D and E), past the lent machine's 10 minutes a command, so two
-# commands first fill one persistent compilation cache on the machine, then the third runs the
-# whole command in one process with that cache (DATARAX_TEST_JAX_CACHE, tests/conftest.py):
-#   PART=operators bash benchmarks/tpu/runO.sh   (about 430 s)
-#   PART=rest bash benchmarks/tpu/runO.sh        (about 270 s; the same warm machine)
-#   PART=all bash benchmarks/tpu/runO.sh         (the documented command, one process)
-# then `jpeg` (its work ratio now measured with OpenCV on one thread, as a worker runs it) when
-# PART=all leaves time.
+# Run O (prepared, not yet run): the TPU test command as one process. Cold it took about 11
+# minutes on the chip (runs D and E), past the lent machine's 10 minutes a command; since then
+# the operator tests that ran op by op run jitted, which took the command's compiles on the CPU
+# from 4,258 to 2,556 and its time there from 448 s to 277 s (docs/tpu.md), so first try it cold:
+#   bash benchmarks/tpu/runO.sh                  (PART=all: the documented command, one process)
+# and, if it runs out of time, fill one persistent compilation cache on the machine in two
+# commands, then run it again in one process with that cache (DATARAX_TEST_JAX_CACHE):
+#   PART=operators bash benchmarks/tpu/runO.sh
+#   PART=rest bash benchmarks/tpu/runO.sh
+#   bash benchmarks/tpu/runO.sh
+# `JPEG_S=130` re-runs `jpeg` after PART=all (its work ratio now measured with OpenCV on one
+# thread, as a worker runs it).
 set -u
 . benchmarks/tpu/setup.sh
 export DATARAX_TEST_JAX_CACHE=/tmp/datarax-tpu-test-cache JAX_PLATFORMS=tpu,cpu
