@@ -1,7 +1,7 @@
 # Run O (prepared, not yet run): the TPU test command as one process. Cold it took about 11
 # minutes on the chip (runs D and E), past the lent machine's 10 minutes a command; since then
 # the operator tests that ran op by op run jitted, which took the command's compiles on the CPU
-# from 4,258 to 2,556 and its time there from 448 s to 277 s (docs/tpu.md), so first try it cold:
+# from 4,258 to 2,430 and its time there from 448 s to 286 s (docs/tpu.md), so first try it cold:
 #   bash benchmarks/tpu/runO.sh                  (PART=all: the documented command, one process)
 # and, if it runs out of time, fill one persistent compilation cache on the machine in two
 # commands, then run it again in one process with that cache (DATARAX_TEST_JAX_CACHE):
