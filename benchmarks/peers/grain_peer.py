@@ -95,7 +95,7 @@ def _loader(data: dict[str, np.ndarray], options: PeerOptions, transform: Any) -
     steps = math.ceil(n / batch)
     settings = (f"MapDataset.shuffle.repeat{'.random_map' if transform else ''}.batch.to_iter_dataset()"
                 + (f".mp_prefetch(num_workers={workers})" if workers else " (default ReadOptions: 16 threads)"))
-    return Loader(lambda: itertools.islice(iterator, steps), settings, close=getattr(iterator, "close", None))
+    return Loader(lambda: itertools.islice(iterator, steps), settings, close=getattr(iterator, "close", lambda: None))
 
 
 def cifar(data: dict[str, np.ndarray], options: PeerOptions) -> Loader:

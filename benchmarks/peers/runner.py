@@ -206,7 +206,7 @@ def host_rows(scenario: str, data: dict, base: dict, repeats: int, variants: Seq
                 continue
             finally:
                 if loader is not None:
-                    loader.stop()  # its threads or worker processes take no cores from the next peer
+                    loader.close()  # its threads or worker processes take no cores from the next peer
         rows.append({"scenario": scenario, "framework": label, "el_s": round(result["el_s"], 1),
                      "ratio_to_datarax": ratio(result["el_s"], base.get("datarax_el_s")),
                      "ratio_to_floor": ratio(result["el_s"], base.get("floor_el_s")),

@@ -40,6 +40,7 @@ scale + `cv2.resize` (see `benchmarks.peers.common`).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -258,6 +259,17 @@ def peer_recipe(options: BenchOptions) -> list[Recipe]:
     return [Recipe(workload, f"{__name__}:make_data", n, BATCH, row="jpeg") for workload in ("jpeg", "jpeg_variant")]
 
 
+@contextlib.contextmanager
+def opencv_threads(cv2, threads: int):
+    """OpenCV's thread count set to `threads` in the block (it is process-wide), restored after."""
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(threads)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(before)
+
+
 def work_ratio(paths: list[str], count: int = 256, rounds: int = 3) -> float:
     """How much longer `DecodeImage`'s own work on a record (decode at the DCT scale, crop, resize
     into the output) takes than `decode_limit`'s (the decode alone), on one thread, from memory:
@@ -267,18 +279,6 @@ def work_ratio(paths: list[str], count: int = 256, rounds: int = 3) -> float:
     reaches `1 / work_ratio` of `decode_limit[processes]`."""
     stage = DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, backend="turbo")
     turbo, blobs, out = TurboDecoder(), [], np.empty((JPEG_SIZE, JPEG_SIZE, 3), np.uint8)
-    cv2 = turbo.cv2
-    threads = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    try:
-        return _work_ratio(stage, turbo, blobs, out, paths, count, rounds)
-    finally:
-        cv2.setNumThreads(threads)
-        stage.close()
-
-
-def _work_ratio(stage: DecodeImage, turbo: TurboDecoder, blobs: list, out: np.ndarray, paths: list[str],
-                count: int, rounds: int) -> float:
     for path in paths[:count]:
         with open(path, "rb") as f:
             blobs.append(f.read())
@@ -290,12 +290,14 @@ def _work_ratio(stage: DecodeImage, turbo: TurboDecoder, blobs: list, out: np.nd
         limit_decode(turbo, data, 0, 0, record)
 
     seconds = {full: [], only: []}
-    for _ in range(rounds):
-        for fn in seconds:
-            start = time.perf_counter()
-            for record, data in enumerate(blobs):
-                fn(record, data)
-            seconds[fn].append(time.perf_counter() - start)
+    with opencv_threads(turbo.cv2, 1):
+        for _ in range(rounds):
+            for fn in seconds:
+                start = time.perf_counter()
+                for record, data in enumerate(blobs):
+                    fn(record, data)
+                seconds[fn].append(time.perf_counter() - start)
+    stage.close()
     return statistics.median(seconds[full]) / statistics.median(seconds[only])
 
 

@@ -97,15 +97,17 @@ def make_step(model: ResNet, tx: optax.GradientTransformation):
     return step, (params, rest, tx.init(params))
 
 
-COMPILES = [0]  # backend compiles in this process, counted by a jax.monitoring listener
+COMPILES = [0]  # backend compiles in this process since `count_compiles` first ran
 
 
+def _on_event(name: str, _secs: float, **_kwargs) -> None:
+    COMPILES[0] += "backend_compile" in name
+
+
+@functools.cache
 def count_compiles() -> None:
-    """Counts backend compiles from here on (once per process), for the progress lines."""
-    if not getattr(count_compiles, "registered", False):
-        jax.monitoring.register_event_duration_secs_listener(
-            lambda name, _secs, **_kw: COMPILES.__setitem__(0, COMPILES[0] + ("backend_compile" in name)))
-        count_compiles.registered = True
+    """Counts backend compiles from here on (the listener is registered once per process)."""
+    jax.monitoring.register_event_duration_secs_listener(_on_event)
 
 
 def log(text: str) -> None:
@@ -157,7 +159,10 @@ def run(options: BenchOptions) -> list[dict]:
     # step again inside a timed epoch.
     pipeline = build_builtin_pipeline(data, drop_remainder=True)
     fixed = jax.device_put(next(iter(pipeline)))
-    alone_side = lambda: iter(lambda: fixed, None)  # noqa: E731 - one batch, forever
+
+    def alone_side():
+        return iter(lambda: fixed, None)  # one batch, forever
+
     log(f"{len(data['label'])} records, widths {widths}: data and pipeline ready")
     described = f"ResNet widths {widths}, batch {BATCH}, {steps} steps an epoch"
     iterator = pipeline.epochs(None)
@@ -184,7 +189,7 @@ def run(options: BenchOptions) -> list[dict]:
                     {"step alone": alone_side, label: lambda: (jax.device_put(b) for b in loader.epoch())},
                     step, state, steps, options.repeats)
             finally:
-                loader.stop()
+                loader.close()
         rate = peer_rates[label]
         rows.append(row(label, rate, peer_runs[label], alone, datarax,
                         f"{described}; adds {100 * (1 - rate / alone):.1f}% to the step (step alone timed beside "
