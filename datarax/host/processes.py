@@ -8,6 +8,8 @@ writes its chunk of rows into a `SharedOutputs` segment, and a worker that dies 
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -28,10 +30,16 @@ from datarax.core.errors import DataraxError
 _ALIGN = 64
 Layout = tuple[tuple[str, int, tuple[int, ...], str], ...]  # (field, byte offset, record shape, dtype)
 EXECUTORS = ("threads", "processes")
+_ATTACHED = 3  # shared segments a worker keeps open (a batch read out, one decoding, one decoded ahead)
 
 
 class WorkerCrashError(DataraxError, RuntimeError):
-    """A worker process died (not an exception in the job: those are reported per record)."""
+    """A worker process died (not an exception in the job: those are reported per record); `job` is
+    the id of the job whose chunk it was computing (None between chunks)."""
+
+    def __init__(self, message: str, job: int | None = None):
+        super().__init__(message)
+        self.job = job
 
 
 def context() -> Any:
@@ -99,7 +107,13 @@ def views(buffer: Any, layout: Layout, rows: int, low: int, high: int) -> dict[s
 
 
 class WorkerPool:
-    """`num_workers` daemon processes running `job(task, outputs)` on one task each per batch.
+    """`num_workers` daemon processes that take the chunks of jobs from one shared queue.
+
+    `submit(outputs, chunks)` queues a job's chunks `(low, high, task)` and returns its id at once;
+    each worker takes the next queued chunk as soon as it is free, of this job or of one submitted
+    after it, so uneven records balance across the workers, and workers done with one job's chunks
+    start on the next job's while the others finish theirs (no barrier between batches).
+    `result(job)` waits for that job's chunks and gives their results in chunk order.
 
     `job` is pickled once per worker; `job(task, outputs)` gets a task and its rows of the shared
     outputs and returns a picklable result. `shared` (e.g. a `SharedBudget`, made from `context()`)
@@ -111,9 +125,11 @@ class WorkerPool:
         self.payload = pickle.dumps(job)
         self.num_workers, self.name, self.shared = num_workers, name, shared
         self._lock = threading.RLock()
-        self._pending: dict | None = None
-        self._results: list[Any] = []
+        self._jobs: dict[int, _Job] = {}  # submitted, not yet collected by `result`
+        self._ids = itertools.count()
         self._workers: list[tuple[Any, Any]] = []  # (process, connection)
+        self._tasks: Any = None  # the queue the workers take chunks from
+        self._holding: Any = None  # per worker: the (job, chunk) it computes, job -1 when none
         self._finalizer: weakref.finalize | None = None
 
     @property
@@ -121,92 +137,112 @@ class WorkerPool:
         """The running workers' process ids (empty before the first batch and after `close()`)."""
         return [p.pid for p, _ in self._workers]
 
-    def run(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> list[Any]:
-        """Sends chunk `i` = `(low, high, task)` to worker `i`; returns the results in order."""
-        with self._lock:
-            self.start(outputs, chunks)
-            return self.finish()
-
-    def start(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> None:
-        """`run`'s sending half: the workers start on the chunks, and `finish` collects their results
-        (one job in flight at a time)."""
-        with self._lock:
-            if self._pending is not None:
-                raise RuntimeError(f"{self.name}: a job is already in flight; finish() it first")
-            if len(self._workers) < len(chunks):
-                self._start(len(chunks))
-            where = (outputs.segment.name, outputs.layout, outputs.rows)
-            pending = {}
-            for i, (low, high, task) in enumerate(chunks):
-                process, conn = self._workers[i]
-                conn.send((where, low, high, task))
-                pending[i] = (process, conn, low, high)
-            self._pending, self._results = pending, [None] * len(chunks)
-
     @property
     def busy(self) -> bool:
-        """Whether a job `start`ed is not yet `finish`ed."""
-        return self._pending is not None
+        """Whether a job submitted is not yet collected."""
+        return bool(self._jobs)
 
-    def finish(self) -> list[Any]:
-        """The results of the job in flight, in chunk order, once every worker has sent its own."""
+    def run(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> list[Any]:
+        """The results of `chunks`, in order: `submit` then `result`."""
         with self._lock:
-            pending, results = self._pending or {}, self._results
-            self._pending = None
-            while pending:
-                ready = multiprocessing.connection.wait(
-                    [c for _, c, _, _ in pending.values()] + [p.sentinel for p, _, _, _ in pending.values()])
-                for i, (process, conn, low, high) in list(pending.items()):
-                    if conn in ready:
-                        try:
-                            status, value = conn.recv()
-                        except (EOFError, OSError):
-                            status, value = "died", None
-                    elif process.sentinel in ready:
-                        status, value = "died", None
-                    else:
-                        continue
-                    if status == "died":
-                        process.join(1)
-                        code = process.exitcode
-                        self._shutdown()
-                        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                        raise WorkerCrashError(
-                            f"{self.name} worker process {process.pid} died ({how}) while computing rows {low}-"
-                            f"{high - 1} of a batch; the workers are stopped and a fresh pool starts with the next "
-                            "batch. A crash rather than an exception is usually a fault in a C extension or the "
-                            "out-of-memory killer: try the function on those records in this process")
-                    if status == "error":
-                        self._shutdown()
-                        raise RuntimeError(value)
-                    results[i] = value
-                    del pending[i]
-            return results
+            return self.result(self.submit(outputs, chunks))
+
+    def submit(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> int:
+        """Queues chunk `i` = `(low, high, task)` of a job writing into `outputs`; returns the job's id.
+
+        The caller keeps `outputs` as they are until `result` has the job back."""
+        with self._lock:
+            if len(self._workers) < min(self.num_workers, len(chunks)):
+                self._start(min(self.num_workers, len(chunks)))
+            job_id, where = next(self._ids), (outputs.segment.name, outputs.layout, outputs.rows)
+            self._jobs[job_id] = _Job([(low, high) for low, high, _ in chunks], [_PENDING] * len(chunks),
+                                      len(chunks))
+            for i, (low, high, task) in enumerate(chunks):
+                self._tasks.put((job_id, i, where, low, high, task))
+            return job_id
+
+    def result(self, job_id: int) -> list[Any]:
+        """The results of job `job_id`, in chunk order, once the workers have sent them all."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise KeyError(f"{self.name}: no job {job_id} in flight (collected already, or lost when the "
+                               "workers stopped)")
+            while job.remaining:
+                self._receive()
+            del self._jobs[job_id]
+            return job.results
+
+    def _receive(self) -> None:
+        """Waits for the next worker messages and files their results; raises for a worker that failed
+        outside its job or died (stopping every worker: the jobs in flight are lost)."""
+        workers = self._workers
+        ready = set(multiprocessing.connection.wait([c for _, c in workers] + [p.sentinel for p, _ in workers]))
+        for w, (process, conn) in enumerate(workers):
+            if conn in ready:
+                try:
+                    job_id, index, status, value = conn.recv()
+                except (EOFError, OSError):
+                    self._died(w, process)
+                if status == "error":
+                    self._shutdown()
+                    raise RuntimeError(value)
+                job = self._jobs.get(job_id)
+                if job is not None:
+                    job.results[index] = value
+                    job.remaining -= 1
+            elif process.sentinel in ready:
+                self._died(w, process)
+
+    def _died(self, w: int, process: Any) -> None:
+        job_id, index = self._holding[2 * w], self._holding[2 * w + 1]
+        job = self._jobs.get(job_id)
+        if job is not None and job.results[index] is not _PENDING:
+            job = None  # it died after sending that chunk's result
+        process.join(1)
+        code = process.exitcode
+        self._shutdown()
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        where = (f"while computing rows {job.rows[index][0]}-{job.rows[index][1] - 1} of a batch" if job is not None
+                 else "between chunks")
+        raise WorkerCrashError(
+            f"{self.name} worker process {process.pid} died ({how}) {where}; the workers are stopped and a fresh "
+            "pool starts with the next batch. A crash rather than an exception is usually a fault in a C extension "
+            "or the out-of-memory killer: try the function on those records in this process",
+            job=job_id if job is not None else None)
 
     def _start(self, count: int) -> None:
         ctx = context()
+        if self._tasks is None:
+            self._tasks = ctx.Queue()
+            self._tasks.cancel_join_thread()  # an exit never waits on chunks no worker will take
+            self._holding = ctx.Array("q", [-1, 0] * self.num_workers, lock=False)
         while len(self._workers) < count:
             parent, child = ctx.Pipe()
-            process = ctx.Process(target=worker_main, args=(child, self.payload, list(sys.path), self.shared),
-                                  daemon=True, name=f"{self.name}-{len(self._workers)}")
+            w = len(self._workers)
+            process = ctx.Process(target=worker_main, daemon=True, name=f"{self.name}-{w}",
+                                  args=(child, self._tasks, self._holding, w, self.payload, list(sys.path),
+                                        self.shared))
             process.start()
             child.close()
             self._workers.append((process, parent))
         if self._finalizer is None:
-            self._finalizer = weakref.finalize(self, stop_workers, self._workers)
+            self._finalizer = weakref.finalize(self, stop_workers, self._workers, self._tasks, False)
 
-    def _shutdown(self) -> None:
-        self._pending = None
-        workers, self._workers = self._workers, []
+    def _shutdown(self, polite: bool = False) -> None:
+        """Stops the workers: `polite` (nothing in flight) asks each to stop, else they are terminated."""
+        polite = polite and not self._jobs
+        self._jobs.clear()
+        workers, tasks, self._workers, self._tasks, self._holding = self._workers, self._tasks, [], None, None
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
-        stop_workers(workers)
+        stop_workers(workers, tasks, polite)
 
     def close(self) -> None:
-        """Stops and joins the workers (idempotent; a later `run` starts new ones)."""
+        """Stops and joins the workers (idempotent; a later `submit` starts new ones); jobs in flight are lost."""
         with self._lock:
-            self._shutdown()
+            self._shutdown(polite=True)
 
     def __getstate__(self) -> dict[str, Any]:  # processes, pipes and locks neither copy nor pickle
         if self.shared is not None:
@@ -215,29 +251,42 @@ class WorkerPool:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock, self._workers, self._finalizer = threading.RLock(), [], None
-        self._pending, self._results = None, []
+        self._lock, self._jobs, self._ids = threading.RLock(), {}, itertools.count()
+        self._workers, self._tasks, self._holding, self._finalizer = [], None, None, None
 
 
-def stop_workers(workers: list[tuple[Any, Any]]) -> None:
-    """Asks each worker to stop, then joins it (terminating one that does not stop)."""
-    for _, conn in workers:
-        try:
-            conn.send(None)
-        except (OSError, ValueError):
-            pass  # already gone
+_PENDING = object()  # a chunk whose result has not come back
+
+
+@dataclasses.dataclass
+class _Job:
+    rows: list[tuple[int, int]]  # each chunk's (low, high)
+    results: list[Any]
+    remaining: int
+
+
+def stop_workers(workers: list[tuple[Any, Any]], tasks: Any, polite: bool) -> None:
+    """Stops the workers: `polite` queues a stop for each and joins it (terminating one that does not
+    stop); otherwise (a worker died, or chunks are still queued) each is terminated at once."""
+    if polite and tasks is not None:
+        for _ in workers:
+            tasks.put(None)
     for process, conn in workers:
-        process.join(5)
+        if polite:
+            process.join(5)
         if process.is_alive():
             process.terminate()
-            process.join(5)
+        process.join(5)
         conn.close()
     workers.clear()
+    if tasks is not None:
+        tasks.close()
 
 
-def worker_main(conn: Any, payload: bytes, path: list[str], shared: Any = None) -> None:
-    """A worker's loop: load the job once, then run one task per message until told to stop; `path`
-    is the parent's current `sys.path`."""
+def worker_main(conn: Any, tasks: Any, holding: Any, w: int, payload: bytes, path: list[str],
+                shared: Any = None) -> None:
+    """Worker `w`'s loop: load the job once, then run the chunks it takes from `tasks` until it takes
+    None; `holding[2w:2w+2]` says which (job, chunk) it computes; `path` is the parent's `sys.path`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = path
     try:
@@ -245,25 +294,27 @@ def worker_main(conn: Any, payload: bytes, path: list[str], shared: Any = None) 
         if shared is not None:
             job.attach(shared)
     except BaseException:  # any failure to load the job is reported, then the worker ends
-        conn.send(("error", "a worker process could not load the function: " + traceback.format_exc(limit=4)
+        conn.send((-1, -1, "error", "a worker process could not load the function: " + traceback.format_exc(limit=4)
                    + "Define the function at module level in an importable module (not in a notebook cell or "
                      "under `if __name__ == '__main__':`)"))
         return
-    segments: dict[str, shared_memory.SharedMemory] = {}
+    segments: dict[str, shared_memory.SharedMemory] = {}  # the latest few, newest last
     while True:
-        message = conn.recv()
+        message = tasks.get()
         if message is None:
             break
-        (name, layout, rows), low, high, task = message
+        job_id, index, (name, layout, rows), low, high, task = message
+        holding[2 * w], holding[2 * w + 1] = job_id, index
         if name not in segments:
-            for old in segments.values():
-                old.close()
-            segments = {name: attach(name)}
+            if len(segments) >= _ATTACHED:
+                segments.pop(next(iter(segments))).close()
+            segments[name] = attach(name)
         try:
             result = ("ok", job(task, views(segments[name].buf, layout, rows, low, high)))
         except BaseException:  # the parent raises it with the worker's traceback
             result = ("error", f"a worker process failed outside the function: {traceback.format_exc()}")
-        conn.send(result)
+        conn.send((job_id, index) + result)
+        holding[2 * w] = -1
     for segment in segments.values():
         segment.close()
 

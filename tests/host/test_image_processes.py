@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from datarax import Pipeline
-from datarax.host import DecodeImage, SkippedRecordWarning
+from datarax.host import DecodeImage, SkippedRecordWarning, WorkerCrashError
+from datarax.host.image import DecodeJob
 from datarax.host.stage import HostStageSource
 from datarax.sources import ImageFolderSource, RecordError
 from tests.host.test_image import CASES, bad_files, run, write_cases, write_png
@@ -48,15 +49,20 @@ def test_processes_read_the_files_and_give_the_threads_batches(folder, monkeypat
     original = ImageFolderSource.get_batch
     monkeypatch.setattr(ImageFolderSource, "get_batch",
                         lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
-    collected = []
-    original_collect = DecodeImage._collect
-    monkeypatch.setattr(DecodeImage, "_collect",
-                        lambda self, key: collected.append(r := original_collect(self, key)) or r)
+    in_flight = []  # as each batch is read: (was it started ahead, how many batches the workers have)
+    original_read = DecodeImage._in_processes
+
+    def spy(self, batch, data, ctx, out):
+        in_flight.append(([f[0] for f in self._flights].count(self._key(ctx)), len(self._flights)))
+        return original_read(self, batch, data, ctx, out)
+
+    monkeypatch.setattr(DecodeImage, "_in_processes", spy)
     pids = []
     got = epochs(stage, folder, pids=pids)  # closing the pipeline stops the workers
     assert not reads  # the source handed references: the workers read the files
-    hits = [r is not None for r in collected]
-    assert hits == [False] + [True] * 8  # only the first of the 8 batches waited for its own decode
+    # Only the first of the 8 batches was not decoded ahead; from the second on, the batch after it
+    # is in flight too while it is read (a worker done with its part takes that batch's next part).
+    assert in_flight == [(0, 0)] + [(1, 2)] * 6 + [(1, 1)]
     assert len(pids) == 2 and stage.processes.pids == []
     assert len(got) == len(threads) == 8
     for a, b in zip(got, threads):
@@ -161,6 +167,54 @@ def test_a_batch_decoded_ahead_but_not_read_next_is_dropped(folder):
             got, want = host.read(ids, epoch), threads.read(ids, epoch)
             np.testing.assert_array_equal(got["image"], want["image"])
             np.testing.assert_array_equal(got["label"], want["label"])
+    finally:
+        host.close()
+        threads.close()
+
+
+class InProcessPool:
+    """A stand-in for the worker pool that runs each chunk here at submit; its first `result` fails
+    as a crash of the job `crashed(job asked for, jobs submitted)` names, losing every job."""
+
+    def __init__(self, job, crashed):
+        self.job, self.crashed, self.done, self.submitted = job, crashed, {}, []
+
+    def submit(self, outputs, chunks):
+        views = outputs.views(outputs.rows)
+        job_id = len(self.submitted)
+        self.done[job_id] = [self.job(task, {k: v[low:high] for k, v in views.items()}) for low, high, task in chunks]
+        self.submitted.append(job_id)
+        return job_id
+
+    def result(self, job_id):
+        if self.crashed is not None:
+            victim, self.crashed = self.crashed(job_id, self.submitted), None
+            self.done.clear()
+            raise WorkerCrashError("a worker died", job=victim)
+        return self.done.pop(job_id)
+
+    def close(self):
+        self.done.clear()
+
+
+@pytest.mark.parametrize("victim", ["the batch read", "the batch after"])
+def test_a_crash_fails_its_own_batch_and_a_batch_it_did_not_touch_decodes_afresh(folder, victim):
+    source = ImageFolderSource(root=folder)
+    stage = DecodeImage(size=16, crop="random_resized", executor="processes", num_threads=2)
+    crashed = (lambda asked, submitted: asked) if victim == "the batch read" else (lambda asked, submitted: asked + 1)
+    stage.processes = InProcessPool(DecodeJob(stage.config), crashed)
+    host, threads = HostStageSource(source, [stage]), HostStageSource(source, [DecodeImage(size=16,
+                                                                                           crop="random_resized")])
+    a, b = np.array([0, 1, 2]), np.array([3, 4, 5, 6])
+    try:
+        host.upcoming(a, 0)  # a starts behind b, then the pool fails while b is collected
+        if victim == "the batch read":
+            with pytest.raises(WorkerCrashError):
+                host.read(b, 0)
+            assert stage._flights == []
+        for ids in (b, a):
+            np.testing.assert_array_equal(host.read(ids, 0)["image"], threads.read(ids, 0)["image"])
+        assert len(stage.processes.submitted) == 4  # b and a, lost; b and a again
     finally:
         host.close()
         threads.close()

@@ -1,0 +1,75 @@
+"""WorkerPool: workers take the chunks of every job in flight from one queue, so a worker held up
+by one chunk leaves the rest (of its job and of later jobs) to the others; a crash names the job
+and rows it lost and the next job starts a fresh pool."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from datarax.host.processes import SharedOutputs, WorkerCrashError, WorkerPool
+
+
+def job(task, outputs):
+    """Writes the chunk's marker into its rows; "wait" holds until the flag file exists (a hang
+    guard of 60 s, never reached when the pool balances), "die" kills the worker."""
+    kind, marker, flag = task
+    outputs["x"][:] = marker
+    if kind == "die":
+        os._exit(3)
+    if kind == "wait":
+        deadline = time.monotonic() + 60
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return os.getpid(), flag is None or os.path.exists(flag)
+
+
+@pytest.fixture
+def segment():
+    outputs = SharedOutputs([("x", (), "int64")])
+    outputs.ensure(8)
+    yield outputs
+    outputs.close()
+
+
+def test_a_worker_held_by_one_chunk_leaves_the_next_jobs_chunks_to_the_others(segment, tmp_path):
+    flag = str(tmp_path / "go")
+    pool = WorkerPool(job, 2, "test-pool")
+    try:
+        a = pool.submit(segment, [(0, 1, ("wait", 1, flag)), (1, 2, ("quick", 2, None))])
+        b = pool.submit(segment, [(2, 4, ("quick", 3, None)), (4, 6, ("quick", 4, None)), (6, 8, ("quick", 5, None))])
+        assert pool.busy
+        done_b = pool.result(b)  # the whole later job, while a's first chunk still holds its worker
+        open(flag, "w").close()
+        done_a = pool.result(a)
+        assert not pool.busy
+        held, saw_flag = done_a[0]
+        assert saw_flag  # it was still waiting when job b was complete
+        assert all(pid != held for pid, _ in done_b + done_a[1:])
+        np.testing.assert_array_equal(segment.views(8)["x"], [1, 2, 3, 3, 4, 4, 5, 5])
+        with pytest.raises(KeyError, match="no job"):
+            pool.result(a)
+    finally:
+        pool.close()
+    assert pool.pids == []
+
+
+def test_a_crash_names_its_job_and_rows_and_the_next_job_gets_a_fresh_pool(segment):
+    pool = WorkerPool(job, 1, "test-pool")
+    try:
+        a = pool.submit(segment, [(0, 2, ("quick", 1, None))])
+        b = pool.submit(segment, [(2, 4, ("quick", 2, None)), (4, 6, ("die", 3, None))])
+        first = pool.pids
+        assert pool.result(a)[0][0] == first[0]
+        lost = r"died \(exit code 3\) while computing rows 4-5 of a batch"
+        with pytest.raises(WorkerCrashError, match=lost) as crash:
+            pool.result(b)
+        assert crash.value.job == b and pool.pids == [] and not pool.busy
+        (pid, _), = pool.run(segment, [(0, 8, ("quick", 7, None))])
+        assert pid not in first
+        np.testing.assert_array_equal(segment.views(8)["x"], [7] * 8)
+    finally:
+        pool.close()
