@@ -11,7 +11,6 @@ import dataclasses
 import io
 import math
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +36,7 @@ from datarax.core.errors import RecordError
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend, turbo_modules
 from datarax.host.map import picklable
-from datarax.host.processes import EXECUTORS, SharedOutputs, WorkerCrashError, WorkerPool, context
+from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool, context
 from datarax.host.stage import (
     ON_ERROR,
     BadRecords,
@@ -229,10 +228,7 @@ class DecodeImage(DecodingStage):
             self.budget = SharedBudget(limit, "DecodeImage", context())
             self.processes = WorkerPool(DecodeJob(config), self.num_threads, "datarax-decode-image", self.budget)
             spec = [(self.out_field, config.size + (3,), "uint8")]
-            self._segments = (SharedOutputs(spec), SharedOutputs(spec))  # the batch read next, the one after
-            self._lock = threading.Lock()
-            self._flights: list[tuple] = []  # (batch key, segment, rows, job id) the workers run, oldest first
-            self._queued: tuple | None = None  # (records, ctx) told by `ahead`, waiting for a free segment
+            self._batches = BatchesAhead(self.processes, spec)
             if config.out_field in (None, config.field):
                 self.reads_files = config.field
         else:
@@ -275,31 +271,15 @@ class DecodeImage(DecodingStage):
 
     def ahead(self, batch: dict[str, np.ndarray], ctx: HostContext) -> None:
         """Under `executor="processes"`, the workers start on this batch (the one after the batch read
-        next) once that one is in flight: a worker done with its part of that batch takes the next
-        part of this one, so no worker waits for the slowest of a batch."""
+        next) once that one is in flight (`BatchesAhead`)."""
         if self.processes is not None:
-            with self._lock:
-                self._queued = (batch[self.config.field], ctx)
-                if self._flights:  # else it starts right behind the batch read next
-                    self._start_queued()
+            self._batches.ahead(self._key(ctx), self._chunks(batch[self.config.field], ctx))
 
     def _in_processes(self, batch: dict[str, np.ndarray], data: np.ndarray, ctx: HostContext,
                       out: np.ndarray) -> dict[str, np.ndarray]:
         """The batch read (where `data` holds `FileRef`s) and decoded by the worker processes, each
         taking a contiguous block of rows at a time, into shared memory, then copied into `out`."""
-        key = self._key(ctx)
-        with self._lock:
-            taken = None
-            while taken is None:
-                if all(flight[0] != key for flight in self._flights):  # not decoded ahead: decode it now
-                    if self._free_segment() is None:
-                        self._drop()
-                    self._start(data, ctx, self._free_segment())
-                    self._start_queued()
-                taken = self._take(key)
-            results, segment, count = taken
-            np.copyto(out, segment.views(count)[self.out_field])
-            self._start_queued()  # the segment is free again
+        results = self._batches.read(self._key(ctx), lambda: self._chunks(data, ctx), {self.out_field: out})
         failures: list[BaseException | None] = []
         for fatal, block in results:
             if fatal is not None:  # a file that cannot be read fails the batch, as the source's own read does
@@ -312,61 +292,13 @@ class DecodeImage(DecodingStage):
     def _key(self, ctx: HostContext) -> tuple:
         return np.asarray(ctx.record_ids, np.int64).tobytes(), int(ctx.epoch), ctx.stage, ctx.seed_of(self.seed)
 
-    def _free_segment(self) -> SharedOutputs | None:
-        return next((s for s in self._segments if all(s is not flight[1] for flight in self._flights)), None)
-
-    def _start_queued(self) -> None:
-        """Starts the batch `ahead` told of when a segment is free (unless it is in flight already)."""
-        if self._queued is None:
-            return
-        data, ctx = self._queued
-        if any(flight[0] == self._key(ctx) for flight in self._flights):
-            self._queued = None
-        elif (segment := self._free_segment()) is not None:
-            self._queued = None
-            self._start(data, ctx, segment)
-
-    def _start(self, data: np.ndarray, ctx: HostContext, segment: SharedOutputs) -> None:
+    def _chunks(self, data: np.ndarray, ctx: HostContext) -> list[tuple[int, int, tuple]]:
+        """A batch's work for the workers: one contiguous block of rows per worker."""
         count = len(data)
         seed, ids = ctx.seed_of(self.seed), np.asarray(ctx.record_ids, np.int64)
         blocks = np.linspace(0, count, min(self.num_threads, count) + 1).astype(np.int64).tolist()
-        chunks = [(low, high, (list(data[low:high]), ids[low:high], int(ctx.epoch), ctx.stage, seed))
-                  for low, high in zip(blocks[:-1], blocks[1:])]
-        segment.ensure(count)
-        self._flights.append((self._key(ctx), segment, count, self.processes.submit(segment, chunks)))
-
-    def _take(self, key: tuple) -> tuple[list, SharedOutputs, int] | None:
-        """`(results, segment, rows)` of the batch `key`, which is in flight; the batches started
-        before it were not asked for after all (a seek, another order) and are waited out and
-        dropped. None when a worker died on another batch's records: every job was lost with the
-        pool, and the wanted batch decodes afresh."""
-        while self._flights and self._flights[0][0] != key:
-            self._drop()
-        if not self._flights:
-            return None
-        _, segment, count, job = self._flights.pop(0)
-        try:
-            results = self.processes.result(job)
-        except WorkerCrashError as crash:
-            self._flights.clear()  # a stopped pool lost every job in flight
-            if crash.job is None or crash.job == job:
-                raise
-            return None
-        except BaseException:
-            self._flights.clear()
-            raise
-        return results, segment, count
-
-    def _drop(self) -> None:
-        """Waits out the oldest job in flight, its batch not wanted; a worker that dies meanwhile
-        stopped the pool, and every job in flight is dropped with it."""
-        try:
-            self.processes.result(self._flights.pop(0)[3])
-        except WorkerCrashError:
-            self._flights.clear()
-        except BaseException:
-            self._flights.clear()
-            raise
+        return [(low, high, (list(data[low:high]), ids[low:high], int(ctx.epoch), ctx.stage, seed))
+                for low, high in zip(blocks[:-1], blocks[1:])]
 
     def _all_small_raw(self, data: np.ndarray) -> bool:
         """True when the turbo path reads every record as small raw pixels (a decode-once cache): only
@@ -484,11 +416,7 @@ class DecodeImage(DecodingStage):
         """Stops the threads or worker processes and frees the shared memory (a later batch restarts them)."""
         self.pool.close()
         if self.processes is not None:
-            with self._lock:
-                self.processes.close()
-                self._flights, self._queued = [], None
-                for segment in self._segments:
-                    segment.close()
+            self._batches.close()
 
     def __getstate__(self) -> dict[str, Any]:
         # Modules do not copy or pickle; a copy imports them again, and its pool starts on first use.

@@ -255,6 +255,108 @@ class WorkerPool:
         self._workers, self._tasks, self._holding, self._finalizer = [], None, None, None
 
 
+class BatchesAhead:
+    """The batches a `WorkerPool` computes ahead, in two shared segments: the batch read next and
+    the one after it.
+
+    `ahead(key, chunks)` names the batch after the one read next; its chunks are queued as soon as
+    that one is in flight, so a worker done with its part of a batch takes the next batch's next
+    part instead of waiting for the slowest. `read(key, chunks, out)` copies batch `key` into `out`
+    (computing it first when it was not named ahead) and returns its chunks' results; batches
+    computed ahead but not read next (a seek, another order) are waited out and dropped.
+    """
+
+    def __init__(self, pool: WorkerPool, spec: Sequence[tuple[str, tuple[int, ...], str]]):
+        self.pool = pool
+        self._segments = (SharedOutputs(spec), SharedOutputs(spec))
+        self._lock = threading.Lock()
+        self._flights: list[tuple] = []  # (key, segment, rows, job id), oldest first
+        self._queued: tuple | None = None  # (key, chunks) named ahead, waiting for a free segment
+
+    def ahead(self, key: Any, chunks: Sequence[tuple[int, int, Any]]) -> None:
+        with self._lock:
+            self._queued = (key, chunks)
+            if self._flights:  # else it starts right behind the batch read next
+                self._start_queued()
+
+    def read(self, key: Any, chunks: Callable[[], Sequence[tuple[int, int, Any]]],
+             out: dict[str, np.ndarray]) -> list[Any]:
+        """Batch `key`'s chunk results, its rows copied into `out`; `chunks()` makes its work when it
+        was not named ahead (or was lost with a worker that died on another batch)."""
+        with self._lock:
+            taken = None
+            while taken is None:
+                if all(flight[0] != key for flight in self._flights):
+                    if self._free_segment() is None:
+                        self._drop()
+                    self._start(key, chunks(), self._free_segment())
+                    self._start_queued()
+                taken = self._take(key)
+            results, segment, count = taken
+            for name, rows in segment.views(count).items():
+                np.copyto(out[name], rows)
+            self._start_queued()  # the segment is free again
+            return results
+
+    def _free_segment(self) -> SharedOutputs | None:
+        return next((s for s in self._segments if all(s is not flight[1] for flight in self._flights)), None)
+
+    def _start_queued(self) -> None:
+        if self._queued is None:
+            return
+        key, chunks = self._queued
+        if any(flight[0] == key for flight in self._flights):
+            self._queued = None
+        elif (segment := self._free_segment()) is not None:
+            self._queued = None
+            self._start(key, chunks, segment)
+
+    def _start(self, key: Any, chunks: Sequence[tuple[int, int, Any]], segment: SharedOutputs) -> None:
+        count = max(high for _, high, _ in chunks)
+        segment.ensure(count)
+        self._flights.append((key, segment, count, self.pool.submit(segment, chunks)))
+
+    def _take(self, key: Any) -> tuple[list, SharedOutputs, int] | None:
+        """`(results, segment, rows)` of batch `key`, in flight, after dropping the batches started
+        before it; None when a worker died on another batch's rows: the pool lost every job, and
+        the wanted batch is computed afresh."""
+        while self._flights and self._flights[0][0] != key:
+            self._drop()
+        if not self._flights:
+            return None
+        _, segment, count, job = self._flights.pop(0)
+        try:
+            results = self.pool.result(job)
+        except WorkerCrashError as crash:
+            self._flights.clear()
+            if crash.job is None or crash.job == job:
+                raise
+            return None
+        except BaseException:
+            self._flights.clear()
+            raise
+        return results, segment, count
+
+    def _drop(self) -> None:
+        """Waits out the oldest job in flight (its batch not wanted); a worker dying meanwhile stopped
+        the pool, and every job in flight went with it."""
+        try:
+            self.pool.result(self._flights.pop(0)[3])
+        except WorkerCrashError:
+            self._flights.clear()
+        except BaseException:
+            self._flights.clear()
+            raise
+
+    def close(self) -> None:
+        """Stops the workers and frees the segments (a later `read` starts them again)."""
+        with self._lock:
+            self.pool.close()
+            self._flights, self._queued = [], None
+            for segment in self._segments:
+                segment.close()
+
+
 _PENDING = object()  # a chunk whose result has not come back
 
 

@@ -53,7 +53,8 @@ def test_processes_read_the_files_and_give_the_threads_batches(folder, monkeypat
     original_read = DecodeImage._in_processes
 
     def spy(self, batch, data, ctx, out):
-        in_flight.append(([f[0] for f in self._flights].count(self._key(ctx)), len(self._flights)))
+        flights = self._batches._flights
+        in_flight.append(([f[0] for f in flights].count(self._key(ctx)), len(flights)))
         return original_read(self, batch, data, ctx, out)
 
     monkeypatch.setattr(DecodeImage, "_in_processes", spy)
@@ -202,7 +203,7 @@ def test_a_crash_fails_its_own_batch_and_a_batch_it_did_not_touch_decodes_afresh
     source = ImageFolderSource(root=folder)
     stage = DecodeImage(size=16, crop="random_resized", executor="processes", num_threads=2)
     crashed = (lambda asked, submitted: asked) if victim == "the batch read" else (lambda asked, submitted: asked + 1)
-    stage.processes = InProcessPool(DecodeJob(stage.config), crashed)
+    stage._batches.pool = pool = InProcessPool(DecodeJob(stage.config), crashed)
     host, threads = HostStageSource(source, [stage]), HostStageSource(source, [DecodeImage(size=16,
                                                                                            crop="random_resized")])
     a, b = np.array([0, 1, 2]), np.array([3, 4, 5, 6])
@@ -211,10 +212,10 @@ def test_a_crash_fails_its_own_batch_and_a_batch_it_did_not_touch_decodes_afresh
         if victim == "the batch read":
             with pytest.raises(WorkerCrashError):
                 host.read(b, 0)
-            assert stage._flights == []
+            assert stage._batches._flights == []
         for ids in (b, a):
             np.testing.assert_array_equal(host.read(ids, 0)["image"], threads.read(ids, 0)["image"])
-        assert len(stage.processes.submitted) == 4  # b and a, lost; b and a again
+        assert len(pool.submitted) == 4  # b and a, lost; b and a again
     finally:
         host.close()
         threads.close()
