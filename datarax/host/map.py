@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,7 +30,7 @@ from datarax.core.checks import (
 )
 from datarax.core.construct import resolve_config
 from datarax.core.fields import batchable
-from datarax.host.processes import EXECUTORS, SharedOutputs, WorkerPool
+from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool
 from datarax.host.stage import ON_ERROR, BadRecords, DecodingStage, HostContext, Spec, record_generator
 
 OutputSpec = tuple[tuple[str, tuple[int, ...], str], ...]  # (field, record shape, dtype)
@@ -207,11 +206,10 @@ class HostMap(DecodingStage):
                                       f"{first}_ok" if config.on_error == "skip" else None,
                                       "Fix the function or the record")
         self.job = RecordJob(fn, config)
-        self._lock = threading.Lock()
         self.pool = ThreadPool(self.num_workers, "datarax-host-map")
         self.processes = WorkerPool(self.job, self.num_workers, "datarax-host-map") \
             if config.executor == "processes" else None
-        self._shared = SharedOutputs(config.outputs)
+        self._batches = None if self.processes is None else BatchesAhead(self.processes, config.outputs)
 
     def output_spec(self, input_spec: Spec) -> Spec:
         missing = [f for f in (self.config.fields or ()) if f not in input_spec]
@@ -258,10 +256,8 @@ class HostMap(DecodingStage):
         blocks = np.linspace(0, count, min(self.num_workers, count) + 1).astype(np.int64).tolist()
         chunks = [(low, high, task(low, high)) for low, high in zip(blocks[:-1], blocks[1:])]
         if self.processes is not None:
-            with self._lock:  # one batch at a time through the workers and the shared segment
-                self._shared.ensure(count)
-                results = self.processes.run(self._shared, chunks)
-                outputs = {k: v.copy() for k, v in self._shared.views(count).items()}  # the segment is reused
+            outputs = self._allocate(count, ctx)
+            results = self._batches.read(object(), lambda: chunks, outputs)
         else:
             outputs = self._allocate(count, ctx)
             results = self.pool.map(lambda chunk: self.job(chunk[2], {k: v[chunk[0]:chunk[1]]
@@ -277,10 +273,8 @@ class HostMap(DecodingStage):
     def close(self) -> None:
         """Stops the threads or worker processes and frees the shared memory (a later batch restarts them)."""
         self.pool.close()
-        if self.processes is not None:
-            self.processes.close()
-        with self._lock:
-            self._shared.close()
+        if self._batches is not None:
+            self._batches.close()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"fn": self.fn, "config": self.config, "bad_records": self.bad_records}
