@@ -155,10 +155,13 @@ class WorkerPool:
             if len(self._workers) < min(self.num_workers, len(chunks)):
                 self._start(min(self.num_workers, len(chunks)))
             job_id, where = next(self._ids), (outputs.segment.name, outputs.layout, outputs.rows)
+            # Pickled here, so a task that cannot be pickled fails this call (the queue's own thread
+            # would drop it, and the job would never finish).
+            messages = [pickle.dumps((job_id, i, where, low, high, task)) for i, (low, high, task) in enumerate(chunks)]
             self._jobs[job_id] = _Job([(low, high) for low, high, _ in chunks], [_PENDING] * len(chunks),
                                       len(chunks))
-            for i, (low, high, task) in enumerate(chunks):
-                self._tasks.put((job_id, i, where, low, high, task))
+            for message in messages:
+                self._tasks.put(message)
             return job_id
 
     def result(self, job_id: int) -> list[Any]:
@@ -333,7 +336,7 @@ class BatchesAhead:
                 raise
             return None
         except BaseException:
-            self._flights.clear()
+            self._abandon()
             raise
         return results, segment, count
 
@@ -345,8 +348,14 @@ class BatchesAhead:
         except WorkerCrashError:
             self._flights.clear()
         except BaseException:
-            self._flights.clear()
+            self._abandon()
             raise
+
+    def _abandon(self) -> None:
+        """Stops the workers (a wait was interrupted, e.g. by Ctrl-C): chunks still queued must not
+        write into a segment a later batch reuses. The next `read` starts a fresh pool."""
+        self.pool.close()
+        self._flights.clear()
 
     def close(self) -> None:
         """Stops the workers and frees the segments (a later `read` starts them again)."""
@@ -405,7 +414,7 @@ def worker_main(conn: Any, tasks: Any, holding: Any, w: int, payload: bytes, pat
         message = tasks.get()
         if message is None:
             break
-        job_id, index, (name, layout, rows), low, high, task = message
+        job_id, index, (name, layout, rows), low, high, task = pickle.loads(message)
         holding[2 * w], holding[2 * w + 1] = job_id, index
         if name not in segments:
             if len(segments) >= _ATTACHED:

@@ -1,16 +1,18 @@
 """WorkerPool: workers take the chunks of every job in flight from one queue, so a worker held up
 by one chunk leaves the rest (of its job and of later jobs) to the others; a crash names the job
-and rows it lost and the next job starts a fresh pool."""
+and rows it lost and the next job starts a fresh pool; a task that cannot be pickled fails its
+submit. BatchesAhead: an interrupted read stops the workers."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import time
 
 import numpy as np
 import pytest
 
-from datarax.host.processes import SharedOutputs, WorkerCrashError, WorkerPool
+from datarax.host.processes import BatchesAhead, SharedOutputs, WorkerCrashError, WorkerPool
 
 
 def job(task, outputs):
@@ -73,3 +75,34 @@ def test_a_crash_names_its_job_and_rows_and_the_next_job_gets_a_fresh_pool(segme
         np.testing.assert_array_equal(segment.views(8)["x"], [7] * 8)
     finally:
         pool.close()
+
+
+def test_a_task_that_cannot_be_pickled_fails_its_submit_and_the_pool_works_on(segment):
+    pool = WorkerPool(job, 1, "test-pool")
+    try:
+        with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+            pool.submit(segment, [(0, 4, ("quick", 1, None)), (4, 8, ("quick", 2, lambda: None))])
+        assert not pool.busy  # nothing of that job was queued
+        pool.run(segment, [(0, 8, ("quick", 6, None))])
+        np.testing.assert_array_equal(segment.views(8)["x"], [6] * 8)
+    finally:
+        pool.close()
+
+
+def test_an_interrupted_read_stops_the_workers_so_no_late_chunk_writes_into_a_later_batch(monkeypatch, tmp_path):
+    flag = str(tmp_path / "go")
+    batches = BatchesAhead(WorkerPool(job, 2, "test-pool"), [("x", (), "int64")])
+    out = {"x": np.zeros(4, np.int64)}
+    try:
+        batches.ahead("b", [(0, 2, ("wait", 9, flag)), (2, 4, ("wait", 9, flag))])
+        real = WorkerPool.result
+        monkeypatch.setattr(WorkerPool, "result", lambda self, job_id: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            batches.read("a", lambda: [(0, 4, ("quick", 1, None))], out)
+        assert batches.pool.pids == []  # stopped: the "wait" chunks will never write
+        monkeypatch.setattr(WorkerPool, "result", real)
+        open(flag, "w").close()
+        batches.read("a", lambda: [(0, 2, ("quick", 1, None)), (2, 4, ("quick", 2, None))], out)
+        np.testing.assert_array_equal(out["x"], [1, 1, 2, 2])
+    finally:
+        batches.close()
