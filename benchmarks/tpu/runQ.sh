@@ -9,6 +9,7 @@
 set -u
 . benchmarks/tpu/setup.sh
 date -u
+[ -d scratch/old/datarax ] || echo "scratch/old is missing (build it and carry it): the old sides fail"
 for i in 1 2; do
   for side in old new; do
     dir=.; [ $side = old ] && dir=scratch/old
