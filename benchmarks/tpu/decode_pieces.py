@@ -6,8 +6,9 @@ Over the `jpeg` scenario's first `count` files held in memory, with OpenCV on on
 worker process), the median of `rounds` interleaved passes, microseconds a record: the stage's
 whole `decode_into`, the limit's work (header, box, decode at the DCT scale), the decode alone,
 the warp alone, the header with the box draw, and the CPU's name and the
-features OpenCV dispatches to (`*`: in use). Run it with
-`JAX_PLATFORMS=cpu` and without to see whether an accelerator's runtime in the process slows it.
+features OpenCV dispatches to (`*`: in use). The process starts
+JAX's backend first, as the benchmark's does: run it with `JAX_PLATFORMS=cpu` and without to see
+whether an accelerator's runtime in the process slows the host's decoding.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
+    import jax
     import numpy as np
+
+    devices = jax.devices()  # starts the backend, as the benchmark's process has (an accelerator's runtime threads)
 
     image_folder(4000)
     paths = make_data(4000)["path"][:args.count].tolist()
@@ -82,7 +86,7 @@ def main() -> None:
                     fn(r, d)
                 seconds[name].append((time.perf_counter() - start) / len(blobs) * 1e6)
     line = {name: round(statistics.median(v), 1) for name, v in seconds.items()}
-    line.update(records=len(blobs), cpu=cpu_name(), cores=os.cpu_count(), jax_platforms=os.environ.get("JAX_PLATFORMS"),
+    line.update(records=len(blobs), cpu=cpu_name(), cores=os.cpu_count(), backend=devices[0].platform,
                 opencv_cpu=turbo.cv2.getCPUFeaturesLine())
     print(json.dumps(line), flush=True)
     stage.close()
