@@ -5,10 +5,11 @@
 Over the `jpeg` scenario's first `count` files held in memory, with OpenCV on one thread (as in a
 worker process), the median of `rounds` interleaved passes, microseconds a record: the stage's
 whole `decode_into`, the limit's work (header, box, decode at the DCT scale), the decode alone,
-the warp alone, the header with the box draw, and the CPU's name and the
-features OpenCV dispatches to (`*`: in use). The process starts
-JAX's backend first, as the benchmark's does: run it with `JAX_PLATFORMS=cpu` and without to see
-whether an accelerator's runtime in the process slows the host's decoding.
+the warp alone, the header with the box draw. Also the coefficient of variation of the stage's
+per-record time (each record's best of 3), the CPU's name and the features OpenCV dispatches to
+(`*`: in use). The process starts JAX's backend first, as the benchmark's does: run it with
+`JAX_PLATFORMS=cpu` and without to see whether an accelerator's runtime in the process slows the
+host's decoding.
 """
 
 from __future__ import annotations
@@ -85,7 +86,14 @@ def main() -> None:
                 for r, d in enumerate(blobs):
                     fn(r, d)
                 seconds[name].append((time.perf_counter() - start) / len(blobs) * 1e6)
+        each = [math.inf] * len(blobs)  # how unevenly records cost (schedule_sim.py's --cv): each one's best of 3
+        for _ in range(3):
+            for r, d in enumerate(blobs):
+                start = time.perf_counter()
+                pieces["stage decode_into"](r, d)
+                each[r] = min(each[r], time.perf_counter() - start)
     line = {name: round(statistics.median(v), 1) for name, v in seconds.items()}
+    line["cv_per_record"] = round(statistics.pstdev(each) / statistics.fmean(each), 3)
     line.update(records=len(blobs), cpu=cpu_name(), cores=os.cpu_count(), backend=devices[0].platform,
                 opencv_cpu=turbo.cv2.getCPUFeaturesLine())
     print(json.dumps(line), flush=True)
