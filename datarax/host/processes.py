@@ -142,11 +142,6 @@ class WorkerPool:
         """Whether a job submitted is not yet collected."""
         return bool(self._jobs)
 
-    def run(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> list[Any]:
-        """The results of `chunks`, in order: `submit` then `result`."""
-        with self._lock:
-            return self.result(self.submit(outputs, chunks))
-
     def submit(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> int:
         """Queues chunk `i` = `(low, high, task)` of a job writing into `outputs`; returns the job's id.
 
@@ -184,9 +179,10 @@ class WorkerPool:
         for w, (process, conn) in enumerate(workers):
             if conn in ready:
                 try:
-                    job_id, index, status, value = conn.recv()
+                    message = conn.recv()
                 except (EOFError, OSError):
-                    self._died(w, process)
+                    self._died(w, process)  # raises
+                job_id, index, status, value = message
                 if status == "error":
                     self._shutdown()
                     raise RuntimeError(value)

@@ -70,7 +70,7 @@ def test_a_crash_names_its_job_and_rows_and_the_next_job_gets_a_fresh_pool(segme
         with pytest.raises(WorkerCrashError, match=lost) as crash:
             pool.result(b)
         assert crash.value.job == b and pool.pids == [] and not pool.busy
-        (pid, _), = pool.run(segment, [(0, 8, ("quick", 7, None))])
+        (pid, _), = pool.result(pool.submit(segment, [(0, 8, ("quick", 7, None))]))
         assert pid not in first
         np.testing.assert_array_equal(segment.views(8)["x"], [7] * 8)
     finally:
@@ -83,7 +83,7 @@ def test_a_task_that_cannot_be_pickled_fails_its_submit_and_the_pool_works_on(se
         with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
             pool.submit(segment, [(0, 4, ("quick", 1, None)), (4, 8, ("quick", 2, lambda: None))])
         assert not pool.busy  # nothing of that job was queued
-        pool.run(segment, [(0, 8, ("quick", 6, None))])
+        pool.result(pool.submit(segment, [(0, 8, ("quick", 6, None))]))
         np.testing.assert_array_equal(segment.views(8)["x"], [6] * 8)
     finally:
         pool.close()
