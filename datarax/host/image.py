@@ -223,12 +223,11 @@ class DecodeImage(DecodingStage):
         self.num_threads = config.num_threads or os.cpu_count() or 1
         self.pool = ThreadPool(self.num_threads, "datarax-decode-image")
         limit = config.max_decode_bytes or default_budget()
-        self.processes = None
+        self._batches = None  # under executor="processes": the worker pool and the batches it decodes ahead
         if config.executor == "processes":
             self.budget = SharedBudget(limit, "DecodeImage", context())
-            self.processes = WorkerPool(DecodeJob(config), self.num_threads, "datarax-decode-image", self.budget)
-            spec = [(self.out_field, config.size + (3,), "uint8")]
-            self._batches = BatchesAhead(self.processes, spec)
+            pool = WorkerPool(DecodeJob(config), self.num_threads, "datarax-decode-image", self.budget)
+            self._batches = BatchesAhead(pool, [(self.out_field, config.size + (3,), "uint8")])
             if config.out_field in (None, config.field):
                 self.reads_files = config.field
         else:
@@ -258,10 +257,15 @@ class DecodeImage(DecodingStage):
         suffix = "" if self.backend == "pillow" else f"[backend={self.backend}, revision={TURBO_REVISION}]"
         return f"DecodeImage(DecodeImageConfig({settings})){suffix}"
 
+    @property
+    def worker_pids(self) -> list[int]:
+        """The worker processes' ids (`executor="processes"`; empty until the first batch, and after close)."""
+        return [] if self._batches is None else self._batches.pool.pids
+
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         data = batch[self.config.field]
         out = ctx.buffer(self.out_field, (len(data), *self.config.size, 3), np.uint8)
-        if self.processes is not None:
+        if self._batches is not None:
             return self._in_processes(batch, data, ctx, out)
 
         def decode(row: int) -> None:
@@ -272,13 +276,13 @@ class DecodeImage(DecodingStage):
     def ahead(self, batch: dict[str, np.ndarray], ctx: HostContext) -> None:
         """Under `executor="processes"`, the workers start on this batch (the one after the batch read
         next) once that one is in flight (`BatchesAhead`)."""
-        if self.processes is not None:
+        if self._batches is not None:
             self._batches.ahead(self._key(ctx), self._chunks(batch[self.config.field], ctx))
 
     def _in_processes(self, batch: dict[str, np.ndarray], data: np.ndarray, ctx: HostContext,
                       out: np.ndarray) -> dict[str, np.ndarray]:
-        """The batch read (where `data` holds `FileRef`s) and decoded by the worker processes, each
-        taking a contiguous block of rows at a time, into shared memory, then copied into `out`."""
+        """The batch read (where `data` holds `FileRef`s) and decoded by the worker processes, which take
+        its chunks of rows from one queue and write them into shared memory; then copied into `out`."""
         results = self._batches.read(self._key(ctx), lambda: self._chunks(data, ctx), {self.out_field: out})
         failures: list[BaseException | None] = []
         for fatal, block in results:
@@ -415,7 +419,7 @@ class DecodeImage(DecodingStage):
     def close(self) -> None:
         """Stops the threads or worker processes and frees the shared memory (a later batch restarts them)."""
         self.pool.close()
-        if self.processes is not None:
+        if self._batches is not None:
             self._batches.close()
 
     def __getstate__(self) -> dict[str, Any]:

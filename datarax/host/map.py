@@ -207,9 +207,9 @@ class HostMap(DecodingStage):
                                       "Fix the function or the record")
         self.job = RecordJob(fn, config)
         self.pool = ThreadPool(self.num_workers, "datarax-host-map")
-        self.processes = WorkerPool(self.job, self.num_workers, "datarax-host-map") \
-            if config.executor == "processes" else None
-        self._batches = None if self.processes is None else BatchesAhead(self.processes, config.outputs)
+        self._batches = None  # under executor="processes": the worker pool and the batches it computes ahead
+        if config.executor == "processes":
+            self._batches = BatchesAhead(WorkerPool(self.job, self.num_workers, "datarax-host-map"), config.outputs)
 
     def output_spec(self, input_spec: Spec) -> Spec:
         missing = [f for f in (self.config.fields or ()) if f not in input_spec]
@@ -233,7 +233,7 @@ class HostMap(DecodingStage):
     @property
     def worker_pids(self) -> list[int]:
         """The worker processes' ids (`executor="processes"`; empty until the first batch, and after close)."""
-        return [] if self.processes is None else self.processes.pids
+        return [] if self._batches is None else self._batches.pool.pids
 
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
         names = self.config.fields or tuple(batch)
@@ -244,7 +244,7 @@ class HostMap(DecodingStage):
         def task(low: int, high: int) -> tuple:
             return {k: batch[k][low:high] for k in names}, ids[low:high], int(ctx.epoch), ctx.stage, seed
 
-        if self.processes is None and not self.config.batched:  # a row per task: the pool balances uneven records
+        if self._batches is None and not self.config.batched:  # a row per task: the pool balances uneven records
             outputs = self._allocate(count, ctx)
 
             def work(row: int) -> None:
@@ -255,7 +255,7 @@ class HostMap(DecodingStage):
             return self.decode_rows(batch, ctx, outputs, work)
         blocks = np.linspace(0, count, min(self.num_workers, count) + 1).astype(np.int64).tolist()
         chunks = [(low, high, task(low, high)) for low, high in zip(blocks[:-1], blocks[1:])]
-        if self.processes is not None:
+        if self._batches is not None:
             outputs = self._allocate(count, ctx)
             results = self._batches.read(object(), lambda: chunks, outputs)
         else:

@@ -36,7 +36,7 @@ def epochs(stage: DecodeImage, root: str, count: int = 2, pids: list | None = No
     try:
         batches = [{k: np.asarray(v) for k, v in b.items()} for b in pipeline.epochs(count)]
         if pids is not None:
-            pids += stage.processes.pids
+            pids += stage.worker_pids
         return batches
     finally:
         pipeline.close()
@@ -64,7 +64,7 @@ def test_processes_read_the_files_and_give_the_threads_batches(folder, monkeypat
     # Only the first of the 8 batches was not decoded ahead; from the second on, the batch after it
     # is in flight too while it is read (a worker done with its part takes that batch's next part).
     assert in_flight == [(0, 0)] + [(1, 2)] * 6 + [(1, 1)]
-    assert len(pids) == 2 and stage.processes.pids == []
+    assert len(pids) == 2 and stage.worker_pids == []
     assert len(got) == len(threads) == 8
     for a, b in zip(got, threads):
         assert a.keys() == b.keys()
