@@ -36,7 +36,7 @@ from datarax.core.errors import RecordError
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend, turbo_modules
 from datarax.host.map import picklable
-from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool, context
+from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool, context, row_blocks
 from datarax.host.stage import (
     ON_ERROR,
     BadRecords,
@@ -298,11 +298,9 @@ class DecodeImage(DecodingStage):
 
     def _chunks(self, data: np.ndarray, ctx: HostContext) -> list[tuple[int, int, tuple]]:
         """A batch's work for the workers: one contiguous block of rows per worker."""
-        count = len(data)
         seed, ids = ctx.seed_of(self.seed), np.asarray(ctx.record_ids, np.int64)
-        blocks = np.linspace(0, count, min(self.num_threads, count) + 1).astype(np.int64).tolist()
         return [(low, high, (list(data[low:high]), ids[low:high], int(ctx.epoch), ctx.stage, seed))
-                for low, high in zip(blocks[:-1], blocks[1:])]
+                for low, high in row_blocks(len(data), self.num_threads)]
 
     def _all_small_raw(self, data: np.ndarray) -> bool:
         """True when the turbo path reads every record as small raw pixels (a decode-once cache): only

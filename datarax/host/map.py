@@ -30,7 +30,7 @@ from datarax.core.checks import (
 )
 from datarax.core.construct import resolve_config
 from datarax.core.fields import batchable
-from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool
+from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool, row_blocks
 from datarax.host.stage import ON_ERROR, BadRecords, DecodingStage, HostContext, Spec, record_generator
 
 OutputSpec = tuple[tuple[str, tuple[int, ...], str], ...]  # (field, record shape, dtype)
@@ -244,8 +244,8 @@ class HostMap(DecodingStage):
         def task(low: int, high: int) -> tuple:
             return {k: batch[k][low:high] for k in names}, ids[low:high], int(ctx.epoch), ctx.stage, seed
 
+        outputs = self._allocate(count, ctx)
         if self._batches is None and not self.config.batched:  # a row per task: the pool balances uneven records
-            outputs = self._allocate(count, ctx)
 
             def work(row: int) -> None:
                 failure = self.job(task(row, row + 1), {k: v[row:row + 1] for k, v in outputs.items()})[0]
@@ -253,13 +253,10 @@ class HostMap(DecodingStage):
                     raise failure
 
             return self.decode_rows(batch, ctx, outputs, work)
-        blocks = np.linspace(0, count, min(self.num_workers, count) + 1).astype(np.int64).tolist()
-        chunks = [(low, high, task(low, high)) for low, high in zip(blocks[:-1], blocks[1:])]
+        chunks = [(low, high, task(low, high)) for low, high in row_blocks(count, self.num_workers)]
         if self._batches is not None:
-            outputs = self._allocate(count, ctx)
             results = self._batches.read(object(), lambda: chunks, outputs)
         else:
-            outputs = self._allocate(count, ctx)
             results = self.pool.map(lambda chunk: self.job(chunk[2], {k: v[chunk[0]:chunk[1]]
                                                                       for k, v in outputs.items()}), chunks)
         failures: list[BaseException | None] = [None] * count

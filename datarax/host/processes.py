@@ -55,6 +55,12 @@ def context() -> Any:
     return ctx
 
 
+def row_blocks(count: int, parts: int) -> list[tuple[int, int]]:
+    """`count` rows cut into at most `parts` contiguous blocks of nearly equal size, as `(low, high)`."""
+    edges = np.linspace(0, count, min(parts, count) + 1).astype(np.int64).tolist()
+    return list(zip(edges[:-1], edges[1:]))
+
+
 class SharedOutputs:
     """A shared-memory segment holding `rows` rows of every output field, reused batch to batch."""
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from datarax.host.processes import BatchesAhead, SharedOutputs, WorkerCrashError, WorkerPool
+from datarax.host.processes import BatchesAhead, SharedOutputs, WorkerCrashError, WorkerPool, row_blocks
 
 
 def job(task, outputs):
@@ -106,3 +106,15 @@ def test_an_interrupted_read_stops_the_workers_so_no_late_chunk_writes_into_a_la
         np.testing.assert_array_equal(out["x"], [1, 1, 2, 2])
     finally:
         batches.close()
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 64, 65, 100])
+@pytest.mark.parametrize("parts", [1, 2, 3, 13, 200])
+def test_row_blocks_cut_the_rows_into_near_equal_contiguous_blocks(count, parts):
+    blocks = row_blocks(count, parts)
+    assert [i for low, high in blocks for i in range(low, high)] == list(range(count))  # contiguous, in order
+    sizes = sorted(high - low for low, high in blocks)
+    assert len(blocks) == min(parts, count)
+    if count:  # the same sizes as numpy's own equal split (which puts the larger blocks first)
+        assert sizes == sorted(len(b) for b in np.array_split(np.arange(count), min(parts, count)))
+
