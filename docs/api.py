@@ -86,7 +86,7 @@ def resolves(name: str) -> bool:
         try:
             obj = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name != module_name:
+            if exc.name is None or not f"{module_name}.".startswith(f"{exc.name}."):
                 raise  # a module that exists but imports something missing: import_problems names it
             continue
         break
@@ -131,7 +131,7 @@ def references(paths: list[Path]) -> Iterator[tuple[str, str]]:
         text = path.read_text(encoding="utf-8")
         shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
         if path.suffix == ".py":
-            chunks = list(_docstrings(ast.parse(text, str(path))))
+            chunks = sorted(_docstrings(ast.parse(text, str(path))))
         else:
             blanked = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
             chunks = [(1, blanked)]
