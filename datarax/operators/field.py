@@ -21,7 +21,7 @@ from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.fusion import separately
 from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, record_keys
-from datarax.operators.learnable import ChannelMagnitude, Learnable, check_learnable_field, learnable_names, magnitudes
+from datarax.operators.learnable import ChannelMagnitude, check_learnable_field, learnable_names, magnitudes
 from datarax.operators.lowering import batched_here
 
 Bounds = dict[str, tuple[float, float]]
@@ -40,7 +40,9 @@ class FieldOperatorConfig(OperatorConfig):
 
     field: str = "x"
     out_field: str | None = None
-    learnable: Learnable = False
+    # `datarax.operators.learnable.Learnable` spelled out: subclasses' generated __init__ resolve
+    # this annotation in their own modules, which do not import the alias.
+    learnable: bool | tuple[str, ...] = False
 
     def __post_init__(self):
         super().__post_init__()

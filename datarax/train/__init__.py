@@ -1,4 +1,14 @@
-"""datarax.train: a Flax NNX training kit for datarax pipelines (the top floor of the package)."""
+"""datarax.train: a Flax NNX training kit for datarax pipelines (the top floor of the package).
+
+The kit depends on the rest of datarax and nothing else in datarax imports it (the command line
+loads it inside `datarax train`). Importing it registers the `[trainer]` table and the `callback`
+component kind with `datarax.config`.
+
+`Trainer` runs a jitted, buffer-donating train step over a datarax pipeline; the callbacks in
+`datarax.train.callbacks` checkpoint (one Orbax checkpoint for model, optimizer and data
+iterator), monitor goodput and data stalls, log metrics and show progress. docs/trainers.md is
+the guide.
+"""
 
 from datarax.monitoring.writers import ConsoleWriter as ConsoleWriter
 from datarax.monitoring.writers import JsonlWriter as JsonlWriter

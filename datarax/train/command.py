@@ -1,5 +1,16 @@
 """`datarax train CONFIG` (the command line dispatches here): run the configured trainer; rerunning
-resumes from the newest checkpoint."""
+resumes from the newest checkpoint.
+
+Resuming needs `trainer.checkpoint_dir`: the checkpoint callback restores the newest readable
+checkpoint when training begins, and targets are totals counted from step 0, so an interrupted run
+continues to the same end. SIGTERM/SIGINT stop after the current step with a final checkpoint; the
+exit status is then 128 + the signal number, so a scheduler sees the run as interrupted.
+
+A progress display on stderr (a bar on a terminal, a plain line every 30 s when piped), a goodput
+monitor and a JSON-lines metric logger are added unless the configuration lists its own.
+`result.json` holds the final step, metrics, evaluation metrics and `params_sha256`, a hash of the
+model's final state (equal hashes: bitwise-equal weights).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,12 @@
-"""The `[trainer]` table of a configuration file: its schema and the `Trainer` it builds."""
+"""The `[trainer]` table of a configuration file: its schema and the `Trainer` it builds.
+
+The configuration layer (`datarax.config`) validates and builds pipelines and knows nothing of the
+kit; importing this module registers the `[trainer]` table and the `callback` component kind with
+it. `load_trainer(path)` reads a file and builds both pipeline and trainer:
+
+    run = load_trainer("experiment.toml")
+    result = run.fit()
+"""
 
 from __future__ import annotations
 
@@ -41,7 +49,37 @@ CALLBACK_KIND = Kind("callback", ("datarax.train.callbacks",), "datarax.train.ca
 
 @dataclasses.dataclass(frozen=True)
 class TrainerSection:
-    """`[trainer]`: a `datarax.train.Trainer` run (see docs/config.md)."""
+    """`[trainer]`: a `datarax.train.Trainer` run (docs/config.md has an annotated table).
+
+    Keys that are `Trainer` arguments (`accumulate_steps`, `ema_decay`, `precision`,
+    `param_sharding`, `allow_config_change`, `compilation_cache`, `train_pipeline_params`) mean
+    what they mean there; `max_to_keep`, `keep_best`, `best_metric`, `best_mode` and `on_damaged`
+    are `CheckpointCallback`'s. A `[trainer.finetune]` sub-table is a
+    `datarax.train.pretrained.FinetuneConfig`: its files are read at every start, and a resumed run
+    restores its own checkpoint over them. Import paths name only modules the configuration allows
+    (`datarax.config.allow`).
+
+    Attributes:
+        model: import path of a function or class returning the `nnx.Module` to train; it gets
+            `model_args` and, if it takes one, `rngs=nnx.Rngs(seed)`.
+        loss: import path of `loss_fn(model, batch) -> loss` or `(loss, aux)`.
+        optimizer: `{adam = {learning_rate = 1e-3}}` (any optax function by name), an array of such
+            tables (chained with `optax.chain`), or an import path of a function returning one.
+        steps: train to this many total steps (give exactly one of `steps` and `epochs`).
+        epochs: train to this many total epochs.
+        metrics: `{name: import path}` of metric functions or `Metric`s.
+        checkpoint_dir: checkpoint here, and resume from the newest checkpoint on restart.
+        run_dir: where `datarax train` writes metrics.jsonl, goodput.json/png and result.json;
+            default `runs/<config file name>` beside the configuration file.
+        checkpoint_every: save every N steps (a final save always happens).
+        eval_every_steps: evaluate the `[eval]` pipeline every N steps; with an `[eval]` table and
+            no interval, once, at the target step.
+        callbacks: component tables of `datarax.train.callbacks` classes by name
+            (`{ goodput = {} }`) or import paths.
+        trainer_class: import path of a `datarax.train.Trainer` subclass to build instead.
+        compilation_cache: true (default: `<run_dir>/jax_cache`, or `$DATARAX_COMPILATION_CACHE`),
+            a directory relative to the file, or false (JAX's own setting is left alone).
+    """
 
     model: Callable
     loss: Callable

@@ -26,7 +26,12 @@ class CheckpointLockedError(DataraxError, RuntimeError):
 
 
 class ProcessTemporaryPath(ocp.path.atomicity.AtomicRenameTemporaryPath):
-    """Orbax's atomic-rename temporary directory, named per process: `<step>.orbax-checkpoint-tmp-<pid>`."""
+    """Orbax's atomic-rename temporary directory, named per process: `<step>.orbax-checkpoint-tmp-<pid>`.
+
+    Orbax's default name is the same for every process, so two runs saving the same step at once
+    would write into one directory. Used only in single-process runs (the processes of a multi-host
+    run must agree on one name).
+    """
 
     @classmethod
     def from_final(cls, final_path: epath.Path, **kwargs) -> ProcessTemporaryPath:
@@ -43,7 +48,12 @@ def _unlock(fd: int, path: str) -> None:
 
 
 class DirectoryLock:
-    """An exclusive `flock` on `<directory>/.lock` holding `{"pid", "host", "since"}` of its holder."""
+    """An exclusive `flock` on `<directory>/.lock` holding `{"pid", "host", "since"}` of its holder.
+
+    flock belongs to the open file: a process that dies (even by SIGKILL) releases it, so a stale file
+    only records who held it last and never blocks. Also released when the owning object is
+    garbage-collected without `release()`.
+    """
 
     def __init__(self, directory: epath.Path, owner: object):
         name = LOCK_NAME if jax.process_count() == 1 else f"{LOCK_NAME}.process_{jax.process_index()}"
@@ -88,7 +98,13 @@ class DirectoryLock:
 
 def run_script(main: Callable[[], int | None]) -> int:
     """Runs a script's `main()`; a held checkpoint directory is one line on stderr and exit
-    status 1, not a traceback (the message already names the holder and the fix)."""
+    status 1, not a traceback (the message already names the holder and the fix).
+
+    Example (the end of a training script):
+
+        if __name__ == "__main__":
+            sys.exit(run_script(main))
+    """
     try:
         return main() or 0
     except CheckpointLockedError as exc:

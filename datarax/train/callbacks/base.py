@@ -1,4 +1,28 @@
-"""The callback contract: a small event set, step logs, and schedules that survive a resume."""
+"""The callback contract: a small event set, step logs, and schedules that survive a resume.
+
+Events, in the order a run sees them (every method of `Callback` is an optional no-op):
+
+    on_train_begin(trainer)                     before the first step; checkpoints restore here
+    on_data_wait_begin(trainer, step)           the host is about to call next() for step
+    on_data_wait_end(trainer, step, seconds)    next() returned after seconds
+    on_step_begin(trainer, step)                the batch is in hand, the step is about to run
+    on_step_end(trainer, logs)                  the step was dispatched (logs: StepLogs)
+    on_eval_begin(trainer, step)                an evaluation starts
+    on_eval_step_end(trainer, logs)             an eval batch was dispatched (logs.step counts its batches)
+    on_eval_end(trainer, step, metrics)         the evaluation's metrics
+    on_checkpoint_save(trainer, info)           a save started (info: CheckpointInfo)
+    on_checkpoint_restore(trainer, info)        a restore finished
+    on_train_end(trainer, logs)                 after the last step or a stop request
+
+With `Trainer(steps_per_execution=K)` the four step events come once per call of K steps: `step`
+is the call's first step in the first three, `logs.step` its last in `on_step_end`, and a
+`Schedule` fires at the end of the call in which its step was crossed.
+
+`on_step_end` never waits for the device: `logs.metrics` holds the *previous* call's metrics,
+copied to the host only when a callback looks at them (`datarax.train.loop.step.HostMetrics`).
+A callback that needs them only sometimes should check its schedule first and look only then,
+so the host runs ahead of the device in between. `on_train_end` carries the final step's metrics.
+"""
 
 from __future__ import annotations
 
@@ -72,10 +96,25 @@ class CheckpointInfo:
 
 
 class Callback:
-    """Base class of callbacks: override the events you need (docs/trainers.md, "Callbacks").
+    """Base class of callbacks: override the events you need (the module docstring lists them).
 
-    `order` sorts callbacks per event (ascending; value producers < 0, loggers > 0), `event_order`
-    ranks one event apart; `get_state`/`set_state` carry a callback's state in the checkpoint.
+    `order` sorts callbacks per event (stable, ascending) so that producers of values run before
+    the loggers that write them: producers use `order < 0` (`LearningRateLogger` -10,
+    `CheckpointCallback` -100), loggers `order > 0` (`MetricLogger` 10, `ProgressBar` 20).
+    `event_order` gives one event another rank (the goodput monitor sees each step first and the
+    end of training last). `get_state`/`set_state` carry a callback's own state in the checkpoint
+    (e.g. early stopping's patience), so a resumed run behaves as an uninterrupted one.
+
+    Example:
+        >>> class CountSteps(Callback):
+        ...     def __init__(self):
+        ...         self.steps = 0
+        ...     def on_step_end(self, trainer, logs):
+        ...         self.steps += logs.steps
+        ...     def get_state(self):
+        ...         return {"steps": self.steps}
+        ...     def set_state(self, state):
+        ...         self.steps = state["steps"]
     """
 
     order: int = 0
@@ -171,6 +210,12 @@ class Schedule:
     past each multiple of 10, and `on_steps=(25,)` fires on the first step >= 25 seen after a
     step < 25. A run resumed at step 37 therefore fires next at 40, never at 37 again, and a jump
     over several boundaries fires once.
+
+    Example:
+        >>> s = Schedule(every_steps=10)
+        >>> s.reset(step=37, now=0.0)
+        >>> [step for step in range(38, 52) if s.due(step, now=0.0)]
+        [40, 50]
     """
 
     def __init__(self, every_steps: int | None = None, every_secs: float | None = None,

@@ -31,7 +31,15 @@ class CheckpointCallback(Callback):
             `CheckpointRestoreError`) or "start_fresh"; None: `$DATARAX_ON_DAMAGED_CHECKPOINTS`, else "refuse".
         keep_best: also keep the k best checkpoints by `best_metric`, beside the `max_to_keep` newest.
         best_metric: "eval/<name>" or "train/<name>", as loggers name metrics: its newest value when saved.
+            With an eval metric, a save due at a step the trainer also evaluates at waits for that
+            evaluation (the state is the same) and carries its value; a train metric's value is the last
+            one read, one step late as loggers see it.
         best_mode: "min" (lower is better) or "max".
+
+    Example:
+        >>> ckpt = CheckpointCallback("run/ckpt", every_steps=500, max_to_keep=3)
+        >>> best = CheckpointCallback("run/ckpt", every_steps=500, max_to_keep=1, keep_best=3,
+        ...                           best_metric="eval/loss")
     """
 
     order = -100  # restore before any other callback reads the step

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 class EarlyStopping(Callback):
     """Requests a stop after `patience` checks without an improvement of `monitor`.
 
-    Checked after every evaluation (`eval/<name>`) or on every call's metrics (`train/<name>`); the
-    best value and the wait count travel in checkpoints.
+    Checked after every evaluation (`eval/<name>`) or on every call's metrics (`train/<name>`, which
+    reads them from the device every call). The best value and the wait count travel in checkpoints,
+    so a resumed run stops where an uninterrupted one would.
 
     Args:
         monitor: the metric, e.g. "eval/loss" or "train/accuracy".

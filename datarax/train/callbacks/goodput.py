@@ -50,6 +50,16 @@ def report_text(report: dict) -> str:
 class GoodputMonitor(Callback):
     """Tracks goodput and data stalls per step; writes a JSON summary and a PNG timeline.
 
+    Per call it records the host time blocked in next(), the exposed device idle before the step
+    (previous result ready -> this step dispatched; a watcher thread waits on every step's output),
+    the part of that idle spent waiting for data, the device step time and the compile time with its
+    cause; per run the first-batch latency, checkpoint and evaluation time, and the background
+    reader's time per part. `datarax.train.metrics.goodput` defines the terms. The monitor sees each
+    step first (`order`): after a checkpoint save, its watcher would get the step only after the
+    save, which would then look like device time. With a `directory` every run of the job is
+    recorded in `goodput_history.json` while it trains (`datarax.train.metrics.goodput_history`). A
+    run that trains no steps (a finished job run again) leaves the files as they were.
+
     Args:
         directory: where `goodput.json`, `goodput.png` and `goodput_history.json` go (None:
             nowhere, and no history across runs).
@@ -59,6 +69,11 @@ class GoodputMonitor(Callback):
         history_every_steps / history_every_secs: how often the history is rewritten while
             training, besides the first step, every checkpoint save and the end (default every
             10 s): the steps a kill loses after the last record are not counted.
+
+    Example:
+        >>> monitor = GoodputMonitor("run/", plot=False)
+        >>> monitor.window
+        100
     """
 
     order = -1000  # first to see each step, so the watcher waits on it before any save starts

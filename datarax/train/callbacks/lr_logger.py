@@ -27,8 +27,10 @@ class LearningRateLogger(Callback):
     """Puts `learning_rate` into `logs.metrics`, so `MetricLogger` writes it as `train/learning_rate`.
 
     With `schedule` (the optax schedule given to the optimizer) the rate of step s is `schedule(s - 1)`,
-    evaluated `chunk` steps at a time; without it the optimizer must be built with
-    `optax.inject_hyperparams`.
+    evaluated `chunk` steps at a time: a per-step evaluation on the main thread would queue behind the
+    running step and stall the host. Without it the optimizer must be built with
+    `optax.inject_hyperparams`; the value is then copied on the device every call and read one call
+    late with the metrics, when something reads them.
     """
 
     order = -10  # before MetricLogger writes the logs

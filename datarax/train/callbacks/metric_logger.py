@@ -15,13 +15,20 @@ if TYPE_CHECKING:
 class MetricLogger(Callback):
     """Writes `train/<name>` metrics on a schedule and `eval/<name>` after every evaluation.
 
-    Train metrics are one call late (see `StepLogs`) and read from the device only when the schedule
-    fires; the final step's are always written at train end.
+    Train metrics are one call late (see `StepLogs`), so writing never waits for the device, and they
+    are read from the device only when the schedule fires, so between writes the host runs ahead.
+    With `Trainer(steps_per_execution=K)` the step written is the last of the call in which the
+    schedule's step was crossed (a K dividing `every_steps` keeps it exact). The final step's metrics
+    are always written at train end.
 
     Args:
         writers: objects with `write_scalars(step, scalars)`: `ConsoleWriter`, `JsonlWriter`,
             `TensorBoardWriter`, or a CLU `MetricWriter` (default: one ConsoleWriter).
         every_steps / every_secs / on_steps: when to write train metrics (default every 100 steps).
+
+    Example:
+        >>> from datarax.train import ConsoleWriter
+        >>> logger = MetricLogger([ConsoleWriter()], every_steps=50)
     """
 
     order = 10  # after callbacks that add values to the logs (e.g. LearningRateLogger)

@@ -1,4 +1,13 @@
-"""ProgressBar: a tqdm bar on a terminal, periodic plain lines anywhere else."""
+"""ProgressBar: a tqdm bar on a terminal, periodic plain lines anywhere else.
+
+On a terminal the bar redraws in place, so anything else printed meanwhile must go through the
+bar's writer: the trainer's `ConsoleWriter` does (`datarax.monitoring.writers.write_line`), and
+while the bar is shown Python warnings and the `datarax` and root loggers' console handlers are
+routed through it too. Piped into a file or `tee`, a bar prints nothing readable until the end;
+there the callback writes one plain line every `every_secs` seconds (or `every_steps` steps):
+
+    step 120/1000 (12%) | 1,234 el/s | loss 0.4123 | 0:01:02 elapsed | eta 0:08:10
+"""
 
 from __future__ import annotations
 
@@ -47,10 +56,12 @@ def _through_bar(file: Any):
 class ProgressBar(Callback):
     """Shows progress from the resumed step to the target: a tqdm bar on a terminal, plain lines elsewhere.
 
-    Throughput (el/s) is host-side; the metric is read from the device only when shown.
+    Throughput (el/s) is host-side: the elements of the last `window` calls over the wall time they
+    took. The metric is read from the device only when it is shown (once per bar redraw, tqdm's
+    `mininterval`, or per plain line), so the host runs ahead between reads.
 
     Args:
-        window: calls averaged for the el/s figure.
+        window: calls (steps, or K steps each with `steps_per_execution=K`) averaged for el/s.
         metric: the train metric shown beside it (one call late, like all metrics).
         mode: "bar" (tqdm), "lines" (plain periodic lines) or "auto" (default): a bar on a terminal.
         every_secs / every_steps: how often a plain line is written in "lines" mode (default every
@@ -58,6 +69,10 @@ class ProgressBar(Callback):
         file: where to write (default stderr).
         clock: seconds for the lines' schedule and elapsed time (`time.monotonic`).
         **tqdm_kwargs: passed to `tqdm.tqdm` in "bar" mode (e.g. `disable=True`).
+
+    Example:
+        >>> bar = ProgressBar()                                  # a bar, or lines when piped
+        >>> lines = ProgressBar(mode="lines", every_steps=100)   # a plain line every 100 steps
     """
 
     order = 20

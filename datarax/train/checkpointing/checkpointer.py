@@ -1,4 +1,29 @@
-"""One Orbax checkpoint per save: model, optimizer, data iterator and run metadata together."""
+"""One Orbax checkpoint per save: model, optimizer, data iterator and run metadata together.
+
+On disk, `<directory>/<step>/` holds:
+
+    model/        nnx.state(model)              Orbax StandardSave (OCDBT + zarr)
+    optimizer/    nnx.state(optimizer)          Orbax StandardSave
+    pipeline/     nnx.state(pipeline)           only when the pipeline is trained jointly
+    ema/          the parameters' moving average  only with Trainer(ema_decay=...)
+    loss_scale/   the float16 loss scale        only with Trainer(precision="f16")
+    metrics/      {best_metric: value}          Orbax's own item, only with keep_best
+    iterator/     process_<i>-of-<n>.json       datarax IteratorSave (epoch, position, fingerprint)
+    meta/         JSON metadata                 step, epoch, fingerprints, run configuration,
+                                                callbacks' state, integrity hashes
+
+A step directory appears only when its save is complete (Orbax writes into
+`<step>.orbax-checkpoint-tmp-<pid>` and renames), so a run killed mid-save leaves the previous
+checkpoint as the latest. A latest checkpoint that cannot be read, or reads back other data than
+the hashes written with it (`datarax.train.checkpointing.integrity`), is reported with a warning,
+moved aside to `corrupt-<step>-<time>`, and the previous one is restored. When no step can be
+restored every run refuses, until the user passes `on_damaged="start_fresh"` or copies an intact
+checkpoint in (`datarax.train.checkpointing.policies`).
+
+One process at a time: an open `Checkpointer` holds an exclusive `flock` on `<directory>/.lock`,
+which the operating system releases when the process dies, so a killed run's lock never blocks
+the next one (`datarax.train.locking`).
+"""
 
 from __future__ import annotations
 
@@ -90,9 +115,11 @@ class Checkpointer:
     Args:
         directory: the checkpoint root (created if missing).
         max_to_keep: how many of the newest checkpoints to keep (None: all).
-        asynchronous: `save` only copies the arrays on the device and a background thread writes the
-            step (atomically); its errors are raised by the next `save`, `wait` or `close`. False:
-            `save` writes before it returns.
+        asynchronous: `save` only makes device copies of the arrays (the next step donates the
+            originals) and captures the iterator state and metadata; a thread of this Checkpointer
+            fetches the copies, hashes them and has Orbax write the step. One write is in flight at a
+            time: the next `save` waits for the previous one. Its errors are raised by the next
+            `save`, `wait` or `close`, never swallowed. False: `save` writes before it returns.
         on_damaged: what `restore_latest` does when no checkpoint can be restored: "refuse" (default:
             raise `CheckpointRestoreError`) or "start_fresh" (warn, start from step 0); None reads
             `$DATARAX_ON_DAMAGED_CHECKPOINTS`, else "refuse".
@@ -101,7 +128,8 @@ class Checkpointer:
         best_mode: "min" (lower is better) or "max".
 
     Raises:
-        CheckpointLockedError: another open `Checkpointer` (in any process) holds `directory`.
+        CheckpointLockedError: another open `Checkpointer` (in any process) holds `directory`; the
+            message names its pid and host.
     """
 
     def __init__(self, directory: Any, *, max_to_keep: int | None = 3, asynchronous: bool = True,
@@ -368,9 +396,11 @@ class Checkpointer:
         """Restores the newest intact checkpoint into freshly built objects (None if there is none).
 
         An unreadable or damaged checkpoint warns (`CorruptCheckpointWarning`), is moved aside to
-        `corrupt-<step>-<time>` and the previous one is tried. One written under another set-up (the
-        pipeline's `structure`, state shapes, or `run_config`; None skips that check) raises
-        `CheckpointMismatchError` naming what differs. When none can be restored this raises
+        `corrupt-<step>-<time>` and the previous one is tried. One written under another set-up
+        raises `CheckpointMismatchError` naming what differs: a part of the pipeline's `structure`
+        (`Pipeline.structure_parts`: source, sampler, num_records, batch_size, drop_remainder,
+        stages), the state paths whose shape or dtype differ, or a key of `run_config`
+        (`datarax.train.checkpointing.run_config`; None skips that check). When none can be restored this raises
         `CheckpointRestoreError`, unless `on_damaged="start_fresh"` (then it warns and returns None).
         """
         self.wait()

@@ -1,4 +1,10 @@
-"""Checkpoint integrity: hashes of exactly what was saved, compared on restore."""
+"""Checkpoint integrity: hashes of exactly what was saved, compared on restore.
+
+Orbax restores flipped bytes in array data without an error, so a save records in its metadata the
+sha256 of the model, optimizer (and pipeline) arrays as handed to Orbax, and the iterator's epoch,
+position and the sha256 of its state; a restore checks what it read against them and treats a
+mismatch like an unreadable step.
+"""
 
 from __future__ import annotations
 

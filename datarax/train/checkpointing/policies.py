@@ -1,5 +1,12 @@
 """What a checkpoint directory keeps (the newest steps and the best by a metric, as Orbax
-policies) and what a run does when no step can be restored (`on_damaged`)."""
+policies) and what a run does when no step can be restored (`on_damaged`).
+
+Retention keeps the `max_to_keep` newest steps and, with `keep_best=k`, also the k best by
+`best_metric` (the value the trainer had when the step was saved): Orbax's own policies composed,
+`AnyPreservationPolicy([LatestN(max_to_keep), BestN(k)])`, with Orbax's `best_fn` so that the
+manager writes each step's metric and `best_step()` reads it back after a restart. A step saved
+before the metric has a value is kept only while it is among the newest.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,18 @@
-"""The configuration fingerprint a checkpoint is written under, so no run adopts another's checkpoint."""
+"""The configuration fingerprint a checkpoint is written under, so no run adopts another's checkpoint.
+
+A checkpoint's metadata holds `run_config`, flat `{"key": "value"}` text of
+
+* what the user passed as the run's configuration (`Trainer(run_config=...)`; for `datarax train`
+  the `[trainer]` table), nested keys joined with dots (`trainer.optimizer.adam.learning_rate`);
+* what the trainer sees itself: the model's class, a digest of the optimizer state's structure, and
+  the update the optimizer makes for a fixed probe gradient (`optimizer.probe_updates`), which shows
+  its learning rate at step 0 whatever the optimizer is. A schedule that starts at 0 (a warmup from
+  0) shows none there: pass the rate in `run_config` too.
+
+Restoring a checkpoint whose `run_config` differs raises `CheckpointMismatchError` naming every key
+that differs, unless the trainer was built with `allow_config_change=True`. The keys in
+`NOT_FINGERPRINTED` only say how long, where or how often to run, so a run may be extended or moved.
+"""
 
 from __future__ import annotations
 

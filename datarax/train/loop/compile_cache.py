@@ -1,4 +1,23 @@
-"""JAX's persistent compilation cache, on by default for the Trainer and `datarax train`."""
+"""JAX's persistent compilation cache, on by default for the Trainer and `datarax train`.
+
+Compiling the train step is the largest start-up cost of a small run, and a restarted run pays it
+again. With the cache a compiled program is written to a directory and a later process with the
+same program loads it. `use_compilation_cache` points JAX at a directory and lowers JAX's
+thresholds (`jax_persistent_cache_min_compile_time_secs` and
+`jax_persistent_cache_min_entry_size_bytes` to 0), so small programs are cached too.
+
+Where the cache goes:
+
+* `Trainer(compilation_cache=True)` (the default): `$DATARAX_COMPILATION_CACHE` if set, else
+  `$XDG_CACHE_HOME/datarax/jax` (`~/.cache/datarax/jax`);
+* `datarax train`: `$DATARAX_COMPILATION_CACHE` if set, else `<run_dir>/jax_cache`;
+* `Trainer(compilation_cache="path")`: that directory; `False`: JAX's own setting is left alone;
+* `DATARAX_COMPILATION_CACHE=off` (or `0`, `false`, `no`) turns both defaults off.
+
+A cache directory the user already gave JAX (`jax_compilation_cache_dir` or
+`JAX_COMPILATION_CACHE_DIR`) is kept. The cache is trusted code (JAX's own warning): keep it in a
+directory only you can write.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +52,8 @@ def use_compilation_cache(setting: Any) -> str | None:
     """Turns JAX's persistent compilation cache on for `setting` and returns the directory in use.
 
     Args:
-        setting: True (the default directory, docs/trainers.md "Compilation cache"), a directory path, or
-            False (leave JAX as it is).
+        setting: True (the default directory, see the module docstring), a directory path, or False
+            (leave JAX as it is).
 
     Returns:
         The cache directory JAX now uses (the user's own if they set one), or None when off.

@@ -1,4 +1,14 @@
-"""An exponential moving average of a model's parameters, updated inside the jitted train step."""
+"""An exponential moving average of a model's parameters, updated inside the jitted train step.
+
+After each optimizer update, every `nnx.Param` p of the model moves its average e by
+
+    e <- decay * e + (1 - decay) * p
+
+in the parameter's dtype (float32 under every precision policy: the master parameters are float32).
+The average starts as a copy of the parameters when the `Trainer` is built and is saved with every
+checkpoint as its own item (`ema/`), so a resumed run continues it exactly.
+`Trainer.evaluate(ema=True)` evaluates the model with the averages in place of its parameters.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +48,13 @@ class ParamEMA(nnx.Module):
     Args:
         module: the model whose `nnx.Param`s are averaged (copied now as the starting value).
         decay: the weight of the old average, in (0, 1); e.g. 0.999 averages over about 1000 steps.
+
+    Example:
+        >>> from flax import nnx
+        >>> model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
+        >>> ema = ParamEMA(model, decay=0.9)
+        >>> len(ema.averages) == len(param_values(model))
+        True
     """
 
     def __init__(self, module: nnx.Module, decay: float):

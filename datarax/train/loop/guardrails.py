@@ -1,4 +1,18 @@
-"""What the Trainer checks before it trains: set-ups that run, but train worse or slower than meant."""
+"""What the Trainer checks before it trains: set-ups that run, but train worse or slower than meant.
+
+Each finding is a `TrainerWarning` subclass whose message names the pipeline, what goes wrong and
+the fix; ignore one on purpose with `warnings.filterwarnings("ignore", category=...)`:
+
+* `UnshuffledTrainingWarning`: the training pipeline reads its records in the same order every
+  epoch (its sampler does not permute, e.g. a source built without `shuffle=True`);
+* `ShortFinalBatchWarning`: the epoch ends in a short batch, whose new shape compiles the train
+  step a second time (in every process: each restart pays it again);
+* `UnknownEpochLengthWarning`: `fit(num_epochs=...)` on a stream whose epoch length is unknown;
+  an epoch then ends only when the stream does.
+
+`CompileCauses` names why a step compiled (the first step, the epoch's short final batch, a new
+batch shape), which the goodput report prints beside each compile.
+"""
 
 from __future__ import annotations
 

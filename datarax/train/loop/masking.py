@@ -1,4 +1,23 @@
-"""Records a host stage skipped (`on_error="skip"`) stay out of the loss, its gradient and every metric."""
+"""Records a host stage skipped (`on_error="skip"`) stay out of the loss, its gradient and every metric.
+
+A skipped record is zeros with a False `<field>_ok` flag (`datarax.host.stage.BadRecords`); a row is
+valid when all its bool `<name>_ok` flags are True (`record_mask`). When a batch carries flags:
+
+* `loss_fn(model, batch, mask)` gets the mask and returns the mean over the valid rows itself:
+
+      def loss_fn(model, batch, mask):
+          logits = model(batch["image"])
+          per_record = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+          return (per_record * mask).sum() / jnp.maximum(mask.sum(), 1)
+
+* any other loss is computed per record (a batch of one under `jax.vmap`) and averaged over the
+  valid rows; a model with batch statistics (`nnx.BatchNorm` in train mode) is refused there (give
+  its loss the `mask` argument), and random streams draw a key per row.
+
+Metric functions are computed per record and averaged over the valid rows, a `Metric` adds only the
+valid rows' sums, and a CLU collection gets `mask=`. Micro-batches are weighted by their valid
+rows; a batch with no valid record contributes a zero loss and gradient.
+"""
 
 from __future__ import annotations
 

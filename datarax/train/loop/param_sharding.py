@@ -1,4 +1,22 @@
-"""Where the training state lives on a mesh: replicated (data parallel) or sharded (FSDP-style)."""
+"""Where the training state lives on a mesh: replicated (data parallel) or sharded (FSDP-style).
+
+`Trainer(..., param_sharding="fsdp")` lays the parameters, the optimizer state and the moving
+average out over the training pipeline's mesh, cut along its batch axis (as ZeRO-3 / FSDP do): each
+device holds 1/N of every array that can be cut, XLA gathers a layer's weights where the step needs
+them and reduce-scatters its gradients. `param_sharding="replicated"` puts a full copy on every
+device (plain data parallelism).
+
+Which dimension is cut, for each array:
+
+* a variable annotated with a partition spec (`nnx.with_partitioning(init, (None, "data"))`) keeps
+  that spec: the user's layout wins;
+* otherwise the largest dimension divisible by the axis size (the first of equals), so that no
+  device holds a padded shard; an array none of whose dimensions divides (a bias of 10, a step
+  count) is replicated. `fsdp_spec` is the rule, testable on shapes alone.
+
+The layout is not part of a checkpoint: Orbax restores each array into the sharding of the trainer
+restoring it, so a checkpoint written on 8 devices resumes on 4 or on 1.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +32,14 @@ PARAM_SHARDINGS = ("replicated", "fsdp")
 
 def fsdp_spec(shape: Sequence[int], axis: str | tuple[str, ...], size: int) -> PartitionSpec:
     """The spec that cuts the largest dimension of `shape` divisible by `size` over `axis`
-    (the first of equal ones), or the replicated spec when none divides."""
+    (the first of equal ones), or the replicated spec when none divides.
+
+    Example:
+        >>> fsdp_spec((16, 32), axis="data", size=8) == PartitionSpec(None, "data")
+        True
+        >>> fsdp_spec((10,), axis="data", size=8) == PartitionSpec()
+        True
+    """
     best = None
     for dim, length in enumerate(shape):
         if length >= size and length % size == 0 and (best is None or length > shape[best]):

@@ -1,4 +1,19 @@
-"""The trainer's precision policy: compute in a low dtype, keep f32 master parameters."""
+"""The trainer's precision policy: compute in a low dtype, keep f32 master parameters.
+
+`Trainer(precision=...)` takes one of `PRECISIONS`:
+
+* "f32" (default): everything in float32, as the model was built.
+* "bf16": inside the differentiated loss the trainable parameters and the batch's floating fields
+  are cast to bfloat16, so gradients arrive in float32 on the float32 master parameters and the
+  optimizer updates in float32; bfloat16 has float32's range, so no loss scaling is needed.
+* "f16": the same with float16 plus dynamic loss scaling (`LossScale`): a step whose gradients are
+  not all finite is skipped and halves the scale; `GROWTH_INTERVAL` finite steps in a row double
+  it. The scale is training state, saved in every checkpoint.
+
+State a forward pass writes (batch statistics) keeps its dtype (`restore_dtypes`), so the step
+compiles once; the model's outputs come back as float32 (`float32_outputs`, as Keras does), so the
+loss's reductions are not rounded to the low dtype.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +39,12 @@ def check_precision(precision: Any, name: str = "precision") -> str:
 
 
 def compute_dtype(precision: str) -> np.dtype:
+    """The dtype the loss computes in under `precision`.
+
+    Example:
+        >>> compute_dtype("bf16")
+        dtype(bfloat16)
+    """
     return np.dtype(PRECISIONS[check_precision(precision)])
 
 
@@ -91,7 +112,14 @@ class LossScaleValue(nnx.Variable):
 
 
 class LossScale(nnx.Module):
-    """Dynamic loss scaling for float16 training: the scale and the finite steps since it last changed."""
+    """Dynamic loss scaling for float16 training: the scale and the finite steps since it last changed.
+
+    Example:
+        >>> ls = LossScale()
+        >>> scale, good = next_scale(ls.scale[...], ls.good_steps[...], jnp.asarray(False))
+        >>> float(scale), int(good)
+        (16384.0, 0)
+    """
 
     def __init__(self, initial: float = INITIAL_SCALE):
         self.scale = LossScaleValue(jnp.asarray(initial, jnp.float32))

@@ -1,4 +1,12 @@
-"""The jitted train and eval steps, over a flat list of variable values."""
+"""The jitted train and eval steps, over a flat list of variable values.
+
+The step takes the values of every `nnx.Variable` of (model, optimizer[, pipeline]) as one flat
+list, donates it, and returns the new list, which `VariableBinding` writes straight back into the
+same `Variable` objects. `nnx.jit` would traverse the module graph on every call; this keeps the
+user's modules current after every step (callbacks, evaluation and checkpoints see live state)
+without that traversal, and lets XLA update the parameters and optimizer state in place. The
+consequence: an array taken from the model during training is deleted by the next step.
+"""
 
 from __future__ import annotations
 
@@ -244,7 +252,13 @@ def host_metrics(out: Mapping[str, Any], metric_fns: Any) -> dict[str, float]:
 
 
 class HostMetrics(MutableMapping):
-    """Host floats of one step's metrics, read from the device the first time they are used."""
+    """Host floats of one step's metrics, read from the device the first time they are used.
+
+    The trainer hands every callback the previous call's metrics in this form: looking at them
+    (`logs.metrics["loss"]`, `dict(logs.metrics)`, `if logs.metrics:`) waits for that call's result
+    and copies it to the host once; a callback that does not look costs nothing. Values set before
+    the read (`metrics["learning_rate"] = x`, `x` possibly a device scalar) are read with it.
+    """
 
     def __init__(self, out: Mapping[str, Any] | None = None, metric_fns: Any = None):
         self._out, self._metric_fns = out, metric_fns
@@ -290,7 +304,16 @@ class HostMetrics(MutableMapping):
 
 def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type,
                     joint: bool, *, accumulate_steps: int = 1, precision: str = "f32") -> Callable:
-    """step(values, batch) -> (new values, {"loss": ..., metric: ...}) for `binding`'s TrainState."""
+    """step(values, batch) -> (new values, {"loss": ..., metric: ...}) for `binding`'s TrainState.
+
+    The gradient is taken with respect to the trainable module's `nnx.Param`s; the rest of its state
+    (RNG counts, batch statistics) is threaded through the forward pass. With `accumulate_steps=k`
+    the batch is split into k micro-batches that a `jax.lax.scan` (or, on the CPU for small k, a
+    traced sequence) runs one after the other, adding their gradients; the optimizer then applies
+    their mean once, so a per-record mean loss gets the gradient of the whole batch. `precision`
+    casts parameters and float inputs inside the loss (`datarax.train.loop.precision`); the
+    TrainState's `ema` and `loss_scale`, when present, are updated after the optimizer.
+    """
     dtype = compute_dtype(precision)
     scale_positions = [path[0] == "loss_scale" for path in binding.paths]
 
@@ -368,7 +391,15 @@ def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mappi
 
 def scan_steps(step: Callable) -> Callable:
     """steps(values, batches) -> (new values, the last step's metrics): `step` applied to each of a
-    sequence of equally shaped batches in turn, in one program."""
+    sequence of equally shaped batches in turn, in one program.
+
+    The batches are stacked inside the program and a `jax.lax.scan` carries the state through them:
+    one dispatch for K steps, a compile time that does not grow with K, and the state materialised
+    between steps as between separate calls. Unrolled steps (Keras' JAX trainer) let XLA fuse one
+    step's optimizer update into the next and compile K times the program. The CPU backend compiles
+    a convolution inside a loop body with a generic emitter (the vision recipe's CNN step ran about
+    14x slower), so on the CPU keep `steps_per_execution=1` for convolutional models.
+    """
 
     def steps(values, batches):
         stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *batches)
@@ -408,7 +439,13 @@ def batch_signature(batch: Any) -> tuple:
 
 
 class TimedJit:
-    """`jax.jit` that reports how long each call spent tracing and compiling."""
+    """`jax.jit` that reports how long each call spent tracing and compiling.
+
+    A call that compiles (a new batch shape, or any other jit cache miss) blocks for tracing and
+    compilation, while the execution is still dispatched asynchronously, so the call's host time is
+    the compile time. Misses are read from the jit cache size where JAX exposes it, else from batch
+    shapes not seen before.
+    """
 
     def __init__(self, fn: Callable, donate_values: bool):
         self._jit = jax.jit(fn, donate_argnums=(0,) if donate_values else ())

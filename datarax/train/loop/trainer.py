@@ -74,37 +74,51 @@ class FitResult:
 class Trainer:
     """Trains a Flax NNX model on a datarax pipeline with a jitted, buffer-donating step.
 
-    docs/trainers.md describes every option at length.
+    docs/trainers.md is the guide; the modules named below hold each option's rules.
 
     Args:
         model: the `nnx.Module` to train.
         optimizer: an optax `GradientTransformation`, or an `nnx.Optimizer` built over `model`.
         train_pipeline: iterated endlessly (`pipeline.epochs(None)`); its iterator is checkpointed.
         loss_fn: `loss_fn(model, batch) -> loss` or `-> (loss, aux)`, a scalar loss; `loss_fn(model, batch, mask)`
-            masks the records a host stage skipped itself, any other is averaged over the valid records.
+            masks the records a host stage skipped itself, any other is averaged over the valid records
+            (`datarax.train.loop.masking`).
         eval_pipeline: the pipeline of `evaluate()` (one epoch per evaluation).
         metrics: `{name: fn(batch, aux) -> scalar}` (a value may be a `datarax.train.metrics.Metric`), or a
             CLU `clu.metrics.Collection` subclass.
         callbacks: `datarax.train.callbacks.Callback`s (checkpointing, goodput, logging, ...).
-        train_pipeline_params: also optimise the pipeline's `nnx.Param`s; needs an optax transformation.
+        train_pipeline_params: also optimise the pipeline's `nnx.Param`s; needs an optax transformation. The
+            step then reads untransformed batches from `pipeline.raw_loader()` (the same source and sampler,
+            so the same record ids and keys) and runs the pipeline's stages inside the gradient.
         eval_every_steps: evaluate every N steps during `fit` (needs `eval_pipeline`).
         compilation_cache: True (default): JAX's persistent cache in `$DATARAX_COMPILATION_CACHE`, else
-            `~/.cache/datarax/jax`; a path: that directory; False: JAX's setting is left alone.
+            `~/.cache/datarax/jax`; a path: that directory; False: JAX's setting is left alone
+            (`datarax.train.loop.compile_cache`).
         run_config: the run's settings (plain values), written into every checkpoint; restoring one written
-            under another configuration raises `CheckpointMismatchError` naming each difference.
+            under another configuration raises `CheckpointMismatchError` naming each difference
+            (`datarax.train.checkpointing.run_config`).
         allow_config_change: resume a checkpoint written under another configuration anyway.
         accumulate_steps: micro-batches per optimizer step, gradients averaged; must divide `batch_size`.
         ema_decay: keep a checkpointed moving average of the parameters (e.g. 0.999; None: off), used by
-            `evaluate(ema=True)`.
-        precision: "f32" (default), "bf16" or "f16" (with dynamic loss scaling); master parameters stay f32.
+            `evaluate(ema=True)` (`datarax.train.loop.ema`).
+        precision: "f32" (default), "bf16" or "f16" (with dynamic loss scaling); master parameters stay f32
+            (`datarax.train.loop.precision`).
         param_sharding: None (the state stays where the model's arrays are), "replicated" or "fsdp" over the
-            training pipeline's mesh (needs its `sharding`).
-        steps_per_execution: optimizer steps per jitted call (default 1); keep 1 for convolutional models on
-            the CPU backend. Over a device-resident, unsharded training source the pipeline's gather and
-            stages run inside that call too (`FusedSteps`): one dispatch per call, the same batches.
+            training pipeline's mesh (needs its `sharding`; `datarax.train.loop.param_sharding`).
+        steps_per_execution: optimizer steps per jitted call (default 1), run as one `jax.lax.scan`
+            (`datarax.train.loop.step.scan_steps`) over the steps (m*K, (m+1)*K], so a run resumes bitwise on
+            K = 1's batches and keys; callbacks see one call. Keep 1 for convolutional models on the CPU
+            backend. Over a device-resident, unsharded training source the pipeline's gather and stages run
+            inside that call too (`datarax.train.loop.fused.FusedSteps`).
 
-    Metrics stay on the device until read (`StepLogs.metrics`). Construction warns (`TrainerWarning`)
-    about a training pipeline that does not shuffle or whose epoch ends in a short batch.
+    Metrics stay on the device until read (`StepLogs.metrics`). Construction warns
+    (`datarax.train.loop.guardrails.TrainerWarning`) about a training pipeline that does not shuffle or
+    whose epoch ends in a short batch.
+
+    Example:
+        >>> trainer = Trainer(model, optax.adam(1e-3), pipeline, loss_fn,  # doctest: +SKIP
+        ...                   callbacks=[CheckpointCallback("ckpt", every_steps=100)])
+        >>> result = trainer.fit(num_steps=1000)  # doctest: +SKIP
     """
 
     def __init__(self, model: nnx.Module, optimizer: optax.GradientTransformation | nnx.Optimizer,

@@ -1,4 +1,25 @@
-"""Metrics accumulated as sums over batches: perplexity, per-class accuracy, a confusion matrix."""
+"""Metrics accumulated as sums over batches: perplexity, per-class accuracy, a confusion matrix.
+
+A plain metric function (`fn(batch, aux) -> scalar`) gives one number per batch, and evaluation
+averages them weighted by batch size: right for a per-record mean, wrong for anything whose weight
+is not the batch size (tokens under a mask, records of one class). A `Metric` instead returns
+*sums* from inside the jitted step (`update`), which `Trainer.evaluate` adds up over the whole
+epoch, on the host in float64 / int64, before dividing once (`compute`):
+
+    perplexity = exp(sum of the real tokens' losses / number of real tokens)
+
+A train step reports each step's own `compute`; `Trainer.evaluate()` returns the scalars of
+`compute` (`ppl`, `ppl/token_loss`, `classes/3`, `classes/mean`, ...) and keeps each metric's full
+`result` (a confusion matrix) in `trainer.last_eval_results[name]`.
+
+Where the predictions come from: `logits` names a field of the loss function's aux when that is a
+dict, and None means the aux itself; `labels`, `targets` and `mask` name batch fields. A `mask`
+(bool or 0/1) weighs each record or token, so padding rows or tokens count for nothing.
+
+Example:
+    >>> metrics = {"ppl": Perplexity(targets="tokens", mask="loss_mask", shift=True),
+    ...            "classes": PerClassAccuracy(num_classes=10, labels="label")}
+"""
 
 from __future__ import annotations
 
@@ -16,7 +37,7 @@ from datarax.core.checks import check_bool, check_field_name, check_int
 
 
 class Metric(abc.ABC):
-    """Abstract base of metrics accumulated as sums (docs/trainers.md, "Module notes").
+    """Abstract base of metrics accumulated as sums (the module docstring says why).
 
     Subclasses implement `update` (jax.numpy, inside the jitted step; returns a dict of arrays
     that add up across batches) and `compute` (numpy, on the host, from the summed dict).
@@ -138,7 +159,12 @@ class _ClassMetric(Metric):
 
 def confusion_matrix(labels: jax.Array, predictions: jax.Array, num_classes: int,
                      weights: jax.Array | None = None) -> jax.Array:
-    """`[num_classes, num_classes]` counts: row = true class, column = predicted class (float32)."""
+    """`[num_classes, num_classes]` counts: row = true class, column = predicted class (float32).
+
+    Example:
+        >>> confusion_matrix(jnp.array([0, 1, 1]), jnp.array([0, 0, 1]), 2).tolist()
+        [[1.0, 0.0], [1.0, 1.0]]
+    """
     labels, predictions = jnp.asarray(labels).reshape(-1), jnp.asarray(predictions).reshape(-1)
     weights = jnp.ones(labels.shape, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32).reshape(-1)
     flat = jnp.clip(labels, 0, num_classes - 1) * num_classes + jnp.clip(predictions, 0, num_classes - 1)

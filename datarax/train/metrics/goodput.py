@@ -1,4 +1,25 @@
-"""Goodput accounting: where the wall time of a training run went, measured honestly."""
+"""Goodput accounting: where the wall time of a training run went, measured honestly.
+
+Under asynchronous dispatch the host blocks in next() even while the device is busy, so time in
+next() is not a stall. The stall is *exposed device idle*: for each step i, the gap between step
+i-1's result being ready (seen by a watcher thread) and step i being dispatched. Every idle stretch
+is attributed to what the host was doing meanwhile: waiting in next() (a data stall), compiling,
+checkpointing, evaluating, fetching the first batch, or anything else (`BUCKETS`):
+
+    wall = goodput (device busy with steps) + data_stall + first_batch + compile
+           + checkpoint_save + checkpoint_restore + eval + other
+
+`steady` figures cover the steps after the first call (from its result to the last result), so
+start-up costs do not drown the per-step picture; `window` covers the last N calls. A ledger row is
+one dispatched call: one step, or K with `Trainer(steps_per_execution=K)`; its busy time, idle
+before it and data wait are the call's, while step counts and per-step times count its K steps.
+
+Every sentence of the report names its denominator: the `headline` is about the run's whole wall
+time (the split the PNG timeline draws), the `diagnosis` about the steady steps, saying what share
+of the wall those are. An input-bound verdict names the background reader's slowest part and the
+remedies in order; every compile is listed with its cause. docs/trainers.md, "Goodput and data
+stalls", defines each field of the summary.
+"""
 
 from __future__ import annotations
 
@@ -254,7 +275,12 @@ def diagnose(steady: dict, buckets: dict, wall: float, *, reader: dict | None = 
 
 
 def eval_summary(ledgers: list[GoodputLedger], reader: dict | None = None) -> dict:
-    """Evaluation's own account and verdict, over every evaluation of the run (one ledger each)."""
+    """Evaluation's own account and verdict, over every evaluation of the run (one ledger each).
+
+    An evaluation's time splits like training's: device busy with eval steps, waiting for data (its
+    first batch included), compiling, and the rest (reading metrics back, callbacks). The verdict is
+    the shared one, with the evaluations' total time as its stated denominator.
+    """
     summaries = [ledger.summary() for ledger in ledgers]
     summaries = [s for s in summaries if s["steps"]]
     if not summaries:

@@ -1,4 +1,16 @@
-"""Goodput across restarts: every run of one job, and the work a kill threw away."""
+"""Goodput across restarts: every run of one job, and the work a kill threw away.
+
+`RunHistory` keeps one record per run (a *segment*: start step, restored step, last step, wall and
+busy seconds, and the same at each checkpoint save) in `<run dir>/goodput_history.json`, rewritten
+atomically while the run trains, so a run killed by SIGKILL leaves how far it got. When the next
+run resumes from step R, the previous run's work past R is *lost*. `cumulative` adds the runs up:
+
+    goodput = (sum of busy_s - lost busy_s) / sum of wall_s
+
+with the time between runs reported beside it. After a run that did not finish, the lost work is
+"at least" what was recorded (with `unrecorded_s`, the time from its last record to the next
+start) or "unknown", never "none". A fresh start after a finished run begins a new history.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +26,7 @@ MAX_MARKS = 64  # checkpoint marks kept per segment (the newest)
 
 
 class RunHistory:
-    """The segments of one job in `directory/goodput_history.json` (docs/trainers.md, "Module notes")."""
+    """The segments of one job in `directory/goodput_history.json` (the module docstring has the rules)."""
 
     def __init__(self, directory: Any):
         self.path = Path(directory) / HISTORY
@@ -73,7 +85,7 @@ def _mark_at(segment: dict, step: int) -> tuple[float, float]:
 
 
 def cumulative(segments: list[dict]) -> dict:
-    """The job's goodput over its runs, with the work lost at each restart (docs/trainers.md, "Module notes")."""
+    """The job's goodput over its runs, with the work lost at each restart (see the module docstring)."""
     if not segments:
         return {}
     wall = float(sum(s["wall_s"] for s in segments))

@@ -1,4 +1,9 @@
-"""A PNG timeline of a run: device busy vs. idle, what the host was doing, and goodput per step."""
+"""A PNG timeline of a run: device busy vs. idle, what the host was doing, and goodput per step.
+
+`timeline_data` computes everything the picture shows from the ledger and its summary (so the
+figures on the plot are the report's own: the title is the report's `headline`, the lanes sum to
+its buckets); `plot_timeline` only draws it.
+"""
 
 from __future__ import annotations
 
@@ -64,7 +69,13 @@ def timeline_data(ledger: GoodputLedger, summary: dict | None = None) -> dict[st
 
 def plot_timeline(ledger: GoodputLedger, path: Any, *, title: str = "training timeline",
                   summary: dict | None = None) -> Path:
-    """Writes a two-panel PNG: lanes of intervals over wall time, and per-step time split."""
+    """Writes a two-panel PNG: lanes of intervals over wall time, and per-step time split.
+
+    The top panel shows, from the run's start, when the device ran steps, when the host waited in
+    next(), the exposed data stalls, compiles, checkpoint saves/restores and evaluations (the last
+    `MAX_BARS` steps of a longer run), under the report's headline. The bottom panel stacks, per
+    step, the device step time and the exposed idle before it, under the report's diagnosis.
+    """
     plt = _import_pyplot()
     data = timeline_data(ledger, summary)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), gridspec_kw={"height_ratios": [1.3, 1]})

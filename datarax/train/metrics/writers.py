@@ -1,4 +1,9 @@
-"""The experiment trackers' metric writers: TensorBoard, Weights & Biases, MLflow."""
+"""The experiment trackers' metric writers: TensorBoard, Weights & Biases, MLflow.
+
+A writer is anything with `write_scalars(step, scalars)` (and optionally `flush()`/`close()`), the
+interface of `clu.metric_writers.MetricWriter`, so a CLU writer can be passed as is; the console
+and JSON-lines writers, shared with the pipeline monitor, are `datarax.monitoring.writers`.
+"""
 
 from __future__ import annotations
 
@@ -88,7 +93,13 @@ class WandbWriterConfig:
 class WandbWriter:
     """Logs scalars to a Weights & Biases run (`pip install 'datarax[wandb]'`), started when the writer is made.
 
-    The run finishes at `close()` or the process's exit (the trainer does not close writers).
+    The run finishes at `close()` or the process's exit (the trainer does not close writers: one may
+    outlive a `fit`). Each `write_scalars` is one `run.log(scalars, step=step)`; wandb merges a step's
+    train and eval scalars into one history row and ignores a step lower than one it has (a resumed
+    run's repeated steps). Settings: those of `WandbWriterConfig`.
+
+    Example:
+        >>> writer = WandbWriter(project="exp1", dir="runs/exp1")  # doctest: +SKIP
     """
 
     def __init__(self, config: WandbWriterConfig | None = None, **settings: Any):
@@ -141,7 +152,12 @@ class MlflowWriterConfig:
 class MlflowWriter:
     """Logs scalars as metrics of an MLflow run (`pip install 'datarax[mlflow]'`), with its own `MlflowClient`.
 
-    `close()` (or the process's exit) marks the run finished; `run_id` is the run's id.
+    MLflow's global active run is left alone. Each `write_scalars` is one `log_batch` of all its
+    scalars at `step`; `close()` (or the process's exit) marks the run finished. `run_id` is the run's
+    id (to resume into it, or to read it back). Settings: those of `MlflowWriterConfig`.
+
+    Example:
+        >>> writer = MlflowWriter(tracking_uri="sqlite:///mlflow.db", experiment="exp1")  # doctest: +SKIP
     """
 
     def __init__(self, config: MlflowWriterConfig | None = None, **settings: Any):

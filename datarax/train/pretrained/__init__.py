@@ -1,4 +1,14 @@
-"""Pretrained weights into Flax NNX: readers, key tables, models, LoRA, probes and warm starts."""
+"""Pretrained weights into Flax NNX: readers, key tables, models, LoRA, probes and warm starts.
+
+Read a checkpoint (`read_pth`: a PyTorch `.pth` without torch and without running its pickle;
+`load_safetensors`), fill an NNX module through a key/transpose table (`load_table` with
+`resnet_table`, `bert_table`, `crepe_table`), build the input stages from the checkpoint's config
+(`preprocessing_stages`), fine-tune (`add_lora` + `lora_optimizer`, `probe_optimizer`,
+`discriminative`; all of it as one `FinetuneConfig` for `prepare_finetune`, the `[trainer.finetune]`
+table of a configuration file), merge and export (`merge_lora`, `export_table`,
+`save_safetensors`), or start from a datarax checkpoint (`warm_start`). No network is needed at
+run time. docs/trainers.md, "Pretrained weights and LoRA", is the guide.
+"""
 
 from datarax.train.pretrained.bert import BertConfig as BertConfig
 from datarax.train.pretrained.bert import BertEncoder as BertEncoder

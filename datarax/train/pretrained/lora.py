@@ -1,4 +1,21 @@
-"""LoRA fine-tuning of `nnx.Linear` and `nnx.Conv` layers: add adapters, train only them, merge them back."""
+"""LoRA fine-tuning of `nnx.Linear` and `nnx.Conv` layers: add adapters, train only them, merge them back.
+
+`add_lora` swaps chosen `nnx.Linear` layers for flax's `nnx.LoRALinear` (and, with `kinds=("conv",)`,
+chosen `nnx.Conv` layers for `LoRAConv`) holding the same `kernel` and `bias`, so the base weights
+keep their state paths and the key tables still apply, plus a rank-r pair `lora.lora_a`
+`(fan_in, r)` / `lora.lora_b` `(r, out)` of `nnx.LoRAParam`s, `lora_b` zero so the model starts
+exactly where it was. A convolution's kernel `(*k, in, out)` is seen as a `(prod(k) * in, out)`
+matrix and the layer convolves with `kernel + (lora_a @ lora_b).reshape(kernel.shape)` (one
+convolution per call). `lora_optimizer` builds the `nnx.Optimizer` over the adapters only (plus,
+with `head=`, the plain parameters under those path prefixes); `merge_lora` folds the update back
+into plain layers, the form to export:
+
+    add_lora(model, rank=8, where=lambda path: path.startswith("layers."))
+    trainer = Trainer(model, lora_optimizer(model, optax.adam(1e-3)), pipeline, loss_fn)
+    trainer.fit(num_steps=500)
+    merge_lora(model)
+    save_safetensors(export_table(model, bert_table(model)), "merged.safetensors")
+"""
 
 from __future__ import annotations
 
@@ -38,6 +55,11 @@ class LoRAConv(nnx.Conv):
     `(prod(kernel_size) * in_features // feature_group_count, lora_rank)` and `lora.lora_b`
     `(lora_rank, out_features)`, both `nnx.LoRAParam` (`lora_b` starts at zero). Takes
     `nnx.Conv`'s arguments plus `lora_rank`.
+
+    Example:
+        >>> layer = LoRAConv(3, 8, (5,), lora_rank=2, rngs=nnx.Rngs(0))
+        >>> layer(np.ones((1, 16, 3), np.float32)).shape
+        (1, 16, 8)
     """
 
     def __init__(self, in_features: int, out_features: int, kernel_size: int | tuple[int, ...],

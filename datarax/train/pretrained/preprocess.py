@@ -1,4 +1,15 @@
-"""The input stages a pretrained network expects, built from its checkpoint's configuration."""
+"""The input stages a pretrained network expects, built from its checkpoint's configuration.
+
+A Hugging Face image checkpoint's `preprocessor_config.json` states the image size and the
+normalisation (`size`, `crop_size`, `do_center_crop`, `image_mean`, `image_std`); an audio one
+states `sampling_rate`. `preprocessing_stages` turns those into datarax stages, so a fine-tune feeds
+the network what it was trained on: `DecodeImage(size=...)`, `ToFloatOperator()` and
+`NormalizeOperator(mean=..., std=...)` for an image, `DecodeAudio(sample_rate=..., length=...)`
+for audio (`datarax.train.pretrained.crepe.CREPE_CONFIG` states CREPE's frame).
+
+    stages = preprocessing_stages(json.load(open("preprocessor_config.json")))
+    pipeline = Pipeline(ImageFolderSource(root="photos/train"), stages, batch_size=64)
+"""
 
 from __future__ import annotations
 

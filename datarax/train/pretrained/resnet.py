@@ -1,4 +1,15 @@
-"""ResNet in Flax NNX with the key table of timm's and torchvision's checkpoints."""
+"""ResNet in Flax NNX with the key table of timm's and torchvision's checkpoints.
+
+timm's and torchvision's `resnet18`/`resnet50` share one state-dict layout: `conv1`, `bn1`,
+`layer{1..4}.{block}.conv{1,2[,3]}` / `bn{...}`, `layer{n}.0.downsample.0` (1x1 conv) and
+`.downsample.1` (its batch norm), and `fc`. `resnet_table(model)` lists every key for the model's
+depth:
+
+    model = ResNet("basic", (2, 2, 2, 2), num_classes=1000)        # resnet18
+    load_table(model, load_safetensors("resnet18.safetensors"), resnet_table(model),
+               ignore=("*.num_batches_tracked",))
+    logits = model.eval()(images_nhwc)
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,14 @@
-"""safetensors files as `{key: numpy array}`: read without any extra package, written with `safetensors`."""
+"""safetensors files as `{key: numpy array}`: read without any extra package, written with `safetensors`.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header mapping each key to
+`{"dtype", "shape", "data_offsets"}` (plus an optional `"__metadata__"` of strings), then the raw
+little-endian bytes. Reading is that much parsing and one `np.frombuffer` per tensor, so it needs no
+package and covers `BF16` (as `ml_dtypes.bfloat16`, which JAX ships). Writing goes through the
+`safetensors` package (`pip install 'datarax[pretrained]'`), the reference implementation:
+
+    save_safetensors({"head.weight": w}, "head.safetensors", metadata={"format": "pt"})
+    tensors, metadata = load_safetensors("head.safetensors", with_metadata=True)
+"""
 
 from __future__ import annotations
 

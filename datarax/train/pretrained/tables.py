@@ -1,4 +1,19 @@
-"""Key/transpose tables: how a checkpoint's tensors map onto an NNX module's variables, both ways."""
+"""Key/transpose tables: how a checkpoint's tensors map onto an NNX module's variables, both ways.
+
+A table is a tuple of `KeyMap(key, path, transform)`: the checkpoint key (`layer1.0.conv1.weight`),
+the dotted NNX state path (`layer1.0.conv1.kernel`) and the layout change between them, the whole
+difference between PyTorch's and Flax's layouts:
+
+| transform | checkpoint (PyTorch) | NNX |
+|---|---|---|
+| `copy` | any | the same |
+| `linear` | `(out, in)` | `(in, out)` |
+| `conv` | `(out, in, *kernel)` | `(*kernel, in, out)` |
+
+`load_table` checks everything before it writes anything and raises one `LayoutError` listing every
+problem; `export_table` is its exact inverse, so load-then-export gives back the checkpoint's arrays
+bit for bit.
+"""
 
 from __future__ import annotations
 
@@ -107,6 +122,10 @@ def load_table(model: nnx.Module, tensors: Mapping[str, np.ndarray], table: Iter
                ignore: Iterable[str] = (), source: str = "checkpoint", include: Iterable[str] = (),
                exclude: Iterable[str] = (), check_only: bool = False) -> None:
     """Writes `tensors` into `model` through `table`, after checking that everything fits.
+
+    Every checkpoint key must be mapped (or match `ignore`), every `nnx.Param` / `nnx.BatchStat` of
+    the module filled (LoRA adapters excepted: a pretrained checkpoint has none), and every shape
+    agree after the transform.
 
     Args:
         model: the NNX module to fill (its variables keep their dtypes: values are cast to them).

@@ -1,4 +1,16 @@
-"""Reads a PyTorch `.pth` state dict into numpy arrays without torch and without running its code."""
+"""Reads a PyTorch `.pth` state dict into numpy arrays without torch and without running its code.
+
+`torch.save` writes a zip archive: `<name>/data.pkl` (a pickle of the object), `<name>/data/<key>`
+(one raw storage per tensor buffer, in the byte order of `<name>/byteorder`) and `<name>/version`.
+In the pickle each tensor is a call `torch._utils._rebuild_tensor_v2(storage, offset, size, stride,
+...)` whose storage is a *persistent id* `("storage", torch.FloatStorage, key, location, numel)`. A
+pickle may name any importable global and call it (`os.system` is the classic payload), so the
+unpickler here resolves only the names a state dict needs, each to a numpy stand-in, and refuses
+every other one with an `UnsafePickleError` naming the file and the global: what
+`torch.load(..., weights_only=True)` does inside torch, without torch.
+
+    tensors = read_pth("crepe/tiny.pth")       # {"conv1.weight": np.ndarray (128, 1, 512, 1), ...}
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,15 @@
-"""Warm start: a datarax training checkpoint's model weights, or a part of them, in a new model."""
+"""Warm start: a datarax training checkpoint's model weights, or a part of them, in a new model.
+
+A fine-tune often starts from another run's model with a new head or a subset of its layers.
+`warm_start` reads only the `model` item of a `Checkpointer` step (optimizer, iterator and run
+configuration are left behind: this is a new run), checks the arrays against the integrity hash
+written with them, and copies each entry whose dotted state path and shape match the new model.
+With `strict=True` (the default) anything not restored is an error that names the paths:
+
+    model = ResNet("basic", (2, 2, 2, 2), num_classes=5)             # a new 5-class head
+    report = warm_start(model, "old_run/ckpt", exclude=("fc.",), strict=False)
+    print(report.missing)      # ('fc.bias', 'fc.kernel'): the new head keeps its initialisation
+"""
 
 from __future__ import annotations
 
