@@ -5,7 +5,11 @@ block of its page defined), in an empty working folder, on the CPU. A block that
 says so in a marker on the line just above its fence, and the marker is counted:
 
     <!-- docs-test: skip: the reason, e.g. "needs two hosts (tests/sharding runs it in real processes)" -->
-    <!-- docs-test: files: image_folder, experiment_toml -->    files written first (FILES below)
+    <!-- docs-test: setup: image_folder, experiment_toml -->
+
+`setup` names functions of `tests/docs/doc_setup.py` that run first, in the block's folder: they
+write the files a reader of the page would already have, or return the objects the block says it
+takes (a model, pipelines), which join the page's names.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-MARKER = re.compile(r"^<!--\s*docs-test:\s*(skip|files)\s*:\s*(.*?)\s*-->$")
+FENCE = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)  # fences inside list items are indented
+MARKER = re.compile(r"^<!--\s*docs-test:\s*(skip|setup)\s*:\s*(.*?)\s*-->$")
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class Block:
     line: int  # the block's first code line in the page
     code: str
     skip: str | None = None  # the marker's reason
-    files: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
 
 
 def blocks_of(path: Path) -> list[Block]:
@@ -44,14 +48,14 @@ def blocks_of(path: Path) -> list[Block]:
         line = text[:match.start()].count("\n") + 2
         above = next((s.strip() for s in reversed(lines[:line - 2]) if s.strip()), "")
         marker = MARKER.match(above)
-        skip = files = None
+        skip = setup = None
         if marker and marker.group(1) == "skip":
             skip = marker.group(2)
             if not skip:
                 raise ValueError(f"{path.name}:{line - 2}: a docs-test skip marker must give its reason")
         elif marker:
-            files = tuple(name.strip() for name in marker.group(2).split(","))
-        out.append(Block(path.name, line, textwrap.dedent(match.group(1)), skip, files or ()))
+            setup = tuple(name.strip() for name in marker.group(2).split(","))
+        out.append(Block(path.name, line, textwrap.dedent(match.group(2)), skip, setup or ()))
     return out
 
 
@@ -60,11 +64,11 @@ def blocks_of(path: Path) -> list[Block]:
 DRIVER = r"""
 import json, sys, traceback
 sys.path.insert(0, {tests!r})
-import doc_files
+import doc_setup
 ns = {{"__name__": "__main__"}}
 for block in json.load(open(sys.argv[1])):
-    for name in block["files"]:
-        getattr(doc_files, name)()
+    for name in block["setup"]:
+        ns.update(getattr(doc_setup, name)() or {{}})
     try:
         exec(compile("\n" * (block["line"] - 1) + block["code"], block["page"], "exec"), ns)
     except BaseException:
@@ -78,7 +82,7 @@ for block in json.load(open(sys.argv[1])):
 def run_blocks(blocks: list[Block], workdir: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     """Runs the blocks that are not skipped, in order, in one fresh process in `workdir`."""
     spec = workdir / "blocks.json"
-    spec.write_text(json.dumps([{"page": b.page, "line": b.line, "code": b.code, "files": list(b.files)}
+    spec.write_text(json.dumps([{"page": b.page, "line": b.line, "code": b.code, "setup": list(b.setup)}
                                 for b in blocks if b.skip is None]))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))

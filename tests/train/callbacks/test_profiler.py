@@ -169,19 +169,3 @@ def test_train_profiles_from_the_file_into_a_folder_beside_it(folder, capsys, mo
     counts = datarax_counts(trace_events(only_trace(folder / "profile")))
     assert counts == {NEXT: 2, STEP: 2}
 
-
-def doc_blocks(title: str) -> list[str]:
-    """The python blocks of one section of docs/trainers.md."""
-    import re
-
-    text = (Path(__file__).resolve().parents[3] / "docs" / "trainers.md").read_text()
-    section = text[text.index(f"\n## {title}\n"):]
-    section = section[:section.index("\n## ", 1)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
-
-
-def test_the_profiling_docs_run(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    blocks = doc_blocks("Profiling")
-    assert len(blocks) == 1
-    exec(compile(blocks[0], "docs/trainers.md", "exec"), {})

@@ -10,6 +10,7 @@ file store.
 
 from __future__ import annotations
 
+import re
 import struct
 import sys
 from pathlib import Path
@@ -234,10 +235,10 @@ def test_train_logs_to_both_trackers_from_the_file(folder, capsys, monkeypatch):
 def test_the_tracker_docs_run(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="WandbWriter needs the `wandb` package: pip install 'datarax[wandb]'")
     pytest.importorskip("mlflow", reason="MlflowWriter needs the `mlflow` package: pip install 'datarax[mlflow]'")
-    from test_profiler import doc_blocks
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the block sets it too; monkeypatch restores it
-    blocks = doc_blocks("Experiment trackers")
+    text = (Path(__file__).resolve().parents[3] / "docs" / "trainers.md").read_text()
+    section = text[text.index("\n## Experiment trackers\n"):]
+    blocks = re.findall(r"```python\n(.*?)```", section[:section.index("\n## ", 1)], re.S)
     assert len(blocks) == 1
     exec(compile(blocks[0], "docs/trainers.md", "exec"), {})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import jax
@@ -260,13 +259,3 @@ def test_warm_start_into_a_model_with_a_new_head(tmp_path):
     with pytest.raises(WarmStartError, match=r"missing from the checkpoint: \['extra.bias', 'extra.kernel'\]"):
         warm_start(Other(), tmp_path / "ckpt")
 
-
-def test_the_docs_section_runs(tmp_path, monkeypatch):
-    text = DOCS.read_text()
-    section = text[text.index("## Pretrained weights and LoRA"):]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert blocks
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    for block in blocks:
-        exec(compile(block, str(DOCS), "exec"), namespace)
