@@ -131,5 +131,8 @@ def features_module():
     """`features.py`: the module docs/sources.md shows for `HostMap`'s worker processes, as the page
     shows it (its python block that starts with `# features.py`)."""
     page = (REPO / "docs" / "sources.md").read_text()
-    (code,) = re.findall(r"^```python\n(# features\.py\n.*?)^```", page, re.S | re.M)
-    Path("features.py").write_text(code)
+    blocks = re.findall(r"^```python\n(# features\.py\n.*?)^```", page, re.S | re.M)
+    if len(blocks) != 1:
+        raise ValueError(f"docs/sources.md must hold one python block starting with '# features.py', found "
+                         f"{len(blocks)}")
+    Path("features.py").write_text(blocks[0])
