@@ -72,14 +72,20 @@ def wav_bytes(samples: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def tones(folder: str, count: int = 256) -> None:
-    rng = np.random.default_rng(0)
+def tone_files(count: int, seed: int = 0) -> tuple[list[tuple[str, bytes]], np.ndarray]:
+    """`count` WAV clips of the four tones (random phase, loudness and noise) and their labels."""
+    rng = np.random.default_rng(seed)
     t = np.arange(SAMPLE_RATE // 2) / SAMPLE_RATE
     labels = np.arange(count, dtype=np.int64) % len(TONES_HZ)
     files = []
     for i, label in enumerate(labels):
         wave_ = rng.uniform(0.2, 0.8) * np.sin(2 * np.pi * TONES_HZ[label] * t + rng.uniform(0, 2 * np.pi))
         files.append((f"tone-{i:03d}.wav", wav_bytes(wave_ + 0.02 * rng.standard_normal(t.size))))
+    return files, labels
+
+
+def tones(folder: str, count: int = 256) -> None:
+    files, labels = tone_files(count)
     write_parquet(os.path.join(folder, "tones.parquet"), "audio", files, labels)
 
 
