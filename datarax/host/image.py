@@ -200,9 +200,8 @@ class DecodeImage(DecodingStage):
     Output: `(B, h, w, 3)` uint8, plus a bool `<out_field>_ok` when `on_error="skip"`.
 
     Example:
-        >>> stages = [DecodeImage(size=128, crop="random_resized", seed=0),
-        ...           HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(0))]
-        >>> pipeline = Pipeline(ImageFolderSource(root="photos/train", shuffle=True), stages, batch_size=64)
+        >>> stages = [DecodeImage(128, crop="random_resized", seed=0), HorizontalFlipOperator(rngs=nnx.Rngs(0))]
+        >>> pipeline = Pipeline(ImageFolderSource("photos/train", shuffle=True), stages, batch_size=64)
 
     Attributes:
         skipped: records replaced by zeros so far (`on_error="skip"`).
@@ -210,9 +209,11 @@ class DecodeImage(DecodingStage):
     """
 
     work = "image_decode"
+    positional = ("size",)
 
-    def __init__(self, config: DecodeImageConfig | None = None, **settings: Any):
-        self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage"))
+    def __init__(self, config: DecodeImageConfig | None = None, *args: Any, **settings: Any):
+        self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage", args=args,
+                                   positional=self.positional))
 
     def _setup(self, config: DecodeImageConfig) -> None:
         self.config = config
