@@ -199,6 +199,9 @@ class DecodeImage(DecodingStage):
     Every mode becomes RGB, 16/32-bit gray is scaled over `value_range`, EXIF orientation applies.
     Output: `(B, h, w, 3)` uint8, plus a bool `<out_field>_ok` when `on_error="skip"`.
 
+    Args:
+        config: a `DecodeImageConfig`; or its fields as keywords, `size` also by position.
+
     Example:
         >>> stages = [DecodeImage(128, crop="random_resized", seed=0), HorizontalFlipOperator(rngs=nnx.Rngs(0))]
         >>> pipeline = Pipeline(ImageFolderSource("photos/train", shuffle=True), stages, batch_size=64)

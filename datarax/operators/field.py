@@ -65,7 +65,6 @@ class FieldOperator(PerRecordOperator):
     """
 
     config_class: ClassVar[type[FieldOperatorConfig]]
-    positional: ClassVar[tuple[str, ...]] = ()
     bounds: ClassVar[Bounds] = {}
     channel_bounds: ClassVar[Bounds] = {}
     # Bilinear warps: computed as their own XLA computation on CPU (see `datarax.core.fusion`).

@@ -15,7 +15,9 @@ from flax import nnx
 import datarax
 from datarax import transforms as T
 from datarax.core.operator import OperatorModule
+from datarax.core.source import DataSourceModule
 from datarax.host import DecodeImage, DecodeImageConfig, HostMap, HostMapConfig
+from datarax.host.stage import HostStage
 from datarax.operators import ElementOperatorConfig, MapOperatorConfig
 from datarax.operators.audio import (
     CropPadConfig,
@@ -38,6 +40,7 @@ from datarax.operators.image import (
     StandardizeConfig,
     VerticalFlipConfig,
 )
+from datarax.samplers import default_sampler
 from datarax.sources import (
     ArrayRecordSource,
     ArrayRecordSourceConfig,
@@ -53,9 +56,6 @@ from datarax.sources import (
 )
 from datarax.sources.array_record import write_array_records
 from datarax.sources.disk import save_npy_dataset
-from datarax.core.source import DataSourceModule
-from datarax.host.stage import HostStage
-from datarax.samplers import default_sampler
 from datarax.sources.stream import StreamSourceModule
 
 # Wrappers that hold other objects and have no settings of their own, each with its reason.
@@ -291,7 +291,8 @@ REFUSED = [
      "DecodeImage takes only size by position; pass the rest as keywords: "
      "DecodeImage(size=224, resize='shorter_side', crop='center')"),
     (lambda: MemorySource({"x": np.arange(3)}, True),
-     "MemorySource takes only data by position; pass the rest as keywords: MemorySource(data=..., device_resident=True)"),
+     "MemorySource takes only data by position; pass the rest as keywords: "
+     "MemorySource(data=..., device_resident=True)"),
     (lambda: T.RandomCrop(32, size=32, rngs=nnx.Rngs(0)),
      "RandomCropOperator got multiple values for size: int 32 by position and int 32 as size=; pass it once"),
     (lambda: MemorySource({"x": np.arange(3)}, data={"x": np.arange(3)}),
