@@ -1,16 +1,18 @@
 """One way to build a source, host stage or operator: a config *or* settings, never both.
 
-Every constructor reads `X(config=None, *args, <required data>, rngs=None, **settings)` and turns its
-arguments into one config here, so every spelling gives the same object:
+Every constructor reads `X(config=None, *args, <required data>, rngs=None, **settings)` (`*args`
+where the class takes settings by position) and turns its arguments into one config here, so
+every spelling gives the same object:
 
     >>> MemorySource(MemorySourceConfig(shuffle=True), data=data)   # a config (TOML files build these)
     >>> MemorySource(data, shuffle=True)                            # the same source from settings
-    >>> RandomCropOperator(32, padding=4)                           # == RandomCropOperator(size=32, padding=4)
+    >>> RandomCropOperator(32, padding=4, rngs=nnx.Rngs(0))         # == RandomCropOperator(size=32, padding=4, ...)
 
-A class's `positional` names its principal settings, the ones a torchvision, torchaudio, grain or
-tfds user types first (`RandomCrop(32)`, `Normalize(mean, std)`, `ImageFolderSource(root)`). A
-first positional value that is a dataclass instance is the config; other values fill `positional`
-in order, and any beyond it are refused with the keyword call spelled out.
+A class's `positional` names its principal settings: what a torchvision, torchaudio, grain or tfds
+user passes first, where datarax's setting means the same (`RandomCrop(32)`, `Normalize(mean, std)`,
+`ImageFolderSource(root)`, `DecodeImage(224)`). A first positional value that is a dataclass
+instance is the config; other values fill `positional` in order, and any beyond it are refused
+with the keyword call spelled out.
 """
 
 from __future__ import annotations
