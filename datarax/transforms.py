@@ -1,13 +1,14 @@
 """Short names for the operators, the way torchvision and augmax spell them.
 
 Each name *is* the operator class (`T.RandomCrop is RandomCropOperator`), built as every operator
-is, from its config or from its settings as keywords, so fingerprints, checkpoints and configs are
-those of the config form:
+is, from its config or from its settings, so fingerprints, checkpoints and configs are those of
+the config form. The principal settings come by position, as in torchvision (`RandomCrop(32)`,
+`Resize(224)`, `Normalize(mean, std)`; each class's `positional` lists them), the rest by keyword:
 
     >>> from flax import nnx
     >>> from datarax import transforms as T
-    >>> stages = [T.ToFloat(field="image"), T.RandomCrop(size=32, padding=4, field="image", rngs=nnx.Rngs(0)),
-    ...           T.HorizontalFlip(field="image", rngs=nnx.Rngs(1))]
+    >>> stages = [T.ToFloat(field="image"), T.RandomCrop(32, padding=4, rngs=nnx.Rngs(0)),
+    ...           T.HorizontalFlip(rngs=nnx.Rngs(1)), T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ data = {
     "label": np.random.randint(0, 10, (1000,)).astype(np.int32),
 }
 pipeline = Pipeline(
-    MemorySource(data=data),
+    MemorySource(data),
     [T.ToFloat(field="image"), T.HorizontalFlip(field="image", rngs=nnx.Rngs(0))],
     batch_size=32,
 )

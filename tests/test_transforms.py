@@ -1,4 +1,5 @@
-"""datarax.transforms: short names for the operator classes, whose keyword form equals the config form."""
+"""datarax.transforms: short names for the operator classes, whose keyword and positional forms equal the
+config form."""
 
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ def test_the_keyword_form_builds_the_config_form(name):
     assert made.structure() == config_form.structure()
     if getattr(made, "key", None) is not None:
         np.testing.assert_array_equal(np.asarray(made.key[...]), np.asarray(config_form.key[...]))
+    # The principal settings by position: the config's own values given back that way build it again.
+    args = [getattr(made.config, n) for n in build.positional]
+    keywords = {k: v for k, v in REQUIRED.get(name, {}).items() if k not in build.positional}
+    assert build(*args, **keywords, rngs=nnx.Rngs(3)).config == config_form.config
 
 
 def test_names_are_the_classes_and_errors_name_the_settings():
@@ -52,8 +57,10 @@ def test_names_are_the_classes_and_errors_name_the_settings():
     assert crop.config == T.RandomCrop(size=32, padding=4, field="image", rngs=nnx.Rngs(0)).config
     with pytest.raises(TypeError, match=r"RandomCropOperator got unknown settings \['paddin'\]; .*'padding'"):
         T.RandomCrop(size=32, paddin=4)
-    with pytest.raises(TypeError):
-        T.RandomCrop(32)  # settings are keywords: the one positional argument is the config
+    assert T.RandomCrop(32, padding=4, field="image", rngs=nnx.Rngs(0)).config == crop.config
+    with pytest.raises(TypeError, match=r"RandomCropOperator takes only size by position; pass the rest as "
+                                        r"keywords: RandomCropOperator\(size=32, padding=4\)"):
+        T.RandomCrop(32, 4, rngs=nnx.Rngs(0))
 
 
 def test_to_float_scales_integers_by_their_dtype_and_casts_floats():

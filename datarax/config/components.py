@@ -213,7 +213,8 @@ def _misplaced(keys: Sequence[str], path: Path, ctx: Context) -> list[str]:
     return found
 
 
-# Constructor arguments that default to None but that the class cannot do without.
+# Constructor arguments that default to None but that the class cannot do without (as do those a
+# class takes by position that are not config fields: `MemorySource(data)`, `MapOperator(fn)`).
 REQUIRED = ("tokenizer",)
 EXAMPLES = {"operator": "brightness = { max_delta = 0.2 }", "stage": "brightness = { max_delta = 0.2 }",
             "source": "memory = { data = \"pkg.mod:fn\" }", "sampler": "shuffle = { seed = 0 }"}
@@ -282,7 +283,8 @@ def component(table: Any, kind: str, path: Path, ctx: Context, *, extra_keys: Se
         if pname in config_fields or pname in replaced:
             continue
         if pname not in params:
-            if param.default is inspect.Parameter.empty or pname in REQUIRED:
+            if param.default is inspect.Parameter.empty or pname in REQUIRED or \
+                    pname in getattr(factory, "positional", ()):
                 also = f" (or files = [...], which {name!r} reads it from)" if route is not None and \
                     pname in route.replaces else ""
                 problems.add((*here, pname), f"is required by {name!r} but missing{also}")

@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +80,8 @@ class OperatorModule(nnx.Module, abc.ABC):
     """
 
     config: OperatorConfig
+    # The settings a constructor takes by position, in order (`datarax.core.construct`).
+    positional: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:

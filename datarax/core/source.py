@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import numpy as np
@@ -71,6 +71,9 @@ class DataSourceModule(nnx.Module, abc.ABC):
     Subclasses implement `__len__`, `element_spec` and `get_batch`; device-resident sources also
     return their arrays from `device_arrays`.
     """
+
+    # The settings a constructor takes by position, in order (`datarax.core.construct`).
+    positional: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def __len__(self) -> int:

@@ -199,10 +199,12 @@ class DecodeImage(DecodingStage):
     Every mode becomes RGB, 16/32-bit gray is scaled over `value_range`, EXIF orientation applies.
     Output: `(B, h, w, 3)` uint8, plus a bool `<out_field>_ok` when `on_error="skip"`.
 
+    Args:
+        config: a `DecodeImageConfig`; or its fields as keywords, `size` also by position.
+
     Example:
-        >>> stages = [DecodeImage(size=128, crop="random_resized", seed=0),
-        ...           HorizontalFlipOperator(HorizontalFlipConfig(), rngs=nnx.Rngs(0))]
-        >>> pipeline = Pipeline(ImageFolderSource(root="photos/train", shuffle=True), stages, batch_size=64)
+        >>> stages = [DecodeImage(128, crop="random_resized", seed=0), HorizontalFlipOperator(rngs=nnx.Rngs(0))]
+        >>> pipeline = Pipeline(ImageFolderSource("photos/train", shuffle=True), stages, batch_size=64)
 
     Attributes:
         skipped: records replaced by zeros so far (`on_error="skip"`).
@@ -210,9 +212,11 @@ class DecodeImage(DecodingStage):
     """
 
     work = "image_decode"
+    positional = ("size",)
 
-    def __init__(self, config: DecodeImageConfig | None = None, **settings: Any):
-        self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage"))
+    def __init__(self, config: DecodeImageConfig | None = None, *args: Any, **settings: Any):
+        self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage", args=args,
+                                   positional=self.positional))
 
     def _setup(self, config: DecodeImageConfig) -> None:
         self.config = config

@@ -28,7 +28,7 @@ from datarax.core.checks import (
     field,
     set_field,
 )
-from datarax.core.construct import resolve_config
+from datarax.core.construct import resolve_arguments
 from datarax.core.fields import batchable
 from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool, row_blocks
 from datarax.host.stage import ON_ERROR, BadRecords, DecodingStage, HostContext, Spec, record_generator
@@ -171,10 +171,10 @@ class HostMap(DecodingStage):
     Args:
         config: everything but the function (or give its fields as keywords: `outputs`,
             `fields`, `batched`, `stochastic`, `seed`, `on_error`, `executor`, `num_workers`).
-        fn: `fn(record, rng) -> dict` (or `fn(batch, rngs) -> dict` with `batched=True`).
+        fn: `fn(record, rng) -> dict` (or `fn(batch, rngs) -> dict` with `batched=True`); also by position.
 
     Example:
-        >>> stage = HostMap(fn=parse, outputs={"tokens": ((128,), np.int32)}, fields=("text",),
+        >>> stage = HostMap(parse, outputs={"tokens": ((128,), np.int32)}, fields=("text",),
         ...                 executor="processes", num_workers=2)
 
     Attributes:
@@ -182,10 +182,13 @@ class HostMap(DecodingStage):
     """
 
     work = "python"
+    positional = ("fn",)
 
-    def __init__(self, config: HostMapConfig | None = None, *, fn: Callable[..., Mapping[str, Any]],
-                 **settings: Any):
-        self._setup(fn, resolve_config(HostMapConfig, config, settings, "HostMap"))
+    def __init__(self, config: HostMapConfig | None = None, *args: Any,
+                 fn: Callable[..., Mapping[str, Any]] | None = None, **settings: Any):
+        config, fn = resolve_arguments(HostMapConfig, config, settings, "HostMap", {"fn": fn}, args=args,
+                                       positional=self.positional)
+        self._setup(fn, config)
 
     def _setup(self, fn: Callable, config: HostMapConfig) -> None:
         if not callable(fn):

@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
@@ -149,6 +149,8 @@ class HostStage(abc.ABC):
     seed: int | None = None
     stochastic: bool = False
     work: str = "other"
+    # The settings a constructor takes by position, in order (`datarax.core.construct`).
+    positional: ClassVar[tuple[str, ...]] = ()
     # The encoded field this stage reads from file references itself (in its worker processes): at the
     # head of the stages, a source with `read_references` then hands it references, not bytes.
     reads_files: str | None = None

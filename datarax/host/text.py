@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from datarax.core.checks import check_bool, check_field_name, check_int, field
-from datarax.core.construct import resolve_config
+from datarax.core.construct import resolve_arguments
 from datarax.host.stage import HostContext, HostStage, Spec, check_encoded_field
 from datarax.sources.tokens import as_texts, encode, load_tokenizer
 
@@ -68,16 +68,18 @@ class Tokenize(HostStage):
 
     Args:
         config: a `TokenizeConfig`; or give its fields as keywords.
-        tokenizer: a `tokenizers.Tokenizer` or the path of a `tokenizer.json`.
+        tokenizer: a `tokenizers.Tokenizer` or the path of a `tokenizer.json`; also by position.
 
     Example:
-        >>> stage = Tokenize(tokenizer="tokenizer.json", length=64, field="text")
+        >>> stage = Tokenize("tokenizer.json", length=64, field="text")
     """
 
     work = "decode"
+    positional = ("tokenizer",)
 
-    def __init__(self, config: TokenizeConfig | None = None, *, tokenizer: Any, **settings: Any):
-        self.config = resolve_config(TokenizeConfig, config, settings, "Tokenize")
+    def __init__(self, config: TokenizeConfig | None = None, *args: Any, tokenizer: Any = None, **settings: Any):
+        self.config, tokenizer = resolve_arguments(TokenizeConfig, config, settings, "Tokenize",
+                                                   {"tokenizer": tokenizer}, args=args, positional=self.positional)
         self.tokenizer, self.tokenizer_hash = load_tokenizer(tokenizer, "Tokenize")
 
     def output_spec(self, input_spec: Spec) -> Spec:

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from datarax.core.construct import resolve_config
+from datarax.core.construct import resolve_arguments
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator, describe
 from datarax.operators.lowering import user_code
@@ -75,12 +75,15 @@ class ElementOperator(PerRecordOperator):
     Example:
         >>> def scale(element, key=None):
         ...     return element.update_data({"x": element.data["x"] * 2})
-        >>> op = ElementOperator(ElementOperatorConfig(), fn=scale)
+        >>> op = ElementOperator(scale)
     """
 
-    def __init__(self, config: ElementOperatorConfig | None = None, *, fn: Callable[..., Element],
-                 rngs: nnx.Rngs | None = None, **settings: Any):
-        config = resolve_config(ElementOperatorConfig, config, settings, "ElementOperator", accept=OperatorConfig)
+    positional = ("fn",)
+
+    def __init__(self, config: ElementOperatorConfig | None = None, *args: Any,
+                 fn: Callable[..., Element] | None = None, rngs: nnx.Rngs | None = None, **settings: Any):
+        config, fn = resolve_arguments(ElementOperatorConfig, config, settings, "ElementOperator", {"fn": fn},
+                                       args=args, positional=self.positional, accept=OperatorConfig)
         self._takes_key = takes_key(fn, config, "ElementOperator", "fn")
         self.fn = fn
         self._init_rng(config, rngs)

@@ -60,7 +60,8 @@ def check_magnitudes(config: FieldOperatorConfig, bounds: Bounds, *, open_low: t
 class FieldOperator(PerRecordOperator):
     """Abstract base of the image and audio operators (see the module docstring).
 
-    Subclasses set `config_class` and, when they have continuous magnitudes, `bounds` or
+    Subclasses set `config_class`, `positional` (the settings taken by position, see
+    `datarax.core.construct`) and, when they have continuous magnitudes, `bounds` or
     `channel_bounds`, and implement `draw` and `apply`; `ImageOperator` and `AudioOperator`
     implement `read`.
     """
@@ -71,8 +72,10 @@ class FieldOperator(PerRecordOperator):
     # Bilinear warps: computed as their own XLA computation on CPU (see `datarax.core.fusion`).
     separate_on_cpu: ClassVar[bool] = False
 
-    def __init__(self, config: FieldOperatorConfig | None = None, *, rngs: nnx.Rngs | None = None, **settings: Any):
-        config = resolve_config(self.config_class, config, settings, type(self).__name__, exact=True)
+    def __init__(self, config: FieldOperatorConfig | None = None, *args: Any, rngs: nnx.Rngs | None = None,
+                 **settings: Any):
+        config = resolve_config(self.config_class, config, settings, type(self).__name__, args=args,
+                                positional=self.positional, exact=True)
         owner = self.config_class.__name__
         bounds = self.active_bounds(config)
         available = [*bounds, *self.channel_bounds]

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from datarax.core.construct import resolve_config
+from datarax.core.construct import resolve_arguments
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator
 from datarax.operators.element import accepts_key, fn_name
@@ -63,12 +63,15 @@ class MapOperator(PerRecordOperator):
     position in the tree), so fields are augmented independently but reproducibly.
 
     Example:
-        >>> op = MapOperator(MapOperatorConfig(fields=("image",)), fn=lambda x, key=None: x / 255.0)
+        >>> op = MapOperator(lambda x, key=None: x / 255.0, fields=("image",))
     """
 
-    def __init__(self, config: MapOperatorConfig | None = None, *, fn: Callable[..., Any],
+    positional = ("fn",)
+
+    def __init__(self, config: MapOperatorConfig | None = None, *args: Any, fn: Callable[..., Any] | None = None,
                  rngs: nnx.Rngs | None = None, **settings: Any):
-        config = resolve_config(MapOperatorConfig, config, settings, "MapOperator")
+        config, fn = resolve_arguments(MapOperatorConfig, config, settings, "MapOperator", {"fn": fn}, args=args,
+                                       positional=self.positional)
         self._takes_key = accepts_key(fn, "MapOperator")
         if config.stochastic and not self._takes_key:
             raise TypeError(f"MapOperator is stochastic but fn {fn_name(fn)} takes no key; define fn(x, key)")

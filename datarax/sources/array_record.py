@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import check_field_name, check_int, field, require
-from datarax.core.construct import resolve_config
+from datarax.core.construct import resolve_arguments
 from datarax.core.errors import REWRITE, CorruptFileError
 from datarax.core.fields import ENCODED, flatten, read_batch, spec_of, spec_text, stack_into
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
@@ -71,22 +71,25 @@ class ArrayRecordSource(DataSourceModule):
 
     Args:
         config: shuffling and reader options.
-        paths: a file, a glob pattern, or a list of them, concatenated in order.
+        paths: a file, a glob pattern, or a list of them, concatenated in order; also by position.
         decode: optional function from one record's bytes to a dict of fixed-shape arrays; None
             reads datarax fixed-layout records.
         rngs: draws the shuffle seed when `config.seed` is None.
 
     Example:
         >>> files = write_array_records("/tmp/data/train", {"x": np.arange(100)}, num_shards=2)
-        >>> src = ArrayRecordSource(ArrayRecordSourceConfig(shuffle=True, seed=0), paths=files)
+        >>> src = ArrayRecordSource(files, shuffle=True, seed=0)
         >>> src.get_batch(np.array([5, 60]))["x"]
         array([ 5, 60])
     """
 
-    def __init__(self, config: ArrayRecordSourceConfig | None = None, *, paths: Any, decode: Decoder | None = None,
-                 rngs: nnx.Rngs | None = None, **settings: Any):
+    positional = ("paths",)
+
+    def __init__(self, config: ArrayRecordSourceConfig | None = None, *args: Any, paths: Any = None,
+                 decode: Decoder | None = None, rngs: nnx.Rngs | None = None, **settings: Any):
         ar = require(ARRAY_RECORD, owner="ArrayRecordSource", extra="data", package="array_record")
-        config = resolve_config(ArrayRecordSourceConfig, config, settings, "ArrayRecordSource")
+        config, paths = resolve_arguments(ArrayRecordSourceConfig, config, settings, "ArrayRecordSource",
+                                          {"paths": paths}, args=args, positional=self.positional)
         if decode is not None and not callable(decode):
             raise TypeError(f"ArrayRecordSource decode must be a function bytes -> dict of arrays, got {decode!r}")
         if decode is not None and config.encoded is not None:

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.construct import resolve_config
+from datarax.core.construct import resolve_arguments
 from datarax.core.errors import REWRITE, CorruptFileError
 from datarax.core.fields import batchable, spec_text, take_batch
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
@@ -53,19 +53,23 @@ class StreamingDiskSource(DataSourceModule):
 
     Args:
         config: shuffling options.
-        paths: a directory holding one `<field>.npy` per field, or a dict `{field: path}`.
+        paths: a directory holding one `<field>.npy` per field, or a dict `{field: path}`; also by position.
         rngs: draws the shuffle seed when `config.seed` is None.
 
     Example:
         >>> save_npy_dataset("/tmp/ds", {"x": np.arange(10), "y": np.ones((10, 3))})
-        >>> src = StreamingDiskSource(StreamingDiskSourceConfig(shuffle=True, seed=1), paths="/tmp/ds")
+        >>> src = StreamingDiskSource("/tmp/ds", shuffle=True, seed=1)
         >>> src.get_batch(np.array([2, 7]))["x"]
         array([2, 7])
     """
 
-    def __init__(self, config: StreamingDiskSourceConfig | None = None, *, paths: Any,
+    positional = ("paths",)
+
+    def __init__(self, config: StreamingDiskSourceConfig | None = None, *args: Any, paths: Any = None,
                  rngs: nnx.Rngs | None = None, **settings: Any):
-        self.config = config = resolve_config(StreamingDiskSourceConfig, config, settings, "StreamingDiskSource")
+        config, paths = resolve_arguments(StreamingDiskSourceConfig, config, settings, "StreamingDiskSource",
+                                          {"paths": paths}, args=args, positional=self.positional)
+        self.config = config
         files = _field_files(paths)
         maps = {}
         for name, path in files.items():

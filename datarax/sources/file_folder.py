@@ -158,7 +158,8 @@ class FileFolderSource(DataSourceModule):
     """Serves the files of a class-folder tree as `{field: bytes, "label": int32}` records.
 
     Args:
-        config: a `FileFolderSourceConfig`; or its fields as keywords (`root=` is required).
+        config: a `FileFolderSourceConfig`; or its fields as keywords, `root` also by position
+            (`FileFolderSource("sounds/train", shuffle=True)`).
         rngs: where an unset shuffle seed is drawn from.
 
     Attributes:
@@ -167,11 +168,13 @@ class FileFolderSource(DataSourceModule):
     """
 
     config_class = FileFolderSourceConfig
+    positional = ("root",)
     _what = "files"
 
-    def __init__(self, config: FileFolderSourceConfig | None = None, *, rngs: nnx.Rngs | None = None,
+    def __init__(self, config: FileFolderSourceConfig | None = None, *args: Any, rngs: nnx.Rngs | None = None,
                  **settings: Any):
-        self.config = resolve_config(self.config_class, config, settings, type(self).__name__)
+        self.config = resolve_config(self.config_class, config, settings, type(self).__name__, args=args,
+                                     positional=self.positional)
         skipped: list[str] = []
         classes, paths, labels = scan_folder(self.config.root, self.config.extensions, type(self).__name__, self._what,
                                              skipped)

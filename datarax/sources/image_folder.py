@@ -47,8 +47,8 @@ class ImageFolderSource(FileFolderSource):
     """Serves the files of an image folder as `{"image": bytes, "label": int32}` records (see `FileFolderSource`).
 
     Example:
-        >>> source = ImageFolderSource(root="photos/train", shuffle=True, seed=0)
-        >>> pipeline = Pipeline(source, [DecodeImage(size=224, crop="random_resized")], batch_size=64)
+        >>> source = ImageFolderSource("photos/train", shuffle=True, seed=0)
+        >>> pipeline = Pipeline(source, [DecodeImage(224, crop="random_resized")], batch_size=64)
     """
 
     config_class = ImageFolderSourceConfig

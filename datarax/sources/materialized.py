@@ -25,7 +25,7 @@ from datarax.core.checks import (
     field,
     require,
 )
-from datarax.core.construct import resolve_config
+from datarax.core.construct import resolve_arguments
 from datarax.core.errors import CorruptFileError, DataraxError
 from datarax.core.fields import ENCODED, read_batch
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
@@ -181,17 +181,21 @@ class MaterializedSource(DataSourceModule):
 
     Args:
         config: the prefix asked for and the record order (or give its fields as keywords).
-        directory: the cache folder.
+        directory: the cache folder; also by position.
         source: the source the cache was made from, checked against the manifest (None: not checked).
         rngs: draws the shuffle seed when `shuffle=True` and `config.seed` is None.
 
     Example:
-        >>> cache = MaterializedSource(directory="/data/photos-160", source=source, max_side=160)
+        >>> cache = MaterializedSource("/data/photos-160", source=source, max_side=160)
     """
 
-    def __init__(self, config: MaterializedSourceConfig | None = None, *, directory: str | os.PathLike,
-                 source: DataSourceModule | None = None, rngs: nnx.Rngs | None = None, **settings: Any):
-        config = resolve_config(MaterializedSourceConfig, config, settings, "MaterializedSource")
+    positional = ("directory",)
+
+    def __init__(self, config: MaterializedSourceConfig | None = None, *args: Any,
+                 directory: str | os.PathLike | None = None, source: DataSourceModule | None = None,
+                 rngs: nnx.Rngs | None = None, **settings: Any):
+        config, directory = resolve_arguments(MaterializedSourceConfig, config, settings, "MaterializedSource",
+                                              {"directory": directory}, args=args, positional=self.positional)
         prefix = config.prefix()
         if source is not None and not isinstance(source, DataSourceModule):
             raise TypeError(f"MaterializedSource source must be the DataSourceModule the cache was made from (or "

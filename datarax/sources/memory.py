@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import check_bool, check_int, check_int_range, field
-from datarax.core.construct import resolve_config
+from datarax.core.construct import resolve_arguments
 from datarax.core.fields import take_batch
 from datarax.core.layout import to_storage
 from datarax.core.operator import describe
@@ -77,14 +77,18 @@ class MemorySource(DataSourceModule):
     not is refused with an `IntegerRangeError`.
 
     Example:
-        >>> src = MemorySource(MemorySourceConfig(shuffle=True), data={"x": np.arange(10)}, rngs=nnx.Rngs(0))
+        >>> src = MemorySource({"x": np.arange(10)}, shuffle=True, rngs=nnx.Rngs(0))
         >>> src.get_batch(np.array([3, 1]))["x"]
         array([3, 1])
     """
 
-    def __init__(self, config: MemorySourceConfig | None = None, *, data: Mapping[str, Any],
+    positional = ("data",)
+
+    def __init__(self, config: MemorySourceConfig | None = None, *args: Any, data: Mapping[str, Any] | None = None,
                  rngs: nnx.Rngs | None = None, **settings: Any):
-        self.config = config = resolve_config(MemorySourceConfig, config, settings, "MemorySource")
+        config, data = resolve_arguments(MemorySourceConfig, config, settings, "MemorySource", {"data": data},
+                                         args=args, positional=self.positional)
+        self.config = config
         arrays = validate_arrays(data, "MemorySource")
         for name, values in arrays.items():
             check_int_range(values, "MemorySource", name, where=lambda row: f"record {row}",

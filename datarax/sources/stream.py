@@ -9,7 +9,7 @@ docs/sources.md ("Streams") has the contract.
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
@@ -68,6 +68,9 @@ class ChunkReader(RecordReader):
 
 class StreamSourceModule(nnx.Module, abc.ABC):
     """Abstract base of sources that are read in order, not by index."""
+
+    # The settings a constructor takes by position, in order (`datarax.core.construct`).
+    positional: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:

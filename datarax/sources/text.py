@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import check_field_name, field
-from datarax.core.construct import resolve_config
+from datarax.core.construct import resolve_arguments
 from datarax.core.errors import CorruptFileError
 from datarax.core.fields import ENCODED
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
@@ -46,15 +46,19 @@ class TextSource(DataSourceModule):
     """Serves text documents held in memory, one `str` per record.
 
     Args:
-        documents: the documents (str; bytes are decoded as UTF-8).
-        config: a `TextSourceConfig`.
+        config: a `TextSourceConfig`; or its fields as keywords.
+        documents: the documents (str; bytes are decoded as UTF-8), also by position
+            (`TextSource(["a b", "c"], shuffle=True)`).
         origins: optional names of the records' origins (e.g. "train.txt:12"), for error messages.
         rngs: where an unset shuffle seed is drawn from.
     """
 
-    def __init__(self, config: TextSourceConfig | None = None, *, documents: Sequence[str],
+    positional = ("documents",)
+
+    def __init__(self, config: TextSourceConfig | None = None, *args: Any, documents: Sequence[str] | None = None,
                  origins: Sequence[str] | None = None, rngs: nnx.Rngs | None = None, **settings: Any):
-        config = resolve_config(TextSourceConfig, config, settings, "TextSource")
+        config, documents = resolve_arguments(TextSourceConfig, config, settings, "TextSource",
+                                              {"documents": documents}, args=args, positional=self.positional)
         if isinstance(documents, (str, bytes)) or not isinstance(documents, (Sequence, np.ndarray)):
             raise TypeError(f"documents must be a sequence of str, got {type(documents).__name__}; wrap one "
                             "document in a list")

@@ -103,7 +103,8 @@ class TFDSSource(DataSourceModule):
     """A TFDS split as a random-access source.
 
     Args:
-        config: dataset, split, columns, shuffling and the read path.
+        config: dataset, split, columns, shuffling and the read path; or its fields as keywords,
+            `name` also by position (`TFDSSource("mnist", split="test")`).
         convert: optional function turning a batch of non-numeric or variable-shape features
             (as lists) into fixed-shape arrays; its fields add to or replace the numeric ones.
         rngs: draws the shuffle seed when `config.seed` is None.
@@ -112,9 +113,12 @@ class TFDSSource(DataSourceModule):
         >>> source = TFDSSource(TFDSSourceConfig(name="mnist", split="train", shuffle=True, seed=0))
     """
 
-    def __init__(self, config: TFDSSourceConfig | None = None, *, convert: Convert | None = None,
+    positional = ("name",)
+
+    def __init__(self, config: TFDSSourceConfig | None = None, *args: Any, convert: Convert | None = None,
                  rngs: nnx.Rngs | None = None, **settings: Any):
-        config = resolve_config(TFDSSourceConfig, config, settings, "TFDSSource")
+        config = resolve_config(TFDSSourceConfig, config, settings, "TFDSSource", args=args,
+                                positional=self.positional)
         if convert is not None and not callable(convert):
             raise TypeError(f"TFDSSource convert must be a function batch -> dict of arrays, got {convert!r}")
         tfds = require("tensorflow_datasets", owner="TFDSSource", extra="data", package="tensorflow-datasets")

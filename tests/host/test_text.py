@@ -122,6 +122,19 @@ def test_the_tokenizer_is_part_of_the_fingerprint(tokenizer):
     assert Tokenize(tokenizer=tokenizer, length=16).structure() != Tokenize(tokenizer=tokenizer, length=17).structure()
 
 
+def test_the_tokenizer_by_position_is_the_same_stage(tokenizer):
+    docs = documents(10)
+    stages = [Tokenize(tokenizer, length=16), Tokenize(tokenizer=tokenizer, length=16),
+              Tokenize(TokenizeConfig(length=16), tokenizer)]
+    outs = [collect(Pipeline(TextSource(docs), [stage], batch_size=4)) for stage in stages]
+    assert len({stage.structure() for stage in stages}) == 1
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out["text_ids"], outs[0]["text_ids"])
+    with pytest.raises(TypeError, match=r"Tokenize takes only tokenizer by position; pass the rest as keywords: "
+                                        r"Tokenize\(tokenizer=\.\.\., field='text'\)"):
+        Tokenize(tokenizer, "text")
+
+
 def test_text_source_from_files_names_each_line(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text("first line\n\nthird line\n", encoding="utf-8")

@@ -71,6 +71,7 @@ class STFTOperator(AudioOperator):
     """`|STFT(x)| ** power`, shape `(..., n_fft // 2 + 1, n_frames)` (librosa's `np.abs(stft)`)."""
 
     config_class = STFTConfig
+    positional = ("n_fft",)
 
     def apply(self, x, params):
         c = self.config
@@ -132,6 +133,7 @@ class MelSpectrogramOperator(AudioOperator):
     """Mel spectrogram `(..., n_mels, n_frames)` (librosa `feature.melspectrogram`)."""
 
     config_class = MelSpectrogramConfig
+    positional = ("sample_rate",)
 
     def apply(self, x, params):
         return mel.mel_spectrogram(x, power=self.config.power, **self.config.mel_kwargs())
@@ -199,6 +201,7 @@ class MFCCOperator(AudioOperator):
     """MFCC `(..., n_mfcc, n_frames)`: orthonormal DCT-II of the log-mel (librosa `feature.mfcc`)."""
 
     config_class = MFCCConfig
+    positional = ("sample_rate",)
 
     def apply(self, x, params):
         c = self.config

@@ -84,6 +84,7 @@ class TimeMaskOperator(_MaskOperator):
     """Masks random spans of frames of a `(..., freq, time)` spectrogram."""
 
     config_class = TimeMaskConfig
+    positional = ("max_width",)
     axis = -1
 
 
@@ -91,4 +92,5 @@ class FrequencyMaskOperator(_MaskOperator):
     """Masks random bands of bins of a `(..., freq, time)` spectrogram."""
 
     config_class = FrequencyMaskConfig
+    positional = ("max_width",)
     axis = -2

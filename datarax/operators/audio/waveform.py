@@ -167,6 +167,7 @@ class CropPadOperator(AudioOperator):
     """
 
     config_class = CropPadConfig
+    positional = ("length",)
 
     def draw(self, key, shape):
         total, length = shape[-1], self.config.length
@@ -200,6 +201,7 @@ class ResampleOperator(AudioOperator):
     """Polyphase resampling to `target_rate` (agrees with `scipy.signal.resample_poly`)."""
 
     config_class = ResampleConfig
+    positional = ("orig_rate", "target_rate")
 
     def apply(self, x, params):
         return resample_lib.resample(x, self.config.orig_rate, self.config.target_rate)

@@ -215,6 +215,7 @@ class SolarizeOperator(ImageOperator):
     """Inverts pixels at or above a threshold (PIL `ImageOps.solarize`)."""
 
     config_class = SolarizeConfig
+    positional = ("threshold",)
     bounds = {"threshold": (0.0, 1.0)}
 
     def draw(self, key, shape):
@@ -250,6 +251,7 @@ class NormalizeOperator(ImageOperator):
     """Subtracts a per-channel mean and divides by a per-channel std (not clipped)."""
 
     config_class = NormalizeConfig
+    positional = ("mean", "std")
 
     def draw(self, key, shape):
         if len(self.config.mean) not in (1, shape[-1]):

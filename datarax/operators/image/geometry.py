@@ -70,6 +70,7 @@ class HorizontalFlipOperator(ImageOperator):
     """Mirrors left-right with probability `p`."""
 
     config_class = HorizontalFlipConfig
+    positional = ("p",)
 
     def draw(self, key, shape):
         return {"apply": coin(key, self.config.p)}
@@ -85,6 +86,7 @@ class VerticalFlipOperator(ImageOperator):
     """Mirrors top-bottom with probability `p`."""
 
     config_class = VerticalFlipConfig
+    positional = ("p",)
 
     def draw(self, key, shape):
         return {"apply": coin(key, self.config.p)}
@@ -125,6 +127,7 @@ class RandomCropOperator(ImageOperator):
     """Pads, then crops a window at a random offset (the centred window when not stochastic)."""
 
     config_class = RandomCropConfig
+    positional = ("size",)
 
     def draw(self, key, shape):
         height, width = self.config.size
@@ -186,6 +189,7 @@ class RandomResizedCropOperator(ImageOperator):
     """
 
     config_class = RandomResizedCropConfig
+    positional = ("size",)
     bounds = {"min_scale": (0.0, 1.0)}
 
     def draw(self, key, shape):
@@ -225,6 +229,7 @@ class ResizeOperator(ImageOperator):
     """Bilinear resize to a fixed size (PIL `resize(..., BILINEAR)`)."""
 
     config_class = ResizeConfig
+    positional = ("size",)
 
     def apply(self, image, params):
         return geometry.resize(image, *self.config.size, antialias=self.config.antialias)
@@ -269,6 +274,7 @@ class AffineOperator(ImageOperator):
     """A random rotation, shift, zoom and shear about the centre, sampled bilinearly."""
 
     config_class = AffineConfig
+    positional = ("degrees",)
     separate_on_cpu = True
     bounds = {"degrees": (0.0, 180.0), "translate": (0.0, 1.0), "scale": (0.0, 0.9), "shear": (0.0, 60.0)}
 
@@ -314,6 +320,7 @@ class RotationOperator(ImageOperator):
     """Rotates about the centre by a random angle (scikit-image `rotate(order=1)`)."""
 
     config_class = RotationConfig
+    positional = ("degrees",)
     separate_on_cpu = True
     bounds = {"degrees": (0.0, 180.0)}
 
