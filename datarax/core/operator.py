@@ -95,15 +95,18 @@ class OperatorModule(nnx.Module, abc.ABC):
 
 
 def stage_key_from_rngs(owner: str, config: OperatorConfig, rngs: nnx.Rngs | None) -> StageKey | None:
-    """Draws a stochastic stage's base key from `rngs`, with a clear error when it cannot."""
+    """Draws a stochastic stage's base key from `rngs`, with a clear error when it cannot.
+
+    Without `rngs` a stochastic stage draws from seed 0, as torchvision's transforms draw from
+    torch's default generator: `T.RandomCrop(32, padding=4)` builds. Two stages of one pipeline
+    that start from the same seed still draw distinct streams (`distinct_stage_keys`); pass
+    `rngs=nnx.Rngs(seed)` to choose the seed.
+    """
     if not config.stochastic:
         return None
     stream = config.stream_name or DEFAULT_STREAM
     if rngs is None:
-        raise ValueError(
-            f"{owner} is stochastic but got rngs=None; pass rngs=nnx.Rngs({stream}=0) "
-            "(or nnx.Rngs(0) for the default stream)"
-        )
+        rngs = nnx.Rngs(0)
     if not isinstance(rngs, nnx.Rngs):
         raise TypeError(f"{owner}: rngs must be an nnx.Rngs, got {type(rngs).__name__}")
     try:

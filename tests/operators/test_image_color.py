@@ -169,7 +169,6 @@ ERRORS = [
     (lambda: NormalizeConfig(mean="x"), ValueError, r"NormalizeConfig.mean must be a tuple of numbers"),
     (lambda: BrightnessConfig(field=""), ValueError, r"BrightnessConfig.field must be a non-empty field name"),
     (lambda: BrightnessOperator(ContrastConfig()), TypeError, r"BrightnessOperator config must be a BrightnessConfig"),
-    (lambda: BrightnessOperator(BrightnessConfig()), ValueError, r"is stochastic but got rngs=None"),
 ]
 
 

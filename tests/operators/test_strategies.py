@@ -295,9 +295,6 @@ OPERATOR_ERRORS = [
                             branches=[affine(1.0), affine(2.0)], rngs=nnx.Rngs(0)),
      TypeError,
      r"BranchOperator is stochastic but router .* takes no key argument; define it as router\(element, key\)"),
-    (lambda: BranchOperator(BranchOperatorConfig(stochastic=True), router=lambda el, k: 0,
-                            branches=[affine(1.0), affine(2.0)]),
-     ValueError, r"BranchOperator is stochastic but got rngs=None"),
     (lambda: ParallelOperator(ParallelOperatorConfig(merge="dict", names=("a",)), operators=[affine(1.0), affine(2.0)]),
      ValueError, r"names has 1 names \('a',\) for 2 operators; give one name per operator"),
     (lambda: WeightedParallelOperator(WeightedParallelOperatorConfig(weights=(1.0,)), operators=[affine(1.0),
@@ -306,8 +303,6 @@ OPERATOR_ERRORS = [
     (lambda: SelectorOperator(SelectorOperatorConfig(probabilities=(1.0,)), operators=[affine(1.0), affine(2.0)],
                               rngs=nnx.Rngs(0)),
      ValueError, r"probabilities has 1 entries \(1.0,\) for 2 operators; give one per operator"),
-    (lambda: SelectorOperator(operators=[affine(1.0), affine(2.0)]), ValueError, r"SelectorOperator is stochastic but "
-                                                                                 r"got rngs=None"),
     (lambda: ProbabilisticOperator(operator=lambda el: el, rngs=nnx.Rngs(0)), TypeError,
      r"ProbabilisticOperator operator must be an operator"),
     (lambda: ParallelOperator(EnsembleOperatorConfig(), operators=[affine(1.0)]), TypeError,

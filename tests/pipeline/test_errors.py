@@ -63,10 +63,12 @@ def test_pipeline_argument_type_errors():
         Pipeline(source=source(), stages=ElementOperator(fn=identity), batch_size=2)
 
 
-def test_stochastic_operator_needs_rngs_and_its_stream():
-    with pytest.raises(ValueError, match=r"ElementOperator is stochastic but got rngs=None; pass "
-                                         r"rngs=nnx.Rngs\(augment=0\)"):
-        ElementOperator(ElementOperatorConfig(stochastic=True), fn=identity)
+def test_a_stochastic_operator_without_rngs_draws_from_seed_0_and_with_rngs_needs_its_stream():
+    key = lambda op: jax.random.key_data(jax.random.wrap_key_data(op.key[...]))  # noqa: E731
+    default = ElementOperator(ElementOperatorConfig(stochastic=True), fn=identity)
+    seeded = ElementOperator(ElementOperatorConfig(stochastic=True), fn=identity, rngs=nnx.Rngs(0))
+    other = ElementOperator(ElementOperatorConfig(stochastic=True), fn=identity, rngs=nnx.Rngs(1))
+    assert (key(default) == key(seeded)).all() and not (key(default) == key(other)).all()
     with pytest.raises(ValueError, match=r"stream 'augmentations', but the rngs given has neither"):
         ElementOperator(ElementOperatorConfig(stochastic=True, stream_name="augmentations"), fn=identity,
                         rngs=nnx.Rngs(params=0))
