@@ -14,7 +14,7 @@ import inspect
 import warnings
 from typing import Any, TypeVar
 
-from datarax.core.checks import describe
+from datarax.core.checks import describe_value
 
 C = TypeVar("C")
 
@@ -49,7 +49,7 @@ def resolve_config(config_class: type[C], config: Any, settings: dict[str, Any],
     ok = type(config) is config_class if exact else isinstance(config, accept or config_class)
     if not ok:
         raise TypeError(f"{owner} config must be {_article(name)} {name}, got {type(config).__name__} "
-                        f"({describe(config)}); pass {name}(...) or its fields as keywords")
+                        f"({describe_value(config)}); pass {name}(...) or its fields as keywords")
     return config
 
 

@@ -24,7 +24,7 @@ from datarax.core.checks import (
     check_int,
     check_positive_int,
     check_seed,
-    describe,
+    describe_value,
     field,
     set_field,
 )
@@ -42,7 +42,7 @@ def output_spec_of(outputs: Any, owner: str = "HostMap outputs") -> OutputSpec:
         outputs = {name: (shape, dtype) for name, shape, dtype in outputs}
     if not isinstance(outputs, Mapping) or not outputs:
         raise TypeError(f"{owner} must be a non-empty dict of field -> (shape, dtype) or jax.ShapeDtypeStruct, "
-                        f"got {describe(outputs)}; e.g. outputs={{'image': ((64, 64, 3), np.uint8)}}")
+                        f"got {describe_value(outputs)}; e.g. outputs={{'image': ((64, 64, 3), np.uint8)}}")
     spec = []
     for name, leaf in outputs.items():
         check_field_name(name, f"{owner} field")
@@ -137,7 +137,8 @@ class RecordJob:
         try:
             result = call()
             if not isinstance(result, Mapping):
-                raise TypeError(f"HostMap function {self.name} must return a dict of arrays, got {describe(result)}")
+                raise TypeError(f"HostMap function {self.name} must return a dict of arrays, "
+                                f"got {describe_value(result)}")
             extra = sorted(set(result) - {name for name, _, _ in self.config.outputs})
             if extra:
                 raise ValueError(f"HostMap function {self.name} returned fields {extra} that outputs= does not "
@@ -189,7 +190,8 @@ class HostMap(DecodingStage):
 
     def _setup(self, fn: Callable, config: HostMapConfig) -> None:
         if not callable(fn):
-            raise TypeError(f"HostMap fn must be a function fn(record, rng) -> dict of arrays, got {describe(fn)}")
+            raise TypeError(f"HostMap fn must be a function fn(record, rng) -> dict of arrays, "
+                            f"got {describe_value(fn)}")
         if config.executor == "processes":
             try:
                 pickle.loads(pickle.dumps(fn))

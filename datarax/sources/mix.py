@@ -15,10 +15,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, check_seed, field
+from datarax.core.checks import check_bool, check_positive_int, check_seed, describe_value, field
 from datarax.core.construct import resolve_config
 from datarax.core.fields import allocate, spec_text
-from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule, seed_from_rngs
 from datarax.samplers.base import Sampler
 from datarax.samplers.mix import MixSampler, check_weights
@@ -72,11 +71,12 @@ class MixDataSources(DataSourceModule):
                  rngs: nnx.Rngs | None = None, **settings: Any):
         config = resolve_config(MixDataSourcesConfig, config, settings, "MixDataSources")
         if not isinstance(sources, Sequence) or not sources:
-            raise TypeError(f"MixDataSources sources must be a non-empty list of sources, got {describe(sources)}")
+            raise TypeError(f"MixDataSources sources must be a non-empty list of sources, "
+                            f"got {describe_value(sources)}")
         for i, s in enumerate(sources):
             if not isinstance(s, DataSourceModule):
                 raise TypeError(f"MixDataSources sources[{i}] must be a random-access DataSourceModule, got "
-                                f"{describe(s)}; streams cannot be mixed by index")
+                                f"{describe_value(s)}; streams cannot be mixed by index")
         if len(config.weights) != len(sources):
             raise ValueError(f"MixDataSources needs one weight per source: config.weights has "
                              f"{len(config.weights)} for {len(sources)} sources")
