@@ -104,8 +104,8 @@ def check_convert_output(result: Any, size: int, owner: str) -> dict[str, np.nda
     return out
 
 
-def spec_text(spec: Mapping[str, jax.ShapeDtypeStruct]) -> dict[str, tuple]:
-    """A spec as plain data for `structure()` strings."""
+def spec_table(spec: Mapping[str, jax.ShapeDtypeStruct]) -> dict[str, tuple]:
+    """`{field: (shape, dtype)}` of a spec in field order: plain data for `structure()` strings and comparisons."""
     return {k: (tuple(v.shape), str(v.dtype)) for k, v in sorted(spec.items())}
 
 

@@ -16,7 +16,7 @@ from flax import nnx
 
 from datarax.core.checks import check_bool, check_positive_int, describe_value, field, require
 from datarax.core.construct import resolve_config
-from datarax.core.fields import flatten, read_batch, spec_of, spec_text, stack_into
+from datarax.core.fields import flatten, read_batch, spec_of, spec_table, stack_into
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.sources.stream import ChunkReader, RecordReader, StreamSourceModule, check_stream_state
 
@@ -84,7 +84,7 @@ class GrainSource(DataSourceModule):
                           lambda flat, o: stack_into(self._records(flat), o, "GrainSource"))
 
     def structure(self) -> str:
-        return f"GrainSource(len={len(self)}, spec={spec_text(self.element_spec())}, source={self._name})"
+        return f"GrainSource(len={len(self)}, spec={spec_table(self.element_spec())}, source={self._name})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +146,7 @@ class GrainStreamSource(StreamSourceModule):
         return _GrainReader(self, epoch, state)
 
     def structure(self) -> str:
-        return (f"GrainStreamSource(records={self.num_records()}, spec={spec_text(self.element_spec())}, "
+        return (f"GrainStreamSource(records={self.num_records()}, spec={spec_table(self.element_spec())}, "
                 f"dataset={self._name}, batched={self.config.batched})")
 
 

@@ -17,7 +17,7 @@ from flax import nnx
 
 from datarax.core.checks import check_bool, check_positive_int, check_seed, describe_value, field
 from datarax.core.construct import resolve_config
-from datarax.core.fields import allocate, spec_text
+from datarax.core.fields import allocate, spec_table
 from datarax.core.source import DataSourceModule, seed_from_rngs
 from datarax.samplers.base import Sampler
 from datarax.samplers.mix import MixSampler, check_weights
@@ -82,9 +82,9 @@ class MixDataSources(DataSourceModule):
                              f"{len(config.weights)} for {len(sources)} sources")
         spec = sources[0].element_spec()
         for i, s in enumerate(sources[1:], 1):
-            if spec_text(s.element_spec()) != spec_text(spec):
+            if spec_table(s.element_spec()) != spec_table(spec):
                 raise ValueError(f"MixDataSources sources must share one element spec: sources[0] has "
-                                 f"{spec_text(spec)}, sources[{i}] has {spec_text(s.element_spec())}; map them to "
+                                 f"{spec_table(spec)}, sources[{i}] has {spec_table(s.element_spec())}; map them to "
                                  "the same fields, shapes and dtypes first")
         if config.source_field is not None and config.source_field in spec:
             raise ValueError(f"MixDataSourcesConfig.source_field {config.source_field!r} is already a field of the "
