@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from datarax.checkpoint.policies import check_best, check_max_to_keep, resolve_on_damaged
 from datarax.config.build import build_component, build_pipeline, load_spec, takes_argument
 from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.files import first_line
@@ -29,7 +30,6 @@ from datarax.config.spec import RunSpec, check_positive, register_section
 from datarax.core.checks import is_int
 from datarax.monitoring.writers import JsonlWriter
 from datarax.train.callbacks import CheckpointCallback, ProfilerConfig
-from datarax.train.checkpointing.policies import check_best, check_max_to_keep, resolve_on_damaged
 from datarax.train.checkpointing.run_config import NOT_FINGERPRINTED
 from datarax.train.loop.compile_cache import default_cache_dir
 from datarax.train.loop.settings import check_settings
