@@ -6,6 +6,7 @@
 `datarax.host.stage` has the contract, and `HostContext` is what a stage's `__call__` receives.
 """
 
+from datarax.control.processes import WorkerCrashError as WorkerCrashError
 from datarax.host.audio import DecodeAudio as DecodeAudio
 from datarax.host.audio import DecodeAudioConfig as DecodeAudioConfig
 from datarax.host.decode_once import materialize as materialize
@@ -13,7 +14,6 @@ from datarax.host.image import DecodeImage as DecodeImage
 from datarax.host.image import DecodeImageConfig as DecodeImageConfig
 from datarax.host.map import HostMap as HostMap
 from datarax.host.map import HostMapConfig as HostMapConfig
-from datarax.host.processes import WorkerCrashError as WorkerCrashError
 from datarax.host.stage import DecodingStage as DecodingStage
 from datarax.host.stage import HostContext as HostContext
 from datarax.host.stage import HostStage as HostStage

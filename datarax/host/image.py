@@ -19,6 +19,7 @@ import numpy as np
 
 from datarax.control.budget import MemoryBudget, SharedBudget, default_budget, human
 from datarax.control.pool import ThreadPool
+from datarax.control.processes import EXECUTORS, BatchesAhead, WorkerPool, context, row_blocks
 from datarax.core.checks import (
     check_choice,
     check_field_name,
@@ -36,7 +37,6 @@ from datarax.core.errors import RecordError
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend, turbo_modules
 from datarax.host.map import picklable
-from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool, context, row_blocks
 from datarax.host.stage import (
     ON_ERROR,
     BadRecords,

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from datarax.control.pool import ThreadPool
+from datarax.control.processes import EXECUTORS, BatchesAhead, WorkerPool, row_blocks
 from datarax.core.checks import (
     check_bool,
     check_choice,
@@ -30,7 +31,6 @@ from datarax.core.checks import (
 )
 from datarax.core.construct import resolve_config
 from datarax.core.fields import batchable
-from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool, row_blocks
 from datarax.host.stage import ON_ERROR, BadRecords, DecodingStage, HostContext, Spec, record_generator
 
 OutputSpec = tuple[tuple[str, tuple[int, ...], str], ...]  # (field, record shape, dtype)
