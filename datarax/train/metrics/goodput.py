@@ -253,7 +253,7 @@ def diagnose(steady: dict, buckets: dict, wall: float, *, reader: dict | None = 
     return text
 
 
-def eval_summary(ledgers: list[GoodputLedger], reader: dict | None = None) -> dict:
+def eval_goodput(ledgers: list[GoodputLedger], reader: dict | None = None) -> dict:
     """Evaluation's own account and verdict, over every evaluation of the run (one ledger each)."""
     summaries = [ledger.summary() for ledger in ledgers]
     summaries = [s for s in summaries if s["steps"]]
