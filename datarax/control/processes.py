@@ -131,7 +131,7 @@ class WorkerPool:
     def __init__(self, job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str,
                  shared: Any = None):
         self.payload = pickle.dumps(job)
-        self.preload = type(job).__module__
+        self.preload = getattr(job, "__module__", None) or type(job).__module__  # a function's, or its class's
         self.num_workers, self.name, self.shared = num_workers, name, shared
         self._lock = threading.RLock()
         self._jobs: dict[int, _Job] = {}  # submitted, not yet collected by `result`
