@@ -9,6 +9,14 @@ the config form. The principal settings come by position, as in torchvision (`Ra
     >>> from datarax import transforms as T
     >>> stages = [T.ToFloat(field="image"), T.RandomCrop(32, padding=4, rngs=nnx.Rngs(0)),
     ...           T.HorizontalFlip(rngs=nnx.Rngs(1)), T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))]
+
+For a function of your own, `T.Map(fn=f)` applies `f(x)` to every array of a record (or to the
+fields chosen with `fields=`); `T.Lambda(fn=g)` (torchvision's name for it; the class is
+`ElementOperator`) applies `g(element)` or `g(element, key)` to the whole record, for a function
+that reads several fields together or adds new ones:
+
+    >>> double = T.Map(fn=lambda x: 2 * x, fields=("image",))
+    >>> total = T.Lambda(fn=lambda el: el.update_data({"total": el.data["a"] + el.data["b"]}))
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ from datarax.operators.audio import (
     TimeShiftOperator as TimeShift,
 )
 from datarax.operators.dtype import ToFloatOperator as ToFloat
-from datarax.operators.element import ElementOperator as Element
+from datarax.operators.element import ElementOperator as Lambda
 from datarax.operators.image import (
     AffineOperator as Affine,
 )
@@ -126,9 +134,9 @@ from datarax.operators.image import (
 from datarax.operators.map import MapOperator as Map
 
 __all__ = [
-    'AddNoise', 'Affine', 'Brightness', 'Contrast', 'CropPad', 'CutMix', 'Cutout', 'Element', 'FrequencyMask',
-    'Gain', 'Gamma', 'GaussianBlur', 'GaussianNoise', 'Grayscale', 'HorizontalFlip', 'Hue', 'LogMel', 'Loudness',
-    'MFCC', 'Map', 'MelSpectrogram', 'MixUp', 'Normalize', 'PCEN', 'PatchDropout', 'RandomCrop',
+    'AddNoise', 'Affine', 'Brightness', 'Contrast', 'CropPad', 'CutMix', 'Cutout', 'FrequencyMask',
+    'Gain', 'Gamma', 'GaussianBlur', 'GaussianNoise', 'Grayscale', 'HorizontalFlip', 'Hue', 'Lambda', 'LogMel',
+    'Loudness', 'MFCC', 'Map', 'MelSpectrogram', 'MixUp', 'Normalize', 'PCEN', 'PatchDropout', 'RandomCrop',
     'RandomResizedCrop', 'Resample', 'Resize', 'Rotation', 'STFT', 'Saturation', 'Solarize', 'Standardize',
     'TimeMask', 'TimeShift', 'ToFloat', 'Translate', 'VerticalFlip',
 ]

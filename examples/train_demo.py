@@ -26,14 +26,13 @@ import optax
 from flax import nnx
 
 from datarax import Pipeline
+from datarax.checkpoint import run_script, state_sha256
 from datarax.core.element import Element
 from datarax.core.operator import OperatorConfig, PerRecordOperator
 from datarax.monitoring.writers import ConsoleWriter, JsonlWriter
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train.callbacks import CheckpointCallback, GoodputMonitor, LearningRateLogger, MetricLogger, ProgressBar
-from datarax.train.checkpointing.hashing import state_sha256
-from datarax.train.locking import run_script
 from datarax.train.loop.trainer import Trainer
 from datarax.train.metrics.writers import TensorBoardWriter, tensorboard_available
 

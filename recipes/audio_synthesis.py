@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from datarax.train.locking import run_script
+from datarax.checkpoint import run_script
 from recipes import common, ddsp
 
 NAME = "audio_synthesis"

@@ -65,8 +65,8 @@ import optax
 from flax import nnx
 
 from datarax import Pipeline
+from datarax.checkpoint import run_script
 from datarax.host import DecodeAudio
-from datarax.train.locking import run_script
 from datarax.train.pretrained import (
     Crepe,
     KeyMap,

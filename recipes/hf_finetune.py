@@ -56,9 +56,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from datarax import Pipeline
+from datarax.checkpoint import run_script
 from datarax.host import DecodeImage
 from datarax.operators import ElementOperator, ElementOperatorConfig
-from datarax.train.locking import run_script
 from datarax.train.pretrained import (
     KeyMap,
     add_lora,

@@ -58,12 +58,12 @@ import optax
 from flax import nnx
 
 from datarax import Pipeline
+from datarax.checkpoint import run_script
 from datarax.operators.image import RotationConfig, RotationOperator
 from datarax.operators.image.functional import geometry
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import joint_optimizer
 from datarax.train.callbacks import Callback, StepLogs
-from datarax.train.locking import run_script
 from recipes import common
 from recipes.augerino import (
     AFFINE_GENERATORS,

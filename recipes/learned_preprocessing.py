@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from datarax.train.locking import run_script
+from datarax.checkpoint import run_script
 from recipes import common
 from recipes import preprocessing_audio as audio
 from recipes import preprocessing_image as image

@@ -39,8 +39,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from datarax import Pipeline
+from datarax.checkpoint import run_script
 from datarax.sources import PackedTextSource, TextSource
-from datarax.train.locking import run_script
 from datarax.train.metrics import Metric
 from recipes import common
 from recipes.models import count_params

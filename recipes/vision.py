@@ -44,12 +44,12 @@ import optax
 from flax import nnx
 
 from datarax import Pipeline
+from datarax.checkpoint import run_script
 from datarax.host import DecodeImage
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.operators.image import AffineConfig, AffineOperator, GaussianNoiseConfig, GaussianNoiseOperator
 from datarax.operators.strategies import ProbabilisticOperator, ProbabilisticOperatorConfig
 from datarax.sources import ImageFolderSource, MemorySource, MemorySourceConfig
-from datarax.train.locking import run_script
 from recipes import common
 from recipes.data import fraction_split, load_digits
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, as_float_image, classification_loss, count_params

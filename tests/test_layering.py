@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ast
 import glob
+import importlib
+import inspect
 import json
+import pkgutil
 import re
 import shutil
 import subprocess
@@ -284,3 +287,30 @@ def test_no_module_imports_another_packages_private_module_or_name():
                 offenders += [f"{name}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
                               if a.name.startswith("_") and not a.name.startswith("__")]
     assert offenders == []
+
+
+# Public functions and classes defined in two modules under one name, each pair one idea in two forms.
+SAME_IDEA = {
+    "check_settings": "the checks of a set of settings, batching's and the Trainer's",
+    "crop": "functional.batched.crop is functional.geometry.crop for a whole batch at once",
+    "translate": "functional.batched.translate is functional.geometry.translate for a whole batch at once",
+    "warp_affine": "functional.batched.warp_affine is functional.geometry.warp_affine for a whole batch at once",
+    "diagnose": "train.metrics.goodput.diagnose is monitoring.ledger.diagnose's verdict with the kit's badput added",
+    "resample": "host.audio.resample is the numpy twin of operators.audio.functional.resample, for decoders",
+    "check_arguments": "the checks of a constructor's arguments, HFSource's and HFStreamSource's (a private module)",
+}
+
+
+def test_a_public_name_means_one_thing():
+    """No two datarax modules define different functions or classes under one public name (a name
+    re-exported from its home is one object), unless the pair is one idea listed in SAME_IDEA."""
+    import datarax
+
+    homes: dict[str, set[str]] = {}
+    for info in pkgutil.walk_packages(datarax.__path__, "datarax."):
+        for name, obj in vars(importlib.import_module(info.name)).items():
+            if not name.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj)) \
+                    and obj.__module__.startswith("datarax."):
+                homes.setdefault(name, set()).add(f"{obj.__module__}.{obj.__qualname__}")
+    twice = {name: sorted(where) for name, where in homes.items() if len(where) > 1 and name not in SAME_IDEA}
+    assert twice == {}, "give each a name of its own, or list the pair in SAME_IDEA with the reason"

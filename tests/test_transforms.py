@@ -15,6 +15,9 @@ from datarax.operators.image import RandomCropOperator
 from datarax.sources import MemorySource, MemorySourceConfig
 
 NAMES = sorted(n for n, v in vars(T).items() if isinstance(v, type) and issubclass(v, OperatorModule))
+# Short names that are not the class name less "Operator": `T.Element` would read as the record type
+# (`datarax.typing.Element`), so the user-function operator takes torchvision's name.
+CLASS_NAMES = {"Lambda": "ElementOperator"}
 
 
 # Settings that have no default (the config form needs them too).
@@ -32,10 +35,10 @@ def test_every_field_operator_has_a_name():
                        if e.cls.__module__.startswith(("datarax.operators.image", "datarax.operators.audio"))
                        and e.cls.__module__ != "datarax.operators.audio.synth"}
     assert field_operators <= set(NAMES)
-    assert {"ToFloat", "Element", "Map"} <= set(NAMES)
+    assert {"ToFloat", "Lambda", "Map"} <= set(NAMES)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("Element", "Map")])
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("Lambda", "Map")])
 def test_the_keyword_form_builds_the_config_form(name):
     build = getattr(T, name)
     made = build(**REQUIRED.get(name, {}), rngs=nnx.Rngs(3))
@@ -51,7 +54,9 @@ def test_the_keyword_form_builds_the_config_form(name):
 
 
 def test_names_are_the_classes_and_errors_name_the_settings():
-    assert T.RandomCrop is RandomCropOperator and all(getattr(T, n).__name__ == n + "Operator" for n in NAMES)
+    assert T.RandomCrop is RandomCropOperator
+    assert all(getattr(T, n).__name__ == CLASS_NAMES.get(n, n + "Operator") for n in NAMES)
+    assert "Element" not in vars(T)  # the record type's name, `datarax.typing.Element`
     crop = T.RandomCrop(size=32, padding=4, field="image", rngs=nnx.Rngs(0))
     assert (crop.config.size, crop.config.padding, crop.config.field) == ((32, 32), 4, "image")
     assert crop.config == T.RandomCrop(size=32, padding=4, field="image", rngs=nnx.Rngs(0)).config
@@ -61,6 +66,16 @@ def test_names_are_the_classes_and_errors_name_the_settings():
     with pytest.raises(TypeError, match=r"RandomCropOperator takes only size by position; pass the rest as "
                                         r"keywords: RandomCropOperator\(size=32, padding=4\)"):
         T.RandomCrop(32, 4, rngs=nnx.Rngs(0))
+
+
+def test_map_applies_to_each_array_and_lambda_to_the_whole_record():
+    data = {"a": np.arange(6.0).reshape(3, 2), "b": np.arange(3.0)}
+    stages = [T.Map(fn=lambda x: 2 * x, fields=("a",)),
+              T.Lambda(fn=lambda el: el.update_data({"total": el.data["a"].sum() + el.data["b"]}))]
+    batch = next(iter(Pipeline(MemorySource(MemorySourceConfig(), data=data), stages, batch_size=3)))
+    np.testing.assert_allclose(np.asarray(batch["a"]), 2 * data["a"])
+    np.testing.assert_allclose(np.asarray(batch["b"]), data["b"])
+    np.testing.assert_allclose(np.asarray(batch["total"]), 2 * data["a"].sum(axis=1) + data["b"])
 
 
 def test_to_float_scales_integers_by_their_dtype_and_casts_floats():

@@ -130,8 +130,8 @@ def jpeg_quality_boxes(paths: Sequence[str]) -> list[tuple[int, int, int, int]]:
     """The boxes every side is measured on: record i's RandomResizedCrop box for seed 0, epoch 0."""
     from PIL import Image
 
-    from datarax.host import record_generator
     from datarax.host.image import random_resized_box
+    from datarax.host.stage import record_generator
 
     boxes = []
     for record, path in enumerate(paths):

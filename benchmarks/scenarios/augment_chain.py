@@ -31,6 +31,7 @@ from benchmarks.registry import BenchOptions
 from benchmarks.timing import keyed_gather_floor, pipeline_vs_floor
 from datarax import Pipeline
 from datarax.core.fusion import separately
+from datarax.core.noise import standard_normal
 from datarax.operators.image import (
     BrightnessConfig,
     BrightnessOperator,
@@ -84,7 +85,7 @@ def _before_rotation(image: jax.Array, key: jax.Array):
 
 
 def _noise(image: jax.Array, key: jax.Array) -> jax.Array:
-    return filters.gaussian_noise(image, filters.standard_normal(key, image.shape), SIGMA)
+    return filters.gaussian_noise(image, standard_normal(key, image.shape), SIGMA)
 
 
 def hand_written_chain(images: jax.Array, keys: jax.Array, token: jax.Array, *, with_noise: bool = True,

@@ -58,9 +58,10 @@ from benchmarks.peers.runner import Recipe
 from benchmarks.registry import BenchOptions
 from benchmarks.timing import block, first_batch_seconds, interleaved_rates, row
 from datarax import Pipeline
-from datarax.host import DecodeImage, record_generator
+from datarax.host import DecodeImage
 from datarax.host.image import random_resized_box
 from datarax.host.jpeg import TurboDecoder
+from datarax.host.stage import record_generator
 from datarax.operators import MapOperator, MapOperatorConfig
 from datarax.operators.image import HorizontalFlipConfig, HorizontalFlipOperator, NormalizeConfig, NormalizeOperator
 from datarax.sources import ImageFolderSource

@@ -28,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.peers.common import JPEG_RATIO, JPEG_SCALE, JPEG_SIZE  # noqa: E402
 from benchmarks.scenarios.jpeg import image_folder, limit_decode, make_data, opencv_threads  # noqa: E402
-from datarax.host import DecodeImage, record_generator  # noqa: E402
+from datarax.host import DecodeImage  # noqa: E402
 from datarax.host.image import random_resized_box  # noqa: E402
 from datarax.host.jpeg import TurboDecoder, _eighths  # noqa: E402
+from datarax.host.stage import record_generator  # noqa: E402
 
 
 def cpu_name() -> str:

@@ -17,9 +17,9 @@ if "--with-jax" in sys.argv:
 
 from benchmarks.peers.common import JPEG_RATIO, JPEG_SCALE
 from benchmarks.scenarios.jpeg import dct_scale, image_folder
-from datarax.host import record_generator
 from datarax.host.image import random_resized_box
 from datarax.host.jpeg import TurboDecoder
+from datarax.host.stage import record_generator
 from datarax.sources import ImageFolderSource
 
 TAG = "with_jax" if "--with-jax" in sys.argv else "no_jax"

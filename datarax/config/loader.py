@@ -36,12 +36,12 @@ class LoadedConfig:
         return os.path.dirname(os.path.abspath(self.path))
 
 
-def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+def merge_tables(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """`override` over `base`: tables merge recursively, everything else is replaced."""
     out = copy.deepcopy(dict(base))
     for key, value in override.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
+            out[key] = merge_tables(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -92,8 +92,8 @@ def _load_with_includes(path: str, problems: Problems, chain: tuple[str, ...], w
     for i, name in enumerate(includes):
         target = os.path.join(os.path.dirname(path), os.path.expanduser(name))
         label = ("include",) if single else ("include", i)
-        merged = merge(merged, _load_with_includes(target, problems, (*chain, path), label, files))
-    return merge(merged, data)
+        merged = merge_tables(merged, _load_with_includes(target, problems, (*chain, path), label, files))
+    return merge_tables(merged, data)
 
 
 def parse_value(text: str) -> Any:

@@ -19,7 +19,7 @@ from datarax.batching import DISPATCH_AHEAD, check_settings
 from datarax.config import registry
 from datarax.config.allow import AllowList, NotAllowedError
 from datarax.config.components import ComponentSpec, Context, component
-from datarax.config.loader import merge
+from datarax.config.loader import merge_tables
 from datarax.config.schema import (
     FieldError,
     Problems,
@@ -292,13 +292,13 @@ def eval_table(raw: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
         if key in value:
             out[key] = value[key]
     if "sharding" in value:
-        out["sharding"] = merge(out.get("sharding", {}), value["sharding"]) \
+        out["sharding"] = merge_tables(out.get("sharding", {}), value["sharding"]) \
             if is_table(value["sharding"]) and is_table(out.get("sharding")) else value["sharding"]
     train_source, eval_source = out.get("source"), value.get("source")
     if eval_source is not None:
         same = is_table(train_source) and is_table(eval_source) and len(train_source) == 1 and \
             list(train_source) == list(eval_source)
-        out["source"] = merge(train_source, eval_source) if same else eval_source
+        out["source"] = merge_tables(train_source, eval_source) if same else eval_source
     source = out.get("source")
     if is_table(source) and len(source) == 1:
         (name, params), = source.items()

@@ -97,12 +97,12 @@ def check_int_fields(batch: dict[str, np.ndarray], source: Any, ids: np.ndarray,
     64-bit field; nothing for the other dtypes."""
     flat_ids = np.asarray(ids).reshape(-1)
     inner = getattr(source, "source", source)  # behind host stages, the source the user built
-    describe = getattr(source, "describe_record", lambda record: f"the record at position {record}")
+    describe_record = getattr(source, "describe_record", lambda record: f"the record at position {record}")
     for name, values in batch.items():
         if narrowed_dtype(values.dtype) is None:
             continue
         check_int_range(values[:rows] if rows is not None else values, type(inner).__name__, name,
-                        where=lambda row: describe(int(flat_ids[min(row, flat_ids.size - 1)])),
+                        where=lambda row: describe_record(int(flat_ids[min(row, flat_ids.size - 1)])),
                         fix="cast the field where the data is written (to int32, or float64), or leave it out")
 
 

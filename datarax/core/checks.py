@@ -30,7 +30,7 @@ X64_FIX = ("turn 64-bit mode on before building the source (jax.config.update('j
            "JAX_ENABLE_X64=1 in the environment), which keeps the field int64")
 
 
-def describe(value: Any) -> str:
+def describe_value(value: Any) -> str:
     """A short description of a value for error messages: shape and dtype of arrays, else a clipped repr."""
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)

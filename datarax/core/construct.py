@@ -23,7 +23,7 @@ import inspect
 import warnings
 from typing import Any, TypeVar
 
-from datarax.core.checks import describe
+from datarax.core.checks import describe_value
 
 C = TypeVar("C")
 
@@ -69,15 +69,15 @@ def resolve_arguments(config_class: type[C], config: Any, settings: dict[str, An
         values.insert(0, config)
         config = None
     if len(values) > len(positional):
-        wrong = f"{owner} config must be {_article(name)} {name}, got {describe(values[0])}; " if slot and \
+        wrong = f"{owner} config must be {_article(name)} {name}, got {describe_value(values[0])}; " if slot and \
             not positional else ""
         raise TypeError(wrong + _by_keyword(config_class, owner, positional, values, settings, named))
     settings, named = dict(settings), dict(named)
     for key, value in zip(positional, values):
         if named.get(key) is not None or key in settings:
             given = named[key] if key in named else settings[key]
-            raise TypeError(f"{owner} got multiple values for {key}: {describe(value)} by position and "
-                            f"{describe(given)} as {key}=; pass it once")
+            raise TypeError(f"{owner} got multiple values for {key}: {describe_value(value)} by position and "
+                            f"{describe_value(given)} as {key}=; pass it once")
         (named if key in named else settings)[key] = value
     if config is not None:
         if settings:
@@ -87,7 +87,7 @@ def resolve_arguments(config_class: type[C], config: Any, settings: dict[str, An
         ok = type(config) is config_class if exact else isinstance(config, accept or config_class)
         if not ok:
             raise TypeError(f"{owner} config must be {_article(name)} {name}, got {type(config).__name__} "
-                            f"({describe(config)}); pass {name}(...) or its fields as keywords")
+                            f"({describe_value(config)}); pass {name}(...) or its fields as keywords")
     missing = [key for key, value in named.items() if value is None]
     if missing:
         how = f"{owner}({missing[0]})" if missing[0] in positional else f"{owner}({missing[0]}=...)"

@@ -14,8 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from datarax.core.checks import describe_value
 from datarax.core.errors import DataraxError
-from datarax.core.operator import describe
 
 Spec = dict[str, jax.ShapeDtypeStruct]
 ENCODED = np.dtype(object)  # the dtype of an encoded field (one bytes or str object per record)
@@ -91,21 +91,21 @@ def spec_of(arrays: Mapping[str, Any], owner: str, *, batched: bool) -> dict[str
 def check_convert_output(result: Any, size: int, owner: str) -> dict[str, np.ndarray]:
     """Validates what a user `convert` function returned for a batch of `size` records."""
     if not isinstance(result, Mapping):
-        raise TypeError(f"{owner} convert must return a dict of arrays, got {describe(result)}")
+        raise TypeError(f"{owner} convert must return a dict of arrays, got {describe_value(result)}")
     out = {}
     for name, value in result.items():
         arr = np.asarray(value)
         if not batchable(arr.dtype) or arr.ndim == 0 or arr.shape[0] != size:
             raise UnsupportedColumnError(
-                f"{owner} convert returned field {name!r} as {describe(arr)}; it must return numeric "
+                f"{owner} convert returned field {name!r} as {describe_value(arr)}; it must return numeric "
                 f"arrays with a leading axis of {size} (one row per record in the batch)"
             )
         out[name] = arr
     return out
 
 
-def spec_text(spec: Mapping[str, jax.ShapeDtypeStruct]) -> dict[str, tuple]:
-    """A spec as plain data for `structure()` strings."""
+def spec_table(spec: Mapping[str, jax.ShapeDtypeStruct]) -> dict[str, tuple]:
+    """`{field: (shape, dtype)}` of a spec in field order: plain data for `structure()` strings and comparisons."""
     return {k: (tuple(v.shape), str(v.dtype)) for k, v in sorted(spec.items())}
 
 

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from datarax.core.checks import check_bool
-from datarax.core.checks import describe as describe  # re-exported: stages describe values in errors
 from datarax.core.element import Element
 
 DEFAULT_STREAM = "augment"

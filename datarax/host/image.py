@@ -19,6 +19,7 @@ import numpy as np
 
 from datarax.control.budget import MemoryBudget, SharedBudget, default_budget, human
 from datarax.control.pool import ThreadPool
+from datarax.control.processes import EXECUTORS, BatchesAhead, WorkerPool, context, row_blocks
 from datarax.core.checks import (
     check_choice,
     check_field_name,
@@ -36,7 +37,6 @@ from datarax.core.errors import RecordError
 from datarax.host.bit_depth import SCALE_ROWS_BYTES, is_high_depth, to_eight_bits
 from datarax.host.jpeg import BACKENDS, TURBO_REVISION, TurboDecoder, resolve_backend, turbo_modules
 from datarax.host.map import picklable
-from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool, context, row_blocks
 from datarax.host.stage import (
     ON_ERROR,
     BadRecords,
@@ -181,7 +181,7 @@ def pillow_bytes(mode: str, width: int, height: int, transposed: bool) -> int:
     return pixels * (stored + copies * converted)
 
 
-def describe(image: Any) -> str:
+def image_summary(image: Any) -> str:
     """`a 9459x9459 PNG in mode RGB`: an opened image, for refusals."""
     return f"a {image.size[0]}x{image.size[1]} {image.format or 'image'} in mode {image.mode}"
 
@@ -360,7 +360,7 @@ class DecodeImage(DecodingStage):
             # getexif decodes a PNG whose EXIF is not in its header, so such a PNG reserves first.
             early = image.format == "PNG" and "exif" not in image.info
             if early:
-                held.enter_context(self._reserve(pillow_bytes(image.mode, *image.size, False), describe(image)))
+                held.enter_context(self._reserve(pillow_bytes(image.mode, *image.size, False), image_summary(image)))
             orientation = image.getexif().get(_ORIENTATION_TAG, 1)
             transpose = self._transpose.get(orientation)
             width, height = image.size
@@ -379,7 +379,7 @@ class DecodeImage(DecodingStage):
                         reduce = round(raw_w / drafted[1][2])
             if not early:  # the pixels are decoded from here on, at the drafted size
                 held.enter_context(self._reserve(pillow_bytes(image.mode, *image.size, transpose is not None),
-                                                 describe(image)))
+                                                 image_summary(image)))
             image = to_eight_bits(image, self.config.value_range, image_module)
             if image.mode not in ("RGB", "L"):
                 image = image.convert("RGB")  # before resizing: P and 1 resize by nearest, RGBA premultiplies

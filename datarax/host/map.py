@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from datarax.control.pool import ThreadPool
+from datarax.control.processes import EXECUTORS, BatchesAhead, WorkerPool, row_blocks
 from datarax.core.checks import (
     check_bool,
     check_choice,
@@ -24,13 +25,12 @@ from datarax.core.checks import (
     check_int,
     check_positive_int,
     check_seed,
-    describe,
+    describe_value,
     field,
     set_field,
 )
 from datarax.core.construct import resolve_arguments
 from datarax.core.fields import batchable
-from datarax.host.processes import EXECUTORS, BatchesAhead, WorkerPool, row_blocks
 from datarax.host.stage import ON_ERROR, BadRecords, DecodingStage, HostContext, Spec, record_generator
 
 OutputSpec = tuple[tuple[str, tuple[int, ...], str], ...]  # (field, record shape, dtype)
@@ -42,7 +42,7 @@ def output_spec_of(outputs: Any, owner: str = "HostMap outputs") -> OutputSpec:
         outputs = {name: (shape, dtype) for name, shape, dtype in outputs}
     if not isinstance(outputs, Mapping) or not outputs:
         raise TypeError(f"{owner} must be a non-empty dict of field -> (shape, dtype) or jax.ShapeDtypeStruct, "
-                        f"got {describe(outputs)}; e.g. outputs={{'image': ((64, 64, 3), np.uint8)}}")
+                        f"got {describe_value(outputs)}; e.g. outputs={{'image': ((64, 64, 3), np.uint8)}}")
     spec = []
     for name, leaf in outputs.items():
         check_field_name(name, f"{owner} field")
@@ -137,7 +137,8 @@ class RecordJob:
         try:
             result = call()
             if not isinstance(result, Mapping):
-                raise TypeError(f"HostMap function {self.name} must return a dict of arrays, got {describe(result)}")
+                raise TypeError(f"HostMap function {self.name} must return a dict of arrays, "
+                                f"got {describe_value(result)}")
             extra = sorted(set(result) - {name for name, _, _ in self.config.outputs})
             if extra:
                 raise ValueError(f"HostMap function {self.name} returned fields {extra} that outputs= does not "
@@ -192,7 +193,8 @@ class HostMap(DecodingStage):
 
     def _setup(self, fn: Callable, config: HostMapConfig) -> None:
         if not callable(fn):
-            raise TypeError(f"HostMap fn must be a function fn(record, rng) -> dict of arrays, got {describe(fn)}")
+            raise TypeError(f"HostMap fn must be a function fn(record, rng) -> dict of arrays, "
+                            f"got {describe_value(fn)}")
         if config.executor == "processes":
             try:
                 pickle.loads(pickle.dumps(fn))

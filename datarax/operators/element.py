@@ -10,9 +10,10 @@ from typing import Any
 import jax
 from flax import nnx
 
+from datarax.core.checks import describe_value
 from datarax.core.construct import resolve_arguments
 from datarax.core.element import Element
-from datarax.core.operator import OperatorConfig, PerRecordOperator, describe
+from datarax.core.operator import OperatorConfig, PerRecordOperator
 from datarax.operators.lowering import user_code
 
 
@@ -24,7 +25,7 @@ class ElementOperatorConfig(OperatorConfig):
 def accepts_key(fn: Callable, owner: str) -> bool:
     """Whether `fn` takes a second positional argument (the record key)."""
     if not callable(fn):
-        raise TypeError(f"{owner} fn must be callable, got {describe(fn)}")
+        raise TypeError(f"{owner} fn must be callable, got {describe_value(fn)}")
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -92,7 +93,7 @@ class ElementOperator(PerRecordOperator):
         out = call_user_fn(self.fn, element, key, self._takes_key, "ElementOperator", "ElementOperatorConfig")
         if not isinstance(out, Element):
             raise TypeError(
-                f"ElementOperator fn {fn_name(self.fn)} must return an Element, got {describe(out)}; "
+                f"ElementOperator fn {fn_name(self.fn)} must return an Element, got {describe_value(out)}; "
                 "return element.update_data({...})"
             )
         return out

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_int, check_positive_int
-from datarax.core.operator import StageKey, describe
+from datarax.core.checks import check_int, check_positive_int, describe_value
+from datarax.core.operator import StageKey
 from datarax.core.source import record_shapes
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import CompiledProgram
@@ -27,7 +27,7 @@ from datarax.sources.memory import MemorySource, MemorySourceConfig
 
 def _check_prefix(pipeline: Pipeline, num_cached_stages: object) -> int:
     if not isinstance(pipeline, Pipeline):
-        raise TypeError(f"CachingIterator needs a datarax Pipeline, got {describe(pipeline)}")
+        raise TypeError(f"CachingIterator needs a datarax Pipeline, got {describe_value(pipeline)}")
     if not isinstance(pipeline.program, Chain):
         raise TypeError(f"CachingIterator caches a prefix of a linear pipeline's stages, but this pipeline's program "
                         f"is a {type(pipeline.program).__name__}; build it with Pipeline(stages=[...])")

@@ -6,8 +6,9 @@ from collections.abc import Iterator, Sequence
 
 from flax import nnx
 
+from datarax.core.checks import describe_value
 from datarax.core.element import Element
-from datarax.core.operator import BatchContext, OperatorModule, describe
+from datarax.core.operator import BatchContext, OperatorModule
 from datarax.operators.strategies.sequential import run_sequence, trace_sequence
 
 
@@ -15,7 +16,7 @@ def check_stage(stage: object, where: str) -> OperatorModule:
     if not isinstance(stage, OperatorModule):
         raise TypeError(
             f"{where} must be an operator (an OperatorModule such as ElementOperator), got "
-            f"{describe(stage)}; wrap a function with ElementOperator(ElementOperatorConfig(), fn=...)"
+            f"{describe_value(stage)}; wrap a function with ElementOperator(ElementOperatorConfig(), fn=...)"
         )
     return stage
 
@@ -35,7 +36,7 @@ class Chain(nnx.Module):
 
     def __init__(self, stages: Sequence[OperatorModule]):
         if isinstance(stages, OperatorModule) or not isinstance(stages, Sequence):
-            raise TypeError(f"stages must be a list of operators, got {describe(stages)}; pass stages=[op, ...]")
+            raise TypeError(f"stages must be a list of operators, got {describe_value(stages)}; pass stages=[op, ...]")
         self.stages = nnx.List([check_stage(s, f"stages[{i}]") for i, s in enumerate(stages)])
 
     def __call__(self, elements: Element, ctx: BatchContext) -> Element:

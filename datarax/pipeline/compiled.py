@@ -15,9 +15,10 @@ import numpy as np
 from flax import nnx
 
 from datarax.batching import num_batches, padded_positions
+from datarax.core.checks import describe_value
 from datarax.core.element import Element
 from datarax.core.errors import DataraxError
-from datarax.core.operator import BatchContext, describe, planned_record_keys
+from datarax.core.operator import BatchContext, planned_record_keys
 from datarax.core.source import gather_device
 
 # Record positions sampled per chunk (at most): 256 KiB of int32, enough that the sampling
@@ -37,7 +38,7 @@ def run_program(program: nnx.Module, data: dict, ctx: BatchContext) -> dict:
         out = program(Element(dict(data), {}), ctx)
     if not isinstance(out, Element):
         raise InconsistentOutputError(
-            f"the pipeline's stages must produce an Element, got {describe(out)}; a stage returned "
+            f"the pipeline's stages must produce an Element, got {describe_value(out)}; a stage returned "
             "the wrong type"
         )
     for path, leaf in jax.tree_util.tree_leaves_with_path(out.data):

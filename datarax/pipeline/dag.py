@@ -14,9 +14,10 @@ from typing import Any
 
 from flax import nnx
 
+from datarax.core.checks import describe_value
 from datarax.core.element import Element
 from datarax.core.errors import DataraxError
-from datarax.core.operator import BatchContext, OperatorModule, describe
+from datarax.core.operator import BatchContext, OperatorModule
 
 
 class DagError(DataraxError, ValueError):
@@ -32,7 +33,7 @@ def _named_nodes(nodes: Any) -> dict[str, nnx.Module]:
         pairs = list(nodes)
     else:
         raise TypeError(f"nodes must be a dict of name -> nnx.Module (or a list of (name, module) pairs), "
-                        f"got {describe(nodes)}")
+                        f"got {describe_value(nodes)}")
     if not pairs:
         raise DagError("nodes is empty; a DAG needs at least one node, e.g. nodes={'normalize': op}")
     named: dict[str, nnx.Module] = {}
@@ -44,7 +45,8 @@ def _named_nodes(nodes: Any) -> dict[str, nnx.Module]:
         if not isinstance(module, nnx.Module):
             raise TypeError(
                 f"nodes[{name!r}] must be an nnx.Module (an operator, or a plain module for batch-level "
-                f"work), got {describe(module)}; wrap a function with ElementOperator(ElementOperatorConfig(), fn=...)"
+                f"work), got {describe_value(module)}; wrap a function with "
+                "ElementOperator(ElementOperatorConfig(), fn=...)"
             )
         named[name] = module
     return named
@@ -52,7 +54,7 @@ def _named_nodes(nodes: Any) -> dict[str, nnx.Module]:
 
 def _predecessors(names: Sequence[str], edges: Any) -> dict[str, tuple[str, ...]]:
     if not isinstance(edges, Mapping):
-        raise TypeError(f"edges must be a dict of node name -> list of predecessor names, got {describe(edges)}")
+        raise TypeError(f"edges must be a dict of node name -> list of predecessor names, got {describe_value(edges)}")
     for name in edges:
         if name not in names:
             raise DagError(f"edges has an entry for unknown node {name!r}; the nodes are {list(names)}. "
@@ -238,7 +240,7 @@ class DagProgram(nnx.Module):
         if isinstance(out, Mapping):
             return Element(dict(out), _union_states(inputs))
         raise TypeError(
-            f"DAG node {name!r} ({type(module).__name__}) returned {describe(out)}; a plain module node must "
+            f"DAG node {name!r} ({type(module).__name__}) returned {describe_value(out)}; a plain module node must "
             "return a dict of batched arrays (field -> array) or an Element"
         )
 

@@ -20,8 +20,8 @@ from datarax.batching import (
 )
 from datarax.control.producers import READ
 from datarax.control.retry import NO_RETRY, RetryPolicy
-from datarax.core.checks import check_int, check_positive_int
-from datarax.core.operator import BatchContext, OperatorModule, describe, distinct_stage_keys
+from datarax.core.checks import check_int, check_positive_int, describe_value
+from datarax.core.operator import BatchContext, OperatorModule, distinct_stage_keys
 from datarax.core.source import DataSourceModule, record_shapes, seed_from_rngs
 from datarax.host.stage import HostStageSource, check_numeric, split_host_stages
 from datarax.monitoring.stages import StageTimes
@@ -113,20 +113,21 @@ class Pipeline(nnx.Module, Epochs):
                  retry_policy: RetryPolicy | None = None, dispatch_ahead: int = DISPATCH_AHEAD,
                  batches_per_dispatch: int | None = None):
         if not isinstance(source, (DataSourceModule, StreamSourceModule)):
-            raise TypeError(f"source must be a DataSourceModule such as MemorySource, got {describe(source)} "
+            raise TypeError(f"source must be a DataSourceModule such as MemorySource, got {describe_value(source)} "
                             "(or a StreamSourceModule for a stream)")
         if isinstance(source, StreamSourceModule) and (sampler is not None or sharding is not None):
             raise TypeError(f"{type(source).__name__} is a stream, read in order on one process: sampler and "
-                            f"sharding must be None, got sampler={describe(sampler)}, sharding={describe(sharding)}; "
+                            f"sharding must be None, got sampler={describe_value(sampler)}, "
+                            f"sharding={describe_value(sharding)}; "
                             "shuffle with the source's own config, and give each process its own stream")
         self.batch_size, prefetch = check_settings(batch_size=batch_size, drop_remainder=drop_remainder,
                                                    prefetch=prefetch, dispatch_ahead=dispatch_ahead)
         check_int(batches_per_dispatch, "batches_per_dispatch", 1, high=MAX_CHUNK_BATCHES, allow_none=True,
                   why=" (batches computed by one dispatched program)", hint="; None picks the backend's default")
         if sampler is not None and not isinstance(sampler, Sampler):
-            raise TypeError(f"sampler must be a datarax Sampler, got {describe(sampler)}")
+            raise TypeError(f"sampler must be a datarax Sampler, got {describe_value(sampler)}")
         if rngs is not None and not isinstance(rngs, nnx.Rngs):
-            raise TypeError(f"rngs must be an nnx.Rngs (e.g. nnx.Rngs(0)) or None, got {describe(rngs)}")
+            raise TypeError(f"rngs must be an nnx.Rngs (e.g. nnx.Rngs(0)) or None, got {describe_value(rngs)}")
         # The host stages' seed: drawn once, so the same rngs give the same crops on every host.
         self.seed = seed_from_rngs(None, rngs, "augment")
         source, stages = split_host_stages(source, stages, self.seed)
@@ -147,7 +148,7 @@ class Pipeline(nnx.Module, Epochs):
         self._requested_per_dispatch = batches_per_dispatch
         if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
             raise TypeError(f"retry_policy must be a datarax.pipeline.RetryPolicy or None, "
-                            f"got {describe(retry_policy)}")
+                            f"got {describe_value(retry_policy)}")
         # Not part of the fingerprint: retries change when a batch arrives, never what it holds.
         self.retry_policy = NO_RETRY if retry_policy is None else retry_policy
         # The fingerprint leaves the sharding out on purpose: the stream is the same on any layout.

@@ -20,8 +20,8 @@ import numpy as np
 from flax import nnx
 
 from datarax.batching import batch_indices
-from datarax.core.checks import check_bool, check_int
-from datarax.core.operator import BatchContext, describe
+from datarax.core.checks import check_bool, check_int, describe_value
+from datarax.core.operator import BatchContext
 from datarax.core.source import gather_device, record_shapes
 from datarax.pipeline.compiled import make_context, run_program
 from datarax.pipeline.iterator import PipelineIterator
@@ -92,7 +92,7 @@ class ScanRunner:
 
     def __init__(self, train_step: Callable[..., Any], *, steps_per_call: int, raw: bool = False):
         if not callable(train_step):
-            raise TypeError(f"train_step must be callable, got {describe(train_step)}")
+            raise TypeError(f"train_step must be callable, got {describe_value(train_step)}")
         check_int(steps_per_call, "steps_per_call", 1)
         check_bool(raw, "raw")
         self.train_step = train_step
@@ -224,7 +224,7 @@ class _Functions:
 def _check_run(iterator, modules, num_steps) -> Pipeline:
     if not isinstance(iterator, PipelineIterator):
         raise TypeError(f"iterator must be a PipelineIterator (iter(pipeline) or pipeline.epochs(n)), "
-                        f"got {describe(iterator)}")
+                        f"got {describe_value(iterator)}")
     p = iterator.pipeline
     if p.source.device_arrays() is None:
         raise ValueError("ScanRunner needs a device-resident source (the whole epoch's data is gathered inside "
@@ -237,7 +237,7 @@ def _check_run(iterator, modules, num_steps) -> Pipeline:
     for i, m in enumerate(modules):
         if not isinstance(m, nnx.Pytree):
             raise TypeError(f"modules[{i}] must be an NNX object (an nnx.Module or nnx.Optimizer), got "
-                            f"{describe(m)}; pass the batch-independent arguments as modules")
+                            f"{describe_value(m)}; pass the batch-independent arguments as modules")
     return p
 
 

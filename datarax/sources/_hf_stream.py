@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.fields import check_columns, spec_text
+from datarax.core.fields import check_columns, spec_table
 from datarax.core.source import Handles, seed_from_rngs
 from datarax.samplers.keyed import SHARD_ORDER_WORD, keyed_permutation
 from datarax.sources._arrow import TableConverter
@@ -169,6 +169,6 @@ class HFStreamSource(StreamSourceModule):
 
     def structure(self) -> str:
         name, split = self._identity
-        return (f"HFStreamSource(records={self._num_records}, spec={spec_text(self.element_spec())}, dataset={name}, "
+        return (f"HFStreamSource(records={self._num_records}, spec={spec_table(self.element_spec())}, dataset={name}, "
                 f"split={split}, shards={self._shards}, columns={list(self._names)}, shuffle={self.config.shuffle}, "
                 f"seed={self.seed}, block_size={self.config.block_size})")

@@ -20,7 +20,7 @@ from flax import nnx
 from datarax.core.checks import check_field_name, check_int, field, require
 from datarax.core.construct import resolve_arguments
 from datarax.core.errors import REWRITE, CorruptFileError
-from datarax.core.fields import ENCODED, flatten, read_batch, spec_of, spec_text, stack_into
+from datarax.core.fields import ENCODED, flatten, read_batch, spec_of, spec_table, stack_into
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.sources._records import decode_batch_into, encode_record, parse_layout
 from datarax.sources.memory import validate_arrays
@@ -175,7 +175,7 @@ class ArrayRecordSource(DataSourceModule):
         return f"record {record_id - int(self._io.starts[f])} of {self._files[f]}"
 
     def structure(self) -> str:
-        return (f"ArrayRecordSource(len={len(self)}, spec={spec_text(self._io.spec)}, files={list(self._names)}, "
+        return (f"ArrayRecordSource(len={len(self)}, spec={spec_table(self._io.spec)}, files={list(self._names)}, "
                 f"decode={self._decode_name}, encoded={self.config.encoded})")
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from flax import nnx
 
 from datarax.core.construct import resolve_arguments
 from datarax.core.errors import REWRITE, CorruptFileError
-from datarax.core.fields import batchable, spec_text, take_batch
+from datarax.core.fields import batchable, spec_table, take_batch
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.sources.memory import validate_arrays
 
@@ -99,7 +99,8 @@ class StreamingDiskSource(DataSourceModule):
         return take_batch(self._maps.arrays, indices, out)
 
     def structure(self) -> str:
-        return f"StreamingDiskSource(len={len(self)}, spec={spec_text(self.element_spec())}, files={list(self._files)})"
+        return (f"StreamingDiskSource(len={len(self)}, spec={spec_table(self.element_spec())}, "
+                f"files={list(self._files)})")
 
 
 def check_npy_file(path: str, owner: str) -> None:

@@ -14,10 +14,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, field, require
+from datarax.core.checks import check_bool, check_positive_int, describe_value, field, require
 from datarax.core.construct import resolve_config
-from datarax.core.fields import flatten, read_batch, spec_of, spec_text, stack_into
-from datarax.core.operator import describe
+from datarax.core.fields import flatten, read_batch, spec_of, spec_table, stack_into
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 from datarax.sources.stream import ChunkReader, RecordReader, StreamSourceModule, check_stream_state
 
@@ -33,8 +32,8 @@ def as_record(element: Any, decode: Decoder | None, owner: str) -> dict[str, Any
     if element is None:
         raise ValueError(f"{owner} got a None element (filtered out in the grain pipeline); random access needs "
                          "every index to hold a record: filter after datarax, or use GrainStreamSource")
-    raise TypeError(f"{owner} elements must be dicts of arrays, got {describe(element)}; pass decode=fn that turns "
-                    "one element into a dict of arrays")
+    raise TypeError(f"{owner} elements must be dicts of arrays, got {describe_value(element)}; pass decode=fn "
+                    "that turns one element into a dict of arrays")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +54,7 @@ class GrainSource(DataSourceModule):
         config = resolve_config(GrainSourceConfig, config, settings, "GrainSource")
         if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
             raise TypeError(f"GrainSource source must be a grain RandomAccessDataSource or MapDataset (with __len__ "
-                            f"and __getitem__), got {describe(source)}; wrap an IterDataset in GrainStreamSource")
+                            f"and __getitem__), got {describe_value(source)}; wrap an IterDataset in GrainStreamSource")
         length = len(source)
         if length >= sys.maxsize or length <= 0:
             raise ValueError(f"GrainSource source has length {length}; it must be finite and non-empty (remove "
@@ -85,7 +84,7 @@ class GrainSource(DataSourceModule):
                           lambda flat, o: stack_into(self._records(flat), o, "GrainSource"))
 
     def structure(self) -> str:
-        return f"GrainSource(len={len(self)}, spec={spec_text(self.element_spec())}, source={self._name})"
+        return f"GrainSource(len={len(self)}, spec={spec_table(self.element_spec())}, source={self._name})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +118,7 @@ class GrainStreamSource(StreamSourceModule):
         config = resolve_config(GrainStreamSourceConfig, config, settings, "GrainStreamSource")
         if not (callable(dataset) or hasattr(dataset, "__iter__")):
             raise TypeError(f"GrainStreamSource dataset must be a grain IterDataset/MapDataset or a function "
-                            f"epoch -> dataset, got {describe(dataset)}")
+                            f"epoch -> dataset, got {describe_value(dataset)}")
         self.config = config
         self._io = Handles(dataset=dataset)
         iterator = iter(self.dataset_for_epoch(0))
@@ -147,7 +146,7 @@ class GrainStreamSource(StreamSourceModule):
         return _GrainReader(self, epoch, state)
 
     def structure(self) -> str:
-        return (f"GrainStreamSource(records={self.num_records()}, spec={spec_text(self.element_spec())}, "
+        return (f"GrainStreamSource(records={self.num_records()}, spec={spec_table(self.element_spec())}, "
                 f"dataset={self._name}, batched={self.config.batched})")
 
 
@@ -206,7 +205,7 @@ class GrainDataSource:
 
     def __init__(self, source: DataSourceModule):
         if not isinstance(source, DataSourceModule):
-            raise TypeError(f"GrainDataSource needs a random-access datarax source, got {describe(source)}")
+            raise TypeError(f"GrainDataSource needs a random-access datarax source, got {describe_value(source)}")
         self._source = source
 
     def __len__(self) -> int:

@@ -18,7 +18,7 @@ from flax import nnx
 
 from datarax.core.checks import check_int_range, narrowed_dtype, require
 from datarax.core.errors import REWRITE, CorruptFileError
-from datarax.core.fields import allocate, check_columns, read_batch, spec_text
+from datarax.core.fields import allocate, check_columns, read_batch, spec_table
 from datarax.core.source import DataSourceModule, Handles, seed_from_rngs
 from datarax.sources._arrow import TableConverter as TableConverter
 from datarax.sources._arrow import chunk_view, encoded_path, encoded_take, flatten_chunk
@@ -289,6 +289,6 @@ class HFSource(DataSourceModule):
     def structure(self) -> str:
         name, split, files = self._identity
         convert = self._io.converter.convert
-        return (f"HFSource(len={len(self)}, spec={spec_text(self.element_spec())}, dataset={name}, split={split}, "
+        return (f"HFSource(len={len(self)}, spec={spec_table(self.element_spec())}, dataset={name}, split={split}, "
                 f"files={files}, columns={list(self._names)}, encoded={list(self.config.encoded)}, "
                 f"convert={None if convert is None else getattr(convert, '__qualname__', repr(convert))})")

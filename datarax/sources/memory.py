@@ -10,11 +10,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_int, check_int_range, field
+from datarax.core.checks import check_bool, check_int, check_int_range, describe_value, field
 from datarax.core.construct import resolve_arguments
 from datarax.core.fields import take_batch
 from datarax.core.layout import to_storage
-from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule, Handles, ShuffleConfig, seed_from_rngs
 
 DEFAULT_MAX_DEVICE_BYTES = 2 * 2**30
@@ -42,7 +41,7 @@ class MemorySourceConfig(ShuffleConfig):
 def validate_arrays(data: Any, owner: str) -> dict[str, np.ndarray]:
     """Checks a dict of equal-length numeric arrays and returns it as numpy arrays."""
     if not isinstance(data, Mapping) or not data:
-        raise ValueError(f"{owner} data must be a non-empty dict of arrays, got {describe(data)}; "
+        raise ValueError(f"{owner} data must be a non-empty dict of arrays, got {describe_value(data)}; "
                          "pass data={'x': array, ...}")
     arrays: dict[str, np.ndarray] = {}
     for name, value in data.items():

@@ -15,10 +15,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from datarax.core.checks import check_bool, check_positive_int, check_seed, field
+from datarax.core.checks import check_bool, check_positive_int, check_seed, describe_value, field
 from datarax.core.construct import resolve_config
-from datarax.core.fields import allocate, spec_text
-from datarax.core.operator import describe
+from datarax.core.fields import allocate, spec_table
 from datarax.core.source import DataSourceModule, seed_from_rngs
 from datarax.samplers.base import Sampler
 from datarax.samplers.mix import MixSampler, check_weights
@@ -72,19 +71,20 @@ class MixDataSources(DataSourceModule):
                  rngs: nnx.Rngs | None = None, **settings: Any):
         config = resolve_config(MixDataSourcesConfig, config, settings, "MixDataSources")
         if not isinstance(sources, Sequence) or not sources:
-            raise TypeError(f"MixDataSources sources must be a non-empty list of sources, got {describe(sources)}")
+            raise TypeError(f"MixDataSources sources must be a non-empty list of sources, "
+                            f"got {describe_value(sources)}")
         for i, s in enumerate(sources):
             if not isinstance(s, DataSourceModule):
                 raise TypeError(f"MixDataSources sources[{i}] must be a random-access DataSourceModule, got "
-                                f"{describe(s)}; streams cannot be mixed by index")
+                                f"{describe_value(s)}; streams cannot be mixed by index")
         if len(config.weights) != len(sources):
             raise ValueError(f"MixDataSources needs one weight per source: config.weights has "
                              f"{len(config.weights)} for {len(sources)} sources")
         spec = sources[0].element_spec()
         for i, s in enumerate(sources[1:], 1):
-            if spec_text(s.element_spec()) != spec_text(spec):
+            if spec_table(s.element_spec()) != spec_table(spec):
                 raise ValueError(f"MixDataSources sources must share one element spec: sources[0] has "
-                                 f"{spec_text(spec)}, sources[{i}] has {spec_text(s.element_spec())}; map them to "
+                                 f"{spec_table(spec)}, sources[{i}] has {spec_table(s.element_spec())}; map them to "
                                  "the same fields, shapes and dtypes first")
         if config.source_field is not None and config.source_field in spec:
             raise ValueError(f"MixDataSourcesConfig.source_field {config.source_field!r} is already a field of the "

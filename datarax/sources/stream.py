@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from datarax.core.checks import check_int
-from datarax.core.fields import spec_text
+from datarax.core.fields import spec_table
 from datarax.samplers.base import Sampler
 from datarax.samplers.simple import SequentialSampler
 
@@ -97,7 +97,7 @@ class StreamSourceModule(nnx.Module, abc.ABC):
         return SequentialSampler(len(self))
 
     def structure(self) -> str:
-        return f"{type(self).__qualname__}(records={self.num_records()}, spec={spec_text(self.element_spec())})"
+        return f"{type(self).__qualname__}(records={self.num_records()}, spec={spec_table(self.element_spec())})"
 
 
 def check_stream_state(state: Any, keys: tuple[str, ...], owner: str) -> dict[str, Any]:

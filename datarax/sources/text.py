@@ -1,6 +1,6 @@
 """A random-access source of text documents: a list of str, or the lines of text files.
 
-Its one field holds a `str` per record (an encoded field, `datarax.host.ENCODED`), so a pipeline
+Its one field holds a `str` per record (an encoded field, `datarax.core.fields.ENCODED`), so a pipeline
 over it starts with a host stage that turns text into numbers (`datarax.host.Tokenize`), or it is
 packed into fixed rows by `datarax.sources.PackedTextSource`.
 

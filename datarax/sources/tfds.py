@@ -22,7 +22,7 @@ from datarax.core.fields import (
     check_convert_output,
     flatten,
     read_batch,
-    spec_text,
+    spec_table,
     stack_into,
     unsupported_message,
 )
@@ -204,4 +204,4 @@ class TFDSSource(DataSourceModule):
 
     def structure(self) -> str:
         name, split = self._identity
-        return f"TFDSSource(len={len(self)}, spec={spec_text(self.element_spec())}, dataset={name}, split={split})"
+        return f"TFDSSource(len={len(self)}, spec={spec_table(self.element_spec())}, dataset={name}, split={split})"

@@ -11,9 +11,8 @@ import jax
 import numpy as np
 
 from datarax.control.pool import ThreadPool
-from datarax.core.checks import check_int
+from datarax.core.checks import check_int, describe_value
 from datarax.core.fields import allocate
-from datarax.core.operator import describe
 from datarax.core.source import DataSourceModule
 from datarax.samplers.base import Sampler
 from datarax.samplers.simple import default_sampler
@@ -34,7 +33,8 @@ class ThreadedSource(DataSourceModule):
 
     def __init__(self, source: DataSourceModule, *, num_threads: int = 2, min_chunk: int = 16):
         if not isinstance(source, DataSourceModule):
-            raise TypeError(f"ThreadedSource source must be a random-access DataSourceModule, got {describe(source)}")
+            raise TypeError(f"ThreadedSource source must be a random-access DataSourceModule, "
+                            f"got {describe_value(source)}")
         if source.device_arrays() is not None:
             raise ValueError("ThreadedSource source is device-resident (its gather runs inside the compiled step); "
                              "threads only help host-resident sources")

@@ -14,11 +14,6 @@ from datarax.monitoring.writers import ConsoleWriter as ConsoleWriter
 from datarax.monitoring.writers import JsonlWriter as JsonlWriter
 from datarax.train import config as config  # registers [trainer] with datarax.config
 from datarax.train.checkpointing.checkpointer import Checkpointer as Checkpointer
-from datarax.train.checkpointing.errors import CheckpointMismatchError as CheckpointMismatchError
-from datarax.train.checkpointing.errors import CheckpointRestoreError as CheckpointRestoreError
-from datarax.train.checkpointing.errors import CheckpointSaveError as CheckpointSaveError
-from datarax.train.checkpointing.errors import CorruptCheckpointWarning as CorruptCheckpointWarning
-from datarax.train.checkpointing.hashing import state_sha256 as state_sha256
 from datarax.train.config import build_trainer as build_trainer
 from datarax.train.config import load_trainer as load_trainer
 from datarax.train.loop.guardrails import ShortFinalBatchWarning as ShortFinalBatchWarning
@@ -36,9 +31,7 @@ from datarax.train.metrics.goodput import GoodputLedger as GoodputLedger
 from datarax.train.metrics.writers import TensorBoardWriter as TensorBoardWriter
 
 __all__ = [
-    'CheckpointMismatchError', 'CheckpointRestoreError', 'CheckpointSaveError', 'Checkpointer', 'ConfusionMatrix',
-    'ConsoleWriter', 'CorruptCheckpointWarning', 'FitResult', 'GoodputLedger', 'JsonlWriter', 'Metric',
+    'Checkpointer', 'ConfusionMatrix', 'ConsoleWriter', 'FitResult', 'GoodputLedger', 'JsonlWriter', 'Metric',
     'PerClassAccuracy', 'Perplexity', 'ShortFinalBatchWarning', 'TensorBoardWriter', 'Trainer', 'TrainerWarning',
     'UnknownEpochLengthWarning', 'UnshuffledTrainingWarning', 'build_trainer', 'joint_optimizer', 'load_trainer',
-    'state_sha256',
 ]

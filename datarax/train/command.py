@@ -23,9 +23,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from datarax.checkpoint.hashing import state_sha256
 from datarax.monitoring.writers import JsonlWriter
 from datarax.train.callbacks import GoodputMonitor, MetricLogger, ProgressBar
-from datarax.train.checkpointing.hashing import state_sha256
 from datarax.train.config import build_trainer, run_dir_of
 from datarax.train.pretrained.finetune import finetune_summary
 

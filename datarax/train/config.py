@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from datarax.checkpoint.policies import check_best, check_max_to_keep, resolve_on_damaged
 from datarax.config.build import build_component, build_pipeline, load_spec, takes_argument
 from datarax.config.components import ComponentSpec, Context, component
 from datarax.config.files import first_line
@@ -37,7 +38,6 @@ from datarax.config.spec import RunSpec, check_positive, register_section
 from datarax.core.checks import is_int
 from datarax.monitoring.writers import JsonlWriter
 from datarax.train.callbacks import CheckpointCallback, ProfilerConfig
-from datarax.train.checkpointing.policies import check_best, check_max_to_keep, resolve_on_damaged
 from datarax.train.checkpointing.run_config import NOT_FINGERPRINTED
 from datarax.train.loop.compile_cache import default_cache_dir
 from datarax.train.loop.settings import check_settings
@@ -156,12 +156,12 @@ def _validate_optimizer(value: Any, path: Path, ctx: Context):
         if not is_table(kwargs):
             ctx.problems.add((*here, name), f"must be a table of keyword arguments, got {kwargs!r}")
             continue
-        chain.append((name, getattr(optax, name), check_arguments(getattr(optax, name), kwargs, (*here, name), ctx,
+        chain.append((name, getattr(optax, name), convert_kwargs(getattr(optax, name), kwargs, (*here, name), ctx,
                                                                   f"argument of optax.{name}")))
     return chain
 
 
-def check_arguments(fn: Callable, kwargs: dict[str, Any], path: Path, ctx: Context, what: str) -> dict[str, Any]:
+def convert_kwargs(fn: Callable, kwargs: dict[str, Any], path: Path, ctx: Context, what: str) -> dict[str, Any]:
     """`kwargs` for `fn`, each key checked against its signature and each value converted by its
     type hint (the function's own schema: a string where optax wants a number is an error here, not
     an error in the first optimizer step). Strings with a ':' may name a callable (a schedule)."""
@@ -197,7 +197,7 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
         section = None
     optimizer = _validate_optimizer(value["optimizer"], (*path, "optimizer"), ctx) if "optimizer" in value else None
     if section is not None and section.model_args:
-        model_args = check_arguments(section.model, section.model_args, (*path, "model_args"), ctx,
+        model_args = convert_kwargs(section.model, section.model_args, (*path, "model_args"), ctx,
                                      f"parameter of {value.get('model')!r}")
         section = dataclasses.replace(section, model_args=model_args)
     callbacks = []

@@ -12,7 +12,8 @@ from benchmarks.peers import runner
 from benchmarks.peers.common import JPEG_SIZE, PeerOptions
 from benchmarks.registry import BenchOptions
 from benchmarks.scenarios import jpeg
-from datarax.host import DecodeImage, record_generator
+from datarax.host import DecodeImage
+from datarax.host.stage import record_generator
 
 
 @pytest.fixture

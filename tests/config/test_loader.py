@@ -2,7 +2,7 @@
 
 import pytest
 
-from datarax.config.loader import load, merge, parse_key_path, parse_value
+from datarax.config.loader import load, merge_tables, parse_key_path, parse_value
 from datarax.config.schema import ConfigError
 
 TOP = ("batch_size", "seed", "source", "stages", "trainer")
@@ -13,10 +13,10 @@ def write(path, text):
     return path
 
 
-def test_merge_merges_tables_and_replaces_everything_else():
+def test_merge_tables_merges_tables_and_replaces_everything_else():
     base = {"a": {"x": 1, "y": 2}, "list": [1, 2], "s": 1}
     over = {"a": {"y": 3}, "list": [9], "t": 2}
-    assert merge(base, over) == {"a": {"x": 1, "y": 3}, "list": [9], "s": 1, "t": 2}
+    assert merge_tables(base, over) == {"a": {"x": 1, "y": 3}, "list": [9], "s": 1, "t": 2}
     assert base == {"a": {"x": 1, "y": 2}, "list": [1, 2], "s": 1}
 
 

@@ -260,7 +260,7 @@ def double(element, key=None):
 def test_a_function_by_position_is_the_stages_function():
     assert T.Map(np.negative, fields=("x",)).structure() == \
         T.Map(MapOperatorConfig(fields=("x",)), fn=np.negative).structure()
-    assert T.Element(double).structure() == T.Element(ElementOperatorConfig(), fn=double).structure()
+    assert T.Lambda(double).structure() == T.Lambda(ElementOperatorConfig(), fn=double).structure()
     outputs = {"y": ((), np.float32)}
     by_position = HostMap(np.negative, outputs=outputs)
     assert by_position.config == HostMap(HostMapConfig(outputs=outputs), fn=np.negative).config

@@ -87,6 +87,13 @@ def test_extreme_words_map_to_finite_symmetric_tails():
         assert np.all(np.isfinite(np.asarray(noise.normal_from_bits(words, dtype), np.float32)))
 
 
+def test_draws_stay_within_the_23_bit_tails_and_are_nearly_all_distinct():
+    draws = np.asarray(jax.jit(lambda k: noise.standard_normal(k, (50001,)))(jax.random.key(0)), np.float64)
+    assert np.abs(draws).max() <= stats.norm.ppf(1 - 0.5 / 2**23) + 1e-4
+    # 50001 draws from 2^23 equally likely levels: almost all distinct (expected repeats ~150).
+    assert len(np.unique(draws)) > 50001 - 400
+
+
 def test_draws_depend_only_on_the_key_and_shape():
     keys = jax.random.split(jax.random.key(9), 5)
     batched = jax.jit(jax.vmap(lambda k: noise.standard_normal(k, (7, 3))))(keys)

@@ -16,7 +16,8 @@ import pytest
 from scipy.signal import resample_poly
 
 from datarax import Pipeline
-from datarax.host import DecodeAudio, DecodeAudioConfig, HostContext, record_generator
+from datarax.host import DecodeAudio, DecodeAudioConfig, HostContext
+from datarax.host.stage import record_generator
 from datarax.sources import RecordError
 from datarax.sources.hf import HFSource, HFSourceConfig, load_files
 

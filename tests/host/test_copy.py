@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from datarax import Pipeline
+from datarax.core.fields import ENCODED
 from datarax.core.source import DataSourceModule, Handles
-from datarax.host import ENCODED, DecodeAudio, DecodeImage, HostContext, HostMap, Tokenize
+from datarax.host import DecodeAudio, DecodeImage, HostContext, HostMap, Tokenize
 from datarax.host.stage import HostStage
 
 

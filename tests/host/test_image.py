@@ -18,8 +18,9 @@ from PIL import Image, ImageOps
 from scipy import stats
 from skimage import data as photos
 
-from datarax.host import DecodeImage, DecodeImageConfig, HostContext, SkippedRecordWarning, record_generator
+from datarax.host import DecodeImage, DecodeImageConfig, HostContext, SkippedRecordWarning
 from datarax.host.image import random_resized_box, shorter_side_box
+from datarax.host.stage import record_generator
 from datarax.sources import RecordError
 
 BILINEAR = Image.Resampling.BILINEAR

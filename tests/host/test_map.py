@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from datarax import Pipeline
-from datarax.host import HostContext, HostMap, HostMapConfig, SkippedRecordWarning, WorkerCrashError, record_generator
+from datarax.host import HostContext, HostMap, HostMapConfig, SkippedRecordWarning, WorkerCrashError
+from datarax.host.stage import record_generator
 from datarax.sources import MemorySource, MemorySourceConfig, RecordError
 
 OUTPUTS = {"feat": ((3,), np.float32), "code": ((), np.int64)}

@@ -16,7 +16,8 @@ from scipy import stats
 from skimage import data as photos
 
 from datarax import Pipeline
-from datarax.host import DecodeImage, HostContext, materialize, materialize_main
+from datarax.host import DecodeImage, HostContext, materialize
+from datarax.host.decode_once import materialize_main
 from datarax.pipeline.state import IteratorStateError
 from datarax.sources import CorruptFileError, ImageFolderSource, MaterializedSource, StaleCacheError
 

@@ -8,8 +8,9 @@ import pytest
 
 from datarax import Pipeline
 from datarax.core.errors import printable
-from datarax.host import ENCODED, HostContext, HostStage, HostStageSource, record_generator
-from datarax.host.stage import first_rows
+from datarax.core.fields import ENCODED
+from datarax.host import HostContext, HostStage
+from datarax.host.stage import HostStageSource, first_rows, record_generator
 from datarax.sources import MemorySource, MemorySourceConfig
 
 

@@ -5,11 +5,9 @@ arithmetic). The numpy references for noise, cutout and patch dropout compute th
 quantities independently in float64 and allow 1e-6.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.stats
 from flax import nnx
 from image_helpers import run
 from skimage import filters as skfilters
@@ -44,14 +42,6 @@ def test_gaussian_noise_adds_sigma_times_the_record_normal_draw():
     assert abs(noise.mean()) < 0.01 and abs(noise.std() - 0.1) < 0.01
     clipped = np.asarray(filters.gaussian_noise(jnp.asarray(x), jnp.asarray(normals, jnp.float32), 0.5))
     np.testing.assert_allclose(clipped, np.clip(x + 0.5 * normals, 0, 1), atol=1e-6)
-
-
-def test_standard_normal_matches_scipy_normal_up_to_its_23_bit_tails():
-    draws = np.asarray(jax.jit(lambda k: filters.standard_normal(k, (50001,)))(jax.random.key(0)), np.float64)
-    assert scipy.stats.kstest(draws, scipy.stats.norm.cdf).pvalue > 1e-3
-    assert np.abs(draws).max() <= scipy.stats.norm.ppf(1 - 0.5 / 2**23) + 1e-4
-    # 50001 draws from 2^23 equally likely levels: almost all distinct (expected repeats ~150).
-    assert len(np.unique(draws)) > 50001 - 400
 
 
 @pytest.mark.parametrize("kernel_size", [3, 7])

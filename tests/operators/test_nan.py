@@ -90,7 +90,7 @@ CASES = {
     "CutMix": image_case(lambda: T.CutMix(num_classes=B, rngs=rngs())),
     "ToFloat": image_case(lambda: T.ToFloat()),
     "Map": image_case(lambda: T.Map(fn=lambda x: 2 * x)),
-    "Element": image_case(lambda: T.Element(fn=lambda el: el)),
+    "Element": image_case(lambda: T.Lambda(fn=lambda el: el)),
     "Gain": audio_case(lambda: T.Gain(rngs=rngs())),
     "AddNoise": audio_case(lambda: T.AddNoise(rngs=rngs())),
     # the samples shifted in are zeros (mode="zero"); the rest stay NaN

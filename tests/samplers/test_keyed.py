@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datarax.host import record_generator
+from datarax.host.stage import record_generator
 from datarax.pipeline.buckets import interleave_permutation
 from datarax.samplers.keyed import INTERLEAVE_STREAM, SHARD_ORDER_WORD, keyed_generator, keyed_permutation
 

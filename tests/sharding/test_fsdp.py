@@ -22,7 +22,7 @@ from datarax.sharding import DataSharding
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import Trainer
 from datarax.train.callbacks import Callback, CheckpointCallback
-from datarax.train.loop.param_sharding import describe, fsdp_spec, state_shardings
+from datarax.train.loop.param_sharding import fsdp_spec, sharding_summary, state_shardings
 
 NUM_RECORDS, BATCH = 96, 16  # 6 steps an epoch
 
@@ -80,7 +80,7 @@ def test_the_largest_dimension_the_axis_divides_is_cut(shape, size, spec):
 def test_fsdp_trains_like_the_replicated_run_with_each_array_cut_eight_ways():
     replicated_log, fsdp_log = Record(), Record()
     replicated, fsdp = trainer(8, "replicated", [replicated_log]), trainer(8, "fsdp", [fsdp_log])
-    layout = describe(fsdp._binding.values(), fsdp.state_shardings)
+    layout = sharding_summary(fsdp._binding.values(), fsdp.state_shardings)
     replicated.fit(num_steps=12)
     fsdp.fit(num_steps=12)
     assert sorted(fsdp_log.losses) == list(range(1, 13))

@@ -168,7 +168,7 @@ def jpeg_files(tmp_path_factory):
 
 
 def test_encoded_mode_reads_each_record_as_its_bytes(jpeg_files):
-    from datarax.host import ENCODED
+    from datarax.core.fields import ENCODED
 
     photos, paths = jpeg_files
     src = ArrayRecordSource(ArrayRecordSourceConfig(encoded="jpeg"), paths=paths)

@@ -190,7 +190,7 @@ def encoded_ds(encoded_files):
 
 
 def test_encoded_columns_are_the_stored_bytes(encoded_ds, encoded_files):
-    from datarax.host import ENCODED
+    from datarax.core.fields import ENCODED
 
     src = HFSource(HFSourceConfig(fields=("id",), encoded=("image", "audio", "caption")), dataset=encoded_ds)
     spec = src.element_spec()

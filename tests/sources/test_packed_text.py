@@ -265,7 +265,7 @@ def test_a_document_that_is_not_text_is_named():
         def element_spec(self):
             import jax
 
-            from datarax.host import ENCODED
+            from datarax.core.fields import ENCODED
 
             return {"text": jax.ShapeDtypeStruct((), ENCODED)}
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from datarax.core.checks import describe
+from datarax.core.checks import describe_value
 from datarax.core.element import Element
 from datarax.core.operator import read_field
 from datarax.operators.field import FieldOperator, FieldOperatorConfig
@@ -52,7 +52,7 @@ class AudioOperator(FieldOperator):
         else:
             kind, fix = "spectrogram (..., freq, time)", "compute one first, e.g. with LogMelOperator"
         if not isinstance(x, jax.Array) or x.ndim < self.min_ndim:
-            raise ValueError(f"{name} expects field {field!r} to hold one {kind} per record, got {describe(x)}; "
+            raise ValueError(f"{name} expects field {field!r} to hold one {kind} per record, got {describe_value(x)}; "
                              f"{fix}")
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{name} expects a float array in field {field!r}, got dtype {x.dtype}; convert "

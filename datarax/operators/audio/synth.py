@@ -21,7 +21,7 @@ from datarax.core.checks import (
     check_field_name,
     check_number,
     check_positive_int,
-    describe,
+    describe_value,
     field,
     is_number,
     require_deterministic,
@@ -67,7 +67,7 @@ def _read(op: PerRecordOperator, element: Element, arg: str, ndim: int) -> jax.A
     x = read_field(op, element, arg)
     if getattr(x, "ndim", None) != ndim:
         raise ValueError(f"{type(op).__name__} expects field {getattr(op.config, arg)!r} to have {ndim} axes per "
-                         f"record, got {describe(x)}")
+                         f"record, got {describe_value(x)}")
     return x
 
 
@@ -176,7 +176,8 @@ class ReverbOperator(PerRecordOperator):
     def __init__(self, config: ReverbConfig | None = None, *, rngs: nnx.Rngs, **settings: Any):
         config = resolve_config(ReverbConfig, config, settings, "ReverbOperator")
         if not isinstance(rngs, nnx.Rngs):
-            raise TypeError(f"ReverbOperator needs rngs=nnx.Rngs(...) to draw its room noise, got {describe(rngs)}")
+            raise TypeError(f"ReverbOperator needs rngs=nnx.Rngs(...) to draw its room noise, "
+                            f"got {describe_value(rngs)}")
         self._init_rng(config, None)
         learn = {"decay_s", "wet"} if config.learnable is True else set(config.learnable or ())
         self.decay = Magnitude(config.decay_s, low=1e-3, high=config.length_s, learnable="decay_s" in learn,

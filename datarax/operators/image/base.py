@@ -14,7 +14,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from datarax.core.checks import check_number, describe, field
+from datarax.core.checks import check_number, describe_value, field
 from datarax.core.element import Element
 from datarax.core.operator import read_field
 from datarax.operators.field import FieldOperator, FieldOperatorConfig
@@ -57,7 +57,7 @@ class ImageOperator(FieldOperator):
         image = read_field(self, element)
         if not isinstance(image, jax.Array) or image.ndim != 3:
             raise ValueError(f"{name} expects field {field!r} to be one HWC image per record, got "
-                             f"{describe(image)}; add a channel axis to grayscale images (x[..., None])")
+                             f"{describe_value(image)}; add a channel axis to grayscale images (x[..., None])")
         if not jnp.issubdtype(image.dtype, jnp.floating):
             raise TypeError(f"{name} expects a float image in [0, 1] in field {field!r}, got dtype {image.dtype}; "
                             "convert first, e.g. ElementOperator(fn=lambda el: el.update_data("

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from datarax.core.checks import check_int, check_number, field, require_stochastic
+from datarax.core.noise import standard_normal
 from datarax.operators.field import check_magnitudes
 from datarax.operators.image.base import ImageOperator, ImageOperatorConfig, check_fill
 from datarax.operators.image.functional import filters
@@ -49,7 +50,7 @@ class GaussianNoiseOperator(ImageOperator):
     bounds = {"sigma": (0.0, 1.0)}
 
     def draw(self, key, shape):
-        return {"noise": filters.standard_normal(key, shape, jnp.result_type(float)),
+        return {"noise": standard_normal(key, shape, jnp.result_type(float)),
                 "sigma": self.magnitude("sigma")}
 
     def apply(self, image, params):

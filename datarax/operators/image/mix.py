@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from datarax.core.checks import check_field_name, check_int, describe, field, require_stochastic
+from datarax.core.checks import check_field_name, check_int, describe_value, field, require_stochastic
 from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import BatchContext, OperatorModule, record_keys, stage_key_from_rngs
@@ -119,13 +119,13 @@ class MixOperator(OperatorModule):
         images, labels = elements.data[config.field], elements.data[config.label_field]
         if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
             raise ValueError(f"{name} expects a batch of float HWC images in field {config.field!r}, "
-                             f"got {describe(images)}")
+                             f"got {describe_value(images)}")
         if jnp.issubdtype(labels.dtype, jnp.integer) and labels.ndim == 1:
             return images, jax.nn.one_hot(labels, config.num_classes, dtype=images.dtype)
         if labels.ndim == 2 and labels.shape[1] == config.num_classes:
             return images, labels.astype(images.dtype)
         raise ValueError(f"{name} expects labels in field {config.label_field!r} as int class ids (B,) or "
-                         f"one-hot rows (B, {config.num_classes}), got {describe(labels)}")
+                         f"one-hot rows (B, {config.num_classes}), got {describe_value(labels)}")
 
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
         return self.apply_drawn(elements, draw_parameters(self, ctx, self.read(elements)[0].shape[1:]))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from datarax.core.checks import describe_value
 from datarax.core.construct import resolve_config
 from datarax.core.element import Element
-from datarax.core.operator import BatchContext, OperatorModule, describe
+from datarax.core.operator import BatchContext, OperatorModule
 from datarax.operators.strategies.common import check_fields
 
 
@@ -47,7 +48,7 @@ class SplitField(OperatorModule):
         config = resolve_config(SplitFieldConfig, config, settings, "SplitField")
         if operator is not None and not isinstance(operator, OperatorModule):
             raise TypeError(f"SplitField operator must be an operator (an OperatorModule) or None, "
-                            f"got {describe(operator)}")
+                            f"got {describe_value(operator)}")
         self.config = config
         self.operator = operator
 

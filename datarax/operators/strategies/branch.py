@@ -10,13 +10,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from datarax.core.checks import describe_value
 from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import (
     BatchContext,
     OperatorConfig,
     OperatorModule,
-    describe,
     record_keys,
     stage_key_from_rngs,
 )
@@ -65,7 +65,7 @@ class BranchOperator(OperatorModule):
         index = jnp.asarray(index)
         if index.shape != ctx.record_ids.shape or not (jnp.issubdtype(index.dtype, jnp.integer) or index.dtype == bool):
             raise TypeError(f"BranchOperator router {fn_name(self.router)} must return one integer per record, "
-                            f"got {describe(index)} for a batch of {ctx.record_ids.shape[0]}")
+                            f"got {describe_value(index)} for a batch of {ctx.record_ids.shape[0]}")
         return jnp.clip(index.astype(jnp.int32), 0, len(self.branches) - 1)
 
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:

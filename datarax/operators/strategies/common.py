@@ -8,21 +8,22 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from datarax.core.checks import describe_value
 from datarax.core.element import Element
-from datarax.core.operator import BatchContext, OperatorModule, describe
+from datarax.core.operator import BatchContext, OperatorModule
 
 
 def check_operators(operators: object, owner: str, *, minimum: int = 1) -> nnx.List:
     """`operators` as an `nnx.List` of operators, with a clear error for anything else."""
     if isinstance(operators, OperatorModule) or not isinstance(operators, Sequence):
-        raise TypeError(f"{owner} operators must be a list of operators, got {describe(operators)}; "
+        raise TypeError(f"{owner} operators must be a list of operators, got {describe_value(operators)}; "
                         "pass operators=[op_a, op_b]")
     if len(operators) < minimum:
         raise ValueError(f"{owner} needs at least {minimum} operator(s), got {len(operators)}")
     for i, op in enumerate(operators):
         if not isinstance(op, OperatorModule):
             raise TypeError(f"{owner} operators[{i}] must be an operator (an OperatorModule such as "
-                            f"ElementOperator), got {describe(op)}")
+                            f"ElementOperator), got {describe_value(op)}")
     return nnx.List(list(operators))
 
 

@@ -9,14 +9,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from datarax.core.checks import check_probability, field
+from datarax.core.checks import check_probability, describe_value, field
 from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.operator import (
     BatchContext,
     OperatorConfig,
     OperatorModule,
-    describe,
     record_keys,
     stage_key_from_rngs,
 )
@@ -57,7 +56,7 @@ class ProbabilisticOperator(OperatorModule):
         config = resolve_config(ProbabilisticOperatorConfig, config, settings, "ProbabilisticOperator")
         if not isinstance(operator, OperatorModule):
             raise TypeError(f"ProbabilisticOperator operator must be an operator (an OperatorModule such as "
-                            f"ElementOperator), got {describe(operator)}")
+                            f"ElementOperator), got {describe_value(operator)}")
         self.config = config
         self.operator = operator
         self.key = stage_key_from_rngs("ProbabilisticOperator",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from datarax.checkpoint.policies import check_best, resolve_on_damaged
 from datarax.train.callbacks.base import Callback, Schedule, StepLogs
 from datarax.train.checkpointing.checkpointer import Checkpointer, RestoredCheckpoint
-from datarax.train.checkpointing.policies import check_best, resolve_on_damaged
 
 if TYPE_CHECKING:
     from datarax.train.loop.trainer import Trainer

@@ -15,7 +15,7 @@ import numpy as np
 from datarax.monitoring.stages import reader_breakdown, since
 from datarax.monitoring.watcher import ReadyWatcher
 from datarax.train.callbacks.base import Callback, CheckpointInfo, Schedule, StepLogs
-from datarax.train.metrics.goodput import GoodputLedger, eval_summary
+from datarax.train.metrics.goodput import GoodputLedger, eval_goodput
 from datarax.train.metrics.goodput_history import RunHistory, cumulative
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ class GoodputMonitor(Callback):
         if len(self.ledger) == 0:
             self.report = self._rerun_report(trainer, report)
         else:
-            report["eval"] = eval_summary(self.eval_ledgers, reader_breakdown(self._eval_reader)
+            report["eval"] = eval_goodput(self.eval_ledgers, reader_breakdown(self._eval_reader)
                                           if self._eval_reader else None)
             if self.history is not None:
                 self._record(trainer, finished=True)

@@ -42,18 +42,15 @@ from etils import epath
 from flax import nnx
 
 from datarax.checkpoint import IteratorRestore, IteratorSave
-from datarax.core.checks import check_bool
-from datarax.pipeline.state import IteratorStateError
-from datarax.train.checkpointing.errors import (
+from datarax.checkpoint.errors import (
     CheckpointMismatchError,
     CheckpointRestoreError,
     CheckpointSaveError,
     CorruptCheckpointWarning,
 )
-from datarax.train.checkpointing.integrity import CheckpointIntegrityError as CheckpointIntegrityError
-from datarax.train.checkpointing.integrity import UnverifiedCheckpointWarning as UnverifiedCheckpointWarning
-from datarax.train.checkpointing.integrity import arrays_sha256, iterator_integrity, verify_arrays, verify_iterator
-from datarax.train.checkpointing.policies import (
+from datarax.checkpoint.integrity import arrays_sha256, iterator_integrity, verify_arrays, verify_iterator
+from datarax.checkpoint.locking import DirectoryLock, ProcessTemporaryPath
+from datarax.checkpoint.policies import (
     ON_DAMAGED_ENV,
     check_best,
     check_max_to_keep,
@@ -62,8 +59,7 @@ from datarax.train.checkpointing.policies import (
     resolve_on_damaged,
     retention,
 )
-from datarax.train.checkpointing.run_config import RESUME_ANYWAY, config_differences
-from datarax.train.checkpointing.trees import (
+from datarax.checkpoint.trees import (
     abstract_target,
     layout,
     load_into,
@@ -73,9 +69,9 @@ from datarax.train.checkpointing.trees import (
     tree_layout,
     tree_shapes,
 )
-from datarax.train.locking import LOCK_NAME as LOCK_NAME
-from datarax.train.locking import CheckpointLockedError as CheckpointLockedError
-from datarax.train.locking import DirectoryLock, ProcessTemporaryPath
+from datarax.core.checks import check_bool
+from datarax.pipeline.state import IteratorStateError
+from datarax.train.checkpointing.run_config import RESUME_ANYWAY, config_differences
 
 # 2: meta carries "integrity" (array and iterator hashes written at save time).
 FORMAT_VERSION = 2

@@ -31,17 +31,17 @@ RESUME_ANYWAY = ("start fresh in a new checkpoint directory (or empty this one),
                  "(in a configuration file: allow_config_change = true under [trainer])")
 
 
-def flatten(config: Any, prefix: str = "") -> dict[str, str]:
+def flat_config(config: Any, prefix: str = "") -> dict[str, str]:
     """`{"a": {"b": 1e-3}}` -> `{"a.b": "0.001"}`; callables by their import path, lists by position."""
     if isinstance(config, Mapping):
         out: dict[str, str] = {}
         for key in sorted(config, key=str):
-            out.update(flatten(config[key], f"{prefix}{key}."))
+            out.update(flat_config(config[key], f"{prefix}{key}."))
         return out or {prefix.rstrip("."): "{}"}
     if isinstance(config, (list, tuple)):
         out = {}
         for i, value in enumerate(config):
-            out.update(flatten(value, f"{prefix}{i}."))
+            out.update(flat_config(value, f"{prefix}{i}."))
         return out or {prefix.rstrip("."): "[]"}
     if callable(config) and hasattr(config, "__qualname__"):
         text = f"{getattr(config, '__module__', '?')}:{config.__qualname__}"

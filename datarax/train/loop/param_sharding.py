@@ -92,7 +92,7 @@ def constrain(values: list, shardings: list[NamedSharding]) -> list:
     return [jax.lax.with_sharding_constraint(v, s) for v, s in zip(values, shardings)]
 
 
-def describe(values: list, shardings: list[NamedSharding]) -> dict[str, int]:
+def sharding_summary(values: list, shardings: list[NamedSharding]) -> dict[str, int]:
     """`{"arrays": n, "sharded": k, "bytes_per_device": b, "bytes": total}` of a placed state."""
     sharded = sum(1 for s in shardings if any(p is not None for p in s.spec))
     per_device = total = 0

@@ -18,7 +18,7 @@ from datarax.core.checks import check_bool, check_int
 from datarax.pipeline.pipeline import Pipeline
 from datarax.train.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
 from datarax.train.checkpointing.checkpointer import Checkpointer, RestoredCheckpoint
-from datarax.train.checkpointing.run_config import flatten, optimizer_fingerprint
+from datarax.train.checkpointing.run_config import flat_config, optimizer_fingerprint
 from datarax.train.loop.compile_cache import use_compilation_cache
 from datarax.train.loop.ema import ParamEMA, param_paths
 from datarax.train.loop.evaluation import eval_epoch, eval_summary
@@ -211,7 +211,7 @@ class Trainer:
     def config_fingerprint(self) -> dict[str, str]:
         """The flat configuration text written into checkpoints and checked on restore."""
         if self._config_fingerprint is None:
-            fingerprint = flatten(self._run_config) if self._run_config else {}
+            fingerprint = flat_config(self._run_config) if self._run_config else {}
             fingerprint["model.class"] = f"{type(self.model).__module__}:{type(self.model).__qualname__}"
             fingerprint.update(optimizer_fingerprint(self.optimizer.tx, nnx.state(self.trainable, nnx.Param)))
             # Only settings away from their defaults, so checkpoints written before these options still match.

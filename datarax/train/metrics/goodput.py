@@ -274,7 +274,7 @@ def diagnose(steady: dict, buckets: dict, wall: float, *, reader: dict | None = 
     return text
 
 
-def eval_summary(ledgers: list[GoodputLedger], reader: dict | None = None) -> dict:
+def eval_goodput(ledgers: list[GoodputLedger], reader: dict | None = None) -> dict:
     """Evaluation's own account and verdict, over every evaluation of the run (one ledger each).
 
     An evaluation's time splits like training's: device busy with eval steps, waiting for data (its

@@ -25,9 +25,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from datarax.checkpoint.integrity import verify_arrays
+from datarax.checkpoint.trees import abstract_target
 from datarax.core.errors import DataraxError
-from datarax.train.checkpointing.integrity import verify_arrays
-from datarax.train.checkpointing.trees import abstract_target
 from datarax.train.pretrained.tables import check_prefixes, dotted, selected
 
 

@@ -12,10 +12,10 @@ import pytest
 from test_trainer_checkpointing import advance, build
 from trainer_helpers import assert_bitwise_equal, leaves, loss_fn, make_setup
 
+from datarax.checkpoint.hashing import state_sha256
 from datarax.train import Trainer
 from datarax.train.callbacks import Callback, CheckpointCallback
 from datarax.train.checkpointing.checkpointer import Checkpointer
-from datarax.train.checkpointing.hashing import state_sha256
 
 CASES = [  # (best_mode, keep_best, max_to_keep, seed)
     ("min", 3, 1, 0),

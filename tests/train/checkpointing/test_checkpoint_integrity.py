@@ -18,11 +18,11 @@ import pytest
 from flax import nnx
 from trainer_helpers import METRICS, assert_bitwise_equal, loss_fn, make_setup
 
+from datarax.checkpoint.errors import CheckpointRestoreError, CorruptCheckpointWarning
+from datarax.checkpoint.trees import abstract_target
 from datarax.train import Trainer
 from datarax.train.callbacks import CheckpointCallback
 from datarax.train.checkpointing.checkpointer import Checkpointer
-from datarax.train.checkpointing.errors import CheckpointRestoreError, CorruptCheckpointWarning
-from datarax.train.checkpointing.trees import abstract_target
 
 REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parents[2]  # where trainer_helpers.py lives

@@ -19,14 +19,14 @@ from flax import nnx
 from trainer_helpers import assert_bitwise_equal, make_setup, points
 
 from datarax import Pipeline
-from datarax.sources import MemorySource, MemorySourceConfig
-from datarax.train.checkpointing.checkpointer import Checkpointer
-from datarax.train.checkpointing.errors import (
+from datarax.checkpoint.errors import (
     CheckpointMismatchError,
     CheckpointRestoreError,
     CheckpointSaveError,
     CorruptCheckpointWarning,
 )
+from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.train.checkpointing.checkpointer import Checkpointer
 
 
 class DropoutNet(nnx.Module):
@@ -398,7 +398,7 @@ import optax, orbax.checkpoint as ocp
 from trainer_helpers import RECORD_METRICS, loss_fn, make_setup
 from datarax.train import Trainer
 from datarax.train.callbacks import Callback, CheckpointCallback
-from datarax.train.checkpointing.hashing import state_sha256
+from datarax.checkpoint.hashing import state_sha256
 
 workdir, steps, k, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 original = ocp.StandardCheckpointHandler.async_save

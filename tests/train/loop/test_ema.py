@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 from trainer_helpers import METRICS, assert_bitwise_equal, leaves, loss_fn, make_setup
 
-from datarax.train import CheckpointMismatchError, Trainer
+from datarax.checkpoint import CheckpointMismatchError
+from datarax.train import Trainer
 from datarax.train.callbacks import CheckpointCallback
 from datarax.train.loop.ema import param_values
 

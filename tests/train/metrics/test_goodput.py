@@ -254,7 +254,7 @@ def test_a_real_runs_plot_data_equals_its_report(tmp_path):
 
 
 def test_evaluation_gets_its_own_verdict():
-    from datarax.train.metrics.goodput import eval_summary
+    from datarax.train.metrics.goodput import eval_goodput
 
     ledger = GoodputLedger()
     ledger.start(0.0)
@@ -262,12 +262,12 @@ def test_evaluation_gets_its_own_verdict():
     ledger.set_ready(ledger.add_step(1, 4, 0.0, 0.5, 0.6, 0.1, "the first evaluation batch"), 0.8)
     ledger.set_ready(ledger.add_step(2, 4, 0.6, 0.9, 0.9, 0.0), 1.1)
     ledger.finish(1.2)
-    s = eval_summary([ledger])
+    s = eval_goodput([ledger])
     assert s["wall_s"] == pytest.approx(1.2)
     assert s["buckets_s"] == pytest.approx({"busy": 0.4, "data_wait": 0.5 + 0.1, "compile": 0.1, "other": 0.1})
     assert s["verdict"].startswith("evaluation: input-bound: the device was idle waiting for data 50% of the "
                                    "evaluation's 1.20 s; the pipeline delivers 8 el/s, the step consumes 20 el/s")
-    assert eval_summary([ledger, ledger])["verdict"].startswith(
+    assert eval_goodput([ledger, ledger])["verdict"].startswith(
         "evaluation: input-bound: the device was idle waiting for data 50% of the 2 evaluations' 2.40 s")
 
 

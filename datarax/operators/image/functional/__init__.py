@@ -8,6 +8,7 @@ Use them on their own, as with `torchvision.transforms.functional` or dm-pix:
 Each family module (`color`, `geometry`, `filters`, `mix`, `beta`) documents its reference.
 """
 
+from datarax.core.noise import standard_normal as standard_normal  # the draw gaussian_noise adds
 from datarax.operators.image.functional import beta as beta
 from datarax.operators.image.functional import color as color
 from datarax.operators.image.functional import filters as filters
@@ -33,7 +34,6 @@ from datarax.operators.image.functional.filters import gaussian_kernel as gaussi
 from datarax.operators.image.functional.filters import gaussian_noise as gaussian_noise
 from datarax.operators.image.functional.filters import occlude as occlude
 from datarax.operators.image.functional.filters import patch_grid_mask as patch_grid_mask
-from datarax.operators.image.functional.filters import standard_normal as standard_normal
 from datarax.operators.image.functional.geometry import affine_matrix as affine_matrix
 from datarax.operators.image.functional.geometry import crop as crop
 from datarax.operators.image.functional.geometry import hflip as hflip

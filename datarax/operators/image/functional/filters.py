@@ -14,20 +14,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from datarax.core import noise
-
-
-def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
-    """One record's standard normal draws for noise: `datarax.core.noise.standard_normal`.
-
-    A counter hash keyed by the record key makes the words, not threefry per value, which is
-    much cheaper than `jax.random.normal` on a CPU (see that module).
-    """
-    return noise.standard_normal(key, shape, dtype)
-
 
 def gaussian_noise(image: jax.Array, noise: jax.Array, sigma: jax.Array | float, clip: bool = True) -> jax.Array:
-    """`image + sigma * noise` (noise is a standard normal draw), optionally clipped to [0, 1]."""
+    """`image + sigma * noise`, optionally clipped to [0, 1]; `noise` is a standard normal draw
+    (`datarax.core.noise.standard_normal(key, image.shape)`, keyed by the record)."""
     out = image + sigma * noise
     return jnp.clip(out, 0.0, 1.0) if clip else out
 

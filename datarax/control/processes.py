@@ -1,4 +1,5 @@
-"""Worker processes that write a batch's rows into shared memory, for GIL-bound host functions.
+"""The one process pool: worker processes that write a batch's rows into shared memory, for
+GIL-bound host functions (the thread pool, for work that releases the GIL, is `control.pool`).
 
 Workers start on first use from a `forkserver` (`spawn` where there is none; never `fork`), each
 writes its chunk of rows into a `SharedOutputs` segment, and a worker that dies becomes a
@@ -42,16 +43,17 @@ class WorkerCrashError(DataraxError, RuntimeError):
         self.job = job
 
 
-def context() -> Any:
-    """The forkserver context (spawn where there is none), its server preloading datarax.
+def context(preload: Sequence[str] = ()) -> Any:
+    """The forkserver context (spawn where there is none), its server preloading `preload`.
 
-    Sets the process-wide preload (effective only before the server starts), so workers need not
-    import JAX themselves.
+    Sets the process-wide preload (effective only before the server starts): a worker pool passes
+    its job's module, so the workers forked from the server need not import it (and JAX) themselves.
     """
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", "datarax.host.map", "datarax.host.image"])
+    if preload:
+        ctx.set_forkserver_preload(["__main__", *preload])
     return ctx
 
 
@@ -129,6 +131,7 @@ class WorkerPool:
     def __init__(self, job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str,
                  shared: Any = None):
         self.payload = pickle.dumps(job)
+        self.preload = getattr(job, "__module__", None) or type(job).__module__  # a function's, or its class's
         self.num_workers, self.name, self.shared = num_workers, name, shared
         self._lock = threading.RLock()
         self._jobs: dict[int, _Job] = {}  # submitted, not yet collected by `result`
@@ -217,7 +220,7 @@ class WorkerPool:
             job=job_id if job is not None else None)
 
     def _start(self, count: int) -> None:
-        ctx = context()
+        ctx = context([self.preload])
         if self._tasks is None:
             self._tasks = ctx.Queue()
             self._tasks.cancel_join_thread()  # an exit never waits on chunks no worker will take
@@ -252,7 +255,8 @@ class WorkerPool:
     def __getstate__(self) -> dict[str, Any]:  # processes, pipes and locks neither copy nor pickle
         if self.shared is not None:
             raise TypeError(f"{self.name}: a WorkerPool with shared state does not copy; build its stage again")
-        return {"payload": self.payload, "num_workers": self.num_workers, "name": self.name, "shared": None}
+        return {"payload": self.payload, "preload": self.preload, "num_workers": self.num_workers, "name": self.name,
+                "shared": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

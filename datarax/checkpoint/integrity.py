@@ -15,8 +15,8 @@ from typing import Any
 
 import jax
 
+from datarax.checkpoint.hashing import tree_sha256
 from datarax.core.errors import DataraxError, DataraxWarning
-from datarax.train.checkpointing.hashing import tree_sha256
 
 
 class CheckpointIntegrityError(DataraxError, RuntimeError):

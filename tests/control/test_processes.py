@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from datarax.host.processes import BatchesAhead, SharedOutputs, WorkerCrashError, WorkerPool, row_blocks
+from datarax.control.processes import BatchesAhead, SharedOutputs, WorkerCrashError, WorkerPool, row_blocks
 
 
 def job(task, outputs):
