@@ -15,14 +15,14 @@ On disk, `<directory>/<step>/` holds:
 A step directory appears only when its save is complete (Orbax writes into
 `<step>.orbax-checkpoint-tmp-<pid>` and renames), so a run killed mid-save leaves the previous
 checkpoint as the latest. A latest checkpoint that cannot be read, or reads back other data than
-the hashes written with it (`datarax.train.checkpointing.integrity`), is reported with a warning,
+the hashes written with it (`datarax.checkpoint.integrity`), is reported with a warning,
 moved aside to `corrupt-<step>-<time>`, and the previous one is restored. When no step can be
 restored every run refuses, until the user passes `on_damaged="start_fresh"` or copies an intact
-checkpoint in (`datarax.train.checkpointing.policies`).
+checkpoint in (`datarax.checkpoint.policies`).
 
 One process at a time: an open `Checkpointer` holds an exclusive `flock` on `<directory>/.lock`,
 which the operating system releases when the process dies, so a killed run's lock never blocks
-the next one (`datarax.train.locking`).
+the next one (`datarax.checkpoint.locking`).
 """
 
 from __future__ import annotations
