@@ -22,6 +22,7 @@ name is the machine key (`machine_key`), or `--machine` / `$DATARAX_BENCH_MACHIN
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
 import importlib.metadata
@@ -163,18 +164,32 @@ def read(path: Path) -> list[dict]:
 
 
 class Recorder:
-    """Prints each row as a JSON line and appends it to the results, for the scripts beside the runner.
+    """Prints each row as a JSON line and appends the rows to the results when the process exits,
+    for the scripts beside the runner (benchmarks/tpu's probes).
 
-    >>> emit = Recorder("python benchmarks/tpu/probe.py", directory=None).emit
-    >>> emit(probe="noop", rate=1.0)
+    The machine is described at the end, so a probe that measures without JAX in its process (or
+    before opening the chip) is not disturbed by the description; the load average is the start's.
+
+    >>> recorder = Recorder("python benchmarks/tpu/probe.py", directory=None)
+    >>> recorder.emit(probe="noop", rate=1.0)
     {"probe": "noop", "rate": 1.0}
     """
 
     def __init__(self, command: str, directory: Path | None | str = "default"):
         self.command = command
         self.directory = results_dir() if directory == "default" else directory
-        self.machine = describe_machine() if self.directory is not None else {}
+        self.load_start = load_average()
+        self.rows: list[dict] = []
+        atexit.register(self.close)
 
     def emit(self, **row: Any) -> None:
         print(json.dumps(row), flush=True)
-        append([row], self.directory, self.command, self.machine)
+        self.rows.append(row)
+
+    def close(self) -> Path | None:
+        """Appends the rows emitted since the last call; the results file, or None."""
+        rows, self.rows = self.rows, []
+        if self.directory is None or not rows:
+            return None
+        machine = {**describe_machine(), "load_avg_start": self.load_start}
+        return append(rows, self.directory, self.command, machine)

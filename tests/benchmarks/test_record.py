@@ -121,15 +121,19 @@ def test_the_machine_variable_names_the_file(monkeypatch):
     assert record.describe_machine("flag-box")["key"] == "flag-box"
 
 
-def test_a_recorder_prints_and_appends_each_row(tmp_path, capsys):
+def test_a_recorder_prints_each_row_and_appends_them_when_closed(tmp_path, capsys):
     recorder = record.Recorder("python benchmarks/tpu/probe.py --quick", directory=tmp_path)
     recorder.emit(probe="layout", rate=2.5)
     recorder.emit(probe="layout", rate=3.5)
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [
         {"probe": "layout", "rate": 2.5}, {"probe": "layout", "rate": 3.5}]
-    rows = record.read(tmp_path / f"{recorder.machine['key']}.jsonl")
+    assert list(tmp_path.iterdir()) == []
+    path = recorder.close()
+    assert recorder.close() is None  # nothing new: nothing appended twice
+    rows = record.read(path)
     assert [(r["probe"], r["rate"]) for r in rows] == [("layout", 2.5), ("layout", 3.5)]
     assert {r["command"] for r in rows} == {"python benchmarks/tpu/probe.py --quick"}
+    assert all(r["machine"]["load_avg_start"] == recorder.load_start for r in rows)
 
 
 def test_the_commit_comes_from_the_variable_where_the_copy_has_no_git(monkeypatch):
