@@ -18,7 +18,7 @@ Environment:
   OUT        where logs and results go (default ./tpu-out; the lent machine sets it)
   STEP_S     each step's time limit in seconds (default 540)
   EXTRA_PIP  packages to install beside setup.sh's, e.g. tensorflow-cpu for the tf.data rows
-  COMMIT     the commit the machine's copy was made from (it has no .git), for the results rows
+  COMMIT     the commit the machine's copy was made from, for the results rows where it has no .git
   DRY=1      print each step's command and run nothing (no set-up)
 
 Example: COMMIT=$(git rev-parse HEAD) bash benchmarks/tpu/run.sh tests rest + bench cifar --scale 0.25 --repeats 2
