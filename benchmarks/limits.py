@@ -4,7 +4,7 @@ A floor is the work as a user would hand-write it, one jitted call per batch. A 
 the hardware can do for the same output: each candidate formulation runs with one batch per
 dispatched program and with `PER_PROGRAM` (a `lax.scan`, so dispatch costs next to nothing),
 from data stored the way the backend is fastest, and the fastest candidate is the row. On a TPU
-the winner was the selection matrices on the lane-dense view at 32 batches per program
+the winner is the selection matrices on the lane-dense view at 32 batches per program
 (docs/tpu.md); on the CPU, where a scanned body loses XLA's intra-op threads, the per-record
 code at one batch per program (the floor itself).
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -39,25 +38,14 @@ def framework_rows(name: str, rows: Sequence[dict]) -> list[dict]:
     return out
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine() -> dict[str, Any]:
-    """The machine a benchmark ran on, for the report."""
+def machine(info: dict[str, Any]) -> dict[str, Any]:
+    """The report's first line's facts, from `benchmarks.record.describe_machine`'s `info`."""
     import jax
 
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"cpus": os.cpu_count(), "processor": _cpu_model(), "load_avg_1min": load,
-            "python": platform.python_version(), "jax": jax.__version__, "backend": jax.default_backend(),
-            "devices": len(jax.devices()), "platform": platform.platform()}
+    load = info["load_avg_start"]
+    return {"cpus": info["cpus"], "processor": info["processor"], "load_avg_1min": None if load is None else load[0],
+            "python": platform.python_version(), "jax": jax.__version__, "backend": info["backend"],
+            "devices": info["devices"], "platform": info["platform"], "key": info["key"]}
 
 
 def _progress(enabled: bool | None) -> Callable[[str], None]:

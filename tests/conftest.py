@@ -13,6 +13,9 @@ os.environ.setdefault("USE_TF", "0")
 # The Trainer turns JAX's persistent compilation cache on by default (in ~/.cache); tests that
 # check the cache give it a directory of their own.
 os.environ.setdefault("DATARAX_COMPILATION_CACHE", "off")
+# A benchmark run appends its rows to benchmarks/results/ (benchmarks/record.py); tests that run one
+# must not add rows there, and the tests of the rows name a tmp_path.
+os.environ.setdefault("DATARAX_BENCH_RESULTS", "off")
 
 # JAX's persistent compilation cache, one per test process (each xdist worker its own, so no two
 # processes write one file), in a temporary directory made for this session and removed after it.

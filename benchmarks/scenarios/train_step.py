@@ -146,7 +146,7 @@ def run(options: BenchOptions) -> list[dict]:
     """`step alone` and `datarax` alternate; then each host peer alternates with `step alone` on
     its own, its loader stopped before the next is built: a loader's threads or worker processes
     left running take the host cores that dispatch the step (and compile it) from every side timed
-    after it (run K on the chip: 48 steps of `step alone` took 25 s after Grain's 13 workers had
+    after it (on a TPU v5e host: 48 steps of `step alone` took 25 s after Grain's 13 workers had
     started, against 0.5 s before)."""
     count_compiles()
     backend = jax.default_backend()

@@ -3,7 +3,6 @@
 Usage: python decode_probe.py [--with-jax]   (with-jax: open the TPU first, as the benchmark does)
 """
 import concurrent.futures
-import json
 import os
 import sys
 import threading
@@ -15,6 +14,7 @@ if "--with-jax" in sys.argv:
     import jax
     jax.devices()
 
+from benchmarks import record
 from benchmarks.peers.common import JPEG_RATIO, JPEG_SCALE
 from benchmarks.scenarios.jpeg import dct_scale, image_folder
 from datarax.host.image import random_resized_box
@@ -25,8 +25,11 @@ from datarax.sources import ImageFolderSource
 TAG = "with_jax" if "--with-jax" in sys.argv else "no_jax"
 
 
+RECORDER = record.Recorder(record.command_line("python benchmarks/tpu/decode_probe.py", sys.argv[1:]))
+
+
 def emit(**kw):
-    print(json.dumps({"tag": TAG, **kw}), flush=True)
+    RECORDER.emit(tag=TAG, **kw)
 
 
 emit(probe="cpus", cpu_count=os.cpu_count(), affinity=len(os.sched_getaffinity(0)),

@@ -11,13 +11,13 @@ the cores with the workers: this shows whether fewer workers than cores decode m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks import record  # noqa: E402
 from benchmarks.scenarios.jpeg import NUM_RECORDS, ProcessLimit, build_pipeline, image_folder, reader_ms  # noqa: E402
 from benchmarks.timing import block, interleaved_rates  # noqa: E402
 from datarax.sources import ImageFolderSource  # noqa: E402
@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workers", default=",".join(str(max(1, cores - k)) for k in range(4)))
     args = parser.parse_args()
+    emit = record.Recorder(record.command_line("python benchmarks/tpu/decode_workers.py", sys.argv[1:])).emit
     n = max(64, int(NUM_RECORDS * args.scale))
     root = image_folder(n)
     pipelines = {int(w): build_pipeline(root, executor="processes", num_threads=int(w))
@@ -50,7 +51,7 @@ def main() -> None:
         workers = name.split(", ")[-1].split(" ")[0] if name.startswith("datarax") else None
         if workers is not None:
             line["reader_ms"] = reader_ms(pipelines[int(workers)])
-        print(json.dumps(line), flush=True)
+        emit(**line)
     limit.close()
     for pipeline in pipelines.values():
         pipeline.close()

@@ -1,10 +1,17 @@
-"""cifar_builtin at batches_per_dispatch 1, 2, 4, 8, 16 (interleaved epochs); JSON lines."""
-import json
+"""`cifar_builtin`'s pipeline at `batches_per_dispatch` 1, 2, 4, 8 and 16, epochs interleaved.
+
+    python benchmarks/tpu/dispatch_k.py
+
+Prints JSON lines (each side's first epoch, then its records/s) and appends them to the results
+(`benchmarks.record`).
+"""
+import sys
 import time
 
 import jax
 from flax import nnx
 
+from benchmarks import record
 from benchmarks.scenarios.cifar import BATCH, make_data
 from benchmarks.timing import interleaved_rates
 from datarax import Pipeline
@@ -20,6 +27,7 @@ from datarax.operators.image import (
 from datarax.sources import MemorySource, MemorySourceConfig
 
 data = make_data(50_000)
+emit = record.Recorder(record.command_line("python benchmarks/tpu/dispatch_k.py", sys.argv[1:])).emit
 
 
 def build(k):
@@ -36,8 +44,8 @@ for k in (1, 2, 4, 8, 16):
     p = build(k)
     t = time.perf_counter()
     jax.block_until_ready(list(p))
-    print(json.dumps({"k": k, "first_epoch_s": round(time.perf_counter() - t, 2)}), flush=True)
+    emit(probe="batches_per_dispatch_first_epoch", k=k, first_epoch_s=round(time.perf_counter() - t, 2))
     sides[f"k{k}"] = lambda p=p: p
 rates = interleaved_rates(sides, 50_000, 3)
 for name, r in rates.items():
-    print(json.dumps({"probe": "batches_per_dispatch", "side": name, **r}), flush=True)
+    emit(probe="batches_per_dispatch", side=name, **r)

@@ -1,8 +1,10 @@
-"""Run-1 probe on the TPU: formulations of crop/flip/normalise and of a bilinear rotation.
+"""Formulations of the CIFAR crop/flip/normalise and of a bilinear rotation, timed on the chip.
 
-Prints JSON lines: {"probe": name, "rate": records/s, "max_err": vs reference, ...}.
+    python benchmarks/tpu/probe.py        (PROBE_QUICK=1: two batches a formulation)
+
+Prints JSON lines `{"probe": name, "rate": records/s, "max_err": vs reference, ...}` and appends
+them to the results (`benchmarks.record`). docs/tpu.md quotes them.
 """
-import json
 import os
 import sys
 import time
@@ -11,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import record
 from benchmarks.scenarios.cifar import augment_image  # the floor's per-record code
 from datarax.operators.image.functional import geometry
 
@@ -22,8 +25,7 @@ MEAN = jnp.array([0.4914, 0.4822, 0.4465])
 STD = jnp.array([0.2470, 0.2435, 0.2616])
 
 
-def emit(**kw):
-    print(json.dumps(kw), flush=True)
+emit = record.Recorder(record.command_line("python benchmarks/tpu/probe.py", sys.argv[1:])).emit
 
 
 def timed(fn, args_iter, n_batches, batch):

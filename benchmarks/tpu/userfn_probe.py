@@ -5,15 +5,15 @@ scenario's per-record `augment_image` run several ways (one batch of 256 per cal
 datarax pipeline at `batches_per_dispatch` 1 and 8 (which lowers the function's slices on a
 TPU); writes the optimised HLO of two variants to `$OUT` when that is set.
 """
-import json
 import os
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import limits
+from benchmarks import limits, record
 from benchmarks.scenarios.cifar import BATCH, augment_image, build_pipeline, make_data
 from benchmarks.timing import interleaved_rates
 from datarax import Pipeline
@@ -28,8 +28,7 @@ keys_of = limits.keyed(0)
 OUT = os.environ.get("OUT")
 
 
-def emit(**kw):
-    print(json.dumps(kw), flush=True)
+emit = record.Recorder(record.command_line("python benchmarks/tpu/userfn_probe.py", sys.argv[1:])).emit
 
 
 def per_record_nhwc(x, idx, epoch):
