@@ -281,3 +281,24 @@ def jitted_loop() -> dict:
 
     return {"pipeline": Pipeline(MemorySource(data=data, shuffle=True, seed=0), batch_size=32),
             "state": jnp.zeros((64, 10)), "train_step": train_step}
+
+
+def image_paths_parquet() -> None:
+    """`data/train.parquet`: an HF `Image` column whose rows name files (`img/000.png`, ...) under `data/`."""
+    import json
+
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    os.makedirs("data/img", exist_ok=True)
+    names = [f"img/{i:03d}.png" for i in range(4)]
+    for i, name in enumerate(names):
+        Image.fromarray(np.full((16, 16, 3), 60 * i, np.uint8)).save(os.path.join("data", name))
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    image = pa.array([{"bytes": None, "path": name} for name in names],
+                     type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    table = pa.table({"image": image, "label": pa.array([0, 1, 0, 1], pa.int64())})
+    metadata = {"huggingface": json.dumps({"info": {"features": features.to_dict()}})}
+    pq.write_table(table.replace_schema_metadata(metadata), "data/train.parquet")
