@@ -103,6 +103,7 @@ from datarax.host import HostMap
 fifo, root, batch_size = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
 def stuck(*args):
+    print("stuck", flush=True)  # the test signals only once a read is blocked here
     with open(fifo, "rb") as f:  # no writer ever comes: blocks in open(), as a read on a hung mount does
         return f.read()
 
@@ -125,7 +126,6 @@ def test_ctrl_c_during_a_read_that_never_returns_exits(tmp_path, batch_size):
     import signal
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     os.mkfifo(tmp_path / "fifo")
@@ -138,10 +138,14 @@ def test_ctrl_c_during_a_read_that_never_returns_exits(tmp_path, batch_size):
     child = subprocess.Popen([sys.executable, "-c", STUCK_CHILD, str(tmp_path / "fifo"), str(tmp_path / "data"),
                               str(batch_size)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        assert child.stdout.readline().strip() == "reading", child.stderr.read()
-        time.sleep(1.0)  # the read is under way (there is no writer, so it cannot finish)
+        # Wait for a read to be blocked (on whichever thread reads, whenever it starts), not for a guessed time.
+        lines = []
+        while (line := child.stdout.readline()) and line.strip() != "stuck":
+            lines.append(line)
+        assert line.strip() == "stuck", (lines, child.stderr.read())
         child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=20)  # the reader's exit wait is 3 s in all; never forever
+        # The reader's exit wait is 3 s in all; the bound is only a guard against hanging forever.
+        _, err = child.communicate(timeout=120)
     finally:
         if child.poll() is None:
             child.kill()
