@@ -193,12 +193,21 @@ def test_a_wrapped_pipeline_iterator_resumes_exactly_and_reports_its_buffer(resi
 
 
 def test_the_buffer_count_shows_a_producer_that_is_ahead():
-    """With a slow consumer the host producer fills its queue: most calls find batches ready."""
+    """A consumer slower than the host producer finds batches ready: each call after the first waits
+    until the producer has one (an event, not a guessed sleep), and the monitor counts them."""
     pipeline = host_pipeline(n=96)
     monitor = PipelineMonitor()
-    consume(monitor.wrap(iter(pipeline)), 0.02)
+    it = iter(pipeline)
+    wrapped = monitor.wrap(it)
+    for i in range(len(pipeline)):
+        for _ in range(6000):  # a 60 s hang guard
+            if i == 0 or it.buffered() >= 1:
+                break
+            time.sleep(0.01)
+        next(wrapped)
     steady = monitor.summary()["steady"]
-    assert steady["buffered_mean"] >= 1.0 and steady["empty_buffer_pct"] < 50.0
+    assert steady["batches"] == len(pipeline) - 1
+    assert steady["buffered_mean"] >= 1.0 and steady["empty_buffer_pct"] == 0.0
 
 
 def test_sync_mode_blocks_on_every_batch():

@@ -112,7 +112,7 @@ def test_a_dropped_iterator_is_collected_and_stops_its_producer():
     del it
     gc.collect()
     assert ref() is None
-    producer.join(timeout=10)
+    producer.join(timeout=120)  # a hang guard: the thread stops at its next poll of the stop flag
     assert not producer.is_alive()
 
 

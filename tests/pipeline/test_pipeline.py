@@ -298,7 +298,7 @@ def settled_thread_count(at_most: int) -> int:
     import time
 
     gc.collect()
-    for _ in range(200):
+    for _ in range(3000):  # a 60 s hang guard; the threads end at their next poll of the stop flag
         if threading.active_count() <= at_most:
             break
         time.sleep(0.02)

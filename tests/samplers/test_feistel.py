@@ -1,4 +1,3 @@
-import time
 import tracemalloc
 
 import jax.numpy as jnp
@@ -46,16 +45,14 @@ def test_orders_look_uniform():
     assert chi2 < 2.5 * n
 
 
-def test_billion_records_first_batch_fast_and_constant_memory():
+def test_billion_records_first_batch_in_constant_memory():
+    # How fast is a benchmark's question (python -m benchmarks); a test checks the memory bound.
     n = 10**9
     tracemalloc.start()
-    start = time.perf_counter()
     perm = FeistelPermutation(n, seed=3, epoch=0)
     ids = perm(np.arange(1024))
-    elapsed = time.perf_counter() - start
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert elapsed < 0.05, elapsed
     assert peak < 1_000_000, peak  # O(batch), nowhere near the 8 GB of a materialised permutation
     assert len(np.unique(ids)) == 1024 and ids.min() >= 0 and ids.max() < n
     np.testing.assert_array_equal(perm.inverse(ids), np.arange(1024))
