@@ -92,7 +92,18 @@ def test_a_producer_error_is_raised_by_every_later_call_not_a_silent_end():
 
 
 STUCK_CHILD = r"""
+import faulthandler
+import signal
 import sys
+
+# Ctrl-C as an interactive Python gets it, whatever the test runner's process passed on (an ignored or
+# blocked SIGINT is inherited through exec); the inherited state is printed for the failure message.
+print("inherited SIGINT:", signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+      file=sys.stderr, flush=True)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+signal.signal(signal.SIGINT, signal.default_int_handler)
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test dumps every thread's stack if exit hangs
+
 import numpy as np
 import datarax.sources.file_folder as file_folder
 from datarax import Pipeline
@@ -124,6 +135,7 @@ def test_ctrl_c_during_a_read_that_never_returns_exits(tmp_path, batch_size):
     import signal
     import subprocess
     import sys
+    import time
     from pathlib import Path
 
     os.mkfifo(tmp_path / "fifo")
@@ -143,7 +155,14 @@ def test_ctrl_c_during_a_read_that_never_returns_exits(tmp_path, batch_size):
         assert line.strip() == "stuck", (lines, child.stderr.read())
         child.send_signal(signal.SIGINT)
         # The reader's exit wait is 3 s in all; the bound is only a guard against hanging forever.
-        _, err = child.communicate(timeout=120)
+        try:
+            _, err = child.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGUSR1)
+            time.sleep(2)  # faulthandler writes the stacks
+            child.kill()
+            _, err = child.communicate()
+            pytest.fail(f"the child did not exit within 120 s of SIGINT; its threads:\n{err[-8000:]}")
     finally:
         if child.poll() is None:
             child.kill()
