@@ -4,16 +4,22 @@ GIL-bound host functions (the thread pool, for work that releases the GIL, is `c
 Workers start on first use from a `forkserver` (`spawn` where there is none; never `fork`), each
 writes its chunk of rows into a `SharedOutputs` segment, and a worker that dies becomes a
 `WorkerCrashError` (the next batch starts a fresh pool). A script must start its pipeline under
-`if __name__ == "__main__":`.
+`if __name__ == "__main__":`; `choose_executor` checks that before it picks processes itself.
+
+One pool per job and worker count serves the whole process (`lease`): a pipeline built again
+with the same host stage reuses the workers of the one before it, and the last lease to go
+stops them.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import itertools
 import math
 import multiprocessing
 import multiprocessing.connection
+import os
 import pickle
 import signal
 import sys
@@ -30,7 +36,7 @@ from datarax.core.errors import DataraxError
 
 _ALIGN = 64
 Layout = tuple[tuple[str, int, tuple[int, ...], str], ...]  # (field, byte offset, record shape, dtype)
-EXECUTORS = ("threads", "processes")
+EXECUTORS = ("auto", "threads", "processes")
 _ATTACHED = 3  # shared segments a worker keeps open (a batch read out, one decoding, one decoded ahead)
 
 
@@ -55,6 +61,98 @@ def context(preload: Sequence[str] = ()) -> Any:
     if preload:
         ctx.set_forkserver_preload(["__main__", *preload])
     return ctx
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorChoice:
+    """The executor a host stage runs on ("threads" or "processes") and why (`describe` shows both)."""
+
+    executor: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.executor} ({self.reason})"
+
+
+def choose_executor(requested: str, stage: str, *, job: Any = None) -> ExecutorChoice:
+    """The executor of a host stage asked for `requested` ("auto", "threads" or "processes").
+
+    "auto" picks worker processes, which scaled better than threads on every host measured (the
+    2-core CPU and the TPU's 13-core gVisor host: docs/sources.md, "Executors"), unless they
+    cannot work here: one core, a process that is itself a daemonic worker, a script that builds
+    the pipeline outside `if __name__ == "__main__":` (the workers would run it again), or a `job`
+    that does not pickle (a lambda). Then it picks threads and says why.
+    """
+    if requested != "auto":
+        return ExecutorChoice(requested, "as configured")
+    if (os.cpu_count() or 1) < 2:
+        return ExecutorChoice("threads", "auto: one core, where worker processes would only add copies")
+    if multiprocessing.current_process().daemon:
+        return ExecutorChoice("threads", "auto: this is a daemonic worker process, which cannot start processes")
+    problem = script_guard_problem()
+    if problem is not None:
+        return ExecutorChoice("threads", f"auto: {problem}; worker processes would run it again")
+    if job is not None:
+        try:
+            pickle.loads(pickle.dumps(job))
+        except Exception as exc:  # PicklingError, AttributeError, TypeError: all mean the same
+            return ExecutorChoice("threads", f"auto: {stage}'s function cannot be sent to worker processes "
+                                  f"({type(exc).__name__}); a module-level `def` can")
+    return ExecutorChoice("processes", "auto: worker processes")
+
+
+_GUARDS: dict[tuple[str, float], list[tuple[int, int]]] = {}
+
+
+def main_guards(path: str) -> list[tuple[int, int]] | None:
+    """The line spans of the top-level `if __name__ == "__main__":` blocks of the script at `path`
+    (None when it cannot be read or parsed)."""
+    try:
+        key = (path, os.path.getmtime(path))
+        if key not in _GUARDS:
+            with open(path, "rb") as f:
+                tree = ast.parse(f.read(), path)
+            _GUARDS[key] = [(node.lineno, node.end_lineno or node.lineno) for node in tree.body
+                            if isinstance(node, ast.If) and _is_main_test(node.test)]
+        return _GUARDS[key]
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    values = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and values == ["__main__"]
+
+
+def script_guard_problem() -> str | None:
+    """Why worker processes started now would run the user's script again (None: they would not).
+
+    A worker process imports the main module (multiprocessing's rule under spawn and forkserver),
+    which runs its top-level code again unless that code is under `if __name__ == "__main__":`.
+    An interactive session or `python -c` has no script to import. Otherwise the call is checked
+    against the script's guards: the line of the script running now must be inside one (a script
+    with no frame on this thread's stack, e.g. a pipeline built on another thread, needs a guard).
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None:
+        return None
+    guards = main_guards(path)
+    if guards is None:
+        return f"the script {path} could not be read to check for an `if __name__ == '__main__':` guard"
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:
+        return None if guards else f"the script {path} has no `if __name__ == '__main__':` guard"
+    line = frame.f_lineno
+    if any(low <= line <= high for low, high in guards):
+        return None
+    return f"the script {path} builds the pipeline at line {line}, outside `if __name__ == '__main__':`"
 
 
 def row_blocks(count: int, parts: int) -> list[tuple[int, int]]:
@@ -140,6 +238,7 @@ class WorkerPool:
         self._tasks: Any = None  # the queue the workers take chunks from
         self._holding: Any = None  # per worker: the (job, chunk) it computes, job -1 when none
         self._finalizer: weakref.finalize | None = None
+        self._lost: set[int] = set()  # jobs in flight when the workers were stopped, not yet asked for
 
     @property
     def pids(self) -> list[int]:
@@ -172,6 +271,10 @@ class WorkerPool:
         """The results of job `job_id`, in chunk order, once the workers have sent them all."""
         with self._lock:
             job = self._jobs.get(job_id)
+            if job is None and job_id in self._lost:
+                self._lost.discard(job_id)
+                raise WorkerCrashError(f"{self.name}: job {job_id} was lost when the workers stopped (a worker died "
+                                       "on another job's rows, or a wait was interrupted); compute it again", job=-1)
             if job is None:
                 raise KeyError(f"{self.name}: no job {job_id} in flight (collected already, or lost when the "
                                "workers stopped)")
@@ -179,6 +282,12 @@ class WorkerPool:
                 self._receive()
             del self._jobs[job_id]
             return job.results
+
+    def forget(self, job_id: int) -> None:
+        """Drops job `job_id` (its batch is no longer wanted): its results are discarded as they arrive."""
+        with self._lock:
+            self._jobs.pop(job_id, None)
+            self._lost.discard(job_id)
 
     def _receive(self) -> None:
         """Waits for the next worker messages and files their results; raises for a worker that failed
@@ -196,6 +305,10 @@ class WorkerPool:
                     self._shutdown()
                     raise RuntimeError(value)
                 job = self._jobs.get(job_id)
+                if status == "gone" and job is not None:  # only a forgotten job's segment is ever freed early
+                    self._shutdown()
+                    raise RuntimeError(f"{self.name}: the shared memory {value} of job {job_id} was freed while "
+                                       "the job was in flight")
                 if job is not None:
                     job.results[index] = value
                     job.remaining -= 1
@@ -240,6 +353,8 @@ class WorkerPool:
     def _shutdown(self, polite: bool = False) -> None:
         """Stops the workers: `polite` (nothing in flight) asks each to stop, else they are terminated."""
         polite = polite and not self._jobs
+        if not polite:
+            self._lost.update(self._jobs)
         self._jobs.clear()
         workers, tasks, self._workers, self._tasks, self._holding = self._workers, self._tasks, [], None, None
         if self._finalizer is not None:
@@ -260,7 +375,7 @@ class WorkerPool:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock, self._jobs, self._ids = threading.RLock(), {}, itertools.count()
+        self._lock, self._jobs, self._ids, self._lost = threading.RLock(), {}, itertools.count(), set()
         self._workers, self._tasks, self._holding, self._finalizer = [], None, None, None
 
 
@@ -333,43 +448,146 @@ class BatchesAhead:
             self._drop()
         if not self._flights:
             return None
-        _, segment, count, job = self._flights.pop(0)
+        _, segment, count, job = self._flights[0]
         try:
             results = self.pool.result(job)
         except WorkerCrashError as crash:
-            self._flights.clear()
+            self._forget_flights()
             if crash.job is None or crash.job == job:
                 raise
             return None
         except BaseException:
             self._abandon()
             raise
+        self._flights.pop(0)
         return results, segment, count
 
     def _drop(self) -> None:
         """Waits out the oldest job in flight (its batch not wanted); a worker dying meanwhile stopped
         the pool, and every job in flight went with it."""
         try:
-            self.pool.result(self._flights.pop(0)[3])
+            self.pool.result(self._flights[0][3])
         except WorkerCrashError:
-            self._flights.clear()
+            self._forget_flights()
+            return
         except BaseException:
             self._abandon()
             raise
+        self._flights.pop(0)
 
-    def _abandon(self) -> None:
-        """Stops the workers (a wait was interrupted, e.g. by Ctrl-C): chunks still queued must not
-        write into a segment a later batch reuses. The next `read` starts a fresh pool."""
-        self.pool.close()
+    def _forget_flights(self) -> None:
+        for flight in self._flights:
+            self.pool.forget(flight[3])
         self._flights.clear()
 
+    def _abandon(self) -> None:
+        """Gives up the batches in flight (a wait was interrupted, e.g. by Ctrl-C): their jobs are
+        forgotten and their segments dropped for new ones, so chunks still queued write only into
+        memory no later batch reads. The workers (perhaps shared with other stages) keep running."""
+        self._forget_flights()
+        for segment in self._segments:  # unlinked here; a worker still writing keeps only its own mapping
+            segment.close()
+        self._segments = tuple(SharedOutputs(s.spec) for s in self._segments)
+
     def close(self) -> None:
-        """Stops the workers and frees the segments (a later `read` starts them again)."""
+        """Gives the workers back (`Lease.close`: the last user stops them) and frees the segments (a
+        later `read` starts them again)."""
         with self._lock:
+            self._forget_flights()
             self.pool.close()
             self._flights, self._queued = [], None
             for segment in self._segments:
                 segment.close()
+
+
+class Lease:
+    """One user's share of a process-wide `WorkerPool` (see `lease`): the pool's `submit`, `result`,
+    `forget` and `pids`; `close()` gives it back once, and the last lease given back (closed, or
+    collected unclosed) stops the workers. A lease taken again after `close()` holds the pool anew."""
+
+    def __init__(self, key: tuple, job: Any, num_workers: int, name: str, budget: tuple[int, str] | None):
+        self._key, self._args = key, (job, num_workers, name, budget)
+        self.pool: WorkerPool | None = None
+        self.shared: Any = None
+        self._release: weakref.finalize | None = None
+        self._hold()
+
+    def _hold(self) -> None:
+        self.pool, self.shared = _acquire(self._key, *self._args)
+        self._release = weakref.finalize(self, _give_back, self._key)
+
+    def submit(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> int:
+        if self._release is None or not self._release.alive:
+            self._hold()
+        return self.pool.submit(outputs, chunks)
+
+    def result(self, job_id: int) -> list[Any]:
+        return self.pool.result(job_id)
+
+    def forget(self, job_id: int) -> None:
+        self.pool.forget(job_id)
+
+    @property
+    def pids(self) -> list[int]:
+        """The pool's workers (empty once this lease is given back, or before the first batch)."""
+        return [] if self._release is None or not self._release.alive else self.pool.pids
+
+    @property
+    def name(self) -> str:
+        return self.pool.name
+
+    def close(self) -> None:
+        """Gives the pool back (idempotent); the last user's close stops its workers."""
+        if self._release is not None:
+            self._release()
+
+
+_POOLS: dict[tuple, list] = {}  # key -> [pool, shared budget or None, leases held]
+_POOLS_LOCK = threading.Lock()
+
+
+def lease(job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str,
+          budget: tuple[int, str] | None = None) -> Lease:
+    """A share of the process's `WorkerPool` for `job` on `num_workers` workers: every stage whose job
+    pickles to the same bytes (the same settings and function) with the same worker count and
+    budget uses the same workers, so a pipeline built again starts without starting processes.
+
+    `budget=(limit, label)` gives the workers one `SharedBudget` (the lease's `shared`): stages
+    sharing the workers share its limit. A pipeline whose stage differs in any setting gets workers
+    of its own.
+    """
+    key = (pickle.dumps(job), num_workers, name, budget)
+    return Lease(key, job, num_workers, name, budget)
+
+
+def _acquire(key: tuple, job: Any, num_workers: int, name: str, budget: tuple[int, str] | None) -> tuple:
+    from datarax.control.budget import SharedBudget
+
+    with _POOLS_LOCK:
+        entry = _POOLS.get(key)
+        if entry is None:
+            shared = None if budget is None else SharedBudget(budget[0], budget[1], context())
+            entry = _POOLS[key] = [WorkerPool(job, num_workers, name, shared), shared, 0]
+        entry[2] += 1
+        return entry[0], entry[1]
+
+
+def _give_back(key: tuple) -> None:
+    with _POOLS_LOCK:
+        entry = _POOLS.get(key)
+        if entry is None:
+            return
+        entry[2] -= 1
+        if entry[2] > 0:
+            return
+        del _POOLS[key]
+    entry[0].close()
+
+
+def live_pools() -> int:
+    """How many process-wide worker pools are held (for tests and monitoring)."""
+    with _POOLS_LOCK:
+        return len(_POOLS)
 
 
 _PENDING = object()  # a chunk whose result has not come back
@@ -425,7 +643,12 @@ def worker_main(conn: Any, tasks: Any, holding: Any, w: int, payload: bytes, pat
         if name not in segments:
             if len(segments) >= _ATTACHED:
                 segments.pop(next(iter(segments))).close()
-            segments[name] = attach(name)
+            try:
+                segments[name] = attach(name)
+            except FileNotFoundError:  # its batch was given up (`BatchesAhead._abandon`) and its segment freed
+                conn.send((job_id, index, "gone", name))
+                holding[2 * w] = -1
+                continue
         try:
             result = ("ok", job(task, views(segments[name].buf, layout, rows, low, high)))
         except BaseException:  # the parent raises it with the worker's traceback

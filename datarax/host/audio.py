@@ -1,6 +1,6 @@
 """`DecodeAudio`: WAV/FLAC/OGG bytes to fixed-length float waveforms, on the host.
 
-Each record is decoded with `soundfile` on a thread pool, mixed to mono (or checked against a
+Each record is decoded with `soundfile` in worker processes or on a thread pool (`executor`), mixed to mono (or checked against a
 channel count), resampled to `sample_rate` and cropped or zero-padded to `length`: `(length,)`
 float32 for mono or `(channels, length)`, plus `<field>_length` (int32 valid samples). Only the
 samples the crop window needs are read; docs/sources.md ("Audio") has the details.
@@ -22,6 +22,7 @@ import numpy as np
 
 from datarax.control.budget import MemoryBudget, default_budget, human
 from datarax.control.pool import ThreadPool
+from datarax.control.processes import EXECUTORS, BatchesAhead, choose_executor, lease, row_blocks
 from datarax.core.checks import check_choice, check_field_name, check_positive_int, check_seed, field, is_int, require
 from datarax.core.construct import resolve_config
 from datarax.host.stage import (
@@ -57,10 +58,14 @@ class DecodeAudioConfig:
         channels: "mono" averages the channels; an int keeps that many and refuses other files.
         crop: where a longer clip is cut: "random" (per record and epoch), "center" or "start".
         seed: the random crop's seed; None: the pipeline's seed.
-        num_threads: decoding threads (1 decodes on the reader thread itself).
+        num_threads: decoding threads or worker processes (1 thread decodes on the reader thread
+            itself); it changes no output.
         on_error: "raise" a `RecordError` on a bad record, or "skip" it (zeros, `<field>_ok`).
         max_decode_bytes: the memory the concurrent decodes may hold at once (None: a quarter of
             host memory, at most 8 GiB); a record that needs more alone is refused as a bad record.
+        executor: "auto" (the default: worker processes where they can start, see
+            `datarax.control.processes.choose_executor`; `DecodeAudio.executor` says which and why),
+            "threads" or "processes". The same output and fingerprint either way.
     """
 
     field: str = "audio"
@@ -72,6 +77,7 @@ class DecodeAudioConfig:
     num_threads: int = 4
     on_error: str = "raise"
     max_decode_bytes: int | None = None
+    executor: str = "auto"
 
     def __post_init__(self):
         check_field_name(*field(self, "field"))
@@ -85,6 +91,7 @@ class DecodeAudioConfig:
         check_positive_int(*field(self, "num_threads"))
         check_choice(*field(self, "on_error"), ON_ERROR)
         check_positive_int(*field(self, "max_decode_bytes"), allow_none=True, unit="bytes")
+        check_choice(*field(self, "executor"), EXECUTORS)
 
 
 def crop_offset(available: int, length: int, crop: str, rng: np.random.Generator | None) -> int:
@@ -163,15 +170,34 @@ class DecodeAudio(DecodingStage):
     work = "decode"
 
     def __init__(self, config: DecodeAudioConfig | None = None, **settings: Any):
-        self.config = config = resolve_config(DecodeAudioConfig, config, settings, "DecodeAudio")
+        self._setup(resolve_config(DecodeAudioConfig, config, settings, "DecodeAudio"))
+
+    def _setup(self, config: DecodeAudioConfig) -> None:
+        self.config = config
         self.seed = config.seed
         self.stochastic = config.crop == "random"
         _soundfile()
         self.pool = ThreadPool(config.num_threads, "DecodeAudio")
-        self.budget = MemoryBudget(config.max_decode_bytes or default_budget(), "DecodeAudio")
+        limit = config.max_decode_bytes or default_budget()
         ok_field = f"{config.field}_ok" if config.on_error == "skip" else None
         self.bad_records = BadRecords(config.on_error, "DecodeAudio", config.field, ok_field,
                                       "Remove or replace the file (corrupt, truncated or not audio)")
+        # One worker process decodes on its own; with one thread the reader thread does (no copies).
+        self.executor = choose_executor("threads" if config.executor == "auto" and config.num_threads == 1
+                                        else config.executor, "DecodeAudio")
+        self._batches = None  # in worker processes: the workers' lease and the batches they decode
+        if self.executor.executor == "processes":
+            workers = lease(AudioJob(config), config.num_threads, "datarax-decode-audio", (limit, "DecodeAudio"))
+            self.budget: MemoryBudget = workers.shared
+            outputs = [(config.field, self._shape(), "float32"), (f"{config.field}_length", (), "int32")]
+            self._batches = BatchesAhead(workers, outputs)
+        else:
+            self.budget = MemoryBudget(limit, "DecodeAudio")
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The worker processes' ids (in worker processes; empty until the first batch, and after close)."""
+        return [] if self._batches is None else self._batches.pool.pids
 
     def _shape(self) -> tuple[int, ...]:
         c = self.config
@@ -241,13 +267,84 @@ class DecodeAudio(DecodingStage):
         waves = ctx.buffer(c.field, (len(records),) + self._shape(), np.float32, zeros=True)
         lengths = ctx.buffer(f"{c.field}_length", (len(records),), np.int32, zeros=True)
 
+        outputs = {c.field: waves, f"{c.field}_length": lengths}
+        if self._batches is not None:
+            return self._in_processes(batch, records, ctx, outputs)
+
         def work(row: int) -> None:
             lengths[row] = self._decode(records[row], ctx, row, waves[row])
 
-        return self.decode_rows(batch, ctx, {c.field: waves, f"{c.field}_length": lengths}, work, RecordError)
+        return self.decode_rows(batch, ctx, outputs, work, RecordError)
+
+    def _in_processes(self, batch: dict[str, np.ndarray], records: np.ndarray, ctx: HostContext,
+                      outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The batch decoded by the worker processes into shared memory, then copied into `outputs`;
+        each chunk carries its records' origins, so an error names the record as on threads."""
+        ids, seed = np.asarray(ctx.record_ids, np.int64), ctx.seed_of(self.seed)
+
+        def chunks() -> list[tuple[int, int, tuple]]:
+            return [(low, high, (list(records[low:high]), ids[low:high], int(ctx.epoch), ctx.stage, seed,
+                                 [ctx.describe_record(int(i)) for i in ids[low:high]]))
+                    for low, high in row_blocks(len(records), self.config.num_threads)]
+
+        failures: list[BaseException | None] = []
+        for block in self._batches.read(object(), chunks, outputs):
+            failures.extend(block)
+        return self.resolve_rows(batch, ctx, outputs, failures)
+
+    def close(self) -> None:
+        """Stops the threads, or gives the worker processes back, and frees the shared memory."""
+        self.pool.close()
+        if self._batches is not None:
+            self._batches.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "bad_records": self.bad_records}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["config"])
+        self.bad_records = state["bad_records"]
 
     def structure(self) -> str:
         # Threads and the memory budget change no output; an unset seed reads as 0 (old fingerprints).
         settings = {k: v for k, v in dataclasses.asdict(self.config).items()
-                    if k not in ("num_threads", "max_decode_bytes")} | {"seed": self.config.seed or 0}
+                    if k not in ("num_threads", "max_decode_bytes", "executor")} | {"seed": self.config.seed or 0}
         return "DecodeAudio(" + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")"
+
+
+class AudioJob:
+    """A worker process's part of a batch (`DecodeAudio` in worker processes): decode each record
+    into its row of the shared outputs and return each row's None or `RecordError` (named with the
+    origin the parent sent)."""
+
+    def __init__(self, config: DecodeAudioConfig):
+        # The seed comes with each task: stages that differ only in it share the workers (`lease`).
+        self.config = dataclasses.replace(config, executor="threads", num_threads=1, seed=None)
+        self.stage: DecodeAudio | None = None
+        self.budget: Any = None
+
+    def attach(self, budget: Any) -> None:
+        self.budget = budget
+
+    def __call__(self, task: tuple, outputs: dict[str, np.ndarray]) -> list[BaseException | None]:
+        if self.stage is None:
+            self.stage = DecodeAudio(self.config)
+            if self.budget is not None:  # the stage's one budget, shared by all its workers
+                self.stage.budget = self.budget
+        records, ids, epoch, stage, seed, origins = task
+        names = dict(zip((int(i) for i in ids), origins))
+        ctx = HostContext(ids, epoch, stage, lambda record_id: names[int(record_id)], seed)
+        field = self.config.field
+        waves, lengths = outputs[field], outputs[f"{field}_length"]
+        failures: list[BaseException | None] = []
+        for row in range(len(records)):
+            waves[row] = 0  # the shared rows hold the batch before
+            lengths[row] = 0
+            try:
+                lengths[row] = self.stage._decode(records[row], ctx, row, waves[row])
+                failures.append(None)
+            except Refusal as exc:
+                failures.append(RecordError(f"DecodeAudio: {ctx.where(row)} {exc}"))
+            except RecordError as exc:
+                failures.append(exc)
+        return failures

@@ -19,7 +19,7 @@ import numpy as np
 
 from datarax.control.budget import MemoryBudget, SharedBudget, default_budget, human
 from datarax.control.pool import ThreadPool
-from datarax.control.processes import EXECUTORS, BatchesAhead, WorkerPool, context, row_blocks
+from datarax.control.processes import EXECUTORS, BatchesAhead, choose_executor, lease, row_blocks
 from datarax.core.checks import (
     check_choice,
     check_field_name,
@@ -90,10 +90,12 @@ class DecodeImageConfig:
             "pillow", or "auto" (turbo when both wheels are installed). Non-JPEG, CMYK and damaged
             files always go through Pillow. Part of the fingerprint: a state saved under one
             backend does not resume under the other.
-        executor: "threads" or "processes": worker processes that read each file (from a
-            `FileFolderSource`/`ImageFolderSource`) and decode it, for hosts where one process's file
-            reads do not run in parallel (a gVisor sandbox's 9p mount: docs/tpu.md). The same
-            output and fingerprint; a script must build its pipeline under `if __name__ == "__main__":`.
+        executor: "auto" (the default), "threads" or "processes": worker processes read each
+            file (from a `FileFolderSource`/`ImageFolderSource`) and decode it; they scale where
+            threads do not (a gVisor sandbox's file reads, Python's share of each record). "auto"
+            picks processes unless they cannot start here (`choose_executor`: one core, or a script
+            that builds its pipeline outside `if __name__ == "__main__":`), and the stage's
+            `executor` says which it runs and why. The same output and fingerprint either way.
     """
 
     size: int | tuple[int, int]
@@ -109,7 +111,7 @@ class DecodeImageConfig:
     backend: str = "auto"
     value_range: tuple[float, float] | None = None
     max_decode_bytes: int | None = None
-    executor: str = "threads"
+    executor: str = "auto"
 
     def __post_init__(self):
         set_field(self, "size", check_size(*field(self, "size")))
@@ -227,11 +229,12 @@ class DecodeImage(DecodingStage):
         self.num_threads = config.num_threads or os.cpu_count() or 1
         self.pool = ThreadPool(self.num_threads, "datarax-decode-image")
         limit = config.max_decode_bytes or default_budget()
-        self._batches = None  # under executor="processes": the worker pool and the batches it decodes ahead
-        if config.executor == "processes":
-            self.budget = SharedBudget(limit, "DecodeImage", context())
-            pool = WorkerPool(DecodeJob(config), self.num_threads, "datarax-decode-image", self.budget)
-            self._batches = BatchesAhead(pool, [(self.out_field, config.size + (3,), "uint8")])
+        self._batches = None  # in worker processes: the workers' lease and the batches they decode ahead
+        self.executor = choose_executor(config.executor, "DecodeImage")
+        if self.executor.executor == "processes":
+            workers = lease(DecodeJob(config), self.num_threads, "datarax-decode-image", (limit, "DecodeImage"))
+            self.budget: MemoryBudget = workers.shared
+            self._batches = BatchesAhead(workers, [(self.out_field, config.size + (3,), "uint8")])
             if config.out_field in (None, config.field):
                 self.reads_files = config.field
         else:
@@ -263,7 +266,7 @@ class DecodeImage(DecodingStage):
 
     @property
     def worker_pids(self) -> list[int]:
-        """The worker processes' ids (`executor="processes"`; empty until the first batch, and after close)."""
+        """The worker processes' ids (in worker processes; empty until the first batch, and after close)."""
         return [] if self._batches is None else self._batches.pool.pids
 
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
@@ -434,12 +437,13 @@ class DecodeImage(DecodingStage):
 
 
 class DecodeJob:
-    """A worker process's part of a batch (`DecodeImage(executor="processes")`): read each file
+    """A worker process's part of a batch (`DecodeImage` in worker processes): read each file
     (a `FileRef`) or take its bytes, decode it into its row, and return `(fatal, failures)`: the
     exception of a file that could not be read (raised for the batch) and each row's None or error."""
 
     def __init__(self, config: DecodeImageConfig):
-        self.config = dataclasses.replace(config, executor="threads", num_threads=1)
+        # The seed comes with each task: stages that differ only in it share the workers (`lease`).
+        self.config = dataclasses.replace(config, executor="threads", num_threads=1, seed=None)
         self.stage: DecodeImage | None = None
         self.budget: SharedBudget | None = None
 

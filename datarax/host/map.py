@@ -1,8 +1,9 @@
 """`HostMap`: any Python function as a host stage, per record or per batch, on threads or processes.
 
 The function contract, randomness and executors are in docs/sources.md ("Python-heavy host stages").
-With `executor="processes"` the function must be picklable by reference (a module-level `def`) and a
-script must build and iterate its pipeline under `if __name__ == "__main__":`.
+In worker processes the function must be picklable by reference (a module-level `def`) and a
+script must build and iterate its pipeline under `if __name__ == "__main__":`; `executor="auto"`
+(the default) runs them where both hold, and threads otherwise.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import jax
 import numpy as np
 
 from datarax.control.pool import ThreadPool
-from datarax.control.processes import EXECUTORS, BatchesAhead, WorkerPool, row_blocks
+from datarax.control.processes import EXECUTORS, BatchesAhead, choose_executor, lease, row_blocks
 from datarax.core.checks import (
     check_bool,
     check_choice,
@@ -73,7 +74,9 @@ class HostMapConfig:
         seed: the generators' seed; None: the pipeline's seed.
         on_error: "raise" or "skip" (zeros, `<first output>_ok` False, warned once per record;
             needs `batched=False`).
-        executor: "threads" (for functions that release the GIL) or "processes" (pure Python).
+        executor: "auto" (the default: processes where the function pickles and the script has its
+            `if __name__ == "__main__":` guard, else threads; `HostMap.executor` says which and why),
+            "threads" (for functions that release the GIL) or "processes" (pure Python).
         num_workers: threads or processes (None: `os.cpu_count()`); it changes no output.
     """
 
@@ -83,7 +86,7 @@ class HostMapConfig:
     stochastic: bool = False
     seed: int | None = None
     on_error: str = "raise"
-    executor: str = "threads"
+    executor: str = "auto"
     num_workers: int | None = None
 
     def __post_init__(self):
@@ -212,9 +215,12 @@ class HostMap(DecodingStage):
                                       "Fix the function or the record")
         self.job = RecordJob(fn, config)
         self.pool = ThreadPool(self.num_workers, "datarax-host-map")
-        self._batches = None  # under executor="processes": the worker pool and the batches it computes ahead
-        if config.executor == "processes":
-            self._batches = BatchesAhead(WorkerPool(self.job, self.num_workers, "datarax-host-map"), config.outputs)
+        self._batches = None  # in worker processes: the workers' lease and the batches they compute ahead
+        self.executor = choose_executor(config.executor, f"HostMap({function_name(fn)})", job=self.job)
+        if self.executor.executor == "processes":
+            shared = dataclasses.replace(config, seed=None, executor="processes", num_workers=None)  # the seed comes with each task
+            workers = lease(RecordJob(fn, shared), self.num_workers, "datarax-host-map")
+            self._batches = BatchesAhead(workers, config.outputs)
 
     def output_spec(self, input_spec: Spec) -> Spec:
         missing = [f for f in (self.config.fields or ()) if f not in input_spec]
@@ -237,7 +243,7 @@ class HostMap(DecodingStage):
 
     @property
     def worker_pids(self) -> list[int]:
-        """The worker processes' ids (`executor="processes"`; empty until the first batch, and after close)."""
+        """The worker processes' ids (in worker processes; empty until the first batch, and after close)."""
         return [] if self._batches is None else self._batches.pool.pids
 
     def __call__(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:

@@ -140,10 +140,11 @@ def test_random_crops_follow_the_record_generator(root):
         np.testing.assert_array_equal(waves[r, :lengths[r]], x[offset:offset + LENGTH], err_msg=f"record {r}")
 
 
+@pytest.mark.parametrize("executor", ["threads", "processes"])
 @pytest.mark.parametrize("batch_size,num_threads", [(7, 1), (64, 1), (7, 4), (64, 4)])
-def test_crops_do_not_depend_on_batch_size_or_threads(root, batch_size, num_threads):
-    _, base, _ = per_record(build(root, batch_size=8))
-    _, waves, _ = per_record(build(root, batch_size=batch_size, num_threads=num_threads))
+def test_crops_do_not_depend_on_batch_size_threads_or_executor(root, batch_size, num_threads, executor):
+    _, base, _ = per_record(build(root, batch_size=8, executor="threads"))
+    _, waves, _ = per_record(build(root, batch_size=batch_size, num_threads=num_threads, executor=executor))
     np.testing.assert_array_equal(waves, base)
 
 
@@ -206,10 +207,13 @@ BAD = {
 }
 
 
+@pytest.mark.parametrize("executor", ["threads", "processes"])
 @pytest.mark.parametrize("kind", list(BAD))
-def test_corrupt_bytes_raise_an_error_naming_the_record(kind):
+def test_corrupt_bytes_raise_an_error_naming_the_record(kind, executor):
     source = corrupt_dataset({13: BAD[kind]})
-    pipeline = Pipeline(source, [DecodeAudio(sample_rate=RATE, length=LENGTH, num_threads=4)], batch_size=8)
+    stage = DecodeAudio(sample_rate=RATE, length=LENGTH, num_threads=4, executor=executor)
+    assert stage.executor.executor == executor
+    pipeline = Pipeline(source, [stage], batch_size=8)
     what = r"is an empty file \(0 bytes\)" if kind == "empty" else r"is not a readable audio file \((?!.*BytesIO)"
     with pytest.raises(RecordError, match=rf"record 13 \(row 13 of .*, audio 'tone13.wav'\) {what}"):
         list(pipeline)

@@ -660,7 +660,7 @@ def test_small_raw_records_are_warped_on_the_calling_thread_with_the_threaded_ou
         path = tmp_path / f"{i}.ppm"
         reference(cases["rgb.png"]).rotate(30 * i).convert(mode).save(path, format="PPM")
         paths.append(str(path))
-    settings = {"size": 24, "crop": "random_resized", "seed": 3, "backend": "turbo"}
+    settings = {"size": 24, "crop": "random_resized", "seed": 3, "backend": "turbo", "executor": "threads"}
     threaded = DecodeImage(**settings, num_threads=4)
     got = run(threaded, paths, record_ids=[5, 9, 2, 7, 11, 0], epoch=2)["image"]
     assert threaded.pool._tasks is None  # the pool never started

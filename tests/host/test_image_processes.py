@@ -194,6 +194,9 @@ class InProcessPool:
             raise WorkerCrashError("a worker died", job=victim)
         return self.done.pop(job_id)
 
+    def forget(self, job_id):
+        self.done.pop(job_id, None)
+
     def close(self):
         self.done.clear()
 

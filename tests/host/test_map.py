@@ -185,11 +185,16 @@ def test_a_copy_or_pickle_is_a_working_stage(clone):
     stage = HostMap(fn=python_feature, outputs=OUTPUTS, fields=("id", "x"), stochastic=True, executor="processes",
                     num_workers=2)
     first = run(stage, np.arange(5))
+    pids = stage.worker_pids
     twin = clone(stage)
-    assert twin.worker_pids == [] and twin.structure() == stage.structure()
+    assert twin.structure() == stage.structure()
+    assert twin.worker_pids == pids  # the same function and settings: the process's one pool of them
     np.testing.assert_array_equal(run(twin, np.arange(5))["code"], first["code"])
     twin.close()
+    assert stage.worker_pids == pids and all(psutil.pid_exists(p) for p in pids)  # still the stage's
+    np.testing.assert_array_equal(run(stage, np.arange(5))["code"], first["code"])
     stage.close()
+    assert stage.worker_pids == []  # given back (test_processes checks the last user's close stops them)
 
 
 def test_output_spec_and_structure():
