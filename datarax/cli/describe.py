@@ -154,6 +154,8 @@ def describe(pipeline, *, config_path: str | None = None, stage_labels: list[str
             label = host_labels[i] if i < len(host_labels) else f"host {i}"
             settings = settings_text(stage)
             out.append(f"  {label} ({type(stage).__name__})" + (f"  {settings}" if settings else ""))
+            if getattr(stage, "executor", None) is not None and hasattr(stage.executor, "reason"):
+                out.append(f"    runs on {stage.executor}")
             record = stage.output_spec(dict(record))
             out.extend(spec_lines(record, "    "))
     out.append("stage outputs (per process batch)")

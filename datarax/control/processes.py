@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.machinery
 import itertools
 import math
 import multiprocessing
@@ -74,19 +75,22 @@ class ExecutorChoice:
         return f"{self.executor} ({self.reason})"
 
 
-def choose_executor(requested: str, stage: str, *, job: Any = None) -> ExecutorChoice:
+def choose_executor(requested: str, stage: str, *, job: Any = None, workers: int | None = None) -> ExecutorChoice:
     """The executor of a host stage asked for `requested` ("auto", "threads" or "processes").
 
     "auto" picks worker processes, which scaled better than threads on every host measured (the
     2-core CPU and the TPU's 13-core gVisor host: docs/sources.md, "Executors"), unless they
-    cannot work here: one core, a process that is itself a daemonic worker, a script that builds
-    the pipeline outside `if __name__ == "__main__":` (the workers would run it again), or a `job`
+    cannot pay or cannot work here: one core or one worker (`workers`; the reader thread does
+    the work itself), a process that is itself a daemonic worker, a script that builds the
+    pipeline outside `if __name__ == "__main__":` (the workers would run it again), or a `job`
     that does not pickle (a lambda). Then it picks threads and says why.
     """
     if requested != "auto":
         return ExecutorChoice(requested, "as configured")
     if (os.cpu_count() or 1) < 2:
         return ExecutorChoice("threads", "auto: one core, where worker processes would only add copies")
+    if workers == 1:
+        return ExecutorChoice("threads", "auto: one worker, so the reader thread does the work itself")
     if multiprocessing.current_process().daemon:
         return ExecutorChoice("threads", "auto: this is a daemonic worker process, which cannot start processes")
     problem = script_guard_problem()
@@ -98,7 +102,21 @@ def choose_executor(requested: str, stage: str, *, job: Any = None) -> ExecutorC
         except Exception as exc:  # PicklingError, AttributeError, TypeError: all mean the same
             return ExecutorChoice("threads", f"auto: {stage}'s function cannot be sent to worker processes "
                                   f"({type(exc).__name__}); a module-level `def` can")
+        module = getattr(getattr(job, "fn", None), "__module__", None)
+        if module is not None and not importable(module):
+            return ExecutorChoice("threads", f"auto: {stage}'s module {module!r} was loaded from a file that is not "
+                                  "on sys.path, so worker processes could not import it")
     return ExecutorChoice("processes", "auto: worker processes")
+
+
+def importable(module: str) -> bool:
+    """Whether a worker process (with this process's `sys.path`) can import `module` by name."""
+    if module == "__main__":
+        return getattr(sys.modules.get("__main__"), "__file__", None) is not None  # re-imported as __mp_main__
+    top = module.partition(".")[0]
+    if top in sys.builtin_module_names or top in sys.stdlib_module_names:
+        return True
+    return importlib.machinery.PathFinder.find_spec(top, sys.path) is not None
 
 
 _GUARDS: dict[tuple[str, float], list[tuple[int, int]]] = {}

@@ -1,9 +1,10 @@
 """`DecodeAudio`: WAV/FLAC/OGG bytes to fixed-length float waveforms, on the host.
 
-Each record is decoded with `soundfile` in worker processes or on a thread pool (`executor`), mixed to mono (or checked against a
-channel count), resampled to `sample_rate` and cropped or zero-padded to `length`: `(length,)`
-float32 for mono or `(channels, length)`, plus `<field>_length` (int32 valid samples). Only the
-samples the crop window needs are read; docs/sources.md ("Audio") has the details.
+Each record is decoded with `soundfile` in worker processes or on threads (`executor`), mixed
+to mono (or checked against a channel count), resampled to `sample_rate` and cropped or
+zero-padded to `length`: `(length,)` float32 for mono or `(channels, length)`, plus
+`<field>_length` (int32 valid samples). Only the samples the crop window needs are read;
+docs/sources.md ("Audio") has the details.
 
 Example:
     >>> stages = [DecodeAudio(field="audio", sample_rate=16000, length=16000, crop="random", seed=0)]
@@ -182,9 +183,7 @@ class DecodeAudio(DecodingStage):
         ok_field = f"{config.field}_ok" if config.on_error == "skip" else None
         self.bad_records = BadRecords(config.on_error, "DecodeAudio", config.field, ok_field,
                                       "Remove or replace the file (corrupt, truncated or not audio)")
-        # One worker process decodes on its own; with one thread the reader thread does (no copies).
-        self.executor = choose_executor("threads" if config.executor == "auto" and config.num_threads == 1
-                                        else config.executor, "DecodeAudio")
+        self.executor = choose_executor(config.executor, "DecodeAudio", workers=config.num_threads)
         self._batches = None  # in worker processes: the workers' lease and the batches they decode
         if self.executor.executor == "processes":
             workers = lease(AudioJob(config), config.num_threads, "datarax-decode-audio", (limit, "DecodeAudio"))

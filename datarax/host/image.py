@@ -230,7 +230,7 @@ class DecodeImage(DecodingStage):
         self.pool = ThreadPool(self.num_threads, "datarax-decode-image")
         limit = config.max_decode_bytes or default_budget()
         self._batches = None  # in worker processes: the workers' lease and the batches they decode ahead
-        self.executor = choose_executor(config.executor, "DecodeImage")
+        self.executor = choose_executor(config.executor, "DecodeImage", workers=self.num_threads)
         if self.executor.executor == "processes":
             workers = lease(DecodeJob(config), self.num_threads, "datarax-decode-image", (limit, "DecodeImage"))
             self.budget: MemoryBudget = workers.shared

@@ -32,7 +32,15 @@ from datarax.core.checks import (
 )
 from datarax.core.construct import resolve_arguments
 from datarax.core.fields import batchable
-from datarax.host.stage import ON_ERROR, BadRecords, DecodingStage, HostContext, Spec, record_generator
+from datarax.host.stage import (
+    ON_ERROR,
+    BadRecords,
+    DecodingStage,
+    HostContext,
+    Spec,
+    executor_suffix,
+    record_generator,
+)
 
 OutputSpec = tuple[tuple[str, tuple[int, ...], str], ...]  # (field, record shape, dtype)
 
@@ -216,9 +224,11 @@ class HostMap(DecodingStage):
         self.job = RecordJob(fn, config)
         self.pool = ThreadPool(self.num_workers, "datarax-host-map")
         self._batches = None  # in worker processes: the workers' lease and the batches they compute ahead
-        self.executor = choose_executor(config.executor, f"HostMap({function_name(fn)})", job=self.job)
+        self.executor = choose_executor(config.executor, f"HostMap({function_name(fn)})", job=self.job,
+                                        workers=self.num_workers)
         if self.executor.executor == "processes":
-            shared = dataclasses.replace(config, seed=None, executor="processes", num_workers=None)  # the seed comes with each task
+            # The seed comes with each task: stages that differ only in it share the workers (`lease`).
+            shared = dataclasses.replace(config, seed=None, executor="processes", num_workers=None)
             workers = lease(RecordJob(fn, shared), self.num_workers, "datarax-host-map")
             self._batches = BatchesAhead(workers, config.outputs)
 
@@ -234,7 +244,7 @@ class HostMap(DecodingStage):
         return spec
 
     def label(self) -> str:
-        return f"HostMap({getattr(self.fn, '__qualname__', type(self.fn).__name__)})"
+        return f"HostMap({getattr(self.fn, '__qualname__', type(self.fn).__name__)})" + executor_suffix(self)
 
     def structure(self) -> str:
         # The executor and worker count change no output; an unset seed reads as 0 (old fingerprints).

@@ -168,8 +168,9 @@ class HostStage(abc.ABC):
         return f"{type(self).__name__}({getattr(self, 'config', '')})"
 
     def label(self) -> str:
-        """The stage's short name in timing reports (the class name by default)."""
-        return type(self).__name__
+        """The stage's short name in timing reports: the class name, and the executor it runs on
+        where it chose one (`DecodeImage [processes]`)."""
+        return type(self).__name__ + executor_suffix(self)
 
     def close(self) -> None:
         """Releases threads or files the stage holds (idempotent)."""
@@ -230,6 +231,12 @@ class DecodingStage(HostStage):
         if ok is not None:
             result[self.bad_records.ok_field] = ok
         return result
+
+
+def executor_suffix(stage: Any) -> str:
+    """` [processes]` or ` [threads]` for a stage that chose an executor (`choose_executor`), else ""."""
+    choice = getattr(stage, "executor", None)
+    return f" [{choice.executor}]" if hasattr(choice, "executor") else ""
 
 
 def check_encoded_field(spec: Spec, name: str, stage: str, *, holds: str, decoded_fix: str) -> None:

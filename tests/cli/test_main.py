@@ -551,7 +551,8 @@ def test_validate_builds_a_host_stage_pipeline_from_parquet_files(folder, capsys
     assert main(["inspect", path]) == 0
     out = capsys.readouterr().out.splitlines()
     at = out.index("  stages[0] decode_image (DecodeImage)  size=(8, 8)")
-    assert out[at + 1:at + 3] == ["    label  int64 ()", "    image  uint8 (8, 8, 3)"]
+    assert out[at + 1:at + 4] == ["    runs on processes (auto: worker processes)", "    label  int64 ()",
+                                  "    image  uint8 (8, 8, 3)"]
     assert "  label  int64 ()" in out and "  image  encoded (bytes or text)" in out  # the source's records
     assert "  └─ stages[0] decode_image (DecodeImage, on the host)" in out
     assert "     └─ stages[1] to_float (ToFloatOperator)  => output" in out
