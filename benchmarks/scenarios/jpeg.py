@@ -6,9 +6,10 @@ system temp dir keyed by the count and seed.
 
 Rows, all timed in this process with their epochs interleaved:
 
-* `datarax`: `ImageFolderSource` + `DecodeImage(size=128, crop="random_resized")` at its default
-  backend (libjpeg-turbo at DCT scale + one bilinear warp of the box when `simplejpeg` and OpenCV
-  are installed, else Pillow), a thread per core, then float, `HorizontalFlipOperator` and
+* `datarax`: `ImageFolderSource` + `DecodeImage(size=128, crop="random_resized")` at its defaults
+  (libjpeg-turbo at DCT scale + one bilinear warp of the box when `simplejpeg` and OpenCV are
+  installed, else Pillow; `executor="auto"`, which is a worker process per core that reads and
+  decodes the files wherever they can start), then float, `HorizontalFlipOperator` and
   `NormalizeOperator` in the compiled program.
 * `floor`: the same per-record work (the same boxes, the same decoder) with no framework: a pool
   of `os.cpu_count()` threads writing into a preallocated batch, the next batch's decodes queued
@@ -19,10 +20,11 @@ Rows, all timed in this process with their epochs interleaved:
   no normalisation, no device copy).
 * `floor[full_scale]`: the floor with every file decoded at full size (no DCT scaling): what
   decoding only what the crop needs is worth.
-* `datarax[processes]` and `decode_limit[processes]`: the same in `os.cpu_count()` worker
-  processes that read and decode the files (`DecodeImage(executor="processes")`; the limit's
-  batches split across a process pool), for hosts where one process's file reads do not run in
-  parallel (a gVisor sandbox: docs/tpu.md).
+* `datarax[threads]`: the pipeline with `DecodeImage(executor="threads")`: the reader reads the
+  files and a thread per core decodes them.
+* `decode_limit[processes]`: `decode_limit` in `os.cpu_count()` worker processes that read and
+  decode the files (each batch split across a process pool), for hosts where one process's file
+  reads do not run in parallel (a gVisor sandbox: docs/tpu.md).
 * `decode_limit[1 thread]`: `decode_limit` on one thread, the rate the two limits are given as
   a multiple of (how decoding scales with the host's cores).
 
@@ -117,7 +119,7 @@ def to_float(x: jax.Array) -> jax.Array:
     return x.astype(jnp.float32) / 255.0
 
 
-def build_pipeline(root: str, seed: int = 0, backend: str = "auto", executor: str = "threads",
+def build_pipeline(root: str, seed: int = 0, backend: str = "auto", executor: str = "auto",
                    num_threads: int | None = None) -> Pipeline:
     stages = [DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, seed=seed,
                           backend=backend, executor=executor, num_threads=num_threads),
@@ -276,7 +278,7 @@ def work_ratio(paths: list[str], count: int = 256, rounds: int = 3) -> float:
     into the output) takes than `decode_limit`'s (the decode alone), on one thread, from memory:
     the median of `rounds` passes over the first `count` files. OpenCV runs on one thread here, as
     in each worker process of `DecodeImage(executor="processes")` (left to itself it would spread
-    each small warp over every core). At equal parallelism and no overhead, `datarax[processes]`
+    each small warp over every core). At equal parallelism and no overhead, `datarax` (in processes)
     reaches `1 / work_ratio` of `decode_limit[processes]`."""
     stage = DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, backend="turbo")
     turbo, blobs, out = TurboDecoder(), [], np.empty((JPEG_SIZE, JPEG_SIZE, 3), np.uint8)
@@ -326,7 +328,7 @@ def run(options: BenchOptions) -> list[dict]:
     for _ in pipeline:  # the rest of the warm-up epoch
         pass
     pillow = build_pipeline(root, backend="pillow")
-    processes = build_pipeline(root, executor="processes")
+    threads = build_pipeline(root, executor="threads")
     source = ImageFolderSource(root=root)
     paths, labels = list(source.paths), np.asarray(source.labels)
     floors = {"floor": Floor(paths, labels), "floor[full_scale]": Floor(paths, labels, full_scale=True),
@@ -335,30 +337,32 @@ def run(options: BenchOptions) -> list[dict]:
     floor_first = first_batch_seconds(lambda: floors["floor"].epoch(0))
     for floor in floors.values():
         block(list(floor.epoch(0)))
-    for warm in (pillow, processes):
+    for warm in (pillow, threads):
         for _ in warm:
             pass
     counters = {name: iter(range(1, 10**6)) for name in floors}
-    sides = {"datarax": lambda: pipeline, "datarax[pillow]": lambda: pillow, "datarax[processes]": lambda: processes,
+    sides = {"datarax": lambda: pipeline, "datarax[pillow]": lambda: pillow, "datarax[threads]": lambda: threads,
              **{name: (lambda name=name: floors[name].epoch(next(counters[name]))) for name in floors}}
     rates = interleaved_rates(sides, n, options.repeats)
     for floor in floors.values():
         floor.close()
     quality = {"datarax": decode_image_psnr(paths, pipeline_backend(pipeline)),
                "datarax[pillow]": decode_image_psnr(paths, "pillow")}
-    quality["floor"] = quality["datarax[processes]"] = quality["datarax"]  # the same boxes, decoder (tested)
-    reader = {"datarax": reader_ms(pipeline), "datarax[processes]": reader_ms(processes)}
-    processes.close()
+    quality["floor"] = quality["datarax[threads]"] = quality["datarax"]  # the same boxes, decoder (tested)
+    reader = {"datarax": reader_ms(pipeline), "datarax[threads]": reader_ms(threads)}
+    executor = str(pipeline.source.stages[0].executor)
+    threads.close()
     main = row("jpeg", rates["datarax"], rates["floor"], records=n, first_batch_s=round(build_s + first, 3),
                floor_first_batch_s=round(floor_first, 3), batch_size=BATCH, threads=os.cpu_count(),
-               decoder=pipeline_backend(pipeline), reader_ms_per_batch=reader["datarax"], **quality["datarax"])
+               decoder=pipeline_backend(pipeline), executor=executor, reader_ms_per_batch=reader["datarax"],
+               **quality["datarax"])
     extra = []
     notes = {"datarax[pillow]": "DecodeImage(backend='pillow'): Pillow draft + resize(box), bilinear",
              "decode_limit": "libjpeg-turbo at the box's DCT scale on all cores; no resize, no framework",
              "floor[full_scale]": "the floor decoding every file at full size (no DCT scaling)",
-             "datarax[processes]": "DecodeImage(executor='processes'): the workers read and decode the files; "
-                                   "reader ms a batch: " + ", ".join(f"{k} {v}" for k, v in reader[
-                                       "datarax[processes]"].items()),
+             "datarax[threads]": "DecodeImage(executor='threads'): the reader reads the files, threads decode "
+                                 "them; reader ms a batch: " + ", ".join(f"{k} {v}" for k, v in reader[
+                                     "datarax[threads]"].items()),
              "decode_limit[processes]": "decode_limit's work in os.cpu_count() worker processes",
              "decode_limit[1 thread]": f"decode_limit's work on one thread; DecodeImage's own work on a record "
                                        f"(decode, crop, resize; OpenCV on one thread, as in a worker process) "
@@ -366,7 +370,7 @@ def run(options: BenchOptions) -> list[dict]:
     one = rates["decode_limit[1 thread]"]["el_s"]
     for name in ("decode_limit", "decode_limit[processes]"):
         notes[name] += f"; {rates[name]['el_s'] / one:.2f}x its one-thread rate"
-    for name in ("datarax[pillow]", "datarax[processes]", "decode_limit", "decode_limit[processes]",
+    for name in ("datarax[pillow]", "datarax[threads]", "decode_limit", "decode_limit[processes]",
                  "decode_limit[1 thread]", "floor[full_scale]"):
         extra.append({"scenario": "jpeg", "framework": name, "el_s": round(rates[name]["el_s"], 1),
                       "ratio_to_datarax": round(rates[name]["el_s"] / rates["datarax"]["el_s"], 3),

@@ -36,6 +36,7 @@ from datarax.host.stage import (
     Spec,
     check_encoded_field,
 )
+from datarax.samplers.keyed import rekeyed_generator
 
 _CROPS = ("random", "center", "start")
 _BUFFER = re.compile(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
@@ -229,7 +230,8 @@ class DecodeAudio(DecodingStage):
                 if not mono and channels != c.channels:
                     raise RecordError(f"DecodeAudio: {ctx.where(row)} has {channels} channels, but channels="
                                       f"{c.channels}; pass channels='mono' to mix them down, or the right count")
-                rng = ctx.generator(self.seed, row) if self.stochastic else None
+                rng = rekeyed_generator(ctx.seed_of(self.seed), ctx.stage, ctx.epoch, int(ctx.record_ids[row])) \
+                    if self.stochastic else None
                 plan = read_plan(frames, rate, c.sample_rate, c.length, c.crop, rng)
                 needed = plan.working_bytes(channels, mono)
                 if not self.budget.fits(needed):

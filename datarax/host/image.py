@@ -45,8 +45,8 @@ from datarax.host.stage import (
     Refusal,
     Spec,
     check_encoded_field,
-    record_generator,
 )
+from datarax.samplers.keyed import rekeyed_generator
 from datarax.sources.file_folder import FileRef
 
 RESIZE_MODES = ("shorter_side", "fixed", "none")
@@ -275,8 +275,11 @@ class DecodeImage(DecodingStage):
         if self._batches is not None:
             return self._in_processes(batch, data, ctx, out)
 
+        seed = ctx.seed_of(self.seed)
+
         def decode(row: int) -> None:
-            self.decode_into(data[row], ctx.generator(self.seed, row) if self.stochastic else None, out[row])
+            rng = rekeyed_generator(seed, ctx.stage, ctx.epoch, int(ctx.record_ids[row])) if self.stochastic else None
+            self.decode_into(data[row], rng, out[row])
 
         return self.decode_rows(batch, ctx, {self.out_field: out}, decode, inline=self._all_small_raw(data))
 
@@ -465,7 +468,7 @@ class DecodeJob:
                 data = record.read() if isinstance(record, FileRef) else record
             except Exception as exc:  # the source's own error (missing file, over max_file_bytes)
                 return picklable(exc), []
-            rng = record_generator(seed, stage, epoch, int(ids[row])) if self.stage.stochastic else None
+            rng = rekeyed_generator(seed, stage, epoch, int(ids[row])) if self.stage.stochastic else None
             try:
                 self.stage.decode_into(data, rng, out[row])
                 failures.append(None)

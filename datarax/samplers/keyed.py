@@ -17,6 +17,7 @@ layouts exist, each pinned by saved states and tests (`tests/samplers/test_keyed
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,6 +32,29 @@ def keyed_generator(seed: int, stream: int, epoch: int, index: int = 0) -> np.ra
     bit_generator = np.random.Philox(key=[seed & _MASK64, stream & _MASK64],
                                      counter=[0, 0, epoch & _MASK64, index & _MASK64])
     return np.random.Generator(bit_generator)
+
+
+_REKEYED = threading.local()
+
+
+def rekeyed_generator(seed: int, stream: int, epoch: int, index: int = 0) -> np.random.Generator:
+    """`keyed_generator`'s generator, drawing the same numbers, from one generator per thread re-keyed
+    in place (about 5x cheaper to make, for per-record draws on a decoder's hot path). It is valid
+    until the next call on the same thread: draw from it at once, never keep it."""
+    words = (seed & _MASK64, stream & _MASK64, epoch & _MASK64, index & _MASK64)
+    if max(words) >= 1 << 63:  # numpy reads such a list through float64 in `keyed_generator`: keep its numbers
+        return keyed_generator(seed, stream, epoch, index)
+    held = getattr(_REKEYED, "held", None)
+    if held is None:
+        bit_generator = np.random.Philox(key=[0, 0])
+        held = _REKEYED.held = (bit_generator, np.random.Generator(bit_generator), np.zeros(4, np.uint64))
+    bit_generator, generator, empty = held
+    bit_generator.state = {
+        "bit_generator": "Philox",
+        "state": {"counter": np.array([0, 0, words[2], words[3]], np.uint64),
+                  "key": np.array(words[:2], np.uint64)},
+        "buffer": empty, "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
+    return generator
 
 
 def keyed_permutation(n: int, seed: int, epoch: int, *, stream: int | None = None,

@@ -24,7 +24,7 @@ def temp_cache(tmp_path, monkeypatch):
 
 def test_the_scenario_runs_and_reports_its_row(temp_cache):
     rows = jpeg.run(BenchOptions(repeats=1, scale=0.01))
-    assert [r.get("framework", "datarax") for r in rows] == ["datarax", "datarax[pillow]", "datarax[processes]",
+    assert [r.get("framework", "datarax") for r in rows] == ["datarax", "datarax[pillow]", "datarax[threads]",
                                                              "decode_limit", "decode_limit[processes]",
                                                              "decode_limit[1 thread]", "floor[full_scale]"]
     assert all(r["scenario"] == "jpeg" for r in rows) and rows[0]["records"] == 40

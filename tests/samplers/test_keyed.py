@@ -8,7 +8,13 @@ import pytest
 
 from datarax.host.stage import record_generator
 from datarax.pipeline.buckets import interleave_permutation
-from datarax.samplers.keyed import INTERLEAVE_STREAM, SHARD_ORDER_WORD, keyed_generator, keyed_permutation
+from datarax.samplers.keyed import (
+    INTERLEAVE_STREAM,
+    SHARD_ORDER_WORD,
+    keyed_generator,
+    keyed_permutation,
+    rekeyed_generator,
+)
 
 # (site, the draw as the site makes it now, the literal the former code drew)
 PINNED = [
@@ -43,3 +49,18 @@ def test_the_two_layouts_are_the_generators_they_name(n, seed, epoch):
 def test_stream_and_words_together_is_an_error():
     with pytest.raises(ValueError, match=r"stream= or words=, not both; got stream=1 and words=\(2,\)"):
         keyed_permutation(3, 0, 0, stream=1, words=(2,))
+
+
+@pytest.mark.parametrize("key", [(0, 0, 0, 0), (3, 1, 7, 123), (2**63 + 5, 2**40, 2**33, 2**62 - 1), (-1, -2, -3, -4)])
+def test_a_rekeyed_generator_draws_what_a_fresh_one_draws(key):
+    """The decoders' hot path re-keys one generator per thread; the numbers are those of a new one,
+    whatever it drew for the key before (a half-used buffer, a cached 32-bit half)."""
+    rekeyed_generator(9, 9, 9, 9).integers(0, 2**32, dtype=np.uint32)  # leaves a spare 32-bit half behind
+    rekeyed_generator(1, 2, 3, 4).uniform(size=3)  # leaves the buffer part-used
+    got = rekeyed_generator(*key)
+    a = (got.uniform(0.08, 1.0), got.integers(0, 1000), got.integers(0, 2**32, dtype=np.uint32), got.normal(size=5))
+    fresh = keyed_generator(*key)
+    b = (fresh.uniform(0.08, 1.0), fresh.integers(0, 1000), fresh.integers(0, 2**32, dtype=np.uint32),
+         fresh.normal(size=5))
+    assert a[:3] == b[:3]
+    np.testing.assert_array_equal(a[3], b[3])
