@@ -1,0 +1,99 @@
+"""Where the CPU of a JPEG epoch goes, thread by thread and call by call, on this host.
+
+    python benchmarks/tpu/decode_threads.py [--scale 1.0]
+
+The `jpeg` scenario's files and pipeline at its defaults. Prints one JSON line with the CPU
+seconds of each thread of this process over a timed epoch (by thread name: the reader, the queue's
+feeder, the main thread, the runtime's threads), one with the workers' CPU, and the top of a
+profile of `DecodeImage`'s own per-record work on one core (`cProfile`, from memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+
+from benchmarks.scenarios.jpeg import JPEG_RATIO, JPEG_SCALE, JPEG_SIZE, NUM_RECORDS, build_pipeline, image_folder  # noqa: E402
+from benchmarks.timing import block  # noqa: E402
+from datarax.host import DecodeImage  # noqa: E402
+from datarax.samplers.keyed import rekeyed_generator  # noqa: E402
+from datarax.sources import ImageFolderSource  # noqa: E402
+
+
+def thread_cpu() -> dict[str, float]:
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for t in psutil.Process().threads():
+        name = names.get(t.id, "native")
+        out[name] = out.get(name, 0.0) + t.user_time + t.system_time
+    return out
+
+
+def children_cpu() -> float:
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0)
+    args = parser.parse_args()
+    n = max(64, int(NUM_RECORDS * args.scale))
+    root = image_folder(n)
+    pipeline = build_pipeline(root)
+    per_epoch = len(pipeline)
+    batches = iter(pipeline.epochs(3))  # one reader thread for all three: its CPU is read while it lives
+    block([next(batches) for _ in range(per_epoch)])  # warm-up epoch
+    before, kids = thread_cpu(), children_cpu()
+    start = time.perf_counter()
+    block([next(batches) for _ in range(per_epoch)])
+    wall = time.perf_counter() - start
+    after = thread_cpu()
+    per_thread = {k: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in after}
+    print(json.dumps({"el_s": round(n / wall, 1), "wall_s": round(wall, 3), "workers_cpu_s":
+                      round(children_cpu() - kids, 3), "threads_cpu_s": dict(sorted(per_thread.items(),
+                                                                                  key=lambda kv: -kv[1])[:12])}))
+    pipeline.close()
+
+    paths = list(ImageFolderSource(root=root).paths)[:600]
+    blobs = [open(p, "rb").read() for p in paths]
+    stage = DecodeImage(size=JPEG_SIZE, crop="random_resized", scale=JPEG_SCALE, ratio=JPEG_RATIO, executor="threads",
+                        num_threads=1)
+    stage._turbo.cv2.setNumThreads(1)
+    out = np.empty((JPEG_SIZE, JPEG_SIZE, 3), np.uint8)
+
+    def work() -> None:
+        for record, data in enumerate(blobs):
+            stage.decode_into(data, rekeyed_generator(0, 0, 0, record), out)
+
+    work()
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.runcall(work)
+    per_record = (time.perf_counter() - start) / len(blobs)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+    print(json.dumps({"profiled_us_per_record": round(1e6 * per_record, 1)}))
+    print(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
