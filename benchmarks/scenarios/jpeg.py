@@ -231,8 +231,8 @@ class ProcessLimit:
     """`decode_limit` in `os.cpu_count()` worker processes: each batch's files split across them,
     the next batch queued before this one is waited for."""
 
-    def __init__(self, paths: list[str], seed: int = 0):
-        self.paths, self.seed, self.workers = paths, seed, os.cpu_count() or 1
+    def __init__(self, paths: list[str], seed: int = 0, ahead: int = 1):
+        self.paths, self.seed, self.workers, self.ahead = paths, seed, os.cpu_count() or 1, ahead
         self.pool = concurrent.futures.ProcessPoolExecutor(self.workers,
                                                            mp_context=multiprocessing.get_context("forkserver"))
 
@@ -244,13 +244,14 @@ class ProcessLimit:
     def epoch(self, epoch: int):
         order = np.random.default_rng((self.seed, epoch)).permutation(len(self.paths))
         batches = [order[i:i + BATCH] for i in range(0, len(order), BATCH)]
-        pending = self.submit(batches[0], epoch)
-        for nxt in batches[1:] + [None]:
-            queued = None if nxt is None else self.submit(nxt, epoch)
-            for f in pending:
+        # `ahead` batches queued behind the one waited for
+        pending = [self.submit(b, epoch) for b in batches[:self.ahead]]
+        for nxt in batches[self.ahead:] + [None] * self.ahead:
+            if nxt is not None:
+                pending.append(self.submit(nxt, epoch))
+            for f in pending.pop(0):
                 f.result()
             yield None
-            pending = queued
 
     def close(self) -> None:
         self.pool.shutdown()

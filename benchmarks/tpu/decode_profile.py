@@ -72,15 +72,20 @@ def main() -> None:
                       "rebuild_first_batch_s": round(rebuild, 3)}), flush=True)
     again.close()
     limit = ProcessLimit(list(ImageFolderSource(root=root).paths))
+    deeper = ProcessLimit(list(ImageFolderSource(root=root).paths), ahead=4)
     block(list(limit.epoch(0)))
+    block(list(deeper.epoch(0)))
     for _ in pipeline:  # the warm-up epoch's rest
         pass
     for e in range(args.epochs):
         print(json.dumps(profile("datarax", lambda: pipeline, n, workers)), flush=True)
         print(json.dumps(profile("decode_limit[processes]", lambda e=e: limit.epoch(e + 1), n, workers)), flush=True)
+        print(json.dumps(profile("decode_limit[processes, 4 ahead]", lambda e=e: deeper.epoch(e + 1), n, workers)),
+              flush=True)
     print(json.dumps({"reader_ms_per_batch": reader_ms(pipeline)}), flush=True)
     pipeline.close()
     limit.close()
+    deeper.close()
 
 
 if __name__ == "__main__":
