@@ -22,9 +22,8 @@ TERMS: tuple[tuple[str, str], ...] = (
     (r"on_error='skip'", "on_error = \"skip\" in the stage's table"),
     (r"fit\(num_steps=N\)", "steps = N under [trainer]"),
     (r"`num_threads=` of DecodeImage / DecodeAudio", "num_threads = N in the decode_image / decode_audio table"),
-    (r"`ThreadedSource\(source, num_threads=\.\.\.\)` for reads, ", ""),
-    (r"HostMap\(executor=\"processes\", num_workers=\.\.\.\)", "executor = \"processes\" and num_workers = N in the "
-                                                                "host_map table"),
+    (r", `ThreadedSource\(source, num_threads=\.\.\.\)` for reads", ""),
+    (r"`num_workers=` of HostMap", "num_workers = N in the host_map table"),
     (r"MemorySource\(device_resident=True\)", "device_resident = true in [source.memory]"),
     (r"\btrain_pipeline's", "the training pipeline's"),
     (r"\btrain_pipeline\b", "the training pipeline"),

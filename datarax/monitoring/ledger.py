@@ -66,8 +66,9 @@ def rate_text(x: float) -> str:
 REMEDIES = {
     "decode_once": "decode once: `datarax materialize ROOT DIR --max-side N` writes a reduced copy of an image "
                    "folder that later epochs read instead of decoding again (random crops stay random)",
-    "threads": "more host parallelism: `num_threads=` of DecodeImage / DecodeAudio, `ThreadedSource(source, "
-               "num_threads=...)` for reads, `HostMap(executor=\"processes\", num_workers=...)` for GIL-bound Python",
+    "threads": "more host parallelism: `num_threads=` of DecodeImage / DecodeAudio, `num_workers=` of HostMap "
+               "(in worker processes: where `executor=\"auto\"` picked threads, `datarax inspect` says why), "
+               "`ThreadedSource(source, num_threads=...)` for reads",
     "prefetch": "a deeper prefetch, `Pipeline(prefetch=...)`: it absorbs uneven batch times, not a slow average",
     "device_resident": "a device-resident source (`MemorySource(device_resident=True)` over decoded arrays that fit "
                        "in device memory): the gather runs inside the compiled step, with no reader",

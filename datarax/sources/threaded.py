@@ -2,7 +2,7 @@
 
 `ThreadedSource` reads each batch as contiguous chunks, concurrently, into the caller's buffers.
 Per-record Python decoding does not get faster on threads: use `GrainStreamSource` over grain's
-worker processes, or `HostMap(executor="processes")`, for that.
+worker processes, or `HostMap` (in worker processes by default), for that.
 """
 
 from __future__ import annotations

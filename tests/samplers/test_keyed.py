@@ -51,7 +51,8 @@ def test_stream_and_words_together_is_an_error():
         keyed_permutation(3, 0, 0, stream=1, words=(2,))
 
 
-@pytest.mark.parametrize("key", [(0, 0, 0, 0), (3, 1, 7, 123), (2**63 + 5, 2**40, 2**33, 2**62 - 1), (5, 2**63 - 1, 0, 1)])
+@pytest.mark.parametrize("key", [(0, 0, 0, 0), (3, 1, 7, 123), (2**63 + 5, 2**40, 2**33, 2**62 - 1),
+                                 (5, 2**63 - 1, 0, 1)])
 def test_a_rekeyed_generator_draws_what_a_fresh_one_draws(key):
     """The decoders' hot path re-keys one generator per thread; the numbers are those of a new one,
     whatever it drew for the key before (a half-used buffer, a cached 32-bit half)."""
