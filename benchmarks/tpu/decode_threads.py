@@ -94,6 +94,28 @@ def main() -> None:
     print(json.dumps({"profiled_us_per_record": round(1e6 * per_record, 1)}))
     print(text.getvalue())
 
+    # OpenCV's resampling alone on a 300x400 RGB image into 128x128: the warp DecodeImage uses,
+    # and a crop + resize of the same box (which rounds differently), one core.
+    cv2 = stage._turbo.cv2
+    image = np.random.default_rng(0).integers(0, 255, (300, 400, 3), dtype=np.uint8)
+    matrix = np.array([[1.3, 0.0, 10.2], [0.0, 1.2, 5.7]])
+    flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
+
+    def warp() -> None:
+        cv2.warpAffine(image, matrix, (JPEG_SIZE, JPEG_SIZE), dst=out, flags=flags, borderMode=cv2.BORDER_REPLICATE)
+
+    def resize() -> None:
+        cv2.resize(image[5:159, 10:176], (JPEG_SIZE, JPEG_SIZE), dst=out, interpolation=cv2.INTER_LINEAR)
+
+    timings = {}
+    for name, fn in (("warpAffine", warp), ("resize", resize)):
+        fn()
+        start = time.perf_counter()
+        for _ in range(2000):
+            fn()
+        timings[f"{name}_us"] = round(1e6 * (time.perf_counter() - start) / 2000, 1)
+    print(json.dumps({**timings, "opencv": cv2.__version__, "cpu_features": cv2.getCPUFeaturesLine()}))
+
 
 if __name__ == "__main__":
     main()
