@@ -9,7 +9,6 @@ in the last bit), and the iterator is left in the state the loop would leave. Se
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from datarax.core.operator import BatchContext
 from datarax.core.source import gather_device, record_shapes
 from datarax.pipeline.compiled import make_context, run_program
 from datarax.pipeline.iterator import PipelineIterator
+from datarax.pipeline.programs import PROGRAMS, Same, exact, graph_key
 
 if TYPE_CHECKING:
     from datarax.pipeline.pipeline import Pipeline
@@ -98,17 +98,13 @@ class ScanRunner:
         self.train_step = train_step
         self.steps_per_call = steps_per_call
         self.raw = raw
-        self._compiled: list[tuple[Any, _Functions]] = []
 
     def _functions(self, graphdef, shapes: dict[str, tuple[int, ...]]) -> _Functions:
-        """The compiled functions for this module structure and record shapes (built once)."""
-        key = (graphdef, tuple(sorted(shapes.items())))
-        for known, functions in self._compiled:
-            if known == key:
-                return functions
-        functions = _Functions(graphdef, self.train_step, self.raw, shapes)
-        self._compiled.append((key, functions))
-        return functions
+        """The compiled functions for this module structure, step and record shapes, from the
+        process-wide cache (`datarax.pipeline.programs`): another runner of the same step over
+        modules of the same structure reuses them, each with its own values."""
+        key = ("scan", graph_key(graphdef), Same(self.train_step), self.raw, exact(tuple(sorted(shapes.items()))))
+        return PROGRAMS.get(key, lambda: _Functions(graphdef, self.train_step, self.raw, shapes))
 
     def run(self, iterator: PipelineIterator, *modules: nnx.Pytree, num_steps: int | None = None) -> Any:
         """Runs the step over the iterator's next batches and returns its outputs, stacked per step.
@@ -210,9 +206,9 @@ class _Functions:
         def spec(out):
             return [(x.shape, str(x.dtype)) for x in jax.tree.leaves(out[1])]
         num_valid = int(short[1][0][2])
-        full_spec = spec(jax.eval_shape(self.step, state, arrays, full[0][0], full[1][0]))
-        short_spec = spec(jax.eval_shape(functools.partial(self.step, num_valid=num_valid), state, arrays,
-                                         short[0][0], short[1][0]))
+        # Through the jitted step: its traces are kept, so the next run over this structure skips them.
+        full_spec = spec(jax.eval_shape(self.short, state, arrays, full[0][0], full[1][0]))
+        short_spec = spec(jax.eval_shape(self.short, state, arrays, short[0][0], short[1][0], num_valid=num_valid))
         if full_spec != short_spec:
             raise ValueError(
                 f"train_step outputs change shape between steps ({full_spec} for a full batch, {short_spec} for the "
@@ -250,8 +246,8 @@ def scan_epoch(pipeline: Pipeline, train_step: Callable[..., Any], *modules: nnx
                steps_per_call: int | None = None, raw: bool = False) -> Any:
     """Runs `train_step` over the pipeline's next epoch in scanned chunks; returns per-step outputs.
 
-    `steps_per_call=None` scans the whole epoch in one call. Builds a fresh `ScanRunner` (and so
-    compiles) on every call: keep a `ScanRunner` to reuse the compiled scan across epochs.
+    `steps_per_call=None` scans the whole epoch in one call. The compiled scan is reused by the
+    next call with the same `train_step` function over modules of the same structure.
     """
     runner = ScanRunner(train_step, steps_per_call=steps_per_call or max(len(pipeline), 1), raw=raw)
     return runner.run(iter(pipeline), *modules)

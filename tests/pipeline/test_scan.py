@@ -68,7 +68,11 @@ def loss_of(model, batch):
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
 
 
+STEP_TRACES = []  # one entry per trace of train_step (Python runs only while JAX traces it)
+
+
 def train_step(model, optimizer, batch):
+    STEP_TRACES.append(1)
     loss, grads = nnx.value_and_grad(loss_of)(model, batch)
     optimizer.update(model, grads)
     return loss
@@ -114,7 +118,9 @@ def test_scanned_epochs_match_the_per_step_loop(reference, steps_per_call):
     np.testing.assert_allclose(np.concatenate([first, rest]), reference["loss"], rtol=1e-5)
     assert_params_close(model, reference["params"])
     assert it.get_state() == reference["states"][-1]
-    assert len(runner._compiled) == 1  # the compiled scan is reused across calls and pipelines
+    traced = len(STEP_TRACES)  # a new runner over a new pipeline of the same structure reuses the compiled scan
+    ScanRunner(train_step, steps_per_call=steps_per_call).run(make_pipeline().epochs(1), *model_and_optimizer())
+    assert len(STEP_TRACES) == traced
     with pytest.raises(StopIteration):
         next(it)
 

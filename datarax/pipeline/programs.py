@@ -1,0 +1,153 @@
+"""The process-wide cache of compiled programs, so a rebuilt pipeline does not compile again.
+
+A pipeline's jitted programs take the stage variables as arguments, so their code depends only on
+what `nnx.split` puts in the graph definition (module types, configs, user functions, variable
+types and metadata) and on the pipeline's layout (batch size, shapes, sampler, sharding). Two
+pipelines that agree on all of that share the same `jax.jit` objects, and with them JAX's traces and
+executables; each still passes its own variable values.
+
+The key must never call two different programs equal, so it is built by `exact`, stricter than
+`==`: Python's `==` calls `1`, `1.0` and `True` equal and `0.0` equal to `-0.0`, yet each traces
+to different code (an int constant keeps an integer input integral, a float one promotes it). Plain
+immutable data (numbers, strings, tuples, frozen dataclasses such as operator configs) is compared
+by type and value; anything else (a user's function, a mutable object) by identity, as `jax.jit`
+compares the function it wraps: a function reading a global that changes later keeps the value of
+its first trace, in every pipeline that shares it.
+
+The cache keeps `PROGRAM_CACHE_SIZE` entries, least recently used out first. An entry holds the
+graph definition (with the configs and user functions in it) and its compiled code, never a
+pipeline's modules, variable values or source arrays.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import types
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import jax
+import numpy as np
+from flax.typing import HashableMapping
+
+from datarax.samplers.base import Sampler
+
+PROGRAM_CACHE_SIZE = 64
+
+
+class Same:
+    """A key part equal only to the same object (held, so its id is never reused while keyed)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Same and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __repr__(self) -> str:
+        return f"Same({self.obj!r:.80})"
+
+
+_SCALARS = (type(None), bool, int, str, bytes)
+
+
+def exact(value: Any) -> Hashable:
+    """A hashable key of `value` that equals another's only when both trace to the same code.
+
+    >>> exact(1) == exact(1.0), exact(0.0) == exact(-0.0), exact((1, "a")) == exact((1, "a"))
+    (False, False, True)
+    """
+    t = type(value)
+    if t in _SCALARS:
+        return t, value
+    if t in (float, complex):
+        return t, repr(value)  # tells -0.0 from 0.0; every NaN alike
+    if isinstance(value, type):
+        return value
+    if t is tuple or (isinstance(value, tuple) and hasattr(t, "_fields")):  # a tuple or a NamedTuple
+        return t, tuple(map(exact, value))
+    if t is frozenset:
+        return t, frozenset(map(exact, value))
+    if t is HashableMapping:  # flax's immutable mapping (module attribute tables, variable metadata)
+        return t, tuple(sorted(((exact(k), exact(v)) for k, v in value.items()), key=repr))
+    if dataclasses.is_dataclass(value) and t.__dataclass_params__.frozen:
+        return t, tuple((f.name, exact(getattr(value, f.name))) for f in dataclasses.fields(value))
+    if isinstance(value, np.dtype):
+        return t, value.name, value.str
+    if isinstance(value, np.generic):
+        return t, value.dtype.name, value.tobytes()
+    if isinstance(value, types.MethodType):  # made afresh on every attribute access
+        return t, Same(value.__self__), Same(value.__func__)
+    if isinstance(value, jax.tree_util.PyTreeDef):
+        data = value.node_data()
+        return t, None if data is None else (data[0], exact(data[1])), tuple(map(exact, value.children()))
+    return Same(value)
+
+
+def graph_key(graphdef: Any) -> Hashable:
+    """`exact` of an NNX graph definition: its nodes and attributes, in order."""
+    return tuple(map(exact, graphdef.nodes)), tuple(map(exact, graphdef.attributes))
+
+
+def sampler_key(sampler: Sampler | None) -> Hashable:
+    """What a sampler's device code (`device_order`, `device_expand`) depends on.
+
+    A sampler without `device_params` never runs on the device, so any such sampler will do. The
+    others are described by their class, `structure()` (which names the settings the iterator's
+    fingerprint trusts to fix the stream) and length; a class that computes on the device but
+    keeps `Sampler`'s bare `structure()` says nothing of its settings, so it shares with no other
+    sampler.
+    """
+    cls = type(sampler)
+    if sampler is None or cls.device_params is Sampler.device_params:
+        return None
+    generic = cls.device_order is Sampler.device_order and cls.device_expand is Sampler.device_expand
+    if cls.structure is Sampler.structure and not generic:
+        return Same(sampler)
+    return cls, sampler.structure(), len(sampler)
+
+
+class ProgramCache:
+    """A bounded least-recently-used map from `exact` keys to built programs; thread-safe.
+
+    `maxsize` 0 keeps nothing: every pipeline builds (and compiles) its own programs.
+    """
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self.hits = self.misses = 0
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The entry for `key`, built by `build()` (which must not compile anything) when absent."""
+        key = (jax.default_backend(), key)  # a backend picks operators' formulations when traced
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return self._entries[key]
+            self.misses += 1
+            value = build()
+            if self.maxsize > 0:
+                self._entries[key] = value
+                while len(self._entries) > self.maxsize:
+                    self._entries.popitem(last=False)
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+PROGRAMS = ProgramCache(PROGRAM_CACHE_SIZE)
