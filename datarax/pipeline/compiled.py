@@ -7,6 +7,7 @@ batch.
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import jax
@@ -21,6 +22,7 @@ from datarax.core.errors import DataraxError
 from datarax.core.operator import BatchContext, planned_record_keys
 from datarax.core.source import gather_device
 from datarax.pipeline.programs import PROGRAMS, exact, graph_key, sampler_key
+from datarax.samplers.base import Sampler
 
 # Record positions sampled per chunk (at most): 256 KiB of int32, enough that the sampling
 # program's dispatch (and its loop's round trips on a GPU) is spread over many batches.
@@ -62,9 +64,9 @@ def make_context(record_ids: jax.Array, epoch: jax.Array, num_valid: jax.Array,
 
 
 class StagePrograms:
-    """The jitted programs of a stage program over batches already sampled, shared by every
-    pipeline with the same `key` (`datarax.pipeline.programs`): built from the key's parts only,
-    so an entry never holds a pipeline's modules, values or arrays."""
+    """The jitted programs of a stage program over batches already sampled, shared by the
+    pipelines of one key (`shared_programs`): built from the key's parts only, so they never
+    hold a pipeline's modules, variable values or arrays."""
 
     def __init__(self, graphdef, paths: tuple, rows: np.ndarray | None, mask_key: str | None, local_sharding,
                  shapes: dict | None):
@@ -90,7 +92,7 @@ class StagePrograms:
 
 class SampledPrograms:
     """The jitted programs that sample a device-resident pipeline's batches and run its stages on
-    them, shared like `StagePrograms` (the sampler kept is the first of its `sampler_key`)."""
+    them, shared like `StagePrograms`."""
 
     def __init__(self, stages: StagePrograms, sampler, epoch_length: int, batch_size: int, num_rows: int,
                  rows: np.ndarray | None, placement_shardings: tuple | None):
@@ -143,6 +145,41 @@ class SampledPrograms:
         self.expand_gather_and_run_many = jit(expand_gather_and_run_many)
 
 
+def shared_programs(graphdef, paths: tuple, sampler, epoch_length: int, batch_size: int, placement,
+                    shapes: dict | None) -> tuple[StagePrograms, SampledPrograms]:
+    """A pipeline's programs from the process-wide cache (`datarax.pipeline.programs`), built on a miss.
+
+    The stage programs are keyed by everything their code reads: the exact graph definition and
+    variable paths, the batch's rows, the sharding and mask field, the record shapes. The sampling
+    programs add the sampler's key and the epoch length. The shardings compare as JAX's own caches
+    compare them (mesh, spec, memory kind).
+    """
+    rows = None if placement is None else placement.rows.astype(np.int32)  # numpy: a literal in the program
+    mask_key = None if placement is None else placement.mask_key
+    shardings = None if placement is None else (placement.local_sharding, placement.replicated)
+
+    @functools.cache
+    def stage_key():
+        return ("stages", graph_key(graphdef), exact(paths), int(batch_size),
+                exact(None if rows is None else tuple(rows.tolist())), exact(mask_key), shardings,
+                exact(None if shapes is None else tuple(sorted(shapes.items()))))
+
+    stages = PROGRAMS.get(stage_key, lambda: StagePrograms(graphdef, paths, rows, mask_key,
+                                                             None if shardings is None else shardings[0], shapes))
+
+    def sampled_programs():
+        # The entry keeps its own copy of the sampler as keyed, never the pipeline's (which may
+        # change); a sampler without device code is never called in a program, so none at all.
+        device = sampler is not None and type(sampler).device_params is not Sampler.device_params
+        num_rows = batch_size if rows is None else len(rows)
+        return SampledPrograms(stages, copy.deepcopy(sampler) if device else None, epoch_length, batch_size,
+                               num_rows, rows, shardings)
+
+    sampled = PROGRAMS.get(lambda: ("sampled", stage_key(), sampler_key(sampler), int(epoch_length)),
+                           sampled_programs)
+    return stages, sampled
+
+
 class CompiledProgram:
     """The jitted batch programs of one pipeline, called directly (no wrappers):
 
@@ -170,20 +207,7 @@ class CompiledProgram:
         by_path = {p: v for p, v in nnx.iter_graph(program) if isinstance(v, nnx.Variable)}
         self._variables = [by_path[p] for p in paths]
         self.rows = np.arange(batch_size, dtype=np.int64) if placement is None else placement.rows
-        rows = None if placement is None else self.rows.astype(np.int32)  # numpy: a literal in the program
-        mask_key = None if placement is None else placement.mask_key
-        shardings = None if placement is None else (placement.local_sharding, placement.replicated)
-        # The shardings compare as JAX's own caches compare them (mesh, spec, memory kind).
-        stage_key = ("stages", graph_key(graphdef), exact(paths), int(batch_size),
-                     exact(None if rows is None else tuple(rows.tolist())), exact(mask_key), shardings,
-                     exact(None if shapes is None else tuple(sorted(shapes.items()))))
-        stages = PROGRAMS.get(stage_key, lambda: StagePrograms(graphdef, paths, rows, mask_key,
-                                                                 shardings and shardings[0], shapes))
-        # A sampler without device code is never called in a program: the entry does not keep it.
-        device_sampler = None if sampler_key(sampler) is None else sampler
-        sampled = PROGRAMS.get(
-            ("sampled", stage_key, sampler_key(sampler), int(epoch_length)),
-            lambda: SampledPrograms(stages, device_sampler, epoch_length, batch_size, len(self.rows), rows, shardings))
+        stages, sampled = shared_programs(graphdef, paths, sampler, epoch_length, batch_size, placement, shapes)
         self.chunk_batches = sampled.chunk_batches
         self.run, self.gather_and_run = stages.run, stages.gather_and_run
         self.sample_chunk = sampled.sample_chunk

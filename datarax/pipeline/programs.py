@@ -6,15 +6,17 @@ types and metadata) and on the pipeline's layout (batch size, shapes, sampler, s
 pipelines that agree on all of that share the same `jax.jit` objects, and with them JAX's traces and
 executables; each still passes its own variable values.
 
-The key must never call two different programs equal, so it is built by `exact`, stricter than
-`==`: Python's `==` calls `1`, `1.0` and `True` equal and `0.0` equal to `-0.0`, yet each traces
-to different code (an int constant keeps an integer input integral, a float one promotes it). Plain
-immutable data (numbers, strings, tuples, frozen dataclasses such as operator configs) is compared
-by type and value; anything else (a user's function, a mutable object) by identity, as `jax.jit`
-compares the function it wraps: a function reading a global that changes later keeps the value of
-its first trace, in every pipeline that shares it.
+A wrong hit would run another pipeline's program without a word, so keys are built by `exact`,
+stricter than `==`, which calls `1`, `1.0` and `True` equal and `0.0` equal to `-0.0`, though each
+traces to different code (an int constant keeps an integer input integral, a float one promotes
+it). Plain immutable data (numbers, strings, tuples, frozen dataclasses such as operator configs)
+is compared by type and value; functions by identity, as `jax.jit` keys the function it traces (a
+function reading a global that changes later keeps the value of its first trace, in every
+pipeline that shares it); anything else (a list, a dict, an array, an object with state of its
+own) could change after it was keyed, so a pipeline holding one shares nothing (`Unshared`) and
+compiles its own programs, as every pipeline used to.
 
-The cache keeps `PROGRAM_CACHE_SIZE` entries, least recently used out first. An entry holds the
+The cache keeps `PROGRAM_CACHE_SIZE` entries, least recently used out first. An entry holds a
 graph definition (with the configs and user functions in it) and its compiled code, never a
 pipeline's modules, variable values or source arrays.
 """
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
+import functools
 import threading
 import types
 from collections.abc import Callable, Hashable
@@ -55,11 +59,18 @@ class Same:
         return f"Same({self.obj!r:.80})"
 
 
+class Unshared(Exception):
+    """Raised by `exact` for a value no key may stand for: the program is built for its pipeline alone."""
+
+
 _SCALARS = (type(None), bool, int, str, bytes)
+_SINGLETONS = (types.FunctionType, types.BuiltinFunctionType, enum.Enum, type(Ellipsis))
 
 
 def exact(value: Any) -> Hashable:
     """A hashable key of `value` that equals another's only when both trace to the same code.
+
+    Raises `Unshared` for a value that may change after it is keyed (see the module docstring).
 
     >>> exact(1) == exact(1.0), exact(0.0) == exact(-0.0), exact((1, "a")) == exact((1, "a"))
     (False, False, True)
@@ -83,12 +94,18 @@ def exact(value: Any) -> Hashable:
         return t, value.name, value.str
     if isinstance(value, np.generic):
         return t, value.dtype.name, value.tobytes()
-    if isinstance(value, types.MethodType):  # made afresh on every attribute access
-        return t, Same(value.__self__), Same(value.__func__)
     if isinstance(value, jax.tree_util.PyTreeDef):
         data = value.node_data()
         return t, None if data is None else (data[0], exact(data[1])), tuple(map(exact, value.children()))
-    return Same(value)
+    if isinstance(value, _SINGLETONS):
+        return Same(value)
+    if isinstance(value, types.MethodType):  # made afresh on every attribute access; reads its object
+        return t, exact(value.__self__), Same(value.__func__)
+    if isinstance(value, functools.partial):
+        return t, exact(value.func), exact(value.args), exact(tuple(sorted(value.keywords.items())))
+    if callable(value) and t.__module__.split(".")[0] in ("jax", "jaxlib"):  # jitted, custom_jvp, jnp ufuncs
+        return Same(value)
+    raise Unshared(f"{t.__qualname__} values are keyed by nothing")
 
 
 def graph_key(graphdef: Any) -> Hashable:
@@ -99,18 +116,17 @@ def graph_key(graphdef: Any) -> Hashable:
 def sampler_key(sampler: Sampler | None) -> Hashable:
     """What a sampler's device code (`device_order`, `device_expand`) depends on.
 
-    A sampler without `device_params` never runs on the device, so any such sampler will do. The
-    others are described by their class, `structure()` (which names the settings the iterator's
-    fingerprint trusts to fix the stream) and length; a class that computes on the device but
-    keeps `Sampler`'s bare `structure()` says nothing of its settings, so it shares with no other
-    sampler.
+    A sampler without `device_params` never runs on the device, so any such sampler will do
+    (None). The others are described by their class, `structure()` (the settings the iterator's
+    fingerprint trusts to fix the stream) and length. A class that computes on the device but
+    keeps `Sampler`'s bare `structure()` says nothing of its settings: `Unshared`.
     """
     cls = type(sampler)
     if sampler is None or cls.device_params is Sampler.device_params:
         return None
     generic = cls.device_order is Sampler.device_order and cls.device_expand is Sampler.device_expand
     if cls.structure is Sampler.structure and not generic:
-        return Same(sampler)
+        raise Unshared(f"{cls.__qualname__} computes on the device and does not describe its settings")
     return cls, sampler.structure(), len(sampler)
 
 
@@ -122,22 +138,27 @@ class ProgramCache:
 
     def __init__(self, maxsize: int):
         self.maxsize = maxsize
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.unshared = 0
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        """The entry for `key`, built by `build()` (which must not compile anything) when absent."""
-        key = (jax.default_backend(), key)  # a backend picks operators' formulations when traced
+    def get(self, key: Callable[[], Hashable], build: Callable[[], Any]) -> Any:
+        """The entry for `key()`, built by `build()` (which must not compile anything) when absent;
+        `build()` alone, kept nowhere, when `key()` raises `Unshared`."""
+        try:
+            k = (jax.default_backend(), key())  # the backend picks operators' formulations when traced
+        except Unshared:
+            self.unshared += 1
+            return build()
         with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
+            if k in self._entries:
+                self._entries.move_to_end(k)
                 self.hits += 1
-                return self._entries[key]
+                return self._entries[k]
             self.misses += 1
             value = build()
             if self.maxsize > 0:
-                self._entries[key] = value
+                self._entries[k] = value
                 while len(self._entries) > self.maxsize:
                     self._entries.popitem(last=False)
             return value

@@ -24,7 +24,7 @@ from datarax.core.operator import BatchContext
 from datarax.core.source import gather_device, record_shapes
 from datarax.pipeline.compiled import make_context, run_program
 from datarax.pipeline.iterator import PipelineIterator
-from datarax.pipeline.programs import PROGRAMS, Same, exact, graph_key
+from datarax.pipeline.programs import PROGRAMS, exact, graph_key
 
 if TYPE_CHECKING:
     from datarax.pipeline.pipeline import Pipeline
@@ -103,7 +103,9 @@ class ScanRunner:
         """The compiled functions for this module structure, step and record shapes, from the
         process-wide cache (`datarax.pipeline.programs`): another runner of the same step over
         modules of the same structure reuses them, each with its own values."""
-        key = ("scan", graph_key(graphdef), Same(self.train_step), self.raw, exact(tuple(sorted(shapes.items()))))
+        def key():
+            return "scan", graph_key(graphdef), exact(self.train_step), self.raw, exact(tuple(sorted(shapes.items())))
+
         return PROGRAMS.get(key, lambda: _Functions(graphdef, self.train_step, self.raw, shapes))
 
     def run(self, iterator: PipelineIterator, *modules: nnx.Pytree, num_steps: int | None = None) -> Any:
