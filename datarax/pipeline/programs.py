@@ -67,10 +67,11 @@ _SCALARS = (type(None), bool, int, str, bytes)
 _SINGLETONS = (types.FunctionType, types.BuiltinFunctionType, enum.Enum, type(Ellipsis))
 
 
-def exact(value: Any) -> Hashable:
+def exact(value: Any, unknown: Callable[[Any], Hashable] | None = None) -> Hashable:
     """A hashable key of `value` that equals another's only when both trace to the same code.
 
-    Raises `Unshared` for a value that may change after it is keyed (see the module docstring).
+    Raises `Unshared` for a value that may change after it is keyed (see the module docstring), or
+    keys it by `unknown(value)` when given (`Same`, for a key one owner keeps for itself).
 
     >>> exact(1) == exact(1.0), exact(0.0) == exact(-0.0), exact((1, "a")) == exact((1, "a"))
     (False, False, True)
@@ -83,34 +84,38 @@ def exact(value: Any) -> Hashable:
     if isinstance(value, type):
         return value
     if t is tuple or (isinstance(value, tuple) and hasattr(t, "_fields")):  # a tuple or a NamedTuple
-        return t, tuple(map(exact, value))
+        return t, tuple(exact(v, unknown) for v in value)
     if t is frozenset:
-        return t, frozenset(map(exact, value))
+        return t, frozenset(exact(v, unknown) for v in value)
     if t is HashableMapping:  # flax's immutable mapping (module attribute tables, variable metadata)
-        return t, tuple(sorted(((exact(k), exact(v)) for k, v in value.items()), key=repr))
+        return t, tuple(sorted(((exact(k, unknown), exact(v, unknown)) for k, v in value.items()), key=repr))
     if dataclasses.is_dataclass(value) and t.__dataclass_params__.frozen:
-        return t, tuple((f.name, exact(getattr(value, f.name))) for f in dataclasses.fields(value))
+        return t, tuple((f.name, exact(getattr(value, f.name), unknown)) for f in dataclasses.fields(value))
     if isinstance(value, np.dtype):
         return t, value.name, value.str
     if isinstance(value, np.generic):
         return t, value.dtype.name, value.tobytes()
     if isinstance(value, jax.tree_util.PyTreeDef):
         data = value.node_data()
-        return t, None if data is None else (data[0], exact(data[1])), tuple(map(exact, value.children()))
+        return (t, None if data is None else (data[0], exact(data[1], unknown)),
+                tuple(exact(c, unknown) for c in value.children()))
     if isinstance(value, _SINGLETONS):
         return Same(value)
     if isinstance(value, types.MethodType):  # made afresh on every attribute access; reads its object
-        return t, exact(value.__self__), Same(value.__func__)
+        return t, exact(value.__self__, unknown), Same(value.__func__)
     if isinstance(value, functools.partial):
-        return t, exact(value.func), exact(value.args), exact(tuple(sorted(value.keywords.items())))
+        return (t, exact(value.func, unknown), exact(value.args, unknown),
+                exact(tuple(sorted(value.keywords.items())), unknown))
     if callable(value) and t.__module__.split(".")[0] in ("jax", "jaxlib"):  # jitted, custom_jvp, jnp ufuncs
         return Same(value)
+    if unknown is not None:
+        return unknown(value)
     raise Unshared(f"{t.__qualname__} values are keyed by nothing")
 
 
-def graph_key(graphdef: Any) -> Hashable:
+def graph_key(graphdef: Any, unknown: Callable[[Any], Hashable] | None = None) -> Hashable:
     """`exact` of an NNX graph definition: its nodes and attributes, in order."""
-    return tuple(map(exact, graphdef.nodes)), tuple(map(exact, graphdef.attributes))
+    return tuple(exact(n, unknown) for n in graphdef.nodes), tuple(exact(a, unknown) for a in graphdef.attributes)
 
 
 def sampler_key(sampler: Sampler | None) -> Hashable:

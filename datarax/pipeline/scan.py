@@ -24,7 +24,7 @@ from datarax.core.operator import BatchContext
 from datarax.core.source import gather_device, record_shapes
 from datarax.pipeline.compiled import make_context, run_program
 from datarax.pipeline.iterator import PipelineIterator
-from datarax.pipeline.programs import PROGRAMS, exact, graph_key
+from datarax.pipeline.programs import PROGRAMS, Same, Unshared, exact, graph_key
 
 if TYPE_CHECKING:
     from datarax.pipeline.pipeline import Pipeline
@@ -98,15 +98,29 @@ class ScanRunner:
         self.train_step = train_step
         self.steps_per_call = steps_per_call
         self.raw = raw
+        self._own: dict = {}  # functions no other runner may share (`_functions`)
 
     def _functions(self, graphdef, shapes: dict[str, tuple[int, ...]]) -> _Functions:
         """The compiled functions for this module structure, step and record shapes, from the
         process-wide cache (`datarax.pipeline.programs`): another runner of the same step over
         modules of the same structure reuses them, each with its own values."""
-        def key():
-            return "scan", graph_key(graphdef), exact(self.train_step), self.raw, exact(tuple(sorted(shapes.items())))
+        def key(unknown=None):
+            return ("scan", graph_key(graphdef, unknown), exact(self.train_step, unknown), self.raw,
+                    exact(tuple(sorted(shapes.items()))))
 
-        return PROGRAMS.get(key, lambda: _Functions(graphdef, self.train_step, self.raw, shapes))
+        def build():
+            return _Functions(graphdef, self.train_step, self.raw, shapes)
+
+        try:
+            shared = key()
+        except Unshared:
+            # The modules hold a value no shared key may stand for (a list, an object with state of
+            # its own): this runner alone keeps the functions, for those same objects.
+            own = key(Same)
+            if own not in self._own:
+                self._own[own] = build()
+            return self._own[own]
+        return PROGRAMS.get(lambda: shared, build)
 
     def run(self, iterator: PipelineIterator, *modules: nnx.Pytree, num_steps: int | None = None) -> Any:
         """Runs the step over the iterator's next batches and returns its outputs, stacked per step.

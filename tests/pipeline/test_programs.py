@@ -23,6 +23,7 @@ from datarax import transforms as T
 from datarax.core.operator import OperatorConfig, PerRecordOperator
 from datarax.operators import ElementOperator, ElementOperatorConfig
 from datarax.pipeline.programs import PROGRAMS, ProgramCache, Unshared, exact
+from datarax.samplers.base import Sampler
 from datarax.sharding import DataSharding
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.typing import Element
@@ -147,6 +148,31 @@ def test_a_stage_holding_a_mutable_value_is_never_shared():
     assert traces_of(lambda: build([Scale(gain=1.0, tag=object())])) > 0
     assert traces_of(lambda: build([Scale(gain=1.0, tag=object())])) > 0
     assert PROGRAMS.unshared > before
+
+
+class Reversed(Sampler):
+    """Records in reverse order, computed on the device, under `Sampler`'s bare `structure()`."""
+
+    def __init__(self, num_records: int):
+        self.num_records = num_records
+
+    def __len__(self) -> int:
+        return self.num_records
+
+    def indices(self, positions, epoch):
+        return self.num_records - 1 - np.asarray(positions, np.int64)
+
+    def device_params(self, epoch):
+        return ()
+
+    def device_order(self, positions, params):
+        return (self.num_records - 1 - positions).astype(jnp.int32)
+
+
+def test_a_device_sampler_that_does_not_describe_its_settings_is_never_shared():
+    assert traces_of(lambda: build(sampler=Reversed(20))) > 0
+    assert traces_of(lambda: build(sampler=Reversed(20))) > 0
+    np.testing.assert_array_equal(first(build(sampler=Reversed(20)))["x"][0], np.arange(57, 60) * 2.0)
 
 
 def test_a_config_of_int_and_one_of_float_each_get_their_dtype():

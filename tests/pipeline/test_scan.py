@@ -125,6 +125,18 @@ def test_scanned_epochs_match_the_per_step_loop(reference, steps_per_call):
         next(it)
 
 
+def test_a_runner_keeps_its_own_scan_for_modules_no_shared_key_may_stand_for():
+    model, opt = model_and_optimizer()
+    model.tag = object()  # state of its own: the program cache shares nothing keyed by it
+    runner = ScanRunner(train_step, steps_per_call=2)
+    runner.run(make_pipeline().epochs(1), model, opt)
+    traced = len(STEP_TRACES)
+    runner.run(make_pipeline().epochs(1), model, opt)
+    assert len(STEP_TRACES) == traced
+    ScanRunner(train_step, steps_per_call=2).run(make_pipeline().epochs(1), model, opt)
+    assert len(STEP_TRACES) > traced
+
+
 def test_scan_sees_exactly_the_batches_of_the_loop(reference):
     def capture(model, optimizer, batch):
         train_step(model, optimizer, batch)
