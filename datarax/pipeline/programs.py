@@ -118,21 +118,29 @@ def graph_key(graphdef: Any, unknown: Callable[[Any], Hashable] | None = None) -
     return tuple(exact(n, unknown) for n in graphdef.nodes), tuple(exact(a, unknown) for a in graphdef.attributes)
 
 
+def _defined_by(cls: type, name: str) -> type:
+    return next(c for c in cls.__mro__ if name in vars(c))
+
+
 def sampler_key(sampler: Sampler | None) -> Hashable:
     """What a sampler's device code (`device_order`, `device_expand`) depends on.
 
     A sampler without `device_params` never runs on the device, so any such sampler will do
-    (None). The others are described by their class, `structure()` (the settings the iterator's
-    fingerprint trusts to fix the stream) and length. A class that computes on the device but
-    keeps `Sampler`'s bare `structure()` says nothing of its settings: `Unshared`.
+    (None). The others are keyed by their class and `device_structure()`, trusted only where the
+    class that says what the device code reads (`device_structure`, else `structure`) is the
+    class that defines that code or one below it: a subclass that changes the code and not the
+    description shares with no other sampler (`Unshared`).
     """
     cls = type(sampler)
     if sampler is None or cls.device_params is Sampler.device_params:
         return None
-    generic = cls.device_order is Sampler.device_order and cls.device_expand is Sampler.device_expand
-    if cls.structure is Sampler.structure and not generic:
-        raise Unshared(f"{cls.__qualname__} computes on the device and does not describe its settings")
-    return cls, sampler.structure(), len(sampler)
+    describer = _defined_by(cls, "device_structure")
+    if describer is Sampler:
+        describer = _defined_by(cls, "structure")
+    for name in ("device_order", "device_expand"):
+        if not issubclass(describer, _defined_by(cls, name)):
+            raise Unshared(f"{cls.__qualname__}.{name} is not described by {describer.__qualname__}")
+    return cls, exact(sampler.device_structure())
 
 
 class ProgramCache:

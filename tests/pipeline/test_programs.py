@@ -51,9 +51,10 @@ class Scale(PerRecordOperator):
         return element.update_data({"x": x if self.gain is None else x * self.gain[...]})
 
 
-def build(stages=None, n=20, batch_size=8, resident=True, shuffle=True, width=3, dtype=np.float32, **kw) -> Pipeline:
+def build(stages=None, n=20, batch_size=8, resident=True, shuffle=True, width=3, dtype=np.float32, seed=0,
+          **kw) -> Pipeline:
     data = {"x": np.arange(n * width).reshape(n, width).astype(dtype)}
-    source = MemorySource(MemorySourceConfig(shuffle=shuffle, seed=0, device_resident=resident), data=data)
+    source = MemorySource(MemorySourceConfig(shuffle=shuffle, seed=seed, device_resident=resident), data=data)
     stages = [Scale(gain=1.0)] if stages is None else stages
     return Pipeline(source, stages, batch_size=batch_size, **kw)
 
@@ -116,6 +117,14 @@ def test_exact_refuses_values_that_could_change_after_keying(value):
 def test_a_rebuilt_pipeline_traces_nothing(resident):
     assert traces_of(lambda: build(resident=resident)) >= 0  # the first may have been built by another test
     assert traces_of(lambda: build(resident=resident)) == 0
+
+
+def test_another_shuffle_seed_or_stage_key_traces_nothing():
+    first(build())
+    assert traces_of(lambda: build(seed=7)) == 0
+    make = functools.partial(ElementOperator, ElementOperatorConfig(stochastic=True), fn=noisy)
+    first(build([make(rngs=nnx.Rngs(0)), Scale()]))
+    assert traces_of(lambda: build([make(rngs=nnx.Rngs(5)), Scale()], seed=3)) == 0
 
 
 def test_a_copied_pipeline_traces_nothing():
