@@ -21,7 +21,7 @@ from datarax.core.element import Element
 from datarax.core.errors import DataraxError
 from datarax.core.operator import BatchContext, planned_record_keys
 from datarax.core.source import gather_device
-from datarax.pipeline.programs import PROGRAMS, exact, graph_key, sampler_key
+from datarax.pipeline.programs import PROGRAMS, Owners, exact, graph_key, sampler_key
 from datarax.samplers.base import Sampler
 
 # Record positions sampled per chunk (at most): 256 KiB of int32, enough that the sampling
@@ -65,13 +65,16 @@ def make_context(record_ids: jax.Array, epoch: jax.Array, num_valid: jax.Array,
 
 class StagePrograms:
     """The jitted programs of a stage program over batches already sampled, shared by the
-    pipelines of one key (`shared_programs`): built from the key's parts only, so they never
-    hold a pipeline's modules, variable values or arrays."""
+    pipelines of one key (`shared_programs`): built from the key's parts only, they trace with
+    the graph definition of one of their `owners` (the `CompiledProgram`s using them), so they
+    never hold a pipeline's modules, variable values, arrays or user functions."""
 
-    def __init__(self, graphdef, paths: tuple, rows: np.ndarray | None, mask_key: str | None, local_sharding,
+    def __init__(self, paths: tuple, rows: np.ndarray | None, mask_key: str | None, local_sharding,
                  shapes: dict | None):
+        self.owners = owners = Owners()
+
         def run(values, data, indices, meta):
-            module = nnx.merge(graphdef, nnx.from_flat_state(list(zip(paths, values))))
+            module = nnx.merge(owners.any().graphdef, nnx.from_flat_state(list(zip(paths, values))))
             ctx = make_context(indices, meta[1], meta[2], rows)
             out = run_program(module, data, ctx)
             if mask_key is not None:
@@ -164,7 +167,7 @@ def shared_programs(graphdef, paths: tuple, sampler, epoch_length: int, batch_si
                 exact(None if rows is None else tuple(rows.tolist())), exact(mask_key), shardings,
                 exact(None if shapes is None else tuple(sorted(shapes.items()))))
 
-    stages = PROGRAMS.get(stage_key, lambda: StagePrograms(graphdef, paths, rows, mask_key,
+    stages = PROGRAMS.get(stage_key, lambda: StagePrograms(paths, rows, mask_key,
                                                              None if shardings is None else shardings[0], shapes))
 
     def sampled_programs():
@@ -202,12 +205,13 @@ class CompiledProgram:
                  placement=None, shapes: dict | None = None):
         self._built_from = dict(program=program, sampler=sampler, epoch_length=epoch_length, batch_size=batch_size,
                                 placement=placement, shapes=shapes)
-        graphdef, state = nnx.split(program)
+        self.graphdef, state = nnx.split(program)
         paths = tuple(p for p, _ in nnx.to_flat_state(state))
         by_path = {p: v for p, v in nnx.iter_graph(program) if isinstance(v, nnx.Variable)}
         self._variables = [by_path[p] for p in paths]
         self.rows = np.arange(batch_size, dtype=np.int64) if placement is None else placement.rows
-        stages, sampled = shared_programs(graphdef, paths, sampler, epoch_length, batch_size, placement, shapes)
+        stages, sampled = shared_programs(self.graphdef, paths, sampler, epoch_length, batch_size, placement, shapes)
+        stages.owners.add(self)  # the programs trace with this graph definition while this pipeline lives
         self.chunk_batches = sampled.chunk_batches
         self.run, self.gather_and_run = stages.run, stages.gather_and_run
         self.sample_chunk = sampled.sample_chunk

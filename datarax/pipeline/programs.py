@@ -16,9 +16,11 @@ pipeline that shares it); anything else (a list, a dict, an array, an object wit
 own) could change after it was keyed, so a pipeline holding one shares nothing (`Unshared`) and
 compiles its own programs, as every pipeline used to.
 
-The cache keeps `PROGRAM_CACHE_SIZE` entries, least recently used out first. An entry holds a
-graph definition (with the configs and user functions in it) and its compiled code, never a
-pipeline's modules, variable values or source arrays.
+The cache keeps `PROGRAM_CACHE_SIZE` entries, least recently used out first. An entry never holds
+a pipeline's modules, variable values or arrays, nor its user functions: a key holds functions
+weakly (`Same`), an entry is dropped once one of them is gone (a `lambda` made for one pipeline
+lives and dies with it, and with it any array it closed over and JAX baked into the programs),
+and the programs trace with the graph definition of a live pipeline using them (`Owners`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import enum
 import functools
 import threading
 import types
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -42,21 +45,66 @@ PROGRAM_CACHE_SIZE = 64
 
 
 class Same:
-    """A key part equal only to the same object (held, so its id is never reused while keyed)."""
+    """A key part equal only to the same live object, held weakly where it can be (builtins and
+    singletons that cannot are immortal anyway), so a key never keeps a user's function alive."""
 
-    __slots__ = ("obj",)
+    __slots__ = ("_id", "_ref")
 
     def __init__(self, obj: Any):
-        self.obj = obj
+        self._id = id(obj)
+        try:
+            self._ref = weakref.ref(obj)
+        except TypeError:
+            self._ref = lambda: obj
+
+    @property
+    def obj(self) -> Any:
+        """The object, or None once it is gone."""
+        return self._ref()
+
+    @property
+    def weak(self) -> bool:
+        """Whether the object is held weakly."""
+        return isinstance(self._ref, weakref.ref)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is Same and other.obj is self.obj
+        mine = self._ref()
+        return type(other) is Same and hash(other) == self._id and mine is not None and other.obj is mine
 
     def __hash__(self) -> int:
-        return id(self.obj)
+        return self._id
 
     def __repr__(self) -> str:
         return f"Same({self.obj!r:.80})"
+
+
+def held_weakly(key: Any) -> list:
+    """The live objects a key's `Same` parts hold weakly."""
+    if isinstance(key, Same):
+        obj = key.obj
+        return [obj] if key.weak and obj is not None else []
+    if isinstance(key, (tuple, frozenset)):
+        return [obj for part in key for obj in held_weakly(part)]
+    return []
+
+
+class Owners:
+    """The live users of shared programs, each holding what the programs trace with (a graph
+    definition, a step function). The programs hold these only through their users, so a dropped
+    pipeline's user functions are not kept alive by programs another pipeline shares; every user
+    is interchangeable (their keys are equal), and the one calling is always among them."""
+
+    def __init__(self):
+        self._owners: weakref.WeakSet = weakref.WeakSet()
+
+    def add(self, owner: Any) -> None:
+        self._owners.add(owner)
+
+    def any(self) -> Any:
+        for owner in self._owners:
+            return owner
+        raise RuntimeError("these shared programs were called with no live pipeline using them; call them "
+                           "through a pipeline's `compiled` (or a ScanRunner) that is still referenced")
 
 
 class Unshared(Exception):
@@ -146,13 +194,17 @@ def sampler_key(sampler: Sampler | None) -> Hashable:
 class ProgramCache:
     """A bounded least-recently-used map from `exact` keys to built programs; thread-safe.
 
-    `maxsize` 0 keeps nothing: every pipeline builds (and compiles) its own programs.
+    `maxsize` 0 keeps nothing: every pipeline builds (and compiles) its own programs. An entry is
+    dropped once an object its key holds weakly is gone (no key can equal its key again): at
+    once, or at the next lookup when the cache is busy then.
     """
 
     def __init__(self, maxsize: int):
         self.maxsize = maxsize
         self.hits = self.misses = self.unshared = 0
         self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._finalizers: dict = {}
+        self._dead: list = []  # keys whose entries a finalizer could not drop at once
         self._lock = threading.Lock()
 
     def get(self, key: Callable[[], Hashable], build: Callable[[], Any]) -> Any:
@@ -164,6 +216,7 @@ class ProgramCache:
             self.unshared += 1
             return build()
         with self._lock:
+            self._purge()
             if k in self._entries:
                 self._entries.move_to_end(k)
                 self.hits += 1
@@ -172,16 +225,42 @@ class ProgramCache:
             value = build()
             if self.maxsize > 0:
                 self._entries[k] = value
+                self._finalizers[k] = [weakref.finalize(obj, self._gone, k) for obj in held_weakly(k)]
                 while len(self._entries) > self.maxsize:
-                    self._entries.popitem(last=False)
+                    self._forget(next(iter(self._entries)))
             return value
+
+    def _gone(self, k: Hashable) -> None:
+        # A finalizer runs wherever the object happens to die, maybe inside this cache's own
+        # calls on this thread: it drops the entry only if it can take the lock without waiting.
+        self._dead.append(k)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._purge()
+            finally:
+                self._lock.release()
+
+    def _purge(self) -> None:
+        while self._dead:
+            self._forget(self._dead.pop())
+
+    def _forget(self, k: Hashable) -> None:
+        # Dictionaries find a key by identity before equality, so a key whose object is gone is
+        # still found here (it equals nothing else).
+        self._entries.pop(k, None)
+        for finalizer in self._finalizers.pop(k, ()):
+            finalizer.detach()
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
+            for k in list(self._entries):
+                self._forget(k)
+            self._dead.clear()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            self._purge()
+            return len(self._entries)
 
 
 PROGRAMS = ProgramCache(PROGRAM_CACHE_SIZE)

@@ -24,7 +24,7 @@ from datarax.core.operator import BatchContext
 from datarax.core.source import gather_device, record_shapes
 from datarax.pipeline.compiled import make_context, run_program
 from datarax.pipeline.iterator import PipelineIterator
-from datarax.pipeline.programs import PROGRAMS, Same, Unshared, exact, graph_key
+from datarax.pipeline.programs import PROGRAMS, Owners, Same, Unshared, exact, graph_key
 
 if TYPE_CHECKING:
     from datarax.pipeline.pipeline import Pipeline
@@ -109,7 +109,7 @@ class ScanRunner:
                     exact(tuple(sorted(shapes.items()))))
 
         def build():
-            return _Functions(graphdef, self.train_step, self.raw, shapes)
+            return _Functions(self.raw, shapes)
 
         try:
             shared = key()
@@ -144,6 +144,8 @@ class ScanRunner:
         carried = (p.program, *modules)
         graphdef, state = nnx.split(carried)
         fns = self._functions(graphdef, record_shapes(p.source))
+        tracing = _Tracing(graphdef, self.train_step)  # what the functions trace with during this run
+        fns.owners.add(tracing)
         chunks = _chunks(list(itertools.islice(iterator.upcoming(), num_steps)), p.batch_size, self.steps_per_call)
         full = next((c for c in chunks if c[0][2] == p.batch_size), None)
         short = next((c for c in chunks if c[0][2] < p.batch_size), None)
@@ -178,12 +180,24 @@ class ScanRunner:
         return state, (out if len(chunk) == k else jax.tree.map(lambda x: x[:len(chunk)], out))
 
 
-class _Functions:
-    """The traced step and its jitted forms for one module structure."""
+@dataclasses.dataclass(eq=False)  # kept in a WeakSet: hashed by identity
+class _Tracing:
+    """A run's graph definition and step, which its `_Functions` trace with while the run lasts."""
 
-    def __init__(self, graphdef, train_step: Callable, raw: bool, shapes: dict[str, tuple[int, ...]]):
+    graphdef: Any
+    train_step: Callable
+
+
+class _Functions:
+    """The traced step and its jitted forms for one module structure, tracing with one of their
+    live `owners` (`_Tracing`), so that shared functions keep no run's step or modules alive."""
+
+    def __init__(self, raw: bool, shapes: dict[str, tuple[int, ...]]):
+        self.owners = owners = Owners()
+
         def step(state, arrays, idx, meta, num_valid=None):
-            program, *modules = nnx.merge(graphdef, state)
+            tracing = owners.any()
+            program, *modules = nnx.merge(tracing.graphdef, state)
             data = gather_device(arrays, idx, shapes, mode="clip")
             ctx = make_context(idx, meta[1], meta[2])
             if raw:
@@ -195,7 +209,7 @@ class _Functions:
                 batch = run_program(program, data, ctx)
                 if num_valid is not None:
                     batch = jax.tree.map(lambda x: x[:num_valid], batch)
-            out = train_step(*modules, batch)
+            out = tracing.train_step(*modules, batch)
             return nnx.split((program, *modules))[1], out
 
         def scan(state, arrays, idx, meta, valid):

@@ -246,6 +246,22 @@ def test_a_dropped_pipeline_is_collected():
     assert traces_of(lambda: build([Scale(gain=1.0)])) == 0  # its programs stay for the next one
 
 
+def test_a_dropped_pipelines_own_function_and_what_it_closed_over_are_collected():
+    def scaled_by(table):  # closed over: JAX bakes it into the programs as a constant
+        return lambda element, key: element.update_data({"x": element.data["x"] * table})
+
+    table = jnp.full((3,), 2.0)
+    scaled = scaled_by(table)
+    pipeline = build([ElementOperator(ElementOperatorConfig(stochastic=True), fn=scaled, rngs=nnx.Rngs(0)), Scale()])
+    first(pipeline)
+    refs = [weakref.ref(scaled), weakref.ref(table)]
+    entries = len(PROGRAMS)
+    del pipeline, scaled, table
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
+    assert len(PROGRAMS) < entries  # its entries went with its function: no key could equal theirs again
+
+
 def cifar_like(seed: int = 0, **kw) -> Pipeline:
     data = {"image": np.random.default_rng(0).integers(0, 256, (40, 8, 8, 3), dtype=np.uint8),
             "label": np.arange(40, dtype=np.int32)}
