@@ -96,13 +96,16 @@ class Owners:
 
     def __init__(self):
         self._owners: weakref.WeakSet = weakref.WeakSet()
+        self._lock = threading.Lock()  # a pipeline built on one thread while another traces
 
     def add(self, owner: Any) -> None:
-        self._owners.add(owner)
+        with self._lock:
+            self._owners.add(owner)
 
     def any(self) -> Any:
-        for owner in self._owners:
-            return owner
+        with self._lock:
+            for owner in self._owners:
+                return owner
         raise RuntimeError("these shared programs were called with no live pipeline using them; call them "
                            "through a pipeline's `compiled` (or a ScanRunner) that is still referenced")
 
@@ -112,7 +115,7 @@ class Unshared(Exception):
 
 
 _SCALARS = (type(None), bool, int, str, bytes)
-_SINGLETONS = (types.FunctionType, types.BuiltinFunctionType, enum.Enum, type(Ellipsis))
+_BY_IDENTITY = (types.FunctionType, types.BuiltinFunctionType, enum.Enum, type(Ellipsis))
 
 
 def exact(value: Any, unknown: Callable[[Any], Hashable] | None = None) -> Hashable:
@@ -147,7 +150,7 @@ def exact(value: Any, unknown: Callable[[Any], Hashable] | None = None) -> Hasha
         data = value.node_data()
         return (t, None if data is None else (data[0], exact(data[1], unknown)),
                 tuple(exact(c, unknown) for c in value.children()))
-    if isinstance(value, _SINGLETONS):
+    if isinstance(value, _BY_IDENTITY):
         return Same(value)
     if isinstance(value, types.MethodType):  # made afresh on every attribute access; reads its object
         return t, exact(value.__self__, unknown), Same(value.__func__)
