@@ -24,10 +24,7 @@ def epoch_rate(run_epoch: Callable[[], Iterable[Any]], num_records: int, repeats
     rates = []
     for _ in range(repeats):
         start = time.perf_counter()
-        last = None
-        for last in run_epoch():
-            pass
-        block(last)
+        block(last_batch(run_epoch()))
         rates.append(num_records / (time.perf_counter() - start))
     return {"el_s": statistics.median(rates), "el_s_runs": [round(r, 1) for r in rates]}
 
@@ -36,6 +33,14 @@ def first_batch_seconds(make_iterator: Callable[[], Iterable[Any]]) -> float:
     start = time.perf_counter()
     block(next(iter(make_iterator())))
     return time.perf_counter() - start
+
+
+def last_batch(batches: Iterable[Any]) -> Any:
+    """Runs through `batches`, keeping only the last (None when there is none)."""
+    last = None
+    for last in batches:
+        pass
+    return last
 
 
 def build_to_first_batch(build: Callable[[], Any]) -> tuple[float, Any]:
@@ -152,8 +157,7 @@ def pipeline_vs_floor(scenario: str, build_pipeline: Callable[[], Any], data: di
     """
     n = len(next(iter(data.values())))
     first, pipeline = build_to_first_batch(build_pipeline)
-    for _ in pipeline:  # the rest of the warm-up epoch
-        pass
+    block(last_batch(pipeline))  # the rest of the warm-up epoch, finished before the rebuild is timed
     rebuild = rebuild_seconds(build_pipeline)
 
     arrays = {k: jax.device_put(v) for k, v in data.items()}

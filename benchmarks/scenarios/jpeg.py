@@ -61,7 +61,15 @@ from flax import nnx
 from benchmarks.peers.common import JPEG_MEAN, JPEG_RATIO, JPEG_SCALE, JPEG_SIZE, JPEG_STD, jpeg_psnr
 from benchmarks.peers.runner import Recipe
 from benchmarks.registry import BenchOptions
-from benchmarks.timing import block, build_to_first_batch, first_batch_seconds, interleaved_rates, rebuild_seconds, row
+from benchmarks.timing import (
+    block,
+    build_to_first_batch,
+    first_batch_seconds,
+    interleaved_rates,
+    last_batch,
+    rebuild_seconds,
+    row,
+)
 from datarax import Pipeline
 from datarax.host import DecodeImage
 from datarax.host.image import random_resized_box
@@ -325,8 +333,7 @@ def run(options: BenchOptions) -> list[dict]:
     n = options.records(NUM_RECORDS)
     root = image_folder(n)
     first, pipeline = build_to_first_batch(lambda: build_pipeline(root))
-    for _ in pipeline:  # the rest of the warm-up epoch
-        pass
+    block(last_batch(pipeline))  # the rest of the warm-up epoch, finished before the rebuild is timed
     rebuild = rebuild_seconds(lambda: build_pipeline(root))
     pillow = build_pipeline(root, backend="pillow")
     processes = build_pipeline(root, executor="processes")
