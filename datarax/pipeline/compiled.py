@@ -63,6 +63,28 @@ def make_context(record_ids: jax.Array, epoch: jax.Array, num_valid: jax.Array,
     return BatchContext(ids.astype(jnp.int32), jnp.asarray(epoch, jnp.int32), mask)
 
 
+def stage_functions(owners: Owners, paths: tuple, rows: np.ndarray | None, mask_key: str | None,
+                    shapes: dict | None) -> tuple:
+    """`run(values, data, indices, meta)` and `gather_and_run(values, arrays, indices, meta)`, to
+    be jitted: the stages on a batch, traced with the graph definition of one of `owners`."""
+
+    def run(values, data, indices, meta):
+        module = nnx.merge(owners.any().graphdef, nnx.from_flat_state(list(zip(paths, values))))
+        ctx = make_context(indices, meta[1], meta[2], rows)
+        out = run_program(module, data, ctx)
+        if mask_key is not None:
+            if mask_key in out:
+                raise ValueError(f"the pipeline's output already has a field {mask_key!r}, the name DataSharding "
+                                 "gives its padding mask; pass DataSharding(mask_key='<another name>')")
+            out = {**out, mask_key: ctx.mask}
+        return out
+
+    def gather_and_run(values, arrays, indices, meta):
+        return run(values, gather_device(arrays, indices, shapes), indices, meta)
+
+    return run, gather_and_run
+
+
 class StagePrograms:
     """The jitted programs of a stage program over batches already sampled, shared by the
     pipelines of one key (`shared_programs`): built from the key's parts only, they trace with
@@ -71,36 +93,22 @@ class StagePrograms:
 
     def __init__(self, paths: tuple, rows: np.ndarray | None, mask_key: str | None, local_sharding,
                  shapes: dict | None):
-        self.owners = owners = Owners()
-
-        def run(values, data, indices, meta):
-            module = nnx.merge(owners.any().graphdef, nnx.from_flat_state(list(zip(paths, values))))
-            ctx = make_context(indices, meta[1], meta[2], rows)
-            out = run_program(module, data, ctx)
-            if mask_key is not None:
-                if mask_key in out:
-                    raise ValueError(f"the pipeline's output already has a field {mask_key!r}, the name DataSharding "
-                                     "gives its padding mask; pass DataSharding(mask_key='<another name>')")
-                out = {**out, mask_key: ctx.mask}
-            return out
-
-        def gather_and_run(values, arrays, indices, meta):
-            return run(values, gather_device(arrays, indices, shapes), indices, meta)
-
+        self.owners = Owners()
+        run, gather_and_run = stage_functions(self.owners, paths, rows, mask_key, shapes)
         jit = jax.jit if local_sharding is None else functools.partial(jax.jit, out_shardings=local_sharding)
-        self.gather_and_run_traced = gather_and_run  # for the sampled programs, which trace it into theirs
         self.run = jit(run)
         self.gather_and_run = jit(gather_and_run)
 
 
 class SampledPrograms:
     """The jitted programs that sample a device-resident pipeline's batches and run its stages on
-    them, shared like `StagePrograms`."""
+    them, shared like `StagePrograms` (with owners of their own: no entry relies on another)."""
 
-    def __init__(self, stages: StagePrograms, sampler, epoch_length: int, batch_size: int, num_rows: int,
-                 rows: np.ndarray | None, placement_shardings: tuple | None):
+    def __init__(self, paths: tuple, rows: np.ndarray | None, mask_key: str | None, shapes: dict | None, sampler,
+                 epoch_length: int, batch_size: int, num_rows: int, placement_shardings: tuple | None):
         local_sharding, replicated = placement_shardings or (None, None)
-        gather_and_run = stages.gather_and_run_traced
+        self.owners = Owners()
+        _, gather_and_run = stage_functions(self.owners, paths, rows, mask_key, shapes)
 
         def replicate(x):
             # Every device samples all of the process's rows (a few integer ops) rather than its own:
@@ -175,8 +183,8 @@ def shared_programs(graphdef, paths: tuple, sampler, epoch_length: int, batch_si
         # change); a sampler without device code is never called in a program, so none at all.
         device = sampler is not None and type(sampler).device_params is not Sampler.device_params
         num_rows = batch_size if rows is None else len(rows)
-        return SampledPrograms(stages, copy.deepcopy(sampler) if device else None, epoch_length, batch_size,
-                               num_rows, rows, shardings)
+        return SampledPrograms(paths, rows, mask_key, shapes, copy.deepcopy(sampler) if device else None,
+                               epoch_length, batch_size, num_rows, shardings)
 
     sampled = PROGRAMS.get(lambda: ("sampled", stage_key(), sampler_key(sampler), int(epoch_length)),
                            sampled_programs)
@@ -211,7 +219,8 @@ class CompiledProgram:
         self._variables = [by_path[p] for p in paths]
         self.rows = np.arange(batch_size, dtype=np.int64) if placement is None else placement.rows
         stages, sampled = shared_programs(self.graphdef, paths, sampler, epoch_length, batch_size, placement, shapes)
-        stages.owners.add(self)  # the programs trace with this graph definition while this pipeline lives
+        for programs in (stages, sampled):  # they trace with this graph definition while this pipeline lives
+            programs.owners.add(self)
         self.chunk_batches = sampled.chunk_batches
         self.run, self.gather_and_run = stages.run, stages.gather_and_run
         self.sample_chunk = sampled.sample_chunk
