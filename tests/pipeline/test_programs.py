@@ -115,7 +115,7 @@ def test_exact_refuses_values_that_could_change_after_keying(value):
 
 @pytest.mark.parametrize("resident", [True, False], ids=["device-resident", "host-resident"])
 def test_a_rebuilt_pipeline_traces_nothing(resident):
-    assert traces_of(lambda: build(resident=resident)) >= 0  # the first may have been built by another test
+    first(build(resident=resident))  # compiles, unless another test built the same pipeline before
     assert traces_of(lambda: build(resident=resident)) == 0
 
 
