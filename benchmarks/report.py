@@ -14,7 +14,7 @@ from typing import Any
 
 from benchmarks.peers.runner import ratio
 
-_DETAIL_KEYS = ("records", "batch_size", "first_batch_s", "backend")
+_DETAIL_KEYS = ("records", "batch_size", "first_batch_s", "rebuild_first_batch_s", "backend")
 
 
 def framework_rows(name: str, rows: Sequence[dict]) -> list[dict]:

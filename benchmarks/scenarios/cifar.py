@@ -15,6 +15,10 @@ Rows:
 * on an accelerator, host-side peers feeding it as their users do (`benchmarks.peers.runner.host_rows`):
   a plain NumPy loader on every host core, Grain at its default and with a worker process per
   core, and tf.data when TensorFlow is installed, each batch `device_put` to the chip.
+
+Each `datarax` row has `first_batch_s`, construction of a fresh pipeline to its first batch
+(compiles included), and `rebuild_first_batch_s`, the same for a second pipeline of the same
+stages built after the first (its programs come from the process-wide cache).
 """
 
 from __future__ import annotations

@@ -76,8 +76,6 @@ class MapOperator(PerRecordOperator):
         if config.stochastic and not self._takes_key:
             raise TypeError(f"MapOperator is stochastic but fn {fn_name(fn)} takes no key; define fn(x, key)")
         self.fn = fn
-        fields = config.fields
-        self._mask = dict.fromkeys(fields) if isinstance(fields, tuple) else fields
         self._init_rng(config, rngs)
 
     def apply_element(self, element: Element, key: jax.Array | None) -> Element:
@@ -88,7 +86,9 @@ class MapOperator(PerRecordOperator):
                 return self.fn(x)
             return self.fn(x, None if key is None else jax.random.fold_in(key, next(counter)))
 
-        return element.replace(data=_select(element.data, self._mask, "", leaf))
+        fields = self.config.fields
+        mask = dict.fromkeys(fields) if isinstance(fields, tuple) else fields
+        return element.replace(data=_select(element.data, mask, "", leaf))
 
     def per_record(self) -> Callable[[Element, jax.Array | None], Element]:
         return user_code(self.apply_element)

@@ -9,7 +9,6 @@ in the last bit), and the iterator is left in the state the loop would leave. Se
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from datarax.core.operator import BatchContext
 from datarax.core.source import gather_device, record_shapes
 from datarax.pipeline.compiled import make_context, run_program
 from datarax.pipeline.iterator import PipelineIterator
+from datarax.pipeline.programs import PROGRAMS, Owners, Same, Unshared, exact, graph_key
 
 if TYPE_CHECKING:
     from datarax.pipeline.pipeline import Pipeline
@@ -98,17 +98,29 @@ class ScanRunner:
         self.train_step = train_step
         self.steps_per_call = steps_per_call
         self.raw = raw
-        self._compiled: list[tuple[Any, _Functions]] = []
+        self._own: dict = {}  # functions no other runner may share (`_functions`)
 
     def _functions(self, graphdef, shapes: dict[str, tuple[int, ...]]) -> _Functions:
-        """The compiled functions for this module structure and record shapes (built once)."""
-        key = (graphdef, tuple(sorted(shapes.items())))
-        for known, functions in self._compiled:
-            if known == key:
-                return functions
-        functions = _Functions(graphdef, self.train_step, self.raw, shapes)
-        self._compiled.append((key, functions))
-        return functions
+        """The compiled functions for this module structure, step and record shapes, from the
+        process-wide cache (`datarax.pipeline.programs`): another runner of the same step over
+        modules of the same structure reuses them, each with its own values."""
+        def key(unknown=None):
+            return ("scan", graph_key(graphdef, unknown), exact(self.train_step, unknown), self.raw,
+                    exact(tuple(sorted(shapes.items()))))
+
+        def build():
+            return _Functions(self.raw, shapes)
+
+        try:
+            shared = key()
+        except Unshared:
+            # The modules hold a value no shared key may stand for (a list, an object with state of
+            # its own): this runner alone keeps the functions, for those same objects.
+            own = key(Same)
+            if own not in self._own:
+                self._own[own] = build()
+            return self._own[own]
+        return PROGRAMS.get(lambda: shared, build)
 
     def run(self, iterator: PipelineIterator, *modules: nnx.Pytree, num_steps: int | None = None) -> Any:
         """Runs the step over the iterator's next batches and returns its outputs, stacked per step.
@@ -132,6 +144,8 @@ class ScanRunner:
         carried = (p.program, *modules)
         graphdef, state = nnx.split(carried)
         fns = self._functions(graphdef, record_shapes(p.source))
+        tracing = _Tracing(graphdef, self.train_step)  # what the functions trace with during this run
+        fns.owners.add(tracing)
         chunks = _chunks(list(itertools.islice(iterator.upcoming(), num_steps)), p.batch_size, self.steps_per_call)
         full = next((c for c in chunks if c[0][2] == p.batch_size), None)
         short = next((c for c in chunks if c[0][2] < p.batch_size), None)
@@ -166,12 +180,24 @@ class ScanRunner:
         return state, (out if len(chunk) == k else jax.tree.map(lambda x: x[:len(chunk)], out))
 
 
-class _Functions:
-    """The traced step and its jitted forms for one module structure."""
+@dataclasses.dataclass(eq=False)  # kept in a WeakSet: hashed by identity
+class _Tracing:
+    """A run's graph definition and step, which its `_Functions` trace with while the run lasts."""
 
-    def __init__(self, graphdef, train_step: Callable, raw: bool, shapes: dict[str, tuple[int, ...]]):
+    graphdef: Any
+    train_step: Callable
+
+
+class _Functions:
+    """The traced step and its jitted forms for one module structure, tracing with one of their
+    live `owners` (`_Tracing`), so that shared functions keep no run's step or modules alive."""
+
+    def __init__(self, raw: bool, shapes: dict[str, tuple[int, ...]]):
+        self.owners = owners = Owners()
+
         def step(state, arrays, idx, meta, num_valid=None):
-            program, *modules = nnx.merge(graphdef, state)
+            tracing = owners.any()
+            program, *modules = nnx.merge(tracing.graphdef, state)
             data = gather_device(arrays, idx, shapes, mode="clip")
             ctx = make_context(idx, meta[1], meta[2])
             if raw:
@@ -183,7 +209,7 @@ class _Functions:
                 batch = run_program(program, data, ctx)
                 if num_valid is not None:
                     batch = jax.tree.map(lambda x: x[:num_valid], batch)
-            out = train_step(*modules, batch)
+            out = tracing.train_step(*modules, batch)
             return nnx.split((program, *modules))[1], out
 
         def scan(state, arrays, idx, meta, valid):
@@ -210,9 +236,9 @@ class _Functions:
         def spec(out):
             return [(x.shape, str(x.dtype)) for x in jax.tree.leaves(out[1])]
         num_valid = int(short[1][0][2])
-        full_spec = spec(jax.eval_shape(self.step, state, arrays, full[0][0], full[1][0]))
-        short_spec = spec(jax.eval_shape(functools.partial(self.step, num_valid=num_valid), state, arrays,
-                                         short[0][0], short[1][0]))
+        # Through the jitted step: its traces are kept, so the next run over this structure skips them.
+        full_spec = spec(jax.eval_shape(self.short, state, arrays, full[0][0], full[1][0]))
+        short_spec = spec(jax.eval_shape(self.short, state, arrays, short[0][0], short[1][0], num_valid=num_valid))
         if full_spec != short_spec:
             raise ValueError(
                 f"train_step outputs change shape between steps ({full_spec} for a full batch, {short_spec} for the "
@@ -250,8 +276,8 @@ def scan_epoch(pipeline: Pipeline, train_step: Callable[..., Any], *modules: nnx
                steps_per_call: int | None = None, raw: bool = False) -> Any:
     """Runs `train_step` over the pipeline's next epoch in scanned chunks; returns per-step outputs.
 
-    `steps_per_call=None` scans the whole epoch in one call. Builds a fresh `ScanRunner` (and so
-    compiles) on every call: keep a `ScanRunner` to reuse the compiled scan across epochs.
+    `steps_per_call=None` scans the whole epoch in one call. The compiled scan is reused by the
+    next call with the same `train_step` function over modules of the same structure.
     """
     runner = ScanRunner(train_step, steps_per_call=steps_per_call or max(len(pipeline), 1), raw=raw)
     return runner.run(iter(pipeline), *modules)

@@ -31,6 +31,16 @@ class Sampler(nnx.Module, abc.ABC):
         """Identifies the sampler for iterator fingerprints (class and its settings)."""
         return type(self).__qualname__
 
+    def device_structure(self) -> Any:
+        """What `device_order` and `device_expand` read besides their arguments (plain data).
+
+        Pipelines whose samplers are of one class with equal `device_structure()` share their
+        compiled sampling programs (`datarax.pipeline.programs`), so it must name every setting
+        that changes the code; a setting only `device_params` reads (a seed) belongs in the
+        parameters, not here. The default is `(structure(), len(self))`.
+        """
+        return self.structure(), len(self)
+
     def device_params(self, epoch: int) -> Any | None:
         """Small arrays that let the sampler run inside compiled programs for `epoch`.
 

@@ -69,6 +69,9 @@ class ShuffleSampler(Sampler):
     def device_order(self, positions, params):
         return feistel_device(positions, params, self.num_records)
 
+    def device_structure(self) -> int:
+        return self.num_records  # the seed is in the round keys, `device_params`
+
     def structure(self) -> str:
         return f"ShuffleSampler(seed={self.seed})"
 

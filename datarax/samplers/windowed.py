@@ -87,6 +87,9 @@ class SlidingWindowSampler(Sampler):
     def device_expand(self, items, params):
         return items.astype(jnp.int32)[..., None] * self.stride + jnp.arange(self.window, dtype=jnp.int32)
 
+    def device_structure(self) -> tuple:
+        return len(self), self.window, self.stride, self.shuffle  # the seed is in the round keys
+
     def structure(self) -> str:
         return (f"SlidingWindowSampler(window={self.window}, stride={self.stride}, "
                 f"shuffle={self.shuffle}, seed={self.seed})")

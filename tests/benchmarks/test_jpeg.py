@@ -30,6 +30,7 @@ def test_the_scenario_runs_and_reports_its_row(temp_cache):
     assert all(r["scenario"] == "jpeg" for r in rows) and rows[0]["records"] == 40
     assert rows[0]["datarax_el_s"] > 0 and rows[0]["floor_el_s"] > 0 and all(r["el_s"] > 0 for r in rows[1:])
     assert rows[0]["decoder"] == "turbo" and 30 < rows[0]["psnr_db"] < 60 and 30 < rows[1]["psnr_db"] < 60
+    assert rows[0]["first_batch_s"] > 0 and rows[0]["rebuild_first_batch_s"] > 0
     assert jpeg.image_folder(40) == jpeg.image_folder(40)  # cached
 
 

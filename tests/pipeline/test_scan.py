@@ -68,7 +68,11 @@ def loss_of(model, batch):
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
 
 
+STEP_TRACES = []  # one entry per trace of train_step (Python runs only while JAX traces it)
+
+
 def train_step(model, optimizer, batch):
+    STEP_TRACES.append(1)
     loss, grads = nnx.value_and_grad(loss_of)(model, batch)
     optimizer.update(model, grads)
     return loss
@@ -114,9 +118,23 @@ def test_scanned_epochs_match_the_per_step_loop(reference, steps_per_call):
     np.testing.assert_allclose(np.concatenate([first, rest]), reference["loss"], rtol=1e-5)
     assert_params_close(model, reference["params"])
     assert it.get_state() == reference["states"][-1]
-    assert len(runner._compiled) == 1  # the compiled scan is reused across calls and pipelines
+    traced = len(STEP_TRACES)  # a new runner over a new pipeline of the same structure reuses the compiled scan
+    ScanRunner(train_step, steps_per_call=steps_per_call).run(make_pipeline().epochs(1), *model_and_optimizer())
+    assert len(STEP_TRACES) == traced
     with pytest.raises(StopIteration):
         next(it)
+
+
+def test_a_runner_keeps_its_own_scan_for_modules_no_shared_key_may_stand_for():
+    model, opt = model_and_optimizer()
+    model.tag = object()  # state of its own: the program cache shares nothing keyed by it
+    runner = ScanRunner(train_step, steps_per_call=2)
+    runner.run(make_pipeline().epochs(1), model, opt)
+    traced = len(STEP_TRACES)
+    runner.run(make_pipeline().epochs(1), model, opt)
+    assert len(STEP_TRACES) == traced
+    ScanRunner(train_step, steps_per_call=2).run(make_pipeline().epochs(1), model, opt)
+    assert len(STEP_TRACES) > traced
 
 
 def test_scan_sees_exactly_the_batches_of_the_loop(reference):
