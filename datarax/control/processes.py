@@ -412,8 +412,11 @@ class BatchesAhead:
         self.pool = pool
         self._segments = (SharedOutputs(spec), SharedOutputs(spec))
         self._lock = threading.Lock()
-        self._flights: list[tuple] = []  # (key, segment, rows, job id), oldest first
+        self._flights: list[tuple] = []  # (key, segment, rows, job id), oldest first; never rebound
         self._queued: tuple | None = None  # (key, chunks) named ahead, waiting for a free segment
+        # Dropped unclosed (a pipeline rebuilt per epoch): its jobs in flight are forgotten, so the
+        # workers, which other stages may share, never file results for segments freed with it.
+        weakref.finalize(self, forget_jobs, pool, self._flights)
 
     def ahead(self, key: Any, chunks: Sequence[tuple[int, int, Any]]) -> None:
         with self._lock:
@@ -494,9 +497,7 @@ class BatchesAhead:
         self._flights.pop(0)
 
     def _forget_flights(self) -> None:
-        for flight in self._flights:
-            self.pool.forget(flight[3])
-        self._flights.clear()
+        forget_jobs(self.pool, self._flights)
 
     def _abandon(self) -> None:
         """Gives up the batches in flight (a wait was interrupted, e.g. by Ctrl-C): their jobs are
@@ -513,7 +514,7 @@ class BatchesAhead:
         with self._lock:
             self._forget_flights()
             self.pool.close()
-            self._flights, self._queued = [], None
+            self._queued = None
             for segment in self._segments:
                 segment.close()
 
@@ -606,6 +607,13 @@ def live_pools() -> int:
     """How many process-wide worker pools are held (for tests and monitoring)."""
     with _POOLS_LOCK:
         return len(_POOLS)
+
+
+def forget_jobs(pool: Any, flights: list[tuple]) -> None:
+    """Forgets the jobs of `flights` (`(key, segment, rows, job id)`) on `pool` and empties the list."""
+    for flight in flights:
+        pool.forget(flight[3])
+    flights.clear()
 
 
 _PENDING = object()  # a chunk whose result has not come back
