@@ -1,5 +1,8 @@
 """The `rrc224` scenario: its floor draws the operator's boxes, its reference is PIL's resize, and a
-small run reports every row with its error against float64."""
+small run reports every row with its error against float64; the chip probe (benchmarks/tpu/rrc_probe.py)
+runs every variant in its small mode."""
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +12,7 @@ from PIL import Image
 
 from benchmarks.registry import BenchOptions
 from benchmarks.scenarios import rrc224
+from benchmarks.tpu import rrc_probe
 
 
 def test_the_floor_draws_the_operators_boxes():
@@ -56,3 +60,15 @@ def test_a_small_run_reports_each_pair_and_limit_with_its_error():
         assert "the rrc224 limit row" in pair["settings"]
     assert by[("rrc224_bf16", "pair")]["max_err"] < 2 * 2 * 2.0**-8
     assert "fastest" in by[("rrc224", "limit")]["settings"]
+
+
+def test_the_chip_probe_runs_every_variant_small(capsys):
+    assert rrc_probe.main(["--small"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    variants = [line for line in lines if line["probe"] == "rrc224" and line["variant"] != "setup"]
+    assert len(variants) > 20 and lines[-1]["probe"] == "done"
+    for line in variants:
+        assert "error" not in line and "skipped" not in line and line["rate"] > 0, line
+        if line["operation"] != "limit":
+            # on a CPU every precision is float32's: within the policy's two passes
+            assert line["max_err"] < (2e-4 if line["dtype"] == "float32" else 4 * 2.0**-8), line
