@@ -12,6 +12,7 @@ SCENARIO_MODULES = {
     "dag": "benchmarks.scenarios.dag",
     "scan": "benchmarks.scenarios.scan",
     "augment_chain": "benchmarks.scenarios.augment_chain",
+    "rrc224": "benchmarks.scenarios.rrc224",
     "arrayrecord": "benchmarks.scenarios.arrayrecord",
     "hf_parquet": "benchmarks.scenarios.hf_parquet",
     "sharded": "benchmarks.scenarios.sharded",

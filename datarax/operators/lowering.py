@@ -19,6 +19,8 @@ import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
 
+from datarax.operators.precision import SELECTION, precision_for
+
 # Backends that run `FieldOperator.apply_many`; the others vmap `apply`. GPUs are unmeasured.
 BATCHED_BACKENDS = ("tpu",)
 
@@ -50,15 +52,32 @@ def slices_as_selections(fn: Callable[..., Any]) -> Callable[..., Any]:
     computed as selection products; outputs and gradients are `fn`'s exactly (NaN and infinities
     included: they are carried through the products as codes, never multiplied by zero)."""
 
+    def selection(eqn, invals):
+        if eqn.primitive is jax.lax.dynamic_slice_p and _selectable(eqn):
+            return [select_slice(invals[0], invals[1:], eqn.params["slice_sizes"])]
+        return None
+
+    return rewritten(fn, selection)
+
+
+# Computes one equation from its input values: its outputs, or None to compute it as traced.
+Rule = Callable[[jex.JaxprEqn, list], list | None]
+
+
+def rewritten(fn: Callable[..., Any], rule: Rule) -> Callable[..., Any]:
+    """`fn` traced once and evaluated equation by equation, each equation (in `fn` and in the jitted
+    functions it calls) computed by `rule(eqn, input_values)` where that returns a list of outputs,
+    and as traced where it returns None."""
+
     def lowered(*args):
         closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-        out = _evaluate(closed.jaxpr, closed.consts, jax.tree.leaves(args))
+        out = _evaluate(closed.jaxpr, closed.consts, jax.tree.leaves(args), rule)
         return jax.tree.unflatten(jax.tree.structure(shape), out)
 
     return lowered
 
 
-def _evaluate(jaxpr: jex.Jaxpr, consts: list, args: list) -> list:
+def _evaluate(jaxpr: jex.Jaxpr, consts: list, args: list, rule: Rule) -> list:
     env: dict = {}
 
     def read(var):
@@ -68,12 +87,11 @@ def _evaluate(jaxpr: jex.Jaxpr, consts: list, args: list) -> list:
     env.update(zip(jaxpr.invars, args))
     for eqn in jaxpr.eqns:
         invals = [read(var) for var in eqn.invars]
-        if eqn.primitive is jax.lax.dynamic_slice_p and _selectable(eqn):
-            outvals = [select_slice(invals[0], invals[1:], eqn.params["slice_sizes"])]
-        elif eqn.primitive.name in ("pjit", "jit"):
+        outvals = rule(eqn, invals)
+        if outvals is None and eqn.primitive.name in ("pjit", "jit"):
             inner = eqn.params["jaxpr"]
-            outvals = _evaluate(inner.jaxpr, inner.consts, invals)
-        else:
+            outvals = _evaluate(inner.jaxpr, inner.consts, invals, rule)
+        elif outvals is None:
             with eqn.ctx.manager:  # as `jax.core.eval_jaxpr` binds an equation
                 outvals = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
             outvals = outvals if eqn.primitive.multiple_results else [outvals]
@@ -105,7 +123,7 @@ def select_slice(x: jax.Array, starts: list, sizes: tuple[int, ...]) -> jax.Arra
         code = jnp.where(finite, 0, jnp.where(jnp.isnan(work), 1, jnp.where(work > 0, 2, 3)))
         work = jnp.stack([jnp.where(finite, work, 0), code.astype(work.dtype)])
     lead = int(floating)
-    precision = jax.lax.Precision.DEFAULT if work.dtype == jnp.bfloat16 else jax.lax.Precision.HIGHEST
+    precision = precision_for(SELECTION, dtype)
     for axis, (start, size, n) in enumerate(zip(starts, sizes, x.shape)):
         if size == n:
             continue

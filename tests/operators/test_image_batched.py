@@ -2,7 +2,8 @@
 
 Index maps are swept against `numpy.pad` for every mode, axis size and pad width (wider than the
 axis included); crops and flips must equal the per-record maths exactly (one-hot products) in
-float32 and bfloat16; shifts agree to float rounding, and so do the gradients through them. A
+float32 and bfloat16; shifts, warps, resized crops and resizes (in both of `separable`'s layouts)
+agree to float rounding, and so do the gradients through them. A
 pipeline run with the batch formulations gives the per-record batches, and its program holds no
 gather beyond the source's.
 """
@@ -28,6 +29,10 @@ from datarax.operators.image import (
     NormalizeOperator,
     RandomCropConfig,
     RandomCropOperator,
+    RandomResizedCropConfig,
+    RandomResizedCropOperator,
+    ResizeConfig,
+    ResizeOperator,
     RotationConfig,
     RotationOperator,
     TranslateConfig,
@@ -190,14 +195,44 @@ def test_images_too_large_for_the_warp_products_keep_the_gather():
     np.testing.assert_array_equal(np.asarray(op.apply_many(x, params)), np.asarray(jax.vmap(op.apply)(x, params)))
 
 
+# `separable`'s two layouts, forced: channels interleaved on the lanes, or side by side.
+LAYOUTS = {"interleaved": 1 << 62, "planar": 0}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape, size", [((9, 12, 2), (6, 7)), ((40, 32, 3), (24, 48)), ((64, 64, 3), (56, 56))])
+def test_resized_crop_and_resize_agree_with_the_per_record_maths(shape, size, layout, monkeypatch):
+    monkeypatch.setattr(batched, "MAX_INTERLEAVED_COLUMNS", LAYOUTS[layout])
+    x = jnp.asarray(np.random.default_rng(10).random((6, *shape)), jnp.float32)
+    op = RandomResizedCropOperator(RandomResizedCropConfig(size=size), rngs=nnx.Rngs(3))
+    boxes = op.draw_batch(BatchContext.for_batch(6), shape)["box"]
+    boxes = boxes.at[0].set(jnp.asarray([0.0, 0.0, shape[0], shape[1]]))  # the whole image too
+
+    def per_record(b):
+        return jax.vmap(lambda im, box: geometry.resized_crop(im, box, *size))(x, b)
+
+    def many(b):
+        return batched.resized_crop(x, b, *size)
+
+    np.testing.assert_allclose(np.asarray(jax.jit(many)(boxes)), np.asarray(jax.jit(per_record)(boxes)), atol=2e-6)
+    grad = jax.jit(jax.grad(lambda b, f: jnp.sum(f(b) ** 2), argnums=0), static_argnums=1)  # each side jitted
+    np.testing.assert_allclose(np.asarray(grad(boxes, many)), np.asarray(grad(boxes, per_record)), rtol=1e-4,
+                               atol=1e-4)
+    resized = jax.jit(lambda x: batched.resize(x, *size))(x)
+    np.testing.assert_allclose(np.asarray(resized), np.asarray(jax.vmap(lambda im: geometry.resize(im, *size))(x)),
+                               atol=2e-6)
+
+
 @pytest.mark.parametrize("make", [
+    lambda: RandomResizedCropOperator(RandomResizedCropConfig(size=(7, 9), learnable=True), rngs=nnx.Rngs(8)),
+    lambda: ResizeOperator(ResizeConfig(size=(5, 16))),
     lambda: RotationOperator(RotationConfig(degrees=25.0), rngs=nnx.Rngs(8)),
     lambda: AffineOperator(AffineConfig(degrees=12.0, translate=0.1, scale=0.1, shear=8.0, fill=0.25),
                            rngs=nnx.Rngs(8)),
     lambda: AffineOperator(AffineConfig(degrees=10.0, translate=0.1, scale=0.2, shear=5.0, learnable=True),
                            rngs=nnx.Rngs(8)),
 ])
-def test_warp_operators_agree_in_both_formulations_and_their_gradients_too(make, use_formulation):
+def test_resampling_operators_agree_in_both_formulations_and_their_gradients_too(make, use_formulation):
     use_formulation("per_record")
     x = jnp.asarray(np.random.default_rng(9).random((8, 12, 10, 3)), jnp.float32)
 

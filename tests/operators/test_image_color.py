@@ -39,6 +39,7 @@ from datarax.operators.image import (
     StandardizeConfig,
     StandardizeOperator,
 )
+from datarax.operators.precision import WEIGHTED_SUM
 
 PIL_ATOL = 1.0 / 255 + 1e-6
 ENHANCE_ATOL = 1.5 / 255 + 1e-6
@@ -122,7 +123,8 @@ def test_random_grayscale_converts_exactly_the_drawn_records():
     assert 0 < chosen.sum() < 16
     luma = (x @ np.array([0.299, 0.587, 0.114], np.float32))[..., None]
     expected = np.where(chosen[:, None, None, None], np.broadcast_to(luma, x.shape), x)
-    np.testing.assert_allclose(out, expected, atol=1e-6)
+    # On a TPU the luma is a weighted sum at the precision policy's bound (datarax.operators.precision).
+    np.testing.assert_allclose(out, expected, atol=1e-6 if jax.default_backend() == "cpu" else WEIGHTED_SUM.bound)
 
 
 def test_solarize_matches_pil():

@@ -207,6 +207,9 @@ class RandomResizedCropOperator(ImageOperator):
     def apply(self, image, params):
         return geometry.resized_crop(image, params["box"], *self.config.size, antialias=self.config.antialias)
 
+    def apply_many(self, images, params):
+        return batched.resized_crop(images, params["box"], *self.config.size, antialias=self.config.antialias)
+
 
 @dataclasses.dataclass(frozen=True)
 class ResizeConfig(ImageOperatorConfig):
@@ -233,6 +236,9 @@ class ResizeOperator(ImageOperator):
 
     def apply(self, image, params):
         return geometry.resize(image, *self.config.size, antialias=self.config.antialias)
+
+    def apply_many(self, images, params):
+        return batched.resize(images, *self.config.size, antialias=self.config.antialias)
 
 
 def warp_many(op, images, params, inverse_of):

@@ -12,6 +12,7 @@ import numpy as np
 
 from datarax.core.checks import check_positive_int, is_int, is_number
 from datarax.operators.audio.functional.spectral import fft_frequencies, stft_magnitude
+from datarax.operators.precision import WEIGHTED_SUM, precision_for
 
 MEL_NORMS = ("slaney", None)
 
@@ -90,7 +91,7 @@ def mel_spectrogram(x: jax.Array, sample_rate: float, n_fft: int = 512, hop_leng
     """
     spectrum = stft_magnitude(x, n_fft, hop_length, center=center, pad_mode=pad_mode, power=power)
     fb = mel_filterbank(sample_rate, n_fft, n_mels, fmin, fmax, htk, norm).astype(np.dtype(spectrum.dtype))
-    return jnp.einsum("mf,...ft->...mt", fb, spectrum, precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum("mf,...ft->...mt", fb, spectrum, precision=precision_for(WEIGHTED_SUM, spectrum.dtype))
 
 
 def power_to_db(power: jax.Array, ref: float | str = 1.0, amin: float = 1e-10,
@@ -152,4 +153,4 @@ def mfcc(x: jax.Array, sample_rate: float, n_mfcc: int = 20, n_fft: int = 512, h
     if lifter > 0:
         basis = basis * (1.0 + (lifter / 2.0) * np.sin(np.pi * np.arange(1, n_mfcc + 1) / lifter))[:, None]
     return jnp.einsum("km,...mt->...kt", basis.astype(np.dtype(log_mel.dtype)), log_mel,
-                      precision=jax.lax.Precision.HIGHEST)
+                      precision=precision_for(WEIGHTED_SUM, log_mel.dtype))

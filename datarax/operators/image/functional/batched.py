@@ -1,8 +1,9 @@
 """Batch formulations of the geometry maths, for accelerators: selection and interpolation matrices.
 
 Every function takes a batch `(B, H, W, C)` and per-record parameters with a leading `B`, and
-computes `out[b] = rows[b] @ image[b] @ cols[b].T` per channel, at `precision_for(dtype)`; see
-docs/operators.md, "Definitions".
+computes `out[b] = rows[b] @ image[b] @ cols[b].T` per channel, at the precision
+`datarax.operators.precision` sets for a selection (crops, flips) or a weighted sum (resampling,
+shifts, warps); see docs/operators.md, "Definitions".
 """
 
 from __future__ import annotations
@@ -10,12 +11,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from datarax.operators.image.functional import geometry
 from datarax.operators.image.functional.geometry import PAD_MODES
-
-
-def precision_for(dtype) -> jax.lax.Precision:
-    """The matrix precision that keeps a selection of `dtype` values exact."""
-    return jax.lax.Precision.DEFAULT if jnp.dtype(dtype) == jnp.bfloat16 else jax.lax.Precision.HIGHEST
+from datarax.operators.precision import SELECTION, WEIGHTED_SUM, Contraction, precision_for
 
 
 def pad_index(positions: jax.Array, size: int, mode: str) -> jax.Array:
@@ -60,19 +58,67 @@ def tap_weights(positions: jax.Array, size: int, dtype) -> jax.Array:
     return (jnp.where(below, 1 - frac, 0.0) + jnp.where(above, frac, 0.0)).astype(dtype)
 
 
-def separable(images: jax.Array, rows: jax.Array, cols: jax.Array) -> jax.Array:
-    """`rows[b] @ images[b] @ cols[b].T` for every channel, as two products on `(B, H, W * C)`."""
+# Elements of the `(W * C, W_out * C)` column matrix up to which `separable` keeps the channels
+# interleaved (32 x 32 x 3: 9,216); past it (224 x 224 x 3: 516,096, 2 MB a record in float32,
+# three times the products the column pass needs) it lays each row's channels side by side.
+MAX_INTERLEAVED_COLUMNS = 1 << 17
+
+
+def separable(images: jax.Array, rows: jax.Array, cols: jax.Array, kind: Contraction) -> jax.Array:
+    """`rows[b] @ images[b] @ cols[b].T` for every channel, as two products of `kind`.
+
+    `rows` is `(B, H_out, H)` or one `(H_out, H)` for the whole batch, `cols` likewise. Small
+    images stay interleaved, `(B, H, W * C)`, and the column matrix is repeated on each channel's
+    lanes; larger ones go through `separable_planar`.
+    """
     batch, height, width, channels = images.shape
-    out_h, out_w = rows.shape[1], cols.shape[1]
-    precision = precision_for(images.dtype)
+    out_h, out_w = rows.shape[-2], cols.shape[-2]
+    if width * channels * out_w * channels > MAX_INTERLEAVED_COLUMNS:
+        return separable_planar(images, rows, cols, kind)
+    rows, cols = (jnp.broadcast_to(m, (batch, *m.shape[-2:])) for m in (rows, cols))
+    precision = precision_for(kind, images.dtype)
     lanes = images.reshape(batch, height, width * channels)
     picked = jnp.einsum("bij,bjk->bik", rows.astype(images.dtype), lanes, precision=precision)
-    # The column matrix for the interleaved channels: cols[b].T repeated on each channel's lanes.
-    per_lane = jnp.einsum("blk,cd->bkcld", cols.astype(images.dtype), jnp.eye(channels, dtype=images.dtype),
-                          precision=precision)
+    # The column matrix for the interleaved channels: cols[b].T repeated on each channel's lanes
+    # (a product by 1 or 0, exact, so written as one rather than as a contraction).
+    eye = jnp.eye(channels, dtype=images.dtype)
+    per_lane = jnp.swapaxes(cols.astype(images.dtype), 1, 2)[:, :, None, :, None] * eye[None, None, :, None, :]
     per_lane = per_lane.reshape(batch, width * channels, out_w * channels)
     out = jnp.einsum("bik,bkm->bim", picked, per_lane, precision=precision)
     return out.reshape(batch, out_h, out_w, channels)
+
+
+def separable_planar(images: jax.Array, rows: jax.Array, cols: jax.Array, kind: Contraction) -> jax.Array:
+    """`separable` with each image row's channels side by side, `(B, H, C * W)`: the row pass is
+    one product on it, and the column pass one product on `(B, H_out * C, W)`, a free reshape of
+    its result. Channels move apart before and back together after; no product is repeated."""
+    batch, height, width, channels = images.shape
+    out_h, out_w = rows.shape[-2], cols.shape[-2]
+    precision = precision_for(kind, images.dtype)
+    planar = jnp.swapaxes(images, 2, 3).reshape(batch, height, channels * width)
+    rows, cols = rows.astype(images.dtype), cols.astype(images.dtype)
+    tall = jnp.einsum("bih,bhk->bik" if rows.ndim == 3 else "ih,bhk->bik", rows, planar, precision=precision)
+    tall = tall.reshape(batch, out_h * channels, width)
+    out = jnp.einsum("bmw,bjw->bmj" if cols.ndim == 3 else "bmw,jw->bmj", tall, cols, precision=precision)
+    return jnp.swapaxes(out.reshape(batch, out_h, channels, out_w), 2, 3)
+
+
+def resized_crop(images: jax.Array, boxes: jax.Array, height: int, width: int, antialias: bool = True) -> jax.Array:
+    """`geometry.resized_crop` for every record (`boxes` `(B, 4)`: top, left, height, width)."""
+    boxes = boxes.astype(geometry.position_dtype(images.dtype))
+    in_h, in_w = images.shape[1:3]
+    rows = jax.vmap(lambda box: geometry.resample_weights(height, in_h, height / box[2], box[0], antialias))(boxes)
+    cols = jax.vmap(lambda box: geometry.resample_weights(width, in_w, width / box[3], box[1], antialias))(boxes)
+    return separable(images, rows.astype(images.dtype), cols.astype(images.dtype), WEIGHTED_SUM)
+
+
+def resize(images: jax.Array, height: int, width: int, antialias: bool = True) -> jax.Array:
+    """`geometry.resize` for every record: one row and one column matrix for the whole batch."""
+    in_h, in_w = images.shape[1:3]
+    box = jnp.asarray([0.0, 0.0, in_h, in_w], geometry.position_dtype(images.dtype))  # as `geometry.resize`
+    rows = geometry.resample_weights(height, in_h, height / box[2], box[0], antialias)
+    cols = geometry.resample_weights(width, in_w, width / box[3], box[1], antialias)
+    return separable(images, rows.astype(images.dtype), cols.astype(images.dtype), WEIGHTED_SUM)
 
 
 def crop(images: jax.Array, top: jax.Array, left: jax.Array, height: int, width: int, padding: int = 0,
@@ -82,7 +128,7 @@ def crop(images: jax.Array, top: jax.Array, left: jax.Array, height: int, width:
     rows = pad_index(top[:, None] + jnp.arange(height) - padding, images.shape[1], mode)
     cols = pad_index(left[:, None] + jnp.arange(width) - padding, images.shape[2], mode)
     out = separable(images, one_hot_rows(rows, images.shape[1], images.dtype),
-                    one_hot_rows(cols, images.shape[2], images.dtype))
+                    one_hot_rows(cols, images.shape[2], images.dtype), SELECTION)
     if mode != "constant" or padding == 0:
         return out
     inside = (rows >= 0)[:, :, None] & (cols >= 0)[:, None, :]
@@ -93,7 +139,7 @@ def flip(images: jax.Array, flags: jax.Array, axis: int) -> jax.Array:
     """Mirrors the records whose `flags` are set along `axis` (1: top-bottom, 2: left-right), with
     one reversal matrix shared by the batch."""
     batch, height, width, channels = images.shape
-    precision = precision_for(images.dtype)
+    precision = precision_for(SELECTION, images.dtype)
     if axis == 1:
         reverse = jnp.eye(height, dtype=images.dtype)[::-1]
         flipped = jnp.einsum("ij,bjk->bik", reverse, images.reshape(batch, height, width * channels),
@@ -117,7 +163,7 @@ def translate(images: jax.Array, dx: jax.Array, dy: jax.Array, fill: float = 0.0
     dtype = jnp.result_type(images.dtype, dx.dtype, float)
     rows = tap_weights(jnp.arange(height, dtype=dtype)[None] - dy[:, None].astype(dtype), height, images.dtype)
     cols = tap_weights(jnp.arange(width, dtype=dtype)[None] - dx[:, None].astype(dtype), width, images.dtype)
-    out = separable(images, rows, cols)
+    out = separable(images, rows, cols, WEIGHTED_SUM)
     kept = rows.sum(-1)[:, :, None] * cols.sum(-1)[:, None, :]
     return out + (jnp.asarray(fill, images.dtype) * (1 - kept))[..., None]
 
@@ -149,7 +195,7 @@ def warp_affine(images: jax.Array, inverse: jax.Array, fill: float = 0.0) -> jax
     src_y = inverse[:, 1, 0, None] * xs + inverse[:, 1, 1, None] * ys + inverse[:, 1, 2, None]
     rows = tap_weights(src_y, height, images.dtype)  # (B, P, H)
     cols = tap_weights(src_x, width, images.dtype)  # (B, P, W)
-    precision = precision_for(images.dtype)
+    precision = precision_for(WEIGHTED_SUM, images.dtype)
     picked = jnp.einsum("bph,bhk->bpk", rows, images.reshape(batch, height, width * channels), precision=precision)
     out = jnp.einsum("bpwc,bpw->bpc", picked.reshape(batch, height * width, width, channels), cols,
                      precision=precision)

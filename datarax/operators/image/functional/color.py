@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from datarax.operators.precision import WEIGHTED_SUM, precision_for
+
 # ITU-R 601-2 luma, as PIL's convert("L") uses.
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)
 
@@ -21,7 +23,7 @@ def _clip(image: jax.Array) -> jax.Array:
 def rgb_to_grayscale(image: jax.Array) -> jax.Array:
     """Luma of an RGB image (H, W, 3) -> (H, W, 1)."""
     return jnp.tensordot(image, jnp.asarray(LUMA_WEIGHTS, image.dtype), axes=([-1], [0]),
-                         precision=jax.lax.Precision.HIGHEST)[..., None]
+                         precision=precision_for(WEIGHTED_SUM, image.dtype))[..., None]
 
 
 def blend(image: jax.Array, degenerate: jax.Array, factor: jax.Array | float) -> jax.Array:

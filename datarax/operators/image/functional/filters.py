@@ -14,6 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from datarax.operators.precision import WEIGHTED_SUM, precision_for
+
 
 def gaussian_noise(image: jax.Array, noise: jax.Array, sigma: jax.Array | float, clip: bool = True) -> jax.Array:
     """`image + sigma * noise`, optionally clipped to [0, 1]; `noise` is a standard normal draw
@@ -39,7 +41,7 @@ def _filter_axis(image: jax.Array, kernel: jax.Array, axis: int) -> jax.Array:
     padded = jnp.pad(image, widths, mode="symmetric")
     size = image.shape[axis]
     taps = [jax.lax.slice_in_dim(padded, k, k + size, axis=axis) for k in range(kernel.shape[0])]
-    return jnp.tensordot(kernel, jnp.stack(taps), axes=1, precision=jax.lax.Precision.HIGHEST)
+    return jnp.tensordot(kernel, jnp.stack(taps), axes=1, precision=precision_for(WEIGHTED_SUM, image.dtype))
 
 
 def gaussian_blur(image: jax.Array, sigma: jax.Array | float, radius: int) -> jax.Array:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from datarax.operators.precision import COORDINATES, WEIGHTED_SUM, precision_for
+
 PAD_MODES = ("constant", "edge", "reflect", "symmetric")
 
 
@@ -60,17 +62,23 @@ def resized_crop(image: jax.Array, box: jax.Array, height: int, width: int, anti
     """Resizes the region `box = (top, left, box_height, box_width)` (floats) to `height` x `width`.
 
     Equals PIL's `resize((width, height), BILINEAR, box=(left, top, left + w, top + h))`, and is
-    differentiable in `box`.
+    differentiable in `box`. Positions and weights are computed in at least float32 (a bfloat16
+    position is a pixel off at 256).
     """
-    box = jnp.asarray(box, jnp.result_type(image.dtype, float))
+    box = jnp.asarray(box, position_dtype(image.dtype))
     rows = resample_weights(height, image.shape[0], height / box[2], box[0], antialias).astype(image.dtype)
     cols = resample_weights(width, image.shape[1], width / box[3], box[1], antialias).astype(image.dtype)
-    return jnp.einsum("ah,hwc,bw->abc", rows, image, cols, precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum("ah,hwc,bw->abc", rows, image, cols, precision=precision_for(WEIGHTED_SUM, image.dtype))
+
+
+def position_dtype(dtype) -> jnp.dtype:
+    """The dtype positions and resampling weights are computed in for images of `dtype`."""
+    return jnp.result_type(dtype, jnp.float32)
 
 
 def resize(image: jax.Array, height: int, width: int, antialias: bool = True) -> jax.Array:
     """Bilinear resize to `height` x `width` (PIL's `Image.resize(..., BILINEAR)`)."""
-    box = jnp.asarray([0.0, 0.0, image.shape[0], image.shape[1]], jnp.result_type(image.dtype, float))
+    box = jnp.asarray([0.0, 0.0, image.shape[0], image.shape[1]], position_dtype(image.dtype))
     return resized_crop(image, box, height, width, antialias)
 
 
@@ -94,7 +102,7 @@ def affine_matrix(angle: jax.Array | float, center: tuple[float, float], *, scal
     cx, cy = center
     shifted = jnp.stack([cx + translate[0], cy + translate[1]])
     centre = jnp.stack([jnp.asarray(cx, inv.dtype), jnp.asarray(cy, inv.dtype)])
-    offset = centre - jnp.matmul(inv, shifted, precision=jax.lax.Precision.HIGHEST)
+    offset = centre - jnp.matmul(inv, shifted, precision=precision_for(COORDINATES, inv.dtype))
     return jnp.concatenate([inv, offset[:, None]], axis=1)
 
 
