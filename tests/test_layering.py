@@ -295,6 +295,8 @@ SAME_IDEA = {
     "crop": "functional.batched.crop is functional.geometry.crop for a whole batch at once",
     "translate": "functional.batched.translate is functional.geometry.translate for a whole batch at once",
     "warp_affine": "functional.batched.warp_affine is functional.geometry.warp_affine for a whole batch at once",
+    "resized_crop": "functional.batched.resized_crop is functional.geometry.resized_crop for a whole batch at once",
+    "resize": "functional.batched.resize is functional.geometry.resize for a whole batch at once",
     "diagnose": "train.metrics.goodput.diagnose is monitoring.ledger.diagnose's verdict with the kit's badput added",
     "resample": "host.audio.resample is the numpy twin of operators.audio.functional.resample, for decoders",
     "check_arguments": "the checks of a constructor's arguments, HFSource's and HFStreamSource's (a private module)",

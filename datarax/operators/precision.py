@@ -3,9 +3,8 @@
 On a TPU a float32 product runs as bfloat16 passes on the matrix unit: `DEFAULT` is one pass
 (each operand rounded to bfloat16's 8 significant bits), `HIGH` three (each operand split into a
 bfloat16 high and low part, 16 bits, and `hi*hi + hi*lo + lo*hi` summed in float32), `HIGHEST`
-six (a three-way split: float32's 24 bits). Passes cost matrix-unit time (a 224x224
-random-resized crop ran 4.2x slower at `HIGHEST` than at `DEFAULT`), so each kind of contraction
-declares the cheapest precision whose error against a float64 product of the same operands stays
+six (a three-way split: float32's 24 bits). Passes cost matrix-unit time, so each kind of
+contraction declares the cheapest precision whose error against a float64 product of the same operands stays
 within its bound, stated as a fraction of `sum_k |a_k * b_k|` for each output element (for
 weights that are >= 0 and sum to 1, as resampling and blur taps are, at most the largest input
 magnitude):
