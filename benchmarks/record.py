@@ -114,7 +114,12 @@ def versions() -> dict[str, str]:
 
 @functools.cache
 def commit() -> tuple[str | None, bool | None]:
-    """`(commit, dirty)` of the checkout the benchmarks run from; `$DATARAX_BENCH_COMMIT` where git has none."""
+    """`(commit, dirty)` of the checkout the benchmarks run from: `$DATARAX_BENCH_COMMIT` when set (a
+    lent machine's copy may carry a `.git` older than its files: the commit sent is the one to
+    name; dirty unknown), else git's."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV], None
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPOSITORY, capture_output=True, text=True, timeout=30,
                               check=True).stdout.strip()

@@ -147,3 +147,13 @@ def test_the_commit_comes_from_the_variable_where_the_copy_has_no_git(monkeypatc
         assert record.commit() == ("abc1234", None)
     finally:
         record.commit.cache_clear()
+
+
+def test_the_variable_wins_over_a_git_that_may_lag_the_files(monkeypatch):
+    """A lent machine's copy carried a `.git` older than its files: rows named that commit."""
+    record.commit.cache_clear()
+    monkeypatch.setenv(record.COMMIT_ENV, "def5678")
+    try:
+        assert record.commit() == ("def5678", None)
+    finally:
+        record.commit.cache_clear()
