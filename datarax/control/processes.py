@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.machinery
+import inspect
 import itertools
 import math
 import multiprocessing
@@ -39,6 +40,7 @@ _ALIGN = 64
 Layout = tuple[tuple[str, int, tuple[int, ...], str], ...]  # (field, byte offset, record shape, dtype)
 EXECUTORS = ("auto", "threads", "processes")
 _ATTACHED = 3  # shared segments a worker keeps open (a batch read out, one decoding, one decoded ahead)
+_JOBS_KEPT = 32  # jobs (stage settings) a worker keeps loaded
 
 
 class WorkerCrashError(DataraxError, RuntimeError):
@@ -162,7 +164,7 @@ def script_guard_problem() -> str | None:
     guards = main_guards(path)
     if guards is None:
         return f"the script {path} could not be read to check for an `if __name__ == '__main__':` guard"
-    frame = sys._getframe(1)
+    frame = inspect.currentframe()
     while frame is not None and not (frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"):
         frame = frame.f_back
     if frame is None:
@@ -268,8 +270,10 @@ class WorkerPool:
         """Whether a job submitted is not yet collected."""
         return bool(self._jobs)
 
-    def submit(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> int:
+    def submit(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]],
+               payload: bytes | None = None) -> int:
         """Queues chunk `i` = `(low, high, task)` of a job writing into `outputs`; returns the job's id.
+        `payload` (a pickled job, loaded once per worker) runs the chunks instead of the pool's own.
 
         The caller keeps `outputs` as they are until `result` has the job back."""
         with self._lock:
@@ -278,7 +282,9 @@ class WorkerPool:
             job_id, where = next(self._ids), (outputs.segment.name, outputs.layout, outputs.rows)
             # Pickled here, so a task that cannot be pickled fails this call (the queue's own thread
             # would drop it, and the job would never finish).
-            messages = [pickle.dumps((job_id, i, where, low, high, task)) for i, (low, high, task) in enumerate(chunks)]
+            wanted = None if payload == self.payload else payload
+            messages = [pickle.dumps((job_id, i, where, low, high, task, wanted))
+                        for i, (low, high, task) in enumerate(chunks)]
             self._jobs[job_id] = _Job([(low, high) for low, high, _ in chunks], [_PENDING] * len(chunks),
                                       len(chunks))
             for message in messages:
@@ -299,6 +305,8 @@ class WorkerPool:
             while job.remaining:
                 self._receive()
             del self._jobs[job_id]
+            if job.error is not None:
+                raise RuntimeError(job.error)
             return job.results
 
     def forget(self, job_id: int) -> None:
@@ -323,6 +331,11 @@ class WorkerPool:
                     self._shutdown()
                     raise RuntimeError(value)
                 job = self._jobs.get(job_id)
+                if status == "unloadable":  # that job fails; the workers run on for the others
+                    if job is not None:
+                        job.error = value
+                        job.remaining -= 1
+                    continue
                 if status == "gone" and job is not None:  # only a forgotten job's segment is ever freed early
                     self._shutdown()
                     raise RuntimeError(f"{self.name}: the shared memory {value} of job {job_id} was freed while "
@@ -526,6 +539,7 @@ class Lease:
 
     def __init__(self, key: tuple, job: Any, num_workers: int, name: str, budget: tuple[int, str] | None):
         self._key, self._args = key, (job, num_workers, name, budget)
+        self.payload = pickle.dumps(job)
         self.pool: WorkerPool | None = None
         self.shared: Any = None
         self._release: weakref.finalize | None = None
@@ -538,7 +552,7 @@ class Lease:
     def submit(self, outputs: SharedOutputs, chunks: Sequence[tuple[int, int, Any]]) -> int:
         if self._release is None or not self._release.alive:
             self._hold()
-        return self.pool.submit(outputs, chunks)
+        return self.pool.submit(outputs, chunks, self.payload)
 
     def result(self, job_id: int) -> list[Any]:
         return self.pool.result(job_id)
@@ -567,15 +581,16 @@ _POOLS_LOCK = threading.Lock()
 
 def lease(job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str,
           budget: tuple[int, str] | None = None) -> Lease:
-    """A share of the process's `WorkerPool` for `job` on `num_workers` workers: every stage whose job
-    pickles to the same bytes (the same settings and function) with the same worker count and
-    budget uses the same workers, so a pipeline built again starts without starting processes.
+    """A share of the process's `WorkerPool` named `name` with `num_workers` workers, running `job`:
+    every stage of that kind with the same worker count and budget uses the same workers (each
+    worker loads a stage's job once, by its pickled bytes), so a pipeline built again, or another
+    pipeline of the same kind, starts without starting processes.
 
     `budget=(limit, label)` gives the workers one `SharedBudget` (the lease's `shared`): stages
-    sharing the workers share its limit. A pipeline whose stage differs in any setting gets workers
+    sharing the workers share its limit. A stage with another worker count or budget gets workers
     of its own.
     """
-    key = (pickle.dumps(job), num_workers, name, budget)
+    key = (num_workers, name, budget)
     return Lease(key, job, num_workers, name, budget)
 
 
@@ -624,6 +639,7 @@ class _Job:
     rows: list[tuple[int, int]]  # each chunk's (low, high)
     results: list[Any]
     remaining: int
+    error: str | None = None  # a worker could not load the job
 
 
 def stop_workers(workers: list[tuple[Any, Any]], tasks: Any, polite: bool) -> None:
@@ -646,26 +662,35 @@ def stop_workers(workers: list[tuple[Any, Any]], tasks: Any, polite: bool) -> No
 
 def worker_main(conn: Any, tasks: Any, holding: Any, w: int, payload: bytes, path: list[str],
                 shared: Any = None) -> None:
-    """Worker `w`'s loop: load the job once, then run the chunks it takes from `tasks` until it takes
-    None; `holding[2w:2w+2]` says which (job, chunk) it computes; `path` is the parent's `sys.path`."""
+    """Worker `w`'s loop: run the chunks it takes from `tasks` until it takes None, each with the job
+    its message names (loaded once per worker, `payload` first); `holding[2w:2w+2]` says which (job,
+    chunk) it computes; `path` is the parent's `sys.path`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = path
-    try:
-        job = pickle.loads(payload)
-        if shared is not None:
-            job.attach(shared)
-    except BaseException:  # any failure to load the job is reported, then the worker ends
-        conn.send((-1, -1, "error", "a worker process could not load the function: " + traceback.format_exc(limit=4)
-                   + "Define the function at module level in an importable module (not in a notebook cell or "
-                     "under `if __name__ == '__main__':`)"))
-        return
+    jobs: dict[bytes, Any] = {}  # payload -> its job, the latest few
     segments: dict[str, shared_memory.SharedMemory] = {}  # the latest few, newest last
     while True:
         message = tasks.get()
         if message is None:
             break
-        job_id, index, (name, layout, rows), low, high, task = pickle.loads(message)
+        job_id, index, (name, layout, rows), low, high, task, wanted = pickle.loads(message)
+        wanted = wanted or payload
         holding[2 * w], holding[2 * w + 1] = job_id, index
+        job = jobs.get(wanted)
+        if job is None:
+            try:
+                job = pickle.loads(wanted)
+                if shared is not None and hasattr(job, "attach"):
+                    job.attach(shared)
+            except BaseException:  # the job's stage fails with it; the worker goes on for the others
+                conn.send((job_id, index, "unloadable", "a worker process could not load the function: "
+                           + traceback.format_exc(limit=4) + "Define the function at module level in an importable "
+                           "module (not in a notebook cell or under `if __name__ == '__main__':`)"))
+                holding[2 * w] = -1
+                continue
+            if len(jobs) >= _JOBS_KEPT:
+                jobs.pop(next(iter(jobs)))
+            jobs[wanted] = job
         if name not in segments:
             if len(segments) >= _ATTACHED:
                 segments.pop(next(iter(segments))).close()

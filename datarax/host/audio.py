@@ -214,7 +214,7 @@ class DecodeAudio(DecodingStage):
             spec[f"{name}_ok"] = jax.ShapeDtypeStruct((), np.bool_)
         return spec
 
-    def _decode(self, data: Any, ctx: HostContext, row: int, out: np.ndarray) -> int:
+    def decode_into(self, data: Any, ctx: HostContext, row: int, out: np.ndarray) -> int:
         """Writes one record's waveform into `out` (zeroed) and returns its valid length."""
         c = self.config
         if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -273,7 +273,7 @@ class DecodeAudio(DecodingStage):
             return self._in_processes(batch, records, ctx, outputs)
 
         def work(row: int) -> None:
-            lengths[row] = self._decode(records[row], ctx, row, waves[row])
+            lengths[row] = self.decode_into(records[row], ctx, row, waves[row])
 
         return self.decode_rows(batch, ctx, outputs, work, RecordError)
 
@@ -342,7 +342,7 @@ class AudioJob:
             waves[row] = 0  # the shared rows hold the batch before
             lengths[row] = 0
             try:
-                lengths[row] = self.stage._decode(records[row], ctx, row, waves[row])
+                lengths[row] = self.stage.decode_into(records[row], ctx, row, waves[row])
                 failures.append(None)
             except Refusal as exc:
                 failures.append(RecordError(f"DecodeAudio: {ctx.where(row)} {exc}"))

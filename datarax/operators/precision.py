@@ -26,7 +26,7 @@ rounding of the result, within `BFLOAT16_BOUND`. Backends other than a TPU keep 
 computes float32 products in float32 whatever is declared, and a GPU's `HIGH` (TensorFloat-32,
 11 bits) is unmeasured here.
 
-tests/operators/test_precision.py checks each bound against float64 (on a CPU by emulating the
+tests/operators/test_precision_policy.py checks each bound against float64 (on a CPU by emulating the
 passes, on a TPU with the chip's own products) and that the next cheaper precision breaks it.
 """
 

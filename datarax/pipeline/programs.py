@@ -39,6 +39,8 @@ import jax
 import numpy as np
 from flax.typing import HashableMapping
 
+from datarax.core.errors import DataraxError
+from datarax.operators.lowering import batched_here
 from datarax.samplers.base import Sampler
 
 PROGRAM_CACHE_SIZE = 64
@@ -110,8 +112,9 @@ class Owners:
                            "through a pipeline's `compiled` (or a ScanRunner) that is still referenced")
 
 
-class Unshared(Exception):
-    """Raised by `exact` for a value no key may stand for: the program is built for its pipeline alone."""
+class Unshared(DataraxError):
+    """Raised by `exact` for a value no key may stand for: the program is built for its pipeline alone
+    (caught inside datarax; it never reaches a user)."""
 
 
 _SCALARS = (type(None), bool, int, str, bytes)
@@ -214,7 +217,9 @@ class ProgramCache:
         """The entry for `key()`, built by `build()` (which must not compile anything) when absent;
         `build()` alone, kept nowhere, when `key()` raises `Unshared`."""
         try:
-            k = (jax.default_backend(), key())  # the backend picks operators' formulations when traced
+            # What a trace reads besides the key: the backend (precisions) and the operators'
+            # formulation (`lowering.batched_here`, which a test or a GPU run may switch).
+            k = (jax.default_backend(), batched_here(), key())
         except Unshared:
             self.unshared += 1
             return build()

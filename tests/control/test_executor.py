@@ -114,15 +114,20 @@ def test_python_c_has_no_script_to_run_again(folder):
 
 def test_stages_of_the_same_settings_share_workers_and_the_last_close_stops_them(folder):
     settings = {"size": 12, "crop": "random_resized", "num_threads": 2, "max_decode_bytes": 123_456_789}
-    a, b = DecodeImage(**settings, seed=1), DecodeImage(**settings, seed=2)  # the seed travels with each task
-    other = DecodeImage(**{**settings, "size": 13})
+    # Settings and seeds travel with each batch: any DecodeImage of this worker count and budget shares.
+    a, b = DecodeImage(**settings, seed=1), DecodeImage(**{**settings, "size": 13, "seed": 2})
+    other = DecodeImage(**{**settings, "max_decode_bytes": 123_456_788})  # another budget: its own workers
     pipelines = [Pipeline(ImageFolderSource(folder), [s], batch_size=4) for s in (a, b, other)]
     try:
-        for pipeline in pipelines:
-            next(iter(pipeline))
+        batches = [np.asarray(next(iter(pipeline))["image"]) for pipeline in pipelines]
         assert a.worker_pids == b.worker_pids and len(a.worker_pids) == 2
         assert not set(other.worker_pids) & set(a.worker_pids)
         assert a.budget is b.budget  # one budget for the workers they share
+        assert batches[1].shape == (4, 13, 13, 3)  # each stage's own settings, on the same workers
+        alone = Pipeline(ImageFolderSource(folder), [DecodeImage(**{**settings, "size": 13, "seed": 2},
+                                                                 executor="threads")], batch_size=4)
+        np.testing.assert_array_equal(batches[1], np.asarray(next(iter(alone))["image"]))
+        alone.close()
         pids = a.worker_pids
         pipelines[0].close()
         assert a.worker_pids == [] and b.worker_pids == pids and all(psutil.pid_exists(p) for p in pids)
@@ -192,10 +197,13 @@ def test_a_script_run_as_a_module_is_checked_by_its_file(tmp_path, folder):
     assert json.loads(proc.stdout.strip().splitlines()[-1])["executor"] == "threads"
 
 
-def test_pools_are_keyed_by_job_workers_and_budget():
+def test_pools_are_keyed_by_kind_workers_and_budget():
     key = processes.lease(doubled, 2, "x")
     try:
         assert processes.lease(doubled, 2, "x").pool is key.pool
+        assert processes.lease(OUTPUTS, 2, "x").pool is key.pool  # another job of the same kind
         assert processes.lease(doubled, 3, "x").pool is not key.pool
+        assert processes.lease(doubled, 2, "y").pool is not key.pool
+        assert processes.lease(doubled, 2, "x", (10**9, "x")).pool is not key.pool
     finally:
         key.close()

@@ -121,3 +121,20 @@ def test_row_blocks_cut_the_rows_into_near_equal_contiguous_blocks(count, parts)
     if count:  # the same sizes as numpy's own equal split (which puts the larger blocks first)
         assert sizes == sorted(len(b) for b in np.array_split(np.arange(count), min(parts, count)))
 
+
+
+def test_a_job_the_workers_cannot_load_fails_alone_and_the_workers_run_on(segment):
+    """One pool serves every stage of its kind: a stage whose job does not load (its module gone
+    from the workers' path) fails its own batches, naming the fix, and the others' jobs still run."""
+    pool = WorkerPool(job, 2, "test-pool")
+    try:
+        pool.result(pool.submit(segment, [(0, 8, ("quick", 1, None))]))
+        pids = pool.pids
+        broken = b"\x80\x04\x95not a pickle"
+        with pytest.raises(RuntimeError, match="could not load the function.*module level"):
+            pool.result(pool.submit(segment, [(0, 4, ("quick", 2, None)), (4, 8, ("quick", 2, None))], broken))
+        pool.result(pool.submit(segment, [(0, 8, ("quick", 3, None))]))
+        np.testing.assert_array_equal(segment.views(8)["x"], [3] * 8)
+        assert pool.pids == pids
+    finally:
+        pool.close()

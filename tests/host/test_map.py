@@ -161,11 +161,13 @@ def test_a_crashed_worker_is_an_error_then_a_fresh_pool():
 
 
 def test_close_leaves_no_worker_processes():
-    stage = HostMap(fn=python_feature, outputs=OUTPUTS, stochastic=True, executor="processes", num_workers=2)
+    # Five workers: no other stage of this process shares this pool (stages of one kind, worker
+    # count and budget share their workers; the last to close stops them).
+    stage = HostMap(fn=python_feature, outputs=OUTPUTS, stochastic=True, executor="processes", num_workers=5)
     assert stage.worker_pids == []  # started lazily
     run(stage, np.arange(6))
     pids = stage.worker_pids
-    assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+    assert len(pids) == 5 and all(psutil.pid_exists(p) for p in pids)
     stage.close()
     stage.close()  # idempotent
     assert stage.worker_pids == []

@@ -193,13 +193,15 @@ def test_a_deleted_file_is_named_with_its_record(tmp_path):
 
 def test_padding_rows_are_decoded_once_and_a_bad_record_counts_once(tmp_path, monkeypatch):
     """Five files, the last one damaged, batch_size 4: the final batch is record 4 and three padding
-    rows repeating it. They are copies of its one decode, and it is skipped once, not four times."""
+    rows repeating it. They are copies of its one decode, and it is skipped once, not four times.
+    Counted on threads, where the decodes run in this process; the stage dedups before either
+    executor sees the batch."""
     write_folder(tmp_path, num=5)
     (tmp_path / "c004" / "0004.png").write_bytes(b"not a png")
     decoded = []
     original = DecodeImage.decode_into
     monkeypatch.setattr(DecodeImage, "decode_into", lambda self, *args: decoded.append(1) or original(self, *args))
-    stage = DecodeImage(size=8, on_error="skip")
+    stage = DecodeImage(size=8, on_error="skip", executor="threads")
     with pytest.warns(SkippedRecordWarning, match=r"record 4 "):
         batches = list(Pipeline(ImageFolderSource(root=tmp_path), [stage], batch_size=4))
     assert [np.asarray(b["image_ok"]).tolist() for b in batches] == [[True] * 4, [False]]
