@@ -131,7 +131,7 @@ def test_a_job_the_workers_cannot_load_fails_alone_and_the_workers_run_on(segmen
         pool.result(pool.submit(segment, [(0, 8, ("quick", 1, None))]))
         pids = pool.pids
         broken = b"\x80\x04\x95not a pickle"
-        with pytest.raises(RuntimeError, match="could not load the function.*module level"):
+        with pytest.raises(RuntimeError, match="(?s)could not load the function.*module level"):
             pool.result(pool.submit(segment, [(0, 4, ("quick", 2, None)), (4, 8, ("quick", 2, None))], broken))
         pool.result(pool.submit(segment, [(0, 8, ("quick", 3, None))]))
         np.testing.assert_array_equal(segment.views(8)["x"], [3] * 8)
