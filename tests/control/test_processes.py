@@ -128,7 +128,7 @@ def test_a_job_the_workers_cannot_load_fails_alone_and_the_workers_run_on(segmen
     from the workers' path) fails its own batches, naming the fix, and the others' jobs still run."""
     pool = WorkerPool(job, 2, "test-pool")
     try:
-        pool.result(pool.submit(segment, [(0, 8, ("quick", 1, None))]))
+        pool.result(pool.submit(segment, [(0, 4, ("quick", 1, None)), (4, 8, ("quick", 1, None))]))
         pids = pool.pids
         broken = b"\x80\x04\x95not a pickle"
         with pytest.raises(RuntimeError, match="(?s)could not load the function.*module level"):
