@@ -91,6 +91,7 @@ FORMULATIONS = {"per-record": per_record, "hwc": hwc, "chw": chw, "planar": plan
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--small", action="store_true", help="small shapes for a CPU smoke run; keeps no rows")
+    parser.add_argument("--only", default="", help="run only the variants whose name contains this text")
     args = parser.parse_args(argv)
     side, size, n, batch, per_program = (64, 56, 64, 16, 2) if args.small else (
         rrc224.SIDE, rrc224.SIZE, rrc224.NUM_RECORDS, rrc224.BATCH, 8)
@@ -129,6 +130,8 @@ def main(argv=None) -> int:
         return jax.jit(lambda data, idx: jax.lax.map(lambda i: per_batch(jnp.take(data, i, axis=0), i), idx))
 
     def measure(name, per_batch, store, dtype, operation, planar_out=False, **facts):
+        if args.only not in name:
+            return
         if time.perf_counter() - started > BUDGET_S:
             recorder.emit(probe="rrc224", variant=name, operation=operation or "limit", dtype=dtype,
                           skipped=f"past the {BUDGET_S} s budget", **facts)
