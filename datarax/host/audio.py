@@ -293,19 +293,6 @@ class DecodeAudio(DecodingStage):
             failures.extend(block)
         return self.resolve_rows(batch, ctx, outputs, failures)
 
-    def close(self) -> None:
-        """Stops the threads, or gives the worker processes back, and frees the shared memory."""
-        self.pool.close()
-        if self._batches is not None:
-            self._batches.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config, "bad_records": self.bad_records}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._setup(state["config"])
-        self.bad_records = state["bad_records"]
-
     def structure(self) -> str:
         # Threads and the memory budget change no output; an unset seed reads as 0 (old fingerprints).
         settings = {k: v for k, v in dataclasses.asdict(self.config).items()

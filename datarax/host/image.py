@@ -424,20 +424,6 @@ class DecodeImage(DecodingStage):
             return shorter_side_box(height, width, *config.size)
         return None
 
-    def close(self) -> None:
-        """Stops the threads or worker processes and frees the shared memory (a later batch restarts them)."""
-        self.pool.close()
-        if self._batches is not None:
-            self._batches.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Modules do not copy or pickle; a copy imports them again, and its pool starts on first use.
-        return {"config": self.config, "bad_records": self.bad_records}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._setup(state["config"])
-        self.bad_records = state["bad_records"]
-
 
 class DecodeJob:
     """A worker process's part of a batch (`DecodeImage` in worker processes): read each file

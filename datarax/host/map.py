@@ -288,12 +288,6 @@ class HostMap(DecodingStage):
     def _allocate(self, count: int, ctx: HostContext) -> dict[str, np.ndarray]:
         return {name: ctx.buffer(name, (count,) + shape, dtype) for name, shape, dtype in self.config.outputs}
 
-    def close(self) -> None:
-        """Stops the threads or worker processes and frees the shared memory (a later batch restarts them)."""
-        self.pool.close()
-        if self._batches is not None:
-            self._batches.close()
-
     def __getstate__(self) -> dict[str, Any]:
         return {"fn": self.fn, "config": self.config, "bad_records": self.bad_records}
 

@@ -194,6 +194,22 @@ class DecodingStage(HostStage):
     pool: Any
     bad_records: BadRecords
     budget: Any = None
+    _batches: Any = None  # in worker processes: the workers' lease and the batches they compute ahead
+
+    def close(self) -> None:
+        """Stops the threads, or gives the worker processes back (the pool's last user stops them),
+        and frees the shared memory; a later batch starts them again."""
+        self.pool.close()
+        if self._batches is not None:
+            self._batches.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Threads, processes and modules do not copy or pickle: a copy builds its own from the config.
+        return {"config": self.config, "bad_records": self.bad_records}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["config"])
+        self.bad_records = state["bad_records"]
 
     @property
     def skipped(self) -> int:
