@@ -112,7 +112,11 @@ from datarax.host import HostMap
 fifo, root, batch_size = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
 def stuck(*args):
-    print("stuck", flush=True)  # the test signals only once a read is blocked here
+    # The test signals only once a read is blocked here. One write per line: several read threads
+    # get here at once, and print's two writes ("stuck", then the newline) interleaved into
+    # "stuckstuck" and empty lines, which the test read past, waiting for a line never written.
+    sys.stdout.write("stuck\n")
+    sys.stdout.flush()
     with open(fifo, "rb") as f:  # no writer ever comes: blocks in open(), as a read on a hung mount does
         return f.read()
 
@@ -150,9 +154,9 @@ def test_ctrl_c_during_a_read_that_never_returns_exits(tmp_path, batch_size):
     try:
         # Wait for a read to be blocked (on whichever thread reads, whenever it starts), not for a guessed time.
         lines = []
-        while (line := child.stdout.readline()) and line.strip() != "stuck":
+        while (line := child.stdout.readline()) and "stuck" not in line:
             lines.append(line)
-        assert line.strip() == "stuck", (lines, child.stderr.read())
+        assert "stuck" in line, (lines, child.stderr.read())
         child.send_signal(signal.SIGINT)
         # The reader's exit wait is 3 s in all; the bound is only a guard against hanging forever.
         try:
