@@ -241,9 +241,10 @@ class WorkerPool:
     start on the next job's while the others finish theirs (no barrier between batches).
     `result(job)` waits for that job's chunks and gives their results in chunk order.
 
-    `job` is pickled once per worker; `job(task, outputs)` gets a task and its rows of the shared
-    outputs and returns a picklable result. `shared` (e.g. a `SharedBudget`, made from `context()`)
-    goes to each worker as it starts, and reaches the job as `job.attach(shared)`.
+    `job` (or the pickled job a `submit` names, for a pool that serves several stages) is loaded
+    once per worker; `job(task, outputs)` gets a task and its rows of the shared outputs and returns
+    a picklable result. `shared` (e.g. a `SharedBudget`, made from `context()`) goes to each worker
+    as it starts, and reaches each job as `job.attach(shared)` when it has one.
     """
 
     def __init__(self, job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str,
