@@ -115,6 +115,52 @@ def main() -> None:
             fn()
         timings[f"{name}_us"] = round(1e6 * (time.perf_counter() - start) / 2000, 1)
     print(json.dumps({**timings, "opencv": cv2.__version__, "cpu_features": cv2.getCPUFeaturesLine()}))
+    print(json.dumps({"steps_us_per_record": steps(stage, blobs, out)}))
+
+
+def steps(stage: DecodeImage, blobs: list[bytes], out: np.ndarray) -> dict[str, float]:
+    """Each step of the turbo path on the same records, timed alone over all of them (one core):
+    the header, the box, the DCT-scale decode, the warp of the decoded image (and of the same
+    image after a copy: whether the decoder's fresh pages cost the warp), and the whole record."""
+    from datarax.host import jpeg
+
+    turbo = stage._turbo
+    headers = [turbo.header(data) for data in blobs]
+    boxes = [stage._box(h.height, h.width, rekeyed_generator(0, 0, 0, i)) for i, h in enumerate(headers)]
+    scales = [jpeg._eighths(box, out.shape[:2]) for box in boxes]
+
+    def decode(i):
+        h = headers[i]
+        raw_h, raw_w = (h.width, h.height) if h.orientation >= 5 else (h.height, h.width)
+        e = scales[i]
+        return turbo.simplejpeg.decode_jpeg(blobs[i], colorspace=h.colour, min_height=-(-raw_h * e // 8),
+                                            min_width=-(-raw_w * e // 8))
+
+    decoded = [decode(i) for i in range(len(blobs))]
+    copies = [np.array(image) for image in decoded]
+
+    def warp(images):
+        def run(i):
+            h = headers[i]
+            raw = (h.width, h.height) if h.orientation >= 5 else (h.height, h.width)
+            turbo._warp_into(images[i], 8 / scales[i], h.orientation, raw, boxes[i], out)
+        return run
+
+    parts = {"header": lambda i: turbo.header(blobs[i]),
+             "exif": lambda i: jpeg.exif_orientation(blobs[i]),
+             "box": lambda i: stage._box(headers[i].height, headers[i].width, rekeyed_generator(0, 0, 0, i)),
+             "decode": decode, "warp": warp(decoded), "warp_of_copies": warp(copies),
+             "record": lambda i: stage.decode_into(blobs[i], rekeyed_generator(0, 0, 0, i), out)}
+    timed = {}
+    for name, fn in parts.items():
+        for i in range(len(blobs)):
+            fn(i)
+        start = time.perf_counter()
+        for _ in range(3):
+            for i in range(len(blobs)):
+                fn(i)
+        timed[name] = round(1e6 * (time.perf_counter() - start) / (3 * len(blobs)), 1)
+    return timed
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from PIL import Image
 
 from benchmarks.registry import BenchOptions
 from benchmarks.scenarios import rrc224
-from benchmarks.tpu import rrc_probe
+from benchmarks.tpu import layout_probe, rrc_probe
 
 
 def test_the_floor_draws_the_operators_boxes():
@@ -76,3 +76,12 @@ def test_the_chip_probe_runs_its_variants_small(capsys, only, count):
         if line["operation"] != "limit":
             # on a CPU every precision is float32's: within the policy's two passes
             assert line["max_err"] < (2e-4 if line["dtype"] == "float32" else 4 * 2.0**-8), line
+
+
+def test_the_layout_probe_times_both_storages_of_each_shape_small(capsys):
+    assert layout_probe.main(["--small"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    timed = [line for line in lines if "storage" in line]
+    assert {(tuple(line["shape"]), line["storage"]) for line in timed} == {
+        (shape, storage) for shape in layout_probe.SMALL_SHAPES for storage in ("record shape", "lane-dense")}
+    assert all(line["rate"] > 0 for line in timed) and lines[-1]["probe"] == "done"

@@ -19,8 +19,9 @@ from datarax.sources import MemorySource, MemorySourceConfig
 
 @pytest.mark.parametrize("shape, backend, expected", [
     ((32, 32, 3), "tpu", True), ((28, 28), "tpu", True), ((8, 128), "tpu", False), ((4, 256), "tpu", False),
-    ((3072,), "tpu", False), ((), "tpu", False), ((32, 32, 3), "cpu", False), ((32, 32, 3), "gpu", False)])
-def test_records_are_stored_lane_dense_on_a_tpu_only_when_their_last_axis_wastes_lanes(shape, backend, expected):
+    ((3072,), "tpu", False), ((), "tpu", False), ((96, 96, 3), "tpu", True), ((128, 128, 3), "tpu", False),
+    ((256, 256, 3), "tpu", False), ((32, 32, 3), "cpu", False), ((32, 32, 3), "gpu", False)])
+def test_records_are_lane_dense_on_a_tpu_only_when_small_and_their_last_axis_wastes_lanes(shape, backend, expected):
     assert layout.lane_dense(shape, backend) is expected
     stored = layout.to_storage(np.zeros((5, *shape), np.uint8), backend)
     assert stored.shape == ((5, int(np.prod(shape))) if expected else (5, *shape))
