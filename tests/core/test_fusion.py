@@ -11,6 +11,7 @@ from flax import nnx
 from datarax.core.element import Element
 from datarax.core.fusion import separately
 from datarax.core.operator import BatchContext, PerRecordOperator
+from datarax.operators import precision
 from datarax.operators.image import (
     AffineConfig,
     AffineOperator,
@@ -53,7 +54,11 @@ def test_a_batched_token_under_vmap_still_gives_the_function():
     lambda: TranslateOperator(TranslateConfig(translate=0.2), rngs=nnx.Rngs(2)),
 ])
 def test_separated_warp_operators_equal_their_per_record_path(make):
-    """The warp operators' CPU path (one conditional) gives the plain vmapped path's images."""
+    """The warp operators' CPU path (one conditional) gives the plain vmapped path's images.
+
+    Elsewhere both are the inline products: on a TPU each interpolation is a weighted sum at the
+    precision policy's bound (of values in [0, 1], weights summing to 1), so the two paths' sums
+    may differ by twice it (2-3e-5 measured on a v5e)."""
     op = make()
     assert type(op).separate_on_cpu
     images = jnp.asarray(np.random.default_rng(0).random((5, 12, 10, 3)), jnp.float32)
@@ -61,5 +66,6 @@ def test_separated_warp_operators_equal_their_per_record_path(make):
     element = Element({"image": images}, {})
     separated = jax.jit(lambda el, c: op.apply_batch(el, c).data["image"])(element, ctx)
     plain = jax.jit(lambda el, c: PerRecordOperator.apply_batch(op, el, c).data["image"])(element, ctx)
-    np.testing.assert_allclose(separated, plain, atol=1e-6)
+    tuned = jax.default_backend() in precision.TUNED_BACKENDS
+    np.testing.assert_allclose(separated, plain, atol=2 * precision.WEIGHTED_SUM.bound if tuned else 1e-6)
     assert not np.allclose(separated, images)  # the warp did something

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from datarax import Pipeline
 from datarax.operators import ElementOperator, ElementOperatorConfig, MapOperator, MapOperatorConfig
+from datarax.pipeline.programs import PROGRAMS
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.typing import Element
 
@@ -117,6 +118,10 @@ def test_a_copied_pipeline_continues_with_the_same_batches(resident, clone):
 
 @pytest.mark.parametrize("per_dispatch", [1, 4])
 def test_final_short_batch_kept_or_dropped_and_never_recompiles(per_dispatch):
+    # Pipelines of the same stages share programs process-wide: an earlier test's pipeline of
+    # other lengths (in the same process, as on the chip's one-process run) would have added its
+    # own compiles to the shared program's count.
+    PROGRAMS.clear()
     pipeline = build(45, 8, batches_per_dispatch=per_dispatch)
     sizes = [len(b["id"]) for b in pipeline]
     assert sizes == [8] * 5 + [5]
