@@ -5,7 +5,9 @@
 The `jpeg` scenario's files and pipeline at its defaults. Prints one JSON line with the CPU
 seconds of each thread of this process over a timed epoch (by thread name: the reader, the queue's
 feeder, the main thread, the runtime's threads), one with the workers' CPU, and the top of a
-profile of `DecodeImage`'s own per-record work on one core (`cProfile`, from memory).
+profile of `DecodeImage`'s own per-record work on one core (`cProfile`, from memory), then one
+line with each step of the turbo path timed alone (`steps_us_per_record`) and OpenCV's warp and
+resize of a synthetic image. The JSON lines are appended to the results (`benchmarks.record`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import sys
 import threading
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
+from benchmarks import record  # noqa: E402
 from benchmarks.scenarios.jpeg import JPEG_RATIO, JPEG_SCALE, JPEG_SIZE, NUM_RECORDS, build_pipeline, image_folder  # noqa: E402
 from benchmarks.timing import block  # noqa: E402
 from datarax.host import DecodeImage  # noqa: E402
@@ -56,6 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0)
     args = parser.parse_args()
+    recorder = record.Recorder(record.command_line("python benchmarks/tpu/decode_threads.py", sys.argv[1:]))
     n = max(64, int(NUM_RECORDS * args.scale))
     root = image_folder(n)
     pipeline = build_pipeline(root)
@@ -68,9 +71,9 @@ def main() -> None:
     wall = time.perf_counter() - start
     after = thread_cpu()
     per_thread = {k: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in after}
-    print(json.dumps({"el_s": round(n / wall, 1), "wall_s": round(wall, 3), "workers_cpu_s":
-                      round(children_cpu() - kids, 3), "threads_cpu_s": dict(sorted(per_thread.items(),
-                                                                                  key=lambda kv: -kv[1])[:12])}))
+    busiest = dict(sorted(per_thread.items(), key=lambda kv: -kv[1])[:12])
+    recorder.emit(scenario="jpeg_profile", framework="epoch at the defaults", el_s=round(n / wall, 1),
+                  wall_s=round(wall, 3), workers_cpu_s=round(children_cpu() - kids, 3), threads_cpu_s=busiest)
     pipeline.close()
 
     paths = list(ImageFolderSource(root=root).paths)[:600]
@@ -81,8 +84,8 @@ def main() -> None:
     out = np.empty((JPEG_SIZE, JPEG_SIZE, 3), np.uint8)
 
     def work() -> None:
-        for record, data in enumerate(blobs):
-            stage.decode_into(data, rekeyed_generator(0, 0, 0, record), out)
+        for i, data in enumerate(blobs):
+            stage.decode_into(data, rekeyed_generator(0, 0, 0, i), out)
 
     work()
     profiler = cProfile.Profile()
@@ -91,7 +94,8 @@ def main() -> None:
     per_record = (time.perf_counter() - start) / len(blobs)
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
-    print(json.dumps({"profiled_us_per_record": round(1e6 * per_record, 1)}))
+    recorder.emit(scenario="jpeg_profile", framework="DecodeImage per record, one core (cProfile)",
+                  profiled_us_per_record=round(1e6 * per_record, 1))
     print(text.getvalue())
 
     # OpenCV's resampling alone on a 300x400 RGB image into 128x128: the warp DecodeImage uses,
@@ -114,8 +118,10 @@ def main() -> None:
         for _ in range(2000):
             fn()
         timings[f"{name}_us"] = round(1e6 * (time.perf_counter() - start) / 2000, 1)
-    print(json.dumps({**timings, "opencv": cv2.__version__, "cpu_features": cv2.getCPUFeaturesLine()}))
-    print(json.dumps({"steps_us_per_record": steps(stage, blobs, out)}))
+    recorder.emit(scenario="jpeg_profile", framework="turbo path steps, one core (us a record)",
+                  steps_us_per_record=steps(stage, blobs, out), **{f"synthetic_{k}": v for k, v in timings.items()},
+                  opencv=cv2.__version__, cpu_features=cv2.getCPUFeaturesLine())
+    recorder.close()
 
 
 def steps(stage: DecodeImage, blobs: list[bytes], out: np.ndarray) -> dict[str, float]:
