@@ -176,21 +176,30 @@ def first_records(pipeline: Any, count: int, *fields: str) -> list[np.ndarray]:
     return [np.concatenate(part) for part in parts]
 
 
+def save_grid(records: np.ndarray, kind: str, captions: list[str] | None, out: str | os.PathLike) -> np.ndarray:
+    """Writes records of one field (`kind` "image" or "audio", as `choose_field` says) as a PNG grid,
+    each tile captioned when `captions` are given; returns the canvas. Non-finite values are drawn as 0."""
+    image_module = require("PIL.Image", owner="datarax preview", extra="image", package="pillow")
+    if np.issubdtype(records.dtype, np.floating):
+        records = np.nan_to_num(records, nan=0.0, posinf=0.0, neginf=0.0)
+    tiles = to_uint8(records) if kind == "image" else spectrograms(records)
+    canvas = grid(tiles, captions)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    image_module.fromarray(canvas).save(os.fspath(out), format="PNG")
+    return canvas
+
+
 def write_preview(pipeline: Any, out: str | os.PathLike, *, count: int = 16, field: str | None = None,
                   label: str | None = None) -> str:
     """Writes the PNG grid of `count` records of the pipeline's first batches, each tile captioned by
     its label field when there is one; returns a one-line report."""
-    image_module = require("PIL.Image", owner="datarax preview", extra="image", package="pillow")
+    require("PIL.Image", owner="datarax preview", extra="image", package="pillow")
     if not is_int(count) or count < 1:
         raise ValueError(f"--n must be a positive number of records, got {count!r}")
     name, kind = choose_field(pipeline.output_spec(), field)
     label = choose_label(pipeline.output_spec(), label, name)
     records, *labels = first_records(pipeline, count, name, *([label] if label is not None else []))
-    tiles = to_uint8(records) if kind == "image" else spectrograms(records)
-    canvas = grid(tiles, captions_of(labels[0], pipeline.source) if labels else None)
-    folder = os.path.dirname(os.path.abspath(out))
-    os.makedirs(folder, exist_ok=True)
-    image_module.fromarray(canvas).save(os.fspath(out), format="PNG")
+    canvas = save_grid(records, kind, captions_of(labels[0], pipeline.source) if labels else None, out)
     what = "images" if kind == "image" else "spectrograms"
     labelled = f", labelled by field {label!r}" if label is not None else ""
     return (f"wrote {os.fspath(out)}: {len(records)} {what} of field {name!r} ({records.dtype.name} "
