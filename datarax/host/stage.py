@@ -371,7 +371,8 @@ class HostStageSource(DataSourceModule):
 
     def draws(self, indices: np.ndarray, epoch: int) -> list[tuple[str, dict[str, np.ndarray] | None]]:
         """`(label, draws)` of every stochastic host stage for the records at `indices` (int[B]) in
-        `epoch`: `HostStage.draws` with one row per index. Reads and runs the stages as `read` does
+        `epoch` (label `host[i] DecodeImage`: its place among the host stages and its class):
+        `HostStage.draws` with one row per index. Reads and runs the stages as `read` does
         (for looking back at a batch, never on the hot path)."""
         ids = np.asarray(indices, np.int64).reshape(-1)
         distinct, rows = first_rows(ids)
@@ -381,7 +382,8 @@ class HostStageSource(DataSourceModule):
             ctx = HostContext(distinct, int(epoch), i, self.source.describe_record, self.seed)
             if stage.stochastic:
                 drawn = stage.draws(batch, ctx)
-                out.append((self._labels[i], None if drawn is None else {k: v[rows] for k, v in drawn.items()}))
+                out.append((f"host[{i}] {type(stage).__name__}",
+                            None if drawn is None else {k: v[rows] for k, v in drawn.items()}))
             if i < len(self.stages) - 1:
                 batch = stage(batch, ctx)
         return out

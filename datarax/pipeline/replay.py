@@ -33,6 +33,7 @@ from datarax.core.operator import OperatorModule, StageKey
 from datarax.core.source import gather_device, record_shapes
 from datarax.host.stage import HostStageSource
 from datarax.pipeline.compiled import make_context, run_program
+from datarax.pipeline.programs import Unshared, graph_key
 from datarax.sources.stream import StreamSourceModule
 
 
@@ -136,7 +137,7 @@ def replay_batch(pipeline: Any, epoch: int, position: int) -> ReplayedBatch:
     draws: dict[str, dict[str, np.ndarray] | None] = {}
     if isinstance(source, HostStageSource):
         for label, drawn in source.draws(ids, epoch):
-            draws[f"host: {label}"] = None if drawn is None else {
+            draws[label] = None if drawn is None else {
                 k: v.reshape(ids.shape + v.shape[1:])[:rows] for k, v in drawn.items()}
     for label, drawn in stage_draws(pipeline, ids, epoch, num_valid).items():
         draws[label] = {k: v[:rows] for k, v in drawn.items()}
@@ -154,6 +155,32 @@ def stage_draws(pipeline: Any, ids: np.ndarray, epoch: int, num_valid: int) -> d
     else:
         data = source.read(ids, int(epoch))
     graphdef, state = nnx.split(pipeline.program)
+    drawn = draws_program(graphdef)(state, data, jnp.asarray(ids, jnp.int32), jnp.asarray(epoch, jnp.int32),
+                                    jnp.asarray(num_valid, jnp.int32))
+    return {label: {k: np.asarray(v) for k, v in values.items()} for label, values in jax.device_get(drawn).items()}
+
+
+_DRAWS_PROGRAMS: dict[Any, Any] = {}
+MAX_DRAWS_PROGRAMS = 16
+
+
+def draws_program(graphdef: Any) -> Any:
+    """The jitted `(state, data, record_ids, epoch, num_valid) -> {label: draws}` of a program's graph,
+    kept by its exact key (`datarax.pipeline.programs.graph_key`) so replaying several batches of one
+    pipeline compiles once; a graph holding a value that cannot be keyed compiles every time."""
+    try:
+        key = graph_key(graphdef)
+    except Unshared:
+        return make_draws_program(graphdef)
+    program = _DRAWS_PROGRAMS.get(key)
+    if program is None:
+        while len(_DRAWS_PROGRAMS) >= MAX_DRAWS_PROGRAMS:
+            _DRAWS_PROGRAMS.pop(next(iter(_DRAWS_PROGRAMS)))
+        program = _DRAWS_PROGRAMS[key] = make_draws_program(graphdef)
+    return program
+
+
+def make_draws_program(graphdef: Any) -> Any:
 
     def run(state, data, record_ids, epoch, num_valid):
         module = nnx.merge(graphdef, state)
@@ -168,9 +195,7 @@ def stage_draws(pipeline: Any, ids: np.ndarray, epoch: int, num_valid: int) -> d
                 out[label] = drawn
         return out
 
-    drawn = jax.jit(run)(state, data, jnp.asarray(ids, jnp.int32), jnp.asarray(epoch, jnp.int32),
-                         jnp.asarray(num_valid, jnp.int32))
-    return {label: {k: np.asarray(v) for k, v in values.items()} for label, values in jax.device_get(drawn).items()}
+    return jax.jit(run)
 
 
 def stage_label(path: tuple, module: Any) -> str:

@@ -91,7 +91,7 @@ def check_step(guard: GuardState, config: StepGuardConfig, loss: jax.Array, grad
     """Judges one step (traced inside it) and updates `guard`; returns whether its update may apply and
     the `GUARD` output."""
     loss = jnp.asarray(loss, jnp.float32)
-    norm = optax.global_norm(grads).astype(jnp.float32)
+    norm = optax.tree.norm(grads).astype(jnp.float32)
     window = guard.losses.shape[0]
     filled = jnp.minimum(guard.good[...], window)
     threshold = jnp.asarray(jnp.inf, jnp.float32)
