@@ -3,6 +3,7 @@ and names its records in an incident."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from pathlib import Path
@@ -11,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from datarax.core.construct import resolve_config
 from datarax.core.errors import DataraxWarning
 from datarax.pipeline.replay import ReplayError
 from datarax.train.callbacks.base import Callback, StepLogs
@@ -50,8 +50,8 @@ class StepGuard(Callback):
 
     Args:
         directory: the run directory; incidents go into its `incidents/` folder.
-        config: a `StepGuardConfig` (or its fields as keyword settings: `action`, `spike`, `window`,
-            `warmup`, `max_consecutive`, `images`).
+        config: a `StepGuardConfig`; or its fields as keyword settings (`action`, `spike`, `window`,
+            `warmup`, `max_consecutive`, `images`), which `StepGuardConfig` documents.
 
     Example:
         >>> guard = StepGuard("runs/exp1", action="skip", spike=10.0)
@@ -63,8 +63,19 @@ class StepGuard(Callback):
         # Before the checkpoint callback (-100) saves at a step end or at the end of training.
         return -200 if event in ("on_step_end", "on_train_end") else self.order
 
-    def __init__(self, directory: Any, config: StepGuardConfig | None = None, **settings: Any):
-        self.config = resolve_config(StepGuardConfig, config, settings, "StepGuard")
+    def __init__(self, directory: Any, config: StepGuardConfig | None = None, *, action: str = "stop",
+                 spike: float | None = None, window: int = 100, warmup: int = 20, max_consecutive: int = 3,
+                 images: bool = True):
+        settings = {"action": action, "spike": spike, "window": window, "warmup": warmup,
+                    "max_consecutive": max_consecutive, "images": images}
+        if config is None:
+            config = StepGuardConfig(**settings)
+        elif not isinstance(config, StepGuardConfig):
+            raise TypeError(f"StepGuard config must be a StepGuardConfig or None, got {type(config).__name__}")
+        elif settings != dataclasses.asdict(StepGuardConfig()):
+            raise TypeError("StepGuard takes a StepGuardConfig or keyword settings, not both; put the settings in "
+                            "the config")
+        self.config = config
         self.directory = Path(directory) / INCIDENTS
         self.incidents: list[str] = []
         self.skipped: list[int] = []  # skipped steps this fit (each bad step of a call of several counts)
