@@ -196,7 +196,7 @@ class GoodputMonitor(Callback):
                                           if self._eval_reader else None)
             guard = getattr(trainer, "guard", None)
             if guard is not None and guard.summary() is not None:  # skipped steps are counted, never hidden
-                report["guard"] = {"skipped_steps": len(guard.skipped), "steps": list(guard.skipped),
+                report["guard"] = {"skipped_steps": guard.skipped_count, "steps": list(guard.skipped),
                                    "incidents": list(guard.incidents), "text": guard.summary()}
             if self.history is not None:
                 self._record(trainer, finished=True)

@@ -78,7 +78,8 @@ class StepGuard(Callback):
         self.config = config
         self.directory = Path(directory) / INCIDENTS
         self.incidents: list[str] = []
-        self.skipped: list[int] = []  # skipped steps this fit (each bad step of a call of several counts)
+        self.skipped: list[int] = []  # the skipped steps this fit (of a call of several steps, its last bad one)
+        self.skipped_count = 0  # every skipped step this fit
         self._pending: tuple[int, Any] | None = None  # (last step, verdict) of the newest call not read yet
         self._seen = 0  # bad steps handled this fit
         self._cursors: dict[int, dict] = {}  # the iterator state before each recent call's first step
@@ -86,7 +87,7 @@ class StepGuard(Callback):
     def on_train_begin(self, trainer: Trainer) -> None:
         reset_guard(trainer.guard_state, trainer.step, keep_losses=False)
         self._pending, self._seen, self._cursors = None, 0, {}
-        self.incidents, self.skipped = [], []
+        self.incidents, self.skipped, self.skipped_count = [], [], 0
 
     def on_data_wait_begin(self, trainer: Trainer, step: int) -> None:
         self._cursors[step] = trainer.iterator.get_state()
@@ -134,7 +135,8 @@ class StepGuard(Callback):
             moved = self._rewind(trainer, step)
             trainer.request_stop(f"{what}; stopped with the model as after step {step - 1}{moved}; incident {path}")
             return
-        self.skipped.extend([step] * new)
+        self.skipped.append(step)
+        self.skipped_count += new
         if counters["consecutive"] >= self.config.max_consecutive:
             trainer.request_stop(f"{counters['consecutive']} bad steps in a row (max_consecutive="
                                  f"{self.config.max_consecutive}), the last {what}; incidents "
@@ -169,6 +171,6 @@ class StepGuard(Callback):
             return None
         if self.skipped:
             steps = ", ".join(map(str, sorted(set(self.skipped))[:10]))
-            return (f"{len(self.skipped)} step(s) skipped by the guard (steps {steps}); incidents in "
+            return (f"{self.skipped_count} step(s) skipped by the guard (steps {steps}); incidents in "
                     f"{self.directory}")
         return f"the guard stopped the run at a bad step; incident {self.incidents[-1]}"

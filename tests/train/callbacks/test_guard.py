@@ -18,7 +18,7 @@ from trainer_helpers import leaves
 from datarax import Pipeline
 from datarax.sources import ShardedSource
 from datarax.train import Trainer
-from datarax.train.callbacks import Callback, CheckpointCallback, StepGuard
+from datarax.train.callbacks import Callback, CheckpointCallback, GoodputMonitor, StepGuard
 from datarax.train.checkpointing.checkpointer import Checkpointer
 
 NUM, BATCH, PER_SHARD, GROUP = 48, 4, 16, 4
@@ -76,9 +76,9 @@ def epoch_order(tmp_path) -> np.ndarray:
     return make_pipeline(tmp_path / "probe", {}).sampler.indices(np.arange(NUM), 0)
 
 
-def build(tmp_path, poison, guard, checkpoint=None):
+def build(tmp_path, poison, guard, checkpoint=None, extra=()):
     snapshots = Snapshots()
-    callbacks = [guard, snapshots] + ([checkpoint] if checkpoint is not None else [])
+    callbacks = [guard, snapshots, *extra] + ([checkpoint] if checkpoint is not None else [])
     trainer = Trainer(nnx.Linear(3, 1, rngs=nnx.Rngs(0)), optax.adam(0.05), make_pipeline(tmp_path, poison), loss_fn,
                       callbacks=callbacks)
     return trainer, snapshots
@@ -92,9 +92,12 @@ def test_skip_names_the_nan_and_the_extreme_record_and_leaves_the_state_untouche
     order = epoch_order(tmp_path)
     nan_record, big_record = int(order[9]), int(order[33])  # steps 3 and 9 of epoch 0
     guard = StepGuard(tmp_path, action="skip", spike=20.0, warmup=4, window=8)
-    trainer, snapshots = build(tmp_path, {nan_record: np.nan, big_record: 300.0}, guard)
+    goodput = GoodputMonitor(plot=False, verbose=False)
+    trainer, snapshots = build(tmp_path, {nan_record: np.nan, big_record: 300.0}, guard, extra=[goodput])
     result = trainer.fit(num_steps=12)
     assert result.step == 12 and result.stop_reason is None
+    assert goodput.report["guard"]["skipped_steps"] == 2 and "2 step(s) skipped by the guard (steps 3, 9)" in \
+        goodput.report["text"]
     bad = [step_of(order, nan_record), step_of(order, big_record)]
     assert bad == [3, 9] and guard.skipped == bad
     for step in bad:  # bitwise the state of the step before: parameters and optimizer state
