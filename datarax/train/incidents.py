@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from datarax.monitoring.pictures import choose_field, save_grid
 from datarax.pipeline.replay import ReplayedBatch
 from datarax.train.loop.masking import per_record, record_mask, takes_mask
 from datarax.train.loop.step import EPOCH, RECORD_IDS, split_loss
@@ -43,8 +44,6 @@ def write_batch(replayed: ReplayedBatch, path: str | os.PathLike) -> Path:
 def write_images(replayed: ReplayedBatch, path: str | os.PathLike, field: str | None = None) -> str | None:
     """A PNG grid of the batch's image field (else its audio field, as spectrograms), each tile captioned
     `row: record id`; returns the field drawn, or None when the batch has neither (nothing written)."""
-    from datarax.cli.preview import choose_field, save_grid
-
     try:
         name, kind = choose_field(replayed.batch, field)
     except ValueError:
