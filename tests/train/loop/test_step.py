@@ -136,8 +136,7 @@ def test_accumulate_is_lax_scan(k):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("accumulate_steps", [1, 2])
-def test_a_loss_of_one_value_per_record_trains_as_its_mean(accumulate_steps):
+def test_a_loss_of_one_value_per_record_trains_as_its_mean():
     """`loss_fn` may return shape (batch,): the step trains on the mean, bitwise as `.mean()` in the loss."""
     def per_record(model, batch):
         logits = model(batch["x"])
@@ -146,7 +145,7 @@ def test_a_loss_of_one_value_per_record_trains_as_its_mean(accumulate_steps):
     states = []
     for fn in (per_record, loss_fn):
         setup = make_setup()
-        trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, fn, accumulate_steps=accumulate_steps)
+        trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, fn, accumulate_steps=2)
         trainer.fit(num_steps=3)
         states.append(leaves(setup.model))
     for got, want in zip(*states):
