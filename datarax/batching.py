@@ -122,3 +122,42 @@ def batch_indices(sampler, epoch: int, starts: np.ndarray, batch_size: int) -> n
     positions = padded_positions(np.asarray(starts)[:, None], np.arange(batch_size), len(sampler))
     got = sampler.indices(positions.reshape(-1), epoch)
     return got.reshape(len(starts), batch_size, *got.shape[1:]).astype(np.int32)
+
+
+def batch_at(length: int, batch_size: int, *, drop_remainder: bool, epoch: int, position: int,
+             offset: int) -> tuple[int, int, int]:
+    """`(epoch, position, num_valid)` of the batch `offset` batches from the cursor `(epoch, position)`:
+    0 is the batch `next()` returns next, -1 the one it returned last, in O(1) (no batch is made).
+
+    Counting back assumes every epoch's batches start at position 0, as they do for an iterator that
+    was never moved to an unaligned position (a trainer's); forward from an unaligned cursor, the
+    batches of its epoch start at the cursor, as `schedule` lists them.
+
+    Example:
+        >>> batch_at(5, 2, drop_remainder=False, epoch=1, position=2, offset=-2)
+        (0, 4, 1)
+        >>> batch_at(5, 2, drop_remainder=False, epoch=1, position=2, offset=3)
+        (2, 2, 2)
+    """
+    per_epoch = num_batches(length, batch_size, drop_remainder)
+    if per_epoch == 0:
+        raise ValueError(f"an epoch of {length} records has no batch of {batch_size} (drop_remainder="
+                         f"{drop_remainder}), so no step reads a batch")
+    if position >= per_epoch * batch_size or position >= length:  # past the epoch's last batch
+        epoch, position = epoch + 1, 0
+    if position % batch_size:
+        if offset < 0:
+            raise ValueError(f"the cursor (epoch {epoch}, position {position}) is not at a batch boundary of "
+                             f"batch_size {batch_size}, so the batches before it are not known by arithmetic")
+        left = num_batches(length - position, batch_size, drop_remainder)  # this epoch's batches from the cursor
+        if offset < left:
+            start = position + offset * batch_size
+            return epoch, start, min(batch_size, length - start)
+        epoch, position, offset = epoch + 1, 0, offset - left
+    index = epoch * per_epoch + position // batch_size + offset
+    if index < 0:
+        raise ValueError(f"the batch {-offset} before the cursor (epoch {epoch}, position {position}) would lie "
+                         "before epoch 0")
+    epoch, k = divmod(index, per_epoch)
+    start = k * batch_size
+    return epoch, start, min(batch_size, length - start)

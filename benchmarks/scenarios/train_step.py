@@ -6,6 +6,9 @@ crop, flip, normalise), batch 256. Sides, timed in alternating epochs:
 
 * `step alone`: the same jitted step on one batch already on the device (no input pipeline):
   the model's own rate, the ceiling of every other side;
+* `step alone, guarded`: the same with `datarax.train`'s bad-step guard compiled in (`StepGuard`:
+  the gradients' global norm, the finiteness checks and the keep-or-drop of the update), its
+  `guard_cost_pct` the share of the step time the guard adds;
 * `datarax`: the `cifar_builtin` pipeline (device-resident data, built-in operators) feeding the step;
 * on an accelerator, host-side peers feeding the step as their users do (a NumPy loader on every
   host core, Grain at its default and with a worker per core, tf.data when installed), each batch
@@ -76,9 +79,14 @@ class ResNet(nnx.Module):
         return self.head(x.mean(axis=(1, 2)))
 
 
-def make_step(model: ResNet, tx: optax.GradientTransformation):
-    """A jitted, buffer-donating `step(state, batch) -> (state, loss)` over the split model."""
+def make_step(model: ResNet, tx: optax.GradientTransformation, guard: bool = False):
+    """A jitted, buffer-donating `step(state, batch) -> (state, loss)` over the split model; with
+    `guard`, the trainer's bad-step check decides inside it whether the update applies."""
+    from datarax.train.loop.guard import GuardState, StepGuardConfig, check_step
+    from datarax.train.loop.precision import keep_if
+
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    guard_def, guard_state = nnx.split(GuardState(StepGuardConfig().window))
 
     def loss_fn(params, rest, batch):
         model = nnx.merge(graphdef, params, rest, copy=True)
@@ -89,12 +97,20 @@ def make_step(model: ResNet, tx: optax.GradientTransformation):
 
     @functools.partial(jax.jit, donate_argnums=0)
     def step(state, batch):
-        params, rest, opt_state = state
-        (loss, rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), rest, opt_state), loss
+        params, rest, opt_state, *checked = state
+        (loss, new_rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest, batch)
+        updates, new_opt = tx.update(grads, opt_state, params)
+        new = (optax.apply_updates(params, updates), new_rest, new_opt)
+        if not guard:
+            return new, loss
+        checker = nnx.merge(guard_def, checked[0])
+        applies, _ = check_step(checker, StepGuardConfig(), loss, grads, check_grads=True)
+        old, new = jax.tree.leaves((params, rest, opt_state)), jax.tree.leaves(new)
+        kept = jax.tree.unflatten(jax.tree.structure((params, rest, opt_state)),
+                                  keep_if(applies, new, old, [False] * len(new)))
+        return (*kept, nnx.state(checker)), loss
 
-    return step, (params, rest, tx.init(params))
+    return step, (params, rest, tx.init(params), *([guard_state] if guard else []))
 
 
 COMPILES = [0]  # backend compiles in this process since `count_compiles` first ran
@@ -115,16 +131,22 @@ def log(text: str) -> None:
     print(f"train_step: {text}", file=sys.stderr, flush=True)
 
 
-def timed_epochs(sides: dict, step, state, steps: int, repeats: int) -> tuple[dict, dict, object]:
+def timed_epochs(sides: dict, step, state, steps: int, repeats: int, own: dict | None = None
+                 ) -> tuple[dict, dict, object]:
     """Records per second of `steps` training steps per side (each side a callable giving an
     iterator of device batches), sides alternating, after one untimed warm-up epoch each.
-    Returns the median rates, every run's rate and the trained state (the step donates it)."""
+    Returns the median rates, every run's rate and the trained state (the step donates it).
+    `own` gives a side its own `[step, state]` (trained in place) instead of the shared ones."""
     runs = {name: [] for name in sides}
+    own = own or {}
     for round_ in range(repeats + 1):
         for name, batches in sides.items():
             compiles, start = COMPILES[0], time.perf_counter()
             loss = None
             for _, batch in zip(range(steps), batches()):
+                if name in own:
+                    own[name][1], loss = own[name][0](own[name][1], batch)
+                    continue
                 state, loss = step(state, batch)
             jax.block_until_ready(loss)
             seconds = time.perf_counter() - start
@@ -155,6 +177,7 @@ def run(options: BenchOptions) -> list[dict]:
     widths = WIDTHS.get(backend, DEFAULT_WIDTHS)
     model = ResNet(widths, rngs=nnx.Rngs(0))
     step, state = make_step(model, optax.sgd(0.05, momentum=0.9))
+    guarded = list(make_step(ResNet(widths, rngs=nnx.Rngs(0)), optax.sgd(0.05, momentum=0.9), guard=True))
     # Full batches only, as every other side gives: an epoch's short last batch would compile the
     # step again inside a timed epoch.
     pipeline = build_builtin_pipeline(data, drop_remainder=True)
@@ -167,12 +190,18 @@ def run(options: BenchOptions) -> list[dict]:
     described = f"ResNet widths {widths}, batch {BATCH}, {steps} steps an epoch"
     iterator = pipeline.epochs(None)
     try:
-        rates, runs, state = timed_epochs({"step alone": alone_side, "datarax": lambda: iterator},
-                                          step, state, steps, options.repeats)
+        rates, runs, state = timed_epochs({"step alone": alone_side, "step alone, guarded": alone_side,
+                                           "datarax": lambda: iterator}, step, state, steps, options.repeats,
+                                          own={"step alone, guarded": guarded})
     finally:
         iterator.close()
     alone, datarax = rates["step alone"], rates["datarax"]
+    checked = rates["step alone, guarded"]
+    guard_row = row("step alone, guarded", checked, runs["step alone, guarded"], alone, datarax,
+                    f"{described}; the step with StepGuard's check, {100 * (1 - checked / alone):.1f}% slower")
+    guard_row["guard_cost_pct"] = round(100 * (1 - checked / alone), 2)
     rows = [row("step alone", alone, runs["step alone"], alone, datarax, f"{described}; the step on one device batch"),
+            guard_row,
             row("datarax", datarax, runs["datarax"], alone, datarax,
                 f"{described}; adds {100 * (1 - datarax / alone):.1f}% to the step")]
     if not holds_accelerator():

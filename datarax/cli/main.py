@@ -1,4 +1,4 @@
-"""The `datarax` command line: run, train, validate, inspect, preview, materialize, bench, version.
+"""The `datarax` command line: run, train, replay, validate, inspect, preview, materialize, bench, version.
 
 Configuration commands take `--set key.path=value` (repeatable) and `--allow MODULE` (repeatable);
 bad input exits 1 with one line per problem on stderr, usage errors exit 2. See docs/cli.md.
@@ -126,6 +126,17 @@ def cmd_train(args) -> int:
     return status
 
 
+def cmd_replay(args) -> int:
+    """Prints the batch of step `--step` of the run in RUN_DIR (`datarax.cli.replay`)."""
+    from datarax.cli.replay import replay_command
+    from datarax.cli.wording import config_terms
+
+    if args.step < 1:
+        raise ValueError(f"--step must be a training step >= 1 (steps count from 1), got {args.step}")
+    print(config_terms(replay_command(args.run_dir, args.step, out=args.out, show=args.show, field=args.field)))
+    return 0
+
+
 BENCH_FROM_CHECKOUT = ("the benchmark suite is not installed with datarax; it runs from a source checkout: "
                        "run `datarax bench` (or `python -m benchmarks`) in the repository's root folder")
 
@@ -193,6 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     train = _config_parser(sub, "train", "run the configured trainer (resumes from checkpoint_dir)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(handler=cmd_train)
+    replay = sub.add_parser("replay", help="rebuild the batch a training step received: its records, their origins, "
+                                           "every stage's draws", description="Rebuild, bitwise, the batch step N of "
+                                           "a run received, from the run's configuration and checkpoints.")
+    replay.add_argument("run_dir", help="the run directory of a `datarax train` run (it holds run.json)")
+    replay.add_argument("--step", type=int, required=True, help="the training step (1-based)")
+    replay.add_argument("--out", default=None, help="write the batch's fields to this .npz")
+    replay.add_argument("--show", default=None,
+                        help="write a PNG grid of the batch's images, captioned 'row: record id'")
+    replay.add_argument("--field", default=None, help="the field --show draws (default: the first image-like field)")
+    replay.set_defaults(handler=cmd_replay)
     _config_parser(sub, "validate", "check a configuration file").set_defaults(handler=cmd_validate)
     _config_parser(sub, "inspect", "show element spec, host stages, per-stage shapes, the graph and the fingerprint"
                    ).set_defaults(handler=cmd_inspect)

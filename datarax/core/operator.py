@@ -92,6 +92,20 @@ class OperatorModule(nnx.Module, abc.ABC):
     def structure(self) -> str:
         return f"{type(self).__qualname__}({self.config!r})"
 
+    def draws(self, elements: Element, ctx: BatchContext) -> dict[str, jax.Array]:
+        """What this stage draws at random for each record of the batch `elements` under `ctx`, as
+        `apply_batch` draws it (each value with a leading batch axis): for looking back at what a
+        batch went through (`datarax.pipeline.replay`), never on the hot path.
+
+        Empty for a deterministic stage. A stochastic stage that does not name its parameters
+        reports each record's key (`key`: uint32 key data); the image and audio operators report
+        their drawn parameters (an angle, a box, a flip), the strategies their choice per record.
+        """
+        key = getattr(self, "key", None)
+        if isinstance(key, StageKey):
+            return {"key": jax.random.key_data(record_keys(key, ctx))}
+        return {}
+
 
 def stage_key_from_rngs(owner: str, config: OperatorConfig, rngs: nnx.Rngs | None) -> StageKey | None:
     """Draws a stochastic stage's base key from `rngs`, with a clear error when it cannot.

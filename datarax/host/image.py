@@ -367,11 +367,7 @@ class DecodeImage(DecodingStage):
             early = image.format == "PNG" and "exif" not in image.info
             if early:
                 held.enter_context(self._reserve(pillow_bytes(image.mode, *image.size, False), image_summary(image)))
-            orientation = image.getexif().get(_ORIENTATION_TAG, 1)
-            transpose = self._transpose.get(orientation)
-            width, height = image.size
-            if transpose is not None and orientation >= 5:  # a quarter turn: the upright image is height x width
-                width, height = height, width
+            transpose, height, width = self._upright(image)
             box = draw_box(height, width)
             out_h, out_w = self.config.size
             reduce = 1
@@ -400,6 +396,35 @@ class DecodeImage(DecodingStage):
             if image.mode == "L":  # replicating gray after the resize is the same and a third of the work
                 image = image.convert("RGB")
             return np.asarray(image)
+
+    def _upright(self, image: Any) -> tuple[Any, int, int]:
+        """`(transpose, height, width)` of an opened image: the EXIF turn that makes it upright (None)
+        and its upright size."""
+        orientation = image.getexif().get(_ORIENTATION_TAG, 1)
+        transpose = self._transpose.get(orientation)
+        width, height = image.size
+        if transpose is not None and orientation >= 5:  # a quarter turn: the upright image is height x width
+            width, height = height, width
+        return transpose, height, width
+
+    def draws(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray]:
+        """`{"box": int64[B, 4]}`: each record's random-resized crop as (top, left, height, width) in its
+        upright image, as the decode draws it; -1s for a record whose header cannot be read (its decode
+        fails and names it). Empty for a centre crop."""
+        if not self.stochastic:
+            return {}
+        data, config, seed = batch[self.config.field], self.config, ctx.seed_of(self.seed)
+        boxes = np.full((len(data), 4), -1, np.int64)
+        for row in range(len(data)):
+            try:
+                encoded = data[row].read() if isinstance(data[row], FileRef) else data[row]
+                header = self._turbo.header(encoded) if self._turbo is not None else None
+                height, width = (header[0], header[1]) if header is not None else self._upright(self._open(encoded))[1:]
+            except Exception:  # whatever a bad file raises; decoding it raises (or skips) it by name
+                continue
+            rng = rekeyed_generator(seed, ctx.stage, ctx.epoch, int(ctx.record_ids[row]))
+            boxes[row] = random_resized_box(height, width, config.scale, config.ratio, rng)
+        return {"box": boxes}
 
     def _open(self, data: bytes) -> Any:
         """Pillow's lazy open (the header only), with empty and unrecognised files said plainly."""

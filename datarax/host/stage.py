@@ -182,6 +182,16 @@ class HostStage(abc.ABC):
         """Memory the stage may hold while it works beyond the batch it returns (its decode budget)."""
         return 0
 
+    def draws(self, batch: dict[str, np.ndarray], ctx: HostContext) -> dict[str, np.ndarray] | None:
+        """What this stage draws at random for each record of `batch` under `ctx`, as `__call__` draws
+        it (each value with a leading batch axis), for looking back at a batch
+        (`datarax.pipeline.replay`); never on the hot path.
+
+        `{}` for a deterministic stage; None for a stochastic one that cannot name its draws (a
+        user function drawing from its generator). `DecodeImage` reports its crop boxes.
+        """
+        return None if self.stochastic else {}
+
     def ahead(self, batch: dict[str, np.ndarray], ctx: HostContext) -> None:
         """The input of the batch after the one the stage is called on next (file references: see
         `reads_files`); a stage that works ahead may start on it, the others ignore it."""
@@ -357,6 +367,25 @@ class HostStageSource(DataSourceModule):
         for k, v in batch.items():
             if k not in written:
                 np.copyto(out[k], v)
+        return out
+
+    def draws(self, indices: np.ndarray, epoch: int) -> list[tuple[str, dict[str, np.ndarray] | None]]:
+        """`(label, draws)` of every stochastic host stage for the records at `indices` (int[B]) in
+        `epoch` (label `host[i] DecodeImage`: its place among the host stages and its class):
+        `HostStage.draws` with one row per index. Reads and runs the stages as `read` does
+        (for looking back at a batch, never on the hot path)."""
+        ids = np.asarray(indices, np.int64).reshape(-1)
+        distinct, rows = first_rows(ids)
+        batch = self.source.read(distinct, int(epoch))
+        out = []
+        for i, stage in enumerate(self.stages):
+            ctx = HostContext(distinct, int(epoch), i, self.source.describe_record, self.seed)
+            if stage.stochastic:
+                drawn = stage.draws(batch, ctx)
+                out.append((f"host[{i}] {type(stage).__name__}",
+                            None if drawn is None else {k: v[rows] for k, v in drawn.items()}))
+            if i < len(self.stages) - 1:
+                batch = stage(batch, ctx)
         return out
 
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:

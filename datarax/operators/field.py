@@ -126,6 +126,12 @@ class FieldOperator(PerRecordOperator):
                              "parameters")
         return jax.vmap(lambda key: self.draw(key, tuple(shape)))(record_keys(self.key, ctx))
 
+    def draws(self, elements: Element, ctx: BatchContext) -> dict[str, Any]:
+        """`draw_batch` for the records of `elements` (empty when the operator is not stochastic)."""
+        if self.key is None:
+            return {}
+        return self.draw_batch(ctx, tuple(jax.vmap(self.read)(elements).shape[1:]))
+
     def apply_many(self, x: jax.Array, params: dict[str, Any]) -> jax.Array:
         """The maths on a whole batch (`x` and every param with a leading batch axis): `apply` vmapped,
         or a batch formulation where a subclass has one. Backends in

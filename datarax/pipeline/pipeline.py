@@ -28,6 +28,7 @@ from datarax.monitoring.stages import StageTimes
 from datarax.pipeline.chain import Chain
 from datarax.pipeline.compiled import MAX_CHUNK_BATCHES, CompiledProgram, run_program
 from datarax.pipeline.iterator import PipelineIterator
+from datarax.pipeline.replay import ReplayedBatch, replay_batch
 from datarax.pipeline.state import Epochs, fingerprint
 from datarax.samplers.base import Sampler
 from datarax.samplers.simple import default_sampler
@@ -241,6 +242,20 @@ class Pipeline(nnx.Module, Epochs):
         """One iterator over `num_epochs` epochs from the next one (None: endless)."""
         check_positive_int(num_epochs, "num_epochs", allow_none=True)
         return PipelineIterator(self, self.reserve_epochs(num_epochs), num_epochs, one_epoch=False)
+
+    def replay(self, epoch: int, position: int) -> ReplayedBatch:
+        """The batch that starts at `position` of `epoch`, rebuilt bitwise without reading any batch
+        before it: its record ids, where each came from, what every stochastic stage drew for each
+        record, and the batch as iterating returns it (`datarax.pipeline.replay.ReplayedBatch`).
+
+        Raises `ReplayError` for a stream source (no random access) or a batch this pipeline never
+        yields (the short final batch under `drop_remainder=True`).
+
+        Example:
+            >>> replayed = pipeline.replay(epoch=1, position=64)  # doctest: +SKIP
+            >>> replayed.origins[0], replayed.draws["stages[0] RandomCropOperator"]["offset"][0]  # doctest: +SKIP
+        """
+        return replay_batch(self, epoch, position)
 
     def track_reader(self, reader: Any) -> None:
         """Registers an iterator's background reader (a `Prefetcher`), which `close` stops and waits for."""

@@ -121,6 +121,13 @@ class MixDataSources(DataSourceModule):
             flat_out[self.config.source_field][...] = comp
         return out
 
+    def describe_record(self, record_id: int) -> str:
+        """`source 1 (row 17 of books.parquet)`: the component a record belongs to and its own origin there."""
+        c = int(np.searchsorted(np.asarray(self._offsets[1:]), record_id, side="right"))
+        if not 0 <= record_id < len(self):
+            return f"record {record_id}"
+        return f"source {c} ({self.sources[c].describe_record(record_id - self._offsets[c])})"
+
     def sampler(self) -> Sampler:
         c = self.config
         return MixSampler(self._lengths, c.weights, seed=self.seed, shuffle=c.shuffle, epoch_length=c.epoch_length,

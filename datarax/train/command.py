@@ -9,7 +9,9 @@ exit status is then 128 + the signal number, so a scheduler sees the run as inte
 A progress display on stderr (a bar on a terminal, a plain line every 30 s when piped), a goodput
 monitor and a JSON-lines metric logger are added unless the configuration lists its own.
 `result.json` holds the final step, metrics, evaluation metrics and `params_sha256`, a hash of the
-model's final state (equal hashes: bitwise-equal weights).
+model's final state (equal hashes: bitwise-equal weights), and the guard's incidents; `run.json`,
+written before training, is what `datarax replay RUN_DIR --step N` rebuilds a step's batch from
+(`datarax.train.replay`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from datarax.monitoring.writers import JsonlWriter
 from datarax.train.callbacks import GoodputMonitor, MetricLogger, ProgressBar
 from datarax.train.config import build_trainer, run_dir_of
 from datarax.train.pretrained.finetune import finetune_summary
+from datarax.train.replay import write_run_file
 
 
 def default_callbacks(configured: Sequence[Any], run_dir: str, *, progress: bool | None) -> list[Any]:
@@ -60,6 +63,7 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     run_dir = run_dir_of(spec)
     os.makedirs(run_dir, exist_ok=True)
     run = build_trainer(spec, extra_callbacks=default_callbacks(spec.trainer.callbacks, run_dir, progress=progress))
+    write_run_file(spec, run.run_dir, run.trainer.train_pipeline, run.checkpoint_dir)
     if run.finetune is not None:  # before the run, which may be long; the report repeats it
         print(f"datarax: finetune: {finetune_summary(run.finetune)}", file=sys.stderr)
     began = time.perf_counter()
@@ -68,13 +72,16 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
     report = next((cb.report for cb in run.trainer.callbacks if isinstance(getattr(cb, "report", None), dict)
                    and "diagnosis" in cb.report), None)
     goodput = None if report is None else str(report["diagnosis"])
+    guard = run.trainer.guard
     write_result(os.path.join(run.run_dir, "result.json"), {
         "config": os.path.abspath(spec.path), "step": result.step, "num_steps": run.num_steps,
         "num_epochs": run.num_epochs, "resumed_from": result.resumed_from, "stop_reason": result.stop_reason,
         "metrics": result.metrics, "eval_metrics": result.eval_metrics,
         "eval_records": run.trainer.last_eval_records if result.eval_metrics else None, "goodput": goodput,
         "params_sha256": state_sha256(run.trainer.model), "checkpoint_dir": run.checkpoint_dir,
-        "finetune": run.finetune, "wall_s": time.perf_counter() - began})
+        "finetune": run.finetune, "wall_s": time.perf_counter() - began,
+        "skipped_steps": None if guard is None else list(guard.skipped),
+        "incidents": None if guard is None else list(guard.incidents)})
     lines = [f"config       {spec.path}"]
     if run.finetune is not None:
         lines.append(f"finetune     {finetune_summary(run.finetune)}")
@@ -92,7 +99,9 @@ def train(spec: Any, *, progress: bool | None = None) -> tuple[int, str]:
         # Every sentence of the report (headline, verdict, evaluation, across runs), one per line.
         text = str(report.get("text") or goodput).replace("\n", "\n             ")
         lines.append(f"goodput      {text}")
-    lines.append(f"run files    {run.run_dir} (metrics.jsonl, goodput.json, result.json)")
+    if guard is not None and guard.summary() is not None and not goodput:
+        lines.append(f"guard        {guard.summary()}")
+    lines.append(f"run files    {run.run_dir} (metrics.jsonl, goodput.json, result.json, run.json)")
     if run.checkpoint_dir:
         lines.append(f"checkpoints  {run.checkpoint_dir} (run again to resume)")
     status = 0

@@ -37,7 +37,7 @@ from datarax.config.schema import (
 from datarax.config.spec import RunSpec, check_positive, register_section
 from datarax.core.checks import is_int
 from datarax.monitoring.writers import JsonlWriter
-from datarax.train.callbacks import CheckpointCallback, ProfilerConfig
+from datarax.train.callbacks import CheckpointCallback, ProfilerConfig, StepGuard, StepGuardConfig
 from datarax.train.checkpointing.run_config import NOT_FINGERPRINTED
 from datarax.train.loop.compile_cache import default_cache_dir
 from datarax.train.loop.settings import check_settings
@@ -56,7 +56,10 @@ class TrainerSection:
     what they mean there; `max_to_keep`, `keep_best`, `best_metric`, `best_mode` and `on_damaged`
     are `CheckpointCallback`'s. A `[trainer.finetune]` sub-table is a
     `datarax.train.pretrained.FinetuneConfig`: its files are read at every start, and a resumed run
-    restores its own checkpoint over them. Import paths name only modules the configuration allows
+    restores its own checkpoint over them. A `[trainer.guard]` sub-table is a
+    `datarax.train.callbacks.StepGuardConfig` (`action = "skip"`, `spike = 10.0`, ...): every configured
+    run has a `StepGuard` writing into `<run_dir>/incidents` unless `guard = false` (or its callbacks
+    list one). Import paths name only modules the configuration allows
     (`datarax.config.allow`).
 
     Attributes:
@@ -133,6 +136,7 @@ class TrainerSpec:
     callbacks: list[ComponentSpec]
     table: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [trainer] table as written
     finetune: Any = None  # datarax.train.pretrained.FinetuneConfig from [trainer.finetune]
+    guard: StepGuardConfig | None = None  # [trainer.guard]; None: no guard (guard = false)
 
 
 def _validate_optimizer(value: Any, path: Path, ctx: Context):
@@ -188,7 +192,8 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
         ctx.problems.add(path, f"must be a table, got {value!r}")
         return None
     section = build_dataclass(TrainerSection, value, path, ctx.problems, resolve_callable=ctx.resolve_callable,
-                              extra_keys=("finetune",))
+                              extra_keys=("finetune", "guard"))
+    guard = _validate_guard(value.get("guard", True), (*path, "guard"), ctx)
     finetune = _validate_finetune(value["finetune"], (*path, "finetune"), ctx) if "finetune" in value else None
     cls = section.trainer_class if section is not None else None
     if cls is not None and not (isinstance(cls, type) and issubclass(cls, Trainer)):
@@ -221,9 +226,26 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
                                                       f"{batch_size} (each step's batch is split into that many "
                                                       "equal micro-batches)")
         section = None
-    if section is None or optimizer is None or ("finetune" in value and finetune is None):
+    if section is None or optimizer is None or ("finetune" in value and finetune is None) or guard is INVALID:
         return None
-    return TrainerSpec(section, optimizer, callbacks, dict(value), finetune)
+    return TrainerSpec(section, optimizer, callbacks, dict(value), finetune, guard)
+
+
+INVALID = object()
+
+
+def _validate_guard(value: Any, path: Path, ctx: Context) -> Any:
+    """`[trainer.guard]` as a `StepGuardConfig`; None for `guard = false`; `INVALID` after a problem."""
+    if value is True:
+        return StepGuardConfig()
+    if value is False:
+        return None
+    if not is_table(value):
+        ctx.problems.add(path, f"must be true, false or a table of StepGuardConfig settings (e.g. {{ action = "
+                               f"\"skip\", spike = 10.0 }}), got {value!r}")
+        return INVALID
+    config = build_dataclass(StepGuardConfig, value, path, ctx.problems)
+    return INVALID if config is None else config
 
 
 def _validate_finetune(value: Any, path: Path, ctx: Context) -> Any:
@@ -301,6 +323,9 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
                                                max_to_keep=section.max_to_keep, on_damaged=section.on_damaged,
                                                keep_best=section.keep_best, best_metric=section.best_metric,
                                                best_mode=section.best_mode))
+    configured = [*callbacks, *extra_callbacks]
+    if spec.trainer.guard is not None and not any(isinstance(cb, StepGuard) for cb in configured):
+        callbacks.append(StepGuard(run_dir_of(spec), spec.trainer.guard))
     trainer_cls = section.trainer_class or Trainer
     eval_every = section.eval_every_steps
     if eval_pipeline is not None and eval_every is None:
@@ -407,9 +432,11 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
         fields = ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in batch.items())
         raise ConfigError([f"trainer.loss fails on the pipeline's output batch ({fields}): {type(exc).__name__}: "
                            f"{first_line(exc)}"], spec.path) from exc
-    if getattr(value, "shape", None) != ():
-        raise ConfigError([f"trainer.loss must return a scalar loss (or (loss, aux)), got shape "
-                           f"{getattr(value, 'shape', type(value).__name__)}"], spec.path)
+    rows = next(iter(batch.values())).shape[0]
+    if getattr(value, "shape", None) not in ((), (rows,)):
+        raise ConfigError([f"trainer.loss must return a scalar loss or one loss per record (shape ({rows},)), "
+                           f"alone or as (loss, aux), got shape {getattr(value, 'shape', type(value).__name__)}"],
+                          spec.path)
 
 
 def run_dir_of(spec: RunSpec) -> str:

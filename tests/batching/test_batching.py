@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from datarax.batching import check_batch_size, num_batches, padded_positions, schedule
+from datarax.batching import batch_at, check_batch_size, num_batches, padded_positions, schedule
 
 
 def enumerate_batches(length, batch_size, drop, epoch, position, end_epoch):
@@ -49,6 +49,22 @@ def test_schedule_resumed_at_any_cursor_continues_the_same_batches(length, batch
     for k, (epoch, position, n) in enumerate(full):
         rest = schedule(length, batch_size, drop_remainder=drop, epoch=epoch, position=position + n, end_epoch=3)
         assert list(rest) == full[k + 1:]
+
+
+@pytest.mark.parametrize("length,batch_size,drop", [(20, 3, False), (20, 3, True), (9, 8, False), (8, 8, True),
+                                                    (1, 4, False)])
+def test_batch_at_counts_from_any_cursor_as_the_python_enumeration_does(length, batch_size, drop):
+    full = enumerate_batches(length, batch_size, drop, 0, 0, 4)
+    for k, (epoch, position, n) in enumerate(full):  # the cursor after batch k: reach every batch from it
+        for j, want in enumerate(full):
+            assert batch_at(length, batch_size, drop_remainder=drop, epoch=epoch, position=position + n,
+                            offset=j - k - 1) == want
+    with pytest.raises(ValueError, match="before epoch 0"):
+        batch_at(length, batch_size, drop_remainder=drop, epoch=0, position=0, offset=-1)
+    for start in range(1, length):  # an unaligned cursor: forward as the enumeration from it
+        want = enumerate_batches(length, batch_size, drop, 1, start, 3)
+        assert [batch_at(length, batch_size, drop_remainder=drop, epoch=1, position=start, offset=j)
+                for j in range(len(want))] == want
 
 
 @pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 64, 100])

@@ -17,7 +17,7 @@ from benchmarks.scenarios import train_step
 def test_peers_come_after_datarax_one_at_a_time_each_loader_stopped(monkeypatch):
     events, shapes = [], []
 
-    def make_step(model, tx):
+    def make_step(model, tx, guard=False):
         @jax.jit
         def step(state, batch):
             return state + 1, jnp.mean(batch["image"])
@@ -50,15 +50,17 @@ def test_peers_come_after_datarax_one_at_a_time_each_loader_stopped(monkeypatch)
     monkeypatch.setattr(train_step, "log", lambda text: events.append(text.split(":")[0]))
     rows = train_step.run(BenchOptions(repeats=2, scale=0.3))  # 614 records: 2 full batches an epoch
 
-    sides = ["step alone, warm-up", "datarax, warm-up", "step alone, round 1", "datarax, round 1",
-             "step alone, round 2", "datarax, round 2"]
+    sides = [f"{side}, {when}" for when in ("warm-up", "round 1", "round 2")
+             for side in ("step alone", "step alone, guarded", "datarax")]
     peer_a = ["peer a", "step alone, warm-up", "peer a, warm-up", "step alone, round 1", "peer a, round 1",
               "step alone, round 2", "peer a, round 2", "a stopped"]
     peer_b = [e.replace("peer a", "peer b").replace("a stopped", "b stopped") for e in peer_a]
     assert [e for e in events if "records" not in e] == sides + ["a built"] + peer_a + ["b built"] + peer_b
     assert set(shapes) == {256}  # full batches only: the datarax epoch's short last batch is dropped
     by_name = {row["framework"]: row for row in rows}
-    assert list(by_name) == ["step alone", "datarax", "peer a", "peer b"]
+    assert list(by_name) == ["step alone", "step alone, guarded", "datarax", "peer a", "peer b"]
+    assert by_name["step alone, guarded"]["guard_cost_pct"] == pytest.approx(
+        100 * (1 - by_name["step alone, guarded"]["el_s"] / by_name["step alone"]["el_s"]), abs=0.01)
     alone = by_name["step alone"]["el_s"]
     for name in ("datarax", "peer a", "peer b"):
         row = by_name[name]

@@ -7,7 +7,8 @@ single-process run of the same pipeline in this test process:
   (records, augmented values and order), with every process running the same number of steps;
 * a jitted reduction over each global batch sees every process's rows;
 * elastic resume: a checkpoint written by 1 process continues the same stream on N processes,
-  and one written by N processes continues it on 1.
+  and one written by N processes continues it on 1;
+* replay: one process rebuilds any step's global batch of the N-process run (`Pipeline.replay`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from datarax.batching import batch_at
 from datarax.checkpoint import IteratorRestore, IteratorSave
 from datarax.sharding import DataSharding
 
@@ -114,6 +116,23 @@ def check_stream(results: list[dict], phase: str, want: list[dict]) -> None:
         assert totals == {int(ref["id"].sum())}, f"{phase} step {step}: global reductions {totals}"
 
 
+def check_replay(results: list[dict], saved_state: dict, saved_at: int) -> None:
+    """Steps of the N-process run replayed by this one process (`Pipeline.replay`, placed by `batch_at`
+    from the run's start and from the state the N processes saved): the same global batches."""
+    pipeline = worker.build(DataSharding.data_parallel())
+    per_epoch, length = len(pipeline), len(pipeline.sampler)
+    for step in (0, per_epoch - 1, per_epoch, 2 * per_epoch - 1):  # each epoch's first and short last batch
+        for epoch, position, offset in ((0, 0, step), (saved_state["epoch"], saved_state["position"],
+                                                       step - saved_at)):
+            where = batch_at(length, worker.BATCH, drop_remainder=False, epoch=epoch, position=position, offset=offset)
+            replayed = pipeline.replay(*where[:2])
+            got = assemble(results, "fresh", step)
+            np.testing.assert_array_equal(replayed.batch["id"], got["id"])
+            np.testing.assert_array_equal(replayed.batch["mask"], got["mask"].astype(bool))
+            np.testing.assert_allclose(replayed.batch["x"], got["x"].astype(np.float32), **AUGMENT_TOL)
+            np.testing.assert_array_equal(replayed.record_ids, got["id"])
+
+
 def single_process_save(directory: Path, steps: int) -> dict:
     """Runs `steps` steps in this (single) process over its 8 devices and saves the iterator."""
     it = worker.build(DataSharding.data_parallel()).epochs(worker.EPOCHS)
@@ -167,6 +186,7 @@ def test_multihost_union_augmentation_and_elastic_resume(tmp_path, monkeypatch, 
     # The state is global: the fingerprint does not depend on the process count or layout.
     assert {r["fingerprint"] for r in results} == {worker.build().fingerprint}
     check_stream(results, "fresh", want)
+    check_replay(results, results[0]["saved_state"], save_many)  # N -> 1: the same global batches
 
     # 1 -> N: the processes continue the single process's stream.
     assert {r["restored_step"] for r in results} == {save_one}

@@ -127,8 +127,12 @@ class MixOperator(OperatorModule):
         raise ValueError(f"{name} expects labels in field {config.label_field!r} as int class ids (B,) or "
                          f"one-hot rows (B, {config.num_classes}), got {describe_value(labels)}")
 
+    def draws(self, elements: Element, ctx: BatchContext) -> dict[str, jax.Array]:
+        """`draw_parameters` for this batch: each record's partner (a row of the batch) and weights."""
+        return draw_parameters(self, ctx, self.read(elements)[0].shape[1:])
+
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
-        return self.apply_drawn(elements, draw_parameters(self, ctx, self.read(elements)[0].shape[1:]))
+        return self.apply_drawn(elements, self.draws(elements, ctx))
 
     def apply_drawn(self, elements: Element, drawn: dict[str, jax.Array]) -> Element:
         """Mixes a batch with parameters from `draw_parameters` (what `apply_batch` does)."""

@@ -68,6 +68,10 @@ class BranchOperator(OperatorModule):
                             f"got {describe_value(index)} for a batch of {ctx.record_ids.shape[0]}")
         return jnp.clip(index.astype(jnp.int32), 0, len(self.branches) - 1)
 
+    def draws(self, elements: Element, ctx: BatchContext) -> dict[str, jax.Array]:
+        """`{"branch": int32[B]}` for a router that draws (one that takes a key); else empty."""
+        return {} if self.key is None else {"branch": self.route(elements, ctx)}
+
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
         index = self.route(elements, ctx)
         outputs = run_all(self.branches, elements, ctx)

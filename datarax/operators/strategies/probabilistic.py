@@ -67,6 +67,10 @@ class ProbabilisticOperator(OperatorModule):
         draws = jax.vmap(jax.random.uniform)(record_keys(self.key, ctx))
         return draws < self.config.probability
 
+    def draws(self, elements: Element, ctx: BatchContext) -> dict[str, jax.Array]:
+        """`{"applied": bool[B]}`: the coin of every record (the operator's own draws are its own)."""
+        return {"applied": self.applied(ctx)}
+
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
         transformed = self.operator.apply_batch(elements, ctx)
         outputs = [elements, transformed]

@@ -86,6 +86,10 @@ class SelectorOperator(OperatorModule):
         logits = jax.lax.stop_gradient(self.current_logits())
         return jax.vmap(lambda k: jax.random.categorical(k, logits))(record_keys(self.key, ctx)).astype(jnp.int32)
 
+    def draws(self, elements: Element, ctx: BatchContext) -> dict[str, jax.Array]:
+        """`{"choice": int32[B]}`: the operator each record went through."""
+        return {"choice": self.choices(ctx)}
+
     def apply_batch(self, elements: Element, ctx: BatchContext) -> Element:
         outputs = run_all(self.operators, elements, ctx)
         check_same_structure(outputs, "SelectorOperator")

@@ -61,6 +61,7 @@ class StepLogs:
         output: a device array ready when the call is done; wait on it only off the main thread.
         epoch: the data epoch this step's batch came from.
         compile_cause: why the step compiled, when it did (e.g. "the epoch's short final batch").
+        guard: with a `StepGuard`, the call's verdict as device arrays (`datarax.train.loop.guard`).
     """
 
     step: int
@@ -74,6 +75,7 @@ class StepLogs:
     epoch: int = 0
     compile_cause: str | None = None
     steps: int = 1
+    guard: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ def report_text(report: dict) -> str:
     """The report's sentences, one per line: headline, training verdict, evaluation, across runs."""
     lines = [report.get("headline", ""), report.get("diagnosis", "")]
     lines.append((report.get("eval") or {}).get("verdict", ""))
+    lines.append((report.get("guard") or {}).get("text", ""))
     cumulative_ = report.get("cumulative") or {}
     if cumulative_.get("runs", 0) > 1:
         lines.append(cumulative_["text"])
@@ -193,6 +194,10 @@ class GoodputMonitor(Callback):
         else:
             report["eval"] = eval_goodput(self.eval_ledgers, reader_breakdown(self._eval_reader)
                                           if self._eval_reader else None)
+            guard = getattr(trainer, "guard", None)
+            if guard is not None and guard.summary() is not None:  # skipped steps are counted, never hidden
+                report["guard"] = {"skipped_steps": guard.skipped_count, "steps": list(guard.skipped),
+                                   "incidents": list(guard.incidents), "text": guard.summary()}
             if self.history is not None:
                 self._record(trainer, finished=True)
                 report["cumulative"] = cumulative(self.history.all_segments())

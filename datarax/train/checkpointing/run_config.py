@@ -24,7 +24,7 @@ import numpy as np
 
 # [trainer] keys that say how long, where or how often, not what is trained: a resumed run may change them.
 NOT_FINGERPRINTED = frozenset({"steps", "epochs", "checkpoint_dir", "run_dir", "checkpoint_every", "max_to_keep",
-                               "eval_every_steps", "callbacks", "compilation_cache", "allow_config_change",
+                               "eval_every_steps", "callbacks", "compilation_cache", "allow_config_change", "guard",
                                "on_damaged", "keep_best", "best_metric", "best_mode", "param_sharding"})
 RESUME_ANYWAY = ("start fresh in a new checkpoint directory (or empty this one), resume with the configuration the "
                  "checkpoint was written with, or resume anyway with Trainer(..., allow_config_change=True) "

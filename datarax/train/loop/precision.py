@@ -136,11 +136,12 @@ def next_scale(scale: jax.Array, good_steps: jax.Array, finite: jax.Array) -> tu
 
 
 def keep_if(ok: jax.Array, new: list, old: list, always: list[bool]) -> list:
-    """`new` where `ok`, else `old`, value by value; positions marked in `always` (the loss scale) and
-    PRNG keys (which a step never changes) are taken from `new`."""
+    """`new` where `ok`, else `old`, value by value; positions marked in `always` (the loss scale and
+    the guard's counters), PRNG keys (which a step never changes) and values that are not arrays
+    (optax's `MaskedNode` placeholders) are taken from `new`."""
 
     def pick(n, o, take_new):
-        if take_new or jax.dtypes.issubdtype(n.dtype, jax.dtypes.prng_key):
+        if take_new or not hasattr(n, "dtype") or jax.dtypes.issubdtype(n.dtype, jax.dtypes.prng_key):
             return n
         return jnp.where(ok, n, o)
 

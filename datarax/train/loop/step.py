@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from datarax.train.loop.ema import ParamEMA
+from datarax.train.loop.guard import GUARD, GuardState, StepGuardConfig, check_step, guard_positions
 from datarax.train.loop.masking import masked_mean, per_record, per_record_metrics, record_mask, takes_mask
 from datarax.train.loop.precision import (
     LossScale,
@@ -92,14 +93,15 @@ class JointModule(nnx.Module):
 
 class TrainState(nnx.Module):
     """What one train step reads and updates: the trainable module(s), the optimizer, and when
-    switched on the parameters' moving average and the float16 loss scale."""
+    switched on the parameters' moving average, the float16 loss scale and the bad-step guard."""
 
     def __init__(self, trainable: nnx.Module, optimizer: nnx.Optimizer, *, ema: ParamEMA | None = None,
-                 loss_scale: LossScale | None = None):
+                 loss_scale: LossScale | None = None, guard: GuardState | None = None):
         self.trainable = trainable
         self.optimizer = optimizer
         self.ema = ema
         self.loss_scale = loss_scale
+        self.guard = guard
 
 
 def split_loss(out: Any) -> tuple[jax.Array, Any]:
@@ -111,9 +113,14 @@ def split_loss(out: Any) -> tuple[jax.Array, Any]:
     return out, None
 
 
-def check_loss(loss: Any) -> jax.Array:
-    if getattr(loss, "shape", None) != ():
-        raise ValueError(f"loss_fn must return a scalar loss (shape ()), got shape {getattr(loss, 'shape', None)}; "
+def check_loss(loss: Any, rows: int | None = None) -> jax.Array:
+    """`loss` as a scalar: a scalar as it is, one loss per record (shape `(rows,)`) averaged."""
+    shape = getattr(loss, "shape", None)
+    if rows is not None and shape == (rows,):
+        return loss.mean()
+    if shape != ():
+        per_record = f" or one loss per record (shape ({rows},))" if rows is not None else ""
+        raise ValueError(f"loss_fn must return a scalar loss (shape ()){per_record}, got shape {shape}; "
                          "reduce it with .mean() or .sum()")
     return loss
 
@@ -180,7 +187,16 @@ def batch_loss(loss_fn: LossFn, model: nnx.Module, data: Any, mask: jax.Array | 
         else:
             losses, aux = per_record(loss_fn, model, data, split_loss)
             return masked_mean(losses, mask), aux
-    return check_loss(loss).astype(jnp.float32), aux
+    rows = batch_rows_of(data)
+    if mask is not None and getattr(loss, "shape", None) == (rows,):  # per-record losses: the valid rows' mean
+        return masked_mean(loss.astype(jnp.float32), mask), aux
+    return check_loss(loss, rows).astype(jnp.float32), aux
+
+
+def batch_rows_of(data: Any) -> int | None:
+    """The leading axis of a batch's fields (None for a batch with no arrays)."""
+    leaves = [x for x in jax.tree.leaves(data) if getattr(x, "ndim", 0)]
+    return leaves[0].shape[0] if leaves else None
 
 
 def combine_micro_batches(stacked: dict[str, Any], metric_fns: Any, k: int, weights: jax.Array | None = None
@@ -303,7 +319,8 @@ class HostMetrics(MutableMapping):
 
 
 def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mapping[str, MetricFn] | type,
-                    joint: bool, *, accumulate_steps: int = 1, precision: str = "f32") -> Callable:
+                    joint: bool, *, accumulate_steps: int = 1, precision: str = "f32",
+                    guard: StepGuardConfig | None = None) -> Callable:
     """step(values, batch) -> (new values, {"loss": ..., metric: ...}) for `binding`'s TrainState.
 
     The gradient is taken with respect to the trainable module's `nnx.Param`s; the rest of its state
@@ -312,10 +329,12 @@ def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mappi
     traced sequence) runs one after the other, adding their gradients; the optimizer then applies
     their mean once, so a per-record mean loss gets the gradient of the whole batch. `precision`
     casts parameters and float inputs inside the loss (`datarax.train.loop.precision`); the
-    TrainState's `ema` and `loss_scale`, when present, are updated after the optimizer.
+    TrainState's `ema` and `loss_scale`, when present, are updated after the optimizer. With a
+    `guard` (the TrainState's `guard` then holds its `GuardState`) a bad step's update is dropped
+    inside the step (`datarax.train.loop.guard`) and its verdict returned under `GUARD`.
     """
     dtype = compute_dtype(precision)
-    scale_positions = [path[0] == "loss_scale" for path in binding.paths]
+    kept = [a or b for a, b in zip((path[0] == "loss_scale" for path in binding.paths), guard_positions(binding.paths))]
 
     def forward(module, batch, valid_total):
         """(objective, loss, aux, data, mask, weight): the loss to differentiate (over valid
@@ -372,19 +391,24 @@ def make_train_step(binding: VariableBinding, loss_fn: LossFn, metric_fns: Mappi
             metrics = combine_micro_batches(outs, metric_fns, accumulate_steps, weights)
         if scale is not None:
             grads = jax.tree.map(lambda g: g / scale, grads)
+        applies = None
+        if state.guard is not None:
+            applies, metrics[GUARD] = check_step(state.guard, guard, metrics["loss"], grads, check_grads=scale is None)
         nnx.update(state.trainable, rest)
         state.optimizer.update(state.trainable, grads)
         if state.ema is not None:
             state.ema.update(state.trainable.model if joint else state.trainable)
-        if scale is None:
+        if scale is not None:
+            # A step with non-finite gradients changes nothing but the scale: it is skipped and retried smaller.
+            finite = all_finite(grads)
+            new_scale, good = next_scale(scale, state.loss_scale.good_steps.get_value(), finite)
+            state.loss_scale.scale.set_value(new_scale)
+            state.loss_scale.good_steps.set_value(good)
+            applies = finite if applies is None else applies & finite
+            metrics = {**metrics, "loss_scale": scale}
+        if applies is None:
             return binding.values_of(state), metrics
-        # A step with non-finite gradients changes nothing but the scale: it is skipped and retried smaller.
-        finite = all_finite(grads)
-        new_scale, good = next_scale(scale, state.loss_scale.good_steps.get_value(), finite)
-        state.loss_scale.scale.set_value(new_scale)
-        state.loss_scale.good_steps.set_value(good)
-        new = keep_if(finite, binding.values_of(state), list(values), always=scale_positions)
-        return new, {**metrics, "loss_scale": scale}
+        return keep_if(applies, binding.values_of(state), list(values), always=kept), metrics
 
     return step
 

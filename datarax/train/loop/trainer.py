@@ -14,8 +14,10 @@ import jax
 import optax
 from flax import nnx
 
+from datarax.batching import batch_at
 from datarax.core.checks import check_bool, check_int
 from datarax.pipeline.pipeline import Pipeline
+from datarax.pipeline.replay import ReplayedBatch, check_replayable, draw_keys, stage_draws
 from datarax.train.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
 from datarax.train.checkpointing.checkpointer import Checkpointer, RestoredCheckpoint
 from datarax.train.checkpointing.run_config import flat_config, optimizer_fingerprint
@@ -23,6 +25,7 @@ from datarax.train.loop.compile_cache import use_compilation_cache
 from datarax.train.loop.ema import ParamEMA, param_paths
 from datarax.train.loop.evaluation import eval_epoch, eval_summary
 from datarax.train.loop.fused import FusedCall, FusedSteps
+from datarax.train.loop.guard import GUARD, GuardState, reset_guard
 from datarax.train.loop.guardrails import (
     CompileCauses,
     batch_rows,
@@ -142,6 +145,7 @@ class Trainer:
         self.compilation_cache_dir = use_compilation_cache(compilation_cache)
         check_training_pipeline(train_pipeline)
         self.model = model
+        self.loss_fn = loss_fn
         self.train_pipeline = train_pipeline
         self.eval_pipeline = eval_pipeline
         self.joint = train_pipeline_params
@@ -154,11 +158,20 @@ class Trainer:
             self.ema = ParamEMA(model, ema_decay) if ema_decay is not None else None
         self.loss_scale = LossScale() if self.precision == "f16" else None
         self.callbacks = CallbackList(callbacks)
+        from datarax.train.callbacks.guard import StepGuard  # the callbacks import the loop's guard module
+
+        guards = [cb for cb in self.callbacks if isinstance(cb, StepGuard)]
+        if len(guards) > 1:
+            raise ValueError(f"callbacks hold {len(guards)} StepGuards; one guard decides per step, pass one")
+        # The bad-step guard: its check is compiled into the step (datarax.train.loop.guard).
+        self.guard = guards[0] if guards else None
+        self.guard_state = GuardState(self.guard.config.window) if self.guard is not None else None
         self._eval_schedule = Schedule(every_steps=eval_every_steps)
         # The joint mode reads untransformed batches plus their BatchContext from a loader over the
         # same source and sampler (no stages); its iterator state is what the checkpoint holds.
         self._loader = train_pipeline.raw_loader(ids_key=RECORD_IDS, epoch_key=EPOCH) if self.joint else train_pipeline
-        state = TrainState(self.trainable, self.optimizer, ema=self.ema, loss_scale=self.loss_scale)
+        state = TrainState(self.trainable, self.optimizer, ema=self.ema, loss_scale=self.loss_scale,
+                           guard=self.guard_state)
         self._binding = VariableBinding(state)
         self.state_shardings = None
         if param_sharding is not None:
@@ -170,8 +183,8 @@ class Trainer:
         # Where each averaged parameter sits among the model's variables, for evaluate(ema=True).
         self._ema_positions = [self._model_binding.paths.index(path) for path in param_paths(model)]
         self.metrics = metrics
-        step = make_train_step(self._binding, loss_fn, metrics, self.joint,
-                               accumulate_steps=self.accumulate_steps, precision=self.precision)
+        step = make_train_step(self._binding, loss_fn, metrics, self.joint, accumulate_steps=self.accumulate_steps,
+                               precision=self.precision, guard=None if self.guard is None else self.guard.config)
         if self.state_shardings is not None:
             step = keep_layout(step, self.state_shardings)
         self._train_step = TimedJit(step, donate_values=True)
@@ -268,6 +281,50 @@ class Trainer:
     def epoch(self) -> int:
         """The data epoch of the last batch trained on."""
         return int(self.iterator.get_state()["epoch"])
+
+    def replay(self, step: int) -> ReplayedBatch:
+        """The batch training step `step` (1-based, any step of this run, past or coming) received,
+        rebuilt bitwise without reading the batches before it (`Pipeline.replay`: record ids,
+        origins, every stochastic stage's draws, the batch). Steps map to batches by arithmetic from
+        the iterator's cursor: one batch per step, whatever `accumulate_steps` or
+        `steps_per_execution`. With `train_pipeline_params` the batch is the raw loader's (what the
+        step received) and the draws include those of the stages the step runs.
+        """
+        check_int(step, "step", 1, why=" (steps count from 1)")
+        loader = self._loader
+        check_replayable(loader)
+        state = self.iterator.get_state()
+        epoch, position, num_valid = batch_at(len(loader.sampler), loader.batch_size,
+                                              drop_remainder=loader.drop_remainder, epoch=state["epoch"],
+                                              position=state["position"], offset=step - self.step - 1)
+        replayed = loader.replay(epoch, position)
+        if self.joint:  # the step runs the pipeline's stages on the raw batch: their draws too
+            draws = stage_draws(self.train_pipeline, replayed.record_ids, epoch, num_valid)
+            replayed = dataclasses.replace(replayed, draws={**replayed.draws, **draws})
+        return replayed
+
+    def rewind(self, step: int, iterator_state: dict | None = None) -> None:
+        """Goes back to the end of `step` after the steps past it changed nothing (a `StepGuard` held
+        them): the step counter, and the data iterator to the batch of step `step + 1`, so a
+        checkpoint saved next holds a state whose model and data position agree.
+
+        `iterator_state`: the iterator's state after `step` (`get_state`); None computes it by
+        arithmetic, which a stream cannot do.
+        """
+        check_int(step, "step", 0, high=self.step, why=" (a step this run has reached)")
+        if iterator_state is None:
+            loader = self._loader
+            check_replayable(loader)
+            state = self.iterator.get_state()
+            epoch, position, _ = batch_at(len(loader.sampler), loader.batch_size, drop_remainder=loader.drop_remainder,
+                                          epoch=state["epoch"], position=state["position"], offset=step - self.step)
+            self.iterator.seek(epoch, position)
+        else:
+            self.iterator.set_state(iterator_state)
+        self.step = step
+        self._pending = None
+        if self.guard_state is not None:
+            reset_guard(self.guard_state, step, keep_losses=True)
 
     def request_stop(self, reason: str) -> None:
         """Asks `fit` to stop after the current step (a final checkpoint is still saved)."""
@@ -376,6 +433,7 @@ class Trainer:
                         cause = self._train_causes.cause(batch)
         self._binding.assign(values)
         dispatched = time.perf_counter()
+        guard = out.pop(GUARD, None)
         self.step += len(batches)
         previous, self._pending = self._pending, (self.step, HostMetrics(out, self.metrics))
         if previous is not None:
@@ -387,7 +445,7 @@ class Trainer:
                         metrics=previous[1] if previous is not None else {},
                         metrics_step=previous[0] if previous is not None else None, data_wait=(begin, end),
                         dispatched_at=dispatched, compile_seconds=compile_seconds, output=out["loss"], epoch=epoch,
-                        compile_cause=cause)
+                        compile_cause=cause, guard=guard)
         self.callbacks("on_step_end", self, logs)
         return True
 
@@ -462,9 +520,12 @@ class Trainer:
         """Saves the current step (model, optimizer, iterator, metadata, and the moving average and
         loss scale when on; with `logged_metrics` when the checkpointer keeps the best); False if it
         exists already. `on_checkpoint_save` reports the time the loop was blocked."""
+        if self.guard is not None:
+            self.guard.settle(self)  # a bad step not seen yet is handled first: no checkpoint holds it
         began = time.perf_counter()
         metadata = {"epoch": self.epoch, "pipeline_fingerprint": self.train_pipeline.fingerprint,
                     "pipeline_structure": self.train_pipeline.structure_parts,
+                    "pipeline_keys": draw_keys(self.train_pipeline),
                     "callbacks": self.callbacks.states(), "saved_at": time.time(),
                     "run_config": self.config_fingerprint}
         saved = checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, iterator=self.iterator,

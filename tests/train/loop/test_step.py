@@ -134,3 +134,19 @@ def test_accumulate_is_lax_scan(k):
     got = jax.jit(lambda c, m: accumulate(micro_step, c, m, k))(carry, xs)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_loss_of_one_value_per_record_trains_as_its_mean():
+    """`loss_fn` may return shape (batch,): the step trains on the mean, bitwise as `.mean()` in the loss."""
+    def per_record(model, batch):
+        logits = model(batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]), logits
+
+    states = []
+    for fn in (per_record, loss_fn):
+        setup = make_setup()
+        trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline, fn, accumulate_steps=2)
+        trainer.fit(num_steps=3)
+        states.append(leaves(setup.model))
+    for got, want in zip(*states):
+        np.testing.assert_array_equal(got, want)

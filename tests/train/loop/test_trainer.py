@@ -263,7 +263,8 @@ def test_non_scalar_loss_is_reported():
     setup = make_setup()
     trainer = Trainer(setup.model, optax.sgd(0.1), setup.pipeline,
                       lambda model, batch: model(batch["x"]))
-    with pytest.raises(ValueError, match=r"loss_fn must return a scalar loss \(shape \(\)\), got shape \(8, 3\)"):
+    with pytest.raises(ValueError, match=r"loss_fn must return a scalar loss \(shape \(\)\) or one loss per record "
+                                         r"\(shape \(8,\)\), got shape \(8, 3\)"):
         trainer.fit(num_steps=1)
 
 
