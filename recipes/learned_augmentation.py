@@ -181,14 +181,18 @@ class StepTimer(Callback):
     """Wall time between consecutive step ends; their median is the run's step time.
 
     The trainer reads each step's metrics back while the next step is queued, so consecutive
-    step ends are one step apart; the first steps (compilation) are left out.
+    step ends are one step apart; the first steps (compilation) are left out. With `wait`, each step
+    end waits for the step's result first: a run whose host otherwise runs ahead (the marglik arms,
+    whose hyper-steps wait for the steps queued before them) is then timed step by step.
     """
 
-    def __init__(self, skip: int = 5):
-        self.skip = skip
+    def __init__(self, skip: int = 5, wait: bool = False):
+        self.skip, self.wait = skip, wait
         self.ends: list[float] = []
 
     def on_step_end(self, trainer, logs: StepLogs) -> None:
+        if self.wait:
+            jax.block_until_ready(logs.output)
         self.ends.append(time.perf_counter())
 
     def median_s(self) -> float:
@@ -353,7 +357,7 @@ def train_marglik_run(run_dir, data: dict, hidden_range: float, seed: int, cfg: 
                       tag: str) -> dict:
     """One marglik or marglik_affine run (`recipes.invariance`); its record."""
     affine = method == "marglik_affine"
-    timer = StepTimer()
+    timer = StepTimer(wait=True)
     label = f"[T={hidden_range:g} seed {seed} {tag}] "
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
     # Adam without decoupled weight decay: the prior's penalty (with the learned precision) is the decay here.

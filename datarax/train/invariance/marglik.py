@@ -122,7 +122,8 @@ class MarginalLikelihood(Callback):
 
     `history` records the hyperparameters after each occasion (`step`, `log_marglik` and its parts
     per training record, every `InvariantModel.widths()` entry); `seconds` each hyper-step's wall
-    time (it waits for its result). Both, the Adam states and the count travel in checkpoints.
+    time (from the end of the training steps queued before it to its result, which it waits for).
+    Both, the Adam states and the count travel in checkpoints.
     A hyper-step whose estimate is not finite raises `FloatingPointError` before it writes anything.
 
     Example:
@@ -224,9 +225,10 @@ class MarginalLikelihood(Callback):
         """One hyper-step now (updating the model's hyperparameters in place); the log evidence per
         training record and its parts, at the hyperparameters it started from."""
         batch = self.draw(epoch)
-        began = time.perf_counter()
         graphdef, theta, magnitudes, prior, rest = nnx.split(self.model, model_params, learned_magnitudes,
                                                              PriorPrecision, ...)
+        jax.block_until_ready(theta)  # the training steps queued before it are not the hyper-step's time
+        began = time.perf_counter()
         magnitudes, prior, opt_state, parts = self._step(graphdef, theta, magnitudes, prior, rest, self.opt_state,
                                                          batch)
         out = {k: float(v) / self.model.num_records for k, v in parts.items()}  # waits for the step
