@@ -67,13 +67,13 @@ def width(model: InvariantModel) -> float:
 def test_the_width_grows_from_zero_where_labels_are_invariant_and_shrinks_where_not(invariant, start):
     model, pipeline, marglik = setup(invariant, start)
     with Trainer(model, optax.adam(1e-2), pipeline.raw_loader(), with_prior(loss_fn), callbacks=[marglik]) as trainer:
-        trainer.fit(150)
+        trainer.fit(100)
     widths = [h["stages.0.magnitudes.degrees"] for h in marglik.history]
-    assert len(widths) == 27  # steps 20, 25, ..., 150
+    assert len(widths) == 17  # steps 20, 25, ..., 100
     if invariant:  # a width of exactly 0 leaves (the tanh magnitude's gradient is not flat there) and grows
-        assert width(model) > 90 and min(widths[-5:]) > 90, widths
+        assert min(widths[-4:]) > 60, widths
     else:
-        assert width(model) < 30 and max(widths[-5:]) < 30, widths
+        assert max(widths[-4:]) < 30, widths
 
 
 def test_the_training_loss_never_moves_the_hyperparameters():
@@ -103,17 +103,17 @@ def test_optimizers_that_would_move_the_magnitudes_are_refused():
 
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     def fit(directory, steps):
-        model, pipeline, marglik = setup(True, 0.0, every=4, burn_in=4)
+        model, pipeline, marglik = setup(True, 0.0, every=3, burn_in=3, records=8, subset_size=8)
         callbacks = [marglik, CheckpointCallback(directory, every_steps=6, asynchronous=False)]
         with Trainer(model, optax.adam(1e-2), pipeline.raw_loader(), with_prior(loss_fn),
                      callbacks=callbacks) as trainer:
             trainer.fit(steps)
         return model, marglik
 
-    whole, whole_marglik = fit(tmp_path / "whole", 20)
-    fit(tmp_path / "split", 12)  # saved at step 12, its hyper-step of step 12 included
-    resumed, resumed_marglik = fit(tmp_path / "split", 20)
-    assert resumed_marglik.count == whole_marglik.count == 5  # hyper-steps at 4, 8, ..., 20
+    whole, whole_marglik = fit(tmp_path / "whole", 9)
+    fit(tmp_path / "split", 6)  # saved at step 6, its hyper-step of step 6 included
+    resumed, resumed_marglik = fit(tmp_path / "split", 9)
+    assert resumed_marglik.count == whole_marglik.count == 3  # hyper-steps at 3, 6 and 9
     assert resumed_marglik.history == whole_marglik.history
     for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(whole)), nnx.to_flat_state(nnx.state(resumed))):
         assert np.array_equal(np.asarray(a), np.asarray(b)), path
