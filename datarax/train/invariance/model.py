@@ -130,6 +130,9 @@ class InvariantModel(nnx.Module):
                            f"{sorted(batch)})")
         data = {k: v for k, v in batch.items() if k not in (RECORD_IDS, EPOCH)}
         ids = jnp.asarray(batch[RECORD_IDS], jnp.int32)
+        if ids.ndim != 1:
+            raise ValueError(f"InvariantModel keys copies by single records, but the batch's record ids have shape "
+                             f"{ids.shape} (a windowed sampler); use a record sampler")
         size, copies = ids.shape[0], self.copies
         # Copy-major rows: row s * B + b is copy s of record b, drawn as record ids[b] * S + s.
         tiled = jax.tree.map(lambda x: jnp.concatenate([x] * copies), data)
