@@ -174,6 +174,8 @@ data = "ml_helpers:make_data"
 shuffle = true
 [[stages]]
 rotation = {{ degrees = 0.0, learnable = true, parameterisation = "tanh" }}
+[eval.source.memory]
+shuffle = false
 [trainer]
 model = "ml_helpers:make_model"
 loss = "ml_helpers:xent"
@@ -215,6 +217,8 @@ def test_a_configuration_file_trains_an_invariant_model_with_its_hyper_step(fold
     run.trainer.close()
     assert marglik.count == 2  # steps 4 and 8
     assert width(model) > 0.0  # left 0
+    assert np.isfinite(run.trainer.last_eval_metrics["loss"])  # [eval]'s raw records, scored by the invariant model
+    assert run.trainer.eval_pipeline.stages[0].ids_key == "record_ids"
 
 
 @pytest.mark.parametrize("marglik,key,words", [
