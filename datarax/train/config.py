@@ -59,8 +59,12 @@ class TrainerSection:
     restores its own checkpoint over them. A `[trainer.guard]` sub-table is a
     `datarax.train.callbacks.StepGuardConfig` (`action = "skip"`, `spike = 10.0`, ...): every configured
     run has a `StepGuard` writing into `<run_dir>/incidents` unless `guard = false` (or its callbacks
-    list one). Import paths name only modules the configuration allows
-    (`datarax.config.allow`).
+    list one). A `[trainer.marglik]` sub-table learns the pipeline's
+    augmentation by marginal likelihood (docs/invariance.md): its `copies`, `field`,
+    `prior_precision` and `prior` build a `datarax.train.invariance.InvariantModel` over the model
+    (which then reads untransformed batches, `loss` calling `model(batch)`, and gets the prior's
+    penalty added), the other keys are a `MarginalLikelihoodConfig`. Import paths name only
+    modules the configuration allows (`datarax.config.allow`).
 
     Attributes:
         model: import path of a function or class returning the `nnx.Module` to train; it gets
@@ -137,6 +141,7 @@ class TrainerSpec:
     table: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [trainer] table as written
     finetune: Any = None  # datarax.train.pretrained.FinetuneConfig from [trainer.finetune]
     guard: StepGuardConfig | None = None  # [trainer.guard]; None: no guard (guard = false)
+    marglik: Any = None  # (InvariantModel settings, MarginalLikelihoodConfig) from [trainer.marglik]
 
 
 def _validate_optimizer(value: Any, path: Path, ctx: Context):
@@ -192,9 +197,14 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
         ctx.problems.add(path, f"must be a table, got {value!r}")
         return None
     section = build_dataclass(TrainerSection, value, path, ctx.problems, resolve_callable=ctx.resolve_callable,
-                              extra_keys=("finetune", "guard"))
+                              extra_keys=("finetune", "guard", "marglik"))
     guard = _validate_guard(value.get("guard", True), (*path, "guard"), ctx)
     finetune = _validate_finetune(value["finetune"], (*path, "finetune"), ctx) if "finetune" in value else None
+    marglik = _validate_marglik(value["marglik"], (*path, "marglik"), ctx) if "marglik" in value else None
+    if marglik is not None and section is not None and section.train_pipeline_params:
+        ctx.problems.add((*path, "train_pipeline_params"), "= true would train the stages' magnitudes with the "
+                                                           "training loss; [trainer.marglik] learns them: drop it")
+        section = None
     cls = section.trainer_class if section is not None else None
     if cls is not None and not (isinstance(cls, type) and issubclass(cls, Trainer)):
         ctx.problems.add((*path, "trainer_class"), f"names {value['trainer_class']!r}, which is not a subclass of "
@@ -226,9 +236,10 @@ def validate_trainer(value: Any, ctx: Context) -> TrainerSpec | None:
                                                       f"{batch_size} (each step's batch is split into that many "
                                                       "equal micro-batches)")
         section = None
-    if section is None or optimizer is None or ("finetune" in value and finetune is None) or guard is INVALID:
+    if section is None or optimizer is None or ("finetune" in value and finetune is None) or guard is INVALID or (
+            "marglik" in value and marglik is None):
         return None
-    return TrainerSpec(section, optimizer, callbacks, dict(value), finetune, guard)
+    return TrainerSpec(section, optimizer, callbacks, dict(value), finetune, guard, marglik)
 
 
 INVALID = object()
@@ -246,6 +257,28 @@ def _validate_guard(value: Any, path: Path, ctx: Context) -> Any:
         return INVALID
     config = build_dataclass(StepGuardConfig, value, path, ctx.problems)
     return INVALID if config is None else config
+
+
+INVARIANT_KEYS = ("copies", "field", "prior_precision", "prior")
+
+
+def _validate_marglik(value: Any, path: Path, ctx: Context) -> Any:
+    from datarax.train.invariance import MarginalLikelihoodConfig
+    from datarax.train.invariance.model import check_invariance
+
+    if not is_table(value):
+        ctx.problems.add(path, f"must be a table (see docs/invariance.md), got {value!r}")
+        return None
+    table = dict(value)
+    invariant = {"copies": 8, "field": "image", "prior_precision": 1.0, "prior": "layerwise"}
+    invariant.update({k: table.pop(k) for k in INVARIANT_KEYS if k in table})
+    config = build_dataclass(MarginalLikelihoodConfig, table, path, ctx.problems, extra_keys=INVARIANT_KEYS)
+    try:
+        field_checked(check_invariance, **invariant)
+    except FieldError as exc:
+        ctx.problems.add((*path, exc.field), str(exc))
+        return None
+    return None if config is None else (invariant, config)
 
 
 def _validate_finetune(value: Any, path: Path, ctx: Context) -> Any:
@@ -316,6 +349,11 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     if spec.trainer.finetune is not None:
         optimizer, finetune = _prepare_finetune(spec, model, optimizer)
     callbacks = [build_component(c) for c in spec.trainer.callbacks]
+    loss, train_loader = section.loss, pipeline
+    if spec.trainer.marglik is not None:
+        model, train_loader, loss, eval_pipeline, marglik = _invariance(spec.trainer.marglik, model, pipeline,
+                                                                        section.loss, eval_pipeline)
+        callbacks.append(marglik)
     checkpoint_dir = None
     if section.checkpoint_dir is not None:
         checkpoint_dir = os.path.normpath(os.path.join(base_dir, os.path.expanduser(section.checkpoint_dir)))
@@ -336,7 +374,7 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     elif isinstance(cache, str):
         cache = os.path.normpath(os.path.join(base_dir, os.path.expanduser(cache)))
     try:
-        trainer = trainer_cls(model, optimizer, pipeline, section.loss, metrics=section.metrics,
+        trainer = trainer_cls(model, optimizer, train_loader, loss, metrics=section.metrics,
                               callbacks=[*callbacks, *extra_callbacks],
                               train_pipeline_params=section.train_pipeline_params, eval_pipeline=eval_pipeline,
                               eval_every_steps=eval_every, compilation_cache=cache,
@@ -348,6 +386,19 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"trainer could not be built: {exc}"], spec.path) from exc
     return TrainerRun(trainer, section.steps, section.epochs, checkpoint_dir, run_dir_of(spec), finetune)
+
+
+def _invariance(marglik: Any, model: Any, pipeline: Any, loss: Callable, eval_pipeline: Any) -> tuple:
+    """`[trainer.marglik]` applied: the invariant model over `model`, the untransformed batches it
+    trains on, the loss with the prior's penalty, the evaluation's untransformed batches and the
+    hyper-step's callback."""
+    from datarax.train.invariance import InvariantModel, MarginalLikelihood, with_prior
+
+    settings, config = marglik
+    invariant = InvariantModel(model, pipeline, **settings)
+    evaluation = eval_pipeline.raw_loader() if eval_pipeline is not None else None
+    return (invariant, pipeline.raw_loader(), with_prior(loss), evaluation,
+            MarginalLikelihood(invariant, pipeline, config))
 
 
 def _prepare_finetune(spec: RunSpec, model: Any, optimizer: Any, *, check_only: bool = False) -> Any:
@@ -413,7 +464,16 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
     optimizer = _build_optimizer(spec.trainer)
     if spec.trainer.finetune is not None:
         _prepare_finetune(spec, model, optimizer, check_only=True)
-    params = nnx.state(model, nnx.Param)
+    loss_fn, trained = section.loss, nnx.Param
+    if spec.trainer.marglik is not None:
+        from datarax.train.invariance import InvariantModel, with_prior
+
+        try:
+            model = InvariantModel(model, pipeline, **spec.trainer.marglik[0])
+        except (TypeError, ValueError) as exc:
+            raise ConfigError([f"trainer.marglik could not be applied: {exc}"], spec.path) from exc
+        pipeline, loss_fn, trained = pipeline.raw_loader(), with_prior(section.loss), InvariantModel.trained
+    params = nnx.state(model, trained)
     try:  # a first update, abstractly: an argument the optimizer takes but cannot use fails here, not at step 1
         jax.eval_shape(lambda p: optimizer.update(p, optimizer.init(p), p), params)
     except Exception as exc:  # whatever the optimizer raised, named at its key
@@ -423,7 +483,7 @@ def check_trainer(spec: RunSpec, pipeline: Any) -> None:
     batch = pipeline.output_spec()
 
     def loss(state, batch):
-        out = section.loss(nnx.merge(graphdef, state), batch)
+        out = loss_fn(nnx.merge(graphdef, state), batch)
         return out[0] if isinstance(out, tuple) else out
 
     try:

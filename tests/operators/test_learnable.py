@@ -118,3 +118,48 @@ ERRORS = [
 def test_errors(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+TANH_STARTS = [(0.0, 180.0), (10.0, 180.0), (170.0, 180.0), (0.3, 1.0)]
+
+
+@pytest.mark.parametrize("value,high", TANH_STARTS)
+def test_tanh_magnitude_starts_anywhere_below_its_bound_with_a_gradient(value, high):
+    m = Magnitude(value, high=high, learnable=True, parameterisation="tanh")
+    np.testing.assert_allclose(float(m()), value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(m.raw[...]), math.atanh(value / high), rtol=1e-6, atol=1e-7)
+    grad = float(jax.grad(lambda raw: high * jnp.tanh(raw))(m.raw[...]))
+    np.testing.assert_allclose(grad, high * (1 - (value / high) ** 2), rtol=1e-5)
+    assert grad > 0  # at 0 too: the sigmoid's would vanish at its bound
+    m.raw[...] = -m.raw[...]  # a negative raw value is the same spread: value() is its size
+    np.testing.assert_allclose(float(m.value()), value, rtol=1e-5, atol=1e-6)
+    assert abs(float(m())) <= high
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: Magnitude(0.5, low=0.1, high=1.0, learnable=True, parameterisation="tanh"), "range starts at 0"),
+    (lambda: Magnitude(180.0, high=180.0, learnable=True, parameterisation="tanh"), r"must lie in \[0, 180.0\)"),
+    (lambda: Magnitude(1.0, high=2.0, learnable=True, parameterisation="cosine"), "must be one of"),
+])
+def test_tanh_magnitude_errors(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_tanh_operators_hold_only_spreads_of_stochastic_draws():
+    from datarax.operators.audio import GainOperator
+    from datarax.operators.image import AffineOperator, CutoutOperator, RotationOperator
+
+    op = AffineOperator(degrees=0.0, translate=0.0, scale=0.0, learnable=("degrees", "translate", "scale"),
+                        parameterisation="tanh")
+    assert {k: float(m.value()) for k, m in op.magnitudes.items() if m.learnable} == {
+        "degrees": 0.0, "translate": 0.0, "scale": 0.0}
+    assert op.structure().endswith("[tanh]") and "tanh" not in RotationOperator(degrees=5.0).structure()
+    with pytest.raises(ValueError, match=r"\['gain_db'\] are learnable too and are not spreads"):
+        GainOperator(gain_db=0.0, max_delta_db=3.0, learnable=True, parameterisation="tanh", field="audio")
+    with pytest.raises(ValueError, match="needs stochastic=True"):
+        RotationOperator(degrees=5.0, learnable=True, parameterisation="tanh", stochastic=False)
+    with pytest.raises(ValueError, match="its spreads: \\[\\]"):
+        CutoutOperator(size=0.2, learnable=True, parameterisation="tanh")
+    with pytest.raises(ValueError, match="has no learnable magnitude"):
+        RotationOperator(degrees=5.0, parameterisation="tanh")

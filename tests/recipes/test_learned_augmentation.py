@@ -1,5 +1,5 @@
-"""The learned-augmentation recipe's --quick run (one hidden range, 90 deg): every method, the table, widths,
-costs, plot."""
+"""The learned-augmentation recipe's --quick run (one hidden range, 90 deg): every method (the marginal-likelihood
+arms included), the table, widths, costs, plot."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
     config = result["config"]
     ranges = [f"{t:g}" for t in config["hidden_ranges"]]
     starts = [f"s{s:g}" for s in config["start_degrees"]]
-    learned = ("learned", "learned_tta", "hypergrad", "hypergrad_tta")
+    learned = ("learned", "learned_tta", "hypergrad", "hypergrad_tta", "marglik", "marglik_tta")
     methods = (["none", "grid", "grid_tta", "grid_coarse", "oracle", "affine", "affine_wide"]
-               + [f"{arm}_{s}" for s in starts for arm in learned])
+               + [f"{arm}_{s}" for s in starts for arm in learned] + ["marglik_affine", "marglik_affine_tta"])
     assert result["methods"] == methods
     assert set(result["table"]) == set(ranges)
     runs = result["runs"]
@@ -29,8 +29,8 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
             assert stats["n"] == len(config["seeds"])
             assert metrics[f"T{t}_{method}_test_accuracy_mean"] == stats["mean"]
             assert stats["mean"] > 3 * metrics["chance_accuracy"], (t, method)
-        assert set(row["widths_degrees"]) == {"affine", "affine_wide"} | {f"{arm}_{s}" for s in starts
-                                                           for arm in ("learned", "hypergrad")}
+        assert set(row["widths_degrees"]) == {"affine", "affine_wide", "marglik_affine"} | {
+            f"{arm}_{s}" for s in starts for arm in ("learned", "hypergrad", "marglik")}
         assert all(0.0 < w["mean"] < 180.0 for w in row["widths_degrees"].values())
         # The affine arms: six widths, each inside its bound; the rotation width is the one in degrees.
         for arm in ("affine", "affine_wide"):
@@ -71,13 +71,36 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
                 assert result["per_seed"][t][str(seed)]["cost_s"][f"hypergrad_{s}"] == pytest.approx(
                     record["steps"] * record["step_s"] + record["hyper_steps"] * record["hyper_step_s"])
             assert row["cost_ratio_to_grid"][f"hypergrad_{s}"]["mean"] > 0
-    per_seed = len(config["grid"]) + len(starts) * (len(config["lambdas"]) + 1) + 2 * len(config["affine_lambdas"])
+        # The marginal-likelihood arms: one run each, charged their steps and hyper-steps; their widths and
+        # prior precision reported; the joint arm's three widths inside their ranges.
+        marglik = config["marglik"]["config"]
+        expected_hyper = len(range(marglik["burn_in"], config["steps"] + 1, marglik["every"]))
+        for name in [f"marglik_{s}" for s in starts] + ["marglik_affine"]:
+            assert row["steps"][name] == config["steps"] and row["hyper_steps"][name]["count"] == expected_hyper
+            assert row["prior_precision"][name]["mean"] > 0
+            assert f"{name.replace('marglik', 'marglik_tta')}-grid_tta" in row["paired"] or name == "marglik_affine"
+            for seed in config["seeds"]:
+                start = None if name == "marglik_affine" else float(name.split("_s")[1])
+                record = next(r for r in runs if r["method"] == name.split("_s")[0] and r["seed"] == seed
+                              and (start is None or r["start"] == start) and f"{r['T']:g}" == t)
+                assert result["per_seed"][t][str(seed)]["cost_s"][name] == pytest.approx(
+                    record["steps"] * record["step_s"] + record["hyper_steps"] * record["hyper_step_s"])
+        affine = row["marglik_widths"]["marglik_affine"]
+        assert set(affine) == {"degrees", "translate", "scale"}
+        assert 0 <= affine["degrees"]["mean"] < 180 and 0 <= affine["translate"]["mean"] < 1
+        assert 0 <= affine["scale"]["mean"] < 0.9
+        assert "marglik_affine_tta-grid_tta" in row["paired"]
+    per_seed = (len(config["grid"]) + len(starts) * (len(config["lambdas"]) + 2) + 2 * len(config["affine_lambdas"])
+                + 1)
     assert len(runs) == len(ranges) * len(config["seeds"]) * per_seed
     for s in starts:
-        for arm in ("learned", "hypergrad"):
+        for arm in ("learned", "hypergrad", "marglik"):
             history = result["histories"][f"{ranges[0]}/{arm}_{s}"]
-            assert history[0]["step"] in (0, 1) and history[-1]["step"] == config["steps"]
+            first = config["marglik"]["config"]["burn_in"] if arm == "marglik" else (0, 1)
+            assert history[0]["step"] in (first if arm != "marglik" else (first,))
+            assert history[-1]["step"] == config["steps"]
     assert all("test_accuracy_tta" not in r for r in runs if r["method"].startswith("affine"))
     assert_plot(result)
-    for text in ("affine_wide half-widths", "paired differences", "hypergrad_s", "target <= 0.3"):
+    for text in ("affine_wide half-widths", "paired differences", "hypergrad_s", "target <= 0.3", "marglik at T=90",
+                 "marglik_affine at T=90"):
         assert text in stdout

@@ -53,6 +53,7 @@ class GainOperator(AudioOperator):
 
     config_class = GainConfig
     bounds = {"gain_db": (-60.0, 60.0), "max_delta_db": (0.0, 60.0)}
+    spreads = ("max_delta_db",)
 
     def active_bounds(self, config):
         return dict(self.bounds) if config.stochastic else {"gain_db": self.bounds["gain_db"]}
@@ -89,6 +90,7 @@ class AddNoiseOperator(AudioOperator):
 
     config_class = AddNoiseConfig
     bounds = {"snr_db": (-20.0, 80.0), "max_delta_db": (0.0, 40.0)}
+    spreads = ("max_delta_db",)
 
     def draw(self, key, shape):
         noise_key, snr_key = split(key, 2)
@@ -127,6 +129,7 @@ class TimeShiftOperator(AudioOperator):
 
     config_class = TimeShiftConfig
     bounds = {"shift": (-1.0, 1.0), "max_delta": (0.0, 1.0)}
+    spreads = ("max_delta",)
 
     def active_bounds(self, config):
         return dict(self.bounds) if config.stochastic else {"shift": self.bounds["shift"]}

@@ -57,6 +57,7 @@ class EnhanceOperator(ImageOperator):
     """Abstract base of brightness, contrast and saturation: they draw one enhancement factor."""
 
     bounds = {"max_delta": (0.0, 1.0)}
+    spreads = ("max_delta",)
 
     def draw(self, key, shape):
         return {"factor": 1.0 + signed_or_fixed(key, self.magnitude("max_delta"))}
@@ -111,6 +112,7 @@ class HueOperator(ImageOperator):
 
     config_class = HueConfig
     bounds = {"max_delta": (0.0, 0.5)}
+    spreads = ("max_delta",)
     channels = 3
 
     def draw(self, key, shape):
@@ -144,6 +146,7 @@ class GammaOperator(ImageOperator):
 
     config_class = GammaConfig
     bounds = {"max_log_gamma": (0.0, 2.0)}
+    spreads = ("max_log_gamma",)
 
     def draw(self, key, shape):
         return {"gamma": jnp.exp(signed_or_fixed(key, self.magnitude("max_log_gamma")))}

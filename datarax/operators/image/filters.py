@@ -48,6 +48,7 @@ class GaussianNoiseOperator(ImageOperator):
 
     config_class = GaussianNoiseConfig
     bounds = {"sigma": (0.0, 1.0)}
+    spreads = ("sigma",)
 
     def draw(self, key, shape):
         return {"noise": standard_normal(key, shape, jnp.result_type(float)),

@@ -283,6 +283,7 @@ class AffineOperator(ImageOperator):
     positional = ("degrees",)
     separate_on_cpu = True
     bounds = {"degrees": (0.0, 180.0), "translate": (0.0, 1.0), "scale": (0.0, 0.9), "shear": (0.0, 60.0)}
+    spreads = ("degrees", "translate", "scale", "shear")
 
     def draw(self, key, shape):
         unit = uniforms(key, 5)
@@ -329,6 +330,7 @@ class RotationOperator(ImageOperator):
     positional = ("degrees",)
     separate_on_cpu = True
     bounds = {"degrees": (0.0, 180.0)}
+    spreads = ("degrees",)
 
     def draw(self, key, shape):
         return {"angle": signed_or_fixed(key, self.magnitude("degrees"))}
@@ -365,6 +367,7 @@ class TranslateOperator(ImageOperator):
     config_class = TranslateConfig
     separate_on_cpu = True
     bounds = {"translate": (0.0, 1.0)}
+    spreads = ("translate",)
 
     def draw(self, key, shape):
         unit = uniforms(key, 2)

@@ -1,9 +1,14 @@
-"""Optimizers for joint training: one optax transformation over the model and the pipeline."""
+"""What the training optimizer covers: one optax transformation over the model (and the pipeline)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import optax
+from flax import nnx
+
+from datarax.train.invariance.model import InvariantModel
 
 
 def joint_optimizer(model: optax.GradientTransformation,
@@ -30,3 +35,23 @@ def joint_optimizer(model: optax.GradientTransformation,
             lambda path, _: "pipeline" if getattr(path[0], "key", None) == "pipeline" else "model", params)
 
     return optax.multi_transform({"model": model, "pipeline": pipeline}, labels)
+
+
+def trained_params(module: nnx.Module, joint: bool) -> Any:
+    """The filter of the variables the training loss trains: every `nnx.Param` of `module` (and, when
+    `joint`, of the pipeline), except in an `InvariantModel`, whose stage magnitudes and prior
+    precision only its marginal likelihood learns."""
+    if not isinstance(module, InvariantModel):
+        return nnx.Param
+    if joint:
+        raise ValueError("train_pipeline_params=True would train an InvariantModel's stage magnitudes with the "
+                         "training loss; its MarginalLikelihood callback learns them: leave it False")
+    return InvariantModel.trained
+
+
+def check_optimizer_filter(optimizer: nnx.Optimizer, wrt: Any) -> None:
+    """A ready `nnx.Optimizer` for an `InvariantModel` must cover its network only."""
+    if wrt is InvariantModel.trained and optimizer.wrt is not wrt:
+        raise ValueError("the nnx.Optimizer of an InvariantModel must leave its stage magnitudes to the marginal "
+                         "likelihood: build it with nnx.Optimizer(model, tx, wrt=InvariantModel.trained), or pass "
+                         "the optax transformation itself")

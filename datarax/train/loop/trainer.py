@@ -33,6 +33,7 @@ from datarax.train.loop.guardrails import (
     epoch_length_known,
     warn_unknown_epoch_length,
 )
+from datarax.train.loop.optimizers import check_optimizer_filter, trained_params
 from datarax.train.loop.param_sharding import keep_layout, place, state_shardings
 from datarax.train.loop.precision import LossScale
 from datarax.train.loop.settings import check_inputs
@@ -237,14 +238,16 @@ class Trainer:
         return dict(self._config_fingerprint)
 
     def _build_optimizer(self, optimizer: Any) -> nnx.Optimizer:
+        wrt = trained_params(self.model, self.joint)
         if isinstance(optimizer, nnx.Optimizer):
             if self.joint:
                 raise TypeError(
                     "train_pipeline_params=True needs an optax transformation (e.g. optax.adam(1e-3)), not an "
                     "nnx.Optimizer: the trainer builds the optimizer over the model and the pipeline together")
+            check_optimizer_filter(optimizer, wrt)
             return optimizer
         if isinstance(optimizer, optax.GradientTransformation):
-            return nnx.Optimizer(self.trainable, optimizer, wrt=nnx.Param)
+            return nnx.Optimizer(self.trainable, optimizer, wrt=wrt)
         raise TypeError(f"optimizer must be an optax GradientTransformation or an nnx.Optimizer, got "
                         f"{type(optimizer).__name__}; pass e.g. optax.adam(1e-3)")
 

@@ -1,0 +1,276 @@
+"""The marginal-likelihood hyper-step: learns a pipeline's augmentation magnitudes and a prior precision.
+
+Every `every` training steps from `burn_in` on, `MarginalLikelihood` (a callback) runs
+`hyper_steps` hyper-steps on an `InvariantModel`. Each draws `records` training records at random
+(a numpy generator keyed by the seed and the hyper-step's count, so a resumed run draws what an
+uninterrupted one does), reads them through the pipeline's source, estimates the Laplace log
+evidence of the model at the current weights on them (`datarax.train.invariance.laplace`), and
+takes one Adam step on the stages' learnable magnitudes and one on the log prior precision
+along its gradient; then `prior_steps` more Adam steps on the prior precision alone reuse that
+sample's kernel (no pass of the model: the prior precision moves with the weights, as Immer et
+al. 2023 refit it several times per estimate). The training loss never moves the
+hyperparameters; the hyper-step never moves the weights.
+
+Why this learns an invariance from a width of 0: the copies are part of the model, so the
+objective sees the width at the current weights with no lookahead horizon, and it is two-sided,
+the fit of the data against the Occam term `-1/2 log det`, so no width reward has to be tuned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+from datarax.core.checks import check_bool, check_choice, check_int, check_number, describe_value
+from datarax.pipeline.pipeline import Pipeline
+from datarax.pipeline.raw import EPOCH, RECORD_IDS
+from datarax.train.callbacks.base import Callback, Schedule, StepLogs
+from datarax.train.invariance.laplace import LIKELIHOODS, laplace_terms, log_marginal_likelihood
+from datarax.train.invariance.model import InvariantModel, PriorPrecision, model_params
+
+if TYPE_CHECKING:
+    from datarax.train import Trainer
+
+KERNELS = ("full", "single_output")
+OUTPUTS = "_marglik_outputs"  # the draws of the single-output kernel, beside a hyper-step's records
+
+
+@dataclasses.dataclass(frozen=True)
+class MarginalLikelihoodConfig:
+    """Settings of the marginal-likelihood hyper-step.
+
+    Attributes:
+        every: training steps between hyper-step occasions (M).
+        burn_in: no hyper-step before this training step (the weights should fit first).
+        hyper_steps: hyper-steps per occasion, each on a fresh sample.
+        learning_rate: Adam's rate on the magnitudes' raw parameters.
+        prior_learning_rate: Adam's rate on the log prior precision.
+        prior_steps: extra Adam steps on the log prior precision per hyper-step, on its sample's kernel.
+        records: training records per hyper-step (H).
+        subset_size: records per kernel block (m; divides `records`; None: `records`, one block):
+            larger is a tighter bound and costs `(m C)^2 P` per block (`m^2 P` with the
+            single-output kernel).
+        kernel: "full" (every output's Jacobian: C reverse passes per record) or "single_output"
+            (one output drawn per block, one pass per record; `datarax.train.invariance.laplace`).
+        learn_prior: learn the prior precision (else it stays at the model's start).
+        likelihood: "categorical" (softmax over the outputs) or "gaussian".
+        noise_precision: the Gaussian likelihood's precision.
+        targets: the batch field holding the labels or regression targets.
+        seed: the records (and single outputs) each hyper-step draws.
+    """
+
+    every: int = 10
+    burn_in: int = 100
+    hyper_steps: int = 1
+    learning_rate: float = 0.05
+    prior_learning_rate: float = 0.1
+    prior_steps: int = 10
+    records: int = 64
+    subset_size: int | None = None
+    kernel: str = "single_output"
+    learn_prior: bool = True
+    likelihood: str = "categorical"
+    noise_precision: float = 1.0
+    targets: str = "label"
+    seed: int = 0
+
+    def __post_init__(self):
+        name = type(self).__name__
+        check_int(self.every, f"{name}.every", 1)
+        check_int(self.burn_in, f"{name}.burn_in", 0)
+        check_int(self.hyper_steps, f"{name}.hyper_steps", 1)
+        check_number(self.learning_rate, f"{name}.learning_rate", 0.0, open_low=True)
+        check_number(self.prior_learning_rate, f"{name}.prior_learning_rate", 0.0, open_low=True)
+        check_int(self.prior_steps, f"{name}.prior_steps", 0)
+        check_int(self.records, f"{name}.records", 1)
+        if self.subset_size is None:
+            object.__setattr__(self, "subset_size", self.records)
+        check_int(self.subset_size, f"{name}.subset_size", 1, high=self.records,
+                  why=" (records per kernel block, at most records)")
+        if self.records % self.subset_size:
+            raise ValueError(f"{name}.subset_size={self.subset_size} must divide records={self.records} (the "
+                             f"records are cut into kernel blocks of that size); e.g. subset_size="
+                             f"{max(d for d in range(1, self.subset_size + 1) if self.records % d == 0)}")
+        check_choice(self.kernel, f"{name}.kernel", KERNELS)
+        check_bool(self.learn_prior, f"{name}.learn_prior")
+        check_choice(self.likelihood, f"{name}.likelihood", LIKELIHOODS)
+        check_number(self.noise_precision, f"{name}.noise_precision", 0.0, open_low=True)
+        if not isinstance(self.targets, str) or not self.targets:
+            raise TypeError(f"{name}.targets must be a batch field name, got {self.targets!r}")
+        check_int(self.seed, f"{name}.seed", 0)
+
+
+def learned_magnitudes(path: tuple, value: Any) -> bool:
+    """Filter of an `InvariantModel`'s stage parameters (its learnable magnitudes)."""
+    return isinstance(value, nnx.Param) and path[:1] == ("augment",)
+
+
+class MarginalLikelihood(Callback):
+    """Runs the marginal-likelihood hyper-step on schedule while a `Trainer` trains an `InvariantModel`.
+
+    Args:
+        model: the trainer's `InvariantModel`.
+        pipeline: its training pipeline (the records of a hyper-step are read from its source,
+            positions drawn over its sampler's epoch).
+        config: the hyper-step's settings.
+
+    `history` records the hyperparameters after each occasion (`step`, `log_marglik` and its parts
+    per training record, every `InvariantModel.widths()` entry); `seconds` each hyper-step's wall
+    time (from the end of the training steps queued before it to its result, which it waits for).
+    Both, the Adam states and the count travel in checkpoints.
+    A hyper-step whose estimate is not finite raises `FloatingPointError` before it writes anything.
+
+    Example:
+        >>> marglik = MarginalLikelihood(invariant, pipeline, MarginalLikelihoodConfig(every=10))  # doctest: +SKIP
+        >>> Trainer(invariant, optax.adam(1e-3), pipeline.raw_loader(), with_prior(loss_fn),  # doctest: +SKIP
+        ...         callbacks=[marglik]).fit(600)
+    """
+
+    # After the checkpoint callback restores (-100) and before it saves a step (-100), so a saved
+    # step holds its hyper-step and a resumed run repeats none.
+    order = -200
+
+    def __init__(self, model: InvariantModel, pipeline: Pipeline,
+                 config: MarginalLikelihoodConfig = MarginalLikelihoodConfig()):
+        if not isinstance(model, InvariantModel):
+            raise TypeError(f"MarginalLikelihood: model must be an InvariantModel, got {describe_value(model)}")
+        if not isinstance(pipeline, Pipeline) or pipeline.program is not model.augment:
+            raise ValueError("MarginalLikelihood: pipeline must be the pipeline the InvariantModel was built over "
+                             "(its stages make the copies and its source holds the records)")
+        if not isinstance(config, MarginalLikelihoodConfig):
+            raise TypeError(f"MarginalLikelihood: config must be a MarginalLikelihoodConfig, got "
+                            f"{describe_value(config)}")
+        if config.records > len(pipeline.sampler):
+            raise ValueError(f"MarginalLikelihoodConfig.records={config.records} is more than the "
+                             f"{len(pipeline.sampler)} records of an epoch; lower it")
+        self.model, self.pipeline, self.config = model, pipeline, config
+        _, _, magnitudes, prior, _ = nnx.split(model, model_params, learned_magnitudes, PriorPrecision, ...)
+        if not jax.tree.leaves(magnitudes) and not config.learn_prior:
+            raise ValueError("MarginalLikelihood has nothing to learn: the pipeline has no learnable magnitude "
+                             "(build its operators with learnable=True) and learn_prior is False")
+        self.tx = optax.adam(config.learning_rate)
+        self.prior_tx = optax.adam(config.prior_learning_rate)
+        self.opt_state = (self.tx.init(magnitudes), self.prior_tx.init(prior))
+        self._opt_treedef = jax.tree.structure(self.opt_state)
+        self.schedule = Schedule(every_steps=config.every)
+        self.count = 0  # hyper-steps run
+        self.history: list[dict] = []
+        self.seconds: list[float] = []
+        self._step = jax.jit(self._hyper_step, static_argnums=0)
+
+    def event_order(self, event: str) -> int:
+        return 0 if event == "on_train_begin" else self.order
+
+    def _hyper_step(self, graphdef: Any, theta: Any, magnitudes: Any, prior: Any, rest: Any, opt_state: Any,
+                    batch: dict) -> tuple:
+        config, records = self.config, self.model.num_records
+        batch = dict(batch)
+        outputs = batch.pop(OUTPUTS)
+
+        def log_evidence(terms, prior):
+            deltas = nnx.merge(graphdef, theta, magnitudes, prior, rest).prior_precision
+            return log_marginal_likelihood(terms, deltas)
+
+        def objective(magnitudes, prior):
+            def apply(theta, sample):
+                return nnx.merge(graphdef, theta, magnitudes, prior, rest).outputs(sample, through_augmentation=True)
+
+            # Matmuls inside the model at float32 too: a TPU's default keeps about three digits.
+            with jax.default_matmul_precision("float32"):
+                terms = laplace_terms(apply, theta, batch, batch[config.targets], num_records=records,
+                                      subset_size=config.subset_size, likelihood=config.likelihood,
+                                      noise_precision=config.noise_precision,
+                                      single_outputs=outputs if config.kernel == "single_output" else None)
+            parts = log_evidence(terms, prior)
+            return -parts["log_marglik"] / records, (parts, terms)
+
+        (_, (parts, terms)), (g_magnitudes, g_prior) = jax.value_and_grad(
+            objective, argnums=(0, 1), has_aux=True)(magnitudes, prior)
+        state, prior_state = opt_state
+        updates, state = self.tx.update(g_magnitudes, state, magnitudes)
+        magnitudes = optax.apply_updates(magnitudes, updates)
+        if config.learn_prior:
+            terms = jax.lax.stop_gradient(terms)
+            for _ in range(1 + config.prior_steps):
+                updates, prior_state = self.prior_tx.update(g_prior, prior_state, prior)
+                prior = optax.apply_updates(prior, updates)
+                g_prior = jax.grad(lambda p: -log_evidence(terms, p)["log_marglik"] / records)(prior)
+        return magnitudes, prior, (state, prior_state), parts
+
+    def draw(self, epoch: int) -> dict[str, np.ndarray]:
+        """The untransformed records of the next hyper-step (with record ids and epoch) and the
+        single-output kernel's draws, as numpy arrays."""
+        rng = np.random.default_rng([self.config.seed, self.count])
+        positions = rng.choice(len(self.pipeline.sampler), self.config.records, replace=False)
+        ids = np.asarray(self.pipeline.sampler.indices(positions.astype(np.int64), epoch))
+        if ids.ndim != 1:
+            raise ValueError(f"MarginalLikelihood reads single records, but the pipeline's sampler gives records of "
+                             f"shape {ids.shape[1:]} (a windowed sampler); use a record sampler")
+        batch = dict(self.pipeline.source.read(ids, epoch))
+        if self.config.targets not in batch:
+            raise KeyError(f"MarginalLikelihoodConfig.targets={self.config.targets!r} is not a field of the "
+                           f"source's records {sorted(batch)}; name the labels' field")
+        batch[RECORD_IDS] = ids.astype(np.int32)
+        batch[EPOCH] = np.full(ids.shape, epoch, np.int32)
+        batch[OUTPUTS] = rng.integers(0, 2**30, self.config.records // self.config.subset_size).astype(np.int32)
+        return batch
+
+    def hyper_step(self, epoch: int) -> dict[str, float]:
+        """One hyper-step now (updating the model's hyperparameters in place); the log evidence per
+        training record and its parts, at the hyperparameters it started from."""
+        batch = self.draw(epoch)
+        graphdef, theta, magnitudes, prior, rest = nnx.split(self.model, model_params, learned_magnitudes,
+                                                             PriorPrecision, ...)
+        jax.block_until_ready(theta)  # the training steps queued before it are not the hyper-step's time
+        began = time.perf_counter()
+        magnitudes, prior, opt_state, parts = self._step(graphdef, theta, magnitudes, prior, rest, self.opt_state,
+                                                         batch)
+        out = {k: float(v) / self.model.num_records for k, v in parts.items()}  # waits for the step
+        if not all(np.isfinite(v) for v in out.values()) or not all(
+                np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves((magnitudes, prior))):
+            raise FloatingPointError(f"the marginal likelihood's hyper-step {self.count} gave a non-finite estimate "
+                                     f"{out}; the hyperparameters were left as they were. A prior precision far "
+                                     "from the data's scale, or a learning rate too large, can cause it")
+        nnx.update(self.model, magnitudes, prior)
+        self.opt_state = opt_state
+        self.seconds.append(time.perf_counter() - began)
+        self.count += 1
+        return out
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        if trainer.model is not self.model:
+            raise ValueError("MarginalLikelihood's model is not the trainer's model: build the Trainer over the "
+                             "same InvariantModel")
+        self.schedule.reset(trainer.step)
+
+    def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
+        if not self.schedule.due(logs.step) or logs.step < self.config.burn_in:
+            return
+        for _ in range(self.config.hyper_steps):
+            out = self.hyper_step(logs.epoch)
+        self.history.append({"step": logs.step, **out, **self.model.widths()})
+
+    def median_s(self, skip: int = 1) -> float:
+        """Median wall time of a hyper-step, the first `skip` (compilation) left out."""
+        times = self.seconds[skip:] or self.seconds
+        return float(np.median(times)) if times else float("nan")
+
+    def get_state(self) -> dict:
+        leaves = [np.asarray(x).tolist() for x in jax.tree.leaves(self.opt_state)]
+        return {"count": self.count, "opt_state": leaves, "history": self.history}
+
+    def set_state(self, state: dict) -> None:
+        current = jax.tree.leaves(self.opt_state)
+        if len(state["opt_state"]) != len(current):
+            raise ValueError(f"MarginalLikelihood state holds {len(state['opt_state'])} optimizer arrays, this run "
+                             f"has {len(current)}: the checkpoint was written with other hyperparameters")
+        leaves = [np.asarray(v, dtype=c.dtype).reshape(c.shape) for v, c in zip(state["opt_state"], current)]
+        self.opt_state = jax.tree.unflatten(self._opt_treedef, [jax.numpy.asarray(x) for x in leaves])
+        self.count = int(state["count"])
+        self.history = list(state.get("history", []))

@@ -1,0 +1,74 @@
+"""The marginal-likelihood arms of `recipes.learned_augmentation`: invariances learned by the training kit.
+
+`marglik`: the same `ConvNet`, wrapped in `datarax.train.invariance.InvariantModel` (its outputs
+averaged over `copies` rotated copies of each digit, drawn by the pipeline's own
+`RotationOperator`, keys by record identity), trained on the MAP loss (cross-entropy plus the
+prior's penalty, `with_prior`) by `Trainer`; every `every` steps from `burn_in` on,
+`MarginalLikelihood` moves the rotation's half-width (a `"tanh"` magnitude, so it can start at 0)
+and the layerwise prior precision along the gradient of the model's Laplace evidence. No
+validation data, no regulariser weight, one run per start.
+
+`marglik_affine`: one run learning rotation, translation and scale widths jointly (an
+`AffineOperator` with those three learnable, all from 0): do the widths the data does not call
+for stay small (Immer et al. 2022's affine result)?
+
+Test-time augmentation (TTA) for both arms is the recipe's: the softmax averaged over `tta_copies`
+copies drawn by the learned widths (`accuracy`), as for the grid's chosen range.
+"""
+
+from __future__ import annotations
+
+import optax
+from flax import nnx
+
+from datarax import Pipeline
+from datarax.operators.image import AffineOperator, RotationOperator
+from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.train.invariance import InvariantModel, MarginalLikelihood, MarginalLikelihoodConfig, with_prior
+from recipes import common
+from recipes.models import ConvNet
+
+# The three widths of the joint arm: AffineOperator's magnitude name -> its range (the bound the
+# magnitude lives in), to report each width as a fraction of its range.
+AFFINE_WIDTHS = {"degrees": 180.0, "translate": 1.0, "scale": 0.9}
+
+
+def invariant_loss(model: InvariantModel, batch: dict):
+    """Cross-entropy of the invariant model's averaged logits; aux: the logits."""
+    logits = model(batch)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean(), logits
+
+
+def accuracy_metric(batch: dict, logits):
+    return (logits.argmax(-1) == batch["label"]).mean()
+
+
+def stage(start: float, seed: int, affine: bool) -> nnx.Module:
+    """The learnable augmentation: a rotation from `start` degrees, or rotation, shift and zoom from 0."""
+    if affine:
+        return AffineOperator(degrees=0.0, translate=0.0, scale=0.0, learnable=tuple(AFFINE_WIDTHS),
+                              parameterisation="tanh", field="image", rngs=nnx.Rngs(augment=seed))
+    return RotationOperator(degrees=start, learnable=True, parameterisation="tanh", field="image",
+                            rngs=nnx.Rngs(augment=seed))
+
+
+def train_marglik(run_dir, data: dict, seed: int, cfg: dict, *, start: float, affine: bool, label: str,
+                  callbacks: list, optimizer: optax.GradientTransformation, num_classes: int) -> tuple:
+    """One marginal-likelihood run; returns `(net, widths, marglik, run)`: the trained network, its learned
+    widths (AffineOperator's magnitude names, or `degrees`), the callback (history, hyper-step times) and
+    `common.train_run`'s outcome."""
+    settings = cfg["marglik"]
+    size = data["train"][0].shape[1]
+    source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed),
+                          data={"image": data["train"][0], "label": data["train"][1]})
+    pipeline = Pipeline(source, [stage(start, seed, affine)], batch_size=cfg["batch_size"], drop_remainder=True)
+    net = ConvNet(1, num_classes, widths=cfg["widths"], image_size=(size, size), hidden=cfg["hidden"], seed=seed)
+    model = InvariantModel(net, pipeline, copies=settings["copies"], prior_precision=settings["prior_precision"])
+    marglik = MarginalLikelihood(model, pipeline, MarginalLikelihoodConfig(**settings["config"], seed=seed))
+    _, run = common.train_run(run_dir, model, optimizer, pipeline.raw_loader(), with_prior(invariant_loss),
+                              steps=cfg["steps"], metrics={"accuracy": accuracy_metric}, label=label,
+                              log_every=cfg["steps"], callbacks=[marglik, *callbacks], checkpoint=False,
+                              goodput_plot=False)
+    operator = pipeline.stages[0]
+    widths = {name: float(m.value()) for name, m in operator.magnitudes.items() if m.learnable}
+    return net, widths, marglik, run

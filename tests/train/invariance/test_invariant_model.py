@@ -1,0 +1,133 @@
+"""`InvariantModel`: copies keyed by record identity, S = 1 as the pipeline itself, where gradients reach,
+the prior penalty, and its refusals."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from datarax import Pipeline
+from datarax.core.element import Element
+from datarax.core.operator import BatchContext
+from datarax.operators.image import RotationOperator, TranslateOperator
+from datarax.sources import MemorySource
+from datarax.train.invariance import InvariantModel, with_prior
+
+COPIES = 3
+
+
+class Flatten(nnx.Module):
+    """Returns the images themselves (flattened), so the averaged outputs are the mean of the copies."""
+
+    def __init__(self):
+        self.scale = nnx.Param(jnp.ones(()))
+
+    def __call__(self, x):
+        return self.scale[...] * x.reshape(x.shape[0], -1)
+
+
+def setup(copies=COPIES, stages=None, **kwargs):
+    rng = np.random.default_rng(0)
+    data = {"image": rng.random((10, 5, 5, 1)).astype(np.float32), "label": np.arange(10, dtype=np.int32)}
+    stages = [RotationOperator(degrees=50.0, learnable=True, rngs=nnx.Rngs(4)),
+              TranslateOperator(translate=0.2, rngs=nnx.Rngs(5))] if stages is None else stages
+    pipeline = Pipeline(MemorySource(data=data), stages, batch_size=5)
+    return InvariantModel(Flatten(), pipeline, copies=copies, **kwargs), pipeline, data
+
+
+def raw(data, ids, epoch):
+    ids = np.asarray(ids)
+    return {"image": jnp.asarray(data["image"][ids]), "label": jnp.asarray(data["label"][ids]),
+            "record_ids": jnp.asarray(ids, jnp.int32), "epoch": jnp.full(ids.shape, epoch, jnp.int32)}
+
+
+def test_copy_s_of_record_i_is_drawn_as_record_i_times_s_plus_s_whatever_the_batch():
+    model, pipeline, data = setup()
+    outputs = nnx.jit(lambda model, batch: model(batch))
+
+    @jax.jit
+    def by_hand(image, record_id, epoch):  # the stages on one record, under the copy's record id
+        ctx = BatchContext(record_id[None], epoch, jnp.ones((1,), bool))
+        element = Element({"image": image[None]})
+        for stage in pipeline.stages:
+            element = stage(element, ctx)
+        return element.data["image"].reshape(-1)
+
+    for ids, epoch in (([0, 1, 2, 3], 0), ([3, 0, 9], 0), ([3, 0, 9], 2)):
+        out = np.asarray(outputs(model, raw(data, ids, epoch)))
+        for row, i in enumerate(ids):
+            copies = [by_hand(jnp.asarray(data["image"][i]), jnp.int32(i * COPIES + s), jnp.int32(epoch))
+                      for s in range(COPIES)]
+            np.testing.assert_allclose(out[row], np.mean(copies, axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_one_copy_is_the_pipeline_itself():
+    model, pipeline, data = setup(copies=1)
+    batch = raw(data, [4, 1, 8], 3)
+    expected = jax.jit(lambda b: pipeline.transform({"image": b["image"], "label": b["label"]},
+                                                    record_ids=b["record_ids"], epoch=3)["image"])(batch)
+    # The same draws; the two programs may round the bilinear sums differently.
+    np.testing.assert_allclose(np.asarray(nnx.jit(lambda m, b: m(b))(model, batch)),
+                               np.asarray(expected).reshape(3, -1), rtol=1e-6, atol=1e-6)
+
+
+def test_the_magnitudes_get_a_gradient_only_through_augmentation():
+    model, _, data = setup()
+    batch = raw(data, [0, 1, 2], 0)
+
+    def grads(through):
+        def loss(model):
+            return jnp.sum(jnp.square(model.outputs(batch, through_augmentation=through)))
+
+        return nnx.jit(nnx.grad(loss))(model)
+
+    magnitude = ("augment", "stages", 0, "magnitudes", "degrees", "raw")
+    plain = dict(nnx.to_flat_state(grads(False)))
+    through = dict(nnx.to_flat_state(grads(True)))
+    assert float(plain[magnitude][...]) == 0.0 and float(through[magnitude][...]) != 0.0
+    np.testing.assert_allclose(float(plain[("model", "scale")][...]), float(through[("model", "scale")][...]),
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("prior", ["layerwise", "scalar"])
+def test_the_prior_penalty_is_the_prior_per_training_record(prior):
+    class Two(nnx.Module):
+        def __init__(self):
+            self.a = nnx.Param(jnp.arange(3.0))
+            self.b = nnx.Param(jnp.full((2, 2), 0.5))
+
+        def __call__(self, x):
+            return x.reshape(x.shape[0], -1)[:, :2] * self.a[...][:2] + self.b[...][0]
+
+    _, pipeline, data = setup()
+    model = InvariantModel(Two(), pipeline, copies=2, prior=prior, prior_precision=2.0)
+    deltas = [2.0, 2.0]
+    if prior == "layerwise":
+        model.log_prior_precision[...] = jnp.log(jnp.asarray([2.0, 5.0]))
+        deltas = [2.0, 5.0]
+    expected = (deltas[0] * 5.0 + deltas[1] * 1.0) / (2 * 10)  # ||a||^2 = 5, ||b||^2 = 1, N = 10
+    np.testing.assert_allclose(float(model.prior_penalty()), expected, rtol=1e-6)
+
+    def loss(model, batch):
+        return jnp.float32(1.5)
+
+    np.testing.assert_allclose(float(with_prior(loss)(model, raw(data, [0], 0))), 1.5 + expected, rtol=1e-6)
+
+
+def test_refusals_name_the_argument_and_the_fix():
+    model, pipeline, data = setup()
+    with pytest.raises(KeyError, match="pipeline.raw_loader"):
+        model({"image": jnp.asarray(data["image"][:2])})
+    with pytest.raises(ValueError, match="field 'pixels' is not an output"):
+        InvariantModel(Flatten(), pipeline, field="pixels")
+    with pytest.raises(ValueError, match="copies must be an int >= 1"):
+        InvariantModel(Flatten(), pipeline, copies=0)
+    with pytest.raises(ValueError, match="prior must be one of"):
+        InvariantModel(Flatten(), pipeline, prior="diagonal")
+    with pytest.raises(TypeError, match="InvariantModel: pipeline must be a datarax Pipeline"):
+        InvariantModel(Flatten(), pipeline.program)
+    with pytest.raises(TypeError, match="must be an InvariantModel"):
+        with_prior(lambda model, batch: 0.0)(Flatten(), {})
+    assert jax.tree.leaves(nnx.state(model, InvariantModel.trained))  # the network's parameters only
+    assert len(jax.tree.leaves(nnx.state(model, InvariantModel.trained))) == 1

@@ -1,0 +1,239 @@
+"""`MarginalLikelihood` through the real `Trainer`: the width it learns on toys with a known answer, the
+training loss never moving the hyperparameters, resume, refusals, and `[trainer.marglik]` files."""
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from datarax import Pipeline
+from datarax.cli.main import main
+from datarax.operators.image import RotationOperator
+from datarax.sources import MemorySource, MemorySourceConfig
+from datarax.train import Trainer, load_trainer
+from datarax.train.callbacks import CheckpointCallback
+from datarax.train.invariance import InvariantModel, MarginalLikelihood, MarginalLikelihoodConfig, with_prior
+
+SIZE = 9
+
+
+def bars(n: int, invariant: bool, seed: int = 0) -> dict:
+    """Noisy bars through the centre of 9x9 images. `invariant`: the class is the bar's length, its angle
+    uniform (rotation keeps the label); else the class is horizontal or vertical (rotation changes it)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:SIZE, 0:SIZE] - (SIZE - 1) / 2
+    labels = rng.integers(0, 2, n)
+    if invariant:
+        angle, length = rng.uniform(0, np.pi, n), np.where(labels == 1, 7.0, 2.5)
+    else:
+        angle, length = np.where(labels == 1, np.pi / 2, 0.0) + rng.uniform(-0.3, 0.3, n), np.full(n, 6.0)
+    along = xx[None] * np.cos(angle)[:, None, None] + yy[None] * np.sin(angle)[:, None, None]
+    across = yy[None] * np.cos(angle)[:, None, None] - xx[None] * np.sin(angle)[:, None, None]
+    image = np.exp(-across**2 / 0.8) / (1 + np.exp(3 * (np.abs(along) - length[:, None, None] / 2)))
+    image = image + 0.05 * rng.normal(size=image.shape)
+    return {"image": image[..., None].astype(np.float32), "label": labels.astype(np.int32)}
+
+
+class MLP(nnx.Module):
+    def __init__(self, seed: int = 0):
+        self.hidden = nnx.Linear(SIZE * SIZE, 32, rngs=nnx.Rngs(seed))
+        self.out = nnx.Linear(32, 2, rngs=nnx.Rngs(seed + 1))
+
+    def __call__(self, x):
+        return self.out(jnp.tanh(self.hidden(x.reshape(x.shape[0], -1))))
+
+
+def loss_fn(model, batch):
+    logits = model(batch)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean(), logits
+
+
+def setup(invariant: bool, start: float, seed: int = 0, **config):
+    pipeline = Pipeline(MemorySource(MemorySourceConfig(shuffle=True, seed=seed), data=bars(128, invariant, seed)),
+                        [RotationOperator(degrees=start, learnable=True, parameterisation="tanh",
+                                          rngs=nnx.Rngs(seed))], batch_size=32, drop_remainder=True)
+    model = InvariantModel(MLP(seed), pipeline, copies=4)
+    settings = {"every": 5, "burn_in": 20, "records": 32, "subset_size": 32, "kernel": "full", "learning_rate": 0.1,
+                "seed": seed, **config}
+    return model, pipeline, MarginalLikelihood(model, pipeline, MarginalLikelihoodConfig(**settings))
+
+
+def width(model: InvariantModel) -> float:
+    return model.widths()["stages.0.magnitudes.degrees"]
+
+
+@pytest.mark.parametrize("invariant,start", [(True, 0.0), (False, 60.0)], ids=["invariant-grows", "not-shrinks"])
+def test_the_width_grows_from_zero_where_labels_are_invariant_and_shrinks_where_not(invariant, start):
+    model, pipeline, marglik = setup(invariant, start)
+    with Trainer(model, optax.adam(1e-2), pipeline.raw_loader(), with_prior(loss_fn), callbacks=[marglik]) as trainer:
+        trainer.fit(100)
+    widths = [h["stages.0.magnitudes.degrees"] for h in marglik.history]
+    assert len(widths) == 17  # steps 20, 25, ..., 100
+    if invariant:  # a width of exactly 0 leaves (the tanh magnitude's gradient is not flat there) and grows
+        assert min(widths[-4:]) > 60, widths
+    else:
+        assert max(widths[-4:]) < 30, widths
+
+
+def test_the_training_loss_never_moves_the_hyperparameters():
+    model, pipeline, marglik = setup(True, 40.0, burn_in=1000)  # no hyper-step within the run
+    before = {k: np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.Param)))}
+    raw = np.asarray(model.augment.stages[0].magnitudes["degrees"].raw[...])
+    weights = np.asarray(model.model.hidden.kernel[...])
+    with Trainer(model, optax.adamw(1e-2, weight_decay=0.1), pipeline.raw_loader(), with_prior(loss_fn),
+                 callbacks=[marglik]) as trainer:
+        trainer.fit(12)
+    assert marglik.count == 0
+    assert np.array_equal(np.asarray(model.augment.stages[0].magnitudes["degrees"].raw[...]), raw)
+    after = {k: np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.Param)))}
+    assert np.array_equal(after[("log_prior_precision",)], before[("log_prior_precision",)])
+    assert not np.array_equal(np.asarray(model.model.hidden.kernel[...]), weights)
+
+
+def test_optimizers_that_would_move_the_magnitudes_are_refused():
+    model, pipeline, _ = setup(True, 40.0)
+    with pytest.raises(ValueError, match="wrt=InvariantModel.trained"):
+        Trainer(model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param), pipeline.raw_loader(), loss_fn)
+    with pytest.raises(ValueError, match="MarginalLikelihood callback learns them"):
+        Trainer(model, optax.adam(1e-2), pipeline, loss_fn, train_pipeline_params=True)
+    Trainer(model, nnx.Optimizer(model, optax.adam(1e-2), wrt=InvariantModel.trained), pipeline.raw_loader(),
+            loss_fn).close()
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
+    def fit(directory, steps):
+        model, pipeline, marglik = setup(True, 0.0, every=3, burn_in=3, records=8, subset_size=8)
+        callbacks = [marglik, CheckpointCallback(directory, every_steps=6, asynchronous=False)]
+        with Trainer(model, optax.adam(1e-2), pipeline.raw_loader(), with_prior(loss_fn),
+                     callbacks=callbacks) as trainer:
+            trainer.fit(steps)
+        return model, marglik
+
+    whole, whole_marglik = fit(tmp_path / "whole", 9)
+    fit(tmp_path / "split", 6)  # saved at step 6, its hyper-step of step 6 included
+    resumed, resumed_marglik = fit(tmp_path / "split", 9)
+    assert resumed_marglik.count == whole_marglik.count == 3  # hyper-steps at 3, 6 and 9
+    assert resumed_marglik.history == whole_marglik.history
+    for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(whole)), nnx.to_flat_state(nnx.state(resumed))):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), path
+
+
+def test_a_non_finite_estimate_raises_and_changes_nothing():
+    model, pipeline, marglik = setup(True, 40.0)
+    model.model.out.kernel[...] = jnp.full_like(model.model.out.kernel[...], jnp.nan)
+    raw = np.asarray(model.augment.stages[0].magnitudes["degrees"].raw[...])
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        marglik.hyper_step(epoch=0)
+    assert np.array_equal(np.asarray(model.augment.stages[0].magnitudes["degrees"].raw[...]), raw)
+    assert marglik.count == 0
+
+
+@pytest.mark.parametrize("settings,words", [
+    ({"every": 0}, "every must be an int >= 1"),
+    ({"records": 30, "subset_size": 16}, "must divide records=30"),
+    ({"kernel": "kron"}, "kernel must be one of ('full', 'single_output')"),
+    ({"likelihood": "poisson"}, "likelihood must be one of"),
+    ({"prior_learning_rate": 0.0}, "prior_learning_rate must be in (0.0, inf], got 0.0"),
+])
+def test_bad_settings_name_the_field(settings, words):
+    with pytest.raises((TypeError, ValueError), match=words.replace("(", r"\(").replace(")", r"\)")):
+        MarginalLikelihoodConfig(**settings)
+
+
+HELPERS = '''
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+def make_data():
+    rng = np.random.default_rng(0)
+    return {"image": rng.random((64, 6, 6, 1)).astype(np.float32), "label": rng.integers(0, 3, 64).astype(np.int32)}
+
+class Net(nnx.Module):
+    def __init__(self, rngs):
+        self.out = nnx.Linear(36, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(x.reshape(x.shape[0], -1))
+
+def make_model(rngs):
+    return Net(rngs)
+
+def xent(model, batch):
+    logits = model(batch)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean(), logits
+'''
+
+CONFIG = """allow = ["ml_helpers"]
+batch_size = 16
+drop_remainder = true
+[source.memory]
+data = "ml_helpers:make_data"
+shuffle = true
+[[stages]]
+rotation = {{ degrees = 0.0, learnable = true, parameterisation = "tanh" }}
+[eval.source.memory]
+shuffle = false
+[trainer]
+model = "ml_helpers:make_model"
+loss = "ml_helpers:xent"
+optimizer = {{ adam = {{ learning_rate = 0.01 }} }}
+steps = 8
+compilation_cache = false
+[trainer.marglik]
+{marglik}
+"""
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    (tmp_path / "ml_helpers.py").write_text(HELPERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("ml_helpers", None)
+    importlib.invalidate_caches()
+    return tmp_path
+
+
+def job(folder, marglik: str) -> str:
+    path = folder / "run.toml"
+    path.write_text(CONFIG.format(marglik=marglik))
+    return str(path)
+
+
+def test_a_configuration_file_trains_an_invariant_model_with_its_hyper_step(folder):
+    run = load_trainer(job(folder, "copies = 2\nprior_precision = 3.0\nevery = 4\nburn_in = 4\nrecords = 8\n"
+                                   "subset_size = 8\nkernel = \"full\""))
+    model = run.trainer.model
+    assert isinstance(model, InvariantModel) and model.copies == 2
+    np.testing.assert_allclose(np.asarray(model.prior_precision), 3.0, rtol=1e-6)
+    (marglik,) = [cb for cb in run.trainer.callbacks if isinstance(cb, MarginalLikelihood)]
+    assert marglik.config.records == 8 and marglik.config.kernel == "full"
+    run.fit()
+    run.trainer.close()
+    assert marglik.count == 2  # steps 4 and 8
+    assert width(model) > 0.0  # left 0
+    assert np.isfinite(run.trainer.last_eval_metrics["loss"])  # [eval]'s raw records, scored by the invariant model
+    assert run.trainer.eval_pipeline.stages[0].ids_key == "record_ids"
+
+
+@pytest.mark.parametrize("marglik,key,words", [
+    ("copies = 0", "copies", "must be an int >= 1"),
+    ("prior = \"diagonal\"", "prior", "must be one of ('layerwise', 'scalar')"),
+    ("every = -1", "every", "every must be an int >= 1"),
+    ("records = 7\nsubset_size = 2", "subset_size", "must divide records=7"),
+    ("colour = 1", "colour", "is not a known key (known: burn_in, copies"),
+    ("field = \"pixels\"", "", "field 'pixels' is not an output of the pipeline's stages"),
+])
+def test_validate_rejects_each_bad_value_at_its_key(folder, capsys, marglik, key, words):
+    assert main(["validate", job(folder, marglik)]) == 1
+    err = capsys.readouterr().err
+    assert f"trainer.marglik{'.' + key if key else ''}" in err and words in err, err
+
+
+def test_validate_accepts_a_good_table(folder, capsys):
+    assert main(["validate", job(folder, "copies = 4\nrecords = 16")]) == 0, capsys.readouterr().err
