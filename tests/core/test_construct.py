@@ -283,10 +283,10 @@ REFUSED = [
      "pass them as keywords: MixUpOperator(alpha=0.2, num_classes=10)"),
     (lambda: T.Standardize(StandardizeConfig(), "x"),
      "StandardizeOperator takes no settings by position; pass them as keywords: StandardizeOperator(field='x')"),
-    (lambda: T.Standardize(*"abcdef"),
+    (lambda: T.Standardize(*"abcdefg"),
      "StandardizeOperator config must be a StandardizeConfig, got str 'a'; StandardizeOperator takes no settings "
      "by position; pass them as keywords: StandardizeOperator(field='a', out_field='b', learnable='c', "
-     "stochastic='d', stream_name='e') (1 more value(s) than StandardizeConfig has settings)"),
+     "parameterisation='d', stochastic='e', stream_name='f') (1 more value(s) than StandardizeConfig has settings)"),
     (lambda: DecodeImage(224, "shorter_side", crop="center"),
      "DecodeImage takes only size by position; pass the rest as keywords: "
      "DecodeImage(size=224, resize='shorter_side', crop='center')"),
