@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from recipe_helpers import assert_finite_metrics, assert_plot, run_recipe
 
 QUICK_STEPS = 150  # recipes.vision.QUICK["steps"]
 
 
+@pytest.mark.skipif(not os.environ.get("DATARAX_SLOW_TESTS"), reason="a second quick run of the recipe to check its "
+                    "resume (about 22 s; the trainer's resume is tested in tests/train); DATARAX_SLOW_TESTS=1 runs it")
 def test_quick_run_then_rerun_resumes_from_its_checkpoint(tmp_path):
     result, stdout = run_recipe("vision", tmp_path)
     metrics = assert_finite_metrics(result)
