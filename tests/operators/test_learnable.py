@@ -129,7 +129,10 @@ def test_tanh_magnitude_starts_anywhere_below_its_bound_with_a_gradient(value, h
     np.testing.assert_allclose(float(m()), value, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(m.raw[...]), math.atanh(value / high), rtol=1e-6, atol=1e-7)
     grad = float(jax.grad(lambda raw: high * jnp.tanh(raw))(m.raw[...]))
-    np.testing.assert_allclose(grad, high * (1 - (value / high) ** 2), rtol=1e-5)
+    # Near saturation the derivative 1 - t^2 amplifies tanh's own relative error (about 1e-5 on a
+    # TPU, 1e-7 on a CPU) by 2 t^2 / (1 - t^2): 16x at 170 of 180.
+    t = value / high
+    np.testing.assert_allclose(grad, high * (1 - t**2), rtol=1e-5 * max(1.0, 2 * t**2 / (1 - t**2)))
     assert grad > 0  # at 0 too: the sigmoid's would vanish at its bound
     m.raw[...] = -m.raw[...]  # a negative raw value is the same spread: value() is its size
     np.testing.assert_allclose(float(m.value()), value, rtol=1e-5, atol=1e-6)

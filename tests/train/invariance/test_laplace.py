@@ -8,6 +8,7 @@ import pytest
 import scipy.optimize
 from flax import nnx
 from jax.flatten_util import ravel_pytree
+from on_cpu import float64_on_cpu
 
 from datarax import Pipeline
 from datarax.operators.audio import GainOperator
@@ -25,6 +26,10 @@ from datarax.train.invariance.marglik import learned_magnitudes
 from datarax.train.invariance.model import PriorPrecision, model_params
 
 CLASSES = 3
+ON_CPU = jax.default_backend() == "cpu"
+# A TPU's float32 exp and log are off by up to about 1e-4 (relative; 6e-5 seen), a CPU's to float32's last bits.
+EVIDENCE_RTOL = 2e-5 if ON_CPU else 1e-4
+HESSIAN_ATOL = 1e-6 if ON_CPU else 3e-5  # on values near 0.2: 1.4e-5 seen
 
 
 class MLP(nnx.Module):
@@ -69,23 +74,26 @@ def estimate(model: InvariantModel, batch: dict, subset_size: int, num_records: 
             return nnx.merge(graphdef, theta, hyper, rest).outputs(records, through_augmentation=True)
 
         prior = nnx.merge(graphdef, theta, hyper, rest).prior_precision
-        terms = laplace_terms(apply, theta, batch, batch[targets], num_records=num_records or len(batch[targets]),
-                              subset_size=subset_size, **kwargs)
+        with jax.default_matmul_precision("float32"):  # as the hyper-step declares it (a TPU's default is lower)
+            terms = laplace_terms(apply, theta, batch, batch[targets], num_records=num_records or len(batch[targets]),
+                                  subset_size=subset_size, **kwargs)
         return log_marginal_likelihood(terms, prior)["log_marglik"]
 
     return jax.jit(value), hyper
 
 
 def dense_evidence(model: InvariantModel, batch: dict) -> float:
-    """The GGN Laplace evidence with the P x P matrix, in float64 on the host."""
+    """The GGN Laplace evidence with the P x P matrix, in float64 on the host (the outputs and their
+    Jacobian in float32 on the CPU, whatever the default backend)."""
     graphdef, theta, rest = nnx.split(model, model_params, ...)
     flat, unravel = ravel_pytree(theta)
 
     def outputs(vector):
         return nnx.merge(graphdef, unravel(vector), rest).outputs(batch)
 
-    f = np.asarray(jax.jit(outputs)(flat), np.float64)
-    jac = np.asarray(jax.jit(jax.jacobian(outputs))(flat), np.float64)  # (N, C, P)
+    with jax.default_device(jax.devices("cpu")[0]):
+        f = np.asarray(jax.jit(outputs)(flat), np.float64)
+        jac = np.asarray(jax.jit(jax.jacobian(outputs))(flat), np.float64)  # (N, C, P)
     p = np.exp(f - f.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     ggn = sum(jac[n].T @ (np.diag(p[n]) - np.outer(p[n], p[n])) @ jac[n] for n in range(len(f)))
@@ -106,7 +114,7 @@ def test_equals_the_dense_ggn_laplace_evidence_and_is_a_lower_bound_on_subsets(s
     batch = raw_batch(data)
     dense = dense_evidence(model, batch)
     whole, hyper = estimate(model, batch, subset_size=12)
-    np.testing.assert_allclose(float(whole(hyper)), dense, rtol=2e-5)
+    np.testing.assert_allclose(float(whole(hyper)), dense, rtol=EVIDENCE_RTOL)
     for m in (1, 4, 6):  # the kernel's block-diagonal part: a lower bound (Fischer's inequality)
         value, hyper = estimate(model, batch, subset_size=m)
         assert float(value(hyper)) < dense
@@ -124,8 +132,9 @@ def test_the_single_output_estimate_averages_to_the_independent_outputs_evidence
     def outputs(vector):
         return nnx.merge(graphdef, unravel(vector), rest).outputs(batch)
 
-    f = np.asarray(jax.jit(outputs)(flat), np.float64)
-    jac = np.asarray(jax.jit(jax.jacobian(outputs))(flat), np.float64)
+    with jax.default_device(jax.devices("cpu")[0]):  # the reference's float32 on the CPU, as in dense_evidence
+        f = np.asarray(jax.jit(outputs)(flat), np.float64)
+        jac = np.asarray(jax.jit(jax.jacobian(outputs))(flat), np.float64)
     p = np.exp(f - f.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     sizes = [x.size for x in jax.tree.leaves(theta)]
@@ -143,8 +152,9 @@ def test_the_single_output_estimate_averages_to_the_independent_outputs_evidence
         def apply(theta, records):
             return nnx.merge(graphdef, theta, hyper, rest).outputs(records, through_augmentation=True)
 
-        terms = laplace_terms(apply, theta, batch, batch["label"], num_records=12, subset_size=12,
-                              single_outputs=c[None])
+        with jax.default_matmul_precision("float32"):  # as the hyper-step declares it
+            terms = laplace_terms(apply, theta, batch, batch["label"], num_records=12, subset_size=12,
+                                  single_outputs=c[None])
         return log_marginal_likelihood(terms, model.prior_precision)["log_marglik"]
 
     draws = [float(draw(jnp.int32(c + CLASSES))) for c in range(CLASSES)]
@@ -157,24 +167,24 @@ def test_the_likelihood_hessian_roots_and_log_likelihoods_match_their_definition
     roots = np.asarray(hessian_sqrt(f, "categorical"))
     hessians = np.asarray(jax.jit(jax.vmap(jax.hessian(lambda z: -jax.nn.log_softmax(z)[1])))(f))
     for n in range(5):
-        np.testing.assert_allclose(roots[n] @ roots[n].T, np.diag(p[n]) - np.outer(p[n], p[n]), atol=1e-6)
-        np.testing.assert_allclose(hessians[n], roots[n] @ roots[n].T, atol=1e-6)
+        np.testing.assert_allclose(roots[n] @ roots[n].T, np.diag(p[n]) - np.outer(p[n], p[n]), atol=HESSIAN_ATOL)
+        np.testing.assert_allclose(hessians[n], roots[n] @ roots[n].T, atol=HESSIAN_ATOL)
     np.testing.assert_allclose(np.asarray(hessian_sqrt(f, "gaussian", 4.0))[2], 2.0 * np.eye(4))
     classes = jnp.asarray([0, 1, 2, 3, 5])  # taken modulo C = 4
     diagonal = np.asarray(diagonal_hessian_sqrt(f, classes, "categorical"))[:, 0, 0] ** 2
     picked = p[np.arange(5), np.asarray(classes) % 4]
-    np.testing.assert_allclose(diagonal, picked * (1 - picked), rtol=1e-5)
+    np.testing.assert_allclose(diagonal, picked * (1 - picked), rtol=1e-5 if ON_CPU else 3e-4)
     confident = jnp.asarray([[40.0, -40.0]])  # p underflows: the roots' gradients stay finite
     for fn in (lambda z: hessian_sqrt(z, "categorical").sum(), lambda z: diagonal_hessian_sqrt(
             z, jnp.asarray([1]), "categorical").sum()):
         assert np.all(np.isfinite(np.asarray(jax.jit(jax.grad(fn))(confident))))
     y = np.asarray([0, 3, 1, 1, 2])
     np.testing.assert_allclose(np.asarray(log_likelihood(f, jnp.asarray(y), "categorical")),
-                               np.log(p[np.arange(5), y]), rtol=1e-5)
+                               np.log(p[np.arange(5), y]), rtol=1e-5 if ON_CPU else 1e-4)
     target = np.zeros((5, 4), np.float32)
     expected = -2.0 * np.sum(np.asarray(f) ** 2, 1) + 2 * np.log(4.0 / (2 * np.pi))
     np.testing.assert_allclose(np.asarray(log_likelihood(f, jnp.asarray(target), "gaussian", 4.0)), expected,
-                               rtol=1e-5)
+                               rtol=1e-5 if ON_CPU else 1e-4)
 
 
 def audio_set(n: int = 12, seed: int = 0, dtype=np.float32) -> dict:
@@ -197,7 +207,7 @@ GRADIENT_CASES = [
 
 @pytest.mark.parametrize("name,make,field,rtol", GRADIENT_CASES, ids=[c[0] for c in GRADIENT_CASES])
 def test_the_width_gradient_matches_a_central_difference(name, make, field, rtol):
-    with jax.enable_x64(True):
+    with float64_on_cpu():  # a TPU has no float64 arithmetic of its own
         data = audio_set(dtype=np.float64) if field == "audio" else image_set(dtype=np.float64)
         model, _ = invariant(make(), data, field=field)
         batch = raw_batch(data)

@@ -1,6 +1,7 @@
 """`MarginalLikelihood` through the real `Trainer`: the width it learns on toys with a known answer, the
 training loss never moving the hyperparameters, resume, refusals, and `[trainer.marglik]` files."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -210,7 +211,9 @@ def test_a_configuration_file_trains_an_invariant_model_with_its_hyper_step(fold
                                    "subset_size = 8\nkernel = \"full\""))
     model = run.trainer.model
     assert isinstance(model, InvariantModel) and model.copies == 2
-    np.testing.assert_allclose(np.asarray(model.prior_precision), 3.0, rtol=1e-6)
+    # exp(log(3)): a TPU's float32 exp and log are off by up to about 1e-4 (relative; 6e-5 seen)
+    rtol = 1e-6 if jax.default_backend() == "cpu" else 1e-4
+    np.testing.assert_allclose(np.asarray(model.prior_precision), 3.0, rtol=rtol)
     (marglik,) = [cb for cb in run.trainer.callbacks if isinstance(cb, MarginalLikelihood)]
     assert marglik.config.records == 8 and marglik.config.kernel == "full"
     run.fit()
