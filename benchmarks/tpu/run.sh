@@ -6,7 +6,7 @@ usage: bash benchmarks/tpu/run.sh STEP [+ STEP ...]
 
 Steps, run in order; each under `timeout $STEP_S` (default 540 s), its output in $OUT/NN-NAME.log:
   tests [all|operators|rest]  the TPU test command of docs/tpu.md in one process, with a persistent
-                              compilation cache in /tmp (cold it needs about 9.5 minutes: on a fresh
+                              compilation cache in /tmp (cold it needs about 11 minutes: on a fresh
                               machine run `tests operators + tests rest`, then `tests` reads the cache)
   pytest ARGS...              JAX_PLATFORMS=tpu,cpu python -m pytest -p no:xdist ARGS
   bench ARGS...               python -m benchmarks ARGS; rows appended to $OUT/results/<machine>.jsonl
