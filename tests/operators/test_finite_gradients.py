@@ -48,19 +48,25 @@ def build(name):
         return build(rngs=nnx.Rngs(0), **kwargs)
 
 
+WEIGHTS = np.random.default_rng(1).normal(size=(2, 6, 6, 3)).astype(np.float32)
+
+
+def loss(module, x):
+    out = module(Element({"image": x}), BatchContext.for_batch(2))
+    return jnp.sum(out.data["image"] * WEIGHTS)
+
+
+# jitted, as a training step runs it (op by op, each primitive would compile on its own); one
+# function for every case, so an operator's program compiles once for its seven extremes (a fresh
+# operator of the same configuration has the same graph, and the pixels are only values).
+VALUE_AND_GRAD = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1)))
+
+
 @pytest.mark.parametrize("pixel", list(EXTREMES.values()), ids=list(EXTREMES))
 @pytest.mark.parametrize("name", OPERATORS)
 def test_gradients_to_the_image_and_the_magnitudes_are_finite(name, pixel):
     op = build(name)
-    image = image_of(pixel)
-    weights = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 6, 3)), jnp.float32)
-
-    def loss(module, x):
-        out = module(Element({"image": x}), BatchContext.for_batch(2))
-        return jnp.sum(out.data["image"] * weights)
-
-    # jitted, as a training step runs it (op by op, each primitive would compile on its own)
-    value, (grad_module, grad_image) = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1)))(op, image)
+    value, (grad_module, grad_image) = VALUE_AND_GRAD(op, image_of(pixel))
     assert np.isfinite(float(value))
     assert np.isfinite(np.asarray(grad_image)).all(), f"{name}: NaN/inf gradient to the image"
     for leaf in jax.tree.leaves(nnx.state(grad_module, nnx.Param)):

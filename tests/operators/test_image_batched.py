@@ -170,8 +170,10 @@ def test_gradients_through_a_learnable_shift_agree(use_formulation):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=GRAD_TOL)
 
 
-@pytest.mark.parametrize("shape", [(8, 8, 1), (9, 11, 2), (32, 32, 3)])
-@pytest.mark.parametrize("fill", [0.0, 0.75])
+# Every shape with a fill the output can show, and the zero fill once (the fill is a constant of the
+# same program, not another code path: each pair compiles four programs of its own).
+@pytest.mark.parametrize("shape, fill", [((8, 8, 1), 0.75), ((9, 11, 2), 0.0), ((9, 11, 2), 0.75),
+                                         ((32, 32, 3), 0.75)])
 def test_warp_agrees_with_the_per_record_warp(shape, fill):
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.random((6, *shape)), jnp.float32)

@@ -208,6 +208,21 @@ def test_batch_errors(data, error, match):
         op(Element({k: jnp.asarray(v) for k, v in data.items()}), BatchContext.for_batch(2))
 
 
+ALPHA_IMAGES = np.random.default_rng(0).random((4, 4, 5, 1)).astype(np.float32)
+ALPHA_LABELS = np.array([0, 1, 1, 0], np.int32)
+
+
+def alpha_loss(module):
+    out = module(Element({"image": jnp.asarray(ALPHA_IMAGES), "label": jnp.asarray(ALPHA_LABELS)}),
+                 BatchContext.for_batch(4))
+    return jnp.sum(out.data["image"]) + jnp.sum(out.data["label"] * jnp.arange(2.0))
+
+
+# jitted, as a training step runs it; one function for every raw value, so each operator's program
+# compiles once (the raw logit is a value in the module's state, not part of the program).
+ALPHA_VALUE_AND_GRAD = nnx.jit(nnx.value_and_grad(alpha_loss))
+
+
 @pytest.mark.parametrize("op_class,config_class", [(MixUpOperator, MixUpConfig), (CutMixOperator, CutMixConfig)])
 @pytest.mark.parametrize("raw", [-60.0, -20.0, 0.0, 20.0])
 def test_learnable_alpha_stays_where_forward_and_backward_are_finite(op_class, config_class, raw):
@@ -215,13 +230,6 @@ def test_learnable_alpha_stays_where_forward_and_backward_are_finite(op_class, c
     NaN gradients when the range started at 0) keeps finite outputs and gradients."""
     op = op_class(config_class(alpha=1.0, num_classes=2, learnable=True), rngs=nnx.Rngs(5))
     op.magnitudes["alpha"].raw[...] = jnp.float32(raw)
-    images = jnp.asarray(np.random.default_rng(0).random((4, 4, 5, 1)), jnp.float32)
-    labels = jnp.array([0, 1, 1, 0], jnp.int32)
-
-    def loss(module):
-        out = module(Element({"image": images, "label": labels}), BatchContext.for_batch(4))
-        return jnp.sum(out.data["image"]) + jnp.sum(out.data["label"] * jnp.arange(2.0))
-
-    value, grads = nnx.jit(nnx.value_and_grad(loss))(op)  # jitted, as a training step runs it
+    value, grads = ALPHA_VALUE_AND_GRAD(op)
     assert np.isfinite(float(value))
     assert np.isfinite(np.asarray(grads["magnitudes"]["alpha"]["raw"][...])).all()

@@ -58,6 +58,7 @@ def test_validation_and_test_share_no_paragraph_or_13_word_window_with_training_
 def test_attention_stays_within_segments():
     """A token's logits do not change when another packed document in the row changes."""
     import jax.numpy as jnp
+    from flax import nnx
 
     from recipes.text_lm import TransformerLM
 
@@ -66,6 +67,8 @@ def test_attention_stays_within_segments():
     segments = jnp.array([[1, 1, 1, 2, 2, 2, 2, 0]])
     positions = jnp.array([[0, 1, 2, 0, 1, 2, 3, 0]])
     changed = tokens.at[0, :3].set(jnp.array([11, 12, 13]))
-    a, b = model(tokens, segments, positions), model(changed, segments, positions)
+    # jitted, as training runs the model (op by op, each primitive would compile on its own)
+    forward = nnx.jit(lambda model, tokens: model(tokens, segments, positions))
+    a, b = forward(model, tokens), forward(model, changed)
     np.testing.assert_allclose(a[0, 3:7], b[0, 3:7], rtol=1e-6)
     assert not np.allclose(a[0, :3], b[0, :3])

@@ -169,9 +169,11 @@ def test_datarax_replay_after_a_sigkill_and_a_resume(tmp_path, capsys):
     (tmp_path / "replay_helpers.py").write_text(HELPERS)
     (tmp_path / "run.toml").write_text(CONFIG)
     (tmp_path / "received").mkdir()
+    # One compilation cache for both runs, as `datarax train` keeps one in the run directory: the
+    # resumed run loads the first run's programs (bitwise the same executables) instead of compiling.
     env = {**os.environ, "RECORD_DIR": str(tmp_path / "received"), "SLOW_AFTER": "5",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-           "DATARAX_COMPILATION_CACHE": "off"}
+           "DATARAX_COMPILATION_CACHE": str(tmp_path / "jax_cache")}
     first = train_command(tmp_path, env)
     try:
         deadline = time.monotonic() + HANG_GUARD_S

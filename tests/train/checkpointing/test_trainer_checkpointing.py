@@ -450,12 +450,27 @@ def wait_for(condition, proc: subprocess.Popen, what: str, log: Path, timeout: f
 
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[subprocess.Popen, Path]:
+    """The uninterrupted 14 steps of single steps, as its own process, started once for both K: a
+    call of K steps trains bitwise like K single steps (test_trainer's
+    test_steps_per_execution_trains_bitwise_like_single_steps), so K = 2's resumed run must end on
+    these very arrays too. Each test waits for it only when it compares (the first one's killed run
+    starts beside it)."""
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    proc = run_process(workdir, 14, 1)
+    yield proc, workdir
+    if proc.poll() is None:  # a failed test left it running
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+
+
 @pytest.mark.parametrize("k", [1, 2])
-def test_sigkill_inside_an_async_save_that_the_loop_did_not_wait_for_resumes_bitwise(tmp_path, k):
+def test_sigkill_inside_an_async_save_that_the_loop_did_not_wait_for_resumes_bitwise(tmp_path, k, uninterrupted):
     """A real process, killed by a real SIGKILL while Orbax writes checkpoint 8 in the background and
     the loop trains on past it: the rerun resumes from checkpoint 4 and ends bitwise equal to an
-    uninterrupted run (model, optimizer, iterator, metrics of the last step)."""
-    reference = run_process(tmp_path / "reference", 14, k)
+    uninterrupted run of single steps (model, optimizer, iterator, metrics of the last step)."""
+    reference, reference_dir = uninterrupted
     killed = run_process(tmp_path / "run", 14, k, hold=8)
     log = tmp_path / "run" / "log.txt"
     wait_for(lambda: (tmp_path / "run" / "held").exists(), killed, "the save of step 8 to begin", log)
@@ -468,8 +483,8 @@ def test_sigkill_inside_an_async_save_that_the_loop_did_not_wait_for_resumes_bit
     assert sorted(int(p) for p in os.listdir(tmp_path / "run" / "ckpt") if p.isdigit()) == [4]
     rerun = run_process(tmp_path / "run", 14, k)
     assert rerun.wait(timeout=240) == 0, log.read_text()[-3000:]
-    assert reference.wait(timeout=240) == 0, (tmp_path / "reference" / "log.txt").read_text()[-3000:]
-    expected = json.loads((tmp_path / "reference" / "result.json").read_text())
+    assert reference.wait(timeout=240) == 0, (reference_dir / "log.txt").read_text()[-3000:]
+    expected = json.loads((reference_dir / "result.json").read_text())
     resumed = json.loads((tmp_path / "run" / "result.json").read_text())
     assert resumed.pop("resumed_from") == 4 and expected.pop("resumed_from") is None
     assert resumed == expected

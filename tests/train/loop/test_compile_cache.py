@@ -68,22 +68,26 @@ def child(tmp_path) -> Path:
 
 
 def test_a_second_process_reads_the_cache_instead_of_compiling(tmp_path, child):
+    """A second process with the same program and cache directory loads every program (no new
+    entries); the directory comes from `compilation_cache=path` or from $DATARAX_COMPILATION_CACHE
+    (the second process is the variable's test: one process doing the work of two)."""
     cache = tmp_path / "cache"
     assert run_child(child, "path", "3", str(cache)) == str(cache)
     first = entries(cache)
     assert any(name.startswith("jit_step-") for name in first)  # the train step itself is cached
-    assert run_child(child, "path", "3", str(cache)) == str(cache)
+    assert run_child(child, "default", "3", DATARAX_COMPILATION_CACHE=str(cache)) == str(cache)
     assert entries(cache) == first  # every program was found in the cache: none was written again
     run_child(child, "path", "5", str(cache))  # the control: another model is compiled and written
     assert len(entries(cache) - first) > 0
 
 
 def test_the_default_directory_and_the_users_own(tmp_path, child):
+    """With neither a path nor the variable the cache is $XDG_CACHE_HOME/datarax/jax; the variable
+    set to "off" turns it off; a directory the user gave JAX is kept (the variable's directory:
+    test_a_second_process_reads_the_cache_instead_of_compiling)."""
     xdg = tmp_path / "xdg"
     assert run_child(child, "default", "3", XDG_CACHE_HOME=str(xdg)) == str(xdg / "datarax" / "jax")
     assert entries(xdg / "datarax" / "jax")
-    chosen = tmp_path / "chosen"
-    assert run_child(child, "default", "3", DATARAX_COMPILATION_CACHE=str(chosen)) == str(chosen)
     assert run_child(child, "default", "3", DATARAX_COMPILATION_CACHE="off") == "None"
     mine, before = tmp_path / "mine", entries(xdg / "datarax" / "jax")
     assert run_child(child, "user", "5", str(mine), XDG_CACHE_HOME=str(xdg)) == str(mine)
