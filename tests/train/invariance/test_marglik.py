@@ -1,6 +1,7 @@
 """`MarginalLikelihood` through the real `Trainer`: the width it learns on toys with a known answer, the
 training loss never moving the hyperparameters, resume, refusals, and `[trainer.marglik]` files."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -14,6 +15,7 @@ from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import Trainer, load_trainer
 from datarax.train.callbacks import CheckpointCallback
 from datarax.train.invariance import InvariantModel, MarginalLikelihood, MarginalLikelihoodConfig, with_prior
+from datarax.train.invariance import marglik as marglik_module
 
 SIZE = 9
 
@@ -74,6 +76,22 @@ def test_the_width_grows_from_zero_where_labels_are_invariant_and_shrinks_where_
         assert min(widths[-4:]) > 60, widths
     else:
         assert max(widths[-4:]) < 30, widths
+
+
+def test_the_forward_mode_hyper_step_equals_the_reverse_mode_one(monkeypatch):
+    # One magnitude: its gradient in forward mode (the default); FORWARD_MAGNITUDES = 0 forces reverse mode.
+    def step(forward: int):
+        monkeypatch.setattr(marglik_module, "FORWARD_MAGNITUDES", forward)
+        model, _, marglik = setup(True, 30.0, kernel="single_output", records=16, subset_size=8, prior_steps=0)
+        out = marglik.hyper_step(0)
+        return out, model.widths(), marglik.opt_state
+
+    (out_f, widths_f, state_f), (out_r, widths_r, state_r) = step(2), step(0)
+    np.testing.assert_allclose(list(out_f.values()), list(out_r.values()), rtol=1e-5)  # the same evidence
+    np.testing.assert_allclose(list(widths_f.values()), list(widths_r.values()), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state_f), jax.tree.leaves(state_r)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
+    assert widths_f["stages.0.magnitudes.degrees"] != 30.0  # the magnitude moved
 
 
 def test_the_training_loss_never_moves_the_hyperparameters():
@@ -142,6 +160,7 @@ def test_bad_settings_name_the_field(settings, words):
 
 
 HELPERS = '''
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
