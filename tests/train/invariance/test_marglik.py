@@ -147,12 +147,38 @@ def test_a_non_finite_estimate_raises_and_changes_nothing():
     assert marglik.count == 0
 
 
+def test_grouped_draws_fill_each_block_from_one_class_in_a_random_class_order():
+    _, pipeline, marglik = setup(True, 30.0, grouped=True, records=96, subset_size=8)
+    labels = np.asarray(pipeline.source.read(np.arange(len(pipeline.source)), 0)["label"])
+    counts = np.bincount(labels)
+    first_classes = []
+    for count in range(6):
+        marglik.count = count
+        for epoch in (0, 3):
+            batch = marglik.draw(epoch)
+            ids = batch["record_ids"]
+            assert len(set(ids.tolist())) == 96  # distinct records
+            epoch_ids = pipeline.sampler.indices(np.arange(len(pipeline.sampler)), epoch)
+            assert set(ids.tolist()) <= set(np.asarray(epoch_ids).tolist())
+            np.testing.assert_array_equal(batch["label"], labels[ids])  # read from the source
+            # Classes come in runs: every record of the first class (96 records outnumber either class of
+            # the 128), then the next class's.
+            drawn = batch["label"]
+            first = drawn[0]
+            assert counts[first] < 96
+            assert np.all(drawn[:counts[first]] == first) and np.all(drawn[counts[first]:] != first)
+            first_classes.append(int(first))
+    assert set(first_classes) == {0, 1}  # the class order is drawn, not fixed
+
+
 @pytest.mark.parametrize("settings,words", [
     ({"every": 0}, "every must be an int >= 1"),
     ({"records": 30, "subset_size": 16}, "must divide records=30"),
     ({"kernel": "kron"}, "kernel must be one of ('full', 'single_output')"),
     ({"likelihood": "poisson"}, "likelihood must be one of"),
     ({"prior_learning_rate": 0.0}, "prior_learning_rate must be in (0.0, inf], got 0.0"),
+    ({"grouped": True, "likelihood": "gaussian"}, "grouped=True groups records by class"),
+    ({"grouped": 1}, "grouped"),
 ])
 def test_bad_settings_name_the_field(settings, words):
     with pytest.raises((TypeError, ValueError), match=words.replace("(", r"\(").replace(")", r"\)")):
