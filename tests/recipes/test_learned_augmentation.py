@@ -71,8 +71,8 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
                 assert result["per_seed"][t][str(seed)]["cost_s"][f"hypergrad_{s}"] == pytest.approx(
                     record["steps"] * record["step_s"] + record["hyper_steps"] * record["hyper_step_s"])
             assert row["cost_ratio_to_grid"][f"hypergrad_{s}"]["mean"] > 0
-        # The marginal-likelihood arms: one run each, charged their steps and hyper-steps; their widths and
-        # prior precision reported; the joint arm's three widths inside their ranges.
+        # The marginal-likelihood arms: one run each, charged their steps, hyper-steps and the hyper-step's
+        # compilation; their widths and prior precision reported; the joint arm's three widths inside their ranges.
         marglik = config["marglik"]["config"]
         expected_hyper = len(range(marglik["burn_in"], config["steps"] + 1, marglik["every"]))
         for name in [f"marglik_{s}" for s in starts] + ["marglik_affine"]:
@@ -83,8 +83,10 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
                 start = None if name == "marglik_affine" else float(name.split("_s")[1])
                 record = next(r for r in runs if r["method"] == name.split("_s")[0] and r["seed"] == seed
                               and (start is None or r["start"] == start) and f"{r['T']:g}" == t)
+                assert record["hyper_compile_s"] >= 0  # the first hyper-step's excess over the median: compilation
                 assert result["per_seed"][t][str(seed)]["cost_s"][name] == pytest.approx(
-                    record["steps"] * record["step_s"] + record["hyper_steps"] * record["hyper_step_s"])
+                    record["steps"] * record["step_s"] + record["hyper_steps"] * record["hyper_step_s"]
+                    + record["hyper_compile_s"])
         affine = row["marglik_widths"]["marglik_affine"]
         assert set(affine) == {"degrees", "translate", "scale"}
         assert 0 <= affine["degrees"]["mean"] < 180 and 0 <= affine["translate"]["mean"] < 1

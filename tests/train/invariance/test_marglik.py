@@ -15,6 +15,7 @@ from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train import Trainer, load_trainer
 from datarax.train.callbacks import CheckpointCallback
 from datarax.train.invariance import InvariantModel, MarginalLikelihood, MarginalLikelihoodConfig, with_prior
+from datarax.train.invariance import marglik as marglik_module
 
 SIZE = 9
 
@@ -77,6 +78,22 @@ def test_the_width_grows_from_zero_where_labels_are_invariant_and_shrinks_where_
         assert max(widths[-4:]) < 30, widths
 
 
+def test_the_forward_mode_hyper_step_equals_the_reverse_mode_one(monkeypatch):
+    # One magnitude: its gradient in forward mode (the default); FORWARD_MAGNITUDES = 0 forces reverse mode.
+    def step(forward: int):
+        monkeypatch.setattr(marglik_module, "FORWARD_MAGNITUDES", forward)
+        model, _, marglik = setup(True, 30.0, kernel="single_output", records=16, subset_size=8, prior_steps=0)
+        out = marglik.hyper_step(0)
+        return out, model.widths(), marglik.opt_state
+
+    (out_f, widths_f, state_f), (out_r, widths_r, state_r) = step(2), step(0)
+    np.testing.assert_allclose(list(out_f.values()), list(out_r.values()), rtol=1e-5)  # the same evidence
+    np.testing.assert_allclose(list(widths_f.values()), list(widths_r.values()), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state_f), jax.tree.leaves(state_r)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
+    assert widths_f["stages.0.magnitudes.degrees"] != 30.0  # the magnitude moved
+
+
 def test_the_training_loss_never_moves_the_hyperparameters():
     model, pipeline, marglik = setup(True, 40.0, burn_in=1000)  # no hyper-step within the run
     before = {k: np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.Param)))}
@@ -130,12 +147,38 @@ def test_a_non_finite_estimate_raises_and_changes_nothing():
     assert marglik.count == 0
 
 
+def test_grouped_draws_fill_each_block_from_one_class_in_a_random_class_order():
+    _, pipeline, marglik = setup(True, 30.0, grouped=True, records=96, subset_size=8)
+    labels = np.asarray(pipeline.source.read(np.arange(len(pipeline.source)), 0)["label"])
+    counts = np.bincount(labels)
+    first_classes = []
+    for count in range(6):
+        marglik.count = count
+        for epoch in (0, 3):
+            batch = marglik.draw(epoch)
+            ids = batch["record_ids"]
+            assert len(set(ids.tolist())) == 96  # distinct records
+            epoch_ids = pipeline.sampler.indices(np.arange(len(pipeline.sampler)), epoch)
+            assert set(ids.tolist()) <= set(np.asarray(epoch_ids).tolist())
+            np.testing.assert_array_equal(batch["label"], labels[ids])  # read from the source
+            # Classes come in runs: every record of the first class (96 records outnumber either class of
+            # the 128), then the next class's.
+            drawn = batch["label"]
+            first = drawn[0]
+            assert counts[first] < 96
+            assert np.all(drawn[:counts[first]] == first) and np.all(drawn[counts[first]:] != first)
+            first_classes.append(int(first))
+    assert set(first_classes) == {0, 1}  # the class order is drawn, not fixed
+
+
 @pytest.mark.parametrize("settings,words", [
     ({"every": 0}, "every must be an int >= 1"),
     ({"records": 30, "subset_size": 16}, "must divide records=30"),
     ({"kernel": "kron"}, "kernel must be one of ('full', 'single_output')"),
     ({"likelihood": "poisson"}, "likelihood must be one of"),
     ({"prior_learning_rate": 0.0}, "prior_learning_rate must be in (0.0, inf], got 0.0"),
+    ({"grouped": True, "likelihood": "gaussian"}, "grouped=True groups records by class"),
+    ({"grouped": 1}, "grouped"),
 ])
 def test_bad_settings_name_the_field(settings, words):
     with pytest.raises((TypeError, ValueError), match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -143,6 +186,7 @@ def test_bad_settings_name_the_field(settings, words):
 
 
 HELPERS = '''
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
