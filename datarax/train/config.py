@@ -39,7 +39,7 @@ from datarax.core.checks import is_int
 from datarax.monitoring.writers import JsonlWriter
 from datarax.train.callbacks import CheckpointCallback, ProfilerConfig, StepGuard, StepGuardConfig
 from datarax.train.checkpointing.run_config import NOT_FINGERPRINTED
-from datarax.train.loop.compile_cache import default_cache_dir
+from datarax.train.loop.compile_cache import default_cache_dir, use_compilation_cache
 from datarax.train.loop.settings import check_settings
 from datarax.train.loop.trainer import Trainer
 from datarax.train.metrics.writers import TensorBoardWriter, WandbWriterConfig
@@ -341,6 +341,14 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
                            "(see docs/config.md)"], spec.path)
     section = spec.trainer.section
     base_dir = os.path.dirname(os.path.abspath(spec.path))
+    cache = section.compilation_cache
+    if cache is True:
+        cache = default_cache_dir(os.path.join(run_dir_of(spec), "jax_cache")) or False
+    elif isinstance(cache, str):
+        cache = os.path.normpath(os.path.join(base_dir, os.path.expanduser(cache)))
+    # On before the model is built: its initializers run op by op, a dozen small programs whose
+    # compilation a rerun (a resume) then loads instead (bitwise the same values).
+    use_compilation_cache(cache)
     pipeline = build_pipeline(spec) if pipeline is None else pipeline
     eval_pipeline = build_pipeline(spec.eval) if spec.eval is not None else None
     model = _build_model(spec)
@@ -368,11 +376,6 @@ def build_trainer(spec: RunSpec, *, pipeline: Any = None, extra_callbacks: Seque
     eval_every = section.eval_every_steps
     if eval_pipeline is not None and eval_every is None:
         eval_every = _target_steps(section, pipeline)  # evaluate once, at the end
-    cache = section.compilation_cache
-    if cache is True:
-        cache = default_cache_dir(os.path.join(run_dir_of(spec), "jax_cache")) or False
-    elif isinstance(cache, str):
-        cache = os.path.normpath(os.path.join(base_dir, os.path.expanduser(cache)))
     try:
         trainer = trainer_cls(model, optimizer, train_loader, loss, metrics=section.metrics,
                               callbacks=[*callbacks, *extra_callbacks],

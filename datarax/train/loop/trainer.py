@@ -373,17 +373,12 @@ class Trainer:
         # Weakly typed values (a Param made from a Python float) come back strongly typed from the
         # step, which would recompile it once more: make them strong now.
         values = jax.device_put(self._binding.values(), may_alias=False)
-        # Arrays committed to one device (restored weights) beside uncommitted ones (a fresh optimizer
-        # state) give committed outputs: the second step would see other input shardings and compile
-        # again. Commit the others to that device, where the step runs them anyway.
-        placed = {d for v in values if getattr(v, "committed", False) for d in v.sharding.device_set}
-        if len(placed) == 1:
-            device = placed.pop()
-            values = [v if getattr(v, "committed", True) else jax.device_put(v, device) for v in values]
         self._binding.assign([v.astype(v.dtype) if getattr(v, "weak_type", False) else v for v in values])
+        self._commit_state()
         try:
             with StopOnSignals(self):
                 self.callbacks("on_train_begin", self)
+                self._commit_state()  # a restore's arrays are committed, the state it leaves alone is not
                 self._eval_schedule.reset(self.step)
                 while (target is None or self.step < target) and self.stop_reason is None:
                     if not self._train_one(iterator, target):
@@ -401,6 +396,19 @@ class Trainer:
             raise
         return FitResult(self.step, self.stop_reason, dict(self.last_metrics), dict(self.last_eval_metrics),
                          self.resumed_from)
+
+    def _commit_state(self) -> None:
+        """Commits the state's uncommitted arrays to the one device its committed ones are on.
+
+        Arrays committed to one device (restored weights) beside uncommitted ones (a fresh optimizer
+        state) give committed outputs: the second step would see other input shardings and compile
+        again. The step runs them on that device anyway.
+        """
+        values = self._binding.values()
+        placed = {d for v in values if getattr(v, "committed", False) for d in v.sharding.device_set}
+        if len(placed) == 1:
+            device = placed.pop()
+            self._binding.assign([v if getattr(v, "committed", True) else jax.device_put(v, device) for v in values])
 
     def _train_one(self, iterator, target: int | None) -> bool:
         """Trains one call of up to `steps_per_execution` steps; False (nothing trained) when the next

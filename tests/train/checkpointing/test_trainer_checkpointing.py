@@ -256,6 +256,32 @@ def test_async_save_error_surfaces_from_fit(tmp_path, disk_full):
     assert trainer.step == 4  # raised by the next save, two steps later
 
 
+def test_a_resumed_run_compiles_its_step_once(tmp_path):
+    from trainer_helpers import loss_fn
+
+    from datarax.train import Trainer
+    from datarax.train.callbacks import Callback, CheckpointCallback, StepGuard
+
+    class Compiles(Callback):
+        def __init__(self):
+            self.steps = []
+
+        def on_step_end(self, trainer, logs):
+            if logs.compile_seconds:
+                self.steps.append(logs.step)
+
+    setup = make_setup()
+    Trainer(setup.model, optax.adam(1e-2), setup.pipeline, loss_fn,
+            callbacks=[CheckpointCallback(tmp_path / "ckpt", every_steps=2), StepGuard(tmp_path)]).fit(num_steps=2)
+    setup, compiles = make_setup(), Compiles()
+    trainer = Trainer(setup.model, optax.adam(1e-2), setup.pipeline, loss_fn,
+                      callbacks=[CheckpointCallback(tmp_path / "ckpt", every_steps=2), StepGuard(tmp_path), compiles])
+    trainer.fit(num_steps=5)
+    # The restored arrays and the state the restore leaves alone (the guard's window) start on one
+    # device, as the step's outputs do: step 4 does not compile again.
+    assert trainer.resumed_from == 2 and compiles.steps == [3]
+
+
 def test_max_to_keep_is_validated(tmp_path):
     with pytest.raises(ValueError, match=r"max_to_keep must be an int >= 1 or None \(keep all\), got 0"):
         Checkpointer(tmp_path, max_to_keep=0)

@@ -182,3 +182,50 @@ def test_the_trainer_table_switches_the_cache_off_and_names_a_bad_value(tmp_path
             load_spec(tmp_path / "bad.toml")
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_the_cache_is_on_before_the_model_is_built(tmp_path, no_persistent_cache):
+    # The model's initializers run op by op, each a small program: a rerun (a resume) loads them.
+    from datarax.config import load_spec
+    from datarax.train import build_trainer
+
+    (tmp_path / "cc_seen.py").write_text(textwrap.dedent("""
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+        from flax import nnx
+
+        seen = []
+
+        def make_data():
+            return {"x": np.ones((16, 4), np.float32), "y": np.zeros(16, np.float32)}
+
+        def make_model(rngs):
+            seen.append(jax.config.jax_compilation_cache_dir)
+            return nnx.Linear(4, 1, rngs=rngs)
+
+        def mse(model, batch):
+            return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
+    """))
+    (tmp_path / "run.toml").write_text(textwrap.dedent("""
+        allow = ["cc_seen"]
+        batch_size = 8
+        [source.memory]
+        data = "cc_seen:make_data"
+        shuffle = true
+        [trainer]
+        model = "cc_seen:make_model"
+        loss = "cc_seen:mse"
+        optimizer = { sgd = { learning_rate = 0.1 } }
+        steps = 1
+        compilation_cache = "cache"
+    """))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        run = build_trainer(load_spec(tmp_path / "run.toml"))
+        import cc_seen
+
+        assert cc_seen.seen == [str(tmp_path / "cache")] == [run.trainer.compilation_cache_dir]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("cc_seen", None)
