@@ -37,6 +37,7 @@ import numpy as np
 from datarax.core.errors import DataraxError
 
 _ALIGN = 64
+MAIN_MODULE_ENV = "DATARAX_MAIN_MODULE"  # read by `datarax.control.main_preload` in the forkserver
 Layout = tuple[tuple[str, int, tuple[int, ...], str], ...]  # (field, byte offset, record shape, dtype)
 EXECUTORS = ("auto", "threads", "processes")
 _ATTACHED = 3  # shared segments a worker keeps open (a batch read out, one decoding, one decoded ahead)
@@ -62,7 +63,12 @@ def context(preload: Sequence[str] = ()) -> Any:
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     if preload:
-        ctx.set_forkserver_preload(["__main__", *preload])
+        # A `python -m NAME` main is imported in the server by name (`datarax.control.main_preload`);
+        # each process says its own, so a child process never preloads its parent's main module.
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        name = getattr(spec, "name", None) or ""
+        os.environ[MAIN_MODULE_ENV] = "" if name == "__main__" or name.endswith(".__main__") else name
+        ctx.set_forkserver_preload(["__main__", "datarax.control.main_preload", *preload])
     return ctx
 
 

@@ -217,3 +217,44 @@ def test_pools_are_keyed_by_kind_workers_and_budget():
         assert processes.lease(doubled, 2, "x", (10**9, "x")).pool is not key.pool
     finally:
         key.close()
+
+
+MODULE_MAIN = """
+import json
+import os
+import sys
+
+sys.path.insert(0, {root!r})
+from job import heavy  # noqa: F401  (stands for JAX and a recipe's libraries: it notes each process importing it)
+from datarax import Pipeline
+from datarax.host import DecodeImage
+from datarax.sources import ImageFolderSource
+
+if __name__ == "__main__":
+    workers = []
+    for size in (12, 13):  # each pipeline's workers start after the last one's stopped
+        stage = DecodeImage(size, executor="processes", num_threads=2)
+        pipeline = Pipeline(ImageFolderSource({folder!r}), [stage], batch_size=4)
+        assert next(iter(pipeline))["image"].shape == (4, size, size, 3)
+        workers += stage.worker_pids
+        pipeline.close()
+    print(json.dumps({{"main": os.getpid(), "workers": workers}}))
+"""
+
+
+def test_workers_of_a_main_module_run_with_python_m_find_its_imports_loaded(tmp_path, folder):
+    """`python -m job.train`: the forkserver imports the main module once, so no worker imports
+    what it imports itself (about a second per worker start where that is JAX)."""
+    package = tmp_path / "job"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "heavy.py").write_text(f"import os\nwith open({str(tmp_path / 'imported')!r}, 'a') as f:\n"
+                                      "    f.write(f'{os.getpid()}\\n')\n")
+    (package / "train.py").write_text(MODULE_MAIN.format(root=ROOT, folder=folder))
+    proc = subprocess.run([sys.executable, "-m", "job.train"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    imported = [int(line) for line in (tmp_path / "imported").read_text().split()]
+    assert len(result["workers"]) == 4 and not set(result["workers"]) & set(imported)
+    assert result["main"] in imported and len(imported) == 2  # the main process and the forkserver
