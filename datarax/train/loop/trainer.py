@@ -498,6 +498,9 @@ class Trainer:
         if ema:
             for position, average in zip(self._ema_positions, self.ema.values()):
                 values[position] = average
+        # Committed where they are: a restore's arrays are committed, a fresh model's (and what a
+        # restore leaves alone) not, and the eval step would compile again for each mix it is given.
+        values = [v if getattr(v, "committed", True) else jax.device_put(v, v.sharding) for v in values]
         outs, sizes = eval_epoch(pipeline, values, self._eval_step, self._eval_causes,
                                  lambda logs: self.callbacks("on_eval_step_end", self, logs))
         metrics, results, records = eval_summary(outs, sizes, self.metrics)

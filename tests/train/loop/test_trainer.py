@@ -148,6 +148,18 @@ def test_weights_on_a_device_beside_a_fresh_optimizer_state_compile_the_step_onc
     assert trainer._train_step._jit._cache_size() == 1
 
 
+def test_evaluations_of_a_fresh_restored_and_trained_model_compile_each_batch_shape_once():
+    """A fresh model's arrays are uncommitted, restored ones committed to a device, as are a trained
+    model's when it began from them: evaluate commits them all, so its step compiles once per shape."""
+    trainer, setup = make_trainer()
+    before = trainer.evaluate()
+    nnx.update(setup.model, jax.device_put(nnx.state(setup.model), jax.devices()[0]))  # as a restore leaves them
+    assert trainer.evaluate() == before
+    trainer.fit(num_steps=2)
+    trainer.evaluate()
+    assert trainer._eval_step._jit._cache_size() == 2  # batches of 8 and the epoch's last 4
+
+
 def test_evaluate_is_the_batch_weighted_mean():
     trainer, setup = make_trainer()
     metrics = trainer.evaluate()
