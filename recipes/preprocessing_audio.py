@@ -143,6 +143,12 @@ def play_back(element, key):
     return element.update_data({"audio": waveform.add_noise(audio, noise, element.data["snr_db"])})
 
 
+@nnx.jit
+def predict(model: nnx.Module, x: jax.Array) -> jax.Array:
+    """The model's class for each input: traced once for every run's model of the same shapes."""
+    return model(x).argmax(-1)
+
+
 def condition_sweep(model: nnx.Module, stages: list, test: dict, seed: int) -> dict[str, float]:
     """Accuracy at every (gain, SNR) of `CONDITIONS`, through the trained front end `stages`."""
     n = len(test["label"])
@@ -151,7 +157,6 @@ def condition_sweep(model: nnx.Module, stages: list, test: dict, seed: int) -> d
             "snr_db": np.repeat([c[1] for c in CONDITIONS], n).astype(np.float32)}
     playback = ElementOperator(ElementOperatorConfig(stochastic=True), fn=play_back, rngs=nnx.Rngs(augment=seed + 7))
     pipeline = Pipeline(MemorySource(data=data), [playback, *stages], batch_size=n)
-    predict = nnx.jit(lambda m, x: m(x).argmax(-1))
     model.eval()
     accuracy = {}
     for (gain, snr), batch in zip(CONDITIONS, pipeline):
