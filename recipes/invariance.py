@@ -4,9 +4,10 @@
 averaged over `copies` rotated copies of each digit, drawn by the pipeline's own
 `RotationOperator`, keys by record identity), trained on the MAP loss (cross-entropy plus the
 prior's penalty, `with_prior`) by `Trainer`; every `every` steps from `burn_in` on,
-`MarginalLikelihood` moves the rotation's half-width (a `"tanh"` magnitude, so it can start at 0)
-and the layerwise prior precision along the gradient of the model's Laplace evidence. No
-validation data, no regulariser weight, one run per start.
+`MarginalLikelihood` moves the rotation's half-width (a `"triangle"` magnitude: it can start at 0,
+and Adam moves it as fast near 180 as near 0) and the layerwise prior precision along the
+gradient of the model's Laplace evidence. No validation data, no regulariser weight, one run per
+start.
 
 `marglik_affine`: one run learning rotation, translation and scale widths jointly (an
 `AffineOperator` with those three learnable, all from 0): do the widths the data does not call
@@ -43,12 +44,12 @@ def accuracy_metric(batch: dict, logits):
     return (logits.argmax(-1) == batch["label"]).mean()
 
 
-def stage(start: float, seed: int, affine: bool) -> nnx.Module:
+def stage(start: float, seed: int, affine: bool, parameterisation: str) -> nnx.Module:
     """The learnable augmentation: a rotation from `start` degrees, or rotation, shift and zoom from 0."""
     if affine:
         return AffineOperator(degrees=0.0, translate=0.0, scale=0.0, learnable=tuple(AFFINE_WIDTHS),
-                              parameterisation="tanh", field="image", rngs=nnx.Rngs(augment=seed))
-    return RotationOperator(degrees=start, learnable=True, parameterisation="tanh", field="image",
+                              parameterisation=parameterisation, field="image", rngs=nnx.Rngs(augment=seed))
+    return RotationOperator(degrees=start, learnable=True, parameterisation=parameterisation, field="image",
                             rngs=nnx.Rngs(augment=seed))
 
 
@@ -61,7 +62,8 @@ def train_marglik(run_dir, data: dict, seed: int, cfg: dict, *, start: float, af
     size = data["train"][0].shape[1]
     source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed),
                           data={"image": data["train"][0], "label": data["train"][1]})
-    pipeline = Pipeline(source, [stage(start, seed, affine)], batch_size=cfg["batch_size"], drop_remainder=True)
+    pipeline = Pipeline(source, [stage(start, seed, affine, settings["parameterisation"])],
+                        batch_size=cfg["batch_size"], drop_remainder=True)
     net = ConvNet(1, num_classes, widths=cfg["widths"], image_size=(size, size), hidden=cfg["hidden"], seed=seed)
     model = InvariantModel(net, pipeline, copies=settings["copies"], prior_precision=settings["prior_precision"],
                            prior=settings.get("prior", "layerwise"))

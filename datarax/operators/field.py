@@ -24,6 +24,7 @@ from datarax.core.element import Element
 from datarax.core.fusion import separately
 from datarax.core.operator import BatchContext, OperatorConfig, PerRecordOperator, record_keys
 from datarax.operators.learnable import (
+    SIGNED,
     ChannelMagnitude,
     check_learnable_field,
     check_parameterisation,
@@ -45,7 +46,7 @@ class FieldOperatorConfig(OperatorConfig):
         learnable: True to make every continuous magnitude of the operator a bounded
             `nnx.Param`, False for none, or a tuple naming some of them.
         parameterisation: how a learnable magnitude is read from its parameter: `"sigmoid"`
-            (default) or `"tanh"`, for spreads that may start at 0 (see
+            (default), or `"tanh"` or `"triangle"` for spreads that may start at 0 (see
             `datarax.operators.learnable`).
     """
 
@@ -72,20 +73,21 @@ def check_magnitudes(config: FieldOperatorConfig, bounds: Bounds, *, open_low: t
         check_number(*field(config, name), low, high, open_low=name in open_low)
 
 
-def check_tanh(op: FieldOperator, config: FieldOperatorConfig, chosen: frozenset[str], owner: str) -> None:
-    """The "tanh" parameterisation holds a signed value: only for learnable spreads of a stochastic operator
-    (a deterministic one applies the magnitude itself, where the sign would matter)."""
+def check_signed(op: FieldOperator, config: FieldOperatorConfig, chosen: frozenset[str], owner: str) -> None:
+    """The signed parameterisations ("tanh", "triangle") hold a signed value: only for learnable spreads of a
+    stochastic operator (a deterministic one applies the magnitude itself, where the sign would matter)."""
+    kind = config.parameterisation
     if not chosen:
-        raise ValueError(f"{owner}(parameterisation='tanh') has no learnable magnitude; set learnable=... or "
+        raise ValueError(f"{owner}(parameterisation={kind!r}) has no learnable magnitude; set learnable=... or "
                          "leave parameterisation at 'sigmoid'")
     if not config.stochastic:
-        raise ValueError(f"{owner}(parameterisation='tanh') needs stochastic=True: the tanh value is signed, and a "
-                         "deterministic operator applies it as it is; use 'sigmoid'")
+        raise ValueError(f"{owner}(parameterisation={kind!r}) needs stochastic=True: the {kind} value is signed, "
+                         "and a deterministic operator applies it as it is; use 'sigmoid'")
     others = sorted(chosen - set(op.spreads))
     if others:
         spreads = list(op.spreads)
         fix = f"learnable={tuple(spreads)!r}" if spreads else "parameterisation='sigmoid'"
-        raise ValueError(f"{owner}(parameterisation='tanh') holds signed spreads only (the half-width of a "
+        raise ValueError(f"{owner}(parameterisation={kind!r}) holds signed spreads only (the half-width of a "
                          f"symmetric draw), but {others} are learnable too and are not spreads of "
                          f"{type(op).__name__} (its spreads: {spreads}); use {fix}")
 
@@ -103,7 +105,7 @@ class FieldOperator(PerRecordOperator):
     bounds: ClassVar[Bounds] = {}
     channel_bounds: ClassVar[Bounds] = {}
     # Magnitudes that are the half-width of a draw symmetric about its centre (`U(-m, m)`, `m * N(0, 1)`):
-    # the same draw for m and -m, so the signed "tanh" parameterisation may hold them.
+    # the same draw for m and -m, so the signed parameterisations ("tanh", "triangle") may hold them.
     spreads: ClassVar[tuple[str, ...]] = ()
     # Bilinear warps: computed as their own XLA computation on CPU (see `datarax.core.fusion`).
     separate_on_cpu: ClassVar[bool] = False
@@ -119,8 +121,8 @@ class FieldOperator(PerRecordOperator):
             raise ValueError(f"{owner}(learnable=True): {type(self).__name__} has no continuous magnitude to learn "
                              "here (it draws nothing, or its randomness is discrete); leave learnable=False")
         chosen = learnable_names(config.learnable, available, owner=owner)
-        if config.parameterisation == "tanh":
-            check_tanh(self, config, chosen, owner)
+        if config.parameterisation in SIGNED:
+            check_signed(self, config, chosen, owner)
         self._init_rng(config, rngs)
         self.magnitudes = magnitudes(config, bounds, owner=owner, chosen=chosen)
         self.channel_magnitudes = nnx.Dict({

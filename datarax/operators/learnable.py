@@ -1,6 +1,6 @@
 """Bounded magnitudes: operator parameters that are fixed numbers or learnable within a range.
 
-A learnable magnitude is an `nnx.Param` `raw` read through one of two parameterisations
+A learnable magnitude is an `nnx.Param` `raw` read through one of three parameterisations
 (`PARAMETERISATIONS`), initialised to the configured value, so training cannot push it out of
 its range:
 
@@ -11,6 +11,14 @@ its range:
   `U(-m, m)` is the same for `m` and `-m`, so the sign does not matter, and the gradient at 0 is
   `high`, not flat, so a width can start at exactly 0 and grow (as the rotation width of an
   invariance learned by marginal likelihood does). `Magnitude.value()` gives the size.
+  Its top is flat: a step of `raw` moves the width 1 - (m / high)^2 as far as at 0, a tenth at
+  95% of `high`, and nothing pulls a width back that overshot towards the bound.
+* `"triangle"`: `high * tri(raw)`, the signed triangle wave of period 4 (`tri(r) = r` on
+  `[-1, 1]`, reflected at the bounds: `tri(1 + r) = 1 - r`). The same spreads as `"tanh"`, the
+  same gradient `high` at 0, but `high` everywhere: a step of `raw` moves the width as far
+  anywhere in the range, and a step past the bound comes back inside. Adam (whose steps have
+  about the size of its rate in `raw`) then moves a width started near the bound as fast as one
+  started at 0 (docs/invariance.md).
 
 A fixed magnitude is a plain Python float. Random magnitudes are reparameterised (a unit draw
 scaled by the magnitude), so gradients reach them.
@@ -32,7 +40,8 @@ from flax import nnx
 from datarax.core.checks import is_number
 
 Learnable = bool | tuple[str, ...]
-PARAMETERISATIONS = ("sigmoid", "tanh")
+PARAMETERISATIONS = ("sigmoid", "tanh", "triangle")
+SIGNED = ("tanh", "triangle")  # a signed value whose size is the magnitude: spreads only
 
 
 def bounded(raw: jax.Array, low: float, high: float) -> jax.Array:
@@ -52,6 +61,12 @@ def inverse_bounded(value: float, low: float, high: float, *, name: str = "magni
     return math.log(fraction) - math.log1p(-fraction)
 
 
+def triangle(raw: jax.Array) -> jax.Array:
+    """The signed triangle wave of period 4: `raw` on `[-1, 1]`, reflected at -1 and 1 (slope +-1 everywhere)."""
+    t = jnp.mod(raw + 1.0, 4.0) - 1.0  # in [-1, 3): rising on [-1, 1), falling on [1, 3)
+    return jnp.where(t < 1.0, t, 2.0 - t)
+
+
 def check_parameterisation(parameterisation: object, owner: str) -> str:
     """Validates a config's `parameterisation` field (one of `PARAMETERISATIONS`)."""
     if parameterisation not in PARAMETERISATIONS:
@@ -68,11 +83,12 @@ class Magnitude(nnx.Module):
         low: the lower bound of the range.
         learnable: hold the value as an `nnx.Param` (see the module docstring).
         name: the configuration field this magnitude comes from (used in error messages).
-        parameterisation: how a learnable value is read from its `raw` parameter, `"sigmoid"` or
-            `"tanh"` (a spread only: `low` must be 0; see the module docstring).
+        parameterisation: how a learnable value is read from its `raw` parameter, `"sigmoid"`,
+            `"tanh"` or `"triangle"` (the last two a spread only: `low` must be 0; see the module
+            docstring).
 
     Calling the module returns the current value the operator uses: a traced scalar when
-    learnable (signed under `"tanh"`), the Python float otherwise.
+    learnable (signed under `"tanh"` and `"triangle"`), the Python float otherwise.
     """
 
     def __init__(self, value: float, *, high: float, low: float = 0.0, learnable: bool = False,
@@ -87,14 +103,16 @@ class Magnitude(nnx.Module):
         self.name = name
         self.learnable = bool(learnable)
         self.parameterisation = parameterisation if self.learnable else "sigmoid"
-        if self.learnable and self.parameterisation == "tanh":
+        if self.learnable and self.parameterisation in SIGNED:
             if low != 0:
-                raise ValueError(f"{name}: parameterisation 'tanh' is for a spread whose range starts at 0, got "
-                                 f"[{low}, {high}]; use the default 'sigmoid'")
-            if not value < high:
+                raise ValueError(f"{name}: parameterisation {parameterisation!r} is for a spread whose range starts "
+                                 f"at 0, got [{low}, {high}]; use the default 'sigmoid'")
+            if parameterisation == "tanh" and not value < high:
                 raise ValueError(f"learnable {name} must lie in [0, {high}) under the 'tanh' parameterisation "
-                                 f"(tanh reaches {high} only at infinity), got {value!r}; pick a value below it")
-            self.raw = nnx.Param(jnp.asarray(math.atanh(value / high), dtype=float))
+                                 f"(tanh reaches {high} only at infinity), got {value!r}; pick a value below it or "
+                                 "use parameterisation='triangle', which reaches it")
+            start = math.atanh(value / high) if parameterisation == "tanh" else value / high
+            self.raw = nnx.Param(jnp.asarray(start, dtype=float))
         elif self.learnable:
             # dtype=float is the canonical float: float32, or float64 when x64 is enabled.
             self.raw = nnx.Param(jnp.asarray(inverse_bounded(value, low, high, name=name), dtype=float))
@@ -106,12 +124,15 @@ class Magnitude(nnx.Module):
             return self.fixed
         if self.parameterisation == "tanh":
             return self.high * jnp.tanh(self.raw[...])
+        if self.parameterisation == "triangle":
+            return self.high * triangle(self.raw[...])
         return bounded(self.raw[...], self.low, self.high)
 
     def value(self) -> jax.Array | float:
-        """The magnitude in `[low, high]`: what calling it returns, as a size under `"tanh"` (`|high * tanh(raw)|`)."""
+        """The magnitude in `[low, high]`: what calling it returns, as a size under the signed parameterisations
+        (`|high * tanh(raw)|`, `|high * triangle(raw)|`)."""
         out = self()
-        return jnp.abs(out) if self.parameterisation == "tanh" else out
+        return jnp.abs(out) if self.parameterisation in SIGNED else out
 
 
 class ChannelMagnitude(nnx.Module):

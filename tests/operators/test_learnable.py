@@ -139,8 +139,50 @@ def test_tanh_magnitude_starts_anywhere_below_its_bound_with_a_gradient(value, h
     assert abs(float(m())) <= high
 
 
+TRIANGLE_STARTS = [(0.0, 180.0), (10.0, 180.0), (170.0, 180.0), (180.0, 180.0), (0.3, 1.0)]
+
+
+@pytest.mark.parametrize("value,high", TRIANGLE_STARTS)
+def test_triangle_magnitude_starts_anywhere_up_to_its_bound_with_the_same_gradient(value, high):
+    m = Magnitude(value, high=high, learnable=True, parameterisation="triangle")
+    np.testing.assert_allclose(float(m()), value, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(float(m.raw[...]), value / high, rtol=1e-7)
+    grad = _raw_gradient(m)
+    # high everywhere below the bound (tanh's shrinks to 1 - t^2 of it); at the bound the wave turns back.
+    assert grad == pytest.approx(high if value < high else -high, rel=1e-6)
+    m.raw[...] = -m.raw[...]  # a negative raw value is the same spread
+    np.testing.assert_allclose(float(m.value()), value, rtol=1e-6, atol=1e-6)
+
+
+def _raw_gradient(m: Magnitude) -> float:
+    """d m() / d raw, through the module itself."""
+    graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+    grads = jax.grad(lambda p: nnx.merge(graphdef, p, rest)())(params)
+    return float(jax.tree.leaves(grads)[0])
+
+
+def test_triangle_is_the_reflected_wave_everywhere():
+    """Against an independent formula, `(2 / pi) asin(sin(pi r / 2))` in float64: linear on [-1, 1], reflected at
+    the bounds, periodic; never outside [-high, high]; its gradient is +-high wherever it is smooth."""
+    raws = np.linspace(-7.3, 7.3, 1001)
+    raws = raws[np.abs(np.mod(raws + 1.0, 2.0) - 1.0) > 1e-3]  # off the turning points (odd integers)
+    m = Magnitude(0.0, high=40.0, learnable=True, parameterisation="triangle")
+    values, grads = [], []
+    for raw in raws:
+        m.raw[...] = jnp.asarray(raw, jnp.float32)
+        values.append(float(m()))
+        grads.append(_raw_gradient(m))
+    reference = 40.0 * (2.0 / np.pi) * np.arcsin(np.sin(np.pi * raws.astype(np.float32).astype(np.float64) / 2.0))
+    np.testing.assert_allclose(values, reference, atol=40.0 * 4e-6)
+    slope = 40.0 * np.sign(np.cos(np.pi * raws / 2.0))
+    np.testing.assert_array_equal(grads, slope)
+    assert max(abs(v) for v in values) <= 40.0
+
+
 @pytest.mark.parametrize("make,match", [
     (lambda: Magnitude(0.5, low=0.1, high=1.0, learnable=True, parameterisation="tanh"), "range starts at 0"),
+    (lambda: Magnitude(0.5, low=0.1, high=1.0, learnable=True, parameterisation="triangle"), "range starts at 0"),
+    (lambda: Magnitude(181.0, high=180.0, learnable=True, parameterisation="triangle"), r"must lie in \[0.0, 180"),
     (lambda: Magnitude(180.0, high=180.0, learnable=True, parameterisation="tanh"), r"must lie in \[0, 180.0\)"),
     (lambda: Magnitude(1.0, high=2.0, learnable=True, parameterisation="cosine"), "must be one of"),
 ])
@@ -149,20 +191,21 @@ def test_tanh_magnitude_errors(make, match):
         make()
 
 
-def test_tanh_operators_hold_only_spreads_of_stochastic_draws():
+@pytest.mark.parametrize("kind", ["tanh", "triangle"])
+def test_signed_operators_hold_only_spreads_of_stochastic_draws(kind):
     from datarax.operators.audio import GainOperator
     from datarax.operators.image import AffineOperator, CutoutOperator, RotationOperator
 
     op = AffineOperator(degrees=0.0, translate=0.0, scale=0.0, learnable=("degrees", "translate", "scale"),
-                        parameterisation="tanh")
+                        parameterisation=kind)
     assert {k: float(m.value()) for k, m in op.magnitudes.items() if m.learnable} == {
         "degrees": 0.0, "translate": 0.0, "scale": 0.0}
-    assert op.structure().endswith("[tanh]") and "tanh" not in RotationOperator(degrees=5.0).structure()
+    assert op.structure().endswith(f"[{kind}]") and kind not in RotationOperator(degrees=5.0).structure()
     with pytest.raises(ValueError, match=r"\['gain_db'\] are learnable too and are not spreads"):
-        GainOperator(gain_db=0.0, max_delta_db=3.0, learnable=True, parameterisation="tanh", field="audio")
-    with pytest.raises(ValueError, match="needs stochastic=True"):
-        RotationOperator(degrees=5.0, learnable=True, parameterisation="tanh", stochastic=False)
+        GainOperator(gain_db=0.0, max_delta_db=3.0, learnable=True, parameterisation=kind, field="audio")
+    with pytest.raises(ValueError, match=f"parameterisation='{kind}'\\) needs stochastic=True"):
+        RotationOperator(degrees=5.0, learnable=True, parameterisation=kind, stochastic=False)
     with pytest.raises(ValueError, match="its spreads: \\[\\]"):
-        CutoutOperator(size=0.2, learnable=True, parameterisation="tanh")
+        CutoutOperator(size=0.2, learnable=True, parameterisation=kind)
     with pytest.raises(ValueError, match="has no learnable magnitude"):
-        RotationOperator(degrees=5.0, parameterisation="tanh")
+        RotationOperator(degrees=5.0, parameterisation=kind)

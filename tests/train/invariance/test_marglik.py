@@ -53,7 +53,7 @@ def loss_fn(model, batch):
 
 def setup(invariant: bool, start: float, seed: int = 0, **config):
     pipeline = Pipeline(MemorySource(MemorySourceConfig(shuffle=True, seed=seed), data=bars(128, invariant, seed)),
-                        [RotationOperator(degrees=start, learnable=True, parameterisation="tanh",
+                        [RotationOperator(degrees=start, learnable=True, parameterisation="triangle",
                                           rngs=nnx.Rngs(seed))], batch_size=32, drop_remainder=True)
     model = InvariantModel(MLP(seed), pipeline, copies=4)
     settings = {"every": 5, "burn_in": 20, "records": 32, "subset_size": 32, "kernel": "full", "learning_rate": 0.1,
@@ -72,7 +72,7 @@ def test_the_width_grows_from_zero_where_labels_are_invariant_and_shrinks_where_
         trainer.fit(100)
     widths = [h["stages.0.magnitudes.degrees"] for h in marglik.history]
     assert len(widths) == 17  # steps 20, 25, ..., 100
-    if invariant:  # a width of exactly 0 leaves (the tanh magnitude's gradient is not flat there) and grows
+    if invariant:  # a width of exactly 0 leaves (the triangle magnitude's gradient is not flat there) and grows
         assert min(widths[-4:]) > 60, widths
     else:
         assert max(widths[-4:]) < 30, widths
@@ -218,7 +218,7 @@ drop_remainder = true
 data = "ml_helpers:make_data"
 shuffle = true
 [[stages]]
-rotation = {{ degrees = 0.0, learnable = true, parameterisation = "tanh" }}
+rotation = {{ degrees = 0.0, learnable = true, parameterisation = "triangle" }}
 [eval.source.memory]
 shuffle = false
 [trainer]
