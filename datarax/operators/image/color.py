@@ -13,10 +13,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax.numpy as jnp
-from flax import nnx
 
 from datarax.core.checks import check_number, check_numbers, field, set_field
 from datarax.operators.field import check_magnitudes
@@ -252,26 +250,11 @@ class NormalizeConfig(ImageOperatorConfig):
                              f"mean={self.mean}, std={self.std}")
 
 
-class NormalizeStatistic(nnx.Variable):
-    """A `NormalizeOperator`'s per-channel mean or std (state, not a parameter)."""
-
-
 class NormalizeOperator(ImageOperator):
-    """Subtracts a per-channel mean and divides by a per-channel std (not clipped).
-
-    The statistics are state (`NormalizeStatistic`), so a float32 image's program takes them as
-    inputs: pipelines that differ only in their statistics (one per seed, or per dataset) run one
-    compiled program. Other image dtypes convert the configured values themselves.
-    """
+    """Subtracts a per-channel mean and divides by a per-channel std (not clipped)."""
 
     config_class = NormalizeConfig
     positional = ("mean", "std")
-
-    def __init__(self, config: NormalizeConfig | None = None, *args: Any, rngs: nnx.Rngs | None = None,
-                 **settings: Any):
-        super().__init__(config, *args, rngs=rngs, **settings)
-        self.mean = NormalizeStatistic(jnp.asarray(self.config.mean, jnp.float32))
-        self.std = NormalizeStatistic(jnp.asarray(self.config.std, jnp.float32))
 
     def draw(self, key, shape):
         if len(self.config.mean) not in (1, shape[-1]):
@@ -280,11 +263,7 @@ class NormalizeOperator(ImageOperator):
         return {}
 
     def apply(self, image, params):
-        if image.dtype != jnp.float32:
-            # From the configured (float64) values in one rounding: through float32 first, a value
-            # near one of bfloat16's rounding midpoints could round twice to another number.
-            return color.normalize(image, self.config.mean, self.config.std)
-        return color.normalize(image, self.mean[...], self.std[...])
+        return color.normalize(image, self.config.mean, self.config.std)
 
 
 @dataclasses.dataclass(frozen=True)
