@@ -127,6 +127,11 @@ START_ARMS = ("learned", "hypergrad", "marglik")  # one run per start
 # T=90 33 / 17. At a fixed width of 60 (no hyper-step), T=90 validation with TTA was 0.889 at prior precision 1 and
 # 0.864 at 20 (the grid's r=60 0.896 without TTA): the learned prior (16-20) costs accuracy here, the copies'
 # averaged training some more.
+# After the five-seed study of these settings (docs/recipes.md; its start at 0 ended near 21 at T=90 on seeds 0 and
+# 3), validation-only pilots of the start at 0 at T=90 on those two seeds (widths seed 0 / seed 3; validation TTA):
+# every 5 steps 46 / 69 (0.867 / 0.876); width rate 0.1 58 / 32 (0.878 / 0.858); every 5 from step 10 52 / 62
+# (0.872 / 0.874), the width then at 78-89 by step 100, before the weights fit the unrotated digits. Not taken
+# here: hyper-steps twice as often add about 15% to a run's cost, and a change needs a new five-seed study.
 MARGLIK = {"copies": 8, "prior_precision": 1.0, "parameterisation": "triangle",
            "config": {"every": 10, "burn_in": 30, "records": 32, "kernel": "single_output", "grouped": True,
                       "learning_rate": 0.05, "prior_learning_rate": 0.1, "prior_steps": 2}}
