@@ -142,36 +142,46 @@ def no_persistent_cache():
     compilation_cache.reset_cache()
 
 
-def test_the_trainer_table_switches_the_cache_off_and_names_a_bad_value(tmp_path, no_persistent_cache):
-    from datarax.config import ConfigError, load_spec
-    from datarax.train import build_trainer
-
-    (tmp_path / "cc_helpers.py").write_text(textwrap.dedent("""
-        import numpy as np
+def write_config_job(folder: Path, module: str, in_factory: str = "pass") -> str:
+    """Writes `folder/<module>.py` (data, a linear model whose factory first runs `in_factory`, an MSE loss,
+    and a list `seen`) and returns a one-step job's TOML over it, its `[trainer]` table last."""
+    (folder / f"{module}.py").write_text(textwrap.dedent(f"""
+        import jax
         import jax.numpy as jnp
+        import numpy as np
         from flax import nnx
 
+        seen = []
+
         def make_data():
-            return {"x": np.ones((16, 4), np.float32), "y": np.zeros(16, np.float32)}
+            return {{"x": np.ones((16, 4), np.float32), "y": np.zeros(16, np.float32)}}
 
         def make_model(rngs):
+            {in_factory}
             return nnx.Linear(4, 1, rngs=rngs)
 
         def mse(model, batch):
             return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
     """))
-    base = textwrap.dedent("""
-        allow = ["cc_helpers"]
+    return textwrap.dedent(f"""
+        allow = ["{module}"]
         batch_size = 8
         [source.memory]
-        data = "cc_helpers:make_data"
+        data = "{module}:make_data"
         shuffle = true
         [trainer]
-        model = "cc_helpers:make_model"
-        loss = "cc_helpers:mse"
-        optimizer = { sgd = { learning_rate = 0.1 } }
+        model = "{module}:make_model"
+        loss = "{module}:mse"
+        optimizer = {{ sgd = {{ learning_rate = 0.1 }} }}
         steps = 1
     """)
+
+
+def test_the_trainer_table_switches_the_cache_off_and_names_a_bad_value(tmp_path, no_persistent_cache):
+    from datarax.config import ConfigError, load_spec
+    from datarax.train import build_trainer
+
+    base = write_config_job(tmp_path, "cc_helpers")
     sys.path.insert(0, str(tmp_path))
     try:
         (tmp_path / "off.toml").write_text(base + "compilation_cache = false\n")
@@ -189,37 +199,9 @@ def test_the_cache_is_on_before_the_model_is_built(tmp_path, no_persistent_cache
     from datarax.config import load_spec
     from datarax.train import build_trainer
 
-    (tmp_path / "cc_seen.py").write_text(textwrap.dedent("""
-        import jax
-        import jax.numpy as jnp
-        import numpy as np
-        from flax import nnx
-
-        seen = []
-
-        def make_data():
-            return {"x": np.ones((16, 4), np.float32), "y": np.zeros(16, np.float32)}
-
-        def make_model(rngs):
-            seen.append(jax.config.jax_compilation_cache_dir)
-            return nnx.Linear(4, 1, rngs=rngs)
-
-        def mse(model, batch):
-            return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
-    """))
-    (tmp_path / "run.toml").write_text(textwrap.dedent("""
-        allow = ["cc_seen"]
-        batch_size = 8
-        [source.memory]
-        data = "cc_seen:make_data"
-        shuffle = true
-        [trainer]
-        model = "cc_seen:make_model"
-        loss = "cc_seen:mse"
-        optimizer = { sgd = { learning_rate = 0.1 } }
-        steps = 1
-        compilation_cache = "cache"
-    """))
+    # The factory notes JAX's cache directory when it runs.
+    base = write_config_job(tmp_path, "cc_seen", "seen.append(jax.config.jax_compilation_cache_dir)")
+    (tmp_path / "run.toml").write_text(base + 'compilation_cache = "cache"\n')
     sys.path.insert(0, str(tmp_path))
     try:
         run = build_trainer(load_spec(tmp_path / "run.toml"))
