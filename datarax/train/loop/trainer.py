@@ -75,6 +75,22 @@ class FitResult:
     resumed_from: int | None = None
 
 
+def committed_together(values: list) -> list:
+    """`values` with every uncommitted array committed: to the one device the committed ones are on,
+    or where it is when none is committed.
+
+    Arrays committed to one device (restored weights) beside uncommitted ones (a fresh optimizer
+    state) give committed outputs, and a fresh model's arrays are uncommitted where a restored one's
+    are not: each mix is another set of input shardings, and a step would compile again for it.
+    Values committed across several devices (a mesh) are returned as they are.
+    """
+    placed = {d for v in values if getattr(v, "committed", False) for d in v.sharding.device_set}
+    if len(placed) > 1:
+        return list(values)
+    device = placed.pop() if placed else None
+    return [v if getattr(v, "committed", True) else jax.device_put(v, device or v.sharding) for v in values]
+
+
 class Trainer:
     """Trains a Flax NNX model on a datarax pipeline with a jitted, buffer-donating step.
 
@@ -398,17 +414,8 @@ class Trainer:
                          self.resumed_from)
 
     def _commit_state(self) -> None:
-        """Commits the state's uncommitted arrays to the one device its committed ones are on.
-
-        Arrays committed to one device (restored weights) beside uncommitted ones (a fresh optimizer
-        state) give committed outputs: the second step would see other input shardings and compile
-        again. The step runs them on that device anyway.
-        """
-        values = self._binding.values()
-        placed = {d for v in values if getattr(v, "committed", False) for d in v.sharding.device_set}
-        if len(placed) == 1:
-            device = placed.pop()
-            self._binding.assign([v if getattr(v, "committed", True) else jax.device_put(v, device) for v in values])
+        """Commits the state's uncommitted arrays beside its committed ones (`committed_together`)."""
+        self._binding.assign(committed_together(self._binding.values()))
 
     def _train_one(self, iterator, target: int | None) -> bool:
         """Trains one call of up to `steps_per_execution` steps; False (nothing trained) when the next
@@ -498,9 +505,9 @@ class Trainer:
         if ema:
             for position, average in zip(self._ema_positions, self.ema.values()):
                 values[position] = average
-        # Committed where they are: a restore's arrays are committed, a fresh model's (and what a
-        # restore leaves alone) not, and the eval step would compile again for each mix it is given.
-        values = [v if getattr(v, "committed", True) else jax.device_put(v, v.sharding) for v in values]
+        # A restore's arrays are committed, a fresh model's (and what a restore leaves alone) not: the
+        # eval step would compile again for each mix it is given.
+        values = committed_together(values)
         outs, sizes = eval_epoch(pipeline, values, self._eval_step, self._eval_causes,
                                  lambda logs: self.callbacks("on_eval_step_end", self, logs))
         metrics, results, records = eval_summary(outs, sizes, self.metrics)
