@@ -15,7 +15,8 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
     config = result["config"]
     ranges = [f"{t:g}" for t in config["hidden_ranges"]]
     starts = [f"s{s:g}" for s in config["start_degrees"]]
-    learned = ("learned", "learned_tta", "hypergrad", "hypergrad_tta", "marglik", "marglik_tta")
+    learned = ("learned", "learned_tta", "hypergrad", "hypergrad_tta", "marglik", "marglik_tta", "marglik_refit",
+               "marglik_refit_tta")
     methods = (["none", "grid", "grid_tta", "grid_coarse", "oracle", "affine", "affine_wide"]
                + [f"{arm}_{s}" for s in starts for arm in learned] + ["marglik_affine", "marglik_affine_tta"])
     assert result["methods"] == methods
@@ -87,6 +88,21 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
                 assert result["per_seed"][t][str(seed)]["cost_s"][name] == pytest.approx(
                     record["steps"] * record["step_s"] + record["hyper_steps"] * record["hyper_step_s"]
                     + record["hyper_compile_s"])
+        # The refit: one plain grid-style training at the marglik run's width (0.1 degree), charged both runs.
+        for s in starts:
+            assert f"marglik_refit_tta_{s}-grid_tta" in row["paired"]
+            assert row["steps"][f"marglik_refit_{s}"] == 2 * config["steps"]
+            for seed in config["seeds"]:
+                start = float(s[1:])
+                ml = next(r for r in runs if r["method"] == "marglik" and r["seed"] == seed and r["start"] == start
+                          and f"{r['T']:g}" == t)
+                refit = next(r for r in runs if r["method"] in ("none", "grid") and r["seed"] == seed
+                             and r["degrees"] == round(ml["width_degrees"], 1) and f"{r['T']:g}" == t)
+                outcome = result["per_seed"][t][str(seed)]
+                assert outcome["test"][f"marglik_refit_{s}"] == refit["test_accuracy"]
+                assert outcome["test"][f"marglik_refit_tta_{s}"] == refit["test_accuracy_tta"]
+                assert outcome["cost_s"][f"marglik_refit_{s}"] == pytest.approx(
+                    outcome["cost_s"][f"marglik_{s}"] + refit["steps"] * refit["step_s"])
         affine = row["marglik_widths"]["marglik_affine"]
         assert set(affine) == {"degrees", "translate", "scale"}
         assert 0 <= affine["degrees"]["mean"] < 180 and 0 <= affine["translate"]["mean"] < 1
@@ -94,7 +110,9 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
         assert "marglik_affine_tta-grid_tta" in row["paired"]
     per_seed = (len(config["grid"]) + len(starts) * (len(config["lambdas"]) + 2) + 2 * len(config["affine_lambdas"])
                 + 1)
-    assert len(runs) == len(ranges) * len(config["seeds"]) * per_seed
+    refits = sum(1 for r in runs if r["method"] == "grid" and r["degrees"] not in (*config["grid"], r["T"]))
+    assert refits <= len(ranges) * len(config["seeds"]) * len(starts)  # a width on a grid point reuses that run
+    assert len(runs) == len(ranges) * len(config["seeds"]) * per_seed + refits
     for s in starts:
         for arm in ("learned", "hypergrad", "marglik"):
             history = result["histories"][f"{ranges[0]}/{arm}_{s}"]
@@ -104,5 +122,5 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
     assert all("test_accuracy_tta" not in r for r in runs if r["method"].startswith("affine"))
     assert_plot(result)
     for text in ("affine_wide half-widths", "paired differences", "hypergrad_s", "target <= 0.3", "marglik at T=90",
-                 "marglik_affine at T=90"):
+                 "marglik_affine at T=90", "marglik_refit at T=90"):
         assert text in stdout

@@ -50,6 +50,10 @@ class MarginalLikelihoodConfig:
     Attributes:
         every: training steps between hyper-step occasions (M).
         burn_in: no hyper-step before this training step (the weights should fit first).
+        warmup: hyper-steps over which both Adam rates ramp linearly up to their values (the k-th,
+            counting from 1, at k / warmup of them; 0: full rates from the first). While the weights
+            fit nothing yet, the data cannot tell the widths apart and the Occam term alone widens
+            every one of them; the ramp keeps that early push small.
         hyper_steps: hyper-steps per occasion, each on a fresh sample.
         learning_rate: Adam's rate on the magnitudes' raw parameters.
         prior_learning_rate: Adam's rate on the log prior precision.
@@ -75,6 +79,7 @@ class MarginalLikelihoodConfig:
 
     every: int = 10
     burn_in: int = 100
+    warmup: int = 0
     hyper_steps: int = 1
     learning_rate: float = 0.05
     prior_learning_rate: float = 0.1
@@ -93,6 +98,7 @@ class MarginalLikelihoodConfig:
         name = type(self).__name__
         check_int(self.every, f"{name}.every", 1)
         check_int(self.burn_in, f"{name}.burn_in", 0)
+        check_int(self.warmup, f"{name}.warmup", 0)
         check_int(self.hyper_steps, f"{name}.hyper_steps", 1)
         check_number(self.learning_rate, f"{name}.learning_rate", 0.0, open_low=True)
         check_number(self.prior_learning_rate, f"{name}.prior_learning_rate", 0.0, open_low=True)
@@ -117,6 +123,13 @@ class MarginalLikelihoodConfig:
         if self.grouped and self.likelihood != "categorical":
             raise ValueError(f"{name}.grouped=True groups records by class, which needs likelihood='categorical', "
                              f"got {self.likelihood!r}; set grouped=False")
+
+
+def ramp(rate: float, warmup: int) -> float | optax.Schedule:
+    """`rate`, or with `warmup` > 0 a schedule of Adam's update count k: `rate * min(1, (k + 1) / warmup)`."""
+    if not warmup:
+        return rate
+    return lambda count: rate * jax.numpy.minimum(1.0, (count + 1) / warmup)
 
 
 def learned_magnitudes(path: tuple, value: Any) -> bool:
@@ -167,8 +180,9 @@ class MarginalLikelihood(Callback):
         if not jax.tree.leaves(magnitudes) and not config.learn_prior:
             raise ValueError("MarginalLikelihood has nothing to learn: the pipeline has no learnable magnitude "
                              "(build its operators with learnable=True) and learn_prior is False")
-        self.tx = optax.adam(config.learning_rate)
-        self.prior_tx = optax.adam(config.prior_learning_rate)
+        self.tx = optax.adam(ramp(config.learning_rate, config.warmup))
+        # The prior's Adam counts 1 + prior_steps updates a hyper-step.
+        self.prior_tx = optax.adam(ramp(config.prior_learning_rate, config.warmup * (1 + config.prior_steps)))
         self.opt_state = (self.tx.init(magnitudes), self.prior_tx.init(prior))
         self._opt_treedef = jax.tree.structure(self.opt_state)
         self.schedule = Schedule(every_steps=config.every)

@@ -94,6 +94,26 @@ def test_the_forward_mode_hyper_step_equals_the_reverse_mode_one(monkeypatch):
     assert widths_f["stages.0.magnitudes.degrees"] != 30.0  # the magnitude moved
 
 
+def test_warmup_ramps_both_rates_from_one_step_in_warmup_to_full():
+    # Adam's first update is the rate times the gradient's sign (bias-corrected), so with the same first
+    # gradient a warmup of 4 moves the raw magnitude and the log prior precision a quarter as far.
+    def first_step(warmup: int):
+        model, _, marglik = setup(True, 30.0, warmup=warmup, prior_steps=0)
+        raw = np.asarray(model.augment.stages[0].magnitudes["degrees"].raw[...])
+        prior = np.asarray(model.log_prior_precision[...])
+        marglik.hyper_step(0)
+        return (np.asarray(model.augment.stages[0].magnitudes["degrees"].raw[...]) - raw,
+                np.asarray(model.log_prior_precision[...]) - prior)
+
+    (raw_full, prior_full), (raw_ramped, prior_ramped) = first_step(0), first_step(4)
+    assert np.all(raw_full != 0) and np.all(prior_full != 0)
+    np.testing.assert_allclose(raw_ramped, raw_full / 4, rtol=1e-5)
+    np.testing.assert_allclose(prior_ramped, prior_full / 4, rtol=1e-5)
+    rate = marglik_module.ramp(0.05, 4)
+    np.testing.assert_allclose([float(rate(k)) for k in range(6)], [0.0125, 0.025, 0.0375, 0.05, 0.05, 0.05])
+    assert marglik_module.ramp(0.05, 0) == 0.05
+
+
 def test_the_training_loss_never_moves_the_hyperparameters():
     model, pipeline, marglik = setup(True, 40.0, burn_in=1000)  # no hyper-step within the run
     before = {k: np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.Param)))}
@@ -121,7 +141,7 @@ def test_optimizers_that_would_move_the_magnitudes_are_refused():
 
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     def fit(directory, steps):
-        model, pipeline, marglik = setup(True, 0.0, every=3, burn_in=3, records=8, subset_size=8)
+        model, pipeline, marglik = setup(True, 0.0, every=3, burn_in=3, records=8, subset_size=8, warmup=2)
         callbacks = [marglik, CheckpointCallback(directory, every_steps=6, asynchronous=False)]
         with Trainer(model, optax.adam(1e-2), pipeline.raw_loader(), with_prior(loss_fn),
                      callbacks=callbacks) as trainer:
@@ -179,6 +199,7 @@ def test_grouped_draws_fill_each_block_from_one_class_in_a_random_class_order():
     ({"prior_learning_rate": 0.0}, "prior_learning_rate must be in (0.0, inf], got 0.0"),
     ({"grouped": True, "likelihood": "gaussian"}, "grouped=True groups records by class"),
     ({"grouped": 1}, "grouped"),
+    ({"warmup": -1}, "warmup must be an int >= 0"),
 ])
 def test_bad_settings_name_the_field(settings, words):
     with pytest.raises((TypeError, ValueError), match=words.replace("(", r"\(").replace(")", r"\)")):
