@@ -61,7 +61,7 @@ class TrainerSection:
     run has a `StepGuard` writing into `<run_dir>/incidents` unless `guard = false` (or its callbacks
     list one). A `[trainer.marglik]` sub-table learns the pipeline's
     augmentation by marginal likelihood (docs/invariance.md): its `copies`, `field`,
-    `prior_precision` and `prior` build a `datarax.train.invariance.InvariantModel` over the model
+    `prior_precision`, `prior` and `copies_per_call` build a `datarax.train.invariance.InvariantModel` over the model
     (which then reads untransformed batches, `loss` calling `model(batch)`, and gets the prior's
     penalty added), the other keys are a `MarginalLikelihoodConfig`. Import paths name only
     modules the configuration allows (`datarax.config.allow`).
@@ -259,7 +259,7 @@ def _validate_guard(value: Any, path: Path, ctx: Context) -> Any:
     return INVALID if config is None else config
 
 
-INVARIANT_KEYS = ("copies", "field", "prior_precision", "prior")
+INVARIANT_KEYS = ("copies", "field", "prior_precision", "prior", "copies_per_call")
 
 
 def _validate_marglik(value: Any, path: Path, ctx: Context) -> Any:
@@ -270,7 +270,7 @@ def _validate_marglik(value: Any, path: Path, ctx: Context) -> Any:
         ctx.problems.add(path, f"must be a table (see docs/invariance.md), got {value!r}")
         return None
     table = dict(value)
-    invariant = {"copies": 8, "field": "image", "prior_precision": 1.0, "prior": "layerwise"}
+    invariant = {"copies": 8, "field": "image", "prior_precision": 1.0, "prior": "layerwise", "copies_per_call": None}
     invariant.update({k: table.pop(k) for k in INVARIANT_KEYS if k in table})
     config = build_dataclass(MarginalLikelihoodConfig, table, path, ctx.problems, extra_keys=INVARIANT_KEYS)
     try:

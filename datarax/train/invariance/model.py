@@ -50,9 +50,13 @@ def model_params(path: tuple, value: Any) -> bool:
     return isinstance(value, nnx.Param) and path[:1] == ("model",)
 
 
-def check_invariance(*, copies: int, field: str, prior_precision: float, prior: str) -> None:
+def check_invariance(*, copies: int, field: str, prior_precision: float, prior: str,
+                     copies_per_call: int | None = None) -> None:
     """Checks `InvariantModel`'s settings (also those of a configuration's `[trainer.marglik]`)."""
     check_int(copies, "copies", 1, why=" (copies of each record averaged)")
+    if copies_per_call is not None:
+        check_int(copies_per_call, "copies_per_call", 1, high=copies,
+                  why=f" (copies the network runs on per call, at most copies={copies}; None: all in one call)")
     if not isinstance(field, str) or not field:
         raise TypeError(f"field must be the name of the stage output the model reads, got {field!r}")
     check_number(prior_precision, "prior_precision", 0.0, float("inf"), open_low=True)
@@ -64,7 +68,7 @@ class InvariantModel(nnx.Module):
 
     Args:
         model: the network; called on the stages' output `field`, one call on all copies of the
-            batch (`copies * B` rows), returning `(copies * B, C)` outputs.
+            batch (`copies * B` rows, or `copies_per_call * B` a call), returning one output per row.
         pipeline: the training pipeline; its stage program (shared, not copied: the pipeline's
             learnable magnitudes are the model's) makes the copies, and its epoch's record count
             is the N of the prior penalty.
@@ -72,6 +76,11 @@ class InvariantModel(nnx.Module):
         field: the stage output the network reads.
         prior_precision: the starting prior precision `delta` of the network's parameters.
         prior: "layerwise" (one precision per parameter tensor) or "scalar" (one for all).
+        copies_per_call: run the network on this many copies of the batch a call, the calls
+            unrolled in one program (None: all copies in one call). The same function; on a CPU,
+            XLA runs a small convolutional network on eight batch-sized calls in about half the
+            time of one eight-times-larger call (docs/invariance.md), while an accelerator
+            prefers the one large call.
 
     Calling it takes an untransformed batch from `pipeline.raw_loader()` (its record ids and
     epoch are the copies' keys) and returns the averaged outputs `(B, C)`. Train it with the
@@ -89,13 +98,14 @@ class InvariantModel(nnx.Module):
     trained = staticmethod(model_params)
 
     def __init__(self, model: nnx.Module, pipeline: Pipeline, *, copies: int = 8, field: str = "image",
-                 prior_precision: float = 1.0, prior: str = "layerwise"):
+                 prior_precision: float = 1.0, prior: str = "layerwise", copies_per_call: int | None = None):
         if not isinstance(model, nnx.Module):
             raise TypeError(f"InvariantModel: model must be an nnx.Module, got {describe_value(model)}")
         if not isinstance(pipeline, Pipeline):
             raise TypeError(f"InvariantModel: pipeline must be a datarax Pipeline (its stages make the copies), got "
                             f"{describe_value(pipeline)}")
-        check_invariance(copies=copies, field=field, prior_precision=prior_precision, prior=prior)
+        check_invariance(copies=copies, field=field, prior_precision=prior_precision, prior=prior,
+                         copies_per_call=copies_per_call)
         outputs = pipeline.output_spec()
         if field not in outputs:
             raise ValueError(f"InvariantModel: field {field!r} is not an output of the pipeline's stages (they give "
@@ -107,6 +117,7 @@ class InvariantModel(nnx.Module):
         self.model = model
         self.augment = pipeline.program
         self.copies = int(copies)
+        self.copies_per_call = self.copies if copies_per_call is None else int(copies_per_call)
         self.field = field
         self.num_records = len(pipeline.sampler)
         tensors = len(jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -142,7 +153,11 @@ class InvariantModel(nnx.Module):
         x = run_program(self.augment, tiled, ctx)[self.field]
         if not through_augmentation:
             x = jax.lax.stop_gradient(x)
-        out = self.model(x)
+        rows = self.copies_per_call * size
+        if rows >= x.shape[0]:
+            out = self.model(x)
+        else:  # unrolled calls of copies_per_call copies each (the last may hold fewer)
+            out = jnp.concatenate([self.model(x[i:i + rows]) for i in range(0, x.shape[0], rows)])
         return out.reshape(copies, size, *out.shape[1:]).mean(axis=0)
 
     @property

@@ -93,6 +93,30 @@ def test_the_magnitudes_get_a_gradient_only_through_augmentation():
                                rtol=1e-6)
 
 
+@pytest.mark.parametrize("per_call", [1, 2, 3])
+def test_copies_per_call_runs_the_network_in_pieces_with_the_same_outputs_and_gradients(per_call):
+    class Rows(Flatten):  # records the row count of each call (at trace time)
+        calls: list = []
+
+        def __call__(self, x):
+            Rows.calls.append(x.shape[0])
+            return super().__call__(x)
+
+    whole, _, data = setup()  # COPIES = 3 in one call
+    _, pipeline, _ = setup()
+    pieces = InvariantModel(Rows(), pipeline, copies=COPIES, copies_per_call=per_call)
+    batch = raw(data, [4, 0, 7, 2], 1)
+
+    def grads(model):
+        return nnx.grad(lambda m: jnp.sum(jnp.square(m.outputs(batch, through_augmentation=True))))(model)
+
+    Rows.calls = []
+    np.testing.assert_array_equal(np.asarray(pieces(batch)), np.asarray(whole(batch)))
+    assert Rows.calls == [per_call * 4] * (COPIES // per_call) + [COPIES % per_call * 4] * (COPIES % per_call > 0)
+    for (path, a), (_, b) in zip(nnx.to_flat_state(grads(pieces)), nnx.to_flat_state(grads(whole))):
+        np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), rtol=RTOL, err_msg=str(path))
+
+
 @pytest.mark.parametrize("prior", ["layerwise", "scalar"])
 def test_the_prior_penalty_is_the_prior_per_training_record(prior):
     class Two(nnx.Module):
@@ -126,6 +150,8 @@ def test_refusals_name_the_argument_and_the_fix():
         InvariantModel(Flatten(), pipeline, field="pixels")
     with pytest.raises(ValueError, match="copies must be an int >= 1"):
         InvariantModel(Flatten(), pipeline, copies=0)
+    with pytest.raises(ValueError, match=r"copies_per_call must be an int in \[1, 3\]"):
+        InvariantModel(Flatten(), pipeline, copies=3, copies_per_call=4)
     with pytest.raises(ValueError, match="prior must be one of"):
         InvariantModel(Flatten(), pipeline, prior="diagonal")
     with pytest.raises(TypeError, match="InvariantModel: pipeline must be a datarax Pipeline"):
