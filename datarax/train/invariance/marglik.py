@@ -208,7 +208,10 @@ class MarginalLikelihood(Callback):
 
         def objective(magnitudes):
             def apply(theta, sample):
-                return nnx.merge(graphdef, theta, magnitudes, prior, rest).outputs(sample, through_augmentation=True)
+                model = nnx.merge(graphdef, theta, magnitudes, prior, rest)
+                # All copies in one call whatever the model's copies_per_call: the recipe's CNN on a 2-core CPU
+                # took 122 ms a hyper-step in one-copy calls against 97 ms in one call.
+                return model.outputs(sample, through_augmentation=True, copies_per_call=model.copies)
 
             # Matmuls inside the model at float32 too: a TPU's default keeps about three digits.
             with jax.default_matmul_precision("float32"):

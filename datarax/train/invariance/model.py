@@ -128,11 +128,14 @@ class InvariantModel(nnx.Module):
         """The averaged outputs of an untransformed batch; the stages' magnitudes get no gradient."""
         return self.outputs(batch)
 
-    def outputs(self, batch: Mapping[str, jax.Array], *, through_augmentation: bool = False) -> jax.Array:
+    def outputs(self, batch: Mapping[str, jax.Array], *, through_augmentation: bool = False,
+                copies_per_call: int | None = None) -> jax.Array:
         """The averaged outputs `(B, ...)` of an untransformed batch holding `record_ids` and `epoch`.
 
         With `through_augmentation=True` the gradient reaches the stages' parameters (the marginal
         likelihood's hyper-step); otherwise the copies are constants to the gradient.
+        `copies_per_call` overrides the model's for this call (the hyper-step runs all copies in
+        one call: its Jacobian passes were slower in pieces).
         """
         missing = [k for k in (RECORD_IDS, EPOCH) if k not in batch]
         if missing:
@@ -153,7 +156,7 @@ class InvariantModel(nnx.Module):
         x = run_program(self.augment, tiled, ctx)[self.field]
         if not through_augmentation:
             x = jax.lax.stop_gradient(x)
-        rows = self.copies_per_call * size
+        rows = (self.copies_per_call if copies_per_call is None else copies_per_call) * size
         if rows >= x.shape[0]:
             out = self.model(x)
         else:  # unrolled calls of copies_per_call copies each (the last may hold fewer)
