@@ -6,6 +6,9 @@ the end), beside the process-pool limit row at deeper queues and the pipeline at
 
 Modes (each record: the scenario's random-resized box, epoch 1):
   read         open().read() of the file
+  read_ref     `read_data_file` (what `ImageFolderSource`'s references read: open, fstat, reads, close)
+  read_os      os.open, one os.read of up to 4 MiB, os.close
+  open_close   os.open + os.close only
   decode_mem   header + DCT-scale decode of bytes already in memory (no file read)
   limit        read + header + box + DCT-scale decode (`decode_limit`'s work)
   record       read + `TurboDecoder.decode_into` (decode + warp into a 128x128 row: DecodeImage's work)
@@ -37,6 +40,7 @@ from benchmarks.scenarios.jpeg import dct_scale, image_folder  # noqa: E402
 from datarax.host.image import random_resized_box  # noqa: E402
 from datarax.host.jpeg import TurboDecoder  # noqa: E402
 from datarax.host.stage import record_generator  # noqa: E402
+from datarax.sources._paths import read_data_file  # noqa: E402
 
 _U, _I, _P = ctypes.c_uint, ctypes.c_int, ctypes.c_void_p
 
@@ -184,9 +188,20 @@ def _share(task: tuple[str, list[int]]) -> tuple[int, float]:
     for i in ids:
         if mode.endswith("_mem"):
             data = blobs[i]
-        else:
+        elif mode not in ("read_ref", "read_os", "open_close"):
             with open(paths[i], "rb") as f:
                 data = f.read()
+        if mode == "read_ref":
+            read_data_file(paths[i], 1 << 26, "probe", "none")
+            continue
+        if mode == "read_os":
+            fd = os.open(paths[i], os.O_RDONLY)
+            os.read(fd, 1 << 22)
+            os.close(fd)
+            continue
+        if mode == "open_close":
+            os.close(os.open(paths[i], os.O_RDONLY))
+            continue
         if mode == "read":
             continue
         header = turbo.header(data)
