@@ -215,6 +215,8 @@ class DecodeImage(DecodingStage):
 
     work = "image_decode"
     positional = ("size",)
+    # Under `executor="processes"`: blocks of a batch per worker (more: finer load balancing, more messages).
+    chunks_per_worker = 1
 
     def __init__(self, config: DecodeImageConfig | None = None, *args: Any, **settings: Any):
         self._setup(resolve_config(DecodeImageConfig, config, settings, "DecodeImage", args=args,
@@ -310,7 +312,7 @@ class DecodeImage(DecodingStage):
         """A batch's work for the workers: one contiguous block of rows per worker."""
         seed, ids = ctx.seed_of(self.seed), np.asarray(ctx.record_ids, np.int64)
         return [(low, high, (list(data[low:high]), ids[low:high], int(ctx.epoch), ctx.stage, seed))
-                for low, high in row_blocks(len(data), self.num_threads)]
+                for low, high in row_blocks(len(data), self.num_threads * self.chunks_per_worker)]
 
     def _all_small_raw(self, data: np.ndarray) -> bool:
         """True when the turbo path reads every record as small raw pixels (a decode-once cache): only
