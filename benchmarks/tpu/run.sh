@@ -12,7 +12,7 @@ Steps, run in order; each under `timeout $STEP_S` (default 540 s), its output in
   bench ARGS...               python -m benchmarks ARGS; rows appended to $OUT/results/<machine>.jsonl
   probe NAME [ARGS...]        python benchmarks/tpu/NAME.py ARGS, rows appended as for bench; NAME is
                               probe, userfn_probe, dispatch_k, decode_probe, decode_workers,
-                              decode_profile, decode_threads, decode_ceiling, decode_transport, rrc_probe
+                              decode_profile, decode_threads, decode_ceiling, rrc_probe
                               or layout_probe
   recipe NAME [ARGS...]       python -m recipes.NAME ARGS, e.g. recipe vision --seeds 1 --workdir /tmp/vision
 
@@ -44,7 +44,7 @@ RESULTS=(env "DATARAX_BENCH_RESULTS=$OUT/results" "DATARAX_BENCH_COMMIT=${COMMIT
 TESTS=(env -u DATARAX_BENCH_RESULTS JAX_PLATFORMS=tpu,cpu DATARAX_TEST_JAX_CACHE=/tmp/datarax-tpu-test-cache)
 PYTEST=("$PY" -m pytest -p no:xdist -p no:cacheprovider -q -rfE --tb=short --durations=40)
 REST=(tests/core tests/pipeline tests/control/test_device_copies.py tests/train/loop/test_fused.py)
-PROBES=" probe userfn_probe dispatch_k decode_probe decode_workers decode_profile decode_threads decode_ceiling decode_transport rrc_probe layout_probe "
+PROBES=" probe userfn_probe dispatch_k decode_probe decode_workers decode_profile decode_threads decode_ceiling rrc_probe layout_probe "
 
 # Sets `cmd` (the step's command line) and `name` (its log's name) from one step's words.
 plan() {

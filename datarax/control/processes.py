@@ -239,23 +239,19 @@ def views(buffer: Any, layout: Layout, rows: int, low: int, high: int) -> dict[s
 
 
 class WorkerPool:
-    """`num_workers` daemon processes, each taking chunks of jobs from its own pipe.
+    """`num_workers` daemon processes that take the chunks of jobs from one shared queue.
 
-    `submit(outputs, chunks)` sends each of a job's chunks `(low, high, task)` to the worker with
-    the fewest chunks outstanding and returns the job's id at once; a worker runs its chunks in the
-    order sent, of this job and of those submitted after it, so workers done with one job's chunks
+    `submit(outputs, chunks)` queues a job's chunks `(low, high, task)` and returns its id at once;
+    each worker takes the next queued chunk as soon as it is free, of this job or of one submitted
+    after it, so uneven records balance across the workers, and workers done with one job's chunks
     start on the next job's while the others finish theirs (no barrier between batches).
-    `result(job)` waits for that job's chunks and gives their results in chunk order. One pipe per
-    worker, written by the caller: no queue thread, no lock the workers contend for (on a gVisor
-    host a shared `multiprocessing.Queue` cost about 70 us a chunk, docs/tpu.md).
+    `result(job)` waits for that job's chunks and gives their results in chunk order.
 
     `job` (or the pickled job a `submit` names, for a pool that serves several stages) is loaded
     once per worker; `job(task, outputs)` gets a task and its rows of the shared outputs and returns
     a picklable result. `shared` (e.g. a `SharedBudget`, made from `context()`) goes to each worker
     as it starts, and reaches each job as `job.attach(shared)` when it has one.
     """
-
-    transport = "pipes"  # "queue": one shared multiprocessing.Queue (the chip host's A/B, benchmarks/tpu)
 
     def __init__(self, job: Callable[[Any, dict[str, np.ndarray]], Any], num_workers: int, name: str,
                  shared: Any = None):
@@ -266,8 +262,7 @@ class WorkerPool:
         self._jobs: dict[int, _Job] = {}  # submitted, not yet collected by `result`
         self._ids = itertools.count()
         self._workers: list[tuple[Any, Any]] = []  # (process, connection)
-        self._outstanding: list[int] = []  # per worker: chunks sent, their results not yet received
-        self._tasks: Any = None  # transport "queue": the one queue the workers take chunks from
+        self._tasks: Any = None  # the queue the workers take chunks from
         self._holding: Any = None  # per worker: the (job, chunk) it computes, job -1 when none
         self._finalizer: weakref.finalize | None = None
         self._lost: set[int] = set()  # jobs in flight when the workers were stopped, not yet asked for
@@ -299,20 +294,8 @@ class WorkerPool:
                         for i, (low, high, task) in enumerate(chunks)]
             self._jobs[job_id] = _Job([(low, high) for low, high, _ in chunks], [_PENDING] * len(chunks),
                                       len(chunks))
-            if self._tasks is not None:
-                for message in messages:
-                    self._tasks.put(message)
-                return job_id
-            outstanding, workers = self._outstanding, self._workers
-            for i, message in enumerate(messages):
-                # the least loaded worker; ties rotate with the chunk, so equal chunks spread evenly
-                w = min(range(len(workers)), key=lambda k: (outstanding[k], (k - i) % len(workers)))
-                process, conn = workers[w]
-                try:
-                    conn.send_bytes(message)
-                except OSError:  # it died: the pool stops, and every job in flight (this one too) is lost
-                    self._died(w, process)
-                outstanding[w] += 1
+            for message in messages:
+                self._tasks.put(message)
             return job_id
 
     def result(self, job_id: int) -> list[Any]:
@@ -350,7 +333,6 @@ class WorkerPool:
                     message = conn.recv()
                 except (EOFError, OSError):
                     self._died(w, process)  # raises
-                self._outstanding[w] -= 1
                 job_id, index, status, value = message
                 if status == "error":
                     self._shutdown()
@@ -390,23 +372,21 @@ class WorkerPool:
 
     def _start(self, count: int) -> None:
         ctx = context([self.preload])
-        if self._holding is None:
+        if self._tasks is None:
+            self._tasks = ctx.Queue()
+            self._tasks.cancel_join_thread()  # an exit never waits on chunks no worker will take
             self._holding = ctx.Array("q", [-1, 0] * self.num_workers, lock=False)
-            if self.transport == "queue":
-                self._tasks = ctx.Queue()
-                self._tasks.cancel_join_thread()
         while len(self._workers) < count:
-            parent, child = ctx.Pipe()  # duplex: chunks to the worker, results back
+            parent, child = ctx.Pipe()
             w = len(self._workers)
             process = ctx.Process(target=worker_main, daemon=True, name=f"{self.name}-{w}",
-                                  args=(child, self._holding, w, self.payload, list(sys.path), self.shared,
-                                        self._tasks))
+                                  args=(child, self._tasks, self._holding, w, self.payload, list(sys.path),
+                                        self.shared))
             process.start()
             child.close()
             self._workers.append((process, parent))
-            self._outstanding.append(0)
         if self._finalizer is None:
-            self._finalizer = weakref.finalize(self, stop_workers, self._workers, False, self._tasks)
+            self._finalizer = weakref.finalize(self, stop_workers, self._workers, self._tasks, False)
 
     def _shutdown(self, polite: bool = False) -> None:
         """Stops the workers: `polite` (nothing in flight) asks each to stop, else they are terminated."""
@@ -414,12 +394,11 @@ class WorkerPool:
         if not polite:
             self._lost.update(self._jobs)
         self._jobs.clear()
-        workers, tasks = self._workers, self._tasks
-        self._workers, self._outstanding, self._holding, self._tasks = [], [], None, None
+        workers, tasks, self._workers, self._tasks, self._holding = self._workers, self._tasks, [], None, None
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
-        stop_workers(workers, polite, tasks)
+        stop_workers(workers, tasks, polite)
 
     def close(self) -> None:
         """Stops and joins the workers (idempotent; a later `submit` starts new ones); jobs in flight are lost."""
@@ -435,7 +414,7 @@ class WorkerPool:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock, self._jobs, self._ids, self._lost = threading.RLock(), {}, itertools.count(), set()
-        self._workers, self._outstanding, self._holding, self._finalizer, self._tasks = [], [], None, None, None
+        self._workers, self._tasks, self._holding, self._finalizer = [], None, None, None
 
 
 class BatchesAhead:
@@ -660,7 +639,6 @@ def forget_jobs(pool: Any, flights: list[tuple]) -> None:
 
 
 _PENDING = object()  # a chunk whose result has not come back
-_STOP = b""  # sent to a worker: stop after the chunks before it
 
 
 @dataclasses.dataclass
@@ -671,18 +649,12 @@ class _Job:
     error: str | None = None  # a worker could not load the job
 
 
-def stop_workers(workers: list[tuple[Any, Any]], polite: bool, tasks: Any = None) -> None:
-    """Stops the workers: `polite` sends each a stop and joins it (terminating one that does not
-    stop); otherwise (a worker died, or chunks are still in flight) each is terminated at once."""
-    if polite:
-        for _, conn in workers:
-            if tasks is not None:
-                tasks.put(None)
-                continue
-            try:
-                conn.send_bytes(_STOP)
-            except OSError:  # gone already: joined below
-                pass
+def stop_workers(workers: list[tuple[Any, Any]], tasks: Any, polite: bool) -> None:
+    """Stops the workers: `polite` queues a stop for each and joins it (terminating one that does not
+    stop); otherwise (a worker died, or chunks are still queued) each is terminated at once."""
+    if polite and tasks is not None:
+        for _ in workers:
+            tasks.put(None)
     for process, conn in workers:
         if polite:
             process.join(5)
@@ -695,21 +667,18 @@ def stop_workers(workers: list[tuple[Any, Any]], polite: bool, tasks: Any = None
         tasks.close()
 
 
-def worker_main(conn: Any, holding: Any, w: int, payload: bytes, path: list[str], shared: Any = None,
-                tasks: Any = None) -> None:
-    """Worker `w`'s loop: run the chunks its pipe `conn` brings until a stop (or the parent's end
-    closes), each with the job its message names (loaded once per worker, `payload` first);
-    `holding[2w:2w+2]` says which (job, chunk) it computes; `path` is the parent's `sys.path`."""
+def worker_main(conn: Any, tasks: Any, holding: Any, w: int, payload: bytes, path: list[str],
+                shared: Any = None) -> None:
+    """Worker `w`'s loop: run the chunks it takes from `tasks` until it takes None, each with the job
+    its message names (loaded once per worker, `payload` first); `holding[2w:2w+2]` says which (job,
+    chunk) it computes; `path` is the parent's `sys.path`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = path
     jobs: dict[bytes, Any] = {}  # payload -> its job, the latest few
     segments: dict[str, shared_memory.SharedMemory] = {}  # the latest few, newest last
     while True:
-        try:
-            message = conn.recv_bytes() if tasks is None else tasks.get()
-        except (EOFError, OSError):  # the parent is gone
-            break
-        if message == _STOP or message is None:
+        message = tasks.get()
+        if message is None:
             break
         job_id, index, (name, layout, rows), low, high, task, wanted = pickle.loads(message)
         wanted = wanted or payload

@@ -45,7 +45,7 @@ def test_the_test_command_is_the_one_docs_tpu_md_gives(tmp_path):
 @pytest.mark.parametrize("words, message", [
     (["probe", "nope"],
      "run.sh: probe takes one of probe userfn_probe dispatch_k decode_probe decode_workers decode_profile "
-     "decode_threads decode_ceiling decode_transport rrc_probe layout_probe"),
+     "decode_threads decode_ceiling rrc_probe layout_probe"),
     (["tests", "some"], "run.sh: tests takes all, operators or rest, got 'some'"),
     (["bench", "cifar", "+", "walk"], "run.sh: unknown step 'walk'"),
 ])
