@@ -26,7 +26,8 @@ def test_the_scenario_runs_and_reports_its_row(temp_cache):
     rows = jpeg.run(BenchOptions(repeats=1, scale=0.01))
     assert [r.get("framework", "datarax") for r in rows] == ["datarax", "datarax[pillow]", "datarax[threads]",
                                                              "decode_limit", "decode_limit[processes]",
-                                                             "decode_limit[1 thread]", "floor[full_scale]"]
+                                                             "decode_limit[1 thread]", "floor[full_scale]",
+                                                             "ceiling[processes]"]
     assert all(r["scenario"] == "jpeg" for r in rows) and rows[0]["records"] == 40
     assert rows[0]["datarax_el_s"] > 0 and rows[0]["floor_el_s"] > 0 and all(r["el_s"] > 0 for r in rows[1:])
     assert rows[0]["decoder"] == "turbo" and 30 < rows[0]["psnr_db"] < 60 and 30 < rows[1]["psnr_db"] < 60
