@@ -76,6 +76,27 @@ def test_processes_read_the_files_and_give_the_threads_batches(folder, monkeypat
             os.kill(pid, 0)
 
 
+@pytest.mark.parametrize("per", [2, 3])
+def test_finer_chunks_give_the_same_batches_in_more_blocks(folder, per, monkeypatch):
+    """`chunks_per_worker` cuts each batch into that many blocks a worker (the chip host's probe
+    sweeps it); the rows are the threaded stage's whatever the cut."""
+    threads = epochs(DecodeImage(size=24, crop="random_resized", num_threads=2), folder, count=1)
+    stage = DecodeImage(size=24, crop="random_resized", executor="processes", num_threads=2)
+    monkeypatch.setattr(stage, "chunks_per_worker", per)
+    blocks = []
+    original = DecodeImage._chunks
+    monkeypatch.setattr(DecodeImage, "_chunks", lambda self, data, ctx: blocks.append(
+        [(low, high) for low, high, _ in original(self, data, ctx)]) or original(self, data, ctx))
+    got = epochs(stage, folder, count=1)
+    for cut in blocks:  # contiguous blocks over the batch's rows, per * workers of them (at most one a row)
+        rows = cut[-1][1]
+        assert cut[0][0] == 0 and all(x[1] == y[0] for x, y in zip(cut, cut[1:]))
+        assert len(cut) == min(per * 2, rows)
+    for a, b in zip(got, threads, strict=True):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
 def test_bytes_from_any_source_decode_as_on_threads(tmp_path):
     """Records that are bytes already travel to the workers; every kind of file, EXIF included."""
     cases = write_cases(tmp_path)
