@@ -146,6 +146,10 @@ START_ARMS = ("learned", "hypergrad", "marglik")  # one run per start
 # same function): on the quiet 2-core CPU a training step took 40 ms against 68 ms in one 8x call, and the
 # (T=90, seed 0) runs from 0 and 170 cost 1.90x and 1.86x the grid against 2.70x and 2.55x (the float rounding
 # differs, so the widths differ as another seed's would: 44 / 64 against 47 / 58).
+# Whether the learned prior is what costs the invariant model accuracy, with these settings (T=90, seed 1, widths
+# from 0 / from 170; validation TTA): learned prior (18-20 at the end) 64 / 76 (0.882 / 0.872); the prior held at 1
+# (`prior_learning_rate` 1e-9, `prior_steps` 0) 13 / 37 (0.872 / 0.887), the width wandering between 10 and 90 from
+# step 150 on. Held at 1, the prior does not close the gap to the grid, and the width loses its footing.
 MARGLIK = {"copies": 8, "copies_per_call": 1, "prior_precision": 1.0, "parameterisation": "triangle",
            "config": {"every": 5, "burn_in": 10, "warmup": 18, "records": 32, "kernel": "single_output",
                       "grouped": True, "learning_rate": 0.05, "prior_learning_rate": 0.1, "prior_steps": 2}}
