@@ -29,8 +29,9 @@ Rows, all timed in this process with their epochs interleaved:
   a multiple of (how decoding scales with the host's cores).
 * `ceiling[processes]`: `DecodeImage`'s own per-record work (read, box, decode, warp into the
   128x128 row) in `os.cpu_count()` worker processes, each given its share of the epoch at once: no
-  batches, no waiting on one another, no copies, nothing else in the process. What no loader of
-  these records can beat on this host (the `datarax` row is the same work inside a pipeline).
+  batches, no waiting on one another, no copies, nothing else in the process: what no loader doing
+  this same work can beat on this host (the `datarax` row is that work inside a pipeline; a loader
+  doing less, e.g. decoding only the crop's window, is not bound by it).
 
 The `datarax` row's `first_batch_s` is construction of a fresh pipeline to its first batch
 (compiles included), its `rebuild_first_batch_s` the same for a second pipeline of the same stages
@@ -171,11 +172,7 @@ class Floor:
         self.offset = np.asarray(JPEG_MEAN, np.float32) / np.asarray(JPEG_STD, np.float32)
 
     def decode(self, path: str, record: int, epoch: int, out: np.ndarray) -> None:
-        with open(path, "rb") as f:
-            data = f.read()
-        header = self.turbo.header(data)
-        top, left, h, w = random_resized_box(header[0], header[1], JPEG_SCALE, JPEG_RATIO,
-                                             record_generator(self.seed, 0, epoch, record))
+        data, header, (top, left, h, w) = read_boxed(self.turbo, path, self.seed, epoch, record)
         if self.decode_only:
             decode_at_dct_scale(self.turbo, data, header, h, w)
             return
@@ -216,6 +213,16 @@ class Floor:
         self.pool.shutdown()
 
 
+def read_boxed(turbo: TurboDecoder, path: str, seed: int, epoch: int, record: int) -> tuple:
+    """`(bytes, header, (top, left, h, w))`: a file, its header and its record's random-resized box
+    (the draws `DecodeImage` makes for seed 0; tested)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    header = turbo.header(data)
+    return data, header, random_resized_box(header[0], header[1], JPEG_SCALE, JPEG_RATIO,
+                                            record_generator(seed, 0, epoch, record))
+
+
 def decode_at_dct_scale(turbo: TurboDecoder, data: bytes, header, box_h: int, box_w: int) -> None:
     scale = dct_scale(box_h, box_w)
     turbo.simplejpeg.decode_jpeg(data, min_height=-(-header[0] // scale), min_width=-(-header[1] // scale))
@@ -254,11 +261,7 @@ def record_chunk(task: tuple[list[str], list[int], int, int]) -> int:
     paths, records, epoch, seed = task
     out = np.empty((JPEG_SIZE, JPEG_SIZE, 3), np.uint8)
     for path, record in zip(paths, records):
-        with open(path, "rb") as f:
-            data = f.read()
-        header = turbo.header(data)
-        top, left, h, w = random_resized_box(header[0], header[1], JPEG_SCALE, JPEG_RATIO,
-                                             record_generator(seed, 0, epoch, record))
+        data, header, (top, left, h, w) = read_boxed(turbo, path, seed, epoch, record)
         turbo.decode_into(data, header, (left, top, left + w, top + h), out)
     return len(paths)
 
@@ -277,8 +280,11 @@ class ProcessLimit:
         return [self.pool.submit(decode_only_chunk, ([self.paths[r] for r in c.tolist()], c.tolist(), epoch,
                                                      self.seed)) for c in chunks]
 
+    def order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng((self.seed, epoch)).permutation(len(self.paths))
+
     def epoch(self, epoch: int):
-        order = np.random.default_rng((self.seed, epoch)).permutation(len(self.paths))
+        order = self.order(epoch)
         batches = [order[i:i + BATCH] for i in range(0, len(order), BATCH)]
         # `ahead` batches queued behind the one waited for
         pending = [self.submit(b, epoch) for b in batches[:self.ahead]]
@@ -297,7 +303,7 @@ class ProcessCeiling(ProcessLimit):
     """`ceiling[processes]`: each worker process given its share of the epoch's records at once."""
 
     def epoch(self, epoch: int):
-        order = np.random.default_rng((self.seed, epoch)).permutation(len(self.paths))
+        order = self.order(epoch)
         shares = [s for s in np.array_split(order, self.workers) if len(s)]
         futures = [self.pool.submit(record_chunk, ([self.paths[r] for r in s.tolist()], s.tolist(), epoch, self.seed))
                    for s in shares]

@@ -247,7 +247,7 @@ def main() -> None:
         turbo.decode_into(data, header, (left, top, left + bw, top + bh), a)
         _window(turbo, window, data, header, box, b)
         mismatches += int(not np.array_equal(a, b))
-    emit(probe="window_vs_whole", files=300, mismatched_rows=mismatches)
+    emit(probe="window_vs_whole", files=min(300, len(paths)), mismatched_rows=mismatches)
     ctx = multiprocessing.get_context("forkserver")
     for procs in [int(p) for p in args.procs.split(",")]:
         with ctx.Pool(procs, initializer=_setup, initargs=(paths,)) as pool:
@@ -261,7 +261,6 @@ def main() -> None:
                     busy = sum(d[1] for d in done)
                     emit(probe="ceiling", mode=mode, processes=procs, repeat=repeat,
                          records_per_s=round(len(paths) / (max(d[1] for d in done) if mode.endswith("_mem") else wall)),
-                         per_record_us=round(busy / len(paths) * 1e6 * procs / procs, 1),
                          worker_us_per_record=round(busy / len(paths) * 1e6, 1))
     if args.no_pipeline:
         return
