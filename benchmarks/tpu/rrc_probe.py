@@ -38,7 +38,7 @@ import numpy as np
 from benchmarks import limits, record
 from benchmarks.scenarios import rrc224
 from datarax.operators.image.functional import batched, geometry
-from datarax.operators.precision import WEIGHTED_SUM
+from datarax.operators.precision import WEIGHTED_SUM, precision_for
 
 P = jax.lax.Precision
 PRECISIONS = {"DEFAULT": P.DEFAULT, "HIGH": P.HIGH, "HIGHEST": P.HIGHEST}
@@ -92,6 +92,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--small", action="store_true", help="small shapes for a CPU smoke run; keeps no rows")
     parser.add_argument("--only", default="", help="run only the variants whose name contains this text")
+    parser.add_argument("--lane-dense", action="store_true", help="also the formulations on flattened records")
     args = parser.parse_args(argv)
     side, size, n, batch, per_program = (64, 56, 64, 16, 2) if args.small else (
         rrc224.SIDE, rrc224.SIZE, rrc224.NUM_RECORDS, rrc224.BATCH, 8)
@@ -169,12 +170,12 @@ def main(argv=None) -> int:
             return formulation(x, rows.astype(dtype), cols.astype(dtype), precision)
         return per_batch
 
-    def library(dtype, operation):
+    def library(dtype, operation, inside=True):
         def per_batch(rows_u8, idx):
             x = rows_u8.reshape(-1, side, side, 3).astype(dtype) / jnp.asarray(255, dtype)
             if operation == "resize":
                 return batched.resize(x, size, size)
-            return batched.resized_crop(x, draw(idx, operation), size, size)
+            return batched.resized_crop(x, draw(idx, operation), size, size, inside=inside)
         return per_batch
 
     def planar_in_out(dtype, precision):
@@ -190,28 +191,54 @@ def main(argv=None) -> int:
             return x.astype(dtype) / jnp.asarray(255, dtype)
         return per_batch
 
-    # Most telling first: a run cut short by the budget keeps them.
+    def banded(dtype, operation, block, cols_banded=True):
+        def per_batch(rows_u8, idx):
+            x = rows_u8.reshape(-1, side, side, 3).astype(dtype) / jnp.asarray(255, dtype)
+            b = draw(idx, operation).astype(jnp.float32)
+            rows = jax.vmap(lambda box: batched.banded_weights(size, side, size / box[2], box[0], block=block))(b)
+            precision = precision_for(WEIGHTED_SUM, x.dtype)
+            if cols_banded:
+                cols = jax.vmap(lambda box: batched.banded_weights(size, side, size / box[3], box[1], block=block))(b)
+                return batched.banded_resample(x, rows, cols, size, size)
+            tall = batched.banded_product(x.reshape(len(b), side, side * 3), *rows, size, precision)
+            cols = jax.vmap(lambda box: geometry.resample_weights(size, side, size / box[3], box[1]))(b)
+            return jnp.einsum("biwc,bjw->bijc", tall.reshape(len(b), size, side, 3), cols.astype(dtype),
+                              precision=precision)
+        return per_batch
+
+    # Most telling first: a run cut short by the budget keeps them. Records are stored as the
+    # pipeline stores them, (N, H, W, C); `--lane-dense` adds the earlier formulations on
+    # flattened records.
     recorder.emit(probe="rrc224", variant="setup", backend=jax.default_backend(), side=side, size=size, batch=batch,
                   per_program=per_program, policy=str(WEIGHTED_SUM.precision), devices=str(jax.devices()))
     for dtype in ("float32", "bfloat16"):
-        measure(f"limit: fixed window + convert ({dtype})", window(dtype), "lane-dense", dtype, None)
-    measure("datarax batched.resized_crop (float32)", library("float32", "crop"), "lane-dense", "float32", "crop")
-    measure("datarax batched.resized_crop (bfloat16)", library("bfloat16", "crop"), "lane-dense", "bfloat16", "crop")
-    for name in ("planar", "chw", "hwc", "interleaved", "per-record"):
-        for dtype, level in (("float32", "HIGH"), ("bfloat16", "DEFAULT"), ("float32", "DEFAULT"),
-                             ("float32", "HIGHEST")):
-            measure(f"{name} {level} ({dtype})", resampled(FORMULATIONS[name], dtype, PRECISIONS[level], "crop"),
-                    "lane-dense", dtype, "crop", layout=name, precision=level)
+        measure(f"limit: fixed window + convert ({dtype})", window(dtype), "hwc", dtype, None)
     measure("per-record HIGH (float32), records stored (N, H, W, C)",
             resampled(per_record, "float32", P.HIGH, "crop"), "hwc", "float32", "crop",
             layout="per-record", precision="HIGH")
+    for dtype in ("float32", "bfloat16"):
+        measure(f"banded rows and columns, block 32 ({dtype})", banded(dtype, "crop", 32), "hwc", dtype, "crop",
+                layout="banded", block=32)
+    measure("dense products, batched.resized_crop(inside=False) (float32)", library("float32", "crop", False), "hwc",
+            "float32", "crop", layout="planar")
+    for block in (56, 112, 16):
+        measure(f"banded rows and columns, block {block} (float32)", banded("float32", "crop", block), "hwc",
+                "float32", "crop", layout="banded", block=block)
+    measure("banded rows, dense columns, block 32 (float32)", banded("float32", "crop", 32, False), "hwc",
+            "float32", "crop", layout="banded rows", block=32)
+    measure("datarax batched.resize (float32)", library("float32", "resize"), "hwc", "float32", "resize")
+    measure("dense products, batched.resized_crop(inside=False) (bfloat16)", library("bfloat16", "crop", False),
+            "hwc", "bfloat16", "crop", layout="planar")
     for dtype, level in (("float32", "HIGH"), ("bfloat16", "DEFAULT")):
         measure(f"planar, planar in and out {level} ({dtype})", planar_in_out(dtype, PRECISIONS[level]), "planar",
                 dtype, "crop", planar_out=True, layout="planar in and out", precision=level)
-    measure("datarax batched.resize (float32)", library("float32", "resize"), "lane-dense", "float32", "resize")
-    for name in ("planar", "chw", "per-record"):
-        measure(f"resize: {name} HIGH (float32)", resampled(FORMULATIONS[name], "float32", P.HIGH, "resize"),
-                "lane-dense", "float32", "resize", layout=name, precision="HIGH")
+    if args.lane_dense:
+        for name in ("planar", "chw", "hwc", "interleaved", "per-record"):
+            for dtype, level in (("float32", "HIGH"), ("bfloat16", "DEFAULT"), ("float32", "DEFAULT"),
+                                 ("float32", "HIGHEST")):
+                measure(f"{name} {level} ({dtype}), lane-dense records",
+                        resampled(FORMULATIONS[name], dtype, PRECISIONS[level], "crop"),
+                        "lane-dense", dtype, "crop", layout=name, precision=level)
     recorder.emit(probe="done", backend=jax.default_backend(), seconds=round(time.perf_counter() - started, 1))
     return 0
 

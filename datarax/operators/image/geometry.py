@@ -208,7 +208,8 @@ class RandomResizedCropOperator(ImageOperator):
         return geometry.resized_crop(image, params["box"], *self.config.size, antialias=self.config.antialias)
 
     def apply_many(self, images, params):
-        return batched.resized_crop(images, params["box"], *self.config.size, antialias=self.config.antialias)
+        return batched.resized_crop(images, params["box"], *self.config.size, antialias=self.config.antialias,
+                                    inside=True)
 
 
 @dataclasses.dataclass(frozen=True)
