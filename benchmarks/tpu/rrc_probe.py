@@ -38,7 +38,7 @@ import numpy as np
 from benchmarks import limits, record
 from benchmarks.scenarios import rrc224
 from datarax.operators.image.functional import batched, geometry
-from datarax.operators.precision import WEIGHTED_SUM, precision_for
+from datarax.operators.precision import WEIGHTED_SUM
 
 P = jax.lax.Precision
 PRECISIONS = {"DEFAULT": P.DEFAULT, "HIGH": P.HIGH, "HIGHEST": P.HIGHEST}
@@ -53,6 +53,16 @@ def weights(boxes, side, size):
 
 def per_record(x, rows, cols, precision):
     return jax.vmap(lambda im, r, c: jnp.einsum("ah,hwc,bw->abc", r, im, c, precision=precision))(x, rows, cols)
+
+
+def rows_first(x, rows, cols, precision):
+    return jax.vmap(lambda im, r, c: jnp.einsum("awc,bw->abc", jnp.einsum("ah,hwc->awc", r, im, precision=precision),
+                                                c, precision=precision))(x, rows, cols)
+
+
+def cols_first(x, rows, cols, precision):
+    return jax.vmap(lambda im, r, c: jnp.einsum("ah,hbc->abc", r, jnp.einsum("hwc,bw->hbc", im, c, precision=precision),
+                                                precision=precision))(x, rows, cols)
 
 
 def hwc(x, rows, cols, precision):
@@ -85,7 +95,8 @@ def interleaved(x, rows, cols, precision):
     return jnp.einsum("bik,bkm->bim", picked, per_lane, precision=precision).reshape(b, rows.shape[1], -1, c)
 
 
-FORMULATIONS = {"per-record": per_record, "hwc": hwc, "chw": chw, "planar": planar, "interleaved": interleaved}
+FORMULATIONS = {"per-record": per_record, "rows first": rows_first, "cols first": cols_first, "hwc": hwc, "chw": chw,
+                "planar": planar, "interleaved": interleaved}
 
 
 def main(argv=None) -> int:
@@ -170,12 +181,12 @@ def main(argv=None) -> int:
             return formulation(x, rows.astype(dtype), cols.astype(dtype), precision)
         return per_batch
 
-    def library(dtype, operation, inside=True):
+    def library(dtype, operation):
         def per_batch(rows_u8, idx):
             x = rows_u8.reshape(-1, side, side, 3).astype(dtype) / jnp.asarray(255, dtype)
             if operation == "resize":
                 return batched.resize(x, size, size)
-            return batched.resized_crop(x, draw(idx, operation), size, size, inside=inside)
+            return batched.resized_crop(x, draw(idx, operation), size, size)
         return per_batch
 
     def planar_in_out(dtype, precision):
@@ -191,21 +202,6 @@ def main(argv=None) -> int:
             return x.astype(dtype) / jnp.asarray(255, dtype)
         return per_batch
 
-    def banded(dtype, operation, block, cols_banded=True):
-        def per_batch(rows_u8, idx):
-            x = rows_u8.reshape(-1, side, side, 3).astype(dtype) / jnp.asarray(255, dtype)
-            b = draw(idx, operation).astype(jnp.float32)
-            rows = jax.vmap(lambda box: batched.banded_weights(size, side, size / box[2], box[0], block=block))(b)
-            precision = precision_for(WEIGHTED_SUM, x.dtype)
-            if cols_banded:
-                cols = jax.vmap(lambda box: batched.banded_weights(size, side, size / box[3], box[1], block=block))(b)
-                return batched.banded_resample(x, rows, cols, size, size)
-            tall = batched.banded_product(x.reshape(len(b), side, side * 3), *rows, size, precision)
-            cols = jax.vmap(lambda box: geometry.resample_weights(size, side, size / box[3], box[1]))(b)
-            return jnp.einsum("biwc,bjw->bijc", tall.reshape(len(b), size, side, 3), cols.astype(dtype),
-                              precision=precision)
-        return per_batch
-
     # Most telling first: a run cut short by the budget keeps them. Records are stored as the
     # pipeline stores them, (N, H, W, C); `--lane-dense` adds the earlier formulations on
     # flattened records.
@@ -216,19 +212,17 @@ def main(argv=None) -> int:
     measure("per-record HIGH (float32), records stored (N, H, W, C)",
             resampled(per_record, "float32", P.HIGH, "crop"), "hwc", "float32", "crop",
             layout="per-record", precision="HIGH")
-    for dtype in ("float32", "bfloat16"):
-        measure(f"banded rows and columns, block 32 ({dtype})", banded(dtype, "crop", 32), "hwc", dtype, "crop",
-                layout="banded", block=32)
-    measure("dense products, batched.resized_crop(inside=False) (float32)", library("float32", "crop", False), "hwc",
-            "float32", "crop", layout="planar")
-    for block in (56, 112, 16):
-        measure(f"banded rows and columns, block {block} (float32)", banded("float32", "crop", block), "hwc",
-                "float32", "crop", layout="banded", block=block)
-    measure("banded rows, dense columns, block 32 (float32)", banded("float32", "crop", 32, False), "hwc",
-            "float32", "crop", layout="banded rows", block=32)
+    measure("datarax batched.resized_crop (float32)", library("float32", "crop"), "hwc", "float32", "crop")
+    for dtype, level in (("float32", "HIGH"), ("bfloat16", "DEFAULT")):
+        measure(f"planar {level} ({dtype}), records stored (N, H, W, C)",
+                resampled(planar, dtype, PRECISIONS[level], "crop"), "hwc", dtype, "crop", layout="planar",
+                precision=level)
+    for name in ("rows first", "cols first", "chw", "hwc"):
+        measure(f"{name} HIGH (float32), records stored (N, H, W, C)",
+                resampled(FORMULATIONS[name], "float32", P.HIGH, "crop"), "hwc", "float32", "crop", layout=name,
+                precision="HIGH")
     measure("datarax batched.resize (float32)", library("float32", "resize"), "hwc", "float32", "resize")
-    measure("dense products, batched.resized_crop(inside=False) (bfloat16)", library("bfloat16", "crop", False),
-            "hwc", "bfloat16", "crop", layout="planar")
+    measure("datarax batched.resized_crop (bfloat16)", library("bfloat16", "crop"), "hwc", "bfloat16", "crop")
     for dtype, level in (("float32", "HIGH"), ("bfloat16", "DEFAULT")):
         measure(f"planar, planar in and out {level} ({dtype})", planar_in_out(dtype, PRECISIONS[level]), "planar",
                 dtype, "crop", planar_out=True, layout="planar in and out", precision=level)

@@ -205,14 +205,24 @@ def test_images_too_large_for_the_warp_products_keep_the_gather():
     np.testing.assert_array_equal(np.asarray(op.apply_many(x, params)), np.asarray(jax.vmap(op.apply)(x, params)))
 
 
-# `separable`'s two layouts, forced: channels interleaved on the lanes, or side by side.
-LAYOUTS = {"interleaved": 1 << 62, "planar": 0}
+# `separable`'s two layouts, forced: channels interleaved on the lanes, or side by side; and the
+# per-record products under `vmap` that a TPU runs for large images.
+LAYOUTS = {"interleaved": 1 << 62, "planar": 0, "per-record": 0}
+
+
+def test_large_images_resample_per_record_on_a_tpu_only():
+    assert batched.resamples_per_record((128, 256, 256, 3), 224, 224, backend="tpu")
+    assert not batched.resamples_per_record((128, 256, 256, 3), 224, 224, backend="cpu")
+    assert not batched.resamples_per_record((128, 40, 40, 3), 32, 32, backend="tpu")  # interleaved stays
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape, size", [((9, 12, 2), (6, 7)), ((40, 32, 3), (24, 48)), ((64, 64, 3), (56, 56))])
 def test_resized_crop_and_resize_agree_with_the_per_record_maths(shape, size, layout, monkeypatch):
     monkeypatch.setattr(batched, "MAX_INTERLEAVED_COLUMNS", LAYOUTS[layout])
+    chosen = batched.resamples_per_record
+    monkeypatch.setattr(batched, "resamples_per_record",
+                        lambda *args: chosen(*args, backend="tpu" if layout == "per-record" else "cpu"))
     x = jnp.asarray(np.random.default_rng(10).random((6, *shape)), jnp.float32)
     op = RandomResizedCropOperator(RandomResizedCropConfig(size=size), rngs=nnx.Rngs(3))
     boxes = op.draw_batch(BatchContext.for_batch(6), shape)["box"]

@@ -208,8 +208,7 @@ class RandomResizedCropOperator(ImageOperator):
         return geometry.resized_crop(image, params["box"], *self.config.size, antialias=self.config.antialias)
 
     def apply_many(self, images, params):
-        return batched.resized_crop(images, params["box"], *self.config.size, antialias=self.config.antialias,
-                                    inside=True)
+        return batched.resized_crop(images, params["box"], *self.config.size, antialias=self.config.antialias)
 
 
 @dataclasses.dataclass(frozen=True)
