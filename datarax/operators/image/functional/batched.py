@@ -108,7 +108,7 @@ def resamples_per_record(shape: tuple[int, ...], height: int, width: int, backen
     `vmap` rather than `separable`'s batch products: on a TPU (`backend`, default JAX's), for
     images past the interleaved path. 256 to 224 in float32 runs there at 148,504 records/s per
     record against 116,550 through `separable_planar` (`benchmarks/tpu/rrc_probe.py`, docs/tpu.md);
-    on a CPU the batch products are the faster (831 against 714 records/s on 2 cores)."""
+    on a CPU the batch products are the faster (813 against 628 records/s on 2 cores)."""
     backend = jax.default_backend() if backend is None else backend
     _, _, in_w, channels = shape
     return backend == "tpu" and in_w * channels * width * channels > MAX_INTERLEAVED_COLUMNS
