@@ -138,3 +138,47 @@ def test_a_job_the_workers_cannot_load_fails_alone_and_the_workers_run_on(segmen
         assert pool.pids == pids
     finally:
         pool.close()
+
+
+def quick(marker):
+    return [(0, 2, ("quick", marker, None)), (2, 4, ("quick", marker + 1, None))]
+
+
+def test_batches_named_ahead_fill_every_segment_and_read_back_in_order():
+    batches = BatchesAhead(WorkerPool(job, 2, "test-pool"), [("x", (), "int64")], depth=4)
+    out = {"x": np.zeros(4, np.int64)}
+    try:
+        for k in (1, 2, 3):
+            batches.ahead(f"b{k}", quick(10 * k))
+        batches.read("b0", lambda: quick(0), out)
+        np.testing.assert_array_equal(out["x"], [0, 0, 1, 1])
+        assert [flight[0] for flight in batches._flights] == ["b1", "b2", "b3"]  # all three started at once
+        batches.ahead("b4", quick(40))
+        for k in (1, 2, 3, 4):
+            batches.read(f"b{k}", lambda: pytest.fail("a batch named ahead was computed again"), out)
+            np.testing.assert_array_equal(out["x"], [10 * k, 10 * k, 10 * k + 1, 10 * k + 1])
+        assert batches._flights == [] and not batches._queued
+    finally:
+        batches.close()
+
+
+def test_a_read_past_batches_named_ahead_drops_them_and_keeps_the_ones_after():
+    batches = BatchesAhead(WorkerPool(job, 2, "test-pool"), [("x", (), "int64")], depth=2)
+    out = {"x": np.zeros(4, np.int64)}
+    try:
+        for k in (1, 2, 3):  # two more than the segments hold: they wait in the queue
+            batches.ahead(f"b{k}", quick(10 * k))
+        batches.read("b0", lambda: quick(0), out)
+        batches.read("b2", lambda: pytest.fail("b2 was named ahead"), out)  # b1 is not read: dropped
+        np.testing.assert_array_equal(out["x"], [20, 20, 21, 21])
+        batches.read("b3", lambda: pytest.fail("b3 was named ahead"), out)
+        np.testing.assert_array_equal(out["x"], [30, 30, 31, 31])
+        batches.read("z", lambda: quick(90), out)  # never named: computed when read
+        np.testing.assert_array_equal(out["x"], [90, 90, 91, 91])
+    finally:
+        batches.close()
+
+
+def test_batches_ahead_needs_a_segment_for_the_batch_read_next():
+    with pytest.raises(ValueError, match="depth must be at least 1"):
+        BatchesAhead(WorkerPool(job, 1, "test-pool"), [("x", (), "int64")], depth=0)
