@@ -41,7 +41,7 @@ _ALIGN = 64
 MAIN_MODULE_ENV = "DATARAX_MAIN_MODULE"  # read by `datarax.control.main_preload` in the forkserver
 Layout = tuple[tuple[str, int, tuple[int, ...], str], ...]  # (field, byte offset, record shape, dtype)
 EXECUTORS = ("auto", "threads", "processes")
-_ATTACHED = 3  # shared segments a worker keeps open (a batch read out, one decoding, one decoded ahead)
+_ATTACHED = 8  # shared segments a worker keeps open (a batch read out, the batches in flight, another stage's)
 _JOBS_KEPT = 32  # jobs (stage settings) a worker keeps loaded
 
 
