@@ -1,7 +1,6 @@
 """`DecodeImage(executor="processes")` at several worker counts beside `decode_limit[processes]`.
 
     python benchmarks/tpu/decode_workers.py [--scale 1.0] [--repeats 2] [--workers 13,12,11,10]
-                                            [--chunks 1,2,4] [--ahead 2,3,4]
 
 The `jpeg` scenario's files and pipeline; epochs interleaved; one JSON line per side with its
 records/s, its ratio to the limit and (for datarax) the reader's milliseconds a batch per part.
@@ -33,24 +32,15 @@ def main() -> None:
     parser.add_argument("--workers", default=",".join(str(max(1, cores - k)) for k in range(4)))
     parser.add_argument("--chunks", default="1", help="blocks of a batch per worker, e.g. 1,2,4 "
                         "(`DecodeImage.chunks_per_worker`), each a side of the first worker count's pipeline")
-    parser.add_argument("--ahead", default="", help="batches in flight, e.g. 2,3,4 "
-                        "(`DecodeImage.batches_in_flight`), each a side: a first-worker-count pipeline built with it")
     args = parser.parse_args()
     emit = record.Recorder(record.command_line("python benchmarks/tpu/decode_workers.py", sys.argv[1:])).emit
     n = max(64, int(NUM_RECORDS * args.scale))
     root = image_folder(n)
     pipelines = {int(w): build_pipeline(root, executor="processes", num_threads=int(w))
                  for w in dict.fromkeys(args.workers.split(","))}
-    first = next(iter(pipelines))
-    in_flight = {}
-    for a in (int(a) for a in args.ahead.split(",") if a):
-        DecodeImage.batches_in_flight = a
-        in_flight[a] = build_pipeline(root, executor="processes", num_threads=first)
-    if in_flight:
-        del DecodeImage.batches_in_flight  # back to the library's default
     limit = ProcessLimit(list(ImageFolderSource(root=root).paths))
     block(list(limit.epoch(0)))
-    for pipeline in (*pipelines.values(), *in_flight.values()):  # warm-up epochs: workers started, programs compiled
+    for pipeline in pipelines.values():  # warm-up epochs: workers started, programs compiled
         for _ in pipeline:
             pass
     counter = iter(range(1, 10**6))
@@ -60,25 +50,22 @@ def main() -> None:
         DecodeImage.chunks_per_worker = per
         return pipeline
 
+    first = next(iter(pipelines))
     sides = {"decode_limit[processes]": lambda: limit.epoch(next(counter)),
              **{f"datarax[processes, {w} workers]": (lambda p=p: chunked(p, chunks[0])) for w, p in pipelines.items()},
              **{f"datarax[processes, {first} workers, {c} chunks each]": (lambda c=c: chunked(pipelines[first], c))
-                for c in chunks[1:]},
-             **{f"datarax[processes, {first} workers, {a} in flight]": (lambda p=p: chunked(p, chunks[0]))
-                for a, p in in_flight.items()}}
+                for c in chunks[1:]}}
     rates = interleaved_rates(sides, n, args.repeats)
     bound = rates["decode_limit[processes]"]["el_s"]
     for name, rate in rates.items():
         line = {"side": name, "el_s": round(rate["el_s"], 1), "vs_limit": round(rate["el_s"] / bound, 3),
                 "el_s_runs": rate["el_s_runs"], "cores": cores, "records": n}
         workers = name.split(", ")[1].split(" ")[0] if name.startswith("datarax") else None
-        if workers is not None and "in flight" in name:
-            line["reader_ms"] = reader_ms(in_flight[int(name.split(", ")[2].split(" ")[0])])
-        elif workers is not None:
+        if workers is not None:
             line["reader_ms"] = reader_ms(pipelines[int(workers)])
         emit(**line)
     limit.close()
-    for pipeline in (*pipelines.values(), *in_flight.values()):
+    for pipeline in pipelines.values():
         pipeline.close()
 
 

@@ -14,7 +14,6 @@ stops them.
 from __future__ import annotations
 
 import ast
-import collections
 import dataclasses
 import importlib.machinery
 import inspect
@@ -41,7 +40,7 @@ _ALIGN = 64
 MAIN_MODULE_ENV = "DATARAX_MAIN_MODULE"  # read by `datarax.control.main_preload` in the forkserver
 Layout = tuple[tuple[str, int, tuple[int, ...], str], ...]  # (field, byte offset, record shape, dtype)
 EXECUTORS = ("auto", "threads", "processes")
-_ATTACHED = 8  # shared segments a worker keeps open (a batch read out, the batches in flight, another stage's)
+_ATTACHED = 3  # shared segments a worker keeps open (a batch read out, one decoding, one decoded ahead)
 _JOBS_KEPT = 32  # jobs (stage settings) a worker keeps loaded
 
 
@@ -419,34 +418,30 @@ class WorkerPool:
 
 
 class BatchesAhead:
-    """The batches a `WorkerPool` computes ahead, in `depth` shared segments: the batch read next
-    and the `depth - 1` after it.
+    """The batches a `WorkerPool` computes ahead, in two shared segments: the batch read next and
+    the one after it.
 
-    `ahead(key, chunks)` names a batch to be read after those named before it; its chunks are
-    queued as soon as a segment is free, so a worker done with its part of a batch takes a later
-    batch's next part instead of waiting for the slowest. `read(key, chunks, out)` copies batch
-    `key` into `out` (computing it first when it was not named ahead) and returns its chunks'
-    results; batches named or computed ahead but not read next (a seek, another order) are
-    waited out and dropped.
+    `ahead(key, chunks)` names the batch after the one read next; its chunks are queued as soon as
+    that one is in flight, so a worker done with its part of a batch takes the next batch's next
+    part instead of waiting for the slowest. `read(key, chunks, out)` copies batch `key` into `out`
+    (computing it first when it was not named ahead) and returns its chunks' results; batches
+    computed ahead but not read next (a seek, another order) are waited out and dropped.
     """
 
-    def __init__(self, pool: WorkerPool, spec: Sequence[tuple[str, tuple[int, ...], str]], depth: int = 2):
-        if depth < 1:
-            raise ValueError(f"BatchesAhead: depth must be at least 1 (the batch read next), got {depth}")
+    def __init__(self, pool: WorkerPool, spec: Sequence[tuple[str, tuple[int, ...], str]]):
         self.pool = pool
-        self.depth = depth
-        self._segments = tuple(SharedOutputs(spec) for _ in range(depth))
+        self._segments = (SharedOutputs(spec), SharedOutputs(spec))
         self._lock = threading.Lock()
         self._flights: list[tuple] = []  # (key, segment, rows, job id), oldest first; never rebound
-        self._queued: collections.deque = collections.deque()  # (key, chunks) named ahead, waiting for a segment
+        self._queued: tuple | None = None  # (key, chunks) named ahead, waiting for a free segment
         # Dropped unclosed (a pipeline rebuilt per epoch): its jobs in flight are forgotten, so the
         # workers, which other stages may share, never file results for segments freed with it.
         weakref.finalize(self, forget_jobs, pool, self._flights)
 
     def ahead(self, key: Any, chunks: Sequence[tuple[int, int, Any]]) -> None:
         with self._lock:
-            self._queued.append((key, chunks))
-            if self._flights:  # else they start right behind the batch read next
+            self._queued = (key, chunks)
+            if self._flights:  # else it starts right behind the batch read next
                 self._start_queued()
 
     def read(self, key: Any, chunks: Callable[[], Sequence[tuple[int, int, Any]]],
@@ -457,9 +452,6 @@ class BatchesAhead:
             taken = None
             while taken is None:
                 if all(flight[0] != key for flight in self._flights):
-                    if any(k == key for k, _ in self._queued):  # it, and those named before it, leave the queue
-                        while self._queued.popleft()[0] != key:
-                            pass
                     if self._free_segment() is None:
                         self._drop()
                     self._start(key, chunks(), self._free_segment())
@@ -475,15 +467,13 @@ class BatchesAhead:
         return next((s for s in self._segments if all(s is not flight[1] for flight in self._flights)), None)
 
     def _start_queued(self) -> None:
-        while self._queued:
-            key, chunks = self._queued[0]
-            if any(flight[0] == key for flight in self._flights):
-                self._queued.popleft()
-                continue
-            segment = self._free_segment()
-            if segment is None:
-                return
-            self._queued.popleft()
+        if self._queued is None:
+            return
+        key, chunks = self._queued
+        if any(flight[0] == key for flight in self._flights):
+            self._queued = None
+        elif (segment := self._free_segment()) is not None:
+            self._queued = None
             self._start(key, chunks, segment)
 
     def _start(self, key: Any, chunks: Sequence[tuple[int, int, Any]], segment: SharedOutputs) -> None:
@@ -544,7 +534,7 @@ class BatchesAhead:
         with self._lock:
             self._forget_flights()
             self.pool.close()
-            self._queued.clear()
+            self._queued = None
             for segment in self._segments:
                 segment.close()
 

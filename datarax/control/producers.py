@@ -8,7 +8,6 @@ methods, so the prefetch thread does not keep the iterator alive: an iterator dr
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -115,19 +114,16 @@ def indexed_host_batches(pipeline: Any, steps: Iterator[tuple[int, int, int]]) -
     times = p.reader_times
     copies = DeviceCopies(len(ring), times)
     steps = iter(steps)
-    ahead = max(1, int(getattr(p.source, "lookahead", 1)))
-    named: collections.deque = collections.deque()  # the next batches, already named to the source
-    current = next(steps, None)
+    following = next(steps, None)
     i = -1
-    while current is not None:
+    while following is not None:
         i += 1
-        epoch, position, num_valid = current
+        epoch, position, num_valid = following
         idx = p.sampler.indices(padded_positions(position, p.compiled.rows, length), epoch)
-        while len(named) < ahead and (following := next(steps, None)) is not None:
-            named.append(following)  # the source may start fetching these batches' records now
+        following = next(steps, None)
+        if following is not None:  # the source may start fetching the next batch's records now
             p.source.upcoming(p.sampler.indices(padded_positions(following[1], p.compiled.rows, length),
                                                 following[0]), following[0])
-        current = named.popleft() if named else None
         slot = i % len(ring)
         copies.wait(slot)
         with times.measure(READ, records=num_valid, work="read"):

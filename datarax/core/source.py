@@ -100,15 +100,9 @@ class DataSourceModule(nnx.Module, abc.ABC):
         return f"record {record_id}"
 
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
-        """A hint from the pipeline's reader: the records of a batch it reads after the current one
-        and after those named before it, whatever the sampler (`lookahead` batches are named ahead
-        of the one read). A source that fetches ahead (`ShardedSource`, decoding stages in worker
-        processes) starts on them; the others ignore it."""
-
-    @property
-    def lookahead(self) -> int:
-        """How many batches past the one read next the reader names by `upcoming` (at least 1)."""
-        return 1
+        """A hint from the pipeline's reader: the records of the batch it reads after the current
+        one, whatever the sampler. A source that fetches ahead (`ShardedSource`) starts on them;
+        the others ignore it."""
 
     def device_arrays(self) -> dict[str, jax.Array] | None:
         """The source's arrays on the device in their storage layout (`datarax.core.layout`: records

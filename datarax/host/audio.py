@@ -190,7 +190,7 @@ class DecodeAudio(DecodingStage):
             workers = lease(AudioJob(config), config.num_threads, "datarax-decode-audio", (limit, "DecodeAudio"))
             self.budget: MemoryBudget = workers.shared
             outputs = [(config.field, self._shape(), "float32"), (f"{config.field}_length", (), "int32")]
-            self._batches = BatchesAhead(workers, outputs, self.batches_in_flight)
+            self._batches = BatchesAhead(workers, outputs)
         else:
             self.budget = MemoryBudget(limit, "DecodeAudio")
 

@@ -236,8 +236,7 @@ class DecodeImage(DecodingStage):
         if self.executor.executor == "processes":
             workers = lease(DecodeJob(config), self.num_threads, "datarax-decode-image", (limit, "DecodeImage"))
             self.budget: MemoryBudget = workers.shared
-            self._batches = BatchesAhead(workers, [(self.out_field, config.size + (3,), "uint8")],
-                                         self.batches_in_flight)
+            self._batches = BatchesAhead(workers, [(self.out_field, config.size + (3,), "uint8")])
             if config.out_field in (None, config.field):
                 self.reads_files = config.field
         else:

@@ -230,7 +230,7 @@ class HostMap(DecodingStage):
             # The seed comes with each task: stages that differ only in it share the workers (`lease`).
             shared = dataclasses.replace(config, seed=None, executor="processes", num_workers=None)
             workers = lease(RecordJob(fn, shared), self.num_workers, "datarax-host-map")
-            self._batches = BatchesAhead(workers, config.outputs, self.batches_in_flight)
+            self._batches = BatchesAhead(workers, config.outputs)
 
     def output_spec(self, input_spec: Spec) -> Spec:
         missing = [f for f in (self.config.fields or ()) if f not in input_spec]

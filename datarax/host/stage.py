@@ -193,13 +193,8 @@ class HostStage(abc.ABC):
         return None if self.stochastic else {}
 
     def ahead(self, batch: dict[str, np.ndarray], ctx: HostContext) -> None:
-        """The input of a batch the stage will be called on after those named before it (file
-        references: see `reads_files`); a stage that works ahead may start on it, the others ignore it."""
-
-    @property
-    def lookahead(self) -> int:
-        """How many batches past the one it is called on next the stage wants named by `ahead`."""
-        return 1
+        """The input of the batch after the one the stage is called on next (file references: see
+        `reads_files`); a stage that works ahead may start on it, the others ignore it."""
 
 
 class DecodingStage(HostStage):
@@ -210,14 +205,6 @@ class DecodingStage(HostStage):
     bad_records: BadRecords
     budget: Any = None
     _batches: Any = None  # in worker processes: the workers' lease and the batches they compute ahead
-    # In worker processes, the batches the workers compute at once: the one read next and the ones
-    # named after it, each in its own shared segment (`BatchesAhead`). `benchmarks/tpu/decode_workers.py
-    # --ahead` measures it; docs/tpu.md.
-    batches_in_flight = 2
-
-    @property
-    def lookahead(self) -> int:
-        return max(1, self._batches.depth - 1) if self._batches is not None else 1
 
     def close(self) -> None:
         """Stops the threads, or gives the worker processes back (the pool's last user stops them),
@@ -400,13 +387,6 @@ class HostStageSource(DataSourceModule):
             if i < len(self.stages) - 1:
                 batch = stage(batch, ctx)
         return out
-
-    @property
-    def lookahead(self) -> int:
-        """Batches past the one read next that `upcoming` should name: as many as the source or the
-        first stage (which decodes referenced files ahead) wants."""
-        first = self.stages[0].lookahead if self._references else 1
-        return max(1, getattr(self.source, "lookahead", 1), first)
 
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
         self.source.upcoming(indices, epoch)

@@ -72,10 +72,6 @@ class ThreadedSource(DataSourceModule):
     def upcoming(self, indices: np.ndarray, epoch: int) -> None:
         self.source.upcoming(indices, epoch)
 
-    @property
-    def lookahead(self) -> int:
-        return getattr(self.source, "lookahead", 1)
-
     def sampler(self) -> Sampler:
         return default_sampler(self.source)
 

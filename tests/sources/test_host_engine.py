@@ -5,7 +5,6 @@ import time
 
 import jax
 import numpy as np
-import pytest
 
 from datarax import Pipeline
 from datarax.core.source import DataSourceModule
@@ -96,39 +95,3 @@ def test_context_manager_closes_the_reader_thread():
         next(it)
         host = it._host
     assert not host.alive
-
-
-class LookingAhead(GatedSource):
-    """Records the reader's calls in order: `upcoming` (the batches named ahead) and `get_batch`."""
-
-    def __init__(self, lookahead):
-        super().__init__()
-        self.events = []
-        self._lookahead = lookahead
-
-    @property
-    def lookahead(self):
-        return self._lookahead
-
-    def upcoming(self, indices, epoch):
-        self.events.append(("named", tuple(np.asarray(indices).tolist())))
-
-    def get_batch(self, indices, out=None):
-        self.events.append(("read", tuple(np.asarray(indices).tolist())))
-        return super().get_batch(indices, out)
-
-
-@pytest.mark.parametrize("lookahead", [1, 3, 20])
-def test_the_reader_names_as_many_batches_ahead_as_the_source_asks_each_once_and_in_order(lookahead):
-    source = LookingAhead(lookahead)
-    pipeline = Pipeline(source, batch_size=4, prefetch=1)
-    it = pipeline.epochs(1)
-    read = [tuple(np.asarray(batch["x"]).tolist()) for batch in it]
-    it.close()
-    assert len(read) == N // 4
-    want = [("named", b) for b in read[1:1 + lookahead]]
-    for k, batch in enumerate(read):
-        want.append(("read", batch))
-        if k + 1 + lookahead < len(read):
-            want.append(("named", read[k + 1 + lookahead]))
-    assert source.events == want
