@@ -106,9 +106,9 @@ def separable_planar(images: jax.Array, rows: jax.Array, cols: jax.Array, kind: 
 def resamples_per_record(shape: tuple[int, ...], height: int, width: int, backend: str | None = None) -> bool:
     """Whether `resized_crop` and `resize` of `(B, H, W, C)` images run the per-record maths under
     `vmap` rather than `separable`'s batch products: on a TPU (`backend`, default JAX's), for
-    images past the interleaved path. 256 to 224 in float32 runs there at 148,504 records/s per
-    record against 116,550 through `separable_planar` (`benchmarks/tpu/rrc_probe.py`, docs/tpu.md);
-    on a CPU the batch products are the faster (813 against 628 records/s on 2 cores)."""
+    images past the interleaved path. A 256 to 224 crop in float32 runs there at 148,591 records/s
+    per record against 116,509 through `separable_planar` (`benchmarks/tpu/rrc_probe.py`,
+    docs/tpu.md); a CPU runs the batch products faster (813 against 628 records/s on 2 cores)."""
     backend = jax.default_backend() if backend is None else backend
     _, _, in_w, channels = shape
     return backend == "tpu" and in_w * channels * width * channels > MAX_INTERLEAVED_COLUMNS
