@@ -62,12 +62,13 @@ def test_a_small_run_reports_each_pair_and_limit_with_its_error():
     assert "fastest" in by[("rrc224", "limit")]["settings"]
 
 
-@pytest.mark.parametrize("only, count", [("HIGH (float32)", 10), ("limit", 2)])
+@pytest.mark.parametrize("only, count", [("HIGH (float32)", 12), ("limit", 2)])
 def test_the_chip_probe_runs_its_variants_small(capsys, only, count):
-    """Each formulation at the policy's float32 precision (and the limit rows): the whole probe, 28
-    variants, ran on the chip at 6d1f759 (benchmarks/results/tpu-v5e.jsonl); all of them small here
-    took 24 s of the suite, so the test runs these."""
-    assert rrc_probe.main(["--small", "--only", only]) == 0
+    """Each formulation at the policy's float32 precision, on records stored as the pipeline stores
+    them and flattened (`--lane-dense`), and the limit rows: the probe ran on the chip at 6d1f759,
+    c7aec5d and aea86f5 (benchmarks/results/tpu-v5e.jsonl); all of its variants small here took
+    24 s of the suite, so the test runs these."""
+    assert rrc_probe.main(["--small", "--lane-dense", "--only", only]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     variants = [line for line in lines if line["probe"] == "rrc224" and line["variant"] != "setup"]
     assert len(variants) == count and lines[-1]["probe"] == "done"
