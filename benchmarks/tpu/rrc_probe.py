@@ -3,18 +3,22 @@
     python benchmarks/tpu/rrc_probe.py            (on the chip: about 3 minutes, compiles included)
     JAX_PLATFORMS=cpu python benchmarks/tpu/rrc_probe.py --small     (a smoke run: small shapes, no rows kept)
 
-The work is `rrc224`'s (benchmarks/scenarios/rrc224.py): 2,048 uint8 records on the device, batch
-128, each program gathering `PER_PROGRAM` batches, drawing each record's box from its key and
-writing the float crops, as the pipeline's programs do. Each formulation computes
+The work is `rrc224`'s (benchmarks/scenarios/rrc224.py): 2,048 uint8 records on the device, stored
+as the pipeline stores them, `(N, H, W, C)` (`--lane-dense` adds the formulations on flattened
+records), batch 128, each program gathering `PER_PROGRAM` batches, drawing each record's box from
+its key and writing the float crops, as the pipeline's programs do. Each formulation computes
 `out[b] = rows[b] @ image[b] @ cols[b].T` per channel, with the resampling weights of
 `geometry.resample_weights`, in one layout and at one precision:
 
-    per-record   `einsum("ah,hwc,bw->abc")` under `vmap` (the per-record maths)
+    per-record   `einsum("ah,hwc,bw->abc")` under `vmap` (the per-record maths; at `DEFAULT`,
+                 `HIGH` and `HIGHEST`: one, three and six bfloat16 passes)
+    rows first, cols first
+                 the same under `vmap`, its two products in a fixed order
     hwc          two batched einsums on (B, H, W, C), layouts left to XLA
     chw          channels moved to the front, (B, C, H, W), and back
     planar       each row's channels side by side, (B, H, C * W), and back (`batched.separable_planar`)
     interleaved  channels interleaved on the lanes, (B, H, W * C), the column matrix repeated per
-                 channel (`batched.separable` for small images)
+                 channel (`batched.separable` for small images; `--lane-dense` only)
     planar, planar in and out
                  records stored and written planar: what the two channel moves cost
     datarax      `batched.resized_crop` / `batched.resize` as the operators run them
