@@ -67,7 +67,10 @@ def train_marglik(run_dir, data: dict, seed: int, cfg: dict, *, start: float, af
     net = ConvNet(1, num_classes, widths=cfg["widths"], image_size=(size, size), hidden=cfg["hidden"], seed=seed)
     model = InvariantModel(net, pipeline, copies=settings["copies"], prior_precision=settings["prior_precision"],
                            prior=settings.get("prior", "layerwise"), copies_per_call=settings.get("copies_per_call"))
-    marglik = MarginalLikelihood(model, pipeline, MarginalLikelihoodConfig(**settings["config"], seed=seed))
+    config = dict(settings["config"])
+    if affine and "affine_warmup" in settings:  # the joint widths keep their own ramp (docs/recipes.md)
+        config["warmup"] = settings["affine_warmup"]
+    marglik = MarginalLikelihood(model, pipeline, MarginalLikelihoodConfig(**config, seed=seed))
     _, run = common.train_run(run_dir, model, optimizer, pipeline.raw_loader(), with_prior(invariant_loss),
                               steps=cfg["steps"], metrics={"accuracy": accuracy_metric}, label=label,
                               log_every=cfg["steps"], callbacks=[marglik, *callbacks], checkpoint=False,
