@@ -213,14 +213,19 @@ class Floor:
         self.pool.shutdown()
 
 
+def boxed(turbo: TurboDecoder, data: bytes, seed: int, epoch: int, record: int) -> tuple:
+    """`(header, (top, left, h, w))`: a file's header and its record's random-resized box (the
+    draws `DecodeImage` makes for seed 0; tested)."""
+    header = turbo.header(data)
+    return header, random_resized_box(header[0], header[1], JPEG_SCALE, JPEG_RATIO,
+                                      record_generator(seed, 0, epoch, record))
+
+
 def read_boxed(turbo: TurboDecoder, path: str, seed: int, epoch: int, record: int) -> tuple:
-    """`(bytes, header, (top, left, h, w))`: a file, its header and its record's random-resized box
-    (the draws `DecodeImage` makes for seed 0; tested)."""
+    """`(bytes, header, box)`: a file read, with `boxed`'s header and box."""
     with open(path, "rb") as f:
         data = f.read()
-    header = turbo.header(data)
-    return data, header, random_resized_box(header[0], header[1], JPEG_SCALE, JPEG_RATIO,
-                                            record_generator(seed, 0, epoch, record))
+    return (data, *boxed(turbo, data, seed, epoch, record))
 
 
 def decode_at_dct_scale(turbo: TurboDecoder, data: bytes, header, box_h: int, box_w: int) -> None:
@@ -230,20 +235,25 @@ def decode_at_dct_scale(turbo: TurboDecoder, data: bytes, header, box_h: int, bo
 
 def limit_decode(turbo: TurboDecoder, data: bytes, seed: int, epoch: int, record: int) -> None:
     """`decode_limit`'s work on one file's bytes: header, the record's box, decode at its DCT scale."""
-    header = turbo.header(data)
-    _, _, h, w = random_resized_box(header[0], header[1], JPEG_SCALE, JPEG_RATIO,
-                                    record_generator(seed, 0, epoch, record))
+    header, (_, _, h, w) = boxed(turbo, data, seed, epoch, record)
     decode_at_dct_scale(turbo, data, header, h, w)
 
 
 _WORKER_TURBO: list[TurboDecoder] = []
 
 
-def decode_only_chunk(task: tuple[list[str], list[int], int, int]) -> int:
-    """`decode_limit[processes]`'s work in one worker: read, header, box and DCT-scale decode."""
+def worker_turbo() -> TurboDecoder:
+    """This worker process's decoder, made on its first chunk; OpenCV on one thread, one core a
+    worker, as in DecodeImage's own workers."""
     if not _WORKER_TURBO:
         _WORKER_TURBO.append(TurboDecoder())
-    turbo = _WORKER_TURBO[0]
+        _WORKER_TURBO[0].cv2.setNumThreads(1)
+    return _WORKER_TURBO[0]
+
+
+def decode_only_chunk(task: tuple[list[str], list[int], int, int]) -> int:
+    """`decode_limit[processes]`'s work in one worker: read, header, box and DCT-scale decode."""
+    turbo = worker_turbo()
     paths, records, epoch, seed = task
     for path, record in zip(paths, records):
         with open(path, "rb") as f:
@@ -254,10 +264,7 @@ def decode_only_chunk(task: tuple[list[str], list[int], int, int]) -> int:
 def record_chunk(task: tuple[list[str], list[int], int, int]) -> int:
     """`ceiling[processes]`'s work in one worker: each record read, boxed and decoded into a row
     exactly as `DecodeImage` does (the floor's own step), one after another."""
-    if not _WORKER_TURBO:
-        _WORKER_TURBO.append(TurboDecoder())
-        _WORKER_TURBO[0].cv2.setNumThreads(1)  # one core a worker, as DecodeImage's own workers
-    turbo = _WORKER_TURBO[0]
+    turbo = worker_turbo()
     paths, records, epoch, seed = task
     out = np.empty((JPEG_SIZE, JPEG_SIZE, 3), np.uint8)
     for path, record in zip(paths, records):
