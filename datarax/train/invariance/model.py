@@ -137,6 +137,13 @@ class InvariantModel(nnx.Module):
         `copies_per_call` overrides the model's for this call (the hyper-step runs all copies in
         one call: its Jacobian passes were slower in pieces).
         """
+        return self.copy_outputs(batch, through_augmentation=through_augmentation,
+                                 copies_per_call=copies_per_call).mean(axis=0)
+
+    def copy_outputs(self, batch: Mapping[str, jax.Array], *, through_augmentation: bool = False,
+                     copies_per_call: int | None = None) -> jax.Array:
+        """Every copy's outputs `(S, B, ...)` before the average (`outputs` is their mean over axis 0):
+        for a loss on each copy, e.g. the copies' mean cross-entropy, as data augmentation trains."""
         missing = [k for k in (RECORD_IDS, EPOCH) if k not in batch]
         if missing:
             raise KeyError(f"InvariantModel takes an untransformed batch from pipeline.raw_loader(), with the record "
@@ -161,7 +168,7 @@ class InvariantModel(nnx.Module):
             out = self.model(x)
         else:  # unrolled calls of copies_per_call copies each (the last may hold fewer)
             out = jnp.concatenate([self.model(x[i:i + rows]) for i in range(0, x.shape[0], rows)])
-        return out.reshape(copies, size, *out.shape[1:]).mean(axis=0)
+        return out.reshape(copies, size, *out.shape[1:])
 
     @property
     def prior_precision(self) -> jax.Array:

@@ -1,5 +1,5 @@
-"""`InvariantModel`: copies keyed by record identity, S = 1 as the pipeline itself, where gradients reach,
-the prior penalty, and its refusals."""
+"""`InvariantModel`: copies keyed by record identity (each copy's outputs and their average), S = 1 as the
+pipeline itself, where gradients reach, the prior penalty, and its refusals."""
 
 import jax
 import jax.numpy as jnp
@@ -57,12 +57,17 @@ def test_copy_s_of_record_i_is_drawn_as_record_i_times_s_plus_s_whatever_the_bat
             element = stage(element, ctx)
         return element.data["image"].reshape(-1)
 
+    each = nnx.jit(lambda model, batch: model.copy_outputs(batch))
     for ids, epoch in (([0, 1, 2, 3], 0), ([3, 0, 9], 0), ([3, 0, 9], 2)):
         out = np.asarray(outputs(model, raw(data, ids, epoch)))
+        per_copy = np.asarray(each(model, raw(data, ids, epoch)))
+        assert per_copy.shape == (COPIES, len(ids), 25)
         for row, i in enumerate(ids):
             copies = [by_hand(jnp.asarray(data["image"][i]), jnp.int32(i * COPIES + s), jnp.int32(epoch))
                       for s in range(COPIES)]
             np.testing.assert_allclose(out[row], np.mean(copies, axis=0), rtol=1e-5, atol=1e-6)
+            for s in range(COPIES):  # copy_outputs: each copy before the average
+                np.testing.assert_allclose(per_copy[s, row], copies[s], rtol=1e-5, atol=1e-6)
 
 
 def test_one_copy_is_the_pipeline_itself():
