@@ -7,10 +7,7 @@ prior's penalty, `with_prior`) by `Trainer`; every `every` steps from `burn_in` 
 `MarginalLikelihood` moves the rotation's half-width (a `"triangle"` magnitude: it can start at 0,
 and Adam moves it as fast near 180 as near 0) and the layerwise prior precision along the
 gradient of the model's Laplace evidence. No validation data, no regulariser weight, one run per
-start. Two settings (absent: the defaults) were tried and not taken (the `MARGLIK` comment of
-`recipes.learned_augmentation`): `loss: "copies"` trains on each copy's cross-entropy instead of
-the averaged logits', and `train_prior: false` leaves the prior's penalty out of the training loss
-(the network then trains with the grid's AdamW).
+start.
 
 `marglik_affine`: one run learning rotation, translation and scale widths jointly (an
 `AffineOperator` with those three learnable, all from 0): do the widths the data does not call
@@ -22,7 +19,6 @@ copies drawn by the learned widths (`accuracy`), as for the grid's chosen range.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -42,13 +38,6 @@ def invariant_loss(model: InvariantModel, batch: dict):
     """Cross-entropy of the invariant model's averaged logits; aux: the logits."""
     logits = model(batch)
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean(), logits
-
-
-def copies_loss(model: InvariantModel, batch: dict):
-    """The mean cross-entropy of the copies (each copy's logits scored on its own); aux: the averaged logits."""
-    logits = model.copy_outputs(batch)
-    labels = jnp.broadcast_to(batch["label"], logits.shape[:2])
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), logits.mean(axis=0)
 
 
 def accuracy_metric(batch: dict, logits):
@@ -82,10 +71,7 @@ def train_marglik(run_dir, data: dict, seed: int, cfg: dict, *, start: float, af
     if affine and "affine_warmup" in settings:  # the joint widths keep their own ramp (docs/recipes.md)
         config["warmup"] = settings["affine_warmup"]
     marglik = MarginalLikelihood(model, pipeline, MarginalLikelihoodConfig(**config, seed=seed))
-    loss = {"invariant": invariant_loss, "copies": copies_loss}[settings.get("loss", "invariant")]
-    if settings.get("train_prior", True):
-        loss = with_prior(loss)
-    _, run = common.train_run(run_dir, model, optimizer, pipeline.raw_loader(), loss,
+    _, run = common.train_run(run_dir, model, optimizer, pipeline.raw_loader(), with_prior(invariant_loss),
                               steps=cfg["steps"], metrics={"accuracy": accuracy_metric}, label=label,
                               log_every=cfg["steps"], callbacks=[marglik, *callbacks], checkpoint=False,
                               goodput_plot=False)

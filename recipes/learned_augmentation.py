@@ -163,10 +163,11 @@ START_ARMS = ("learned", "hypergrad", "marglik")  # one run per start
 # T=0 from 170 seed 1 0.9 (17). The weights no longer fit the digits at a width held small by the ramp. Taken, and
 # studied on five seeds (docs/recipes.md); the ramp changes no computation, so the cost is as before.
 # What the invariant model's training loss costs it (T=90 seed 0, widths from 0 / 170, validation TTA; the grid's
-# range chosen on validation, r=120, gives 0.903 with TTA, r=60 0.913): these settings 55 (0.877); the prior's
-# penalty left out of the training loss and AdamW as the grid trains (`train_prior: false`) 79 / 65 (0.891 / 0.887),
-# but seed 1 from 0 ended at 24 (0.876); each copy scored on its own (`loss: "copies"`, the mean cross-entropy of
-# the copies, as augmentation trains) without the penalty 64 / 154 (0.913 / 0.928), with it 66 / 178 (0.891 /
+# range chosen on validation, r=120, gives 0.903 with TTA, r=60 0.913; the settings `train_prior` and `loss` of
+# `recipes.invariance` at f4d74ac): these settings 55 (0.877); the prior's penalty left out of the training loss and
+# AdamW as the grid trains (`train_prior: false`) 79 / 65 (0.891 / 0.887), but seed 1 from 0 ended at 24 (0.876);
+# each copy scored on its own (`loss: "copies"`, the mean cross-entropy of the copies, as augmentation trains,
+# through `InvariantModel.copy_outputs`) without the penalty 64 / 154 (0.913 / 0.928), with it 66 / 178 (0.891 /
 # 0.855). Training each copy on its own reaches the grid's accuracy, but the width from 170 then stays wide: a
 # network trained on every copy is invariant at any width, so the evidence no longer narrows it. Not taken.
 MARGLIK = {"copies": 8, "copies_per_call": 1, "prior_precision": 1.0, "parameterisation": "triangle",
@@ -432,9 +433,8 @@ def train_marglik_run(run_dir, data: dict, hidden_range: float, seed: int, cfg: 
     label = f"[T={hidden_range:g} seed {seed} {tag}] "
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
     # Adam without decoupled weight decay: the prior's penalty (with the learned precision) is the decay here.
-    train_optimizer = optax.adam(schedule) if cfg["marglik"].get("train_prior", True) else optimizer(cfg, False)
     net, widths, marglik, run = train_marglik(run_dir, data, seed, cfg, start=0.0 if affine else start, affine=affine,
-                                              label=label, callbacks=[timer], optimizer=train_optimizer,
+                                              label=label, callbacks=[timer], optimizer=optax.adam(schedule),
                                               num_classes=NUM_CLASSES)
     val_accuracy, val_eval_s = timed_accuracy(net, data["val"])
     degrees = widths["degrees"]
