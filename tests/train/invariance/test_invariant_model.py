@@ -66,8 +66,9 @@ def test_copy_s_of_record_i_is_drawn_as_record_i_times_s_plus_s_whatever_the_bat
             copies = [by_hand(jnp.asarray(data["image"][i]), jnp.int32(i * COPIES + s), jnp.int32(epoch))
                       for s in range(COPIES)]
             np.testing.assert_allclose(out[row], np.mean(copies, axis=0), rtol=1e-5, atol=1e-6)
-            for s in range(COPIES):  # copy_outputs: each copy before the average
-                np.testing.assert_allclose(per_copy[s, row], copies[s], rtol=1e-5, atol=1e-6)
+            for s in range(COPIES):  # copy_outputs: each copy before the average (a TPU rounds one copy's
+                # bilinear sums otherwise than the by-hand program by up to 1e-5: RTOL there)
+                np.testing.assert_allclose(per_copy[s, row], copies[s], rtol=max(RTOL, 1e-5), atol=max(RTOL, 1e-6))
 
 
 def test_one_copy_is_the_pipeline_itself():
