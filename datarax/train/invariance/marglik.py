@@ -320,11 +320,13 @@ class MarginalLikelihood(Callback):
         batch = self.draw(epoch)
         graphdef, theta, magnitudes, prior, rest = nnx.split(self.model, model_params, learned_magnitudes,
                                                              PriorPrecision, ...)
-        # The optimiser's fresh state (uncommitted arrays) on the prior's device(s), as every later state is (the
-        # step's outputs): otherwise the second hyper-step compiles the same program again (2.5 s in the recipe).
+        # The hyperparameters and the optimiser's state placed as the step's outputs will be (on the prior's
+        # device(s)): uncommitted arrays in the first call (a fresh optimiser state, or a model no step has run)
+        # would make the second hyper-step compile the same program again (2.5 s in the recipe).
         placement = jax.tree.leaves(prior)[0].sharding
-        opt_state = jax.tree.map(lambda x: x if getattr(x, "committed", True) else jax.device_put(x, placement),
-                                 self.opt_state)
+        magnitudes, prior, opt_state = jax.tree.map(
+            lambda x: x if getattr(x, "committed", True) else jax.device_put(x, placement),
+            (magnitudes, prior, self.opt_state))
         jax.block_until_ready(theta)  # the training steps queued before it are not the hyper-step's time
         began = time.perf_counter()
         magnitudes, prior, opt_state, parts = self._step(graphdef, theta, magnitudes, prior, rest, opt_state, batch)

@@ -262,6 +262,7 @@ def test_the_prior_precision_is_recovered_on_bayesian_linear_regression():
         linear.bias[...] = jnp.asarray(theta[d], jnp.float32)
         marglik.hyper_step(epoch=0)
     np.testing.assert_allclose(float(model.log_prior_precision[...]), best, atol=0.02)
+    assert marglik._step._cache_size() == 1  # one program for all 60 (the first call's state placed as later ones)
     # At the optimum the estimate is the exact evidence (the Laplace approximation is exact here).
     theta = map_weights(float(model.prior_precision))
     linear.kernel[...] = jnp.asarray(theta[:d], jnp.float32)
