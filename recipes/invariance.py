@@ -6,8 +6,10 @@ averaged over `copies` rotated copies of each digit, drawn by the pipeline's own
 prior's penalty, `with_prior`) by `Trainer`; every `every` steps from `burn_in` on,
 `MarginalLikelihood` moves the rotation's half-width (a `"triangle"` magnitude: it can start at 0,
 and Adam moves it as fast near 180 as near 0) and the layerwise prior precision along the
-gradient of the model's Laplace evidence. No validation data, no regulariser weight, one run per
-start.
+gradient of the model's Laplace evidence, until step `until` (two thirds of the steps); from then
+on the widths and prior stay fixed, and the network trains on each copy's cross-entropy without
+the prior's penalty (`InvariantModel.settled`). No validation data, no regulariser weight, one run
+per start.
 
 `marglik_affine`: one run learning rotation, translation and scale widths jointly (an
 `AffineOperator` with those three learnable, all from 0): do the widths the data does not call
@@ -19,6 +21,8 @@ copies drawn by the learned widths (`accuracy`), as for the grid's chosen range.
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -35,9 +39,16 @@ AFFINE_WIDTHS = {"degrees": 180.0, "translate": 1.0, "scale": 0.9}
 
 
 def invariant_loss(model: InvariantModel, batch: dict):
-    """Cross-entropy of the invariant model's averaged logits; aux: the logits."""
-    logits = model(batch)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean(), logits
+    """Cross-entropy of the invariant model's averaged logits while the marginal likelihood moves the
+    widths; once the model is settled (`until`), the mean cross-entropy of the copies, each scored on
+    its own as augmentation trains. aux: the averaged logits."""
+    logits = model.copy_outputs(batch)
+    averaged = logits.mean(axis=0)
+    invariant = optax.softmax_cross_entropy_with_integer_labels(averaged, batch["label"]).mean()
+    labels = jnp.broadcast_to(batch["label"], logits.shape[:2])
+    copies = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    settled = jax.lax.stop_gradient(model.settled[...])
+    return (1.0 - settled) * invariant + settled * copies, averaged
 
 
 def accuracy_metric(batch: dict, logits):
@@ -68,8 +79,10 @@ def train_marglik(run_dir, data: dict, seed: int, cfg: dict, *, start: float, af
     model = InvariantModel(net, pipeline, copies=settings["copies"], prior_precision=settings["prior_precision"],
                            prior=settings.get("prior", "layerwise"), copies_per_call=settings.get("copies_per_call"))
     config = dict(settings["config"])
-    if affine and "affine_warmup" in settings:  # the joint widths keep their own ramp (docs/recipes.md)
-        config["warmup"] = settings["affine_warmup"]
+    if settings.get("settle") is not None:  # the last hyper-step's training step, as a share of the steps
+        config["until"] = max(config["burn_in"], round(cfg["steps"] * settings["settle"]))
+    if affine:  # the joint widths keep their own ramp and hyper-steps to the end (docs/recipes.md)
+        config.update(warmup=settings.get("affine_warmup", config["warmup"]), until=settings.get("affine_until"))
     marglik = MarginalLikelihood(model, pipeline, MarginalLikelihoodConfig(**config, seed=seed))
     _, run = common.train_run(run_dir, model, optimizer, pipeline.raw_loader(), with_prior(invariant_loss),
                               steps=cfg["steps"], metrics={"accuracy": accuracy_metric}, label=label,

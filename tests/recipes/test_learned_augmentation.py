@@ -75,9 +75,14 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
         # The marginal-likelihood arms: one run each, charged their steps, hyper-steps and the hyper-step's
         # compilation; their widths and prior precision reported; the joint arm's three widths inside their ranges.
         marglik = config["marglik"]["config"]
-        expected_hyper = len(range(marglik["burn_in"], config["steps"] + 1, marglik["every"]))
+        # The rotation arm's hyper-steps end at `settle` of the steps (then each copy trains on its own); the joint
+        # arm's run to the end.
+        until = round(config["steps"] * config["marglik"]["settle"])
+        expected_hyper = {name: len(range(marglik["burn_in"], until + 1, marglik["every"])) for name in starts}
+        expected_hyper["affine"] = len(range(marglik["burn_in"], config["steps"] + 1, marglik["every"]))
         for name in [f"marglik_{s}" for s in starts] + ["marglik_affine"]:
-            assert row["steps"][name] == config["steps"] and row["hyper_steps"][name]["count"] == expected_hyper
+            assert row["steps"][name] == config["steps"]
+            assert row["hyper_steps"][name]["count"] == expected_hyper[name.removeprefix("marglik_")]
             assert row["prior_precision"][name]["mean"] > 0
             assert f"{name.replace('marglik', 'marglik_tta')}-grid_tta" in row["paired"] or name == "marglik_affine"
             for seed in config["seeds"]:
@@ -113,12 +118,16 @@ def test_quick_run_reports_the_table_over_hidden_ranges_and_methods(tmp_path):
     refits = sum(1 for r in runs if r["method"] == "grid" and r["degrees"] not in (*config["grid"], r["T"]))
     assert refits <= len(ranges) * len(config["seeds"]) * len(starts)  # a width on a grid point reuses that run
     assert len(runs) == len(ranges) * len(config["seeds"]) * per_seed + refits
+    until = round(config["steps"] * config["marglik"]["settle"])
     for s in starts:
         for arm in ("learned", "hypergrad", "marglik"):
             history = result["histories"][f"{ranges[0]}/{arm}_{s}"]
             first = config["marglik"]["config"]["burn_in"] if arm == "marglik" else (0, 1)
             assert history[0]["step"] in (first if arm != "marglik" else (first,))
-            assert history[-1]["step"] == config["steps"]
+            # the marglik width's last move is its last hyper-step (at or before `settle` of the steps)
+            every = config["marglik"]["config"]["every"]
+            last = config["steps"] if arm != "marglik" else max(range(first, until + 1, every))
+            assert history[-1]["step"] == last
     assert all("test_accuracy_tta" not in r for r in runs if r["method"].startswith("affine"))
     assert_plot(result)
     for text in ("affine_wide half-widths", "paired differences", "hypergrad_s", "target <= 0.3", "marglik at T=90",

@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -50,6 +51,10 @@ class MarginalLikelihoodConfig:
     Attributes:
         every: training steps between hyper-step occasions (M).
         burn_in: no hyper-step before this training step (the weights should fit first).
+        until: no hyper-step after this training step (None: to the end of training). From the
+            first step past it the widths and prior stay where they are and the model is
+            `settled` (`InvariantModel.settled`): `with_prior` stops adding the prior's penalty, and
+            a loss may train each copy on its own.
         warmup: hyper-steps over which both Adam rates ramp linearly up to their values (the k-th,
             counting from 1, at k / warmup of them; 0: full rates from the first). While the weights
             fit nothing yet, the data cannot tell the widths apart and the Occam term alone widens
@@ -79,6 +84,7 @@ class MarginalLikelihoodConfig:
 
     every: int = 10
     burn_in: int = 100
+    until: int | None = None
     warmup: int = 0
     hyper_steps: int = 1
     learning_rate: float = 0.05
@@ -98,6 +104,9 @@ class MarginalLikelihoodConfig:
         name = type(self).__name__
         check_int(self.every, f"{name}.every", 1)
         check_int(self.burn_in, f"{name}.burn_in", 0)
+        if self.until is not None:
+            check_int(self.until, f"{name}.until", self.burn_in,
+                      why=f" (the last step a hyper-step runs at, at least burn_in={self.burn_in}; None: to the end)")
         check_int(self.warmup, f"{name}.warmup", 0)
         check_int(self.hyper_steps, f"{name}.hyper_steps", 1)
         check_number(self.learning_rate, f"{name}.learning_rate", 0.0, open_low=True)
@@ -349,11 +358,14 @@ class MarginalLikelihood(Callback):
         self.schedule.reset(trainer.step)
 
     def on_step_end(self, trainer: Trainer, logs: StepLogs) -> None:
-        if not self.schedule.due(logs.step) or logs.step < self.config.burn_in:
-            return
-        for _ in range(self.config.hyper_steps):
-            out = self.hyper_step(logs.epoch)
-        self.history.append({"step": logs.step, **out, **self.model.widths()})
+        until = self.config.until
+        past = until is not None and logs.step > until  # several steps a call can step past `until`
+        if not past and self.schedule.due(logs.step) and logs.step >= self.config.burn_in:
+            for _ in range(self.config.hyper_steps):
+                out = self.hyper_step(logs.epoch)
+            self.history.append({"step": logs.step, **out, **self.model.widths()})
+        if until is not None and logs.step >= until and not float(self.model.settled[...]):
+            self.model.settled[...] = jnp.ones((), jnp.float32)  # every later training step sees it
 
     def median_s(self, skip: int = 1) -> float:
         """Median wall time of a hyper-step, the first `skip` (compilation) left out."""

@@ -45,6 +45,12 @@ class PriorPrecision(nnx.Variable):
     the training loss (the marginal likelihood's hyper-step updates it)."""
 
 
+class Settled(nnx.Variable):
+    """1.0 once `MarginalLikelihood` has run its last hyper-step (`MarginalLikelihoodConfig.until`),
+    else 0.0: the widths and prior are fixed from then on. `with_prior` stops adding the prior's
+    penalty, and a loss may read it to train each copy on its own (`InvariantModel.copy_outputs`)."""
+
+
 def model_params(path: tuple, value: Any) -> bool:
     """Filter of the parameters the training loss trains: the `nnx.Param`s of the inner model."""
     return isinstance(value, nnx.Param) and path[:1] == ("model",)
@@ -123,6 +129,7 @@ class InvariantModel(nnx.Module):
         tensors = len(jax.tree.leaves(nnx.state(model, nnx.Param)))
         shape = (tensors,) if prior == "layerwise" else ()
         self.log_prior_precision = PriorPrecision(jnp.full(shape, jnp.log(prior_precision), jnp.float32))
+        self.settled = Settled(jnp.zeros((), jnp.float32))
 
     def __call__(self, batch: Mapping[str, jax.Array]) -> jax.Array:
         """The averaged outputs of an untransformed batch; the stages' magnitudes get no gradient."""
@@ -177,7 +184,8 @@ class InvariantModel(nnx.Module):
 
     def prior_penalty(self) -> jax.Array:
         """`theta' D theta / (2 N)`: the Gaussian prior's share per training record, added to a mean loss
-        (`with_prior`), so training finds the MAP the Laplace approximation is taken at."""
+        (`with_prior`, until the model is `settled`), so training finds the MAP the Laplace
+        approximation is taken at."""
         theta = jax.tree.leaves(nnx.state(self, model_params))
         deltas = jnp.broadcast_to(jax.lax.stop_gradient(self.prior_precision), (len(theta),))
         square = sum(deltas[i] * jnp.sum(jnp.square(p)) for i, p in enumerate(theta))
@@ -197,7 +205,10 @@ class InvariantModel(nnx.Module):
 
 
 def with_prior(loss_fn: Callable) -> Callable:
-    """`loss_fn` plus the model's `InvariantModel.prior_penalty()`: the MAP objective of a mean loss.
+    """`loss_fn` plus the model's `InvariantModel.prior_penalty()`: the MAP objective of a mean loss,
+    while the marginal likelihood still moves the hyperparameters. Once the model is settled
+    (`MarginalLikelihoodConfig.until`) the penalty is no longer added: the Laplace approximation is
+    not taken again, and the network trains on the loss alone.
 
     A `loss_fn(model, batch, mask)` keeps its `mask` argument (`datarax.train.loop.masking`).
     """
@@ -224,6 +235,7 @@ def _add(out: Any, model: Any) -> Any:
     if not isinstance(model, InvariantModel):
         raise TypeError(f"with_prior: the loss's model must be an InvariantModel (it holds the prior precision), "
                         f"got {describe_value(model)}")
+    penalty = model.prior_penalty() * (1.0 - jax.lax.stop_gradient(model.settled[...]))
     if isinstance(out, tuple):
-        return (out[0] + model.prior_penalty(), *out[1:])
-    return out + model.prior_penalty()
+        return (out[0] + penalty, *out[1:])
+    return out + penalty

@@ -146,6 +146,9 @@ def test_the_prior_penalty_is_the_prior_per_training_record(prior):
         return jnp.float32(1.5)
 
     np.testing.assert_allclose(float(with_prior(loss)(model, raw(data, [0], 0))), 1.5 + expected, rtol=RTOL)
+    model.settled[...] = jnp.ones(())  # once the marginal likelihood is done (`until`), the loss alone
+    assert float(with_prior(loss)(model, raw(data, [0], 0))) == 1.5
+    np.testing.assert_allclose(float(model.prior_penalty()), expected, rtol=RTOL)  # the prior itself unchanged
 
 
 def test_refusals_name_the_argument_and_the_fix():

@@ -141,18 +141,21 @@ def test_optimizers_that_would_move_the_magnitudes_are_refused():
 
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     def fit(directory, steps):
-        model, pipeline, marglik = setup(True, 0.0, every=3, burn_in=3, records=8, subset_size=8, warmup=2)
+        model, pipeline, marglik = setup(True, 0.0, every=3, burn_in=3, until=9, records=8, subset_size=8,
+                                         warmup=2)
         callbacks = [marglik, CheckpointCallback(directory, every_steps=6, asynchronous=False)]
         with Trainer(model, optax.adam(1e-2), pipeline.raw_loader(), with_prior(loss_fn),
                      callbacks=callbacks) as trainer:
             trainer.fit(steps)
         return model, marglik
 
-    whole, whole_marglik = fit(tmp_path / "whole", 9)
+    whole, whole_marglik = fit(tmp_path / "whole", 12)
     fit(tmp_path / "split", 6)  # saved at step 6, its hyper-step of step 6 included
-    resumed, resumed_marglik = fit(tmp_path / "split", 9)
-    assert resumed_marglik.count == whole_marglik.count == 3  # hyper-steps at 3, 6 and 9
+    assert float(fit(tmp_path / "other", 8)[0].settled[...]) == 0.0  # not before `until`
+    resumed, resumed_marglik = fit(tmp_path / "split", 12)
+    assert resumed_marglik.count == whole_marglik.count == 3  # hyper-steps at 3, 6 and 9 (until), none at 12
     assert resumed_marglik.history == whole_marglik.history
+    assert float(resumed.settled[...]) == float(whole.settled[...]) == 1.0  # settled from step 9 on
     for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(whole)), nnx.to_flat_state(nnx.state(resumed))):
         assert np.array_equal(np.asarray(a), np.asarray(b)), path
 
@@ -200,6 +203,7 @@ def test_grouped_draws_fill_each_block_from_one_class_in_a_random_class_order():
     ({"grouped": True, "likelihood": "gaussian"}, "grouped=True groups records by class"),
     ({"grouped": 1}, "grouped"),
     ({"warmup": -1}, "warmup must be an int >= 0"),
+    ({"burn_in": 20, "until": 10}, "until must be an int >= 20 (the last step a hyper-step runs at"),
 ])
 def test_bad_settings_name_the_field(settings, words):
     with pytest.raises((TypeError, ValueError), match=words.replace("(", r"\(").replace(")", r"\)")):
