@@ -101,3 +101,19 @@ class BatchPlacement:
         """Turns the output spec of this process's share into the global batch's spec."""
         return jax.tree.map(lambda s: jax.ShapeDtypeStruct((self.batch_size,) + tuple(s.shape[1:]), s.dtype,
                                                            sharding=self.global_sharding), local_spec)
+
+
+def committed_together(values: list) -> list:
+    """`values` with every uncommitted array committed: to the one device the committed ones are on,
+    or where it is when none is committed.
+
+    Arrays committed to one device (restored weights) beside uncommitted ones (a fresh optimizer
+    state) give committed outputs, and a fresh model's arrays are uncommitted where a restored one's
+    are not: each mix is another set of input shardings, and a step would compile again for it.
+    Values committed across several devices (a mesh) are returned as they are.
+    """
+    placed = {d for v in values if getattr(v, "committed", False) for d in v.sharding.device_set}
+    if len(placed) > 1:
+        return list(values)
+    device = placed.pop() if placed else None
+    return [v if getattr(v, "committed", True) else jax.device_put(v, device or v.sharding) for v in values]

@@ -18,6 +18,7 @@ from datarax.batching import batch_at
 from datarax.core.checks import check_bool, check_int
 from datarax.pipeline.pipeline import Pipeline
 from datarax.pipeline.replay import ReplayedBatch, check_replayable, draw_keys, stage_draws
+from datarax.sharding.placement import committed_together
 from datarax.train.callbacks.base import Callback, CallbackList, CheckpointInfo, Schedule, StepLogs
 from datarax.train.checkpointing.checkpointer import Checkpointer, RestoredCheckpoint
 from datarax.train.checkpointing.run_config import flat_config, optimizer_fingerprint
@@ -73,22 +74,6 @@ class FitResult:
     metrics: dict[str, float]
     eval_metrics: dict[str, float]
     resumed_from: int | None = None
-
-
-def committed_together(values: list) -> list:
-    """`values` with every uncommitted array committed: to the one device the committed ones are on,
-    or where it is when none is committed.
-
-    Arrays committed to one device (restored weights) beside uncommitted ones (a fresh optimizer
-    state) give committed outputs, and a fresh model's arrays are uncommitted where a restored one's
-    are not: each mix is another set of input shardings, and a step would compile again for it.
-    Values committed across several devices (a mesh) are returned as they are.
-    """
-    placed = {d for v in values if getattr(v, "committed", False) for d in v.sharding.device_set}
-    if len(placed) > 1:
-        return list(values)
-    device = placed.pop() if placed else None
-    return [v if getattr(v, "committed", True) else jax.device_put(v, device or v.sharding) for v in values]
 
 
 class Trainer:
