@@ -30,7 +30,8 @@ budget on a small CPU). The methods never see T:
 * marglik: the classifier as an invariant model (its logits averaged over rotated copies drawn by
   the pipeline's own operator), its rotation width and prior precision learned by the training
   kit's marginal likelihood (`recipes.invariance`, `datarax.train.invariance`; no validation data,
-  no regulariser weight, one run per start; the width can start at 0).
+  no regulariser weight, one run per start; the width can start at 0) for two thirds of the steps;
+  then, the width and prior fixed, each copy trains on its own (`MARGLIK["settle"]`).
 * marglik_refit: the marglik run's width used the usual way: one grid-style training (plain
   augmentation, a single network) at the width a marglik run learned, rounded to 0.1 degree; its
   cost is the marglik run plus this training. The invariant model itself is the marglik row.
