@@ -403,8 +403,16 @@ def with_k(options: dict, k: int) -> dict:
     return {**options, "trainer_kwargs": {**options.get("trainer_kwargs", {}), "steps_per_execution": k}}
 
 
+# XLA does not promise to compile a step inside the loop as it compiles it alone (docs/trainers.md): on a TPU
+# v5e, float16 with loss scaling differs after 18 steps (loss 0.2551 against 0.2549; at 3eab970 and 2ce9ccf),
+# every other option is bitwise equal there.
+TPU_DIFFERS = pytest.mark.xfail(jax.default_backend() == "tpu", strict=True,
+                                reason="float16 steps in the loop round otherwise than alone on a TPU v5e")
+
+
 @pytest.mark.filterwarnings("ignore::datarax.train.ShortFinalBatchWarning")
-@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+@pytest.mark.parametrize("options", [pytest.param(v, marks=TPU_DIFFERS) if k == "f16" else v
+                                     for k, v in OPTIONS.items()], ids=OPTIONS.keys())
 def test_steps_per_execution_trains_bitwise_like_single_steps(options):
     """18 steps: four calls of 4 and the last 2 as single steps (with short batches: every call that
     holds an epoch's short final batch runs its steps singly)."""
