@@ -197,6 +197,7 @@ class MarginalLikelihood(Callback):
         self._opt_treedef = jax.tree.structure(self.opt_state)
         self.schedule = Schedule(every_steps=config.every)
         self.count = 0  # hyper-steps run
+        self._settled = False  # whether this callback has set the model's `settled` (a host flag: no device read)
         self._classes: np.ndarray | None = None  # every record's class, for grouped draws
         self._epoch_classes: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, its ids, their classes)
         self.history: list[dict] = []
@@ -363,8 +364,12 @@ class MarginalLikelihood(Callback):
             for _ in range(self.config.hyper_steps):
                 out = self.hyper_step(logs.epoch)
             self.history.append({"step": logs.step, **out, **self.model.widths()})
-        if until is not None and logs.step >= until and not float(self.model.settled[...]):
-            self.model.settled[...] = jnp.ones((), jnp.float32)  # every later training step sees it
+        if until is not None and logs.step >= until and not self._settled:
+            # Every later training step sees it (idempotent after a resume that restored it: no device read),
+            # placed as the value it replaces, so the training step does not compile again.
+            current, one = self.model.settled[...], jnp.ones((), jnp.float32)
+            self.model.settled[...] = jax.device_put(one, current.sharding) if current.committed else one
+            self._settled = True
 
     def median_s(self, skip: int = 1) -> float:
         """Median wall time of a hyper-step, the first `skip` (compilation) left out."""
