@@ -79,10 +79,10 @@ def train_marglik(run_dir, data: dict, seed: int, cfg: dict, *, start: float, af
     model = InvariantModel(net, pipeline, copies=settings["copies"], prior_precision=settings["prior_precision"],
                            prior=settings.get("prior", "layerwise"), copies_per_call=settings.get("copies_per_call"))
     config = dict(settings["config"])
-    if settings.get("settle") is not None:  # the last hyper-step's training step, as a share of the steps
-        config["until"] = max(config["burn_in"], round(cfg["steps"] * settings["settle"]))
     if affine:  # the joint widths keep their own ramp and hyper-steps to the end (docs/recipes.md)
-        config.update(warmup=settings.get("affine_warmup", config["warmup"]), until=settings.get("affine_until"))
+        config["warmup"] = settings.get("affine_warmup", config["warmup"])
+    elif settings.get("settle") is not None:  # the last hyper-step's training step, as a share of the steps
+        config["until"] = max(config["burn_in"], round(cfg["steps"] * settings["settle"]))
     marglik = MarginalLikelihood(model, pipeline, MarginalLikelihoodConfig(**config, seed=seed))
     _, run = common.train_run(run_dir, model, optimizer, pipeline.raw_loader(), with_prior(invariant_loss),
                               steps=cfg["steps"], metrics={"accuracy": accuracy_metric}, label=label,
