@@ -6,7 +6,7 @@ averaged over `copies` rotated copies of each digit, drawn by the pipeline's own
 prior's penalty, `with_prior`) by `Trainer`; every `every` steps from `burn_in` on,
 `MarginalLikelihood` moves the rotation's half-width (a `"triangle"` magnitude: it can start at 0,
 and Adam moves it as fast near 180 as near 0) and the layerwise prior precision along the
-gradient of the model's Laplace evidence, until step `until` (two thirds of the steps); from then
+gradient of the model's Laplace evidence, until step `until` (a third of the steps); from then
 on the widths and prior stay fixed, and the network trains on each copy's cross-entropy without
 the prior's penalty (`InvariantModel.settled`). No validation data, no regulariser weight, one run
 per start.
@@ -81,8 +81,10 @@ def train_marglik(run_dir, data: dict, seed: int, cfg: dict, *, start: float, af
     config = dict(settings["config"])
     if affine:  # the joint widths keep their own ramp and hyper-steps to the end (docs/recipes.md)
         config["warmup"] = settings.get("affine_warmup", config["warmup"])
-    elif settings.get("settle") is not None:  # the last hyper-step's training step, as a share of the steps
-        config["until"] = max(config["burn_in"], round(cfg["steps"] * settings["settle"]))
+    else:  # the rotation arm: its own hyper-step rate, and the last hyper-step as a share of the steps
+        config["learning_rate"] = settings.get("rotation_learning_rate", config["learning_rate"])
+        if settings.get("settle") is not None:
+            config["until"] = max(config["burn_in"], round(cfg["steps"] * settings["settle"]))
     marglik = MarginalLikelihood(model, pipeline, MarginalLikelihoodConfig(**config, seed=seed))
     _, run = common.train_run(run_dir, model, optimizer, pipeline.raw_loader(), with_prior(invariant_loss),
                               steps=cfg["steps"], metrics={"accuracy": accuracy_metric}, label=label,
