@@ -175,17 +175,18 @@ START_ARMS = ("learned", "hypergrad", "marglik")  # one run per start
 # scored on its own, the prior's penalty dropped; `InvariantModel.settled`; widths, validation TTA): T=90 seed 0
 # from 0 / 170 56 / 56 (0.895 / 0.894; 0.886 / 0.882 keeping the penalty), seed 1 from 0 69 (0.896); T=180 seed 4
 # from 0 104 (0.880; the study's width 99); T=0 seed 1 from 170 8.5 (0.948). Taken at 2/3, studied on five seeds.
-# When to settle, and the rotation's hyper-step rate (five seeds each, validation only; mean width, then validation TTA
-# minus the grid's, whose range was chosen on validation: T=0 0.953, T=90 0.912; at T=180 the TTA itself; the runs at
-# T=0 and T=180 at rates 0.05 and settling at 2/3, 1/2 and 1/3 (seeds 0-2) on the chip host's CPU (JAX on the CPU),
-# the rest on the 2-core CPU): settling at 2/3 (rate 0.05): T=0 from 0 5.4 (-1.34), T=90
-# from 0 / 170 63.8 / 74.8 (-1.28 / -1.72), T=180 from 0 145.8 (0.884, 3 seeds); at 1/2: 3.2 (-1.46), 69.9 / 82.9
-# (+0.18 / -0.50), 151.0 (0.910, 3 seeds); at 0.4: T=90 from 170 85.3 (+0.16), T=180 from 0 / 10 146.9 / 163.5
-# (0.912 / 0.915); at 1/3: 8.5 (-0.96), 72.8 / 89.4 (+0.80 / +0.58; seed 3 from 170 stayed at 179), T=180 from 0
-# 141.1 (0.917; two seeds at 119-123); at 1/3 with the rotation's rate doubled to 0.1 (`rotation_learning_rate`; the
-# joint arm keeps 0.05): T=0 from 0 / 170 11.4 / 20.8 (-0.94 / -0.68), T=90 54.8 / 62.5 (+0.18 / +0.36), T=180 from
-# 0 / 10 151.8 / 165.7 (0.917 / 0.923). The earlier the network trains each copy on its own, the closer it comes to
-# the grid; the doubled rate brings the widths where the evidence puts them before the settling. Taken.
+# When to settle, and the rotation's hyper-step rate (`python -m recipes.pilots.marglik_settle`; five seeds each,
+# validation only; mean width, then validation TTA minus the grid's, whose range was chosen on validation: T=0 0.953,
+# T=90 0.912; at T=180 the TTA itself; the runs at T=0 and T=180 at rates 0.05 and settling at 2/3, 1/2 and 1/3 (seeds
+# 0-2) on the chip host's CPU (JAX on the CPU), the rest on the 2-core CPU): settling at 2/3 (rate 0.05): T=0 from 0
+# 5.4 (-1.34), T=90 from 0 / 170 63.8 / 74.8 (-1.28 / -1.72), T=180 from 0 145.8 (0.884, 3 seeds); at 1/2: 3.2
+# (-1.46), 69.9 / 82.9 (+0.18 / -0.50), 151.0 (0.910, 3 seeds); at 0.4: T=90 from 170 85.3 (+0.16), T=180 from 0 / 10
+# 146.9 / 163.5 (0.912 / 0.915); at 1/3: 8.5 (-0.96), 72.8 / 89.4 (+0.80 / +0.58; seed 3 from 170 stayed at 179),
+# T=180 from 0 141.1 (0.917; two seeds at 119-123); at 1/3 with the rotation's rate doubled to 0.1
+# (`rotation_learning_rate`; the joint arm keeps 0.05): T=0 from 0 / 170 11.4 / 20.8 (-0.94 / -0.68), T=90 54.8 / 62.5
+# (+0.18 / +0.36), T=180 from 0 / 10 151.8 / 165.7 (0.917 / 0.923). The earlier the network trains each copy on its
+# own, the closer it comes to the grid; the doubled rate brings the widths where the evidence puts them before the
+# settling. Taken, and studied on five seeds (docs/recipes.md).
 MARGLIK = {"copies": 8, "copies_per_call": 1, "prior_precision": 1.0, "parameterisation": "triangle",
            "affine_warmup": 18, "settle": 1 / 3, "rotation_learning_rate": 0.1,
            "config": {"every": 5, "burn_in": 10, "warmup": 0, "records": 32, "kernel": "single_output",

@@ -218,8 +218,8 @@ def test_every_marker_is_understood():
         if not match:
             bad.append(f"{s}: {s.marker!r} gives no reason: none/example/recipe (why)")
         elif match.group(1) == "recipe":
-            named = re.search(r"python -m recipes\.(\w+)", match.group(2))
-            if not named or not (ROOT / "recipes" / f"{named.group(1)}.py").is_file():
+            named = re.search(r"python -m recipes((?:\.\w+)+)", match.group(2))
+            if not named or not (ROOT / "recipes" / f"{named.group(1)[1:].replace('.', '/')}.py").is_file():
                 bad.append(f"{s}: a recipe marker names the command that prints it: {s.marker!r}")
     assert not bad, "\n".join(bad)
 
