@@ -289,10 +289,14 @@ class StepTimer(Callback):
         return float(np.median(gaps)) if len(gaps) else float("nan")
 
 
+def schedule(cfg: dict) -> optax.Schedule:
+    """The classifier's rate in every arm: a warm-up over the first 5% of the steps, then cosine decay."""
+    return optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
+
+
 def optimizer(cfg: dict, learned: bool) -> optax.GradientTransformation:
-    """AdamW with warm-up and cosine decay for the classifier; Adam at a constant rate for the width."""
-    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
-    classifier = optax.adamw(schedule, weight_decay=1e-4)
+    """AdamW on `schedule` for the classifier; Adam at a constant rate for the width."""
+    classifier = optax.adamw(schedule(cfg), weight_decay=1e-4)
     return joint_optimizer(classifier, optax.adam(cfg["width_learning_rate"])) if learned else classifier
 
 
@@ -442,16 +446,20 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
     return record
 
 
+def marglik_optimizer(cfg: dict) -> optax.GradientTransformation:
+    """Adam on `schedule` without decoupled weight decay: the prior's penalty (with the learned precision) is
+    the invariant model's decay."""
+    return optax.adam(schedule(cfg))
+
+
 def train_marglik_run(run_dir, data: dict, hidden_range: float, seed: int, cfg: dict, *, method: str, start: float,
                       tag: str) -> dict:
     """One marglik or marglik_affine run (`recipes.invariance`); its record."""
     affine = method == "marglik_affine"
     timer = StepTimer(wait=True)
     label = f"[T={hidden_range:g} seed {seed} {tag}] "
-    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
-    # Adam without decoupled weight decay: the prior's penalty (with the learned precision) is the decay here.
     net, widths, marglik, run = train_marglik(run_dir, data, seed, cfg, start=0.0 if affine else start, affine=affine,
-                                              label=label, callbacks=[timer], optimizer=optax.adam(schedule),
+                                              label=label, callbacks=[timer], optimizer=marglik_optimizer(cfg),
                                               num_classes=NUM_CLASSES)
     val_accuracy, val_eval_s = timed_accuracy(net, data["val"])
     degrees = widths["degrees"]

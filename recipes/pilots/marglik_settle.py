@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import optax
-
 from datarax import Pipeline
 from datarax.sources import MemorySource, MemorySourceConfig
 from recipes import common
@@ -51,11 +49,10 @@ def with_overrides(cfg: dict, settle: float, pairs: list[str]) -> dict:
 def marglik_pilot(hidden_range: float, seed: int, start: float, settle: float, pairs: list[str]) -> dict:
     cfg = with_overrides(dict(la.DEFAULT), settle, pairs)
     data = la.rotated_splits(la.load_data(cfg), hidden_range, cfg)
-    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg["learning_rate"], max(1, cfg["steps"] // 20), cfg["steps"])
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
         net, widths, marglik, _ = train_marglik(Path(run_dir), data, seed, cfg, start=start, affine=False, label="",
-                                                callbacks=[], optimizer=optax.adam(schedule),
+                                                callbacks=[], optimizer=la.marglik_optimizer(cfg),
                                                 num_classes=la.NUM_CLASSES)
     degrees = widths["degrees"]
     history = {h["step"]: round(next(v for k, v in h.items() if k.endswith("degrees")), 1) for h in marglik.history}
