@@ -3,9 +3,11 @@
 import os
 
 import pytest
+from xla_flags import suite_flags
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Eight CPU devices, and XLA:CPU's LLVM optimisations off: see tests/xla_flags.py.
+os.environ.setdefault("XLA_FLAGS", suite_flags())
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("USE_TORCH", "0")

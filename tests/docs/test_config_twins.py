@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from xla_flags import one_device_env
 
 from datarax.cli.main import main
 
@@ -100,7 +101,7 @@ def environment(folder: Path) -> dict:
                PYTHONFAULTHANDLER="1",
                HF_DATASETS_CACHE=str(folder / "hf-cache"), JAX_COMPILATION_CACHE_DIR=str(folder.parent / "jax-cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    env.pop("XLA_FLAGS", None)  # one CPU device, as a user's machine
+    one_device_env(env)  # one CPU device, as a user's machine, compiled as the suite compiles
     return env
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from xla_flags import one_device_env
 
 REPO = Path(__file__).resolve().parents[2]
 # Every 5 steps: a kill at a random moment lets a run gain at most 2 checkpoints, a kill inside a save
@@ -41,7 +42,7 @@ def demo_command(workdir: Path, cache: Path, extra=()) -> list[str]:
 
 def environment() -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    env.pop("XLA_FLAGS", None)  # one CPU device is all the demo needs
+    one_device_env(env)  # one CPU device, compiled as the suite compiles
     return env
 
 

@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 from trainer_helpers import METRICS, assert_bitwise_equal, loss_fn, make_setup
+from xla_flags import one_device_env
 
 from datarax.checkpoint.errors import CheckpointRestoreError, CorruptCheckpointWarning
 from datarax.checkpoint.trees import abstract_target
@@ -186,7 +187,7 @@ def test_a_second_trainer_on_a_locked_directory_is_refused_until_the_holder_dies
     script.write_text(HOLDER.format(here=str(HERE)))
     directory = tmp_path / "ckpt"
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    env.pop("XLA_FLAGS", None)
+    one_device_env(env)  # one CPU device, compiled as the suite compiles
     holder = subprocess.Popen([sys.executable, str(script), str(directory)], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 from trainer_helpers import assert_bitwise_equal, make_setup, points
+from xla_flags import one_device_env
 
 from datarax import Pipeline
 from datarax.checkpoint.errors import (
@@ -460,7 +461,7 @@ def run_process(workdir: Path, steps: int, k: int, hold: int = 0) -> subprocess.
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, JAX_PLATFORMS="cpu", DATARAX_COMPILATION_CACHE="off", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
-    env.pop("XLA_FLAGS", None)
+    one_device_env(env)  # one CPU device, compiled as the suite compiles
     with open(workdir / "log.txt", "a") as log:
         return subprocess.Popen([sys.executable, "-c", RUN, str(workdir), str(steps), str(k), str(hold)], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

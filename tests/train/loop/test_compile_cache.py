@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from toml_jobs import write_job
+from xla_flags import one_device_env
 
 from datarax.train.loop.compile_cache import default_cache_dir
 
@@ -43,7 +44,7 @@ print(trainer.compilation_cache_dir)
 
 def environment(**extra: str) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    env.pop("XLA_FLAGS", None)
+    one_device_env(env)  # one CPU device, compiled as the suite compiles
     env.pop("DATARAX_COMPILATION_CACHE", None)
     env.update(extra)
     return env

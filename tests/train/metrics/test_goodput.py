@@ -11,6 +11,7 @@ import optax
 import pytest
 from flax import nnx
 from trainer_helpers import loss_fn, points
+from xla_flags import one_device_env
 
 from datarax import Pipeline
 from datarax.samplers.base import Sampler
@@ -403,7 +404,7 @@ def test_cumulative_goodput_after_a_real_sigkill(tmp_path):
     script.write_text(CHILD.format(helpers=str(Path(__file__).resolve().parents[2]), ckpt=str(tmp_path / "ckpt"),
                                    run=str(tmp_path / "run")))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(repo), PYTHONUNBUFFERED="1")
-    env.pop("XLA_FLAGS", None)
+    one_device_env(env)  # one CPU device, compiled as the suite compiles
     proc = subprocess.Popen([sys.executable, str(script)], cwd=repo, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
