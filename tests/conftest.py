@@ -84,6 +84,7 @@ SLOW_MODULES = (
     "tests/sharding/test_multihost.py",
     "tests/pipeline/test_pipeline.py",
     "tests/control/test_prefetch.py",
+    "tests/sources/test_grain_interop.py",
 )
 
 

@@ -1,5 +1,4 @@
 import json
-import os
 
 import numpy as np
 import pytest
@@ -110,8 +109,6 @@ def test_grain_stream_resumes_exactly_from_any_batch(files, batched):
         np.testing.assert_array_equal(np.concatenate([b[0] for b in rest]), reference[position:])
 
 
-@pytest.mark.skipif(not os.environ.get("DATARAX_SLOW_TESTS"), reason="starts grain worker processes (tens of "
-                    "seconds on a loaded 2-core machine); set DATARAX_SLOW_TESTS=1 to run")
 def test_grain_worker_processes_feed_a_resumable_stream(files):
     from absl import flags
 
