@@ -64,18 +64,27 @@ def stage(start: float, seed: int, affine: bool, parameterisation: str) -> nnx.M
                             rngs=nnx.Rngs(augment=seed))
 
 
+def train_source(data: dict, seed: int) -> MemorySource:
+    """The training split as a shuffled source (`data["train"]` is `(images, labels)`)."""
+    return MemorySource(MemorySourceConfig(shuffle=True, seed=seed),
+                        data={"image": data["train"][0], "label": data["train"][1]})
+
+
+def convnet(data: dict, seed: int, cfg: dict, num_classes: int) -> ConvNet:
+    """The recipes' classifier for `data`'s square single-channel images, sized by `cfg`."""
+    size = data["train"][0].shape[1]
+    return ConvNet(1, num_classes, widths=cfg["widths"], image_size=(size, size), hidden=cfg["hidden"], seed=seed)
+
+
 def train_marglik(run_dir, data: dict, seed: int, cfg: dict, *, start: float, affine: bool, label: str,
                   callbacks: list, optimizer: optax.GradientTransformation, num_classes: int) -> tuple:
     """One marginal-likelihood run; returns `(net, widths, marglik, run)`: the trained network, its learned
     widths (AffineOperator's magnitude names, or `degrees`), the callback (history, hyper-step times) and
     `common.train_run`'s outcome."""
     settings = cfg["marglik"]
-    size = data["train"][0].shape[1]
-    source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed),
-                          data={"image": data["train"][0], "label": data["train"][1]})
-    pipeline = Pipeline(source, [stage(start, seed, affine, settings["parameterisation"])],
+    pipeline = Pipeline(train_source(data, seed), [stage(start, seed, affine, settings["parameterisation"])],
                         batch_size=cfg["batch_size"], drop_remainder=True)
-    net = ConvNet(1, num_classes, widths=cfg["widths"], image_size=(size, size), hidden=cfg["hidden"], seed=seed)
+    net = convnet(data, seed, cfg, num_classes)
     model = InvariantModel(net, pipeline, copies=settings["copies"], prior_precision=settings["prior_precision"],
                            prior=settings.get("prior", "layerwise"), copies_per_call=settings.get("copies_per_call"))
     config = dict(settings["config"])

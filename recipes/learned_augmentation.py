@@ -89,8 +89,8 @@ from recipes.augerino import (
 )
 from recipes.data import load_mnist_5k, stratified_split
 from recipes.hypergradient import HypergradientCallback, HypergradientConfig, HyperStep
-from recipes.invariance import AFFINE_WIDTHS, train_marglik
-from recipes.models import CLASSIFICATION_METRICS, ConvNet, classification_loss
+from recipes.invariance import AFFINE_WIDTHS, convnet, train_marglik, train_source
+from recipes.models import CLASSIFICATION_METRICS, classification_loss
 
 NAME = "learned_augmentation"
 NUM_CLASSES = 10
@@ -382,9 +382,6 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
         record = train_marglik_run(run_dir, data, hidden_range, seed, cfg, method=method, start=start, tag=tag)
         saved.write_text(json.dumps({"key": key, **record}))
         return {"key": key, **record}
-    size = data["train"][0].shape[1]
-    source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed),
-                          data={"image": data["train"][0], "label": data["train"][1]})
     learned = method in ("learned", *AFFINE_ARMS)
     policy = None
     if method == "learned":
@@ -402,8 +399,8 @@ def train_one(workdir, data: dict, hidden_range: float, seed: int, cfg: dict, *,
         stages = [rotation(start, seed, learnable=True)]
     else:
         stages = [rotation(degrees, seed)] if degrees > 0 else []
-    pipeline = Pipeline(source, stages, batch_size=cfg["batch_size"], drop_remainder=True)
-    model = ConvNet(1, NUM_CLASSES, widths=cfg["widths"], image_size=(size, size), hidden=cfg["hidden"], seed=seed)
+    pipeline = Pipeline(train_source(data, seed), stages, batch_size=cfg["batch_size"], drop_remainder=True)
+    model = convnet(data, seed, cfg, NUM_CLASSES)
     timer = StepTimer()
     callbacks = [timer]
     if learned:

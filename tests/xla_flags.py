@@ -36,11 +36,8 @@ def suite_flags() -> str:
     return f"{DEVICE_COUNT_FLAG} {optimisation_flags()}".strip()
 
 
-def one_device_env(env: dict) -> dict:
-    """`env` for a child process on one CPU device, compiling as the suite does (changed in place)."""
-    flags = optimisation_flags()
-    if flags:
+def one_device_env(env: dict) -> None:
+    """Sets a child process's `env` for one CPU device, compiling as the suite does."""
+    env.pop("XLA_FLAGS", None)
+    if flags := optimisation_flags():
         env["XLA_FLAGS"] = flags
-    else:
-        env.pop("XLA_FLAGS", None)
-    return env

@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 
 from datarax import Pipeline
-from datarax.sources import MemorySource, MemorySourceConfig
 from recipes import common
 from recipes import learned_augmentation as la
-from recipes.invariance import train_marglik
-from recipes.models import CLASSIFICATION_METRICS, ConvNet, classification_loss
+from recipes.invariance import convnet, train_marglik, train_source
+from recipes.models import CLASSIFICATION_METRICS, classification_loss
 
 
 def with_overrides(cfg: dict, settle: float, pairs: list[str]) -> dict:
@@ -66,15 +65,11 @@ def marglik_pilot(hidden_range: float, seed: int, start: float, settle: float, p
 def grid_pilot(hidden_range: float, seed: int) -> dict:
     cfg = dict(la.DEFAULT)
     data = la.rotated_splits(la.load_data(cfg), hidden_range, cfg)
-    size = data["train"][0].shape[1]
     rows = []
     for r in cfg["grid"]:
-        source = MemorySource(MemorySourceConfig(shuffle=True, seed=seed),
-                              data={"image": data["train"][0], "label": data["train"][1]})
-        pipeline = Pipeline(source, [la.rotation(float(r), seed)] if r > 0 else [], batch_size=cfg["batch_size"],
-                            drop_remainder=True)
-        model = ConvNet(1, la.NUM_CLASSES, widths=cfg["widths"], image_size=(size, size), hidden=cfg["hidden"],
-                        seed=seed)
+        pipeline = Pipeline(train_source(data, seed), [la.rotation(float(r), seed)] if r > 0 else [],
+                            batch_size=cfg["batch_size"], drop_remainder=True)
+        model = convnet(data, seed, cfg, la.NUM_CLASSES)
         with tempfile.TemporaryDirectory() as run_dir:
             common.train_run(Path(run_dir), model, la.optimizer(cfg, False), pipeline, classification_loss,
                              steps=cfg["steps"], metrics=CLASSIFICATION_METRICS, label="", log_every=cfg["steps"],
