@@ -2,7 +2,7 @@
 
 - `--xla_force_host_platform_device_count=8`: eight CPU devices for the sharding tests.
 - `--xla_backend_optimization_level=0`: XLA:CPU compiles without LLVM's optimisation passes (its
-  HLO passes, fusion included, still run), as the recipes' `--quick` runs do (recipes/common.py).
+  HLO passes, fusion included, still run), as the recipes' `--quick` runs do (`recipes.common.QUICK_XLA_FLAG`).
   Most of the suite's time on a small CPU is compiling programs that then run once or a few times:
   on 2 cores the whole suite takes about four fifths of its time at the default level (607 s
   against 736 s). Results may differ from the default level's in float rounding (a product
