@@ -133,6 +133,16 @@ def _is_union(hint: Any) -> bool:
     return typing.get_origin(hint) in (typing.Union, types.UnionType)
 
 
+def _union_arms(hint: Any) -> list[Any]:
+    """A union's arms a TOML value may take, None aside. A union of numbers that lists `bool` among
+    them (optax's `Numeric`: `momentum` is `Array | ... | bool | int | float | None`) takes numbers:
+    `momentum = true` is a mistake there, not a momentum of 1.0."""
+    arms = [a for a in _args(hint) if a is not type(None)]
+    if bool in arms and (int in arms or float in arms):
+        arms = [a for a in arms if a is not bool]
+    return arms
+
+
 def is_callable_hint(hint: Any) -> bool:
     return hint is Callable or typing.get_origin(hint) is Callable
 
@@ -142,9 +152,11 @@ def describe_hint(hint: Any) -> str:
     if hint is Any or hint is object:
         return "any value"
     if _is_union(hint):
-        arms = [a for a in _args(hint) if a is not type(None)]
+        arms = _union_arms(hint)
         # Arms a TOML value never is (jax.Array, np.ndarray, complex) say nothing a user can write.
         writable = [a for a in arms if _writable(a)] or arms
+        if float in writable:  # an integer is a number too
+            writable = [a for a in writable if a is not int]
         return " or ".join(dict.fromkeys(describe_hint(a) for a in writable))
     origin = typing.get_origin(hint)
     if origin is typing.Literal:
@@ -218,9 +230,7 @@ def _convert(value, hint, path, problems, resolve_callable):
         return value
     if _is_union(hint):
         near_miss = None
-        for arm in _args(hint):
-            if arm is type(None):
-                continue
+        for arm in _union_arms(hint):
             attempt = Problems()
             try:
                 out = _convert(value, arm, path, attempt, resolve_callable)

@@ -712,8 +712,11 @@ FRICTIONS = [
      "trainer.model_args.width must be an integer, got '4'"),
     ('model = "folder_helpers:make_model"\nmodel_args = { depth = 2 }', 4, "",
      "trainer.model_args.depth is not a known parameter of 'folder_helpers:make_model'"),
-    ("optimizer = { sgd = { learning_rate = 0.1, momentum = true, nesterov = 1 } }", 4, "",
+    ("optimizer = { sgd = { learning_rate = 0.1, momentum = 0.9, nesterov = 1 } }", 4, "",
      "trainer.optimizer.sgd.nesterov must be true or false, got 1"),
+    # optax types momentum as a number that may be a bool: true would train at a momentum of 1.0
+    ("optimizer = { sgd = { learning_rate = 0.1, momentum = true } }", 4, "",
+     "trainer.optimizer.sgd.momentum must be a number, got True"),
     ("eval_every_steps = 2", 4, '[eval]\n[eval.source.image_folder]\nroot = "no-such-folder"\n',
      "eval.source.image_folder"),
 ]

@@ -31,6 +31,8 @@ ACCEPTED = [
     ({"a": 1}, dict[str, float], {"a": 1.0}),
     ({"a": 1}, Mapping[str, Any], {"a": 1}),
     (4, int | None, 4),
+    (3, bool | int | float | None, 3),
+    (0.9, bool | int | float | None, 0.9),
     ("a", int | str, "a"),
     (True, bool | tuple[str, ...], True),
     (["max_delta"], bool | tuple[str, ...], ("max_delta",)),
@@ -50,6 +52,9 @@ REJECTED = [
     ("wrap", Literal["constant", "reflect"], "must be one of 'constant', 'reflect', got 'wrap'"),
     ([1], int | str, "must be an integer or a string, got [1]"),
     (3, Callable, "must be an import path 'package.module:function', got 3"),
+    # A union of numbers that lists bool (optax's Numeric, e.g. sgd's momentum) takes no true/false.
+    (True, bool | int | float | None, "must be a number, got True"),
+    (False, bool | int, "must be an integer, got False"),
 ]
 
 
@@ -95,6 +100,9 @@ def test_suggestion_names_the_closest_choice_or_nothing():
     (int | None, "an integer"),
     (dict[str, int], "a table"),
     (bool | tuple[str, ...], "true or false or a list of strings"),
+    (int | float, "a number"),
+    (bool | int | float | None, "a number"),
+    (bool | None, "true or false"),
 ])
 def test_describe_hint(hint, words):
     assert describe_hint(hint) == words

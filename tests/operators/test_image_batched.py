@@ -251,7 +251,7 @@ def test_resized_crop_and_resize_agree_with_the_per_record_maths(shape, size, la
                                atol=GRAD_TOL)
     resized = jax.jit(lambda x: batched.resize(x, *size))(x)
     np.testing.assert_allclose(np.asarray(resized), np.asarray(jax.vmap(lambda im: geometry.resize(im, *size))(x)),
-                               atol=ATOL)
+                               atol=coordinate_atol(shape))  # jax 0.10.0 puts 64x64's 4.3e-6 apart
 
 
 @pytest.mark.parametrize("make", [

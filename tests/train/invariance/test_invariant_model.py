@@ -30,7 +30,7 @@ class Flatten(nnx.Module):
         return self.scale[...] * x.reshape(x.shape[0], -1)
 
 
-def setup(copies=COPIES, stages=None, **kwargs):
+def build(copies=COPIES, stages=None, **kwargs):
     rng = np.random.default_rng(0)
     data = {"image": rng.random((10, 5, 5, 1)).astype(np.float32), "label": np.arange(10, dtype=np.int32)}
     stages = [RotationOperator(degrees=50.0, learnable=True, rngs=nnx.Rngs(4)),
@@ -46,7 +46,7 @@ def raw(data, ids, epoch):
 
 
 def test_copy_s_of_record_i_is_drawn_as_record_i_times_s_plus_s_whatever_the_batch():
-    model, pipeline, data = setup()
+    model, pipeline, data = build()
     outputs = nnx.jit(lambda model, batch: model(batch))
 
     @jax.jit
@@ -72,7 +72,7 @@ def test_copy_s_of_record_i_is_drawn_as_record_i_times_s_plus_s_whatever_the_bat
 
 
 def test_one_copy_is_the_pipeline_itself():
-    model, pipeline, data = setup(copies=1)
+    model, pipeline, data = build(copies=1)
     batch = raw(data, [4, 1, 8], 3)
     expected = jax.jit(lambda b: pipeline.transform({"image": b["image"], "label": b["label"]},
                                                     record_ids=b["record_ids"], epoch=3)["image"])(batch)
@@ -82,7 +82,7 @@ def test_one_copy_is_the_pipeline_itself():
 
 
 def test_the_magnitudes_get_a_gradient_only_through_augmentation():
-    model, _, data = setup()
+    model, _, data = build()
     batch = raw(data, [0, 1, 2], 0)
 
     def grads(through):
@@ -108,8 +108,8 @@ def test_copies_per_call_runs_the_network_in_pieces_with_the_same_outputs_and_gr
             Rows.calls.append(x.shape[0])
             return super().__call__(x)
 
-    whole, _, data = setup()  # COPIES = 3 in one call
-    _, pipeline, _ = setup()
+    whole, _, data = build()  # COPIES = 3 in one call
+    _, pipeline, _ = build()
     pieces = InvariantModel(Rows(), pipeline, copies=COPIES, copies_per_call=per_call)
     batch = raw(data, [4, 0, 7, 2], 1)
 
@@ -133,7 +133,7 @@ def test_the_prior_penalty_is_the_prior_per_training_record(prior):
         def __call__(self, x):
             return x.reshape(x.shape[0], -1)[:, :2] * self.a[...][:2] + self.b[...][0]
 
-    _, pipeline, data = setup()
+    _, pipeline, data = build()
     model = InvariantModel(Two(), pipeline, copies=2, prior=prior, prior_precision=2.0)
     deltas = [2.0, 2.0]
     if prior == "layerwise":
@@ -152,7 +152,7 @@ def test_the_prior_penalty_is_the_prior_per_training_record(prior):
 
 
 def test_refusals_name_the_argument_and_the_fix():
-    model, pipeline, data = setup()
+    model, pipeline, data = build()
     with pytest.raises(KeyError, match="pipeline.raw_loader"):
         model({"image": jnp.asarray(data["image"][:2])})
     with pytest.raises(ValueError, match="field 'pixels' is not an output"):

@@ -51,7 +51,7 @@ def loss_fn(model, batch):
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean(), logits
 
 
-def setup(invariant: bool, start: float, seed: int = 0, **config):
+def build(invariant: bool, start: float, seed: int = 0, **config):
     pipeline = Pipeline(MemorySource(MemorySourceConfig(shuffle=True, seed=seed), data=bars(128, invariant, seed)),
                         [RotationOperator(degrees=start, learnable=True, parameterisation="triangle",
                                           rngs=nnx.Rngs(seed))], batch_size=32, drop_remainder=True)
@@ -67,7 +67,7 @@ def width(model: InvariantModel) -> float:
 
 @pytest.mark.parametrize("invariant,start", [(True, 0.0), (False, 60.0)], ids=["invariant-grows", "not-shrinks"])
 def test_the_width_grows_from_zero_where_labels_are_invariant_and_shrinks_where_not(invariant, start):
-    model, pipeline, marglik = setup(invariant, start)
+    model, pipeline, marglik = build(invariant, start)
     with Trainer(model, optax.adam(1e-2), pipeline.raw_loader(), with_prior(loss_fn), callbacks=[marglik]) as trainer:
         trainer.fit(100)
     widths = [h["stages.0.magnitudes.degrees"] for h in marglik.history]
@@ -85,7 +85,7 @@ def test_the_forward_mode_hyper_step_equals_the_reverse_mode_one(monkeypatch):
     # One magnitude: its gradient in forward mode (the default); FORWARD_MAGNITUDES = 0 forces reverse mode.
     def step(forward: int):
         monkeypatch.setattr(marglik_module, "FORWARD_MAGNITUDES", forward)
-        model, _, marglik = setup(True, 30.0, kernel="single_output", records=16, subset_size=8, prior_steps=0)
+        model, _, marglik = build(True, 30.0, kernel="single_output", records=16, subset_size=8, prior_steps=0)
         out = marglik.hyper_step(0)
         return out, model.widths(), marglik.opt_state
 
@@ -100,14 +100,14 @@ def test_the_forward_mode_hyper_step_equals_the_reverse_mode_one(monkeypatch):
 def test_warmup_ramps_both_rates_from_one_step_in_warmup_to_full():
     # Adam's first update is minus the rate times the gradient over its own size (bias-corrected): each
     # raw number moves by the rate, here a quarter of it under a warmup of 4 (prior_steps=0: one prior step).
-    model, _, marglik = setup(True, 30.0, warmup=4, prior_steps=0, kernel="single_output", records=8,
+    model, _, marglik = build(True, 30.0, warmup=4, prior_steps=0, kernel="single_output", records=8,
                               subset_size=8)
     raw = np.asarray(model.augment.stages[0].magnitudes["degrees"].raw[...])
     prior = np.asarray(model.log_prior_precision[...])
     marglik.hyper_step(0)
     moved_raw = np.asarray(model.augment.stages[0].magnitudes["degrees"].raw[...]) - raw
     moved_prior = np.asarray(model.log_prior_precision[...]) - prior
-    np.testing.assert_allclose(np.abs(moved_raw), 0.1 / 4, rtol=1e-3)  # setup's learning_rate 0.1
+    np.testing.assert_allclose(np.abs(moved_raw), 0.1 / 4, rtol=1e-3)  # build's learning_rate 0.1
     np.testing.assert_allclose(np.abs(moved_prior), 0.1 / 4, rtol=1e-3)  # the default prior_learning_rate 0.1
     rate = marglik_module.ramp(0.05, 4)
     np.testing.assert_allclose([float(rate(k)) for k in range(6)], [0.0125, 0.025, 0.0375, 0.05, 0.05, 0.05])
@@ -115,7 +115,7 @@ def test_warmup_ramps_both_rates_from_one_step_in_warmup_to_full():
 
 
 def test_the_training_loss_never_moves_the_hyperparameters():
-    model, pipeline, marglik = setup(True, 40.0, burn_in=1000)  # no hyper-step within the run
+    model, pipeline, marglik = build(True, 40.0, burn_in=1000)  # no hyper-step within the run
     before = {k: np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.Param)))}
     raw = np.asarray(model.augment.stages[0].magnitudes["degrees"].raw[...])
     weights = np.asarray(model.model.hidden.kernel[...])
@@ -130,7 +130,7 @@ def test_the_training_loss_never_moves_the_hyperparameters():
 
 
 def test_optimizers_that_would_move_the_magnitudes_are_refused():
-    model, pipeline, _ = setup(True, 40.0)
+    model, pipeline, _ = build(True, 40.0)
     with pytest.raises(ValueError, match="wrt=InvariantModel.trained"):
         Trainer(model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param), pipeline.raw_loader(), loss_fn)
     with pytest.raises(ValueError, match="MarginalLikelihood callback learns them"):
@@ -141,7 +141,7 @@ def test_optimizers_that_would_move_the_magnitudes_are_refused():
 
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     def fit(directory, steps):
-        model, pipeline, marglik = setup(True, 0.0, every=3, burn_in=3, until=9, records=8, subset_size=8,
+        model, pipeline, marglik = build(True, 0.0, every=3, burn_in=3, until=9, records=8, subset_size=8,
                                          warmup=2)
         callbacks = [marglik, CheckpointCallback(directory, every_steps=6, asynchronous=False)]
         with Trainer(model, optax.adam(1e-2), pipeline.raw_loader(), with_prior(loss_fn),
@@ -163,7 +163,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
 
 
 def test_a_non_finite_estimate_raises_and_changes_nothing():
-    model, pipeline, marglik = setup(True, 40.0)
+    model, pipeline, marglik = build(True, 40.0)
     model.model.out.kernel[...] = jnp.full_like(model.model.out.kernel[...], jnp.nan)
     raw = np.asarray(model.augment.stages[0].magnitudes["degrees"].raw[...])
     with pytest.raises(FloatingPointError, match="non-finite"):
@@ -173,7 +173,7 @@ def test_a_non_finite_estimate_raises_and_changes_nothing():
 
 
 def test_grouped_draws_fill_each_block_from_one_class_in_a_random_class_order():
-    _, pipeline, marglik = setup(True, 30.0, grouped=True, records=96, subset_size=8)
+    _, pipeline, marglik = build(True, 30.0, grouped=True, records=96, subset_size=8)
     labels = np.asarray(pipeline.source.read(np.arange(len(pipeline.source)), 0)["label"])
     counts = np.bincount(labels)
     first_classes = []
