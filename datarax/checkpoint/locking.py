@@ -35,7 +35,9 @@ class ProcessTemporaryPath(ocp.path.atomicity.AtomicRenameTemporaryPath):
 
     @classmethod
     def from_final(cls, final_path: epath.Path, **kwargs) -> ProcessTemporaryPath:
-        suffix = ocp.path.atomicity.TMP_DIR_SUFFIX
+        # ".orbax-checkpoint-tmp" from Orbax 0.12, ".orbax-checkpoint-tmp-" before: one dash either way,
+        # as Orbax's own pattern for a temporary step directory (`<step>.orbax-checkpoint-tmp-<digits>`) reads it
+        suffix = ocp.path.atomicity.TMP_DIR_SUFFIX.rstrip("-")
         return cls(final_path.parent / f"{final_path.name}{suffix}-{os.getpid()}", final_path, **kwargs)
 
 

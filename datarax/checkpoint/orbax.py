@@ -23,6 +23,17 @@ def _filename() -> str:
     return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
 
 
+def finalized_steps(directory: Any) -> list[int]:
+    """The steps of the complete checkpoints in a `CheckpointManager` directory, oldest first, read
+    without taking the run's lock: the digit-named step directories that Orbax counts as finalized
+    (renamed from their temporary name on a local disk; holding `commit_success.txt` where Orbax
+    commits by that file, as on GCS). Orbax decides, so this holds across its versions (before 0.12
+    a renamed step directory holds no `commit_success.txt`)."""
+    if directory is None or not epath.Path(directory).is_dir():
+        return []
+    return sorted(int(path.name) for path in ocp.path.step.checkpoint_steps_paths(directory) if path.name.isdigit())
+
+
 def write_state(directory: Any, state: dict) -> None:
     directory = epath.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from datarax.batching import batch_at
 from datarax.checkpoint.integrity import verify_iterator
-from datarax.checkpoint.orbax import read_state
+from datarax.checkpoint.orbax import finalized_steps, read_state
 from datarax.checkpoint.trees import structure_differences
 from datarax.pipeline.replay import ReplayedBatch, ReplayError, check_replayable, draw_keys
 from datarax.pipeline.state import IteratorStateError, check_state
@@ -72,14 +72,6 @@ def read_run_file(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise ReplayError(f"{path} is not valid JSON ({exc}); run `datarax train` again to rewrite it") from exc
 
 
-def checkpoint_steps(directory: str | None) -> list[int]:
-    """The complete checkpoints in `directory`, oldest first (read without taking the run's lock)."""
-    if directory is None or not os.path.isdir(directory):
-        return []
-    return sorted(int(name) for name in os.listdir(directory)
-                  if name.isdigit() and os.path.exists(os.path.join(directory, name, "commit_success.txt")))
-
-
 def replay_run(run_dir: str | os.PathLike, step: int) -> RunReplay:
     """The batch step `step` of the run in `run_dir` received (see the module docstring)."""
     import datarax.train.config  # noqa: F401 - registers [trainer], so the configuration validates
@@ -126,7 +118,7 @@ def _check_same(pipeline: Any, saved: dict[str, Any], whose: str) -> None:
 
 def _cursor(loader: Any, directory: str | None, step: int, pipeline: Any) -> tuple[int, int, str]:
     """`(epoch, position, found from)` of step `step`'s batch."""
-    steps = checkpoint_steps(directory)
+    steps = finalized_steps(directory)  # read without taking the run's lock
     before = [s for s in steps if s < step]
     base = before[-1] if before else next((s for s in steps if s >= step), None)
     if base is None:

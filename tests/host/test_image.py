@@ -502,13 +502,18 @@ def high_depth_files(folder) -> dict[str, tuple[str, np.ndarray]]:
     floats[0, :2] = (0.0, 1.0)
     as16 = np.round(v16.astype(np.float64) * 255 / 65535).astype(np.uint8)
     files = {"16-bit.png": (Image.fromarray(v16), "PNG", as16), "16-bit.tif": (Image.fromarray(v16), "TIFF", as16),
-             "16-bit.pgm": (Image.fromarray(v16), "PPM", as16),
+             # Written by hand (binary PGM, big-endian samples): Pillow writes 16-bit PGM from 11.0 only
+             "16-bit.pgm": (b"P5\n%d %d\n65535\n" % HIGH_SHAPE[::-1] + v16.astype(">u2").tobytes(), "PPM", as16),
              "int32.tif": (Image.fromarray(v16.astype(np.int32)), "TIFF", as16),
              "float.tif": (Image.fromarray(floats), "TIFF", np.round(floats.astype(np.float64) * 255).astype(np.uint8))}
     out = {}
     for name, (image, fmt, want) in files.items():
         path = str(folder / name)
-        image.save(path, format=fmt)
+        if isinstance(image, bytes):
+            with open(path, "wb") as f:
+                f.write(image)
+        else:
+            image.save(path, format=fmt)
         out[name] = (path, want)
     return out
 

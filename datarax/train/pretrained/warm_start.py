@@ -26,6 +26,7 @@ from etils import epath
 from flax import nnx
 
 from datarax.checkpoint.integrity import verify_arrays
+from datarax.checkpoint.orbax import finalized_steps
 from datarax.checkpoint.trees import abstract_target
 from datarax.core.errors import DataraxError
 from datarax.train.pretrained.tables import check_prefixes, dotted, selected
@@ -56,8 +57,7 @@ class WarmStartReport:
 
 
 def _latest_step(directory: epath.Path) -> int:
-    steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and (p / "model").exists()) \
-        if directory.exists() else []
+    steps = [step for step in finalized_steps(directory) if (directory / str(step) / "model").exists()]
     if not steps:
         raise FileNotFoundError(f"warm_start: {directory} holds no checkpoint step with a model (a Checkpointer or "
                                 "CheckpointCallback directory)")

@@ -15,6 +15,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+from etils import epath
 from flax import nnx
 from trainer_helpers import assert_bitwise_equal, make_setup, points
 from xla_flags import one_device_env
@@ -26,6 +27,7 @@ from datarax.checkpoint.errors import (
     CheckpointSaveError,
     CorruptCheckpointWarning,
 )
+from datarax.checkpoint.orbax import finalized_steps
 from datarax.sources import MemorySource, MemorySourceConfig
 from datarax.train.checkpointing.checkpointer import Checkpointer
 
@@ -98,6 +100,25 @@ def test_layout_on_disk(tmp_path):
     save(ckpt, 7, model, optimizer, iterator)
     assert {"model", "optimizer", "iterator", "meta"} <= set(os.listdir(tmp_path / "7"))
     assert "process_0-of-1.json" in os.listdir(tmp_path / "7" / "iterator")
+
+
+def test_a_save_writes_into_a_temporary_directory_orbax_reads_as_its_step_and_this_process(tmp_path):
+    from datarax.checkpoint.locking import ProcessTemporaryPath
+    temporary = ProcessTemporaryPath.from_final(epath.Path(tmp_path) / "12").get()
+    assert temporary.name == f"12.orbax-checkpoint-tmp-{os.getpid()}"  # one dash, with any Orbax version
+    assert ocp.path.step.step_from_checkpoint_name(temporary.name) == 12  # before 0.12, none for two dashes
+
+
+def test_finalized_steps_are_the_complete_step_directories_only(tmp_path):
+    model, optimizer, iterator = build()
+    ckpt = Checkpointer(tmp_path)
+    for step in (3, 1):
+        save(ckpt, step, model, optimizer, iterator)
+    ckpt.close()
+    (tmp_path / "5.orbax-checkpoint-tmp-123" / "model").mkdir(parents=True)  # a save that was killed
+    (tmp_path / "corrupt-2-20260101").mkdir()  # moved aside by a restore
+    assert finalized_steps(tmp_path) == [1, 3] == Checkpointer(tmp_path).steps()
+    assert finalized_steps(tmp_path / "absent") == [] and finalized_steps(None) == []
 
 
 # Orbax's reader leaves an asyncio callback behind when a checkpoint fails to read (its issue, not ours).
