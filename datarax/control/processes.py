@@ -649,22 +649,31 @@ class _Job:
     error: str | None = None  # a worker could not load the job
 
 
+_STOPPING = threading.Lock()
+
+
 def stop_workers(workers: list[tuple[Any, Any]], tasks: Any, polite: bool) -> None:
     """Stops the workers: `polite` queues a stop for each and joins it (terminating one that does not
-    stop); otherwise (a worker died, or chunks are still queued) each is terminated at once."""
-    if polite and tasks is not None:
-        for _ in workers:
-            tasks.put(None)
-    for process, conn in workers:
-        if polite:
+    stop); otherwise (a worker died, or chunks are still queued) each is terminated at once.
+
+    Safe to call on the same list from two threads at once (at exit, a pool's finalizer and a thread
+    still collecting its results can both stop it): each worker is taken off the list and its pipe
+    closed by one of them. Two closes of one pipe would close whatever file took its number in between.
+    """
+    with _STOPPING:
+        if polite and tasks is not None and workers:
+            for _ in workers:
+                tasks.put(None)
+        while workers:
+            process, conn = workers.pop(0)
+            if polite:
+                process.join(5)
+            if process.is_alive():
+                process.terminate()
             process.join(5)
-        if process.is_alive():
-            process.terminate()
-        process.join(5)
-        conn.close()
-    workers.clear()
-    if tasks is not None:
-        tasks.close()
+            conn.close()
+        if tasks is not None:
+            tasks.close()
 
 
 def worker_main(conn: Any, tasks: Any, holding: Any, w: int, payload: bytes, path: list[str],

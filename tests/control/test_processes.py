@@ -138,3 +138,43 @@ def test_a_job_the_workers_cannot_load_fails_alone_and_the_workers_run_on(segmen
         assert pool.pids == pids
     finally:
         pool.close()
+
+
+class _Pipe:
+    """A worker's pipe that counts its closes and holds the first one open until `release` is set, so
+    the other thread's stop runs while it is in progress (as a finalizer's would at exit)."""
+
+    def __init__(self, entered, release):
+        self.closes, self.entered, self.release = 0, entered, release
+
+    def close(self):
+        self.closes += 1
+        self.entered.set()
+        assert self.release.wait(30), "hang guard"
+
+
+class _Process:
+    def join(self, timeout=None):
+        pass
+
+    def is_alive(self):
+        return False
+
+
+def test_two_threads_stopping_one_pool_close_each_pipe_once():
+    import threading
+
+    from datarax.control.processes import stop_workers
+    entered, release = threading.Event(), threading.Event()
+    pipes = [_Pipe(entered, release) for _ in range(3)]
+    workers = [(_Process(), pipe) for pipe in pipes]
+    first = threading.Thread(target=stop_workers, args=(workers, None, False))
+    first.start()
+    assert entered.wait(30), "hang guard"  # the first stop is closing a pipe
+    second = threading.Thread(target=stop_workers, args=(workers, None, True))
+    second.start()
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert not first.is_alive() and not second.is_alive()
+    assert [pipe.closes for pipe in pipes] == [1, 1, 1] and workers == []
