@@ -325,7 +325,13 @@ class WorkerPool:
     def _receive(self) -> None:
         """Waits for the next worker messages and files their results; raises for a worker that failed
         outside its job or died (stopping every worker: the jobs in flight are lost)."""
-        workers = self._workers
+        # A copy: the pool's finalizer (at exit, while this thread waits) takes the workers off the
+        # pool's own list as it stops them; worker w of the copy is still worker w of `_holding`.
+        workers = list(self._workers)
+        if not workers:  # that finalizer ran before this wait: nothing is left to wait on
+            self._shutdown()
+            raise WorkerCrashError(f"{self.name}: the worker processes were stopped while a batch was in flight (by "
+                                   "the pool's finalizer: the interpreter is exiting)", job=None)
         ready = set(multiprocessing.connection.wait([c for _, c in workers] + [p.sentinel for p, _ in workers]))
         for w, (process, conn) in enumerate(workers):
             if conn in ready:
@@ -358,12 +364,17 @@ class WorkerPool:
         job = self._jobs.get(job_id)
         if job is not None and job.results[index] is not _PENDING:
             job = None  # it died after sending that chunk's result
+        stopped = all(p is not process for p, _ in self._workers)  # by the pool's finalizer, during the wait
         process.join(1)
         code = process.exitcode
         self._shutdown()
         how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         where = (f"while computing rows {job.rows[index][0]}-{job.rows[index][1] - 1} of a batch" if job is not None
                  else "between chunks")
+        if stopped:
+            raise WorkerCrashError(
+                f"{self.name}: the worker processes were stopped {where} (by the pool's finalizer: the interpreter "
+                "is exiting)", job=None)  # None: raised, never computed again
         raise WorkerCrashError(
             f"{self.name} worker process {process.pid} died ({how}) {where}; the workers are stopped and a fresh "
             "pool starts with the next batch. A crash rather than an exception is usually a fault in a C extension "
@@ -649,31 +660,32 @@ class _Job:
     error: str | None = None  # a worker could not load the job
 
 
-_STOPPING = threading.Lock()
-
-
 def stop_workers(workers: list[tuple[Any, Any]], tasks: Any, polite: bool) -> None:
     """Stops the workers: `polite` queues a stop for each and joins it (terminating one that does not
     stop); otherwise (a worker died, or chunks are still queued) each is terminated at once.
 
     Safe to call on the same list from two threads at once (at exit, a pool's finalizer and a thread
-    still collecting its results can both stop it): each worker is taken off the list and its pipe
-    closed by one of them. Two closes of one pipe would close whatever file took its number in between.
+    still collecting its results can both stop it), and from a finalizer the garbage collector runs
+    inside another stop: each worker is taken off the list by one `list.pop` (atomic), so its pipe is
+    closed by one caller. There is no lock, which a finalizer run in the thread holding it would wait on
+    forever. Two closes of one pipe would close whatever file took its number in between.
     """
-    with _STOPPING:
-        if polite and tasks is not None and workers:
-            for _ in workers:
-                tasks.put(None)
-        while workers:
+    if polite and tasks is not None:
+        for _ in range(len(workers)):
+            tasks.put(None)
+    while True:
+        try:
             process, conn = workers.pop(0)
-            if polite:
-                process.join(5)
-            if process.is_alive():
-                process.terminate()
+        except IndexError:
+            break
+        if polite:
             process.join(5)
-            conn.close()
-        if tasks is not None:
-            tasks.close()
+        if process.is_alive():
+            process.terminate()
+        process.join(5)
+        conn.close()
+    if tasks is not None:
+        tasks.close()
 
 
 def worker_main(conn: Any, tasks: Any, holding: Any, w: int, payload: bytes, path: list[str],

@@ -178,3 +178,82 @@ def test_two_threads_stopping_one_pool_close_each_pipe_once():
     second.join(30)
     assert not first.is_alive() and not second.is_alive()
     assert [pipe.closes for pipe in pipes] == [1, 1, 1] and workers == []
+
+
+class _ReentrantPipe:
+    """A pipe whose close stops another pool's workers in the same thread, as a finalizer the garbage
+    collector runs during a stop would."""
+
+    def __init__(self, other):
+        self.other, self.closes = other, 0
+
+    def close(self):
+        from datarax.control.processes import stop_workers
+        self.closes += 1
+        stop_workers(self.other, None, False)
+
+
+def test_a_stop_run_inside_another_stop_in_the_same_thread_returns():
+    import threading
+
+    from datarax.control.processes import stop_workers
+    inner = [_Pipe(threading.Event(), threading.Event()) for _ in range(2)]
+    for pipe in inner:
+        pipe.release.set()
+    others = [(_Process(), pipe) for pipe in inner]
+    outer = _ReentrantPipe(others)
+    stopping = threading.Thread(target=stop_workers, args=([(_Process(), outer)], None, False))
+    stopping.start()
+    stopping.join(30)  # hang guard: a lock held by the outer stop would hold the inner one forever
+    assert not stopping.is_alive()
+    assert outer.closes == 1 and [pipe.closes for pipe in inner] == [1, 1] and others == []
+
+
+@pytest.mark.parametrize("when", ["during the wait", "before the wait"])
+def test_the_pools_finalizer_at_exit_ends_a_wait_for_its_workers(segment, tmp_path, monkeypatch, when):
+    """At exit the pool's finalizer stops its workers while a prefetch thread may be collecting a
+    job (holding the pool's lock, which the other exit finalizers then wait on): the collector gets
+    a WorkerCrashError saying so, rather than waiting on no workers forever, and the pool starts
+    fresh workers for the next job."""
+    import multiprocessing.connection
+    import threading
+
+    flag = str(tmp_path / "go")  # never created: the chunk holds its worker until it is stopped
+    pool = WorkerPool(job, 2, "test-pool")
+    waiting, outcome = threading.Event(), []
+    real_wait = multiprocessing.connection.wait
+
+    def wait(objects, timeout=None):
+        waiting.set()
+        return real_wait(objects, timeout)
+
+    def collect():
+        try:
+            pool.result(held)
+        except BaseException as exc:  # noqa: BLE001 - the test checks which
+            outcome.append(exc)
+
+    collector = threading.Thread(target=collect, daemon=True)
+    try:
+        held = pool.submit(segment, [(0, 4, ("wait", 1, flag)), (4, 8, ("wait", 2, flag))])
+        workers = pool.pids
+        if when == "before the wait":
+            pool._finalizer()
+        monkeypatch.setattr(multiprocessing.connection, "wait", wait)
+        collector.start()
+        if when == "during the wait":
+            assert waiting.wait(60), "hang guard"
+            pool._finalizer()
+        collector.join(60)  # hang guard
+        assert not collector.is_alive(), "the collector still waits on the stopped workers"
+        monkeypatch.setattr(multiprocessing.connection, "wait", real_wait)
+        crash, = outcome
+        assert isinstance(crash, WorkerCrashError) and crash.job is None
+        assert "worker processes were stopped" in str(crash) and "interpreter is exiting" in str(crash)
+        assert not pool.busy and pool.pids == []
+        done = pool.result(pool.submit(segment, [(0, 8, ("quick", 5, None))]))
+        assert done[0][0] not in workers
+        np.testing.assert_array_equal(segment.views(8)["x"], [5] * 8)
+    finally:
+        if not collector.is_alive():  # else it holds the pool's lock for good (the failure shown above)
+            pool.close()
